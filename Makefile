@@ -1,0 +1,37 @@
+# Two commands matter: `make demo` and `make test`. Both bootstrap what they need:
+# uv (into .tools/ when it is not on PATH), then the locked environment in .venv/.
+SHELL := /bin/bash
+UV := $(shell command -v uv 2>/dev/null || echo $(CURDIR)/.tools/bin/uv)
+RUN := $(UV) run --frozen
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+
+.PHONY: demo test lint typecheck unit integration bench sync
+
+$(CURDIR)/.tools/bin/uv:
+	python3 -m venv $(CURDIR)/.tools
+	$(CURDIR)/.tools/bin/pip install --quiet --disable-pip-version-check 'uv>=0.5,<1'
+
+.venv/.synced: uv.lock pyproject.toml | $(UV)
+	$(UV) sync --frozen --all-groups --quiet
+	touch $@
+
+sync: .venv/.synced
+
+demo: sync
+	$(RUN) idle-reaper demo
+
+lint: sync
+	$(RUN) ruff check .
+	$(RUN) ruff format --check .
+	$(RUN) mypy
+
+# The whole suite: lint, types, unit, integration (moto server + Slack fake), infra.
+# pytest exits 5 when it collected no tests; make treats that as the failure it is.
+test: sync lint
+	$(RUN) pytest -n 2 -q -p no:cacheprovider
+
+bench: sync
+	$(RUN) python benchmarks/sweep_cost.py
+
+# CDK targets (synth, deploy) live beside the stack.
+-include infra/make.mk

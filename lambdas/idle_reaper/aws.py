@@ -1,0 +1,534 @@
+"""Thin AWS adapters: fetch facts for the core and carry out its actions, in as few calls as possible.
+
+Every client comes from boto3's normal resolution, so AWS_ENDPOINT_URL points it at a local emulator.
+Retries use botocore's standard mode (bounded, with backoff, on throttling and 5xx).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from idle_reaper.core import GroupCapacity, Machine, MachineRecord, Point, Signals, State
+from idle_reaper.policy import (
+    MetricSettings,
+    PolicyError,
+    Settings,
+    TagKeys,
+    TeamPolicyRef,
+    parse_settings,
+    parse_team_policy,
+)
+
+DEFAULT_TABLE = "idle-reaper-state"
+DEFAULT_PREFIX = "/idle-reaper"
+METRIC_QUERIES_PER_CALL = 500  # GetMetricData's limit
+ASG_INSTANCES_PER_CALL = 50  # DescribeAutoScalingInstances and SetInstanceProtection limit
+DDB_BATCH_GET = 100
+AUDIT_TTL_DAYS = 90
+
+_RETRIES = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30)
+
+
+def client(service: str) -> Any:
+    return boto3.client(service, config=_RETRIES)  # type: ignore[call-overload]
+
+
+def table_name() -> str:
+    return os.environ.get("IDLE_REAPER_TABLE", DEFAULT_TABLE)
+
+
+def ssm_prefix() -> str:
+    return os.environ.get("IDLE_REAPER_SSM_PREFIX", DEFAULT_PREFIX).rstrip("/")
+
+
+def error_code(exc: Exception) -> str:
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", "ClientError"))
+    return type(exc).__name__
+
+
+AwsError = (ClientError, BotoCoreError)
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies (SSM)
+
+
+class PolicyStore:
+    """Reads `{prefix}/settings` and every `{prefix}/teams/*` in as few calls as possible."""
+
+    def __init__(self, ssm: Any, prefix: str) -> None:
+        self.ssm = ssm
+        self.prefix = prefix
+
+    @property
+    def settings_name(self) -> str:
+        return f"{self.prefix}/settings"
+
+    def team_name(self, team: str) -> str:
+        return f"{self.prefix}/teams/{team}"
+
+    def load_settings(self) -> tuple[Settings, int | None]:
+        """Raises PolicyError when the parameter is invalid; defaults when it does not exist."""
+        try:
+            param = self.ssm.get_parameter(Name=self.settings_name)["Parameter"]
+        except ClientError as exc:
+            if error_code(exc) == "ParameterNotFound":
+                return Settings(), None
+            raise
+        return parse_settings(self.settings_name, param["Value"]), int(param["Version"])
+
+    def load_teams(self, settings: Settings) -> dict[str, TeamPolicyRef]:
+        refs: dict[str, TeamPolicyRef] = {}
+        pages = self.ssm.get_paginator("get_parameters_by_path").paginate(
+            Path=f"{self.prefix}/teams/", Recursive=False, PaginationConfig={"PageSize": 10}
+        )
+        for page in pages:
+            for param in page["Parameters"]:
+                name = param["Name"]
+                team = name.rsplit("/", 1)[-1]
+                version = int(param["Version"])
+                try:
+                    policy = parse_team_policy(name, param["Value"], settings.default_policy)
+                    refs[team] = TeamPolicyRef(team=team, policy=policy, source=name, version=version)
+                except PolicyError as exc:
+                    refs[team] = TeamPolicyRef(team=team, policy=None, source=name, version=version, error=str(exc))
+        return refs
+
+    def put(self, name: str, value: str, overwrite: bool = True) -> int:
+        out = self.ssm.put_parameter(Name=name, Value=value, Type="String", Overwrite=overwrite)
+        return int(out["Version"])
+
+
+def policy_for(team: str, refs: Mapping[str, TeamPolicyRef], settings: Settings) -> TeamPolicyRef:
+    return refs.get(team) or TeamPolicyRef(
+        team=team, policy=settings.default_policy, source="settings.default_policy", version=None
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Fleet (EC2 + Auto Scaling)
+
+
+@dataclass(frozen=True)
+class ActionOutcome:
+    instance_id: str
+    error: str | None = None  # None: done
+
+
+class Fleet:
+    def __init__(self, ec2: Any, autoscaling: Any) -> None:
+        self.ec2 = ec2
+        self.autoscaling = autoscaling
+
+    def discover(self, tags: TagKeys) -> list[Machine]:
+        """Running machines carrying the team tag, joined with their ASG membership and protection."""
+        machines: list[Machine] = []
+        asg_tagged: list[str] = []
+        filters = [
+            {"Name": "instance-state-name", "Values": ["running"]},
+            {"Name": "tag-key", "Values": [tags.team]},
+        ]
+        for page in self.ec2.get_paginator("describe_instances").paginate(
+            Filters=filters, PaginationConfig={"PageSize": 1000}
+        ):
+            for reservation in page["Reservations"]:
+                for inst in reservation["Instances"]:
+                    tag = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                    machines.append(
+                        Machine(
+                            instance_id=inst["InstanceId"],
+                            instance_type=inst["InstanceType"],
+                            team=tag[tags.team],
+                            launch_time=inst["LaunchTime"].astimezone(UTC),
+                            name=tag.get("Name"),
+                            owner=tag.get(tags.owner),
+                            exempt_tag=tag.get(tags.exempt),
+                            hibernation_configured=bool(inst.get("HibernationOptions", {}).get("Configured")),
+                        )
+                    )
+                    # Only members carry this AWS-managed tag: ask the ASG API about those alone.
+                    if "aws:autoscaling:groupName" in tag:
+                        asg_tagged.append(inst["InstanceId"])
+        membership: dict[str, tuple[str, bool]] = {}
+        for batch in _chunks(asg_tagged, ASG_INSTANCES_PER_CALL):
+            pages = self.autoscaling.get_paginator("describe_auto_scaling_instances").paginate(InstanceIds=list(batch))
+            for page in pages:
+                for item in page["AutoScalingInstances"]:
+                    membership[item["InstanceId"]] = (item["AutoScalingGroupName"], bool(item["ProtectedFromScaleIn"]))
+        return [_with_group(m, *membership[m.instance_id]) if m.instance_id in membership else m for m in machines]
+
+    def group_capacity(self, names: Iterable[str]) -> dict[str, GroupCapacity]:
+        result: dict[str, GroupCapacity] = {}
+        for batch in _chunks(sorted(set(names)), 100):
+            for page in self.autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
+                AutoScalingGroupNames=list(batch)
+            ):
+                for g in page["AutoScalingGroups"]:
+                    result[g["AutoScalingGroupName"]] = GroupCapacity(
+                        g["AutoScalingGroupName"], int(g["MinSize"]), int(g["DesiredCapacity"])
+                    )
+        return result
+
+    def stop(self, instance_ids: Sequence[str], *, hibernate: bool) -> list[ActionOutcome]:
+        """StopInstances in batches that bisect on failure, so one bad machine does not block the rest.
+        Hibernation the machine cannot do falls back to a plain stop."""
+
+        def call(ids: Sequence[str]) -> None:
+            try:
+                self.ec2.stop_instances(InstanceIds=list(ids), Hibernate=hibernate)
+            except ClientError as exc:
+                if hibernate and error_code(exc) == "UnsupportedHibernationConfiguration":
+                    self.ec2.stop_instances(InstanceIds=list(ids), Hibernate=False)
+                else:
+                    raise
+
+        return _bisect(instance_ids, call)
+
+    def set_protection(self, group: str, instance_ids: Sequence[str], *, protected: bool) -> list[ActionOutcome]:
+        def call(ids: Sequence[str]) -> None:
+            self.autoscaling.set_instance_protection(
+                AutoScalingGroupName=group, InstanceIds=list(ids), ProtectedFromScaleIn=protected
+            )
+
+        outcomes: list[ActionOutcome] = []
+        for batch in _chunks(instance_ids, ASG_INSTANCES_PER_CALL):
+            outcomes += _bisect(batch, call)
+        return outcomes
+
+    def terminate_in_group(self, instance_id: str) -> ActionOutcome:
+        try:
+            self.autoscaling.terminate_instance_in_auto_scaling_group(
+                InstanceId=instance_id, ShouldDecrementDesiredCapacity=True
+            )
+        except AwsError as exc:
+            return ActionOutcome(instance_id, f"{error_code(exc)}: {exc}")
+        return ActionOutcome(instance_id)
+
+
+def _with_group(m: Machine, group: str, protected: bool) -> Machine:
+    return Machine(**{**{f.name: getattr(m, f.name) for f in fields(m)}, "asg_name": group, "asg_protected": protected})
+
+
+def _bisect(ids: Sequence[str], call: Callable[[Sequence[str]], None]) -> list[ActionOutcome]:
+    if not ids:
+        return []
+    try:
+        call(ids)
+    except AwsError as exc:
+        if len(ids) == 1:
+            return [ActionOutcome(ids[0], f"{error_code(exc)}: {exc}")]
+        half = len(ids) // 2
+        return _bisect(ids[:half], call) + _bisect(ids[half:], call)
+    return [ActionOutcome(i) for i in ids]
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals (CloudWatch GetMetricData)
+
+
+@dataclass(frozen=True)
+class MetricFetchStats:
+    calls: int = 0
+    queries: int = 0
+    failed_calls: int = 0
+
+
+class MetricsReader:
+    """Packs every machine's CPU, GPU (and network) queries into as few GetMetricData calls as possible."""
+
+    def __init__(self, cloudwatch: Any) -> None:
+        self.cloudwatch = cloudwatch
+        self.stats = MetricFetchStats()
+
+    def fetch(
+        self,
+        instance_ids: Sequence[str],
+        metrics: MetricSettings,
+        *,
+        start: datetime,
+        end: datetime,
+        network: bool = False,
+    ) -> dict[str, Signals]:
+        period = metrics.period_seconds
+        start = datetime.fromtimestamp(int(start.timestamp()) // period * period, tz=UTC)
+        kinds: list[tuple[str, str, str]] = [
+            ("cpu", metrics.cpu.namespace, metrics.cpu.name),
+            ("gpu", metrics.gpu.namespace, metrics.gpu.name),
+        ]
+        if network:
+            kinds += [
+                ("network_in", metrics.network_in.namespace, metrics.network_in.name),
+                ("network_out", metrics.network_out.namespace, metrics.network_out.name),
+            ]
+        queries: list[dict[str, Any]] = []
+        owner: dict[str, tuple[str, str]] = {}
+        for index, instance_id in enumerate(instance_ids):
+            for kind, namespace, name in kinds:
+                query_id = f"{kind[0]}{kind[-1]}{index}"  # e.g. "cu12": unique, starts with a letter
+                owner[query_id] = (instance_id, kind)
+                stat = "Sum" if kind.startswith("network") else "Maximum"
+                queries.append(
+                    {
+                        "Id": query_id,
+                        "MetricStat": {
+                            "Metric": {
+                                "Namespace": namespace,
+                                "MetricName": name,
+                                "Dimensions": [{"Name": "InstanceId", "Value": instance_id}],
+                            },
+                            "Period": period,
+                            "Stat": stat,
+                        },
+                        "ReturnData": True,
+                    }
+                )
+        points: dict[tuple[str, str], list[Point]] = {}
+        incomplete: set[str] = set()
+        for batch in _chunks(queries, METRIC_QUERIES_PER_CALL):
+            try:
+                self._fetch_batch(batch, start, end, owner, points, incomplete)
+            except AwsError:
+                # A batch we could not read: those machines are unknown, the rest go on.
+                incomplete.update(owner[q["Id"]][0] for q in batch)
+                self.stats = MetricFetchStats(self.stats.calls, self.stats.queries, self.stats.failed_calls + 1)
+        result: dict[str, Signals] = {}
+        for instance_id in instance_ids:
+            series = {kind: sorted(points.get((instance_id, kind), [])) for kind, _, _ in kinds}
+            result[instance_id] = Signals(
+                cpu=series["cpu"],
+                gpu=series["gpu"],
+                network_in=series.get("network_in", []),
+                network_out=series.get("network_out", []),
+                complete=instance_id not in incomplete,
+            )
+        return result
+
+    def _fetch_batch(
+        self,
+        batch: Sequence[dict[str, Any]],
+        start: datetime,
+        end: datetime,
+        owner: Mapping[str, tuple[str, str]],
+        points: dict[tuple[str, str], list[Point]],
+        incomplete: set[str],
+    ) -> None:
+        status: dict[str, str] = {}
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {
+                "MetricDataQueries": list(batch),
+                "StartTime": start,
+                "EndTime": end,
+                "ScanBy": "TimestampAscending",
+            }
+            if token:
+                kwargs["NextToken"] = token
+            response = self.cloudwatch.get_metric_data(**kwargs)
+            self.stats = MetricFetchStats(
+                self.stats.calls + 1, self.stats.queries + len(batch), self.stats.failed_calls
+            )
+            for res in response["MetricDataResults"]:
+                key = owner[res["Id"]]
+                points.setdefault(key, []).extend(
+                    (ts.astimezone(UTC), float(v)) for ts, v in zip(res["Timestamps"], res["Values"], strict=True)
+                )
+                status[res["Id"]] = res.get("StatusCode", "Complete")
+            token = response.get("NextToken")
+            if not token:
+                break
+        for query_id, code in status.items():
+            if code != "Complete":  # PartialData left after the last page, InternalError, Forbidden
+                incomplete.add(owner[query_id][0])
+        for q in batch:
+            if q["Id"] not in status:
+                incomplete.add(owner[q["Id"]][0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle state (DynamoDB) and its in-memory twin
+
+
+class StateStore(Protocol):
+    def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]: ...
+
+    def save(self, record: MachineRecord) -> bool:
+        """Write `record` if the stored version is record.version - 1 (or absent for version 1).
+        False when another writer got there first."""
+        ...
+
+    def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None: ...
+
+    def all_records(self) -> list[MachineRecord]: ...
+
+
+_DATE_FIELDS = {
+    "idle_since",
+    "warned_at",
+    "warning_delivered_at",
+    "snoozed_until",
+    "last_action_at",
+    "updated_at",
+}
+
+
+def record_to_item(record: MachineRecord) -> dict[str, Any]:
+    item: dict[str, Any] = {"pk": f"machine#{record.instance_id}", "sk": "state"}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if value is None:
+            continue
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, State):
+            value = value.value
+        item[f.name] = value
+    return item
+
+
+def item_to_record(item: Mapping[str, Any]) -> MachineRecord:
+    values: dict[str, Any] = {}
+    for f in fields(MachineRecord):
+        if f.name not in item:
+            continue
+        value = item[f.name]
+        if f.name in _DATE_FIELDS:
+            value = datetime.fromisoformat(value)
+        elif f.name == "state":
+            value = State(value)
+        elif f.name == "version":
+            value = int(value)
+        values[f.name] = value
+    return MachineRecord(**values)
+
+
+class DynamoStateStore:
+    def __init__(self, dynamodb: Any, table: str) -> None:
+        from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+        self.dynamodb = dynamodb
+        self.table = table
+        self._ser = TypeSerializer()
+        self._de = TypeDeserializer()
+
+    def _wire(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: self._ser.serialize(v) for k, v in item.items()}
+
+    def _plain(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: self._de.deserialize(v) for k, v in item.items()}
+
+    def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
+        records: dict[str, MachineRecord] = {}
+        for batch in _chunks(sorted(set(instance_ids)), DDB_BATCH_GET):
+            request = {self.table: {"Keys": [self._wire({"pk": f"machine#{i}", "sk": "state"}) for i in batch]}}
+            while request:
+                out = self.dynamodb.batch_get_item(RequestItems=request)
+                for raw in out["Responses"].get(self.table, []):
+                    record = item_to_record(self._plain(raw))
+                    records[record.instance_id] = record
+                request = out.get("UnprocessedKeys") or {}
+        return records
+
+    def save(self, record: MachineRecord) -> bool:
+        condition = "attribute_not_exists(pk) OR version = :previous"
+        try:
+            self.dynamodb.put_item(
+                TableName=self.table,
+                Item=self._wire(record_to_item(record)),
+                ConditionExpression=condition,
+                ExpressionAttributeValues=self._wire({":previous": record.version - 1}),
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None:
+        expires = int((at + timedelta(days=AUDIT_TTL_DAYS)).timestamp())
+        item = {
+            "pk": f"machine#{instance_id}",
+            "sk": f"audit#{at.isoformat()}#{entry.get('action', '')}",
+            "expires_at": expires,
+            "entry": json.dumps(entry, default=str, sort_keys=True),
+        }
+        self.dynamodb.put_item(TableName=self.table, Item=self._wire(item))
+
+    def all_records(self) -> list[MachineRecord]:
+        records = []
+        for page in self.dynamodb.get_paginator("scan").paginate(
+            TableName=self.table,
+            FilterExpression="sk = :state",
+            ExpressionAttributeValues=self._wire({":state": "state"}),
+        ):
+            records += [item_to_record(self._plain(raw)) for raw in page["Items"]]
+        return records
+
+    def history(self, instance_id: str) -> list[dict[str, Any]]:
+        out = self.dynamodb.query(
+            TableName=self.table,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :audit)",
+            ExpressionAttributeValues=self._wire({":pk": f"machine#{instance_id}", ":audit": "audit#"}),
+        )
+        return [json.loads(self._plain(raw)["entry"]) for raw in out["Items"]]
+
+
+class InMemoryStateStore:
+    """The state table's twin for replay, benchmarks and unit tests: same conditional semantics."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, MachineRecord] = {}
+        self.audits: list[tuple[str, datetime, dict[str, Any]]] = []
+
+    def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
+        return {i: self.records[i] for i in instance_ids if i in self.records}
+
+    def save(self, record: MachineRecord) -> bool:
+        stored = self.records.get(record.instance_id)
+        if stored is not None and stored.version != record.version - 1:
+            return False
+        self.records[record.instance_id] = record
+        return True
+
+    def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None:
+        self.audits.append((instance_id, at, dict(entry)))
+
+    def all_records(self) -> list[MachineRecord]:
+        return list(self.records.values())
+
+    def history(self, instance_id: str) -> list[dict[str, Any]]:
+        return [entry for i, _, entry in self.audits if i == instance_id]
+
+
+def create_table(dynamodb: Any, table: str) -> bool:
+    """For `idle-reaper init` and local use; the CDK stack creates the table in AWS. True if created."""
+    try:
+        dynamodb.create_table(
+            TableName=table,
+            AttributeDefinitions=[
+                {"AttributeName": "pk", "AttributeType": "S"},
+                {"AttributeName": "sk", "AttributeType": "S"},
+            ],
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+    except ClientError as exc:
+        if error_code(exc) == "ResourceInUseException":
+            return False
+        raise
+    dynamodb.get_waiter("table_exists").wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+    return True

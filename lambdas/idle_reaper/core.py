@@ -1,0 +1,608 @@
+"""The decision core: is a machine busy, idle or unknown, and what happens to it now.
+
+Pure functions over plain data: no boto3, no Slack, no clock. The same code runs in Lambda, the CLI,
+the demo and trace replay. The invariant above all: never reap a busy machine; missing data is
+"unknown", never "idle".
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Literal
+
+from idle_reaper.policy import TeamPolicy, TeamPolicyRef
+
+Signal = Literal["busy", "idle", "unknown"]
+
+
+class State(StrEnum):
+    """Where a machine is in its lifecycle, as kept in the state table."""
+
+    ACTIVE = "active"  # busy, or quiet for less than the warning point
+    IDLE = "idle"  # quiet, not yet at the warning point
+    WARNED = "warned"  # the owner was (or is being) warned; the stop follows unless answered
+    SNOOZED = "snoozed"  # someone asked to keep it
+    REAPED = "reaped"  # stopped, hibernated, terminated or released to its group
+    UNKNOWN = "unknown"  # not enough data to say; nothing happens
+    EXEMPT = "exempt"  # tagged exempt; reported, never touched
+    SAFE_MODE = "safe_mode"  # the team's policy is invalid; nothing happens
+
+
+class Action(StrEnum):
+    NONE = "none"
+    WARN = "warn"
+    STOP = "stop"
+    HIBERNATE = "hibernate"
+    PROTECT = "protect"  # ASG member: set scale-in protection
+    UNPROTECT = "unprotect"  # ASG member: drop scale-in protection so the group may shrink
+    TERMINATE = "terminate"  # ASG member: terminate and decrement desired capacity
+
+
+# Actions that change a machine (as opposed to a warning, which only talks to people).
+MACHINE_ACTIONS = frozenset({Action.STOP, Action.HIBERNATE, Action.PROTECT, Action.UNPROTECT, Action.TERMINATE})
+REAP_ACTIONS = frozenset({Action.STOP, Action.HIBERNATE, Action.UNPROTECT, Action.TERMINATE})
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass(frozen=True)
+class Machine:
+    instance_id: str
+    instance_type: str
+    team: str
+    launch_time: datetime
+    name: str | None = None
+    owner: str | None = None
+    exempt_tag: str | None = None  # raw value of the exemption tag, if present
+    asg_name: str | None = None
+    asg_protected: bool = False
+    hibernation_configured: bool = False
+
+    @property
+    def family(self) -> str:
+        return self.instance_type.split(".", 1)[0]
+
+
+Point = tuple[datetime, float]  # (period start, value)
+
+
+@dataclass(frozen=True)
+class Signals:
+    """Datapoints fetched for one machine, sorted by time. `complete` is False when CloudWatch
+    answered PartialData we could not finish, or a query errored: such a machine is unknown."""
+
+    cpu: Sequence[Point] = ()
+    gpu: Sequence[Point] = ()
+    network_in: Sequence[Point] = ()
+    network_out: Sequence[Point] = ()
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class Assessment:
+    signal: Signal
+    reason: str
+    quiet_since: datetime | None = None  # start of the covered, below-threshold run that ends now
+    max_cpu: float | None = None
+    max_gpu: float | None = None
+    max_network: float | None = None  # bytes per second
+    uses_gpu: bool = False
+    # End of the newest activity or data hole in the fetched data (None: none seen). A warning given
+    # before this belongs to an earlier quiet stretch and no longer counts.
+    interrupted_at: datetime | None = None
+    quiet_summary: str = ""  # what the quiet stretch looked like, for warnings ("why it counts as idle")
+
+    @property
+    def why_quiet(self) -> str:
+        return self.quiet_summary or self.reason
+
+    def quiet_minutes(self, now: datetime) -> float:
+        if self.quiet_since is None:
+            return 0.0
+        return max(0.0, (now - self.quiet_since).total_seconds() / 60)
+
+
+# ---------------------------------------------------------------------------------------------
+# Signal assessment
+
+
+@dataclass(frozen=True)
+class _Track:
+    label: str
+    threshold: float
+    points: Sequence[Point]
+    unit: str = "%"
+
+
+def _coverage(
+    points: Sequence[Point], period: timedelta, max_gap: timedelta, now: datetime
+) -> tuple[datetime, bool] | None:
+    """Earliest time from which `points` cover [t, now] with no hole longer than max_gap, and whether
+    that coverage starts after a real hole (True) or only where the fetched data begins (False).
+    None when there are no points or the newest one is already too old (the data stopped)."""
+    if not points:
+        return None
+    last_start = points[-1][0]
+    if now - (last_start + period) > max_gap:
+        return None
+    since = last_start
+    for (earlier, _), (later, _) in zip(reversed(points[:-1]), reversed(points[1:]), strict=True):
+        if later - (earlier + period) > max_gap:
+            return since, True
+        since = earlier
+    # Before the first point we know nothing; allow a leading hole of max_gap like any other.
+    return since - max_gap, False
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "B/s":
+        return f"{value:,.0f} B/s"
+    return f"{value:.1f}%"
+
+
+def _combine_network(inbound: Sequence[Point], outbound: Sequence[Point], period: timedelta) -> list[Point]:
+    """NetworkIn + NetworkOut (Sum per period, bytes) as bytes per second; only periods with both."""
+    out_by_time = dict(outbound)
+    seconds = period.total_seconds()
+    return [(t, (v + out_by_time[t]) / seconds) for t, v in inbound if t in out_by_time]
+
+
+def is_gpu_type(instance_type: str, gpu_families: Iterable[str]) -> bool:
+    return instance_type.split(".", 1)[0] in set(gpu_families)
+
+
+def assess(
+    machine: Machine,
+    signals: Signals,
+    policy: TeamPolicy,
+    *,
+    now: datetime,
+    period: timedelta,
+    gpu_families: Iterable[str],
+) -> Assessment:
+    """Busy if any datapoint in the window is at or above a threshold; idle if the whole window is
+    covered and every datapoint is below every threshold; unknown otherwise."""
+    window = timedelta(minutes=policy.idle_minutes)
+    window_start = now - window
+    max_gap = timedelta(minutes=policy.max_gap_minutes)
+
+    if not signals.complete:
+        return Assessment("unknown", "CloudWatch did not return complete metrics for this machine")
+
+    tracks = [_Track("CPU", policy.cpu_threshold_percent, signals.cpu)]
+    notes: list[str] = []
+    gpu_type = is_gpu_type(machine.instance_type, gpu_families)
+    uses_gpu = bool(signals.gpu) or gpu_type
+    if signals.gpu:
+        tracks.append(_Track("GPU", policy.gpu_threshold_percent, signals.gpu))
+    elif gpu_type:
+        if policy.missing_gpu_metrics == "busy":
+            return Assessment(
+                "unknown",
+                f"GPU instance {machine.instance_type} reports no GPU metrics; "
+                "policy missing_gpu_metrics=busy never treats it as idle",
+                uses_gpu=True,
+            )
+        notes.append("no GPU metrics, judged on CPU alone (missing_gpu_metrics=cpu_only)")
+    if policy.network_threshold_bytes_per_second is not None:
+        network = _combine_network(signals.network_in, signals.network_out, period)
+        tracks.append(_Track("network", policy.network_threshold_bytes_per_second, network, "B/s"))
+
+    def in_window(points: Sequence[Point]) -> list[Point]:
+        return [(t, v) for t, v in points if t + period > window_start and t <= now]
+
+    maxima: dict[str, float | None] = {}
+    latest_high: tuple[datetime, _Track, float] | None = None
+    interrupted_at: datetime | None = None  # end of the newest activity or data hole seen
+    for track in tracks:
+        windowed = in_window(track.points)
+        maxima[track.label] = max((v for _, v in windowed), default=None)
+        highs = [(t, v) for t, v in track.points if v >= track.threshold and t <= now]
+        if highs:
+            t_high, v_high = highs[-1]
+            interrupted_at = max(interrupted_at or t_high, t_high + period)
+            if t_high + period > window_start and (latest_high is None or t_high > latest_high[0]):
+                latest_high = (t_high, track, v_high)
+
+    def result(signal: Signal, reason: str, since: datetime | None) -> Assessment:
+        if notes:
+            reason = f"{reason} ({'; '.join(notes)})"
+        summary = ""
+        if since is not None:
+            parts = []
+            for track in tracks:
+                peak = max((v for t, v in track.points if t >= since), default=0.0)
+                parts.append(f"max {track.label} {_fmt(peak, track.unit)} < {_fmt(track.threshold, track.unit)}")
+            summary = f"quiet since {since:%H:%M}: {', '.join(parts)}"
+            if notes:
+                summary += f" ({'; '.join(notes)})"
+        return Assessment(
+            signal,
+            reason,
+            since,
+            max_cpu=maxima.get("CPU"),
+            max_gpu=maxima.get("GPU"),
+            max_network=maxima.get("network"),
+            uses_gpu=uses_gpu,
+            interrupted_at=interrupted_at,
+            quiet_summary=summary,
+        )
+
+    coverage = [_coverage(track.points, period, max_gap, now) for track in tracks]
+    covered = [c[0] if c else None for c in coverage]
+    for c in coverage:
+        if c and c[1]:
+            interrupted_at = max(interrupted_at or c[0], c[0])
+    quiet: datetime | None = None
+    if all(c is not None for c in covered):
+        quiet_since = max([machine.launch_time, *(c for c in covered if c is not None)])
+        if interrupted_at is not None:
+            quiet_since = max(quiet_since, interrupted_at)
+        # Quiet must be observed: every track has a point at or after the start of the quiet run.
+        newest = min(track.points[-1][0] for track in tracks)
+        quiet = quiet_since if quiet_since <= newest else None
+
+    if latest_high is not None:
+        t_high, track, value = latest_high
+        return result(
+            "busy",
+            f"{track.label} {_fmt(value, track.unit)} at {t_high:%H:%M} is at or above "
+            f"{_fmt(track.threshold, track.unit)} within the {policy.idle_minutes}-min window",
+            quiet,
+        )
+    if machine.launch_time > window_start:
+        age = (now - machine.launch_time).total_seconds() / 60
+        return result(
+            "unknown", f"started {age:.0f} min ago, less than one idle window ({policy.idle_minutes} min)", None
+        )
+    for track, since in zip(tracks, covered, strict=True):
+        if since is None:
+            if not track.points:
+                return result("unknown", f"no {track.label} datapoints", None)
+            last = track.points[-1][0] + period
+            return result(
+                "unknown", f"no {track.label} data since {last:%H:%M} (gap over {policy.max_gap_minutes} min)", None
+            )
+        if since > window_start:
+            return result(
+                "unknown",
+                f"{track.label} data has a gap over {policy.max_gap_minutes} min "
+                f"before {since + max_gap:%H:%M}; the window is not covered",
+                quiet,
+            )
+    below = ", ".join(
+        f"max {track.label} {_fmt(maxima[track.label] or 0.0, track.unit)} < {_fmt(track.threshold, track.unit)}"
+        for track in tracks
+    )
+    return result("idle", f"quiet for the whole {policy.idle_minutes}-min window: {below}", quiet)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exemption
+
+
+def parse_exemption(value: str | None, now: datetime) -> tuple[bool, str]:
+    """`true`, or an ISO-8601 time until which the machine is exempt. A value we cannot read is
+    treated as exempt: a typo must make the reaper do less, never more."""
+    if value is None:
+        return False, ""
+    text = value.strip()
+    if text.lower() == "true":
+        return True, "tagged exempt"
+    if text.lower() == "false":
+        return False, ""
+    try:
+        until = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return True, f"exemption tag value {value!r} is not 'true' or an ISO time; treated as exempt"
+    if until.tzinfo is None:
+        until = until.replace(tzinfo=now.tzinfo)
+    if until > now:
+        return True, f"exempt until {until.isoformat()}"
+    return False, f"exemption expired at {until.isoformat()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle
+
+
+@dataclass(frozen=True)
+class MachineRecord:
+    """One machine's lifecycle as kept in the state table. `version` guards conditional writes."""
+
+    instance_id: str
+    team: str
+    state: State = State.ACTIVE
+    version: int = 0
+    idle_since: datetime | None = None
+    warned_at: datetime | None = None
+    warning_delivered_at: datetime | None = None
+    snoozed_until: datetime | None = None
+    snoozed_by: str | None = None
+    last_action: str | None = None
+    last_action_at: datetime | None = None
+    policy_version: str | None = None
+    reason: str = ""
+    updated_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    machine: Machine
+    state: State
+    action: Action
+    reason: str
+    signal: Signal | None
+    record: MachineRecord  # the record to write (version already bumped)
+    applied: bool = True  # False: dry run or notify_only; the action is reported as "would ..."
+    notify: Literal["warning", "resolved", "reaped"] | None = None
+    deliver_warning: bool = False  # a warning is due and not delivered yet
+    assessment: Assessment | None = None
+    policy: TeamPolicyRef | None = None
+    hourly_cost: float | None = None
+    error: str | None = None
+
+    @property
+    def action_label(self) -> str:
+        if self.action is Action.NONE:
+            return "none"
+        return self.action.value if self.applied else f"would_{self.action.value}"
+
+
+def _reap_action(machine: Machine, policy: TeamPolicy) -> tuple[Action, str]:
+    if machine.asg_name:
+        if policy.asg_action == "terminate":
+            return Action.TERMINATE, f"idle member of {machine.asg_name}: terminate and shrink the group"
+        if machine.asg_protected:
+            return Action.UNPROTECT, f"idle member of {machine.asg_name}: scale-in protection released"
+        return Action.NONE, f"idle member of {machine.asg_name}: already unprotected, the group may scale it in"
+    if policy.action == "hibernate":
+        if machine.hibernation_configured:
+            return Action.HIBERNATE, "idle past its window: hibernate"
+        return Action.STOP, "idle past its window: stop (hibernation is not configured on this machine)"
+    return Action.STOP, "idle past its window: stop"
+
+
+def decide(
+    machine: Machine,
+    ref: TeamPolicyRef,
+    assessment: Assessment | None,
+    previous: MachineRecord | None,
+    *,
+    now: datetime,
+    dry_run: bool = False,
+) -> Decision:
+    """The per-machine lifecycle. Returns what to do and the record to write."""
+    record = previous or MachineRecord(instance_id=machine.instance_id, team=machine.team)
+    base = replace(record, team=machine.team, version=record.version + 1, policy_version=ref.label, updated_at=now)
+    was_warned = record.state is State.WARNED and record.warned_at is not None
+
+    def done(state: State, action: Action, reason: str, new: MachineRecord, **extra: object) -> Decision:
+        new = replace(new, state=state, reason=reason)
+        if action is not Action.NONE and extra.get("applied", True):
+            new = replace(new, last_action=action.value, last_action_at=now)
+        return Decision(
+            machine,
+            state,
+            action,
+            reason,
+            assessment.signal if assessment else None,
+            new,
+            assessment=assessment,
+            policy=ref,
+            **extra,  # type: ignore[arg-type]
+        )
+
+    exempt, why = parse_exemption(machine.exempt_tag, now)
+    if exempt:
+        cleared = replace(base, idle_since=None, warned_at=None, warning_delivered_at=None)
+        return done(State.EXEMPT, Action.NONE, why, cleared, notify="resolved" if was_warned else None)
+
+    policy = ref.policy
+    if policy is None:
+        return done(State.SAFE_MODE, Action.NONE, f"team policy invalid, nothing is changed: {ref.error}", base)
+    if assessment is None or assessment.signal == "unknown":
+        reason = assessment.reason if assessment else "no signals"
+        return done(State.UNKNOWN, Action.NONE, f"unknown: {reason}", base)
+
+    quiet = assessment.quiet_minutes(now)
+    warn_at = policy.idle_minutes - policy.warn_minutes
+    interrupted = assessment.interrupted_at
+    # A warning (and an idle-since) counts only for this quiet stretch: activity or a data hole
+    # seen after it means the machine may have been used, so it starts over.
+    warned = record.warned_at is not None and (interrupted is None or interrupted <= record.warned_at)
+    continuous = record.idle_since is not None and (interrupted is None or interrupted <= record.idle_since)
+    idle_since = record.idle_since if continuous else assessment.quiet_since
+    base = replace(base, idle_since=idle_since if assessment.quiet_since else None)
+    if not warned:
+        base = replace(base, warned_at=None, warning_delivered_at=None)
+    resolved: Literal["resolved"] | None = "resolved" if was_warned and not warned else None
+
+    if assessment.signal == "busy" and quiet < warn_at:
+        action = Action.PROTECT if machine.asg_name and not machine.asg_protected else Action.NONE
+        protect_note = f"; scale-in protection set in {machine.asg_name}" if action is Action.PROTECT else ""
+        if quiet > 0:
+            state = State.IDLE
+            reason = (
+                f"quiet for {quiet:.0f} min; last activity: {assessment.reason}; warning at {warn_at} min{protect_note}"
+            )
+        else:
+            state, reason = State.ACTIVE, f"busy: {assessment.reason}{protect_note}"
+        return done(state, action, reason, base, applied=not dry_run, notify=resolved)
+
+    # Quiet (covered, every track below its threshold) for `quiet` minutes.
+    assert assessment.quiet_since is not None
+    quiet_since = assessment.quiet_since
+    if record.snoozed_until and now < record.snoozed_until:
+        reason = (
+            f"quiet for {quiet:.0f} min, kept by {record.snoozed_by or 'someone'} until "
+            f"{record.snoozed_until.isoformat()}"
+        )
+        return done(State.SNOOZED, Action.NONE, reason, base, notify=resolved)
+    if quiet < warn_at:
+        reason = (
+            f"quiet for {quiet:.0f} min; warning at {warn_at} min, stop at {policy.idle_minutes} min: "
+            f"{assessment.why_quiet}"
+        )
+        return done(State.IDLE, Action.NONE, reason, base, notify=resolved)
+
+    verb = _verb(machine, policy)
+    if not warned and not dry_run:
+        stop_at = now + timedelta(minutes=policy.warn_minutes)
+        warned_record = replace(base, warned_at=now, warning_delivered_at=None)
+        return done(
+            State.WARNED,
+            Action.WARN,
+            f"quiet for {quiet:.0f} min; will {verb} at {stop_at:%H:%M} unless kept: {assessment.why_quiet}",
+            warned_record,
+            notify="warning",
+            deliver_warning=True,
+        )
+
+    undelivered_ok = False
+    if warned:
+        assert record.warned_at is not None
+        pending = now - record.warned_at
+        undelivered_ok = record.warning_delivered_at is None and pending >= timedelta(
+            minutes=policy.undelivered_warning_max_minutes
+        )
+        # The owner's time to answer runs from delivery; an undelivered warning holds the stop.
+        clock_from = record.warning_delivered_at or (record.warned_at if undelivered_ok else None)
+    else:
+        # Dry run with no real warning: assume it went out on time and nobody answered.
+        clock_from = quiet_since + timedelta(minutes=warn_at)
+    due = (
+        assessment.signal == "idle"
+        and quiet >= policy.idle_minutes
+        and clock_from is not None
+        and now - clock_from >= timedelta(minutes=policy.warn_minutes)
+    )
+    if not due:
+        if not warned:
+            return done(
+                State.WARNED, Action.WARN, f"quiet for {quiet:.0f} min: {assessment.why_quiet}", base, applied=False
+            )
+        if clock_from is None:
+            reason = f"warned at {record.warned_at:%H:%M}, not delivered yet; no stop until it is"
+        else:
+            stop_at = max(
+                clock_from + timedelta(minutes=policy.warn_minutes),
+                quiet_since + timedelta(minutes=policy.idle_minutes),
+            )
+            reason = f"warned; will {verb} at {stop_at:%H:%M} if still idle"
+        return done(
+            State.WARNED,
+            Action.NONE,
+            f"{reason}: {assessment.why_quiet}",
+            base,
+            deliver_warning=record.warning_delivered_at is None and not dry_run,
+        )
+
+    action, why = _reap_action(machine, policy)
+    notify_only = policy.action == "notify_only" and not machine.asg_name
+    applied = action is Action.NONE or not (dry_run or notify_only)
+    if undelivered_ok:
+        why += f" (the warning was never delivered; stopping after {policy.undelivered_warning_max_minutes} min)"
+    if not warned:
+        why += " (dry run: assuming an unanswered warning)"
+    if notify_only:
+        why = f"notify_only policy, nothing is stopped: {why}"
+    state = State.REAPED if applied else State.WARNED
+    return done(
+        state,
+        action,
+        f"{why}: {assessment.why_quiet}",
+        base,
+        applied=applied,
+        notify="reaped" if applied and action is not Action.NONE else None,
+    )
+
+
+def _verb(machine: Machine, policy: TeamPolicy) -> str:
+    if machine.asg_name:
+        return "terminate it" if policy.asg_action == "terminate" else "release it to its group"
+    return {"stop": "stop it", "hibernate": "hibernate it", "notify_only": "report it (notify only)"}[policy.action]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fleet-level planning
+
+
+@dataclass(frozen=True)
+class GroupCapacity:
+    name: str
+    min_size: int
+    desired: int
+
+
+def limit_terminations(decisions: list[Decision], groups: dict[str, GroupCapacity]) -> list[Decision]:
+    """Never terminate a group below its MinSize: terminations beyond the headroom become unprotect."""
+    headroom = {name: max(0, g.desired - g.min_size) for name, g in groups.items()}
+    limited: list[Decision] = []
+    for d in decisions:
+        if d.action is Action.TERMINATE and d.applied:
+            group = d.machine.asg_name or ""
+            if headroom.get(group, 0) > 0:
+                headroom[group] -= 1
+            else:
+                fallback = Action.UNPROTECT if d.machine.asg_protected else Action.NONE
+                reason = f"{group} is at its MinSize; not terminated, protection released instead. {d.reason}"
+                d = replace(
+                    d,
+                    action=fallback,
+                    reason=reason,
+                    record=replace(
+                        d.record,
+                        reason=reason,
+                        last_action=fallback.value if fallback is not Action.NONE else d.record.last_action,
+                    ),
+                )
+        limited.append(d)
+    return limited
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries
+
+
+@dataclass
+class TeamTotals:
+    scanned: int = 0
+    idle: int = 0
+    warned: int = 0
+    reaped: int = 0
+    protected: int = 0
+    unknown: int = 0
+    hourly_savings: float = 0.0
+
+
+@dataclass
+class SweepSummary:
+    teams: dict[str, TeamTotals] = field(default_factory=lambda: defaultdict(TeamTotals))
+
+    @classmethod
+    def of(cls, decisions: Iterable[Decision]) -> SweepSummary:
+        summary = cls()
+        for d in decisions:
+            totals = summary.teams[d.machine.team]
+            totals.scanned += 1
+            totals.idle += d.state in (State.IDLE, State.WARNED, State.SNOOZED, State.REAPED)
+            totals.warned += d.action is Action.WARN
+            totals.unknown += d.state is State.UNKNOWN
+            totals.protected += d.action is Action.PROTECT and d.applied and d.error is None
+            if d.action in REAP_ACTIONS and d.applied and d.error is None:
+                totals.reaped += 1
+                totals.hourly_savings += d.hourly_cost or 0.0
+        return summary
+
+
+def metric_queries_per_call(machines: int, metrics_per_machine: int, limit: int = 500) -> int:
+    """How many GetMetricData calls a sweep needs (before NextToken pages)."""
+    return math.ceil(machines * metrics_per_machine / limit)

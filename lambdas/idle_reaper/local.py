@@ -1,0 +1,200 @@
+"""A local AWS for the demo and the integration tests: moto in server mode on 127.0.0.1, reached
+through AWS_ENDPOINT_URL exactly as real AWS would be, plus helpers that seed a fleet and its metrics.
+
+Not used in Lambda (moto is a development dependency and is imported lazily)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from idle_reaper import aws
+
+__all__ = ["aws"]  # re-exported for the demo's seeding
+from idle_reaper.policy import Settings
+
+ACCOUNT = "123456789012"
+REGION = "us-east-1"
+AMI = "ami-12345678"
+
+# A utilization profile: time -> (cpu %, gpu % or None when the machine reports no GPU metric).
+Profile = Callable[[datetime], tuple[float, float | None]]
+
+
+@dataclass
+class LocalAws:
+    endpoint: str
+    _server: Any
+
+    def reset(self) -> None:
+        """Empty every moto backend (between tests)."""
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")).read()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+@contextmanager
+def local_aws() -> Iterator[LocalAws]:
+    """Start moto's server on a free port of 127.0.0.1 and point boto3 at it through the environment."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    saved = {k: os.environ.get(k) for k in _ENV}
+    os.environ.update(
+        AWS_ENDPOINT_URL=f"http://{host}:{port}",
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION=REGION,
+        AWS_REGION=REGION,
+    )
+    os.environ.pop("AWS_PROFILE", None)
+    try:
+        yield LocalAws(f"http://{host}:{port}", server)
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+_ENV = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_PROFILE",
+)
+
+
+def quiet_server_logs() -> None:
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+
+
+def init_account(settings: Settings | None = None, teams: dict[str, str] | None = None) -> None:
+    """State table, settings and team policies (raw JSON text, so invalid ones can be seeded)."""
+    aws.create_table(aws.client("dynamodb"), aws.table_name())
+    ssm = aws.client("ssm")
+    prefix = aws.ssm_prefix()
+    ssm.put_parameter(
+        Name=f"{prefix}/settings", Value=(settings or Settings()).model_dump_json(), Type="String", Overwrite=True
+    )
+    for team, text in (teams or {}).items():
+        ssm.put_parameter(Name=f"{prefix}/teams/{team}", Value=text, Type="String", Overwrite=True)
+
+
+def _set_launch_time(instance_id: str, launch_time: datetime) -> None:
+    # moto stamps LaunchTime with the wall clock; the simulated clock needs it elsewhere. The server
+    # runs in this process, so its backend can be adjusted directly.
+    from moto.ec2.models import ec2_backends
+
+    instance = ec2_backends[ACCOUNT][REGION].get_instance(instance_id)
+    instance.launch_time = launch_time.astimezone(UTC).replace(tzinfo=None)
+
+
+def launch(
+    name: str,
+    instance_type: str,
+    *,
+    team: str,
+    launch_time: datetime,
+    owner: str | None = None,
+    extra_tags: dict[str, str] | None = None,
+    hibernation: bool = False,
+) -> str:
+    tags = {"Name": name, "Team": team, **({"Owner": owner} if owner else {}), **(extra_tags or {})}
+    out = aws.client("ec2").run_instances(
+        ImageId=AMI,
+        MinCount=1,
+        MaxCount=1,
+        InstanceType=instance_type,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
+        HibernationOptions={"Configured": hibernation},
+    )
+    instance_id: str = out["Instances"][0]["InstanceId"]
+    _set_launch_time(instance_id, launch_time)
+    return instance_id
+
+
+def launch_group(
+    name: str,
+    instance_type: str,
+    *,
+    team: str,
+    size: int,
+    min_size: int,
+    launch_time: datetime,
+    owner: str | None = None,
+) -> list[str]:
+    ec2, autoscaling = aws.client("ec2"), aws.client("autoscaling")
+    ec2.create_launch_template(
+        LaunchTemplateName=f"{name}-template", LaunchTemplateData={"ImageId": AMI, "InstanceType": instance_type}
+    )
+    tags = [{"Key": "Team", "Value": team, "PropagateAtLaunch": True}]
+    if owner:
+        tags.append({"Key": "Owner", "Value": owner, "PropagateAtLaunch": True})
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName=name,
+        LaunchTemplate={"LaunchTemplateName": f"{name}-template"},
+        MinSize=min_size,
+        MaxSize=size + 2,
+        DesiredCapacity=size,
+        AvailabilityZones=[f"{REGION}a"],
+        Tags=tags,
+        NewInstancesProtectedFromScaleIn=False,
+    )
+    members = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+    ids = sorted(i["InstanceId"] for i in members["Instances"])
+    for instance_id in ids:
+        _set_launch_time(instance_id, launch_time)
+    return ids
+
+
+def write_metrics(
+    instance_id: str, profile: Profile, start: datetime, end: datetime, step: timedelta = timedelta(minutes=5)
+) -> None:
+    """CPU (AWS/EC2) and, where the profile has it, GPU (CWAgent) datapoints, as the agents would."""
+    cpu: list[dict[str, Any]] = []
+    gpu: list[dict[str, Any]] = []
+    t = start
+    while t < end:
+        cpu_value, gpu_value = profile(t)
+        dims = [{"Name": "InstanceId", "Value": instance_id}]
+        cpu.append({"MetricName": "CPUUtilization", "Dimensions": dims, "Timestamp": t, "Value": cpu_value})
+        if gpu_value is not None:
+            gpu.append(
+                {"MetricName": "nvidia_smi_utilization_gpu", "Dimensions": dims, "Timestamp": t, "Value": gpu_value}
+            )
+        t += step
+    cloudwatch = aws.client("cloudwatch")
+    for namespace, data in (("AWS/EC2", cpu), ("CWAgent", gpu)):
+        for i in range(0, len(data), 1000):
+            cloudwatch.put_metric_data(Namespace=namespace, MetricData=data[i : i + 1000])
+
+
+def instance_states(instance_ids: list[str]) -> dict[str, str]:
+    out = aws.client("ec2").describe_instances(InstanceIds=instance_ids)
+    return {i["InstanceId"]: i["State"]["Name"] for r in out["Reservations"] for i in r["Instances"]}
+
+
+def protection(group: str) -> dict[str, bool]:
+    out = aws.client("autoscaling").describe_auto_scaling_groups(AutoScalingGroupNames=[group])
+    return {i["InstanceId"]: bool(i["ProtectedFromScaleIn"]) for i in out["AutoScalingGroups"][0]["Instances"]}
+
+
+def team_policy_json(**fields: Any) -> str:
+    return json.dumps(fields)

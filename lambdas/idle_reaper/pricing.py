@@ -1,0 +1,66 @@
+"""On-demand hourly prices (USD, Linux, us-east-1) used to estimate savings. Estimates only: a price
+table file can replace them (JSON object of instance type to hourly price)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+DEFAULT_PRICES: dict[str, float] = {
+    "t3.medium": 0.0416,
+    "t3.large": 0.0832,
+    "t3.xlarge": 0.1664,
+    "m5.large": 0.096,
+    "m5.xlarge": 0.192,
+    "m5.2xlarge": 0.384,
+    "m5.4xlarge": 0.768,
+    "m6i.large": 0.096,
+    "m6i.xlarge": 0.192,
+    "m6i.2xlarge": 0.384,
+    "m7i.xlarge": 0.2016,
+    "c5.xlarge": 0.17,
+    "c5.2xlarge": 0.34,
+    "c5.4xlarge": 0.68,
+    "c6i.4xlarge": 0.68,
+    "r5.xlarge": 0.252,
+    "r5.2xlarge": 0.504,
+    "r6i.2xlarge": 0.504,
+    "g4dn.xlarge": 0.526,
+    "g4dn.2xlarge": 0.752,
+    "g4dn.12xlarge": 3.912,
+    "g5.xlarge": 1.006,
+    "g5.2xlarge": 1.212,
+    "g5.4xlarge": 1.624,
+    "g5.12xlarge": 5.672,
+    "g5.48xlarge": 16.288,
+    "g6.xlarge": 0.805,
+    "g6.2xlarge": 0.978,
+    "g6.12xlarge": 4.602,
+    "g6e.xlarge": 1.861,
+    "p3.2xlarge": 3.06,
+    "p3.8xlarge": 12.24,
+    "p3.16xlarge": 24.48,
+    "p4d.24xlarge": 32.7726,
+    "p5.48xlarge": 98.32,
+}
+
+
+def hourly_price(instance_type: str, prices: Mapping[str, float] = DEFAULT_PRICES) -> float | None:
+    return prices.get(instance_type)
+
+
+def load_price_table(path: str | Path) -> dict[str, float]:
+    """Raises ValueError with a clear message for a missing or malformed file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"price table {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"price table {path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+        for k, v in data.items()
+    ):
+        raise ValueError(f"price table {path}: expected an object of instance type to a non-negative price")
+    return {k: float(v) for k, v in data.items()}

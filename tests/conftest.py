@@ -1,0 +1,31 @@
+"""Shared fixtures. Integration tests talk to moto in server mode on 127.0.0.1 through AWS_ENDPOINT_URL."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+# Never reach a real AWS account from the tests, whatever the machine's environment holds.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+os.environ["POWERTOOLS_METRICS_NAMESPACE"] = "IdleReaper"
+os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[object]:
+    from idle_reaper import local
+
+    local.quiet_server_logs()
+    with local.local_aws() as server:
+        yield server
+
+
+@pytest.fixture
+def aws(moto_server: object) -> Iterator[object]:
+    """A clean emulated account for each test."""
+    moto_server.reset()  # type: ignore[attr-defined]
+    yield moto_server
