@@ -1,0 +1,399 @@
+"""The building blocks of the idle-reaper stack. No business logic: the reaper's decisions live in
+lambdas/idle_reaper; these only provision what it runs on and watch it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_ssm as ssm
+from aws_cdk import custom_resources as cr
+from cdk_nag import NagPackSuppression, NagSuppressions
+from constructs import Construct
+
+# Must match what the sweep handler emits (Powertools Metrics, EMF).
+METRICS_NAMESPACE = "IdleReaper"
+SERVICE_NAME = "idle-reaper"
+
+
+def suppress(construct: Construct, *suppressions: NagPackSuppression) -> None:
+    """cdk-nag suppressions for a construct and its children; each carries its written reason."""
+    NagSuppressions.add_resource_suppressions(construct, list(suppressions), apply_to_children=True)
+
+
+class ReaperFunction(Construct):
+    """A Python 3.12 arm64 Lambda with its own role and log group.
+
+    The role starts empty (no AWSLambdaBasicExecutionRole): it may write to its own log group and
+    X-Ray, and the stack grants the rest statement by statement."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        handler: str,
+        description: str,
+        code: lambda_.Code,
+        layer: lambda_.ILayerVersion,
+        environment: Mapping[str, str],
+        timeout: Duration,
+        memory_size: int,
+        reserved_concurrent_executions: int | None = None,
+    ) -> None:
+        super().__init__(scope, id)
+        self.log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.THREE_MONTHS)
+        self.role = iam.Role(
+            self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=description
+        )
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            description=description,
+            runtime=lambda_.Runtime.PYTHON_3_12,
+            architecture=lambda_.Architecture.ARM_64,
+            handler=handler,
+            code=code,
+            layers=[layer],
+            environment=dict(environment),
+            timeout=timeout,
+            memory_size=memory_size,
+            reserved_concurrent_executions=reserved_concurrent_executions,
+            tracing=lambda_.Tracing.ACTIVE,
+            role=self.role,
+            log_group=self.log_group,
+        )
+        self.log_group.grant_write(self.role)
+        suppress(
+            self,
+            NagPackSuppression(
+                id="AwsSolutions-L1",
+                reason="Pinned to Python 3.12: the dependency layer is built for cp312 and the package is "
+                "tested on it. Moving runtimes is a deliberate change, not a default.",
+            ),
+            NagPackSuppression(
+                id="AwsSolutions-IAM5",
+                reason="X-Ray trace segments: xray:PutTraceSegments and PutTelemetryRecords have no "
+                "resource-level permissions.",
+                applies_to=["Resource::*"],
+            ),
+        )
+
+
+class SeededParameter(Construct):
+    """An SSM String parameter the stack writes once, when it is first created, and never again.
+
+    Why not an AWS::SSM::Parameter: CloudFormation would own the value, so the next deploy after
+    an admin tuned the policy would silently revert it (or delete it with the stack). Instead a
+    custom resource calls PutParameter with Overwrite=false on create only: it seeds a fresh
+    account, leaves an existing parameter (an admin's edit, or an earlier deployment's) alone
+    by ignoring ParameterAlreadyExists, does nothing on update, and keeps the parameter on delete
+    (policies are the admins' data, not the stack's)."""
+
+    def __init__(self, scope: Construct, id: str, *, name: str, value: str, description: str) -> None:
+        super().__init__(scope, id)
+        stack = Stack.of(self)
+        arn = stack.format_arn(service="ssm", resource="parameter", resource_name=name.lstrip("/"))
+        cr.AwsCustomResource(
+            self,
+            "Put",
+            resource_type="Custom::IdleReaperSeededParameter",
+            on_create=cr.AwsSdkCall(
+                service="SSM",
+                action="putParameter",
+                parameters={
+                    "Name": name,
+                    "Value": value,
+                    "Type": "String",
+                    "Overwrite": False,
+                    "Description": description,
+                },
+                physical_resource_id=cr.PhysicalResourceId.of(name),
+                ignore_error_codes_matching="ParameterAlreadyExists",
+            ),
+            policy=cr.AwsCustomResourcePolicy.from_sdk_calls(resources=[arn]),
+            install_latest_aws_sdk=False,  # no npm download at deploy time; the runtime's SDK suffices
+        )
+        # The provider function CDK shares between all AwsCustomResources of the stack.
+        provider = stack.node.find_child("AWS" + cr.AwsCustomResource.PROVIDER_FUNCTION_UUID.replace("-", ""))
+        suppress(
+            provider,
+            NagPackSuppression(
+                id="AwsSolutions-IAM4",
+                reason="CDK's AwsCustomResource provider (SSM seeding at stack creation) uses the AWS managed "
+                "AWSLambdaBasicExecutionRole, for its own logs only.",
+                applies_to=["Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"],
+            ),
+            NagPackSuppression(
+                id="AwsSolutions-L1",
+                reason="The runtime of CDK's AwsCustomResource provider is chosen by aws-cdk-lib, not here.",
+            ),
+        )
+
+
+class GpuAgentRollout(Construct):
+    """Installs and configures the CloudWatch agent for GPU metrics on instances carrying a tag.
+
+    The agent config (a file in this repo) goes into an SSM parameter whose name starts with
+    `AmazonCloudWatch-`, the prefix the managed CloudWatchAgentServerPolicy lets instances read.
+    One composite Command document runs the two AWS documents in order (install, then configure),
+    so a fresh instance never tries to configure an agent that is not there yet; a State Manager
+    association applies it to tagged instances as they appear, and daily to catch drift."""
+
+    PARAMETER_NAME = "AmazonCloudWatch-idle-reaper-gpu"
+
+    def __init__(self, scope: Construct, id: str, *, config_file: Path, tag_key: str, tag_value: str) -> None:
+        super().__init__(scope, id)
+        config = json.loads(config_file.read_text())
+        self.config_parameter = ssm.StringParameter(
+            self,
+            "AgentConfig",
+            parameter_name=self.PARAMETER_NAME,
+            description="CloudWatch agent config for GPU metrics read by idle-reaper (from infra/"
+            + config_file.name
+            + ")",
+            string_value=json.dumps(config, separators=(",", ":")),
+        )
+        document = ssm.CfnDocument(
+            self,
+            "InstallAndConfigure",
+            document_type="Command",
+            document_format="JSON",
+            update_method="NewVersion",
+            content={
+                "schemaVersion": "2.2",
+                "description": "Install the CloudWatch agent and apply idle-reaper's GPU metrics config.",
+                "mainSteps": [
+                    {
+                        "action": "aws:runDocument",
+                        "name": "installAgent",
+                        "inputs": {
+                            "documentType": "SSMDocument",
+                            "documentPath": "AWS-ConfigureAWSPackage",
+                            "documentParameters": {"action": "Install", "name": "AmazonCloudWatchAgent"},
+                        },
+                    },
+                    {
+                        "action": "aws:runDocument",
+                        "name": "configureAgent",
+                        "inputs": {
+                            "documentType": "SSMDocument",
+                            "documentPath": "AmazonCloudWatch-ManageAgent",
+                            "documentParameters": {
+                                "action": "configure",
+                                "mode": "ec2",
+                                "optionalConfigurationSource": "ssm",
+                                "optionalConfigurationLocation": self.PARAMETER_NAME,
+                                "optionalRestart": "yes",
+                            },
+                        },
+                    },
+                ],
+            },
+        )
+        self.association = ssm.CfnAssociation(
+            self,
+            "Association",
+            name=document.ref,
+            targets=[ssm.CfnAssociation.TargetProperty(key=f"tag:{tag_key}", values=[tag_value])],
+            schedule_expression="rate(1 day)",
+            # A machine without an NVIDIA driver fails the configure step; that must not stop the rollout.
+            max_errors="100%",
+            max_concurrency="25%",
+        )
+        self.association.node.add_dependency(self.config_parameter)
+
+
+class ReaperMonitoring(Construct):
+    """Alarms (to an SNS topic, optionally emailed) and the dashboard."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        sweep: lambda_.IFunction,
+        slack: lambda_.IFunction,
+        failures: sqs.IQueue,
+        interval: Duration,
+        alarm_email: str | None,
+        dashboard_name: str,
+        ssm_prefix: str,
+    ) -> None:
+        super().__init__(scope, id)
+        self.topic = sns.Topic(self, "Alarms", display_name="idle-reaper alarms", enforce_ssl=True)
+        if alarm_email:
+            self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
+        suppress(
+            self.topic,
+            NagPackSuppression(
+                id="AwsSolutions-SNS2",
+                reason="Alarm notifications carry no secrets. CloudWatch cannot publish to a topic encrypted "
+                "with the AWS-managed SNS key, and a customer-managed key per region costs more than the rest "
+                "of the stack; add one if your policy requires it.",
+            ),
+        )
+        hour = Duration.hours(1)
+        sweep_errors = cw.MathExpression(
+            label="Sweep errors",
+            expression="FILL(reported, 0) + FILL(crashed, 0)",
+            using_metrics={
+                "reported": self._service_metric("SweepErrors", "Sum", interval),
+                "crashed": sweep.metric_errors(period=interval, statistic="Sum"),
+            },
+            period=interval,
+        )
+        completed_sweeps = self._service_metric("SweepDurationMs", "SampleCount", interval)
+        self.alarms = [
+            sweep_errors.create_alarm(
+                self,
+                "SweepErrorsAlarm",
+                alarm_description="A sweep failed or reported errors (see the sweep function's logs).",
+                threshold=1,
+                evaluation_periods=1,
+                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            ),
+            completed_sweeps.with_(label="Completed sweeps").create_alarm(
+                self,
+                "NoSweepAlarm",
+                alarm_description="No sweep completed in 3 schedule intervals: idle machines are not being handled.",
+                threshold=1,
+                evaluation_periods=3,
+                datapoints_to_alarm=3,
+                comparison_operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
+                # No datapoint is exactly the failure this alarm exists for.
+                treat_missing_data=cw.TreatMissingData.BREACHING,
+            ),
+            failures.metric_approximate_number_of_messages_visible(period=Duration.minutes(5), statistic="Maximum")
+            .with_(label="Undelivered or failed sweeps")
+            .create_alarm(
+                self,
+                "SweepDeadLettersAlarm",
+                alarm_description="Sweep invocations were dropped or failed and landed in the dead-letter "
+                "queue (often: a sweep ran longer than the schedule interval).",
+                threshold=1,
+                evaluation_periods=1,
+                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            ),
+            slack.metric_errors(period=Duration.minutes(5), statistic="Sum")
+            .with_(label="Slack handler errors")
+            .create_alarm(
+                self,
+                "SlackErrorsAlarm",
+                alarm_description="The Slack handler failed: someone's answer to a warning may have been lost.",
+                threshold=1,
+                evaluation_periods=1,
+                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            ),
+        ]
+        for alarm in self.alarms:
+            alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
+            alarm.add_ok_action(cw_actions.SnsAction(self.topic))
+
+        self.dashboard = cw.Dashboard(self, "Dashboard", dashboard_name=dashboard_name)
+        self.dashboard.add_widgets(
+            cw.TextWidget(
+                width=24,
+                height=2,
+                markdown=f"## idle-reaper\nA sweep every {interval.to_minutes()} min. Team policies live in SSM "
+                f"under `{ssm_prefix}/teams/`. A team appears here after the first sweep that finds its machines.",
+            )
+        )
+        # Gauges (the state of the fleet at each sweep) ...
+        self.dashboard.add_widgets(
+            self._team_graph("Machines watched", "MachinesScanned", "Maximum", interval, width=8),
+            self._team_graph("Idle (incl. warned, snoozed, reaped)", "MachinesIdle", "Maximum", interval, width=8),
+            self._team_graph("Unknown (not enough data)", "MachinesUnknown", "Maximum", interval, width=8),
+        )
+        # ... and events (what the reaper and people did), per hour.
+        self.dashboard.add_widgets(
+            self._team_graph("Warnings sent", "WarningsSent", "Sum", hour, width=6),
+            self._team_graph("Stopped or released to their ASG", "MachinesReaped", "Sum", hour, width=6),
+            self._team_graph("Scale-in protection set", "MachinesProtected", "Sum", hour, width=6),
+            self._team_graph("Snoozes", "Snoozes", "Sum", hour, width=6),
+        )
+        self.dashboard.add_widgets(
+            self._team_graph(
+                "Hourly cost of machines reaped (USD/h, estimate)", "EstimatedHourlySavings", "Sum", hour, width=16
+            ),
+            cw.SingleValueWidget(
+                title="Hourly cost reaped in the time range (USD/h)",
+                width=8,
+                height=6,
+                set_period_to_time_range=True,
+                metrics=[
+                    cw.MathExpression(
+                        label="All teams",
+                        expression=f"SUM({self._search('EstimatedHourlySavings', 'Sum', hour)})",
+                        using_metrics={},
+                        period=hour,
+                    )
+                ],
+            ),
+        )
+        self.dashboard.add_widgets(
+            cw.GraphWidget(
+                title="Sweep duration (ms)",
+                width=8,
+                left=[
+                    self._service_metric("SweepDurationMs", "Average", interval).with_(label="average"),
+                    self._service_metric("SweepDurationMs", "Maximum", interval).with_(label="maximum"),
+                ],
+                left_annotations=[
+                    cw.HorizontalAnnotation(value=interval.to_milliseconds(), label="schedule interval"),
+                ],
+            ),
+            cw.GraphWidget(
+                title="Sweep errors, throttles and Slack errors",
+                width=8,
+                left=[
+                    sweep_errors,
+                    sweep.metric_throttles(period=interval, statistic="Sum"),
+                    slack.metric_errors(period=interval, statistic="Sum").with_(label="Slack handler errors"),
+                ],
+            ),
+            cw.AlarmStatusWidget(title="Alarms", width=8, alarms=self.alarms),
+        )
+
+    @staticmethod
+    def _service_metric(name: str, statistic: str, period: Duration) -> cw.Metric:
+        return cw.Metric(
+            namespace=METRICS_NAMESPACE,
+            metric_name=name,
+            dimensions_map={"service": SERVICE_NAME},
+            statistic=statistic,
+            period=period,
+        )
+
+    @staticmethod
+    def _search(metric: str, statistic: str, period: Duration) -> str:
+        # No metric schema ({Namespace,dims}) on purpose: a schema matches one exact dimension set,
+        # and per-team metrics may carry `service` besides `team`. The bare `team` term keeps only
+        # series that have a team dimension.
+        return (
+            f'SEARCH(\'Namespace="{METRICS_NAMESPACE}" MetricName="{metric}" team\', '
+            f"'{statistic}', {int(period.to_seconds())})"
+        )
+
+    def _team_graph(self, title: str, metric: str, statistic: str, period: Duration, *, width: int) -> cw.GraphWidget:
+        per_team: Any = cw.MathExpression(
+            label="${PROP('Dim.team')}",
+            expression=self._search(metric, statistic, period),
+            using_metrics={},
+            period=period,
+        )
+        return cw.GraphWidget(title=title, width=width, height=6, left=[per_team], stacked=True)

@@ -1,0 +1,426 @@
+"""The idle-reaper stack: one per region. See docs/deploying.md for the walkthrough."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aws_cdk import App, Aspects, CfnOutput, Duration, Environment, RemovalPolicy, SecretValue, Stack, Tags
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_destinations as destinations
+from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_sqs as sqs
+from cdk_nag import AwsSolutionsChecks, NagPackSuppression, RegexAppliesTo
+from constructs import Construct, Node
+
+from idle_reaper.policy import Settings, TeamPolicy
+from infra.bundling import REPO_ROOT, dependency_layer_code
+from infra.constructs import (
+    METRICS_NAMESPACE,
+    SERVICE_NAME,
+    GpuAgentRollout,
+    ReaperFunction,
+    ReaperMonitoring,
+    SeededParameter,
+    suppress,
+)
+
+SWEEP_HANDLER = "idle_reaper.handlers.sweep.handler"
+SLACK_HANDLER = "idle_reaper.handlers.slack.handler"
+
+# The sweep's read-only calls; none has resource-level permissions in IAM.
+SWEEP_READS = (
+    "ec2:DescribeInstances",
+    "autoscaling:DescribeAutoScalingInstances",
+    "autoscaling:DescribeAutoScalingGroups",
+    "cloudwatch:GetMetricData",
+)
+# Item reads and writes, no table management (as CDK's grant_read_write_data, without streams).
+TABLE_DATA_ACTIONS = tuple(
+    f"dynamodb:{action}"
+    for action in (
+        "BatchGetItem",
+        "BatchWriteItem",
+        "ConditionCheckItem",
+        "DeleteItem",
+        "GetItem",
+        "PutItem",
+        "Query",
+        "Scan",
+        "UpdateItem",
+    )
+)
+
+
+@dataclass(frozen=True)
+class IdleReaperProps:
+    """What an admin may choose at deploy time (CDK context keys in brackets)."""
+
+    schedule_minutes: int = 5  # [scheduleMinutes] how often a sweep runs
+    alarm_email: str | None = None  # [alarmEmail] who gets the alarms
+    regions: tuple[str, ...] = ()  # [regions] one stack per region; empty: the CLI's default region
+    ssm_prefix: str = "/idle-reaper"  # [ssmPrefix] where settings and team policies live
+    team_tag_key: str = "Team"  # [teamTagKey] machines without it are never touched (IAM enforces it)
+    # [gpuAgentTagKey, gpuAgentTagValue] instances with this tag get the CloudWatch agent for GPU
+    # metrics; an empty key turns the rollout off.
+    gpu_agent_tag_key: str = "idle-reaper:gpu-agent"
+    gpu_agent_tag_value: str = "install"
+    # Fixed names (the CLI's defaults) so `idle-reaper status` works against a deployment unconfigured.
+    table_name: str = "idle-reaper-state"
+    secret_name: str = "idle-reaper/slack"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.schedule_minutes <= 60:
+            raise ValueError("scheduleMinutes must be between 1 and 60")
+        if not self.ssm_prefix.startswith("/") or self.ssm_prefix.endswith("/"):
+            raise ValueError("ssmPrefix must start with '/' and not end with '/', e.g. /idle-reaper")
+        if not self.team_tag_key:
+            raise ValueError("teamTagKey must not be empty")
+
+    @classmethod
+    def from_context(cls, node: Node) -> IdleReaperProps:
+        """Read the props from CDK context (cdk.json, or `-c key=value` on the command line)."""
+
+        def get(key: str) -> Any:
+            return node.try_get_context(key)
+
+        defaults = cls()
+        regions = get("regions") or ()
+        if isinstance(regions, str):  # `-c regions=us-east-1,eu-west-1`
+            regions = [r.strip() for r in regions.split(",")]
+        return cls(
+            schedule_minutes=int(get("scheduleMinutes") or defaults.schedule_minutes),
+            alarm_email=get("alarmEmail") or None,
+            regions=tuple(r for r in regions if r),
+            ssm_prefix=get("ssmPrefix") or defaults.ssm_prefix,
+            team_tag_key=get("teamTagKey") or defaults.team_tag_key,
+            gpu_agent_tag_key=_or_default(get("gpuAgentTagKey"), defaults.gpu_agent_tag_key),
+            gpu_agent_tag_value=get("gpuAgentTagValue") or defaults.gpu_agent_tag_value,
+        )
+
+
+def _or_default(value: Any, default: str) -> str:
+    """Context value if set at all (an empty string is a choice: it turns a feature off)."""
+    return default if value is None else str(value)
+
+
+class IdleReaperStack(Stack):
+    """Everything idle-reaper needs in one region: state, functions, schedule, permissions,
+    seeded policies, GPU agent rollout, alarms and dashboard."""
+
+    def __init__(self, scope: Construct, id: str, *, props: IdleReaperProps, **kwargs: Any) -> None:
+        super().__init__(scope, id, description="idle-reaper: stops idle ML machines after warning in Slack", **kwargs)
+        interval = Duration.minutes(props.schedule_minutes)
+        Tags.of(self).add("application", "idle-reaper")
+
+        table = dynamodb.Table(
+            self,
+            "StateTable",
+            table_name=props.table_name,
+            partition_key=dynamodb.Attribute(name="pk", type=dynamodb.AttributeType.STRING),
+            sort_key=dynamodb.Attribute(name="sk", type=dynamodb.AttributeType.STRING),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            time_to_live_attribute="expires_at",
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            deletion_protection=True,
+            # Snoozes and the audit trail outlive the stack.
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+
+        # Filled by the admin (docs/deploying.md). The placeholder has the right shape and empty values,
+        # and CloudFormation only rewrites it if this template value changes, which it does not.
+        secret = secretsmanager.Secret(
+            self,
+            "SlackSecret",
+            secret_name=props.secret_name,
+            description="idle-reaper Slack app credentials: JSON with bot_token and signing_secret",
+            secret_string_value=SecretValue.unsafe_plain_text('{"bot_token": "", "signing_secret": ""}'),
+        )
+        suppress(
+            secret,
+            NagPackSuppression(
+                id="AwsSolutions-SMG4",
+                reason="The Slack bot token and signing secret are issued and rotated in Slack, not by a "
+                "rotation Lambda; rotate them there and put the new values into this secret.",
+            ),
+        )
+
+        layer = lambda_.LayerVersion(
+            self,
+            "Dependencies",
+            code=dependency_layer_code(REPO_ROOT),
+            compatible_runtimes=[lambda_.Runtime.PYTHON_3_12],
+            compatible_architectures=[lambda_.Architecture.ARM_64],
+            description="idle-reaper runtime dependencies from uv.lock (boto3 comes with the runtime)",
+        )
+        code = lambda_.Code.from_asset(str(REPO_ROOT / "lambdas"), exclude=["**/__pycache__", "**/*.pyc", "*.egg-info"])
+        all_regions = list(props.regions) or [self.region]
+        environment = {
+            "IDLE_REAPER_TABLE": table.table_name,
+            "IDLE_REAPER_SSM_PREFIX": props.ssm_prefix,
+            "IDLE_REAPER_SLACK_SECRET": secret.secret_arn,
+            "POWERTOOLS_SERVICE_NAME": SERVICE_NAME,
+            "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
+        }
+
+        sweep = ReaperFunction(
+            self,
+            "Sweep",
+            handler=SWEEP_HANDLER,
+            description="idle-reaper sweep: assess machines, warn owners, stop idle machines",
+            code=code,
+            layer=layer,
+            environment=environment,
+            # A sweep should end before the next one is due; reserved concurrency 1 makes sure it does.
+            timeout=Duration.minutes(min(max(props.schedule_minutes - 1, 1), 15)),
+            memory_size=512,
+            reserved_concurrent_executions=1,
+        )
+        slack = ReaperFunction(
+            self,
+            "Slack",
+            handler=SLACK_HANDLER,
+            description="idle-reaper Slack endpoint: buttons and commands (Slack signature checked in code)",
+            code=code,
+            layer=layer,
+            # With several regions, one Slack app can point at one region's endpoint; this tells the
+            # handler where the other deployments are (same table name and prefix in each).
+            environment={**environment, "IDLE_REAPER_REGIONS": ",".join(all_regions)},
+            timeout=Duration.seconds(30),
+            memory_size=512,
+        )
+
+        # Failed sweeps (after no retry: the next scheduled sweep is the retry) and events EventBridge
+        # could not deliver both land here, and are alarmed.
+        failures = sqs.Queue(
+            self,
+            "SweepFailures",
+            retention_period=Duration.days(14),
+            enforce_ssl=True,
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+        )
+        suppress(
+            failures,
+            NagPackSuppression(
+                id="AwsSolutions-SQS3",
+                reason="This queue is itself the dead-letter destination of the sweep; it is alarmed.",
+            ),
+        )
+        sweep.function.configure_async_invoke(
+            retry_attempts=0,
+            max_event_age=Duration.seconds(max(60, int(interval.to_seconds()))),
+            on_failure=destinations.SqsDestination(failures),
+        )
+        events.Rule(
+            self,
+            "Schedule",
+            description=f"Run an idle-reaper sweep every {props.schedule_minutes} minute(s)",
+            schedule=events.Schedule.rate(interval),
+            targets=[
+                targets.LambdaFunction(
+                    sweep.function, dead_letter_queue=failures, retry_attempts=2, max_event_age=interval
+                )
+            ],
+        )
+
+        url = slack.function.add_function_url(
+            # Slack cannot sign AWS requests; the handler verifies Slack's request signature instead.
+            auth_type=lambda_.FunctionUrlAuthType.NONE,
+        )
+
+        self._grant_sweep(sweep.role, props, table, secret)
+        self._grant_slack(slack.role, props, secret, all_regions)
+
+        # Defaults come from the pydantic models, the single source of truth for policies.
+        SeededParameter(
+            self,
+            "SettingsParameter",
+            name=f"{props.ssm_prefix}/settings",
+            value=Settings().model_dump_json(),
+            description="idle-reaper settings (seeded with defaults once; yours to edit)",
+        )
+        SeededParameter(
+            self,
+            "ExampleTeamParameter",
+            name=f"{props.ssm_prefix}/teams/example",
+            value=TeamPolicy().model_dump_json(),
+            description="idle-reaper policy of team 'example' (seeded once; copy it per team)",
+        )
+        association_id = None
+        if props.gpu_agent_tag_key:
+            gpu = GpuAgentRollout(
+                self,
+                "GpuAgent",
+                config_file=REPO_ROOT / "infra" / "cloudwatch-agent-gpu.json",
+                tag_key=props.gpu_agent_tag_key,
+                tag_value=props.gpu_agent_tag_value,
+            )
+            association_id = gpu.association.attr_association_id
+
+        monitoring = ReaperMonitoring(
+            self,
+            "Monitoring",
+            sweep=sweep.function,
+            slack=slack.function,
+            failures=failures,
+            interval=interval,
+            alarm_email=props.alarm_email,
+            dashboard_name=f"idle-reaper-{self.region}",  # dashboards are account-wide: one per region
+            ssm_prefix=props.ssm_prefix,
+        )
+
+        CfnOutput(
+            self, "SlackFunctionUrl", value=url.url, description="Request URL for the Slack app (slack/manifest.yml)"
+        )
+        CfnOutput(self, "SlackSecretName", value=props.secret_name, description="Put the Slack credentials here")
+        CfnOutput(
+            self,
+            "DashboardUrl",
+            value=f"https://console.aws.amazon.com/cloudwatch/home?region={self.region}"
+            f"#dashboards:name={monitoring.dashboard.dashboard_name}",
+        )
+        CfnOutput(self, "StateTableName", value=table.table_name)
+        CfnOutput(self, "AlarmTopicArn", value=monitoring.topic.topic_arn)
+        if association_id is not None:
+            CfnOutput(self, "GpuAgentAssociationId", value=association_id)
+
+    # -- permissions ---------------------------------------------------------------------------
+
+    def _team_tagged(self, props: IdleReaperProps) -> dict[str, Any]:
+        # "?*" rather than "*": an empty Team tag does not make a machine anyone's.
+        return {"StringLike": {f"aws:ResourceTag/{props.team_tag_key}": "?*"}}
+
+    def _instances(self, region: str) -> str:
+        return self.format_arn(service="ec2", resource="instance", resource_name="*", region=region)
+
+    def _groups(self, region: str) -> str:
+        return self.format_arn(
+            service="autoscaling",
+            resource="autoScalingGroup",
+            resource_name="*:autoScalingGroupName/*",
+            region=region,
+        )
+
+    def _parameters(self, props: IdleReaperProps, region: str) -> list[str]:
+        path = props.ssm_prefix.lstrip("/")
+        # GetParametersByPath is authorized on the path itself, GetParameter on each parameter.
+        return [
+            self.format_arn(service="ssm", resource="parameter", resource_name=name, region=region)
+            for name in (path, f"{path}/*")
+        ]
+
+    def _grant_sweep(
+        self, role: iam.IRole, props: IdleReaperProps, table: dynamodb.ITable, secret: secretsmanager.ISecret
+    ) -> None:
+        region = self.region
+        statements = [
+            iam.PolicyStatement(sid="FleetReads", actions=list(SWEEP_READS), resources=["*"]),
+            iam.PolicyStatement(
+                sid="StopTeamInstances",
+                actions=["ec2:StopInstances"],
+                resources=[self._instances(region)],
+                conditions=self._team_tagged(props),
+            ),
+            iam.PolicyStatement(
+                sid="ReleaseTeamGroupMembers",
+                actions=["autoscaling:SetInstanceProtection", "autoscaling:TerminateInstanceInAutoScalingGroup"],
+                resources=[self._groups(region)],
+                conditions=self._team_tagged(props),
+            ),
+            iam.PolicyStatement(
+                sid="ReadPolicies",
+                actions=["ssm:GetParameter", "ssm:GetParametersByPath"],
+                resources=self._parameters(props, region),
+            ),
+            iam.PolicyStatement(sid="StateTable", actions=list(TABLE_DATA_ACTIONS), resources=[table.table_arn]),
+            iam.PolicyStatement(
+                sid="ReadSlackSecret", actions=["secretsmanager:GetSecretValue"], resources=[secret.secret_arn]
+            ),
+        ]
+        for statement in statements:
+            role.add_to_principal_policy(statement)
+        self._suppress_fleet_wildcards(role, props, reads=SWEEP_READS)
+
+    def _grant_slack(
+        self, role: iam.IRole, props: IdleReaperProps, secret: secretsmanager.ISecret, regions: Sequence[str]
+    ) -> None:
+        # Answers act on one known machine (no discovery), in every configured region: a shared
+        # Slack endpoint may act on machines wherever they run.
+        statements = [
+            iam.PolicyStatement(
+                sid="StartStopTeamInstances",
+                actions=["ec2:StartInstances", "ec2:StopInstances"],
+                resources=[self._instances(r) for r in regions],
+                conditions=self._team_tagged(props),
+            ),
+            iam.PolicyStatement(
+                sid="ProtectTeamGroupMembers",
+                actions=["autoscaling:SetInstanceProtection"],
+                resources=[self._groups(r) for r in regions],
+                conditions=self._team_tagged(props),
+            ),
+            iam.PolicyStatement(
+                sid="ReadPolicies",
+                actions=["ssm:GetParameter", "ssm:GetParametersByPath"],
+                resources=[arn for r in regions for arn in self._parameters(props, r)],
+            ),
+            iam.PolicyStatement(
+                sid="StateTables",
+                actions=list(TABLE_DATA_ACTIONS),
+                resources=[
+                    self.format_arn(service="dynamodb", resource="table", resource_name=props.table_name, region=r)
+                    for r in regions
+                ],
+            ),
+            iam.PolicyStatement(
+                sid="ReadSlackSecret", actions=["secretsmanager:GetSecretValue"], resources=[secret.secret_arn]
+            ),
+        ]
+        for statement in statements:
+            role.add_to_principal_policy(statement)
+        self._suppress_fleet_wildcards(role, props)
+
+    def _suppress_fleet_wildcards(self, role: iam.IRole, props: IdleReaperProps, *, reads: Sequence[str] = ()) -> None:
+        reads_reason = f"{', '.join(reads)} have no resource-level permissions (Resource must be *). " if reads else ""
+        suppress(
+            role,
+            NagPackSuppression(
+                id="AwsSolutions-IAM5",
+                reason=reads_reason + "Stop, start and scale-in name every instance or Auto Scaling group "
+                f"because machines come and go; the aws:ResourceTag/{props.team_tag_key} condition limits "
+                f"them to machines that belong to a team. Parameter reads stay under {props.ssm_prefix}/.",
+                applies_to=[
+                    "Resource::*",
+                    # Partition, region and account are tokens or literals depending on the environment.
+                    RegexAppliesTo(regex=r"/^Resource::arn:.+:ec2:.*:instance\/\*$/"),
+                    RegexAppliesTo(regex=r"/^Resource::arn:.+:autoscaling:.*:autoScalingGroupName\/\*$/"),
+                    RegexAppliesTo(regex=r"/^Resource::arn:.+:ssm:.*:parameter\/.+\/\*$/"),
+                ],
+            ),
+        )
+
+
+def stack_id(region: str | None) -> str:
+    return f"IdleReaper-{region}" if region else "IdleReaper"
+
+
+def build(app: App) -> list[IdleReaperStack]:
+    """All stacks of the app: one per configured region, or one for the CLI's default region.
+
+    cdk-nag's AwsSolutions pack runs on every synth, so a violation fails `make synth` too."""
+    props = IdleReaperProps.from_context(app.node)
+    stacks = []
+    for region in props.regions or (None,):
+        # Account-agnostic: the stack deploys into whichever account the credentials belong to.
+        env = Environment(region=region or os.environ.get("CDK_DEFAULT_REGION"))
+        stacks.append(IdleReaperStack(app, stack_id(region), props=props, env=env))
+    Aspects.of(app).add(AwsSolutionsChecks(verbose=True))
+    return stacks

@@ -1,0 +1,470 @@
+"""What the stack deploys, checked on the synthesized templates.
+
+The app is synthesized once for the session (jsii start-up and synthesis take seconds), with
+bundling skipped (test_layer_bundling.py bundles the layer for real). Tests read the cloud assembly
+from disk: the templates, and the metadata and report where cdk-nag leaves its findings."""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk.assertions import Match, Template
+
+from infra.constructs import GpuAgentRollout
+from infra.stack import IdleReaperProps, build
+
+pytestmark = pytest.mark.infra
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REGIONS = ("eu-west-1", "us-east-2")
+ALARM_EMAIL = "ops@example.com"
+WRITE_ACTIONS = {
+    "ec2:StopInstances",
+    "ec2:StartInstances",
+    "autoscaling:SetInstanceProtection",
+    "autoscaling:TerminateInstanceInAutoScalingGroup",
+}
+
+
+@dataclass(frozen=True)
+class Synth:
+    outdir: Path
+    stack_names: tuple[str, ...]
+
+    def template(self, stack_name: str | None = None) -> dict[str, Any]:
+        template: dict[str, Any] = json.loads(
+            (self.outdir / f"{stack_name or self.stack_names[0]}.template.json").read_text()
+        )
+        return template
+
+    def metadata(self, stack_name: str) -> dict[str, list[dict[str, Any]]]:
+        """Where cdk-nag's findings land: beside the template, or in the manifest (older CDK)."""
+        path = self.outdir / f"{stack_name}.metadata.json"
+        if path.exists():
+            metadata: dict[str, list[dict[str, Any]]] = json.loads(path.read_text())
+            return metadata
+        manifest = json.loads((self.outdir / "manifest.json").read_text())
+        found: dict[str, list[dict[str, Any]]] = manifest["artifacts"][stack_name].get("metadata", {})
+        return found
+
+    def nag_report(self, stack_name: str) -> str:
+        return (self.outdir / f"AwsSolutions--{stack_name}-NagReport.csv").read_text()
+
+
+def synthesize(outdir: Path, **context: Any) -> Synth:
+    """The app as `make synth` builds it (cdk.json's context), without bundling."""
+    defaults = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    app = cdk.App(context={**defaults, "aws:cdk:bundling-stacks": [], **context}, outdir=str(outdir))
+    stacks = build(app)
+    app.synth()
+    return Synth(outdir=outdir, stack_names=tuple(s.stack_name for s in stacks))
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """Two regions and an alarm email; everything else at its default.
+
+    Under pytest-xdist every worker has its own session: the first one synthesizes, under a lock,
+    into a directory all workers of this run share, and the others read what it wrote."""
+    context = {"regions": list(REGIONS), "alarmEmail": ALARM_EMAIL}
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return synthesize(tmp_path_factory.mktemp("cdk.out"), **context)
+    run_dir = tmp_path_factory.getbasetemp().parent  # pytest-N/, shared by this run's workers
+    outdir, done = run_dir / "infra-cdk.out", run_dir / "infra-cdk.out.stacks.json"
+    with open(run_dir / "infra-cdk.out.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            done.write_text(json.dumps(synthesize(outdir, **context).stack_names))
+    return Synth(outdir=outdir, stack_names=tuple(json.loads(done.read_text())))
+
+
+@pytest.fixture(scope="session")
+def template(synth: Synth) -> dict[str, Any]:
+    return synth.template()
+
+
+@pytest.fixture(scope="module")
+def assertions(template: dict[str, Any]) -> Template:
+    return Template.from_json(template)
+
+
+def resources(template: dict[str, Any], type_: str) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == type_}
+
+
+def function(template: dict[str, Any], handler: str) -> tuple[str, dict[str, Any]]:
+    [(logical_id, fn)] = [
+        (k, v["Properties"])
+        for k, v in resources(template, "AWS::Lambda::Function").items()
+        if v["Properties"].get("Handler") == handler
+    ]
+    return logical_id, fn
+
+
+def statements(template: dict[str, Any], role_logical_id: str | None = None) -> Iterator[dict[str, Any]]:
+    for policy in resources(template, "AWS::IAM::Policy").values():
+        roles = policy["Properties"].get("Roles", [])
+        if role_logical_id is None or {"Ref": role_logical_id} in roles:
+            yield from policy["Properties"]["PolicyDocument"]["Statement"]
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def role_of(fn: dict[str, Any]) -> str:
+    logical_id: str = fn["Role"]["Fn::GetAtt"][0]
+    return logical_id
+
+
+# -- state ---------------------------------------------------------------------------------------
+
+
+def test_state_table_is_on_demand_recoverable_and_retained(assertions: Template) -> None:
+    assertions.has_resource(
+        "AWS::DynamoDB::Table",
+        {
+            "Properties": {
+                "TableName": "idle-reaper-state",
+                "KeySchema": [
+                    {"AttributeName": "pk", "KeyType": "HASH"},
+                    {"AttributeName": "sk", "KeyType": "RANGE"},
+                ],
+                "BillingMode": "PAY_PER_REQUEST",
+                "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+                "TimeToLiveSpecification": {"AttributeName": "expires_at", "Enabled": True},
+                "DeletionProtectionEnabled": True,
+            },
+            "DeletionPolicy": "Retain",
+            "UpdateReplacePolicy": "Retain",
+        },
+    )
+
+
+def test_slack_secret_is_created_empty_and_never_put_in_environment(template: dict[str, Any]) -> None:
+    [secret] = resources(template, "AWS::SecretsManager::Secret").values()
+    assert secret["Properties"]["Name"] == "idle-reaper/slack"
+    assert json.loads(secret["Properties"]["SecretString"]) == {"bot_token": "", "signing_secret": ""}
+    [secret_id] = resources(template, "AWS::SecretsManager::Secret")
+    for fn in resources(template, "AWS::Lambda::Function").values():
+        env = fn["Properties"].get("Environment", {}).get("Variables", {})
+        assert not {"SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET"} & env.keys()
+        if "IDLE_REAPER_SLACK_SECRET" in env:
+            assert env["IDLE_REAPER_SLACK_SECRET"] == {"Ref": secret_id}
+
+
+def test_settings_and_example_team_are_seeded_once_and_never_overwritten(template: dict[str, Any]) -> None:
+    from idle_reaper.policy import Settings, TeamPolicy
+
+    seeded = {}
+    for resource in resources(template, "Custom::IdleReaperSeededParameter").values():
+        props = resource["Properties"]
+        assert "Update" not in props and "Delete" not in props  # create only; kept on stack delete
+        call = json.loads(props["Create"])
+        assert call["action"] == "putParameter"
+        assert call["parameters"]["Overwrite"] is False
+        assert call["ignoreErrorCodesMatching"] == "ParameterAlreadyExists"
+        seeded[call["parameters"]["Name"]] = call["parameters"]["Value"]
+    assert seeded == {
+        "/idle-reaper/settings": Settings().model_dump_json(),
+        "/idle-reaper/teams/example": TeamPolicy().model_dump_json(),
+    }
+    Settings.model_validate_json(seeded["/idle-reaper/settings"])
+
+
+# -- functions -----------------------------------------------------------------------------------
+
+
+def test_sweep_runs_on_the_schedule_one_at_a_time(template: dict[str, Any], assertions: Template) -> None:
+    logical_id, sweep = function(template, "idle_reaper.handlers.sweep.handler")
+    assert sweep["Runtime"] == "python3.12"
+    assert sweep["Architectures"] == ["arm64"]
+    assert sweep["ReservedConcurrentExecutions"] == 1
+    assert sweep["TracingConfig"] == {"Mode": "Active"}
+    assert sweep["Timeout"] < 5 * 60  # ends before the next sweep is due
+    assert len(sweep["Layers"]) == 1
+    env = sweep["Environment"]["Variables"]
+    assert env["IDLE_REAPER_SSM_PREFIX"] == "/idle-reaper"
+    assert env["IDLE_REAPER_TABLE"] == {"Ref": next(iter(resources(template, "AWS::DynamoDB::Table")))}
+    assert env["POWERTOOLS_SERVICE_NAME"] == "idle-reaper"
+    assert env["POWERTOOLS_METRICS_NAMESPACE"] == "IdleReaper"
+
+    [queue] = resources(template, "AWS::SQS::Queue")
+    assertions.has_resource_properties(
+        "AWS::Events::Rule",
+        {
+            "ScheduleExpression": "rate(5 minutes)",
+            "State": "ENABLED",
+            "Targets": [
+                Match.object_like(
+                    {
+                        "Arn": {"Fn::GetAtt": [logical_id, "Arn"]},
+                        "DeadLetterConfig": {"Arn": {"Fn::GetAtt": [queue, "Arn"]}},
+                    }
+                )
+            ],
+        },
+    )
+    # A failed sweep is not retried (the next one is the retry); it goes to the dead-letter queue.
+    assertions.has_resource_properties(
+        "AWS::Lambda::EventInvokeConfig",
+        {
+            "FunctionName": {"Ref": logical_id},
+            "MaximumRetryAttempts": 0,
+            "DestinationConfig": {"OnFailure": {"Destination": {"Fn::GetAtt": [queue, "Arn"]}}},
+        },
+    )
+
+
+def test_slack_handler_is_behind_an_unauthenticated_function_url(
+    template: dict[str, Any], assertions: Template
+) -> None:
+    logical_id, slack = function(template, "idle_reaper.handlers.slack.handler")
+    assert slack["Runtime"] == "python3.12"
+    assert slack["Architectures"] == ["arm64"]
+    assert slack["Environment"]["Variables"]["IDLE_REAPER_REGIONS"] == ",".join(REGIONS)
+    # Slack's request signature is the authentication, checked in the handler.
+    assertions.has_resource_properties(
+        "AWS::Lambda::Url", {"AuthType": "NONE", "TargetFunctionArn": {"Fn::GetAtt": [logical_id, "Arn"]}}
+    )
+
+
+def test_function_code_is_the_lambdas_directory_and_dependencies_a_layer(synth: Synth) -> None:
+    assets = json.loads((synth.outdir / f"{synth.stack_names[0]}.assets.json").read_text())
+    paths = {Path(a["source"]["path"]).name for a in assets["files"].values()}
+    code_dirs = [synth.outdir / p for p in paths if (synth.outdir / p / "idle_reaper" / "__init__.py").exists()]
+    assert len(code_dirs) == 1
+    assert not list(code_dirs[0].rglob("__pycache__"))
+
+
+# -- permissions ---------------------------------------------------------------------------------
+
+
+def test_writes_are_limited_to_team_tagged_machines(template: dict[str, Any]) -> None:
+    seen: set[str] = set()
+    for statement in statements(template):
+        actions = set(as_list(statement["Action"]))
+        assert "*" not in actions and not any(a.endswith(":*") for a in actions)
+        writes = actions & WRITE_ACTIONS
+        if not writes:
+            continue
+        seen |= writes
+        assert "*" not in as_list(statement["Resource"])
+        assert statement["Condition"] == {"StringLike": {"aws:ResourceTag/Team": "?*"}}
+    assert seen == WRITE_ACTIONS
+
+
+def test_only_the_slack_handler_starts_machines_and_only_the_sweep_terminates(template: dict[str, Any]) -> None:
+    def actions_of(handler: str) -> set[str]:
+        _, fn = function(template, handler)
+        return {a for s in statements(template, role_of(fn)) for a in as_list(s["Action"])}
+
+    sweep, slack = actions_of("idle_reaper.handlers.sweep.handler"), actions_of("idle_reaper.handlers.slack.handler")
+    assert "ec2:StartInstances" in slack and "ec2:StartInstances" not in sweep
+    assert "autoscaling:TerminateInstanceInAutoScalingGroup" in sweep
+    assert "autoscaling:TerminateInstanceInAutoScalingGroup" not in slack
+    assert "cloudwatch:GetMetricData" in sweep
+    assert not {a for a in slack if a.startswith(("ec2:Describe", "autoscaling:Describe"))}  # no discovery
+    assert not {a for a in sweep | slack if a.startswith("ssm:Put")}  # admins edit policies, not Lambdas
+
+
+def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[str, Any]) -> None:
+    [table] = resources(template, "AWS::DynamoDB::Table")
+    [secret] = resources(template, "AWS::SecretsManager::Secret")
+    for statement in statements(template):
+        actions = as_list(statement["Action"])
+        text = json.dumps(statement["Resource"])
+        if any(a.startswith("ssm:Get") for a in actions):
+            assert text.count(":parameter/idle-reaper") == len(as_list(statement["Resource"]))
+        if any(a.startswith("secretsmanager:") for a in actions):
+            assert statement["Resource"] == {"Ref": secret}
+        if any(a.startswith("dynamodb:") for a in actions):
+            assert table in text or "table/idle-reaper-state" in text
+        if statement["Resource"] == "*":
+            # Only calls without resource-level permissions, and X-Ray.
+            assert set(actions) <= {
+                "ec2:DescribeInstances",
+                "autoscaling:DescribeAutoScalingInstances",
+                "autoscaling:DescribeAutoScalingGroups",
+                "cloudwatch:GetMetricData",
+                "xray:PutTraceSegments",
+                "xray:PutTelemetryRecords",
+            }
+
+
+# -- monitoring ----------------------------------------------------------------------------------
+
+
+def test_alarms_notify_the_topic_and_its_email_subscription(template: dict[str, Any], assertions: Template) -> None:
+    [topic] = resources(template, "AWS::SNS::Topic")
+    alarms = resources(template, "AWS::CloudWatch::Alarm")
+    assert len(alarms) == 4
+    for alarm in alarms.values():
+        assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic}]
+    assertions.has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": ALARM_EMAIL, "TopicArn": {"Ref": topic}}
+    )
+    # "No sweep in 3 intervals": no datapoint at all is the failure.
+    assertions.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "EvaluationPeriods": 3,
+            "DatapointsToAlarm": 3,
+            "TreatMissingData": "breaching",
+            "ComparisonOperator": "LessThanThreshold",
+            "Metrics": [
+                Match.object_like(
+                    {
+                        "MetricStat": {
+                            "Metric": {
+                                "Namespace": "IdleReaper",
+                                "MetricName": "SweepDurationMs",
+                                "Dimensions": [{"Name": "service", "Value": "idle-reaper"}],
+                            },
+                            "Period": 300,
+                            "Stat": "SampleCount",
+                        }
+                    }
+                )
+            ],
+        },
+    )
+    # Sweep errors: reported by the sweep, or the invocation itself failed.
+    assertions.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {"Metrics": Match.array_with([Match.object_like({"Expression": "FILL(reported, 0) + FILL(crashed, 0)"})])},
+    )
+
+
+def test_dashboard_shows_every_metric_the_sweep_emits(template: dict[str, Any]) -> None:
+    [dashboard] = resources(template, "AWS::CloudWatch::Dashboard").values()
+    name = dashboard["Properties"]["DashboardName"]
+    assert name == f"idle-reaper-{REGIONS[0]}"
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for metric in (
+        "MachinesScanned",
+        "MachinesIdle",
+        "MachinesUnknown",
+        "MachinesProtected",
+        "WarningsSent",
+        "MachinesReaped",
+        "Snoozes",
+        "EstimatedHourlySavings",
+        "SweepDurationMs",
+        "SweepErrors",
+    ):
+        assert metric in body, metric
+
+
+def test_outputs_name_the_slack_url_the_secret_and_the_dashboard(template: dict[str, Any]) -> None:
+    outputs = template["Outputs"]
+    [url] = resources(template, "AWS::Lambda::Url")
+    assert outputs["SlackFunctionUrl"]["Value"] == {"Fn::GetAtt": [url, "FunctionUrl"]}
+    assert outputs["SlackSecretName"]["Value"] == "idle-reaper/slack"
+    dashboard_url = json.dumps(outputs["DashboardUrl"]["Value"])
+    assert "console.aws.amazon.com/cloudwatch" in dashboard_url and "#dashboards:name=" in dashboard_url
+
+
+# -- GPU agent -----------------------------------------------------------------------------------
+
+
+def test_gpu_agent_config_is_the_repo_file_rolled_out_by_tag(template: dict[str, Any], assertions: Template) -> None:
+    shipped = json.loads((REPO_ROOT / "infra" / "cloudwatch-agent-gpu.json").read_text())
+    metrics = shipped["metrics"]
+    assert "utilization_gpu" in metrics["metrics_collected"]["nvidia_gpu"]["measurement"]
+    assert metrics["append_dimensions"] == {"InstanceId": "${aws:InstanceId}"}
+    assert metrics["aggregation_dimensions"] == [["InstanceId"]]
+    assert metrics.get("namespace", "CWAgent") == "CWAgent"
+
+    [parameter] = resources(template, "AWS::SSM::Parameter").values()
+    assert parameter["Properties"]["Name"] == GpuAgentRollout.PARAMETER_NAME
+    assert parameter["Properties"]["Name"].startswith("AmazonCloudWatch-")  # readable under the managed policy
+    assert json.loads(parameter["Properties"]["Value"]) == shipped
+
+    [document_id] = resources(template, "AWS::SSM::Document")
+    steps = template["Resources"][document_id]["Properties"]["Content"]["mainSteps"]
+    assert [s["inputs"]["documentPath"] for s in steps] == ["AWS-ConfigureAWSPackage", "AmazonCloudWatch-ManageAgent"]
+    assert steps[0]["inputs"]["documentParameters"] == {"action": "Install", "name": "AmazonCloudWatchAgent"}
+    assert steps[1]["inputs"]["documentParameters"]["optionalConfigurationLocation"] == GpuAgentRollout.PARAMETER_NAME
+    assertions.has_resource_properties(
+        "AWS::SSM::Association",
+        {"Name": {"Ref": document_id}, "Targets": [{"Key": "tag:idle-reaper:gpu-agent", "Values": ["install"]}]},
+    )
+
+
+# -- cdk-nag -------------------------------------------------------------------------------------
+
+
+def test_cdk_nag_aws_solutions_has_no_unsuppressed_findings(synth: Synth) -> None:
+    for stack_name in synth.stack_names:
+        errors = [
+            (path, entry["data"])
+            for path, entries in synth.metadata(stack_name).items()
+            for entry in entries
+            if entry["type"] in ("aws:cdk:error", "aws:cdk:warning")
+        ]
+        assert errors == []
+        report = synth.nag_report(stack_name)
+        rows = report.splitlines()[1:]
+        assert rows, "cdk-nag did not run"
+        for row in csv.reader(rows):
+            compliance, reason = row[2], row[3]
+            assert compliance in ("Compliant", "Suppressed"), row  # not Non-Compliant, not UNKNOWN
+            if compliance == "Suppressed":
+                assert len(reason) > 20, row  # a written reason, not a placeholder
+
+
+# -- regions and props ---------------------------------------------------------------------------
+
+
+def test_one_stack_per_region_and_a_shared_slack_endpoint_may_act_in_all(synth: Synth) -> None:
+    assert synth.stack_names == tuple(f"IdleReaper-{r}" for r in REGIONS)
+    second = synth.template(synth.stack_names[1])
+    [dashboard] = resources(second, "AWS::CloudWatch::Dashboard").values()
+    assert dashboard["Properties"]["DashboardName"] == f"idle-reaper-{REGIONS[1]}"
+    _, slack = function(second, "idle_reaper.handlers.slack.handler")
+    starts = [s for s in statements(second, role_of(slack)) if "ec2:StartInstances" in as_list(s["Action"])]
+    resources_text = json.dumps([s["Resource"] for s in starts])
+    assert all(f":ec2:{r}:" in resources_text for r in REGIONS)
+
+
+def test_props_from_context() -> None:
+    node = cdk.App(context={"regions": "us-east-1, eu-west-1", "scheduleMinutes": "10", "gpuAgentTagKey": ""}).node
+    props = IdleReaperProps.from_context(node)
+    assert props.regions == ("us-east-1", "eu-west-1")
+    assert props.schedule_minutes == 10
+    assert props.gpu_agent_tag_key == ""  # an empty key turns the GPU agent rollout off
+    assert IdleReaperProps.from_context(cdk.App().node) == IdleReaperProps()
+    with pytest.raises(ValueError, match="scheduleMinutes"):
+        IdleReaperProps(schedule_minutes=0)
+    with pytest.raises(ValueError, match="ssmPrefix"):
+        IdleReaperProps(ssm_prefix="idle-reaper/")
+
+
+def test_schedule_prefix_and_optional_parts_follow_the_props(tmp_path: Path) -> None:
+    variant = synthesize(tmp_path, scheduleMinutes=15, ssmPrefix="/ml/reaper", gpuAgentTagKey="", alarmEmail="")
+    template = variant.template()
+    assert variant.stack_names == ("IdleReaper",)
+    Template.from_json(template).has_resource_properties(
+        "AWS::Events::Rule", {"ScheduleExpression": "rate(15 minutes)"}
+    )
+    _, sweep = function(template, "idle_reaper.handlers.sweep.handler")
+    assert sweep["Timeout"] == 14 * 60
+    assert sweep["Environment"]["Variables"]["IDLE_REAPER_SSM_PREFIX"] == "/ml/reaper"
+    assert not resources(template, "AWS::SSM::Association")
+    assert not resources(template, "AWS::SNS::Subscription")
+    names = {
+        json.loads(r["Properties"]["Create"])["parameters"]["Name"]
+        for r in resources(template, "Custom::IdleReaperSeededParameter").values()
+    }
+    assert names == {"/ml/reaper/settings", "/ml/reaper/teams/example"}
+    assert "GpuAgentAssociationId" not in template["Outputs"]
