@@ -25,13 +25,15 @@ lint: sync
 	$(RUN) ruff format --check .
 	$(RUN) mypy
 
-# The whole suite: lint, types, unit, integration (moto server + Slack fake), infra.
-# pytest exits 5 when it collected no tests; make treats that as the failure it is.
+# The whole suite: lint, types, unit, integration (moto server + Slack fake), infra, and a CDK synth
+# with cdk-nag. pytest exits 5 when it collected no tests; make treats that as the failure it is.
 test: sync lint
+	$(MAKE) --no-print-directory synth
 	$(RUN) pytest -n 2 -q -p no:cacheprovider
 
 bench: sync
 	$(RUN) python benchmarks/sweep_cost.py
+	$(RUN) python benchmarks/savings.py
 
 # CDK targets (synth, deploy) live beside the stack.
 -include infra/make.mk

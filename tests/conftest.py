@@ -29,3 +29,18 @@ def aws(moto_server: object) -> Iterator[object]:
     """A clean emulated account for each test."""
     moto_server.reset()  # type: ignore[attr-defined]
     yield moto_server
+
+
+@pytest.fixture(scope="session")
+def slack_server() -> Iterator[object]:
+    from idle_reaper.fake_slack import fake_slack, slack_environment
+
+    with fake_slack() as fake, slack_environment(fake):
+        yield fake
+
+
+@pytest.fixture
+def slack(slack_server: object) -> Iterator[object]:
+    """The local Slack Web API fake, emptied for each test; SLACK_* point at it."""
+    slack_server.reset()  # type: ignore[attr-defined]
+    yield slack_server

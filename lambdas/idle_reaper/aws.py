@@ -32,8 +32,25 @@ DEFAULT_TABLE = "idle-reaper-state"
 DEFAULT_PREFIX = "/idle-reaper"
 METRIC_QUERIES_PER_CALL = 500  # GetMetricData's limit
 ASG_INSTANCES_PER_CALL = 50  # DescribeAutoScalingInstances and SetInstanceProtection limit
+ASG_GROUPS_PER_CALL = 50  # DescribeAutoScalingGroups: names per call without MaxRecords
+STOP_BATCH = 200  # StopInstances documents no limit; smaller batches fail smaller
+DATAPOINTS_PER_CALL = 100_800  # GetMetricData returns at most this many before paging
+# Errors about the call, not about one machine: splitting the batch would only multiply them.
+CALL_WIDE_ERRORS = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "InternalError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "Unavailable",
+        "UnauthorizedOperation",
+    }
+)
 DDB_BATCH_GET = 100
 AUDIT_TTL_DAYS = 90
+CLAIM_TTL_DAYS = 30  # an admin alert for a policy still broken after this long is sent again
 
 _RETRIES = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30)
 
@@ -94,24 +111,104 @@ class PolicyStore:
 
     def load_teams(self, settings: Settings) -> dict[str, TeamPolicyRef]:
         refs: dict[str, TeamPolicyRef] = {}
+        for param in self.stored_teams():
+            team = param.name.rsplit("/", 1)[-1]
+            try:
+                policy = parse_team_policy(param.name, param.value, settings.default_policy)
+                refs[team] = TeamPolicyRef(team=team, policy=policy, source=param.name, version=param.version)
+            except PolicyError as exc:
+                refs[team] = TeamPolicyRef(
+                    team=team, policy=None, source=param.name, version=param.version, error=str(exc)
+                )
+        return refs
+
+    # Plain boto3 rather than Powertools parameters: their providers return the value alone, and the
+    # version is what decisions record and `policy put` compares. A sweep reads afresh each run (one
+    # GetParameter plus one GetParametersByPath per 10 teams), so a change applies at the next sweep.
+
+    def stored_teams(self) -> list[StoredParameter]:
+        """Every team parameter with its version, 10 per call (GetParametersByPath's maximum)."""
+        found: list[StoredParameter] = []
         pages = self.ssm.get_paginator("get_parameters_by_path").paginate(
             Path=f"{self.prefix}/teams/", Recursive=False, PaginationConfig={"PageSize": 10}
         )
         for page in pages:
-            for param in page["Parameters"]:
-                name = param["Name"]
-                team = name.rsplit("/", 1)[-1]
-                version = int(param["Version"])
-                try:
-                    policy = parse_team_policy(name, param["Value"], settings.default_policy)
-                    refs[team] = TeamPolicyRef(team=team, policy=policy, source=name, version=version)
-                except PolicyError as exc:
-                    refs[team] = TeamPolicyRef(team=team, policy=None, source=name, version=version, error=str(exc))
-        return refs
+            found += [StoredParameter.of(param) for param in page["Parameters"]]
+        return found
+
+    def read(self, name: str) -> StoredParameter | None:
+        """One parameter with its version and last change; None when it does not exist."""
+        try:
+            return StoredParameter.of(self.ssm.get_parameter(Name=name)["Parameter"])
+        except ClientError as exc:
+            if error_code(exc) == "ParameterNotFound":
+                return None
+            raise
 
     def put(self, name: str, value: str, overwrite: bool = True) -> int:
         out = self.ssm.put_parameter(Name=name, Value=value, Type="String", Overwrite=overwrite)
         return int(out["Version"])
+
+    def put_if_version(self, name: str, value: str, expected: int | None) -> int:
+        """Write `value` only if the parameter is still at version `expected` (None: does not exist).
+
+        SSM has no compare-and-swap. Creation is exact (Overwrite=False fails if someone created it
+        first). An update re-reads the version right before PutParameter; a write landing between that
+        read and ours (milliseconds) is not prevented, but it is detected afterwards: the new version is
+        then not expected + 1 and LostUpdate says which versions were overwritten."""
+        current = self.read(name)
+        found = current.version if current else None
+        if found != expected:
+            raise VersionConflict(name, expected, found)
+        try:
+            version = self.put(name, value, overwrite=expected is not None)
+        except ClientError as exc:
+            if error_code(exc) == "ParameterAlreadyExists":
+                raise VersionConflict(name, expected, None) from None
+            raise
+        if expected is not None and version != expected + 1:
+            raise LostUpdate(name, expected, version)
+        return version
+
+
+@dataclass(frozen=True)
+class StoredParameter:
+    name: str
+    value: str
+    version: int
+    last_modified: datetime | None
+
+    @classmethod
+    def of(cls, param: Mapping[str, Any]) -> StoredParameter:
+        modified = param.get("LastModifiedDate")
+        return cls(
+            name=param["Name"],
+            value=param["Value"],
+            version=int(param["Version"]),
+            last_modified=modified.astimezone(UTC) if isinstance(modified, datetime) else None,
+        )
+
+
+class VersionConflict(Exception):
+    """The parameter changed since it was read: nothing was written."""
+
+    def __init__(self, name: str, expected: int | None, found: int | None) -> None:
+        self.name, self.expected, self.found = name, expected, found
+        was = f"v{expected}" if expected is not None else "absent"
+        now = f"v{found}" if found is not None else "created by someone else" if expected is None else "absent"
+        super().__init__(f"{name} changed since it was read (was {was}, now {now}); nothing was written")
+
+
+class LostUpdate(Exception):
+    """Our write landed, but another write slipped in between the version check and it."""
+
+    def __init__(self, name: str, expected: int, written: int) -> None:
+        self.name, self.expected, self.written = name, expected, written
+        others = ", ".join(f"v{v}" for v in range(expected + 1, written))
+        super().__init__(
+            f"{name} is now v{written} (ours), but {others} was written by someone else between our check and "
+            f"our write and is now overwritten; review it with `aws ssm get-parameter-history --name {name}`"
+        )
 
 
 def policy_for(team: str, refs: Mapping[str, TeamPolicyRef], settings: Settings) -> TeamPolicyRef:
@@ -174,7 +271,7 @@ class Fleet:
 
     def group_capacity(self, names: Iterable[str]) -> dict[str, GroupCapacity]:
         result: dict[str, GroupCapacity] = {}
-        for batch in _chunks(sorted(set(names)), 100):
+        for batch in _chunks(sorted(set(names)), ASG_GROUPS_PER_CALL):
             for page in self.autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
                 AutoScalingGroupNames=list(batch)
             ):
@@ -186,18 +283,29 @@ class Fleet:
 
     def stop(self, instance_ids: Sequence[str], *, hibernate: bool) -> list[ActionOutcome]:
         """StopInstances in batches that bisect on failure, so one bad machine does not block the rest.
-        Hibernation the machine cannot do falls back to a plain stop."""
+        A machine that cannot hibernate falls back to a plain stop alone: the batch bisects down to it
+        first, so the others still hibernate (and keep their notebook kernels)."""
 
         def call(ids: Sequence[str]) -> None:
             try:
                 self.ec2.stop_instances(InstanceIds=list(ids), Hibernate=hibernate)
             except ClientError as exc:
-                if hibernate and error_code(exc) == "UnsupportedHibernationConfiguration":
+                if hibernate and len(ids) == 1 and error_code(exc) == "UnsupportedHibernationConfiguration":
                     self.ec2.stop_instances(InstanceIds=list(ids), Hibernate=False)
                 else:
                     raise
 
-        return _bisect(instance_ids, call)
+        outcomes: list[ActionOutcome] = []
+        for batch in _chunks(instance_ids, STOP_BATCH):
+            outcomes += _bisect(batch, call)
+        return outcomes
+
+    def start(self, instance_id: str) -> ActionOutcome:
+        try:
+            self.ec2.start_instances(InstanceIds=[instance_id])
+        except AwsError as exc:
+            return ActionOutcome(instance_id, f"{error_code(exc)}: {exc}")
+        return ActionOutcome(instance_id)
 
     def set_protection(self, group: str, instance_ids: Sequence[str], *, protected: bool) -> list[ActionOutcome]:
         def call(ids: Sequence[str]) -> None:
@@ -230,8 +338,8 @@ def _bisect(ids: Sequence[str], call: Callable[[Sequence[str]], None]) -> list[A
     try:
         call(ids)
     except AwsError as exc:
-        if len(ids) == 1:
-            return [ActionOutcome(ids[0], f"{error_code(exc)}: {exc}")]
+        if len(ids) == 1 or error_code(exc) in CALL_WIDE_ERRORS or not isinstance(exc, ClientError):
+            return [ActionOutcome(i, f"{error_code(exc)}: {exc}") for i in ids]
         half = len(ids) // 2
         return _bisect(ids[:half], call) + _bisect(ids[half:], call)
     return [ActionOutcome(i) for i in ids]
@@ -299,7 +407,11 @@ class MetricsReader:
                 )
         points: dict[tuple[str, str], list[Point]] = {}
         incomplete: set[str] = set()
-        for batch in _chunks(queries, METRIC_QUERIES_PER_CALL):
+        # A long window returns many points per query; keep one call under GetMetricData's datapoint
+        # limit so no batch needs a second (re-billed) NextToken page.
+        points_per_query = int((end - start).total_seconds()) // period + 1
+        per_call = max(1, min(METRIC_QUERIES_PER_CALL, DATAPOINTS_PER_CALL // points_per_query))
+        for batch in _chunks(queries, per_call):
             try:
                 self._fetch_batch(batch, start, end, owner, points, incomplete)
             except AwsError:
@@ -375,6 +487,16 @@ class StateStore(Protocol):
 
     def all_records(self) -> list[MachineRecord]: ...
 
+    def put_lookup(self, key: str, value: str, expires: datetime) -> None: ...
+
+    def get_lookup(self, key: str, now: datetime) -> str | None: ...
+
+    def claim_once(self, key: str, at: datetime) -> bool:
+        """True for the first caller ever to claim `key` (a conditional write), False for every later one."""
+        ...
+
+    def release_claim(self, key: str) -> None: ...
+
 
 _DATE_FIELDS = {
     "idle_since",
@@ -396,6 +518,8 @@ def record_to_item(record: MachineRecord) -> dict[str, Any]:
             value = value.isoformat()
         elif isinstance(value, State):
             value = value.value
+        elif isinstance(value, tuple):
+            value = list(value)
         item[f.name] = value
     return item
 
@@ -410,8 +534,10 @@ def item_to_record(item: Mapping[str, Any]) -> MachineRecord:
             value = datetime.fromisoformat(value)
         elif f.name == "state":
             value = State(value)
-        elif f.name == "version":
+        elif f.name in ("version", "snoozes_today"):
             value = int(value)
+        elif f.name == "messages":
+            value = tuple(value)
         values[f.name] = value
     return MachineRecord(**values)
 
@@ -478,6 +604,42 @@ class DynamoStateStore:
             records += [item_to_record(self._plain(raw)) for raw in page["Items"]]
         return records
 
+    def put_lookup(self, key: str, value: str, expires: datetime) -> None:
+        """A small keyed value with a TTL: Slack button references, owner email -> Slack id."""
+        item = {"pk": f"lookup#{key}", "sk": "lookup", "value": value, "expires_at": int(expires.timestamp())}
+        self.dynamodb.put_item(TableName=self.table, Item=self._wire(item))
+
+    def get_lookup(self, key: str, now: datetime) -> str | None:
+        out = self.dynamodb.get_item(
+            TableName=self.table, Key=self._wire({"pk": f"lookup#{key}", "sk": "lookup"}), ConsistentRead=True
+        )
+        item = self._plain(out.get("Item", {}))
+        # DynamoDB's TTL deletes lazily: an expired item may still be read.
+        if not item or int(item["expires_at"]) <= now.timestamp():
+            return None
+        return str(item["value"])
+
+    def claim_once(self, key: str, at: datetime) -> bool:
+        # Expires after CLAIM_TTL_DAYS, so something left broken that long is claimed (and alerted) again.
+        item = {
+            "pk": f"once#{key}",
+            "sk": "once",
+            "claimed_at": at.isoformat(),
+            "expires_at": int((at + timedelta(days=CLAIM_TTL_DAYS)).timestamp()),
+        }
+        try:
+            self.dynamodb.put_item(
+                TableName=self.table, Item=self._wire(item), ConditionExpression="attribute_not_exists(pk)"
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def release_claim(self, key: str) -> None:
+        self.dynamodb.delete_item(TableName=self.table, Key=self._wire({"pk": f"once#{key}", "sk": "once"}))
+
     def history(self, instance_id: str) -> list[dict[str, Any]]:
         out = self.dynamodb.query(
             TableName=self.table,
@@ -493,6 +655,8 @@ class InMemoryStateStore:
     def __init__(self) -> None:
         self.records: dict[str, MachineRecord] = {}
         self.audits: list[tuple[str, datetime, dict[str, Any]]] = []
+        self.lookups: dict[str, tuple[str, datetime]] = {}
+        self.claims: dict[str, datetime] = {}
 
     def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
         return {i: self.records[i] for i in instance_ids if i in self.records}
@@ -512,6 +676,22 @@ class InMemoryStateStore:
 
     def history(self, instance_id: str) -> list[dict[str, Any]]:
         return [entry for i, _, entry in self.audits if i == instance_id]
+
+    def put_lookup(self, key: str, value: str, expires: datetime) -> None:
+        self.lookups[key] = (value, expires)
+
+    def get_lookup(self, key: str, now: datetime) -> str | None:
+        value, expires = self.lookups.get(key, ("", now))
+        return value if expires > now else None
+
+    def claim_once(self, key: str, at: datetime) -> bool:
+        if key in self.claims:
+            return False
+        self.claims[key] = at
+        return True
+
+    def release_claim(self, key: str) -> None:
+        self.claims.pop(key, None)
 
 
 def create_table(dynamodb: Any, table: str) -> bool:

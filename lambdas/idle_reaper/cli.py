@@ -96,6 +96,90 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the sweep against a local emulated AWS with a seeded fleet")
     p.set_defaults(func=cmd_demo)
+
+    import idle_reaper.admin as admin
+
+    policy = sub.add_parser("policy", help="validate, preview and change policies in SSM").add_subparsers(
+        dest="policy_command", required=True
+    )
+    p = policy.add_parser("validate", help="check a policy file; every error with its path (exit 1 if invalid)")
+    p.add_argument("file", help="a team policy JSON file (a partial override of the default policy)")
+    p.add_argument("--settings", action="store_true", help="the file is the account settings, not a team policy")
+    p.add_argument(
+        "--stored-defaults", action="store_true", help="merge on the stored settings' default_policy, as `put` does"
+    )
+    p.set_defaults(func=admin.cmd_validate)
+    p = policy.add_parser("put", help="validate, diff, confirm and write a team policy")
+    p.add_argument("team")
+    p.add_argument("file", help="the team policy JSON file")
+    p.add_argument("--yes", action="store_true", help="write without asking (for scripts)")
+    p.add_argument("--plan", action="store_true", help="also show which machines the change would warn or stop")
+    p.add_argument("--now", type=parse_time, help="simulated clock for --plan, ISO-8601 (default: now)")
+    p.set_defaults(func=admin.cmd_put)
+    p = policy.add_parser("plan", help="which machines a proposed team policy would warn or stop (a dry run)")
+    p.add_argument("team")
+    p.add_argument("file", help="the proposed team policy JSON file")
+    p.add_argument("--now", type=parse_time, help="simulated clock, ISO-8601 (default: now)")
+    p.set_defaults(func=admin.cmd_plan)
+    p = policy.add_parser("show", help="the effective policy, defaults filled in, and where each value came from")
+    p.add_argument("team", nargs="?", help="a team (default: the default policy)")
+    p.add_argument("--now", type=parse_time, help="which schedules are in force at this time (default: now)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=admin.cmd_show)
+    p = policy.add_parser("list", help="teams, policy versions, last change, machines covered")
+    p.add_argument("--json", action="store_true", help="one JSON object per team")
+    p.set_defaults(func=admin.cmd_list)
+    p = policy.add_parser("schema", help="print the JSON Schema of a team policy file")
+    p.add_argument("--settings", action="store_true", help="the schema of the settings parameter instead")
+    p.set_defaults(func=admin.cmd_schema)
+
+    p = sub.add_parser("status", help="every machine's lifecycle from the state table")
+    p.add_argument("--team")
+    p.add_argument("--owner", help="an Owner tag value (email or Slack user id)")
+    p.add_argument("--now", type=parse_time, help="simulated clock, ISO-8601 (default: now)")
+    p.add_argument("--json", action="store_true", help="one JSON object per machine")
+    p.set_defaults(func=admin.cmd_status)
+
+    from idle_reaper.replay import BASELINES, cmd_replay, non_negative_minutes, positive_minutes, snooze_rate
+
+    p = sub.add_parser(
+        "replay",
+        help="run the decision core over a utilization trace (CSV) and report what it would have saved",
+        description="Replay a trace (columns timestamp, instance_id, cpu; optional gpu, team, instance_type, "
+        "network; .csv or .csv.gz) through the real decision core with a simulated clock.",
+    )
+    p.add_argument("trace", help="the trace: a .csv or .csv.gz file")
+    p.add_argument("--policy", help="a team policy JSON for every team, or {default_policy, teams: {...}}")
+    p.add_argument("--price-table", help="JSON object of instance type to hourly price (default: built-in)")
+    p.add_argument("--plot", metavar="OUT.png", help="write a PNG: fleet state over time and savings per team")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--baseline", choices=BASELINES, help="also replay the AWS-native alternative, side by side")
+    p.add_argument(
+        "--still-wanted-minutes",
+        type=non_negative_minutes,
+        default=60,
+        metavar="N",
+        help="count stops followed by activity within N minutes (default 60)",
+    )
+    p.add_argument(
+        "--snooze-rate",
+        type=snooze_rate,
+        default=0.0,
+        metavar="P",
+        help="fraction of warnings assumed answered with 'Keep 2 h' (default 0; seeded)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for the assumed snoozes (default 0)")
+    p.add_argument(
+        "--period-minutes", type=positive_minutes, default=5, help="metric period and sweep interval (default 5)"
+    )
+    p.add_argument("--instance-type", help="instance type assumed for machines the trace gives none (for prices)")
+    p.add_argument(
+        "--clamp-utilization", action="store_true", help="read CPU/GPU values above 100 as 100 (default: an error)"
+    )
+    p.add_argument(
+        "--skip-duplicates", action="store_true", help="drop rows identical to their instance's previous row"
+    )
+    p.set_defaults(func=cmd_replay)
     return parser
 
 

@@ -8,12 +8,14 @@ the demo and trace replay. The invariant above all: never reap a busy machine; m
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
+from zoneinfo import ZoneInfo
 
 from idle_reaper.policy import TeamPolicy, TeamPolicyRef
 
@@ -147,6 +149,14 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:.1f}%"
 
 
+def _below(label: str, value: float, threshold: float, unit: str) -> str:
+    """'max CPU 4.96% < 5.0%': enough digits that a value just under the threshold never reads as equal."""
+    shown = _fmt(value, unit)
+    if unit == "%" and shown == _fmt(threshold, unit):
+        shown = f"{value:.3f}".rstrip("0") + "%"
+    return f"max {label} {shown} < {_fmt(threshold, unit)}"
+
+
 def _combine_network(inbound: Sequence[Point], outbound: Sequence[Point], period: timedelta) -> list[Point]:
     """NetworkIn + NetworkOut (Sum per period, bytes) as bytes per second; only periods with both."""
     out_by_time = dict(outbound)
@@ -219,7 +229,7 @@ def assess(
             parts = []
             for track in tracks:
                 peak = max((v for t, v in track.points if t >= since), default=0.0)
-                parts.append(f"max {track.label} {_fmt(peak, track.unit)} < {_fmt(track.threshold, track.unit)}")
+                parts.append(_below(track.label, peak, track.threshold, track.unit))
             summary = f"quiet since {since:%H:%M}: {', '.join(parts)}"
             if notes:
                 summary += f" ({'; '.join(notes)})"
@@ -277,10 +287,7 @@ def assess(
                 f"before {since + max_gap:%H:%M}; the window is not covered",
                 quiet,
             )
-    below = ", ".join(
-        f"max {track.label} {_fmt(maxima[track.label] or 0.0, track.unit)} < {_fmt(track.threshold, track.unit)}"
-        for track in tracks
-    )
+    below = ", ".join(_below(track.label, maxima[track.label] or 0.0, track.threshold, track.unit) for track in tracks)
     return result("idle", f"quiet for the whole {policy.idle_minutes}-min window: {below}", quiet)
 
 
@@ -331,6 +338,17 @@ class MachineRecord:
     policy_version: str | None = None
     reason: str = ""
     updated_at: datetime | None = None
+    # Facts about the machine, kept so Slack answers and `status` need no EC2 call.
+    name: str | None = None
+    instance_type: str | None = None
+    owner: str | None = None  # the Owner tag: a Slack user id or an email
+    asg_name: str | None = None
+    owner_slack_id: str | None = None  # the owner resolved to a Slack user id
+    # The current Slack message: its buttons carry `warning_ref`, an opaque single-use reference.
+    warning_ref: str | None = None
+    messages: tuple[str, ...] = ()  # "channel|ts" of every copy, for chat.update
+    snooze_day: str | None = None  # the team-local date snoozes_today counts for
+    snoozes_today: int = 0
 
 
 @dataclass(frozen=True)
@@ -381,10 +399,26 @@ def decide(
 ) -> Decision:
     """The per-machine lifecycle. Returns what to do and the record to write."""
     record = previous or MachineRecord(instance_id=machine.instance_id, team=machine.team)
-    base = replace(record, team=machine.team, version=record.version + 1, policy_version=ref.label, updated_at=now)
+    base = replace(
+        record,
+        team=machine.team,
+        version=record.version + 1,
+        policy_version=ref.label,
+        updated_at=now,
+        name=machine.name,
+        instance_type=machine.instance_type,
+        owner=machine.owner,
+        asg_name=machine.asg_name,
+        owner_slack_id=record.owner_slack_id if record.owner == machine.owner else None,
+    )
     was_warned = record.state is State.WARNED and record.warned_at is not None
+    silent = False  # quiet hours: set once the policy is known
+    overridden = ""  # why a snooze no longer holds (the hard cap), prefixed to the reason
 
     def done(state: State, action: Action, reason: str, new: MachineRecord, **extra: object) -> Decision:
+        if silent:  # quiet hours: nothing is posted to owners; the record and the audit still say what happened
+            extra.update(notify=None, deliver_warning=False)
+        reason = f"{overridden}{reason}"
         new = replace(new, state=state, reason=reason)
         if action is not Action.NONE and extra.get("applied", True):
             new = replace(new, last_action=action.value, last_action_at=now)
@@ -402,12 +436,13 @@ def decide(
 
     exempt, why = parse_exemption(machine.exempt_tag, now)
     if exempt:
-        cleared = replace(base, idle_since=None, warned_at=None, warning_delivered_at=None)
+        cleared = replace(base, idle_since=None, warned_at=None, warning_delivered_at=None, warning_ref=None)
         return done(State.EXEMPT, Action.NONE, why, cleared, notify="resolved" if was_warned else None)
 
     policy = ref.policy
     if policy is None:
         return done(State.SAFE_MODE, Action.NONE, f"team policy invalid, nothing is changed: {ref.error}", base)
+    silent = policy.quiet_hours
     if assessment is None or assessment.signal == "unknown":
         reason = assessment.reason if assessment else "no signals"
         return done(State.UNKNOWN, Action.NONE, f"unknown: {reason}", base)
@@ -422,12 +457,20 @@ def decide(
     idle_since = record.idle_since if continuous else assessment.quiet_since
     base = replace(base, idle_since=idle_since if assessment.quiet_since else None)
     if not warned:
-        base = replace(base, warned_at=None, warning_delivered_at=None)
+        base = replace(base, warned_at=None, warning_delivered_at=None, warning_ref=None)
     resolved: Literal["resolved"] | None = "resolved" if was_warned and not warned else None
+    # Hard cap: past max_runtime_hours since its last start, a snooze no longer holds. A busy signal
+    # still does (never stop a busy machine comes first), and so does an exemption (handled above).
+    runtime = now - machine.launch_time
+    cap = policy.max_runtime_hours
+    over_cap = cap is not None and runtime >= timedelta(hours=cap)
+    cap_note = f"up {runtime.total_seconds() / 3600:.0f} h, over max_runtime_hours ({cap})" if over_cap else ""
 
     if assessment.signal == "busy" and quiet < warn_at:
         action = Action.PROTECT if machine.asg_name and not machine.asg_protected else Action.NONE
         protect_note = f"; scale-in protection set in {machine.asg_name}" if action is Action.PROTECT else ""
+        if over_cap:
+            protect_note += f"; {cap_note} but busy, so not stopped"
         if quiet > 0:
             state = State.IDLE
             reason = (
@@ -440,7 +483,9 @@ def decide(
     # Quiet (covered, every track below its threshold) for `quiet` minutes.
     assert assessment.quiet_since is not None
     quiet_since = assessment.quiet_since
-    if record.snoozed_until and now < record.snoozed_until:
+    if record.snoozed_until and now < record.snoozed_until and over_cap:
+        overridden = f"{cap_note}: the keep by {record.snoozed_by or 'someone'} no longer holds; "
+    elif record.snoozed_until and now < record.snoozed_until:
         reason = (
             f"quiet for {quiet:.0f} min, kept by {record.snoozed_by or 'someone'} until "
             f"{record.snoozed_until.isoformat()}"
@@ -456,11 +501,17 @@ def decide(
     verb = _verb(machine, policy)
     if not warned and not dry_run:
         stop_at = now + timedelta(minutes=policy.warn_minutes)
-        warned_record = replace(base, warned_at=now, warning_delivered_at=None)
+        warned_record = replace(base, warned_at=now, warning_delivered_at=None, warning_ref=None)
+        quiet_note = ""
+        if policy.quiet_hours:
+            # Recorded, not sent; counted as delivered so the stop follows warn_minutes later as usual.
+            warned_record = replace(warned_record, warning_delivered_at=now)
+            quiet_note = " (quiet hours: warning recorded, not sent)"
         return done(
             State.WARNED,
             Action.WARN,
-            f"quiet for {quiet:.0f} min; will {verb} at {stop_at:%H:%M} unless kept: {assessment.why_quiet}",
+            f"quiet for {quiet:.0f} min; will {verb} at {stop_at:%H:%M} unless kept{quiet_note}: "
+            f"{assessment.why_quiet}",
             warned_record,
             notify="warning",
             deliver_warning=True,
@@ -515,6 +566,8 @@ def decide(
     if notify_only:
         why = f"notify_only policy, nothing is stopped: {why}"
     state = State.REAPED if applied else State.WARNED
+    if applied and action is not Action.NONE:
+        base = replace(base, warning_ref=None)  # the warning's buttons no longer apply
     return done(
         state,
         action,
@@ -529,6 +582,124 @@ def _verb(machine: Machine, policy: TeamPolicy) -> str:
     if machine.asg_name:
         return "terminate it" if policy.asg_action == "terminate" else "release it to its group"
     return {"stop": "stop it", "hibernate": "hibernate it", "notify_only": "report it (notify only)"}[policy.action]
+
+
+# ---------------------------------------------------------------------------------------------
+# Answers from people (Slack buttons and the slash command)
+
+KEEP_HOURS = {"keep_1h": 1, "keep_2h": 2, "keep_4h": 4, "keep_8h": 8, "keep_24h": 24}
+
+
+def next_morning(policy: TeamPolicy, now: datetime) -> datetime:
+    """The next `policy.morning` in the team's time zone (zoneinfo: daylight saving included)."""
+    zone = ZoneInfo(policy.timezone)
+    local_now = now.astimezone(zone)
+    hour, minute = (int(part) for part in policy.morning.split(":"))
+    candidate = local_now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    if candidate <= local_now:
+        candidate = (local_now + timedelta(days=1)).replace(hour=hour, minute=minute, second=0, microsecond=0)
+    return candidate.astimezone(now.tzinfo)
+
+
+def keep_until(choice: str, policy: TeamPolicy, now: datetime) -> datetime | None:
+    """When a 'keep' answer ends, capped by the team's max_snooze_hours. None: not a keep choice."""
+    cap = now + timedelta(hours=policy.max_snooze_hours)
+    if choice == "keep_morning":
+        return min(next_morning(policy, now), cap)
+    if choice in KEEP_HOURS:
+        return min(now + timedelta(hours=KEEP_HOURS[choice]), cap)
+    return None
+
+
+def keep_choices(policy: TeamPolicy) -> list[str]:
+    """The durations offered in a warning: only those within the team's cap."""
+    return [choice for choice, hours in KEEP_HOURS.items() if hours <= policy.max_snooze_hours]
+
+
+def parse_duration(text: str) -> timedelta | None:
+    """'2h', '90m', '1h30m', '1.5h' -> a duration; None when unreadable or not positive."""
+    match = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+)\s*m)?\s*", text.lower())
+    if not match or not any(match.groups()):
+        return None
+    hours, minutes = match.groups()
+    duration = timedelta(hours=float(hours or 0), minutes=int(minutes or 0))
+    return duration if duration > timedelta(0) else None
+
+
+def may_answer(
+    user: str,
+    record: MachineRecord,
+    policy: TeamPolicy | None,
+    admins: Iterable[str],
+    group_members: Iterable[str] = (),
+) -> bool:
+    """The owner, the team's listed members (directly or through a listed user group), or an admin."""
+    if user in set(admins):
+        return True
+    if record.owner_slack_id and user == record.owner_slack_id:
+        return True
+    if policy is None:
+        return False
+    return user in policy.members or user in set(group_members)
+
+
+def snooze(record: MachineRecord, policy: TeamPolicy, user: str, until: datetime, now: datetime) -> MachineRecord | str:
+    """Keep a machine until `until` (capped). Returns the new record, or why it is refused."""
+    until = min(until, now + timedelta(hours=policy.max_snooze_hours))
+    if until <= now:
+        return "that time has already passed"
+    if record.state is State.REAPED:
+        return "the machine is already stopped"
+    day = now.astimezone(ZoneInfo(policy.timezone)).date().isoformat()
+    used = record.snoozes_today if record.snooze_day == day else 0
+    if used >= policy.max_snoozes_per_day:
+        return f"this machine was already kept {used} times today (the team allows {policy.max_snoozes_per_day})"
+    return replace(
+        record,
+        version=record.version + 1,
+        state=State.SNOOZED,
+        snoozed_until=until,
+        snoozed_by=user,
+        # The next warning starts afresh when the snooze ends.
+        warned_at=None,
+        warning_delivered_at=None,
+        warning_ref=None,
+        snooze_day=day,
+        snoozes_today=used + 1,
+        reason=f"kept by {user} until {until.isoformat()}",
+        updated_at=now,
+    )
+
+
+def stopped_by_person(record: MachineRecord, user: str, action: Action, now: datetime) -> MachineRecord:
+    return replace(
+        record,
+        version=record.version + 1,
+        state=State.REAPED,
+        last_action=action.value,
+        last_action_at=now,
+        warning_ref=None,
+        reason=f"{action.value} now, asked by {user}",
+        updated_at=now,
+    )
+
+
+def started_by_person(record: MachineRecord, user: str, now: datetime) -> MachineRecord:
+    """Started again: a fresh grace window (the launch time resets the idle clock too)."""
+    return replace(
+        record,
+        version=record.version + 1,
+        state=State.ACTIVE,
+        idle_since=None,
+        warned_at=None,
+        warning_delivered_at=None,
+        warning_ref=None,
+        snoozed_until=None,
+        last_action="start",
+        last_action_at=now,
+        reason=f"started again by {user}",
+        updated_at=now,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -580,6 +751,7 @@ class TeamTotals:
     reaped: int = 0
     protected: int = 0
     unknown: int = 0
+    snoozed: int = 0
     hourly_savings: float = 0.0
 
 
@@ -596,6 +768,7 @@ class SweepSummary:
             totals.idle += d.state in (State.IDLE, State.WARNED, State.SNOOZED, State.REAPED)
             totals.warned += d.action is Action.WARN
             totals.unknown += d.state is State.UNKNOWN
+            totals.snoozed += d.state is State.SNOOZED
             totals.protected += d.action is Action.PROTECT and d.applied and d.error is None
             if d.action in REAP_ACTIONS and d.applied and d.error is None:
                 totals.reaped += 1

@@ -1,23 +1,34 @@
-"""`idle-reaper demo`: the real sweep against a local emulated AWS (moto, in-process) with a seeded
-fleet, over a simulated afternoon. No AWS account needed."""
+"""`idle-reaper demo`: the whole loop with no AWS account and no Slack workspace.
+
+moto (in server mode, in-process) stands in for AWS and a local fake for Slack's Web API; the sweep,
+the Slack handler and the slack-sdk client are the real ones. A dozen machines run through a simulated
+afternoon; a scripted owner answers one warning with a real signed request."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import cast
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from idle_reaper import local
 from idle_reaper.core import Action, Decision, State
+from idle_reaper.fake_slack import FakeSlack, LambdaContextStub, fake_slack, signed_request, slack_environment
+from idle_reaper.slack import blocks_text
 from idle_reaper.sweep import Adapters, SweepReport, run_sweep
 
 DAY = datetime(2026, 11, 20, tzinfo=UTC)
 START = DAY.replace(hour=12)
 END = DAY.replace(hour=17)
 SWEEP_EVERY = timedelta(minutes=15)
+SIGNING_SECRET = "demo-signing-secret"
 
 
 def at(hour: int, minute: int = 0) -> datetime:
@@ -38,61 +49,88 @@ class Box:
     instance_type: str
     team: str
     profile: local.Profile
+    owner: str
+    story: str
     launched: datetime = field(default_factory=lambda: at(8))
-    owner: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
-    story: str = ""
+    hibernation: bool = False
 
 
 FLEET = [
-    Box(
-        "gpu-train",
-        "g5.xlarge",
-        "ml",
-        _steady(2.0, 90.0),
-        owner="alice@example.com",
-        story="training run: 2 % CPU, 90 % GPU",
-    ),
+    Box("gpu-train", "g5.xlarge", "ml", _steady(2.0, 90.0), "alice@example.com", "training run: 2 % CPU, 90 % GPU"),
     Box(
         "notebook",
         "g4dn.xlarge",
         "ml",
         _until(at(12), (40.0, 60.0), (1.0, 0.0)),
-        owner="bob@example.com",
-        story="notebook left idle after lunch",
+        "bob@example.com",
+        "notebook left idle after lunch",
     ),
-    Box("cpu-box", "m5.large", "ml", _steady(55.0, None), owner="carol@example.com", story="busy CPU job"),
+    Box("forgotten", "g5.2xlarge", "ml", _steady(0.5, 0.0), "carol@example.com", "forgotten since the morning"),
+    Box("cpu-box", "m5.large", "ml", _steady(55.0, None), "carol@example.com", "busy CPU job"),
     Box(
         "exempt-box",
         "m5.large",
         "ml",
         _steady(1.0, None),
-        owner="dave@example.com",
+        "dave@example.com",
+        "idle, but tagged exempt",
         tags={"idle-reaper:exempt": "true"},
-        story="idle, but tagged exempt",
     ),
     Box(
         "young-box",
         "m5.large",
         "ml",
         _steady(1.0, None),
+        "erin@example.com",
+        "started 10 minutes before the last sweep",
         launched=at(16, 50),
-        owner="erin@example.com",
-        story="started 10 minutes before the last sweep",
+    ),
+    Box(
+        "vision-train",
+        "p3.2xlarge",
+        "vision",
+        _steady(3.0, 97.0),
+        "grace@example.com",
+        "overnight training still running: 3 % CPU, 97 % GPU",
+    ),
+    Box(
+        "data-loader", "g5.xlarge", "vision", _steady(85.0, 0.0), "grace@example.com", "data loading: 85 % CPU, 0 % GPU"
+    ),
+    Box(
+        "vision-nb",
+        "g5.2xlarge",
+        "vision",
+        _until(at(12, 30), (30.0, 40.0), (1.0, 0.0)),
+        "heidi@example.com",
+        "notebook idle from 12:30, team policy hibernates",
+        hibernation=True,
     ),
     Box(
         "research-box",
         "m5.large",
         "research",
         _steady(1.0, None),
-        owner="frank@example.com",
-        story="idle, but its team policy is invalid",
+        "frank@example.com",
+        "idle, but its team policy is invalid",
     ),
 ]
+SLACK_USERS = {
+    "alice@example.com": "U0ALICE",
+    "bob@example.com": "U0BOB",
+    "carol@example.com": "U0CAROL",
+    "dave@example.com": "U0DAVE",
+    "erin@example.com": "U0ERIN",
+    "frank@example.com": "U0FRANK",
+    "grace@example.com": "U0GRACE",
+    "heidi@example.com": "U0HEIDI",
+    "ops@example.com": "U0OPS",
+}
 GROUP = "workers"
 GROUP_PROFILES = [_steady(70.0, None), _steady(1.0, None)]  # one busy member, one idle
 TEAM_POLICIES = {
-    "ml": local.team_policy_json(idle_minutes=90, warn_minutes=30),
+    "ml": local.team_policy_json(idle_minutes=90, warn_minutes=30, slack_channel="C0MLTEAM"),
+    "vision": local.team_policy_json(idle_minutes=60, warn_minutes=15, action="hibernate", notify="owner"),
     "research": local.team_policy_json(idle_minutes=5),  # invalid: below the 15-minute minimum
 }
 
@@ -114,6 +152,7 @@ def launch_due(seeded: Seeded, now: datetime) -> None:
                 launch_time=box.launched,
                 owner=box.owner,
                 extra_tags=box.tags,
+                hibernation=box.hibernation,
             )
             seeded.ids[box.name], seeded.names[instance_id] = instance_id, box.name
             local.write_metrics(instance_id, box.profile, max(box.launched, at(6)), END)
@@ -124,7 +163,6 @@ def seed() -> Seeded:
     local.init_account(teams=TEAM_POLICIES)
     seeded = Seeded({}, {})
     launch_due(seeded, START)
-    ids = seeded.ids
     members = local.launch_group(
         GROUP, "m5.large", team="ml", size=2, min_size=0, launch_time=at(8), owner="ops@example.com"
     )
@@ -132,8 +170,7 @@ def seed() -> Seeded:
         AutoScalingGroupName=GROUP, InstanceIds=members, ProtectedFromScaleIn=True
     )
     for i, (instance_id, profile) in enumerate(zip(members, GROUP_PROFILES, strict=True)):
-        ids[f"{GROUP}-{i}"] = instance_id
-        seeded.names[instance_id] = f"{GROUP}-{i}"
+        seeded.ids[f"{GROUP}-{i}"], seeded.names[instance_id] = instance_id, f"{GROUP}-{i}"
         local.write_metrics(instance_id, profile, at(6), END)
     return seeded
 
@@ -157,76 +194,132 @@ def simulate(
     return reports
 
 
+# ---------------------------------------------------------------------------------------------
+# The scripted owner: a real signed Slack request, fed to the real Slack Lambda handler.
+
+
+def click_keep(slack: FakeSlack, instance_id: str, user: str, now: datetime) -> int:
+    """Click "Keep 2 h" on the newest warning about `instance_id`, as Slack would send it."""
+    from idle_reaper.handlers import slack as handler
+
+    post = next(c for c in reversed(slack.calls_to("chat.postMessage")) if instance_id in c.params.get("text", ""))
+    actions = next(b for b in post.params["blocks"] if b["type"] == "actions")
+    ref = next(e["value"] for e in actions["elements"] if e.get("action_id") == "keep_2h")
+    real_clock = handler.clock
+    handler.clock = lambda: now  # the handler runs on the simulated clock
+    try:
+        payload = {"type": "block_actions", "user": {"id": user}, "actions": [{"action_id": "keep_2h", "value": ref}]}
+        body = urllib.parse.urlencode({"payload": json.dumps(payload)})
+        event = signed_request("/slack/interactions", body, SIGNING_SECRET)
+        response = handler.handler(event, cast(LambdaContext, LambdaContextStub()))
+    finally:
+        handler.clock = real_clock
+    return int(response["statusCode"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+_VERBS = {
+    Action.WARN: "WARNED",
+    Action.STOP: "STOPPED",
+    Action.HIBERNATE: "HIBERNATED",
+    Action.PROTECT: "PROTECTED",
+    Action.UNPROTECT: "RELEASED to its group",
+    Action.TERMINATE: "TERMINATED",
+}
+
+
 def _describe(d: Decision, name: str) -> str:
-    verb = {
-        Action.WARN: "WARNED",
-        Action.STOP: "STOPPED",
-        Action.HIBERNATE: "HIBERNATED",
-        Action.PROTECT: "PROTECTED",
-        Action.UNPROTECT: "RELEASED to its group",
-        Action.TERMINATE: "TERMINATED",
-    }.get(d.action, d.state.value)
-    return f"  {name:<13} {verb:<22} {d.reason}"
+    return f"  {name:<13} {_VERBS.get(d.action, d.state.value):<22} {d.reason}"
+
+
+class Timeline:
+    def __init__(self, seeded: Seeded, slack: FakeSlack, out: Callable[[str], None]) -> None:
+        self.seeded, self.slack, self.out = seeded, slack, out
+        self.last_state: dict[str, State] = {}
+        self.shown = 0
+        self.total = int((END - START) / SWEEP_EVERY) + 1
+        self.clicked = False
+
+    def slack_messages(self) -> None:
+        for call in self.slack.calls[self.shown :]:
+            if call.method in ("chat.postMessage", "chat.update") and call.params.get("blocks"):
+                verb = "posts to" if call.method == "chat.postMessage" else "updates in"
+                body = blocks_text(call.params["blocks"]).replace("\n", "\n      | ")
+                self.out(f"    Slack {verb} {call.params.get('channel')}:\n      | {body}")
+        self.shown = len(self.slack.calls)
+
+    def __call__(self, report: SweepReport) -> None:
+        changes = []
+        for d in report.decisions:
+            name = self.seeded.names.get(d.machine.instance_id, d.machine.instance_id)
+            if d.action is not Action.NONE or self.last_state.get(name) != d.state:
+                changes.append(_describe(d, name))
+            self.last_state[name] = d.state
+        step = int((report.now - START) / SWEEP_EVERY) + 1
+        self.out(
+            f"[{step:>2}/{self.total}] {report.now:%H:%M} sweep of {len(report.decisions)} machines"
+            + ("" if changes else ": nothing changed")
+        )
+        for line in changes:
+            self.out(line)
+        self.slack_messages()
+        notebook = self.seeded.ids["notebook"]
+        warned = any(d.machine.instance_id == notebook and d.action is Action.WARN for d in report.decisions)
+        if warned and not self.clicked:
+            self.clicked = True
+            status = click_keep(self.slack, notebook, "U0BOB", report.now)
+            self.out(f"  bob clicks [Keep 2 h] in Slack (a signed request to the Slack handler: HTTP {status})")
+            self.slack_messages()
+
+
+def summary(seeded: Seeded, reports: list[SweepReport]) -> list[tuple[str, str, float, float]]:
+    """Per machine: what happened, idle hours avoided until the end of the day, dollars saved."""
+    rows = []
+    for name, instance_id in seeded.ids.items():
+        steps = [d for r in reports for d in r.decisions if d.machine.instance_id == instance_id]
+        reaped = next((d for d in steps if d.state is State.REAPED and d.applied and d.action is not Action.NONE), None)
+        if reaped and reaped.record.updated_at:
+            hours = (END - reaped.record.updated_at).total_seconds() / 3600
+            what = f"{_VERBS[reaped.action].lower()} at {reaped.record.updated_at:%H:%M}"
+            snoozes = sum(1 for d in steps if d.state is State.SNOOZED)
+            if snoozes:
+                what += " (after a 2 h keep)"
+            rows.append((name, what, hours, hours * (reaped.hourly_cost or 0.0)))
+        else:
+            final = steps[-1].state.value if steps else "not seen"
+            rows.append((name, f"left running ({final})", 0.0, 0.0))
+    return rows
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     local.quiet_server_logs()
     t0 = time.perf_counter()
-    print("idle-reaper demo: a local emulated AWS (moto) and the real sweep, over a simulated afternoon.\n")
-    with local.local_aws():
-        print("seeding: team policies in SSM, machines in EC2 and an Auto Scaling group, CPU/GPU metrics ...")
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    out("idle-reaper demo: emulated AWS (moto) + a local Slack fake; the real sweep, Slack handler and client.\n")
+    with local.local_aws() as aws, fake_slack() as slack, slack_environment(slack, SIGNING_SECRET):
+        aws.reset()
+        slack.users_by_email.update(SLACK_USERS)
+        out("seeding team policies (SSM), machines and an Auto Scaling group (EC2), CPU/GPU metrics (CloudWatch):")
         seeded = seed()
         for box in FLEET:
-            print(f"  {box.name:<13} {box.instance_type:<12} team={box.team:<9} {box.story}")
-        print(f"  {GROUP}-0 / -1   m5.large x2  team=ml        Auto Scaling group: one busy member, one idle\n")
-        last_state: dict[str, State] = {}
-        total = int((END - START) / SWEEP_EVERY) + 1
-
-        def show(report: SweepReport) -> None:
-            changes = []
-            for d in report.decisions:
-                name = seeded.names.get(d.machine.instance_id, d.machine.instance_id)
-                if d.action is not Action.NONE or last_state.get(name) != d.state:
-                    changes.append(_describe(d, name))
-                last_state[name] = d.state
-            step = int((report.now - START) / SWEEP_EVERY) + 1
-            print(
-                f"[{step:>2}/{total}] {report.now:%H:%M} sweep: {len(report.decisions)} machines"
-                + ("" if changes else ", nothing changed")
-            )
-            for line in changes:
-                print(line)
-
-        reports = simulate(seeded, Adapters.from_environment, show)
-        print("\nsummary (simulated day ends at 17:00):")
-        print(f"  {'machine':<13} {'what happened':<34} {'idle hours avoided':>18} {'saved':>9}")
-        saved_total = 0.0
-        for name, instance_id in seeded.ids.items():
-            reaped = next(
-                (
-                    d
-                    for r in reports
-                    for d in r.decisions
-                    if d.machine.instance_id == instance_id
-                    and d.state is State.REAPED
-                    and d.applied
-                    and d.action is not Action.NONE
-                ),
-                None,
-            )
-            final = next(
-                (d for r in reversed(reports) for d in r.decisions if d.machine.instance_id == instance_id), None
-            )
-            if reaped:
-                hours = (END - reaped.record.updated_at).total_seconds() / 3600 if reaped.record.updated_at else 0
-                dollars = hours * (reaped.hourly_cost or 0.0)
-                saved_total += dollars
-                what = f"{reaped.action.value} at {reaped.record.updated_at:%H:%M}" if reaped.record.updated_at else ""
-                print(f"  {name:<13} {what:<34} {hours:>18.2f} {f'${dollars:,.2f}':>9}")
-            else:
-                what = final.state.value if final else "not seen"
-                print(f"  {name:<13} {'left running (' + what + ')':<34} {0:>18.2f} {'$0.00':>9}")
-        print(f"  {'total':<13} {'':<34} {'':>18} {f'${saved_total:,.2f}':>9}")
-    print(f"\ndone in {time.perf_counter() - t0:.1f} s")
+            out(f"  {box.name:<13} {box.instance_type:<12} team={box.team:<9} {box.story}")
+        out(f"  {GROUP}-0, -1   m5.large x2  team=ml        an Auto Scaling group: one busy member, one idle\n")
+        reports = simulate(seeded, Adapters.from_environment, Timeline(seeded, slack, out))
+        rows = summary(seeded, reports)
+    out("\nsummary (the simulated day ends at 17:00):")
+    out(f"  {'machine':<13} {'what happened':<34} {'idle hours avoided':>18} {'saved':>9}")
+    for name, what, hours, dollars in rows:
+        out(f"  {name:<13} {what:<34} {hours:>18.2f} {f'${dollars:,.2f}':>9}")
+    out(f"  {'total':<13} {'':<34} {sum(r[2] for r in rows):>18.2f} {f'${sum(r[3] for r in rows):,.2f}':>9}")
+    out(
+        f"\ndone in {time.perf_counter() - t0:.1f} s: {len(reports)} sweeps, "
+        f"{sum(len(r.decisions) for r in reports)} decisions, no training run touched."
+    )
     sys.stdout.flush()
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from aws_lambda_powertools import Logger
@@ -9,26 +11,42 @@ from aws_lambda_powertools import Logger
 from idle_reaper.core import Decision
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """What a delivered message left behind, kept on the machine's record."""
+
+    messages: tuple[str, ...] = ()  # "channel|ts" of every copy, so it can be updated in place
+    ref: str | None = None  # the opaque reference its buttons carry
+    owner_slack_id: str | None = None
+
+
 class Notifier(Protocol):
-    def warn(self, decision: Decision) -> bool:
-        """Deliver the warning for an idle machine. True when a person could now read it;
-        False leaves it pending (retried next sweep, and the stop waits for it)."""
+    def warn(self, decision: Decision) -> Delivery | None:
+        """Deliver the warning for an idle machine. A Delivery when a person could now read it;
+        None leaves it pending (retried next sweep, and the stop waits for it)."""
         ...
 
     def resolved(self, decision: Decision) -> None:
         """The machine is busy (or exempt) again: the earlier warning no longer stands."""
         ...
 
-    def reaped(self, decision: Decision) -> None:
-        """The machine was stopped or released to its group."""
+    def reaped(self, decision: Decision) -> Delivery | None:
+        """The machine was stopped or released to its group (the message may offer to start it again)."""
+        ...
+
+    def admin_alert(self, text: str, admins: Sequence[str] = ()) -> None:
+        """Tell the idle-reaper admins about a fault they must fix (an invalid stored policy)."""
         ...
 
 
 class LoggingNotifier:
-    """Records notifications as structured log lines; delivery always succeeds."""
+    """Records notifications as structured log lines. A log line is not a warning a person could
+    answer, so by default warnings stay pending (and the stop waits, up to the policy's
+    undelivered_warning_max_minutes); `delivers=True` is for tests and local experiments."""
 
-    def __init__(self, logger: Logger) -> None:
+    def __init__(self, logger: Logger, delivers: bool = False) -> None:
         self.logger = logger
+        self.delivers = delivers
         self.sent: list[tuple[str, str]] = []
 
     def _log(self, kind: str, decision: Decision) -> None:
@@ -43,12 +61,17 @@ class LoggingNotifier:
             },
         )
 
-    def warn(self, decision: Decision) -> bool:
+    def warn(self, decision: Decision) -> Delivery | None:
         self._log("warning", decision)
-        return True
+        return Delivery() if self.delivers else None
 
     def resolved(self, decision: Decision) -> None:
         self._log("resolved", decision)
 
-    def reaped(self, decision: Decision) -> None:
+    def reaped(self, decision: Decision) -> Delivery | None:
         self._log("reaped", decision)
+        return None
+
+    def admin_alert(self, text: str, admins: Sequence[str] = ()) -> None:
+        self.sent.append(("admin_alert", text))
+        self.logger.warning("admin alert", extra={"alert": text, "admins": list(admins)})

@@ -7,9 +7,14 @@ override of the default policy held in settings; fields it does not name come fr
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 # Instance families that carry NVIDIA GPUs. A machine of these families without GPU metrics is
 # "unknown" under `missing_gpu_metrics: busy`: we cannot see what the GPU does, so we never call it idle.
@@ -39,6 +44,136 @@ DEFAULT_GPU_FAMILIES = (
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+DAYS: tuple[Day, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_WEEK_MINUTES = 7 * 1440
+_HHMM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+# The fields a schedule may override: timing, thresholds, action and quiet hours. Who is told and how
+# long a machine may be kept stay the same all week, so an answer means the same thing at any hour.
+SCHEDULE_FIELDS = (
+    "idle_minutes",
+    "warn_minutes",
+    "cpu_threshold_percent",
+    "gpu_threshold_percent",
+    "action",
+    "quiet_hours",
+)
+
+
+def _check_zone(value: str) -> str:
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown IANA time zone {value!r} (e.g. 'Europe/Berlin', 'UTC')") from None
+    return value
+
+
+def _minute_of_day(hhmm: str) -> int:
+    hour, minute = hhmm.split(":")
+    return int(hour) * 60 + int(minute)
+
+
+def _week_time(minute: int) -> str:
+    minute %= _WEEK_MINUTES
+    return f"{DAYS[minute // 1440]} {minute % 1440 // 60:02d}:{minute % 60:02d}"
+
+
+class Schedule(_Strict):
+    """A weekly period in local wall-clock time during which some policy fields take other values."""
+
+    name: str | None = Field(None, min_length=1, max_length=64, description="Shown in decisions and status.")
+    days: tuple[Day, ...] = Field(
+        min_length=1, description="Days on which the period starts; a period past midnight ends the next day."
+    )
+    start: str = Field("00:00", pattern=_HHMM, description="Local start time, HH:MM.")
+    end: str = Field(
+        "24:00",
+        pattern=r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$",
+        description="Local end time, HH:MM, exclusive; 24:00 is midnight; earlier than start runs past midnight.",
+    )
+    timezone: str | None = Field(
+        None, description="IANA time zone, e.g. Europe/Berlin. Default: the policy's timezone."
+    )
+    idle_minutes: int | None = Field(None, ge=15, le=1440)
+    warn_minutes: int | None = Field(None, ge=0, le=1440)
+    cpu_threshold_percent: float | None = Field(None, ge=0, le=100)
+    gpu_threshold_percent: float | None = Field(None, ge=0, le=100)
+    action: Literal["stop", "hibernate", "notify_only"] | None = None
+    quiet_hours: bool | None = Field(
+        None, description="true: nothing is posted to owners in this period (see the policy's quiet_hours)."
+    )
+
+    @field_validator("days", mode="before")
+    @classmethod
+    def _lower_days(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return [v.lower() if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("days")
+    @classmethod
+    def _distinct_days(cls, value: tuple[Day, ...]) -> tuple[Day, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("a day is listed twice")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str | None) -> str | None:
+        return None if value is None else _check_zone(value)
+
+    @model_validator(mode="after")
+    def _meaningful(self) -> Schedule:
+        if self.start == self.end:
+            raise ValueError("start and end are equal; a whole day is start 00:00, end 24:00")
+        if not self.overrides():
+            raise ValueError(f"overrides nothing; set at least one of {', '.join(SCHEDULE_FIELDS)}")
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in SCHEDULE_FIELDS if getattr(self, name) is not None}
+
+    def spans(self) -> list[tuple[int, int]]:
+        """(start minute of the week from Monday 00:00, length in minutes), one per day."""
+        start, end = _minute_of_day(self.start), _minute_of_day(self.end)
+        length = (end - start) % 1440 or 1440
+        return [(DAYS.index(day) * 1440 + start, length) for day in self.days]
+
+    def covers(self, local: datetime) -> bool:
+        """Whether a local wall-clock time falls in the period. Wall-clock, so on the night clocks go back
+        the repeated hour counts twice, and a start inside the skipped hour begins when the clocks jump."""
+        return self.covers_minute(local.weekday() * 1440 + local.hour * 60 + local.minute)
+
+    def covers_minute(self, minute: int) -> bool:
+        return any((minute - start) % _WEEK_MINUTES < length for start, length in self.spans())
+
+    def label(self, index: int) -> str:
+        return f"schedules[{index}]" + (f" {self.name!r}" if self.name else "")
+
+
+def _segments(schedules: Sequence[Schedule]) -> list[tuple[int, list[int]]]:
+    """The week cut wherever a schedule starts or ends: (first minute, indexes of the schedules in force)
+    for each piece in which at least one is in force. Within a piece the set does not change."""
+    cuts = {edge % _WEEK_MINUTES for s in schedules for start, length in s.spans() for edge in (start, start + length)}
+    pieces = []
+    for minute in sorted(cuts):
+        active = [i for i, s in enumerate(schedules) if s.covers_minute(minute)]
+        if active:
+            pieces.append((minute, active))
+    return pieces
+
+
+def _located(title: str, problems: list[tuple[tuple[str | int, ...], str, Any]]) -> ValidationError:
+    """A ValidationError whose problems carry their own paths, so cross-field checks name the field."""
+    return ValidationError.from_exception_data(
+        title,
+        [
+            InitErrorDetails(type=PydanticCustomError("policy_rule", message), loc=loc, input=value)
+            for loc, message, value in problems
+        ],
+    )
 
 
 class TeamPolicy(_Strict):
@@ -73,13 +208,127 @@ class TeamPolicy(_Strict):
         le=60,
         description="Largest hole in the metrics (and lag at the end) that still counts as covered.",
     )
+    # Slack: who hears about a warning, who may answer it, and how long they may keep a machine.
+    notify: Literal["owner", "channel", "both"] = Field(
+        "both", description="Where warnings go: the owner's DMs, the team channel, or both."
+    )
+    slack_channel: str | None = Field(
+        None, pattern=r"^[CG][A-Z0-9]{2,}$", description="Team channel id for warnings (e.g. C0123ABCD)."
+    )
+    members: tuple[str, ...] = Field(
+        (), description="Slack user ids (U..., W...) or user group ids (S...) who may answer for any team machine."
+    )
+    max_snooze_hours: int = Field(8, ge=1, le=72, description="Longest a single 'keep' may last.")
+    max_snoozes_per_day: int = Field(3, ge=0, le=50, description="How many 'keep' answers a machine may get a day.")
+    timezone: str = Field("UTC", description="The team's IANA time zone, for 'keep until tomorrow morning'.")
+    morning: str = Field("09:00", pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$", description="When 'morning' starts.")
+    # Admin controls: quiet hours, a hard cap on runtime, and weekly schedule overrides.
+    quiet_hours: bool = Field(
+        False,
+        description="true: nothing is posted to owners (no warnings, no 'resolved' or 'stopped' notices); "
+        "warnings are recorded and the stop still follows warn_minutes later. Usually set in a schedule.",
+    )
+    max_runtime_hours: int | None = Field(
+        None,
+        ge=1,
+        le=8760,
+        description="A machine up longer than this since its last start is warned and stopped even if kept "
+        "(snoozed); never while busy or unknown, never when exempt.",
+    )
+    schedules: tuple[Schedule, ...] = Field(
+        (),
+        max_length=50,
+        description="Weekly overrides in local time, in one time zone. Schedules in force at the same time "
+        "apply together and must set different fields.",
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}") from None
+        return value
+
+    @field_validator("members")
+    @classmethod
+    def _slack_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [v for v in value if not re.fullmatch(r"[UWS][A-Z0-9]{2,}", v)]
+        if bad:
+            raise ValueError(f"not Slack user or user group ids: {', '.join(bad)}")
+        return value
+
+    @field_validator("schedules")
+    @classmethod
+    def _one_zone_no_conflict(cls, value: tuple[Schedule, ...], info: ValidationInfo) -> tuple[Schedule, ...]:
+        # One zone per policy keeps "which schedules are in force together" a question of wall-clock time.
+        team_zone = info.data.get("timezone", "UTC")
+        problems: list[tuple[tuple[str | int, ...], str, Any]] = []
+        first_zone = (value[0].timezone or team_zone) if value else team_zone
+        for i, s in enumerate(value):
+            zone = s.timezone or team_zone
+            if zone != first_zone:
+                problems.append(
+                    ((i, "timezone"), f"{zone!r} differs from schedules[0]'s {first_zone!r}; use one time zone", zone)
+                )
+        # Overlapping schedules compose only when they set different fields: no precedence rules to learn.
+        reported: set[tuple[int, int]] = set()
+        for minute, active in _segments(value):
+            for pos, i in enumerate(active):
+                for j in active[:pos]:
+                    shared = [f for f in SCHEDULE_FIELDS if f in value[i].overrides() and f in value[j].overrides()]
+                    if shared and (j, i) not in reported:
+                        reported.add((j, i))
+                        problems.append(
+                            (
+                                (i,),
+                                f"overlaps {value[j].label(j)} from {_week_time(minute)} and both set "
+                                f"{', '.join(shared)}; schedules in force at the same time must set different fields",
+                                list(value[i].days),
+                            )
+                        )
+        if problems:
+            raise _located("schedules", problems)
+        return value
 
     @model_validator(mode="after")
     def _warn_before_stop(self) -> TeamPolicy:
+        problems: list[tuple[tuple[str | int, ...], str, Any]] = []
         if self.warn_minutes >= self.idle_minutes:
-            raise ValueError(
-                f"warn_minutes ({self.warn_minutes}) must be shorter than idle_minutes ({self.idle_minutes})"
+            problems.append(
+                (
+                    ("warn_minutes",),
+                    f"warn_minutes ({self.warn_minutes}) must be shorter than idle_minutes ({self.idle_minutes})",
+                    self.warn_minutes,
+                )
             )
+        # Every moment of the week must give a valid policy once schedules are merged in, so
+        # effective_policy never has to fail at sweep time.
+        reported: set[tuple[int, str]] = set()
+        for minute, active in _segments(self.schedules):
+            merged = {k: v for i in active for k, v in self.schedules[i].overrides().items()}
+            warn = merged.get("warn_minutes", self.warn_minutes)
+            idle = merged.get("idle_minutes", self.idle_minutes)
+            setters = [
+                (i, f) for i in active for f in ("warn_minutes", "idle_minutes") if f in self.schedules[i].overrides()
+            ]
+            if warn < idle or not setters or setters[-1] in reported:
+                continue
+            reported.add(setters[-1])
+            index, field = setters[-1]
+            others = [self.schedules[i].label(i) for i in active if i != index]
+            during = f" (with {', '.join(others)} also in force)" if others else ""
+            problems.append(
+                (
+                    ("schedules", index, field),
+                    f"from {_week_time(minute)}{during} warn_minutes ({warn}) "
+                    f"must be shorter than idle_minutes ({idle})",
+                    merged[field],
+                )
+            )
+        if problems:
+            raise _located("TeamPolicy", problems)
         return self
 
 
@@ -113,6 +362,7 @@ class Settings(_Strict):
     default_policy: TeamPolicy = TeamPolicy()
     gpu_instance_families: tuple[str, ...] = DEFAULT_GPU_FAMILIES
     admins: tuple[str, ...] = Field((), description="Slack user ids of idle-reaper admins.")
+    slack_command: str = Field("/idle-reaper", pattern=r"^/[a-z0-9_-]{1,31}$", description="The slash command.")
 
 
 class PolicyError(Exception):
@@ -124,11 +374,28 @@ class PolicyError(Exception):
         super().__init__(f"{parameter}: " + "; ".join(problems))
 
 
+def json_path(loc: tuple[str | int, ...]) -> str:
+    """('schedules', 0, 'timezone') -> 'schedules[0].timezone'."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(top level)"
+
+
+_QUOTING = ("policy_rule", "value_error")
+
+
 def _describe(error: ValidationError) -> list[str]:
     problems = []
     for item in error.errors():
-        path = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        problems.append(f"{path}: {item['msg']}")
+        if item["type"] == "extra_forbidden":
+            message = "unknown field (not in the schema: see `idle-reaper policy schema`)"
+        else:
+            message = item["msg"].removeprefix("Value error, ")
+            # Our own rules already quote the values; pydantic's type and range messages do not.
+            if isinstance(item.get("input"), str | int | float | bool) and item["type"] not in _QUOTING:
+                message += f" (got {json.dumps(item['input'])})"
+        problems.append(f"{json_path(item['loc'])}: {message}")
     return problems
 
 
@@ -167,7 +434,47 @@ class TeamPolicyRef(_Strict):
     source: str  # the SSM parameter name, or "settings.default_policy"
     version: int | None  # the SSM parameter version, None for the default
     error: str | None = None
+    schedule: str | None = None  # the schedule override in force, e.g. "schedules[1] 'weekend'"
 
     @property
     def label(self) -> str:
-        return f"{self.source}@v{self.version}" if self.version is not None else self.source
+        label = f"{self.source}@v{self.version}" if self.version is not None else self.source
+        return f"{label} {self.schedule}" if self.schedule else label
+
+    def at(self, now: datetime) -> TeamPolicyRef:
+        """This policy as it applies at `now`: the overrides of the schedules in force merged in."""
+        if self.policy is None:
+            return self
+        active = active_schedules(self.policy, now)
+        if not active:
+            return self
+        label = " + ".join(s.label(i) for i, s in active)
+        return self.model_copy(update={"policy": effective_policy(self.policy, now), "schedule": label})
+
+
+def schedule_zone(policy: TeamPolicy, schedule: Schedule) -> ZoneInfo:
+    return ZoneInfo(schedule.timezone or policy.timezone)
+
+
+def active_schedules(policy: TeamPolicy, now: datetime) -> list[tuple[int, Schedule]]:
+    """The schedules in force at `now`, judged by the local wall-clock time of their zone. Several may
+    be, but validation made sure they set different fields. Pure: the clock is an argument."""
+    return [
+        (index, schedule)
+        for index, schedule in enumerate(policy.schedules)
+        if schedule.covers(now.astimezone(schedule_zone(policy, schedule)))
+    ]
+
+
+def effective_policy(policy: TeamPolicy, now: datetime) -> TeamPolicy:
+    """`policy` with the overrides of the schedules in force at `now`. Validation already checked every
+    moment of the week (warn < idle once merged), so the copy needs no re-validation."""
+    overrides = {k: v for _, s in active_schedules(policy, now) for k, v in s.overrides().items()}
+    return policy.model_copy(update=overrides) if overrides else policy
+
+
+def json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON Schema editors can validate a policy file with. Cross-field rules (warn_minutes shorter
+    than idle_minutes, no field set twice at one moment) are beyond JSON Schema: `policy validate` checks them."""
+    schema = model.model_json_schema(mode="validation")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}

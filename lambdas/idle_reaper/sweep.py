@@ -81,13 +81,27 @@ class Adapters:
     notifier: Notifier
 
     @classmethod
-    def from_environment(cls, notifier: Notifier | None = None) -> Adapters:
+    def from_environment(cls, notifier: Notifier | None = None, slack_budget_seconds: float = 60.0) -> Adapters:
+        """Real AWS clients; Slack when a bot token is configured, else warnings are only logged."""
+        store = DynamoStateStore(client("dynamodb"), table_name())
+        if notifier is None:
+            from idle_reaper.slack import SlackNotConfigured, SlackNotifier, load_secrets, make_client
+
+            try:
+                secrets = load_secrets()
+                notifier = SlackNotifier(make_client(secrets.bot_token, slack_budget_seconds), store)
+            except Exception as exc:  # not configured, or the secret cannot be read: warnings stay pending
+                logger.warning(
+                    "Slack unavailable: warnings stay pending, stops wait for undelivered_warning_max_minutes",
+                    extra={"why": str(exc) if isinstance(exc, SlackNotConfigured) else type(exc).__name__},
+                )
+                notifier = LoggingNotifier(logger)
         return cls(
             policies=PolicyStore(client("ssm"), ssm_prefix()),
             fleet=Fleet(client("ec2"), client("autoscaling")),
             metrics=MetricsReader(client("cloudwatch")),
-            store=DynamoStateStore(client("dynamodb"), table_name()),
-            notifier=notifier or LoggingNotifier(logger),
+            store=store,
+            notifier=notifier,
         )
 
 
@@ -115,6 +129,8 @@ def run_sweep(
     except AwsError as exc:
         refs, teams_readable = {}, False
         warnings.append(f"cannot read team policies ({error_code(exc)}); every team is in safe mode")
+    if not dry_run:
+        _alert_invalid_policies(adapters, list(refs.values()), settings, now)
     refs.update(policy_overrides or {})
     for ref in refs.values():
         if ref.policy is None:
@@ -137,7 +153,8 @@ def run_sweep(
             )
         return policy_for(team, refs, settings)
 
-    team_refs = {m.team: ref_for(m.team) for m in machines}
+    # Schedules apply by the team's local time at `now`; the label records which one was in force.
+    team_refs = {m.team: ref_for(m.team).at(now) for m in machines}
     signals = _fetch_signals(adapters.metrics, machines, team_refs, settings, now)
     period = timedelta(seconds=settings.metrics.period_seconds)
 
@@ -180,6 +197,31 @@ def run_sweep(
     )
 
 
+def _alert_invalid_policies(adapters: Adapters, refs: list[TeamPolicyRef], settings: Settings, now: datetime) -> None:
+    """Tell the admins about an invalid stored team policy once per bad parameter version, not every
+    sweep: a conditional write in the state table lets only the first sweep that sees it alert."""
+    for ref in refs:
+        if ref.policy is not None or ref.version is None:
+            continue
+        key = f"policy-alert#{ref.source}@v{ref.version}"
+        try:
+            if not adapters.store.claim_once(key, now):
+                continue
+        except Exception as exc:  # an alert must never stop the sweep; the log still says it
+            logger.warning("could not record the policy alert", extra={"key": key, "error": str(exc)})
+            continue
+        text = (
+            f"team {ref.team} is in safe mode (nothing is stopped or unprotected) because its policy is invalid: "
+            f"{ref.error}. Fix it with `idle-reaper policy validate` and `idle-reaper policy put {ref.team} FILE`."
+        )
+        try:
+            adapters.notifier.admin_alert(text, settings.admins)
+        except Exception as exc:
+            logger.warning("admin alert failed", extra={"key": key, "error": str(exc)})
+            with contextlib.suppress(Exception):
+                adapters.store.release_claim(key)  # the next sweep tries again
+
+
 def _fetch_signals(
     reader: MetricsReader,
     machines: list[Machine],
@@ -187,17 +229,22 @@ def _fetch_signals(
     settings: Settings,
     now: datetime,
 ) -> dict[str, Signals]:
-    """One GetMetricData range for the whole fleet (the longest window in use), so every machine
-    packs into the same calls; the core trims to each team's window."""
-    wanted = [m for m in machines if team_refs[m.team].policy is not None and not parse_exemption(m.exempt_tag, now)[0]]
-    policies = [team_refs[m.team].policy for m in wanted]
-    if not wanted:
-        return {}
-    lookback = max(p.idle_minutes + p.max_gap_minutes for p in policies if p)
+    """Machines that share a lookback (and whether network counts) share GetMetricData calls; usually
+    that is the whole fleet. A team with a long window or a network threshold does not make every
+    other machine fetch more. Exempt machines and teams in safe mode are not fetched at all."""
+    groups: dict[tuple[int, bool], list[str]] = defaultdict(list)
+    for m in machines:
+        policy = team_refs[m.team].policy
+        if policy is None or parse_exemption(m.exempt_tag, now)[0]:
+            continue
+        lookback = policy.idle_minutes + policy.max_gap_minutes
+        groups[(lookback, policy.network_threshold_bytes_per_second is not None)].append(m.instance_id)
     period = settings.metrics.period_seconds
-    start = now - timedelta(minutes=lookback, seconds=period)
-    network = any(p.network_threshold_bytes_per_second is not None for p in policies if p)
-    return reader.fetch([m.instance_id for m in wanted], settings.metrics, start=start, end=now, network=network)
+    signals: dict[str, Signals] = {}
+    for (lookback, network), ids in groups.items():
+        start = now - timedelta(minutes=lookback, seconds=period)
+        signals.update(reader.fetch(ids, settings.metrics, start=start, end=now, network=network))
+    return signals
 
 
 def _apply(adapters: Adapters, decisions: list[Decision], now: datetime) -> list[Decision]:
@@ -276,15 +323,26 @@ def _record_failure(store: StateStore, d: Decision, error: str, now: datetime) -
 def _notify(adapters: Adapters, d: Decision, now: datetime) -> Decision:
     notifier = adapters.notifier
     try:
+        delivery = None
         if d.deliver_warning:
-            if notifier.warn(d):
-                record = replace(d.record, version=d.record.version + 1, warning_delivered_at=now)
-                if adapters.store.save(record):
-                    d = replace(d, record=record)
+            delivery = notifier.warn(d)
+            if delivery is None:
+                return d
         elif d.notify == "resolved":
             notifier.resolved(d)
         elif d.notify == "reaped":
-            notifier.reaped(d)
+            delivery = notifier.reaped(d)
+        if delivery is not None:
+            record = replace(
+                d.record,
+                version=d.record.version + 1,
+                warning_delivered_at=now if d.deliver_warning else d.record.warning_delivered_at,
+                messages=delivery.messages or d.record.messages,
+                warning_ref=delivery.ref,
+                owner_slack_id=delivery.owner_slack_id or d.record.owner_slack_id,
+            )
+            if adapters.store.save(record):
+                d = replace(d, record=record)
     except Exception as exc:  # a notifier must never break the sweep; the warning stays pending
         logger.warning("notification failed", extra={"instance_id": d.machine.instance_id, "error": str(exc)})
     return d

@@ -26,7 +26,8 @@ def busy_gpu(_t):
 
 
 @pytest.fixture
-def fleet(aws):
+def fleet(aws, slack):
+    slack.users_by_email["bob@example.com"] = "U0BOB"
     local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
     ids = {
         "idle": local.launch("idle", "m5.large", team="ml", launch_time=at(8), owner="bob@example.com"),

@@ -12,8 +12,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def afternoon(moto_server):
+def afternoon(moto_server, slack_server):
     moto_server.reset()
+    slack_server.reset()
+    slack_server.users_by_email.update(demo.SLACK_USERS)
     seeded = demo.seed()
     reports = demo.simulate(seeded, Adapters.from_environment)
     return seeded, reports

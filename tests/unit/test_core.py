@@ -68,9 +68,10 @@ class TestAssess:
         a = run_assess(machine(), Signals(cpu=series(values)))
         assert a.signal == "busy"
 
-    def test_just_below_threshold_is_idle(self):
-        a = run_assess(machine(), Signals(cpu=series(4.999)))
+    def test_just_below_threshold_is_idle_and_never_reads_as_equal(self):
+        a = run_assess(machine(), Signals(cpu=series(4.96)))
         assert a.signal == "idle"
+        assert "max CPU 4.96% < 5.0%" in a.reason
 
     def test_spike_whose_period_ends_exactly_at_window_start_is_outside(self):
         # A point at T covers [T, T+5m). T+5m == window start: outside the 90-min window.

@@ -25,6 +25,7 @@ def emit_team_metrics(report: SweepReport) -> None:
         team_metrics.add_metric("MachinesReaped", MetricUnit.Count, totals.reaped)
         team_metrics.add_metric("MachinesProtected", MetricUnit.Count, totals.protected)
         team_metrics.add_metric("MachinesUnknown", MetricUnit.Count, totals.unknown)
+        team_metrics.add_metric("Snoozes", MetricUnit.Count, totals.snoozed)  # machines kept by someone now
         team_metrics.add_metric("EstimatedHourlySavings", MetricUnit.NoUnit, round(totals.hourly_savings, 4))
         team_metrics.flush_metrics()
 

@@ -1,0 +1,685 @@
+"""Admin commands: `idle-reaper policy {validate,put,plan,show,list,schema}` and `idle-reaper status`.
+
+Wiring around the policy models (policy), the SSM store (aws.PolicyStore) and a dry-run sweep (sweep).
+Nothing here decides about a machine: `plan` asks the same core the sweep uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from idle_reaper import aws
+from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State
+from idle_reaper.notify import LoggingNotifier
+from idle_reaper.policy import (
+    PolicyError,
+    Settings,
+    TeamPolicy,
+    TeamPolicyRef,
+    active_schedules,
+    effective_policy,
+    json_schema,
+    parse_settings,
+    parse_team_policy,
+    schedule_zone,
+)
+from idle_reaper.sweep import Adapters, SweepCannotRun, logger, run_sweep
+
+EXIT_INVALID = 1  # invalid input, refused, or nothing written
+EXIT_ERROR = 2  # could not run (unreadable file, AWS unreachable)
+
+# A team is one segment of an SSM parameter name.
+_TEAM = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+BUILT_IN = "built-in default"
+
+
+class NotInteractive(Exception):
+    """No terminal to ask on."""
+
+
+class _Fail(Exception):
+    def __init__(self, message: str, code: int = EXIT_INVALID) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def confirm(prompt: str) -> bool:
+    """Ask the person at the terminal. Module-level so tests can stand in for them."""
+    if not sys.stdin.isatty():
+        raise NotInteractive
+    return input(prompt).strip().lower() in ("y", "yes")
+
+
+def _err(message: str) -> None:
+    print(f"idle-reaper: {message}", file=sys.stderr)
+
+
+def _run(body: Callable[[], int]) -> int:
+    try:
+        return body()
+    except _Fail as exc:
+        _err(str(exc))
+        return exc.code
+
+
+def _policy_store() -> aws.PolicyStore:
+    return aws.PolicyStore(aws.client("ssm"), aws.ssm_prefix())
+
+
+def _read_file(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _Fail(f"cannot read {path}: {exc}", EXIT_ERROR) from None
+
+
+def _check_team(team: str) -> None:
+    if not _TEAM.fullmatch(team):
+        raise _Fail(f"team {team!r}: use letters, digits, '_', '.' and '-' only (it becomes an SSM parameter name)")
+
+
+def _print_problems(exc: PolicyError) -> None:
+    # One line per problem, each naming the file or parameter and the field: easy to read and to grep.
+    for problem in exc.problems:
+        print(f"{exc.parameter}: {problem}", file=sys.stderr)
+    count = len(exc.problems)
+    print(f"{exc.parameter}: {count} problem{'s' if count != 1 else ''}", file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class StoredSettings:
+    settings: Settings
+    parameter: aws.StoredParameter | None
+
+    @property
+    def label(self) -> str:
+        p = self.parameter
+        return f"{p.name}@v{p.version}" if p else "(no settings parameter)"
+
+
+def load_settings(store: aws.PolicyStore) -> StoredSettings:
+    """The stored settings with their version; a PolicyError when they are invalid."""
+    param = store.read(store.settings_name)
+    settings = parse_settings(param.name, param.value) if param else Settings()
+    return StoredSettings(settings, param)
+
+
+def _settings_or_fail(store: aws.PolicyStore) -> StoredSettings:
+    try:
+        return load_settings(store)
+    except PolicyError as exc:
+        _print_problems(exc)
+        raise _Fail(f"the stored settings {exc.parameter} are invalid; fix them first") from None
+
+
+def policy_document(policy: TeamPolicy) -> dict[str, Any]:
+    """A policy as JSON with every default filled in; unset schedule fields left out for readability."""
+    doc = policy.model_dump(mode="json")
+    doc["schedules"] = [{k: v for k, v in s.items() if v is not None} for s in doc["schedules"]]
+    return doc
+
+
+def _pretty(doc: Any) -> str:
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _fmt_time(when: datetime | None) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M") if when else "-"
+
+
+def _table(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> str:
+    """Columns padded to their widest cell; the last column (reasons) runs free."""
+    rows = [header, *rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)), row[-1]]).rstrip()
+        for row in rows
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# policy schema / validate
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(json_schema(Settings if args.settings else TeamPolicy), indent=2))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    def body() -> int:
+        text = _read_file(args.file)
+        try:
+            if args.settings:
+                parse_settings(args.file, text)
+            else:
+                # Offline by default (editors, CI): merged on the built-in defaults. `put` always merges
+                # on the stored settings' default_policy; --stored-defaults checks exactly that.
+                default = _settings_or_fail(_policy_store()).settings.default_policy if args.stored_defaults else None
+                parse_team_policy(args.file, text, default or TeamPolicy())
+        except PolicyError as exc:
+            _print_problems(exc)
+            return EXIT_INVALID
+        print(f"{args.file}: valid")
+        return 0
+
+    return _run(body)
+
+
+# ---------------------------------------------------------------------------------------------
+# policy plan
+
+
+def outcome(d: Decision) -> str:
+    """What a dry-run decision amounts to for a person: stopped, warned or nothing."""
+    policy = d.policy.policy if d.policy else None
+    notify_only = policy is not None and policy.action == "notify_only" and not d.machine.asg_name
+    if d.action in REAP_ACTIONS and not notify_only:
+        return "stopped" if d.action.value in ("stop", "hibernate") else d.action.value
+    if d.state is State.WARNED:
+        return "warned"
+    return "none"
+
+
+_SEVERITY = {"none": 0, "warned": 1}
+
+
+@dataclass(frozen=True)
+class PlanChange:
+    machine: Machine
+    before: str
+    after: str
+    reason: str  # why, under the proposed policy
+
+    @property
+    def more(self) -> bool:
+        return _SEVERITY.get(self.after, 2) > _SEVERITY.get(self.before, 2)
+
+
+@dataclass(frozen=True)
+class Plan:
+    team: str
+    now: datetime
+    current: str
+    proposed: str
+    changes: list[PlanChange]
+    unchanged: int
+
+
+def plan_change(adapters: Adapters, team: str, proposed: TeamPolicyRef, now: datetime) -> Plan:
+    """Two dry-run sweeps at `now`, with the stored and with the proposed policy: the same core, signals
+    and state table, nothing written. Returns the team's machines whose outcome differs."""
+    before = {d.machine.instance_id: d for d in run_sweep(adapters, now=now, dry_run=True).decisions}
+    after_report = run_sweep(adapters, now=now, dry_run=True, policy_overrides={team: proposed})
+    changes: list[PlanChange] = []
+    unchanged = 0
+    current = "settings.default_policy"
+    for d in after_report.decisions:
+        if d.machine.team != team:
+            continue
+        old = before.get(d.machine.instance_id)
+        if old is not None and old.policy is not None:
+            current = old.policy.label
+        was, now_is = (outcome(old) if old else "none"), outcome(d)
+        if was == now_is:
+            unchanged += 1
+        else:
+            changes.append(PlanChange(d.machine, was, now_is, d.reason))
+    changes.sort(key=lambda c: (not c.more, c.machine.instance_id))
+    return Plan(team, now, current, proposed.label, changes, unchanged)
+
+
+def format_plan(plan: Plan) -> str:
+    lines = [f"plan for team {plan.team} at {plan.now.isoformat()} (dry run, nothing is changed)"]
+    lines.append(f"  current: {plan.current}\n  proposed: {plan.proposed}")
+    if not plan.changes and not plan.unchanged:
+        return "\n".join([*lines, f"no running machine carries team {plan.team}"])
+    if plan.changes:
+        rows = [
+            (
+                c.machine.instance_id,
+                c.machine.name or "-",
+                c.machine.owner or "-",
+                c.before,
+                c.after,
+                ("MORE: " if c.more else "less: ") + c.reason,
+            )
+            for c in plan.changes
+        ]
+        lines.append(_table(("INSTANCE", "NAME", "OWNER", "BEFORE", "AFTER", "WHY (PROPOSED POLICY)"), rows))
+    more = sum(c.more for c in plan.changes)
+    lines.append(
+        f"{more} machine(s) would be warned or stopped that were not before, {len(plan.changes) - more} the "
+        f"reverse, {plan.unchanged} unchanged. 'stopped' assumes nobody answers the warning."
+    )
+    return "\n".join(lines)
+
+
+def _plan_adapters() -> Adapters:
+    # A dry run sends nothing, so no Slack client (and no Secrets Manager read) is needed.
+    return Adapters.from_environment(notifier=LoggingNotifier(logger))
+
+
+def _print_plan(team: str, proposed: TeamPolicyRef, now: datetime) -> None:
+    try:
+        print(format_plan(plan_change(_plan_adapters(), team, proposed, now)))
+    except SweepCannotRun as exc:
+        raise _Fail(f"cannot plan: {exc}", EXIT_ERROR) from None
+
+
+def _proposal(store: aws.PolicyStore, team: str, path: str) -> tuple[StoredSettings, TeamPolicy, str]:
+    _check_team(team)
+    text = _read_file(path)
+    stored_settings = _settings_or_fail(store)
+    try:
+        policy = parse_team_policy(path, text, stored_settings.settings.default_policy)
+    except PolicyError as exc:
+        _print_problems(exc)
+        raise _Fail(f"{path} is invalid; nothing was written") from None
+    return stored_settings, policy, text
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    def body() -> int:
+        _, policy, _ = _proposal(_policy_store(), args.team, args.file)
+        proposed = TeamPolicyRef(team=args.team, policy=policy, source=f"{args.file} (proposed)", version=None)
+        _print_plan(args.team, proposed, args.now or datetime.now(UTC))
+        return 0
+
+    return _run(body)
+
+
+# ---------------------------------------------------------------------------------------------
+# policy put
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    def body() -> int:
+        store = _policy_store()
+        stored_settings, policy, text = _proposal(store, args.team, args.file)
+        # What is written is the file's own fields (a partial override), so fields it leaves out keep
+        # following settings.default_policy; normalised so a re-put of the same file is a no-op.
+        new_text = json.dumps(json.loads(text), indent=2)
+        name = store.team_name(args.team)
+        stored = store.read(name)
+        if stored is not None and stored.value == new_text:
+            print(f"{name} v{stored.version} already holds this policy; nothing to write")
+            return 0
+
+        if stored is None:
+            before, before_label = (
+                _pretty(policy_document(stored_settings.settings.default_policy)),
+                (f"{name} (absent: the team follows settings.default_policy)"),
+            )
+        else:
+            before_label = f"{name} v{stored.version} (effective)"
+            try:
+                current = parse_team_policy(name, stored.value, stored_settings.settings.default_policy)
+                before = _pretty(policy_document(current))
+            except PolicyError:
+                before, before_label = stored.value + "\n", f"{name} v{stored.version} (stored text, invalid)"
+        after = _pretty(policy_document(policy))
+        diff = list(difflib.unified_diff(before.splitlines(True), after.splitlines(True), before_label, args.file))
+        if diff:
+            print("".join(diff), end="")
+        else:
+            print("the effective policy does not change; only the stored text does")
+
+        if args.plan:
+            proposed = TeamPolicyRef(team=args.team, policy=policy, source=f"{args.file} (proposed)", version=None)
+            _print_plan(args.team, proposed, args.now or datetime.now(UTC))
+
+        expected = stored.version if stored else None
+        if not args.yes:
+            prompt = f"write {name} ({f'v{expected} -> v{expected + 1}' if expected else 'new'})? [y/N] "
+            try:
+                if not confirm(prompt):
+                    print("nothing written")
+                    return EXIT_INVALID
+            except NotInteractive:
+                raise _Fail("stdin is not a terminal: pass --yes to write without asking; nothing written") from None
+            except EOFError:
+                raise _Fail("no answer; nothing written") from None
+
+        try:
+            version = store.put_if_version(name, new_text, expected)
+        except aws.VersionConflict as exc:
+            raise _Fail(f"{exc}. Run the command again to see the diff against the new version.") from None
+        except aws.LostUpdate as exc:
+            raise _Fail(f"written, but: {exc}") from None
+        print(f"wrote {name} v{version}; the next sweep applies it")
+        return 0
+
+    return _run(body)
+
+
+# ---------------------------------------------------------------------------------------------
+# policy show
+
+
+def _sources(
+    policy: TeamPolicy, team_fields: Iterable[str], team_label: str | None, stored: StoredSettings
+) -> dict[str, str]:
+    team_set = set(team_fields)
+    settings_set = stored.settings.default_policy.model_fields_set if stored.parameter else set()
+    settings_label = f"settings.default_policy ({stored.label})"
+    return {
+        name: team_label if team_label and name in team_set else settings_label if name in settings_set else BUILT_IN
+        for name in type(policy).model_fields
+    }
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    def body() -> int:
+        store = _policy_store()
+        stored_settings = _settings_or_fail(store)
+        now: datetime = args.now or datetime.now(UTC)
+        team_label: str | None = None
+        team_fields: list[str] = []
+        policy = stored_settings.settings.default_policy
+        if args.team:
+            _check_team(args.team)
+            param = store.read(store.team_name(args.team))
+            if param is None:
+                header = f"team {args.team}: no parameter {store.team_name(args.team)}; it follows the default policy"
+            else:
+                try:
+                    policy = parse_team_policy(param.name, param.value, policy)
+                except PolicyError as exc:
+                    _print_problems(exc)
+                    raise _Fail(f"team {args.team} is in safe mode: the sweep changes none of its machines") from None
+                team_label = f"team parameter {param.name}@v{param.version}"
+                team_fields = list(json.loads(param.value))
+                header = f"team {args.team}: {param.name} v{param.version}, modified {_fmt_time(param.last_modified)}"
+        else:
+            header = f"default policy: settings.default_policy in {stored_settings.label}"
+        sources = _sources(policy, team_fields, team_label, stored_settings)
+        doc = policy_document(policy)
+        active = active_schedules(policy, now)
+        effective = policy_document(effective_policy(policy, now))
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "team": args.team,
+                        "policy": doc,
+                        "sources": sources,
+                        "now": now.isoformat(),
+                        "active_schedules": [s.label(i) for i, s in active],
+                        "effective_now": effective,
+                    },
+                    indent=2,
+                )
+            )
+            return 0
+        rows = [
+            (name, f"{len(value)} (below)" if name == "schedules" else json.dumps(value), sources[name])
+            for name, value in doc.items()
+        ]
+        print(header)
+        print(_table(("FIELD", "VALUE", "SOURCE"), rows))
+        for i, schedule in enumerate(policy.schedules):
+            print(f"  {schedule.label(i)}: {json.dumps(doc['schedules'][i])}")
+        if active:
+            local = now.astimezone(schedule_zone(policy, active[0][1]))
+            overrides = {k: v for _, s in active for k, v in s.overrides().items()}
+            print(
+                f"in force at {now.isoformat()} ({local:%a %H:%M %Z}): "
+                + " + ".join(s.label(i) for i, s in active)
+                + " -> "
+                + ", ".join(f"{k}={json.dumps(v)}" for k, v in overrides.items())
+            )
+        elif policy.schedules:
+            print(f"no schedule in force at {now.isoformat()}")
+        return 0
+
+    return _run(body)
+
+
+# ---------------------------------------------------------------------------------------------
+# policy list
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    def body() -> int:
+        store = _policy_store()
+        try:
+            settings = load_settings(store).settings
+        except PolicyError as exc:
+            _err(f"{exc}; counting machines with the default tag keys")
+            settings = Settings()
+        params = store.stored_teams()
+        fleet = aws.Fleet(aws.client("ec2"), aws.client("autoscaling"))
+        counts = Counter(m.team for m in fleet.discover(settings.tags))
+        rows: list[dict[str, Any]] = []
+        for param in params:
+            team = param.name.rsplit("/", 1)[-1]
+            try:
+                parse_team_policy(param.name, param.value, settings.default_policy)
+                status = "ok"
+            except PolicyError as exc:
+                status = f"INVALID ({len(exc.problems)} problem(s)): safe mode"
+            rows.append(
+                {
+                    "team": team,
+                    "parameter": param.name,
+                    "version": param.version,
+                    "last_modified": param.last_modified.isoformat() if param.last_modified else None,
+                    "machines": counts.get(team, 0),
+                    "status": status,
+                }
+            )
+        stored = {row["team"] for row in rows}
+        for team in sorted(set(counts) - stored):
+            rows.append(
+                {
+                    "team": team,
+                    "parameter": None,
+                    "version": None,
+                    "last_modified": None,
+                    "machines": counts[team],
+                    "status": "no parameter: default policy",
+                }
+            )
+        rows.sort(key=lambda r: str(r["team"]))
+        if args.json:
+            for row in rows:
+                print(json.dumps(row, sort_keys=True))
+            return 0
+        print(
+            _table(
+                ("TEAM", "VERSION", "LAST MODIFIED (UTC)", "MACHINES", "STATUS"),
+                (
+                    (
+                        r["team"],
+                        f"v{r['version']}" if r["version"] else "-",
+                        _fmt_time(datetime.fromisoformat(r["last_modified"])) if r["last_modified"] else "-",
+                        str(r["machines"]),
+                        r["status"],
+                    )
+                    for r in rows
+                ),
+            )
+        )
+        return 0
+
+    return _run(body)
+
+
+# ---------------------------------------------------------------------------------------------
+# status
+
+
+def _reap_word(machine: Machine | None, policy: TeamPolicy) -> str:
+    if machine is not None and machine.asg_name:
+        return "terminate" if policy.asg_action == "terminate" else "release to its group"
+    return {"stop": "stop", "hibernate": "hibernate", "notify_only": "report (notify_only)"}[policy.action]
+
+
+def next_step(
+    record: MachineRecord, policy: TeamPolicy | None, machine: Machine | None, now: datetime
+) -> tuple[str, datetime | None]:
+    """What the next sweeps will do to this machine and from when, if nothing changes (no activity, no
+    answer). Derived from the record and the policy in force at `now`; the sweep decides for real."""
+    if record.state is State.REAPED:
+        return "none", None
+    if machine is None:
+        return "none: not running", None
+    if record.state is State.EXEMPT:
+        return "none: exempt", None
+    if policy is None:
+        return "none: team policy invalid (safe mode)", None
+    if record.state in (State.SAFE_MODE, State.UNKNOWN):
+        return "re-check at the next sweep", None
+    warn_at = timedelta(minutes=policy.idle_minutes - policy.warn_minutes)
+    idle = timedelta(minutes=policy.idle_minutes)
+    reap = _reap_word(machine, policy)
+    cap_at = machine.launch_time + timedelta(hours=policy.max_runtime_hours) if policy.max_runtime_hours else None
+    if record.state is State.SNOOZED and record.snoozed_until:
+        if cap_at is not None and cap_at < record.snoozed_until:
+            return "warn if quiet (max_runtime_hours overrides the keep)", max(cap_at, now)
+        return "warn if still quiet (the keep ends)", record.snoozed_until
+    if record.state is State.WARNED and record.warned_at:
+        idle_end = (record.idle_since + idle) if record.idle_since else now
+        if record.warning_delivered_at is None:
+            # An undelivered warning holds the stop, at most undelivered_warning_max_minutes.
+            held = record.warned_at + timedelta(minutes=policy.undelivered_warning_max_minutes)
+            when = max(held, record.warned_at + timedelta(minutes=policy.warn_minutes), idle_end)
+            return f"{reap} if still idle (warning not delivered yet)", when
+        return f"{reap} if still idle", max(
+            record.warning_delivered_at + timedelta(minutes=policy.warn_minutes), idle_end
+        )
+    if record.state is State.IDLE and record.idle_since:
+        return "warn if still quiet", record.idle_since + warn_at
+    return f"warn after {policy.idle_minutes - policy.warn_minutes} min quiet", None
+
+
+def status_rows(
+    records: Iterable[MachineRecord],
+    machines: Mapping[str, Machine],
+    refs: Mapping[str, TeamPolicyRef] | None,
+    settings: Settings,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """One row per machine in the state table (and per running machine no sweep has seen yet).
+    `refs` None: the team policies could not be read."""
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for record in records:
+        seen.add(record.instance_id)
+        machine = machines.get(record.instance_id)
+        team = machine.team if machine else record.team
+        ref = aws.policy_for(team, refs, settings).at(now) if refs is not None else None
+        action, when = next_step(record, ref.policy if ref else None, machine, now)
+        rows.append(
+            {
+                "instance_id": record.instance_id,
+                "name": machine.name if machine else record.name,
+                "team": team,
+                "owner": machine.owner if machine else record.owner,
+                "state": record.state.value,
+                "idle_since": record.idle_since.isoformat() if record.idle_since else None,
+                "snoozed_until": record.snoozed_until.isoformat()
+                if record.snoozed_until and record.snoozed_until > now
+                else None,
+                "snoozed_by": record.snoozed_by if record.snoozed_until and record.snoozed_until > now else None,
+                "next_action": action,
+                "next_at": when.isoformat() if when else None,
+                "reason": record.reason,
+                "policy": record.policy_version,
+                "updated_at": record.updated_at.isoformat() if record.updated_at else None,
+            }
+        )
+    for machine in machines.values():
+        if machine.instance_id not in seen:
+            rows.append(
+                {
+                    "instance_id": machine.instance_id,
+                    "name": machine.name,
+                    "team": machine.team,
+                    "owner": machine.owner,
+                    "state": "new",
+                    "idle_since": None,
+                    "snoozed_until": None,
+                    "snoozed_by": None,
+                    "next_action": "first look at the next sweep",
+                    "next_at": None,
+                    "reason": "no sweep has seen this machine yet",
+                    "policy": None,
+                    "updated_at": None,
+                }
+            )
+    return sorted(rows, key=lambda r: (r["team"], r["instance_id"]))
+
+
+def _when(text: str | None, now: datetime) -> str:
+    if text is None:
+        return ""
+    when = datetime.fromisoformat(text)
+    return "next sweep" if when <= now else _fmt_time(when)
+
+
+def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
+    table = _table(
+        ("INSTANCE", "NAME", "TEAM", "OWNER", "STATE", "IDLE SINCE", "KEPT UNTIL (BY)", "NEXT", "REASON"),
+        (
+            (
+                r["instance_id"],
+                r["name"] or "-",
+                r["team"],
+                r["owner"] or "-",
+                r["state"],
+                _fmt_time(datetime.fromisoformat(r["idle_since"])) if r["idle_since"] else "-",
+                f"{_fmt_time(datetime.fromisoformat(r['snoozed_until']))} ({r['snoozed_by'] or '?'})"
+                if r["snoozed_until"]
+                else "-",
+                f"{r['next_action']}" + (f" at {_when(r['next_at'], now)}" if r["next_at"] else ""),
+                r["reason"],
+            )
+            for r in rows
+        ),
+    )
+    return f"status at {_fmt_time(now)} UTC (times in UTC)\n{table}"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    def body() -> int:
+        now: datetime = args.now or datetime.now(UTC)
+        store = _policy_store()
+        try:
+            settings = load_settings(store).settings
+        except PolicyError as exc:
+            _err(f"{exc}; using default settings to read the fleet")
+            settings = Settings()
+        refs: Mapping[str, TeamPolicyRef] | None
+        try:
+            refs = store.load_teams(settings)
+        except aws.AwsError as exc:
+            _err(f"cannot read team policies ({aws.error_code(exc)}); next actions are not shown")
+            refs = None
+        records = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()).all_records()
+        fleet = aws.Fleet(aws.client("ec2"), aws.client("autoscaling"))
+        machines = {m.instance_id: m for m in fleet.discover(settings.tags)}
+        rows = status_rows(records, machines, refs, settings, now)
+        if args.team:
+            rows = [r for r in rows if r["team"] == args.team]
+        if args.owner:
+            rows = [r for r in rows if (r["owner"] or "").lower() == args.owner.lower()]
+        if args.json:
+            for row in rows:
+                print(json.dumps(row, sort_keys=True))
+        else:
+            print(format_status(rows, now))
+        return 0
+
+    return _run(body)

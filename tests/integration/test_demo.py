@@ -1,0 +1,57 @@
+"""`idle-reaper demo` end to end, in a fresh process, as a user runs it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def demo_output() -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "idle_reaper.cli", "demo"], capture_output=True, text=True, timeout=180, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def summary_row(output: str, name: str) -> str:
+    rows = output.split("summary (")[1].splitlines()
+    return next(r for r in rows if r.split() and r.split()[0] == name)
+
+
+@pytest.mark.parametrize("name", ["gpu-train", "vision-train", "data-loader", "cpu-box", "workers-0"])
+def test_busy_machines_are_left_running(demo_output, name):
+    assert "left running (active)" in summary_row(demo_output, name)
+
+
+@pytest.mark.parametrize(
+    "name,state", [("exempt-box", "exempt"), ("research-box", "safe_mode"), ("young-box", "unknown")]
+)
+def test_untouchable_machines_are_left_running(demo_output, name, state):
+    assert f"left running ({state})" in summary_row(demo_output, name)
+
+
+def test_scripted_keep_click_goes_through_the_signed_handler_and_delays_the_stop(demo_output):
+    assert "bob clicks [Keep 2 h] in Slack (a signed request to the Slack handler: HTTP 200)" in demo_output
+    assert "<@U0BOB> kept notebook" in demo_output
+    assert "stopped at 15:30 (after a 2 h keep)" in summary_row(demo_output, "notebook")
+
+
+def test_idle_machines_are_reaped_and_savings_reported(demo_output):
+    assert "stopped at 12:30" in summary_row(demo_output, "forgotten")
+    assert "hibernated at 13:30" in summary_row(demo_output, "vision-nb")
+    assert "released to its group" in summary_row(demo_output, "workers-1")
+    total = re.search(r"total\s+([\d.]+)\s+\$([\d,.]+)", demo_output)
+    assert total and float(total.group(1)) > 10 and float(total.group(2).replace(",", "")) > 10
+
+
+def test_slack_messages_are_rendered_and_the_demo_is_quick(demo_output):
+    assert "Why it counts as idle:" in demo_output and "[Keep 2 h]" in demo_output and "[Start it again]" in demo_output
+    seconds = float(re.search(r"done in ([\d.]+) s", demo_output).group(1))
+    assert seconds < 60

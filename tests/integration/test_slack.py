@@ -1,0 +1,394 @@
+"""Slack nudges people can answer: the real slack-sdk client against the local Slack fake, signed
+requests fed to the Lambda handler as Function URL events, the lifecycle in moto's DynamoDB."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.parse
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from idle_reaper import aws, local
+from idle_reaper.core import State
+from idle_reaper.demo import at
+from idle_reaper.fake_slack import LambdaContextStub, signed_request
+from idle_reaper.handlers import slack as slack_handler
+from idle_reaper.notify import LoggingNotifier
+from idle_reaper.sweep import Adapters, logger, run_sweep
+
+pytestmark = pytest.mark.integration
+
+SECRET = "local-signing-secret"
+T0 = at(14)
+
+
+def signed_event(
+    path: str, body: str, *, secret: str = SECRET, timestamp: int | None = None, headers: dict[str, str] | None = None
+) -> dict:
+    return signed_request(path, body, secret, timestamp=timestamp, headers=headers)
+
+
+def Context() -> LambdaContextStub:
+    return LambdaContextStub()
+
+
+def click(user: str, action_id: str, value: str, **kw) -> dict:
+    payload = {"type": "block_actions", "user": {"id": user}, "actions": [{"action_id": action_id, "value": value}]}
+    body = urllib.parse.urlencode({"payload": json.dumps(payload)})
+    return slack_handler.handler(signed_event("/slack/interactions", body, **kw), Context())
+
+
+def command(user: str, text: str) -> dict:
+    body = urllib.parse.urlencode({"command": "/idle-reaper", "text": text, "user_id": user})
+    return slack_handler.handler(signed_event("/slack/commands", body), Context())
+
+
+def ephemeral_text(response: dict) -> str:
+    assert response["statusCode"] == 200
+    body = json.loads(response["body"])
+    assert body["response_type"] == "ephemeral"
+    return body["text"]
+
+
+def idle(_t):
+    return (1.0, 0.0)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = {"t": T0}
+    monkeypatch.setattr(slack_handler, "clock", lambda: now["t"])
+    return now
+
+
+@pytest.fixture
+def notebook(aws, slack, clock):
+    """An idle GPU notebook owned by bob (email tag), in team ml with a channel and a member."""
+    policy = local.team_policy_json(
+        idle_minutes=60, warn_minutes=20, slack_channel="C0MLTEAM", members=["U0MEMBER", "S0GROUP"]
+    )
+    local.init_account(teams={"ml": policy})
+    aws_settings = json.loads(aws_settings_text())
+    aws_settings["admins"] = ["U0ADMIN"]
+    aws_client("ssm").put_parameter(
+        Name="/idle-reaper/settings", Value=json.dumps(aws_settings), Type="String", Overwrite=True
+    )
+    slack.users_by_email["bob@example.com"] = "U0BOB"
+    slack.usergroups["S0GROUP"] = ["U0GROUPIE"]
+    instance_id = local.launch("notebook", "g5.xlarge", team="ml", launch_time=at(8), owner="bob@example.com")
+    local.write_metrics(instance_id, idle, at(11), at(23))
+    return instance_id
+
+
+def aws_client(service):
+    return aws.client(service)
+
+
+def aws_settings_text() -> str:
+    return aws_client("ssm").get_parameter(Name="/idle-reaper/settings")["Parameter"]["Value"]
+
+
+def sweep(now):
+    return run_sweep(Adapters.from_environment(), now=now)
+
+
+def record(instance_id):
+    return aws.DynamoStateStore(aws_client("dynamodb"), aws.table_name()).load([instance_id])[instance_id]
+
+
+def warning_ref(slack) -> str:
+    post = slack.calls_to("chat.postMessage")[-1]
+    actions = next(b for b in post.params["blocks"] if b["type"] == "actions")
+    return actions["elements"][0]["value"]
+
+
+def test_warning_goes_to_owner_and_channel_with_the_evidence_and_buttons(notebook, slack):
+    report = sweep(T0)
+    (d,) = report.decisions
+    assert d.action_label == "warn"
+    posts = slack.calls_to("chat.postMessage")
+    assert sorted(p.params["channel"] for p in posts) == ["C0MLTEAM", "D0BOB"]
+    blocks = posts[0].params["blocks"]
+    text = json.dumps(blocks)
+    assert "notebook" in text and notebook in text and "g5.xlarge" in text and "$1.01 per hour" in text
+    assert "max CPU 1.0% < 5.0%" in text and "max GPU 0.0% < 5.0%" in text
+    assert "<!date^" in text, "the stop time must be a Slack date token"
+    actions = next(b for b in blocks if b["type"] == "actions")
+    ids = [e["action_id"] for e in actions["elements"]]
+    assert ids == ["keep_2h", "keep_morning", "stop_now", "keep_other"]
+    overflow = actions["elements"][3]["options"]
+    assert [o["text"]["text"] for o in overflow] == ["Keep 1 h", "Keep 4 h"]
+    values = {e.get("value") for e in actions["elements"][:3]}
+    assert len(values) == 1 and notebook not in values.pop(), "button values must be opaque references"
+    stored = record(notebook)
+    assert stored.warning_delivered_at == T0 and stored.owner_slack_id == "U0BOB"
+    assert len(stored.messages) == 2
+
+
+def test_owner_email_is_looked_up_once_and_cached(notebook, slack):
+    sweep(T0)
+    state = record(notebook)
+    # A second warning later (after activity resets the stretch) must not look the email up again.
+    from idle_reaper.slack import SlackNotifier, make_client
+
+    notifier = SlackNotifier(make_client("xoxb", 5), aws.DynamoStateStore(aws_client("dynamodb"), aws.table_name()))
+    assert notifier.resolve_owner("bob@example.com") == "U0BOB"
+    assert len(slack.calls_to("users.lookupByEmail")) == 1
+    assert state.owner_slack_id == "U0BOB"
+
+
+def test_keep_2h_snoozes_once_and_updates_the_message(notebook, slack, clock):
+    sweep(T0)
+    ref = warning_ref(slack)
+    response = click("U0BOB", "keep_2h", ref)
+    assert response["statusCode"] == 200 and response["body"] == ""
+    stored = record(notebook)
+    assert stored.state is State.SNOOZED and stored.snoozed_until == T0 + timedelta(hours=2)
+    assert stored.snoozed_by == "U0BOB" and stored.warned_at is None
+    updates = slack.calls_to("chat.update")
+    assert len(updates) == 2 and all("<@U0BOB> kept" in json.dumps(u.params["blocks"]) for u in updates)
+    # Slack retries the same interaction, or bob double-clicks: nothing more happens.
+    again = click("U0BOB", "keep_2h", ref, headers={"x-slack-retry-num": "1"})
+    assert "no longer current" in ephemeral_text(again)
+    assert record(notebook) == stored
+    assert len(slack.calls_to("chat.update")) == 2
+
+
+@pytest.mark.parametrize("user", ["U0MEMBER", "U0GROUPIE", "U0ADMIN"])
+def test_members_group_members_and_admins_may_answer(notebook, slack, user):
+    sweep(T0)
+    assert click(user, "keep_4h", warning_ref(slack).split("|")[0])["body"] == ""
+    assert record(notebook).snoozed_by == user
+
+
+def test_overflow_choice_is_capped_and_applied(notebook, slack, clock):
+    sweep(T0)
+    ref = warning_ref(slack)
+    payload = {
+        "type": "block_actions",
+        "user": {"id": "U0BOB"},
+        "actions": [{"action_id": "keep_other", "selected_option": {"value": f"{ref}|keep_4h"}}],
+    }
+    body = urllib.parse.urlencode({"payload": json.dumps(payload)})
+    assert slack_handler.handler(signed_event("/slack/interactions", body), Context())["body"] == ""
+    assert record(notebook).snoozed_until == T0 + timedelta(hours=4)
+
+
+def test_stranger_cannot_change_the_machine(notebook, slack):
+    sweep(T0)
+    before = record(notebook)
+    text = ephemeral_text(click("U0STRANGER", "keep_2h", warning_ref(slack)))
+    assert "can't change" in text
+    assert record(notebook) == before and not slack.calls_to("chat.update")
+
+
+def test_forged_reference_and_unknown_action_do_nothing(notebook, slack):
+    sweep(T0)
+    before = record(notebook)
+    assert "no longer current" in ephemeral_text(click("U0BOB", "keep_2h", "forged-reference"))
+    assert "no longer current" in ephemeral_text(click("U0BOB", "keep_2h", notebook))
+    assert "not an idle-reaper action" in ephemeral_text(click("U0BOB", "keep_forever", warning_ref(slack)))
+    assert record(notebook) == before
+
+
+def test_stop_now_then_start_again(notebook, slack, clock):
+    sweep(T0)
+    assert click("U0BOB", "stop_now", warning_ref(slack))["body"] == ""
+    assert local.instance_states([notebook])[notebook] == "stopped"
+    stopped = record(notebook)
+    assert stopped.state is State.REAPED and stopped.last_action == "stop"
+    update = slack.calls_to("chat.update")[-1].params
+    start = next(b for b in update["blocks"] if b["type"] == "actions")["elements"][0]
+    assert start["action_id"] == "start_again"
+    clock["t"] = T0 + timedelta(hours=3)
+    assert click("U0BOB", "start_again", start["value"])["body"] == ""
+    assert local.instance_states([notebook])[notebook] == "running"
+    started = record(notebook)
+    assert started.state is State.ACTIVE and started.warned_at is None
+    assert "saved ~$3.02" in json.dumps(slack.calls_to("chat.update")[-1].params["blocks"])
+
+
+def test_snoozes_per_day_are_capped(notebook, slack, clock):
+    policy = json.loads(local.team_policy_json(idle_minutes=60, warn_minutes=20, max_snoozes_per_day=1))
+    aws_client("ssm").put_parameter(
+        Name="/idle-reaper/teams/ml", Value=json.dumps(policy), Type="String", Overwrite=True
+    )
+    slack.users_by_email["bob@example.com"] = "U0BOB"
+    sweep(T0)
+    assert click("U0BOB", "keep_1h", warning_ref(slack))["body"] == ""
+    assert record(notebook).snoozes_today == 1
+    assert "already kept 1 times today" in ephemeral_text(command("U0BOB", f"keep {notebook} 30m"))
+
+
+def test_slash_command_status_keep_and_help(notebook, slack, clock):
+    sweep(T0)
+    status = ephemeral_text(command("U0BOB", "status"))
+    assert "notebook" in status and "warned" in status
+    kept = ephemeral_text(command("U0BOB", "keep notebook 90m"))
+    assert kept.startswith("Kept notebook") and record(notebook).snoozed_until == T0 + timedelta(minutes=90)
+    assert "Not a duration" in ephemeral_text(command("U0BOB", "keep notebook forever"))
+    assert "No machine named" in ephemeral_text(command("U0BOB", "keep nosuchbox 1h"))
+    assert "can't change" in ephemeral_text(command("U0STRANGER", f"keep {notebook} 1h"))
+    assert "/idle-reaper status" in ephemeral_text(command("U0BOB", "help"))
+    assert "Unknown command" in ephemeral_text(command("U0BOB", "dance"))
+
+
+def test_bad_requests_get_4xx_and_change_nothing(notebook, slack):
+    sweep(T0)
+    before = record(notebook)
+    ref = warning_ref(slack)
+    body = urllib.parse.urlencode(
+        {
+            "payload": json.dumps(
+                {"type": "block_actions", "user": {"id": "U0BOB"}, "actions": [{"action_id": "keep_2h", "value": ref}]}
+            )
+        }
+    )
+    assert (
+        slack_handler.handler(signed_event("/slack/interactions", body, secret="wrong"), Context())["statusCode"] == 401
+    )
+    stale = int(time.time()) - 6 * 60
+    assert (
+        slack_handler.handler(signed_event("/slack/interactions", body, timestamp=stale), Context())["statusCode"]
+        == 401
+    )
+    unsigned = signed_event("/slack/interactions", body)
+    del unsigned["headers"]["x-slack-signature"]
+    assert slack_handler.handler(unsigned, Context())["statusCode"] == 401
+    assert slack_handler.handler(signed_event("/slack/interactions", "%%%not form"), Context())["statusCode"] == 400
+    not_json = urllib.parse.urlencode({"payload": "{not json"})
+    assert slack_handler.handler(signed_event("/slack/interactions", not_json), Context())["statusCode"] == 400
+    assert record(notebook) == before
+
+
+def test_rate_limited_slack_is_retried_after_retry_after(notebook, slack):
+    slack.rate_limit_next, slack.retry_after = 1, 1
+    sweep(T0)
+    assert record(notebook).warning_delivered_at == T0
+    # The first call (the owner lookup) got a 429 and was retried after Retry-After.
+    assert len(slack.calls_to("users.lookupByEmail")) == 2
+    assert len(slack.calls_to("chat.postMessage")) == 2
+
+
+def test_retry_after_beyond_the_time_budget_is_not_waited_for(notebook, slack):
+    slack.rate_limit_next, slack.retry_after = 1, 600
+    started = time.monotonic()
+    sweep(T0)
+    assert time.monotonic() - started < 30
+    assert record(notebook).warning_delivered_at is None, "undelivered: stays pending for the next sweep"
+
+
+def test_revoked_token_leaves_the_warning_pending_and_holds_the_stop(notebook, slack):
+    slack.auth_revoked = True
+    sweep(T0)
+    pending = record(notebook)
+    assert pending.warned_at == T0 and pending.warning_delivered_at is None
+    d = next(iter(sweep(T0 + timedelta(minutes=60)).decisions))
+    assert d.action_label == "none" and "not delivered" in d.reason
+    assert local.instance_states([notebook])[notebook] == "running"
+    # Past undelivered_warning_max_minutes (240) the stop proceeds, and the record says why.
+    d = next(iter(sweep(T0 + timedelta(minutes=240)).decisions))
+    assert d.action_label == "stop" and "never delivered" in d.reason
+    assert local.instance_states([notebook])[notebook] == "stopped"
+
+
+def test_slack_down_then_back_delivers_on_the_next_sweep(notebook, slack):
+    slack.down = True
+    sweep(T0)
+    assert record(notebook).warning_delivered_at is None
+    slack.down = False
+    sweep(T0 + timedelta(minutes=5))
+    assert record(notebook).warning_delivered_at == T0 + timedelta(minutes=5)
+    # The owner gets the full warn_minutes from delivery: no stop at T0+20.
+    d = next(iter(sweep(T0 + timedelta(minutes=20)).decisions))
+    assert d.action_label == "none"
+    d = next(iter(sweep(T0 + timedelta(minutes=25)).decisions))
+    assert d.action_label == "stop"
+
+
+def test_keep_2h_then_rewarned_then_stopped_end_to_end(notebook, slack, clock):
+    """warn -> owner clicks Keep 2 h -> the next sweeps do not stop it -> warned again after 2 h ->
+    no answer -> stopped -> message updated."""
+    assert sweep(T0).decisions[0].action_label == "warn"
+    click("U0BOB", "keep_2h", warning_ref(slack))
+    for minutes in range(5, 120, 15):
+        d = sweep(T0 + timedelta(minutes=minutes)).decisions[0]
+        assert d.state is State.SNOOZED and d.action_label == "none"
+    d = sweep(T0 + timedelta(hours=2)).decisions[0]
+    assert d.action_label == "warn"
+    second_warning = {f"{c.params['channel']}|{c.params['_ts']}" for c in slack.calls_to("chat.postMessage")[-2:]}
+    d = sweep(T0 + timedelta(hours=2, minutes=10)).decisions[0]
+    assert d.action_label == "none" and d.state is State.WARNED
+    d = sweep(T0 + timedelta(hours=2, minutes=20)).decisions[0]
+    assert d.action_label == "stop"
+    assert local.instance_states([notebook])[notebook] == "stopped"
+    stopped = record(notebook)
+    assert set(stopped.messages) == second_warning, "the second warning's messages are the ones updated"
+    for message in stopped.messages:
+        final = json.dumps(slack.messages[tuple(message.split("|"))]["blocks"])
+        assert "Stopped" in final and "start_again" in final
+
+
+def test_secrets_never_reach_the_logs(notebook, slack, caplog):
+    caplog.set_level(logging.DEBUG)
+    sweep(T0)
+    click("U0BOB", "keep_2h", warning_ref(slack))
+    assert "xoxb-local-fake" not in caplog.text and SECRET not in caplog.text
+
+
+_junk = st.one_of(st.text(max_size=200), st.binary(max_size=200).map(lambda b: b.decode("latin-1")))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    path=st.sampled_from(["/slack/interactions", "/slack/commands", "/", "/other"]),
+    body=st.one_of(
+        _junk,
+        _junk.map(lambda s: urllib.parse.urlencode({"payload": s})),
+        st.fixed_dictionaries(
+            {
+                "type": _junk,
+                "user": st.one_of(_junk, st.fixed_dictionaries({"id": _junk})),
+                "actions": st.lists(st.dictionaries(_junk, _junk), max_size=2),
+            }
+        ).map(lambda p: urllib.parse.urlencode({"payload": json.dumps(p)})),
+        st.dictionaries(st.sampled_from(["command", "text", "user_id"]), _junk).map(urllib.parse.urlencode),
+    ),
+    signed=st.booleans(),
+)
+def test_fuzzed_requests_never_raise_never_5xx_never_change_state(fuzz_fleet, path, body, signed):
+    event = signed_event(path, body) if signed else {**signed_event(path, body), "body": body + "x"}
+    with fuzz_fleet["logs"].at_level(logging.ERROR, logger=logger.name):
+        response = slack_handler.handler(event, Context())
+    assert response["statusCode"] < 500
+    if response["statusCode"] == 200 and response.get("body"):
+        assert json.loads(response["body"])["response_type"] == "ephemeral"
+    assert record(fuzz_fleet["id"]) == fuzz_fleet["before"]
+    assert not [r for r in fuzz_fleet["logs"].records if r.levelno >= logging.ERROR]
+
+
+@pytest.fixture
+def fuzz_fleet(notebook, slack, caplog):
+    run_sweep(Adapters.from_environment(notifier=LoggingNotifier(logger, delivers=True)), now=T0)
+    return {"id": notebook, "before": record(notebook), "logs": caplog}
+
+
+def test_invalid_policy_alerts_admins_once_per_version_and_retries_when_slack_is_down(notebook, slack):
+    aws_client("ssm").put_parameter(
+        Name="/idle-reaper/teams/ml", Value='{"idle_minutes": 5}', Type="String", Overwrite=True
+    )
+    slack.down = True
+    sweep(T0)
+    assert not [c for c in slack.calls_to("chat.postMessage") if "admin alert" in c.params.get("text", "")]
+    slack.down = False
+    sweep(T0 + timedelta(minutes=5))
+    sweep(T0 + timedelta(minutes=10))
+    alerts = [c for c in slack.calls_to("chat.postMessage") if "admin alert" in c.params.get("text", "")]
+    assert len(alerts) == 1 and alerts[0].params["channel"] == "D0ADMIN"
+    assert "/idle-reaper/teams/ml" in alerts[0].params["text"] and "idle_minutes" in alerts[0].params["text"]
+    assert local.instance_states([notebook])[notebook] == "running"

@@ -1,0 +1,55 @@
+"""The scheduled Lambda handler: one sweep, EMF metrics per team, a loud failure when it cannot run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from idle_reaper import local
+from idle_reaper.fake_slack import LambdaContextStub
+from idle_reaper.handlers import sweep as sweep_handler
+
+pytestmark = pytest.mark.integration
+
+
+def emf_blobs(text: str) -> list[dict]:
+    """EMF documents on stdout, with single values unwrapped from Powertools' lists."""
+    blobs = []
+    for line in text.splitlines():
+        if line.startswith("{") and '"_aws"' in line:
+            blob = json.loads(line)
+            blobs.append({k: v[0] if isinstance(v, list) and len(v) == 1 else v for k, v in blob.items()})
+    return blobs
+
+
+def test_handler_sweeps_and_emits_metrics_per_team(aws, slack, capsys):
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    # Real time here: the handler uses the wall clock. Metrics cover the last few hours.
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime.now(UTC)
+    busy = local.launch("train", "g5.xlarge", team="ml", launch_time=now - timedelta(hours=5))
+    quiet = local.launch("nb", "m5.large", team="vision", launch_time=now - timedelta(hours=5))
+    local.write_metrics(busy, lambda t: (2.0, 95.0), now - timedelta(hours=3), now)
+    local.write_metrics(quiet, lambda t: (1.0, None), now - timedelta(hours=3), now)
+    result = sweep_handler.handler({}, LambdaContextStub())
+    assert result == {"machines": 2, "errors": 0, "dry_run": False}
+    blobs = emf_blobs(capsys.readouterr().out)
+    by_team = {b["team"]: b for b in blobs if "team" in b}
+    assert set(by_team) == {"ml", "vision"}
+    assert by_team["ml"]["MachinesScanned"] == 1 and by_team["ml"]["WarningsSent"] == 0
+    assert by_team["vision"]["WarningsSent"] == 1 and by_team["vision"]["MachinesIdle"] == 1
+    names = {m["Name"] for b in blobs for d in b["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]}
+    assert {"SweepDurationMs", "SweepErrors", "Snoozes", "EstimatedHourlySavings"} <= names
+
+
+def test_handler_fails_loudly_when_settings_are_invalid(aws, capsys):
+    local.init_account()
+    local.aws.client("ssm").put_parameter(
+        Name="/idle-reaper/settings", Value="{not json", Type="String", Overwrite=True
+    )
+    with pytest.raises(Exception, match="settings are invalid"):
+        sweep_handler.handler({}, LambdaContextStub())
+    blobs = emf_blobs(capsys.readouterr().out)
+    assert any(b.get("SweepErrors") == 1 for b in blobs)
