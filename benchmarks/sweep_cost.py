@@ -194,12 +194,17 @@ class CapturingMetrics(MetricsReader):
         end: datetime,
         network: bool = False,
     ) -> dict[str, Signals]:
+        # A sweep may fetch in several groups (long windows, network teams): accumulate over them.
         started = time.perf_counter()
-        self.instance_ids = list(instance_ids)
-        self.metrics_per_machine = 4 if network else 2
-        self.signals = super().fetch(instance_ids, metrics, start=start, end=end, network=network)
-        self.seconds = time.perf_counter() - started
-        return self.signals
+        per_machine = 4 if network else 2
+        self.instance_ids = [*getattr(self, "instance_ids", []), *instance_ids]
+        self.metrics_requested = getattr(self, "metrics_requested", 0) + per_machine * len(instance_ids)
+        self.expected_calls = getattr(self, "expected_calls", 0) + math.ceil(per_machine * len(instance_ids) / 500)
+        self.metrics_per_machine = self.metrics_requested / max(1, len(self.instance_ids))
+        fetched = super().fetch(instance_ids, metrics, start=start, end=end, network=network)
+        self.signals = {**getattr(self, "signals", {}), **fetched}
+        self.seconds = getattr(self, "seconds", 0.0) + time.perf_counter() - started
+        return fetched
 
 
 class CapturingStore(CountingStateStore):
@@ -295,7 +300,7 @@ def run_size(size: int, seed: int) -> tuple[list[SweepResult], BenchFleet, Count
                 queried=queried,
                 metrics_per_machine=per_machine,
                 metrics_requested=aws.cloudwatch.metrics_requested - requested_before,
-                expected_gmd=math.ceil(per_machine * queried / QUERIES_PER_CALL),
+                expected_gmd=getattr(adapters.metrics, "expected_calls", 0),
                 core_cpu=cpu,
                 discover_s=adapters.fleet.seconds,
                 metrics_s=adapters.metrics.seconds,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -193,6 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except aws.AwsError as exc:
         print(f"idle-reaper: AWS error ({aws.error_code(exc)}): {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`| head`): not an error. Point stdout at nothing so the exit flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

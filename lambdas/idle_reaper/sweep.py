@@ -17,6 +17,8 @@ from typing import Any
 from aws_lambda_powertools import Logger
 
 from idle_reaper.aws import (
+    DATAPOINTS_PER_CALL,
+    METRIC_QUERIES_PER_CALL,
     AwsError,
     DynamoStateStore,
     Fleet,
@@ -229,20 +231,29 @@ def _fetch_signals(
     settings: Settings,
     now: datetime,
 ) -> dict[str, Signals]:
-    """Machines that share a lookback (and whether network counts) share GetMetricData calls; usually
-    that is the whole fleet. A team with a long window or a network threshold does not make every
-    other machine fetch more. Exempt machines and teams in safe mode are not fetched at all."""
+    """Pack machines into as few GetMetricData calls as possible. Every window short enough that 500
+    queries fit under the datapoint limit shares one range (the longest of them), so the whole fleet
+    usually takes ceil(metrics x machines / 500) calls. A longer window gets its own range, and so do
+    teams with a network threshold, so neither makes every other machine fetch more. Exempt machines
+    and teams in safe mode are not fetched at all."""
+    period = settings.metrics.period_seconds
+    shared_points = DATAPOINTS_PER_CALL // METRIC_QUERIES_PER_CALL
     groups: dict[tuple[int, bool], list[str]] = defaultdict(list)
+    short_lookback = 0  # the longest window among those that share a range
     for m in machines:
         policy = team_refs[m.team].policy
         if policy is None or parse_exemption(m.exempt_tag, now)[0]:
             continue
         lookback = policy.idle_minutes + policy.max_gap_minutes
-        groups[(lookback, policy.network_threshold_bytes_per_second is not None)].append(m.instance_id)
-    period = settings.metrics.period_seconds
+        network = policy.network_threshold_bytes_per_second is not None
+        if lookback * 60 // period + 2 > shared_points:
+            groups[(lookback, network)].append(m.instance_id)
+        else:
+            short_lookback = max(short_lookback, lookback)
+            groups[(0, network)].append(m.instance_id)
     signals: dict[str, Signals] = {}
     for (lookback, network), ids in groups.items():
-        start = now - timedelta(minutes=lookback, seconds=period)
+        start = now - timedelta(minutes=lookback or short_lookback, seconds=period)
         signals.update(reader.fetch(ids, settings.metrics, start=start, end=now, network=network))
     return signals
 
