@@ -219,3 +219,32 @@ class Answers:
         return Reply(
             f"Kept {machine_label(record.name, record.instance_id)} until {date_token(kept.snoozed_until or now)}."
         )
+
+
+@dataclass
+class RegionalAnswers:
+    """One Slack app for several regions: every region's sweep posts with the same app, so any click
+    or command may reach any region's handler. The button's reference says which region's table it
+    lives in; a command is answered from every region. The local region comes first."""
+
+    regions: list[Answers]
+
+    def button(self, user: str, action_id: str, value: str) -> Reply | None:
+        ref = value.partition("|")[0]
+        for answers in self.regions:
+            if ref and answers.store.get_lookup(f"ref#{ref}", answers.clock()):
+                return answers.button(user, action_id, value)
+        return self.regions[0].button(user, action_id, value)  # explains that it is no longer current
+
+    def command(self, user: str, command: str, text: str) -> Reply:
+        words = text.split()
+        verb = words[0].lower() if words else "help"
+        if verb == "status" and len(self.regions) > 1:
+            replies = [a.command(user, command, text).text for a in self.regions]
+            mine = [r.split("\n", 1)[1] for r in replies if r.startswith("Your machines:")]
+            return Reply("Your machines:\n" + "\n".join(mine)) if mine else Reply(replies[0])
+        if verb == "keep" and len(words) == 3:
+            for answers in self.regions:
+                if any(words[1] in (r.instance_id, r.name) for r in answers.store.all_records()):
+                    return answers.command(user, command, text)
+        return self.regions[0].command(user, command, text)

@@ -55,8 +55,8 @@ CLAIM_TTL_DAYS = 30  # an admin alert for a policy still broken after this long 
 _RETRIES = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30)
 
 
-def client(service: str) -> Any:
-    return boto3.client(service, config=_RETRIES)  # type: ignore[call-overload]
+def client(service: str, region: str | None = None) -> Any:
+    return boto3.client(service, region_name=region, config=_RETRIES)  # type: ignore[call-overload]
 
 
 def table_name() -> str:

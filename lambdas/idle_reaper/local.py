@@ -102,7 +102,8 @@ def _set_launch_time(instance_id: str, launch_time: datetime) -> None:
     # runs in this process, so its backend can be adjusted directly.
     from moto.ec2.models import ec2_backends
 
-    instance = ec2_backends[ACCOUNT][REGION].get_instance(instance_id)
+    region = aws.client("ec2").meta.region_name or REGION
+    instance = ec2_backends[ACCOUNT][region].get_instance(instance_id)
     instance.launch_time = launch_time.astimezone(UTC).replace(tzinfo=None)
 
 

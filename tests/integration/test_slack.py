@@ -392,3 +392,29 @@ def test_invalid_policy_alerts_admins_once_per_version_and_retries_when_slack_is
     assert len(alerts) == 1 and alerts[0].params["channel"] == "D0ADMIN"
     assert "/idle-reaper/teams/ml" in alerts[0].params["text"] and "idle_minutes" in alerts[0].params["text"]
     assert local.instance_states([notebook])[notebook] == "running"
+
+
+def test_one_slack_app_answers_for_machines_in_another_region(aws, slack, clock, monkeypatch):
+    """eu-west-1's sweep posts with the shared app; the click reaches us-east-1's handler, which finds
+    the reference in eu-west-1's table and acts there."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    slack.users_by_email["bob@example.com"] = "U0BOB"
+    far = local.launch("far-notebook", "m5.large", team="ml", launch_time=at(8), owner="bob@example.com")
+    local.write_metrics(far, idle, at(11), at(23))
+    assert sweep(T0).decisions[0].action_label == "warn"
+    ref = warning_ref(slack)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    local.init_account()  # the handler's own region has its table too, without this machine
+    assert "no longer current" in ephemeral_text(click("U0BOB", "stop_now", ref))  # not routed yet
+    monkeypatch.setenv("IDLE_REAPER_REGIONS", "us-east-1,eu-west-1")
+    assert click("U0BOB", "stop_now", ref)["body"] == ""
+    states = aws_client_in("ec2", "eu-west-1").describe_instances(InstanceIds=[far])
+    assert states["Reservations"][0]["Instances"][0]["State"]["Name"] == "stopped"
+    assert "far-notebook" in ephemeral_text(command("U0BOB", "status"))
+
+
+def aws_client_in(service, region):
+    return aws.client(service, region)

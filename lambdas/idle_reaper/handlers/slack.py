@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import urllib.parse
 from datetime import UTC, datetime
 from typing import Any
@@ -16,7 +17,7 @@ from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Respo
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from slack_sdk.signature import SignatureVerifier
 
-from idle_reaper.answers import Answers, Reply
+from idle_reaper.answers import Answers, RegionalAnswers, Reply
 from idle_reaper.aws import DynamoStateStore, Fleet, PolicyStore, client, ssm_prefix, table_name
 from idle_reaper.slack import SlackNotConfigured, SlackNotifier, load_secrets, logger, make_client
 
@@ -59,15 +60,24 @@ def _form(raw: bytes) -> dict[str, str]:
     return {k: v[-1] for k, v in fields.items()}
 
 
-def _answers(bot_token: str) -> Answers:
-    store = DynamoStateStore(client("dynamodb"), table_name())
-    return Answers(
-        store=store,
-        policies=PolicyStore(client("ssm"), ssm_prefix()),
-        fleet=Fleet(client("ec2"), client("autoscaling")),
-        slack=SlackNotifier(make_client(bot_token, SLACK_BUDGET_SECONDS), store, clock),
-        clock=clock,
-    )
+def _answers(bot_token: str) -> RegionalAnswers:
+    """This region first, then the other regions the stack lists (IDLE_REAPER_REGIONS)."""
+    slack_client = make_client(bot_token, SLACK_BUDGET_SECONDS)
+    local = client("dynamodb").meta.region_name
+    listed = [r.strip() for r in os.environ.get("IDLE_REAPER_REGIONS", "").split(",") if r.strip()]
+    regions = [local, *(r for r in listed if r != local)]
+
+    def in_region(region: str) -> Answers:
+        store = DynamoStateStore(client("dynamodb", region), table_name())
+        return Answers(
+            store=store,
+            policies=PolicyStore(client("ssm", region), ssm_prefix()),
+            fleet=Fleet(client("ec2", region), client("autoscaling", region)),
+            slack=SlackNotifier(slack_client, store, clock),
+            clock=clock,
+        )
+
+    return RegionalAnswers([in_region(r) for r in regions])
 
 
 def _reply(reply: Reply | None) -> Response[str]:
