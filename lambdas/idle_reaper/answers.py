@@ -135,7 +135,7 @@ class Answers:
             outcome = self.fleet.stop([record.instance_id], hibernate=False)[0]
         label = machine_label(record.name, record.instance_id)
         if outcome.error:
-            return Reply(f"Could not {action.value} {label}: {outcome.error}")
+            return Reply(f"Could not {action.value} {label} ({_code(outcome.error)}).")
         if record.asg_name:
             self.slack.update(
                 stopped, "Released", f"<@{user}> released {label} to {record.asg_name} at {date_token(now)}."
@@ -156,13 +156,14 @@ class Answers:
         now = self.clock()
         if record.state is not State.REAPED or record.last_action not in ("stop", "hibernate"):
             return Reply("That machine is not stopped by idle-reaper; nothing changed.")
+        # Start first: StartInstances is idempotent, and a failed start must leave the button usable.
+        label = machine_label(record.name, record.instance_id)
+        outcome = self.fleet.start(record.instance_id)
+        if outcome.error:
+            return Reply(f"Could not start {label} ({_code(outcome.error)}); nothing changed, try again.")
         started = started_by_person(record, user, now)
         if not self.store.save(started):
             return Reply("Someone else answered first; nothing changed.")
-        outcome = self.fleet.start(record.instance_id)
-        label = machine_label(record.name, record.instance_id)
-        if outcome.error:
-            return Reply(f"Could not start {label}: {outcome.error}")
         detail = f"<@{user}> started {label} again at {date_token(now)}."
         stopped_at, cost = record.last_action_at, hourly_price(record.instance_type or "")
         if stopped_at and cost is not None:
@@ -248,3 +249,8 @@ class RegionalAnswers:
                 if any(words[1] in (r.instance_id, r.name) for r in answers.store.all_records()):
                     return answers.command(user, command, text)
         return self.regions[0].command(user, command, text)
+
+
+def _code(error: str) -> str:
+    """Only the AWS error code reaches Slack: messages may carry ARNs or encoded authorization details."""
+    return error.split(":", 1)[0]

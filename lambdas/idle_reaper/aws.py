@@ -45,7 +45,6 @@ CALL_WIDE_ERRORS = frozenset(
         "InternalFailure",
         "ServiceUnavailable",
         "Unavailable",
-        "UnauthorizedOperation",
     }
 )
 DDB_BATCH_GET = 100
@@ -246,6 +245,8 @@ class Fleet:
             for reservation in page["Reservations"]:
                 for inst in reservation["Instances"]:
                     tag = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                    if not tag.get(tags.team, "").strip():
+                        continue  # an empty team tag names no team (and IAM lets us act only on "?*")
                     machines.append(
                         Machine(
                             instance_id=inst["InstanceId"],
@@ -505,6 +506,8 @@ _DATE_FIELDS = {
     "snoozed_until",
     "last_action_at",
     "updated_at",
+    "observed_at",
+    "stop_not_before",
 }
 
 

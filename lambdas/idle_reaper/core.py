@@ -99,6 +99,7 @@ class Assessment:
     # End of the newest activity or data hole in the fetched data (None: none seen). A warning given
     # before this belongs to an earlier quiet stretch and no longer counts.
     interrupted_at: datetime | None = None
+    observed_until: datetime | None = None  # end of the newest datapoint every track has
     quiet_summary: str = ""  # what the quiet stretch looked like, for warnings ("why it counts as idle")
 
     @property
@@ -106,9 +107,11 @@ class Assessment:
         return self.quiet_summary or self.reason
 
     def quiet_minutes(self, now: datetime) -> float:
+        """Observed quiet only: up to the end of the newest datapoint, never the unreported tail."""
         if self.quiet_since is None:
             return 0.0
-        return max(0.0, (now - self.quiet_since).total_seconds() / 60)
+        until = min(now, self.observed_until or now)
+        return max(0.0, (until - self.quiet_since).total_seconds() / 60)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,8 +167,14 @@ def _combine_network(inbound: Sequence[Point], outbound: Sequence[Point], period
     return [(t, (v + out_by_time[t]) / seconds) for t, v in inbound if t in out_by_time]
 
 
+# Every EC2 family starting p<digit>, g<digit> or gr<digit> carries GPUs (p6-b200, g4ad, ...): a family
+# AWS adds next year must count as a GPU machine before anyone updates a list.
+_GPU_FAMILY = re.compile(r"^(p|g|gr)\d")
+
+
 def is_gpu_type(instance_type: str, gpu_families: Iterable[str]) -> bool:
-    return instance_type.split(".", 1)[0] in set(gpu_families)
+    family = instance_type.split(".", 1)[0]
+    return family in set(gpu_families) or bool(_GPU_FAMILY.match(family))
 
 
 def assess(
@@ -181,17 +190,18 @@ def assess(
     covered and every datapoint is below every threshold; unknown otherwise."""
     window = timedelta(minutes=policy.idle_minutes)
     window_start = now - window
-    max_gap = timedelta(minutes=policy.max_gap_minutes)
+    # A hole may be at most half the window: a window must hold real datapoints to be called idle.
+    max_gap = timedelta(minutes=min(policy.max_gap_minutes, policy.idle_minutes // 2))
 
     if not signals.complete:
         return Assessment("unknown", "CloudWatch did not return complete metrics for this machine")
 
-    tracks = [_Track("CPU", policy.cpu_threshold_percent, signals.cpu)]
+    tracks = [_Track("CPU", policy.cpu_threshold_percent, sorted(signals.cpu))]
     notes: list[str] = []
     gpu_type = is_gpu_type(machine.instance_type, gpu_families)
     uses_gpu = bool(signals.gpu) or gpu_type
     if signals.gpu:
-        tracks.append(_Track("GPU", policy.gpu_threshold_percent, signals.gpu))
+        tracks.append(_Track("GPU", policy.gpu_threshold_percent, sorted(signals.gpu)))
     elif gpu_type:
         if policy.missing_gpu_metrics == "busy":
             return Assessment(
@@ -202,7 +212,7 @@ def assess(
             )
         notes.append("no GPU metrics, judged on CPU alone (missing_gpu_metrics=cpu_only)")
     if policy.network_threshold_bytes_per_second is not None:
-        network = _combine_network(signals.network_in, signals.network_out, period)
+        network = sorted(_combine_network(signals.network_in, signals.network_out, period))
         tracks.append(_Track("network", policy.network_threshold_bytes_per_second, network, "B/s"))
 
     def in_window(points: Sequence[Point]) -> list[Point]:
@@ -242,9 +252,13 @@ def assess(
             max_network=maxima.get("network"),
             uses_gpu=uses_gpu,
             interrupted_at=interrupted_at,
+            observed_until=observed_until,
             quiet_summary=summary,
         )
 
+    observed_until = (
+        min(track.points[-1][0] for track in tracks) + period if all(track.points for track in tracks) else None
+    )
     coverage = [_coverage(track.points, period, max_gap, now) for track in tracks]
     covered = [c[0] if c else None for c in coverage]
     for c in coverage:
@@ -287,6 +301,9 @@ def assess(
                 f"before {since + max_gap:%H:%M}; the window is not covered",
                 quiet,
             )
+    for track in tracks:
+        if maxima[track.label] is None:
+            return result("unknown", f"no {track.label} datapoints inside the {policy.idle_minutes}-min window", quiet)
     below = ", ".join(_below(track.label, maxima[track.label] or 0.0, track.threshold, track.unit) for track in tracks)
     return result("idle", f"quiet for the whole {policy.idle_minutes}-min window: {below}", quiet)
 
@@ -349,6 +366,8 @@ class MachineRecord:
     messages: tuple[str, ...] = ()  # "channel|ts" of every copy, for chat.update
     snooze_day: str | None = None  # the team-local date snoozes_today counts for
     snoozes_today: int = 0
+    observed_at: datetime | None = None  # the last sweep that could tell busy from idle
+    stop_not_before: datetime | None = None  # the stop time the current warning announced
 
 
 @dataclass(frozen=True)
@@ -452,12 +471,15 @@ def decide(
     interrupted = assessment.interrupted_at
     # A warning (and an idle-since) counts only for this quiet stretch: activity or a data hole
     # seen after it means the machine may have been used, so it starts over.
-    warned = record.warned_at is not None and (interrupted is None or interrupted <= record.warned_at)
-    continuous = record.idle_since is not None and (interrupted is None or interrupted <= record.idle_since)
+    # ...and only if sweeps kept watching: after a stretch of unknown data, safe mode or no sweeps at all,
+    # use in between may have fallen out of the fetched data, so the machine must be warned afresh.
+    watched = record.observed_at is not None and now - record.observed_at <= timedelta(minutes=policy.idle_minutes)
+    warned = watched and record.warned_at is not None and (interrupted is None or interrupted <= record.warned_at)
+    continuous = watched and record.idle_since is not None and (interrupted is None or interrupted <= record.idle_since)
     idle_since = record.idle_since if continuous else assessment.quiet_since
-    base = replace(base, idle_since=idle_since if assessment.quiet_since else None)
+    base = replace(base, idle_since=idle_since if assessment.quiet_since else None, observed_at=now)
     if not warned:
-        base = replace(base, warned_at=None, warning_delivered_at=None, warning_ref=None)
+        base = replace(base, warned_at=None, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
     resolved: Literal["resolved"] | None = "resolved" if was_warned and not warned else None
     # Hard cap: past max_runtime_hours since its last start, a snooze no longer holds. A busy signal
     # still does (never stop a busy machine comes first), and so does an exemption (handled above).
@@ -500,8 +522,12 @@ def decide(
 
     verb = _verb(machine, policy)
     if not warned and not dry_run:
-        stop_at = now + timedelta(minutes=policy.warn_minutes)
-        warned_record = replace(base, warned_at=now, warning_delivered_at=None, warning_ref=None)
+        stop_at = max(
+            now + timedelta(minutes=policy.warn_minutes), quiet_since + timedelta(minutes=policy.idle_minutes)
+        )
+        warned_record = replace(
+            base, warned_at=now, warning_delivered_at=None, warning_ref=None, stop_not_before=stop_at
+        )
         quiet_note = ""
         if policy.quiet_hours:
             # Recorded, not sent; counted as delivered so the stop follows warn_minutes later as usual.
@@ -534,6 +560,8 @@ def decide(
         and quiet >= policy.idle_minutes
         and clock_from is not None
         and now - clock_from >= timedelta(minutes=policy.warn_minutes)
+        # Never before the time the warning announced, even if a schedule has shortened the window since.
+        and (not warned or record.stop_not_before is None or now >= record.stop_not_before)
     )
     if not due:
         if not warned:
@@ -546,6 +574,7 @@ def decide(
             stop_at = max(
                 clock_from + timedelta(minutes=policy.warn_minutes),
                 quiet_since + timedelta(minutes=policy.idle_minutes),
+                record.stop_not_before or now,
             )
             reason = f"warned; will {verb} at {stop_at:%H:%M} if still idle"
         return done(
@@ -723,18 +752,32 @@ def limit_terminations(decisions: list[Decision], groups: dict[str, GroupCapacit
             if headroom.get(group, 0) > 0:
                 headroom[group] -= 1
             else:
-                fallback = Action.UNPROTECT if d.machine.asg_protected else Action.NONE
-                reason = f"{group} is at its MinSize; not terminated, protection released instead. {d.reason}"
-                d = replace(
-                    d,
-                    action=fallback,
-                    reason=reason,
-                    record=replace(
-                        d.record,
+                known = group in groups
+                why = f"{group} is at its MinSize" if known else f"the capacity of {group} could not be read"
+                if d.machine.asg_protected:
+                    reason = f"{why}; not terminated, protection released instead. {d.reason}"
+                    d = replace(
+                        d,
+                        action=Action.UNPROTECT,
                         reason=reason,
-                        last_action=fallback.value if fallback is not Action.NONE else d.record.last_action,
-                    ),
-                )
+                        record=replace(d.record, reason=reason, last_action=Action.UNPROTECT.value),
+                    )
+                else:
+                    # Nothing changes: say so, keep the warning's state, and send no "reaped" notice.
+                    reason = f"{why}; not terminated, nothing changed. {d.reason}"
+                    d = replace(
+                        d,
+                        action=Action.NONE,
+                        state=State.WARNED,
+                        reason=reason,
+                        notify=None,
+                        record=replace(
+                            d.record,
+                            state=State.WARNED,
+                            reason=reason,
+                            last_action=d.record.last_action if d.record.last_action != "terminate" else None,
+                        ),
+                    )
         limited.append(d)
     return limited
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -9,6 +11,10 @@ from typing import Protocol
 from aws_lambda_powertools import Logger
 
 from idle_reaper.core import Decision
+
+# The one logger of the package. stderr: the CLI prints its table or JSON on stdout; in Lambda both
+# streams reach CloudWatch. Defined here because every entry point imports this module.
+logger = Logger(service="idle-reaper", logger_handler=logging.StreamHandler(sys.stderr))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from aws_lambda_powertools import Logger
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
@@ -39,6 +38,7 @@ from slack_sdk.models.blocks import (
 from idle_reaper.aws import StateStore
 from idle_reaper.core import KEEP_HOURS, Action, Decision, MachineRecord, keep_choices, next_morning
 from idle_reaper.notify import Delivery
+from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.policy import TeamPolicy
 
 DEFAULT_API_URL = "https://slack.com/api/"
@@ -46,7 +46,6 @@ REF_TTL = timedelta(days=7)
 OWNER_CACHE_TTL = timedelta(days=7)
 SLACK_USER_ID = re.compile(r"^[UW][A-Z0-9]{2,}$")
 EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-logger = Logger(service="idle-reaper", child=True)
 
 
 class SlackNotConfigured(Exception):
@@ -134,12 +133,15 @@ def machine_label(name: str | None, instance_id: str) -> str:
 
 
 def planned_stop(decision: Decision, now: datetime) -> datetime:
+    """What the message announces; the lifecycle never stops before it (record.stop_not_before)."""
     policy = decision.policy.policy if decision.policy else None
     assessment = decision.assessment
     if policy is None or assessment is None or assessment.quiet_since is None:
-        return now
+        return decision.record.stop_not_before or now
     return max(
-        now + timedelta(minutes=policy.warn_minutes), assessment.quiet_since + timedelta(minutes=policy.idle_minutes)
+        now + timedelta(minutes=policy.warn_minutes),
+        assessment.quiet_since + timedelta(minutes=policy.idle_minutes),
+        decision.record.stop_not_before or now,
     )
 
 

@@ -5,16 +5,12 @@ moto, or in-memory fakes."""
 from __future__ import annotations
 
 import contextlib
-import logging
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
-
-from aws_lambda_powertools import Logger
 
 from idle_reaper.aws import (
     DATAPOINTS_PER_CALL,
@@ -44,11 +40,9 @@ from idle_reaper.core import (
     parse_exemption,
 )
 from idle_reaper.notify import LoggingNotifier, Notifier
+from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
-
-# stderr: the CLI prints its table or JSON on stdout; in Lambda both streams reach CloudWatch.
-logger = Logger(service="idle-reaper", logger_handler=logging.StreamHandler(sys.stderr))
 
 
 class SweepCannotRun(Exception):
@@ -344,9 +338,15 @@ def _notify(adapters: Adapters, d: Decision, now: datetime) -> Decision:
         elif d.notify == "reaped":
             delivery = notifier.reaped(d)
         if delivery is not None:
+            stop_not_before = d.record.stop_not_before
+            policy = d.policy.policy if d.policy else None
+            if d.deliver_warning and policy is not None:
+                # Delivered late: the owner still gets warn_minutes from now, and the message says so.
+                stop_not_before = max(stop_not_before or now, now + timedelta(minutes=policy.warn_minutes))
             record = replace(
                 d.record,
                 version=d.record.version + 1,
+                stop_not_before=stop_not_before,
                 warning_delivered_at=now if d.deliver_warning else d.record.warning_delivered_at,
                 messages=delivery.messages or d.record.messages,
                 warning_ref=delivery.ref,

@@ -291,6 +291,8 @@ def test_revoked_token_leaves_the_warning_pending_and_holds_the_stop(notebook, s
     d = next(iter(sweep(T0 + timedelta(minutes=60)).decisions))
     assert d.action_label == "none" and "not delivered" in d.reason
     assert local.instance_states([notebook])[notebook] == "running"
+    for minutes in range(90, 240, 30):  # sweeps keep watching (a warning lapses if nobody watches)
+        assert sweep(T0 + timedelta(minutes=minutes)).decisions[0].action_label == "none"
     # Past undelivered_warning_max_minutes (240) the stop proceeds, and the record says why.
     d = next(iter(sweep(T0 + timedelta(minutes=240)).decisions))
     assert d.action_label == "stop" and "never delivered" in d.reason
@@ -418,3 +420,25 @@ def test_one_slack_app_answers_for_machines_in_another_region(aws, slack, clock,
 
 def aws_client_in(service, region):
     return aws.client(service, region)
+
+
+def test_handler_works_in_a_fresh_process_and_rejects_a_malformed_timestamp():
+    """Lambda imports only the handler module: it must not depend on anything else being imported."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from idle_reaper.handlers import slack as h\n"
+        "from idle_reaper.fake_slack import LambdaContextStub\n"
+        "assert 'idle_reaper.sweep' not in sys.modules\n"
+        "for ts in ('abc', '', '1e9'):\n"
+        "    http = {'method': 'POST', 'path': '/slack/commands'}\n"
+        "    ev = {'headers': {'x-slack-request-timestamp': ts, 'x-slack-signature': 'v0=00'}, 'body': 'a=b',\n"
+        "          'rawPath': '/slack/commands', 'requestContext': {'http': http}}\n"
+        "    print(h.handler(ev, LambdaContextStub())['statusCode'])\n"
+    )
+    env = {**__import__("os").environ, "SLACK_BOT_TOKEN": "xoxb-x", "SLACK_SIGNING_SECRET": "s"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["401", "401", "401"]

@@ -224,9 +224,10 @@ class TestLifecycle:
 
     def test_stops_only_when_idle_window_full_and_warned_long_enough(self):
         warned = MachineRecord(
-            "i-1",
-            "ml",
-            State.WARNED,
+            observed_at=NOW - timedelta(minutes=5),
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
             version=4,
             warned_at=NOW - timedelta(minutes=29),
             warning_delivered_at=NOW - timedelta(minutes=29),
@@ -241,7 +242,13 @@ class TestLifecycle:
         assert d.record.version == 5 and d.record.last_action == "stop"
 
     def test_undelivered_warning_holds_the_stop_until_the_limit(self):
-        pending = MachineRecord("i-1", "ml", State.WARNED, warned_at=NOW - timedelta(minutes=200))
+        pending = MachineRecord(
+            observed_at=NOW - timedelta(minutes=5),
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=NOW - timedelta(minutes=200),
+        )
         a = run_assess(machine(), Signals(cpu=series(1.0, minutes=400)))
         d = decide(machine(), REF, a, pending, now=NOW)
         assert d.action is Action.NONE and d.deliver_warning
@@ -252,7 +259,12 @@ class TestLifecycle:
 
     def test_busy_again_resolves_the_warning(self):
         warned = MachineRecord(
-            "i-1", "ml", State.WARNED, warned_at=NOW - timedelta(minutes=10), idle_since=NOW - timedelta(minutes=70)
+            observed_at=NOW - timedelta(minutes=5),
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=NOW - timedelta(minutes=10),
+            idle_since=NOW - timedelta(minutes=70),
         )
         a = run_assess(machine(), Signals(cpu=series([1.0] * 34 + [60.0])))
         d = decide(machine(), REF, a, warned, now=NOW)
@@ -261,7 +273,12 @@ class TestLifecycle:
 
     def test_old_warning_from_an_earlier_stretch_does_not_count(self):
         old = MachineRecord(
-            "i-1", "ml", State.ACTIVE, warned_at=NOW - timedelta(hours=5), warning_delivered_at=NOW - timedelta(hours=5)
+            observed_at=NOW - timedelta(minutes=5),
+            instance_id="i-1",
+            team="ml",
+            state=State.ACTIVE,
+            warned_at=NOW - timedelta(hours=5),
+            warning_delivered_at=NOW - timedelta(hours=5),
         )
         d = decide(machine(), REF, quiet_assessment(95), old, now=NOW)
         assert d.action is Action.WARN
@@ -284,7 +301,12 @@ class TestLifecycle:
     def test_exempt_machine_is_never_touched(self, tag):
         m = machine(exempt_tag=tag)
         warned = MachineRecord(
-            "i-1", "ml", State.WARNED, warned_at=NOW - timedelta(hours=2), warning_delivered_at=NOW - timedelta(hours=2)
+            observed_at=NOW - timedelta(minutes=5),
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=NOW - timedelta(hours=2),
+            warning_delivered_at=NOW - timedelta(hours=2),
         )
         d = decide(m, REF, run_assess(m, Signals(cpu=series(1.0))), warned, now=NOW)
         assert (d.state, d.action) == (State.EXEMPT, Action.NONE)
@@ -303,7 +325,12 @@ class TestLifecycle:
 
     def test_unknown_never_acts(self):
         warned = MachineRecord(
-            "i-1", "ml", State.WARNED, warned_at=NOW - timedelta(hours=2), warning_delivered_at=NOW - timedelta(hours=2)
+            observed_at=NOW - timedelta(minutes=5),
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=NOW - timedelta(hours=2),
+            warning_delivered_at=NOW - timedelta(hours=2),
         )
         d = decide(machine(), REF, run_assess(machine(), Signals(cpu=series(1.0, lag=40))), warned, now=NOW)
         assert (d.state, d.action) == (State.UNKNOWN, Action.NONE)
@@ -311,7 +338,12 @@ class TestLifecycle:
     def test_hibernate_when_configured_else_stop(self):
         ref = REF.model_copy(update={"policy": TeamPolicy(action="hibernate")})
         warned = MachineRecord(
-            "i-1", "ml", State.WARNED, warned_at=NOW - timedelta(hours=1), warning_delivered_at=NOW - timedelta(hours=1)
+            observed_at=NOW - timedelta(minutes=5),
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=NOW - timedelta(hours=1),
+            warning_delivered_at=NOW - timedelta(hours=1),
         )
         a = run_assess(machine(), Signals(cpu=series(1.0)))
         assert decide(machine(hibernation_configured=True), ref, a, warned, now=NOW).action is Action.HIBERNATE
@@ -321,7 +353,12 @@ class TestLifecycle:
     def test_notify_only_reports_would_stop(self):
         ref = REF.model_copy(update={"policy": TeamPolicy(action="notify_only")})
         warned = MachineRecord(
-            "i-1", "ml", State.WARNED, warned_at=NOW - timedelta(hours=1), warning_delivered_at=NOW - timedelta(hours=1)
+            observed_at=NOW - timedelta(minutes=5),
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=NOW - timedelta(hours=1),
+            warning_delivered_at=NOW - timedelta(hours=1),
         )
         d = decide(machine(), ref, run_assess(machine(), Signals(cpu=series(1.0))), warned, now=NOW)
         assert (d.action, d.applied, d.action_label) == (Action.STOP, False, "would_stop")
@@ -340,7 +377,12 @@ class TestLifecycle:
         protected = replace(m, asg_protected=True)
         assert decide(protected, REF, busy, None, now=NOW).action is Action.NONE
         warned = MachineRecord(
-            "i-1", "ml", State.WARNED, warned_at=NOW - timedelta(hours=1), warning_delivered_at=NOW - timedelta(hours=1)
+            observed_at=NOW - timedelta(minutes=5),
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=NOW - timedelta(hours=1),
+            warning_delivered_at=NOW - timedelta(hours=1),
         )
         idle = run_assess(protected, Signals(cpu=series(1.0)))
         d = decide(protected, REF, idle, warned, now=NOW)
@@ -355,7 +397,12 @@ class TestLifecycle:
 class TestTerminationLimit:
     def test_never_below_min_size(self):
         warned = MachineRecord(
-            "i-1", "ml", State.WARNED, warned_at=NOW - timedelta(hours=1), warning_delivered_at=NOW - timedelta(hours=1)
+            observed_at=NOW - timedelta(minutes=5),
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=NOW - timedelta(hours=1),
+            warning_delivered_at=NOW - timedelta(hours=1),
         )
         ref = REF.model_copy(update={"policy": TeamPolicy(asg_action="terminate")})
         decisions = []
@@ -365,3 +412,92 @@ class TestTerminationLimit:
         limited = limit_terminations(decisions, {"workers": GroupCapacity("workers", min_size=2, desired=3)})
         assert [d.action for d in limited] == [Action.TERMINATE, Action.UNPROTECT, Action.UNPROTECT]
         assert "MinSize" in limited[1].reason
+
+
+class TestReviewRegressions:
+    """Each case once let a machine be reaped too early or on invented data."""
+
+    @pytest.mark.parametrize("instance_type", ["p6-b200.48xlarge", "g4ad.xlarge", "g7e.2xlarge", "gr6.4xlarge"])
+    def test_gpu_families_not_in_the_list_are_still_gpu_machines(self, instance_type):
+        a = run_assess(machine(instance_type=instance_type), Signals(cpu=series(3.0)))
+        assert a.signal == "unknown" and "missing_gpu_metrics=busy" in a.reason
+
+    def test_a_window_without_datapoints_is_never_idle(self):
+        policy = TeamPolicy(idle_minutes=60, warn_minutes=20, max_gap_minutes=60)
+        old_point = [(NOW - timedelta(minutes=65), 0.0)]
+        assert run_assess(machine(), Signals(cpu=old_point), policy).signal == "unknown"
+
+    def test_unreported_lag_is_not_counted_as_quiet(self):
+        a = run_assess(machine(), Signals(cpu=series([60.0] + [1.0] * 11, minutes=75, lag=15)))
+        # Quiet observed from 13:50 (after the spike) to 14:45 (end of the newest point): 55 min, not 70.
+        assert a.quiet_minutes(NOW) == 55
+
+    def test_a_warning_lapses_when_nothing_was_observed_for_a_window(self):
+        stale = MachineRecord(
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=NOW - timedelta(hours=3),
+            warning_delivered_at=NOW - timedelta(hours=3),
+            observed_at=NOW - timedelta(hours=2, minutes=35),
+        )
+        d = decide(machine(), REF, run_assess(machine(), Signals(cpu=series(1.0))), stale, now=NOW)
+        assert d.action is Action.WARN, "use may have gone unseen: warn afresh, never stop"
+
+    def test_never_stopped_before_the_announced_time(self):
+        warned = MachineRecord(
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=NOW - timedelta(minutes=40),
+            warning_delivered_at=NOW - timedelta(minutes=40),
+            observed_at=NOW - timedelta(minutes=5),
+            stop_not_before=NOW + timedelta(minutes=10),
+        )
+        a = run_assess(machine(), Signals(cpu=series(1.0)))
+        d = decide(machine(), REF, a, warned, now=NOW)
+        assert d.action is Action.NONE and d.state is State.WARNED
+        later = decide(machine(), REF, a, warned, now=NOW + timedelta(minutes=10))
+        assert later.action is Action.STOP
+
+    def test_point_order_does_not_matter(self):
+        values = [1.0] * 35
+        values[-10] = 50.0
+        points = series(values)
+        shuffled = points[1::2] + points[::2]
+        assert run_assess(machine(), Signals(cpu=shuffled)).signal == "busy"
+
+    def test_an_unprotected_member_at_min_size_is_not_reported_reaped(self):
+        ref = REF.model_copy(update={"policy": TeamPolicy(asg_action="terminate")})
+        warned = MachineRecord(
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=NOW - timedelta(hours=1),
+            warning_delivered_at=NOW - timedelta(hours=1),
+            observed_at=NOW - timedelta(minutes=5),
+        )
+        m = machine(asg_name="workers", asg_protected=False)
+        d = decide(m, ref, run_assess(m, Signals(cpu=series(1.0))), warned, now=NOW)
+        (limited,) = limit_terminations([d], {"workers": GroupCapacity("workers", min_size=1, desired=1)})
+        assert (limited.action, limited.state, limited.notify) == (Action.NONE, State.WARNED, None)
+        assert "nothing changed" in limited.reason
+        (unknown,) = limit_terminations([d], {})
+        assert "could not be read" in unknown.reason and unknown.action is Action.NONE
+
+
+def test_unauthorized_machine_does_not_block_the_rest_of_its_batch():
+    from botocore.exceptions import ClientError
+
+    from idle_reaper.aws import _bisect
+
+    calls = []
+
+    def stop(ids):
+        calls.append(list(ids))
+        if "i-bad" in ids:
+            raise ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "no"}}, "StopInstances")
+
+    outcomes = _bisect([f"i-{n}" for n in range(5)] + ["i-bad"], stop)
+    assert {o.instance_id for o in outcomes if o.error is None} == {f"i-{n}" for n in range(5)}
+    assert [o.instance_id for o in outcomes if o.error] == ["i-bad"]

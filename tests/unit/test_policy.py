@@ -479,6 +479,7 @@ class TestQuietHours:
             version=2,
             idle_since=NOW - timedelta(minutes=45),
             warned_at=NOW - timedelta(minutes=5),
+            observed_at=NOW - timedelta(minutes=5),
         )
         d = decide(machine(launched_hours_ago=10), ref(self.quiet_policy), quiet(50), pending, now=NOW)
         assert d.state is State.WARNED and d.action is Action.NONE and not d.deliver_warning

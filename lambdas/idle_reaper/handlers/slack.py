@@ -137,7 +137,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     except BadRequest as exc:
         return _plain(exc.status, str(exc))
     verifier = SignatureVerifier(secrets.signing_secret)
-    if not verifier.is_valid(raw, headers.get("x-slack-request-timestamp"), headers.get("x-slack-signature")):
+    timestamp = headers.get("x-slack-request-timestamp", "")
+    # The verifier int()s the timestamp: anything but digits is simply not a valid signature.
+    if not timestamp.isdigit() or not verifier.is_valid(raw, timestamp, headers.get("x-slack-signature")):
         logger.info("rejected Slack request: bad or stale signature")
         return _plain(401, "invalid signature")
     app.append_context(secrets=secrets)  # type: ignore[no-untyped-call]
