@@ -240,7 +240,7 @@ def assess(
             for track in tracks:
                 peak = max((v for t, v in track.points if t >= since), default=0.0)
                 parts.append(_below(track.label, peak, track.threshold, track.unit))
-            summary = f"quiet since {since:%H:%M}: {', '.join(parts)}"
+            summary = f"quiet since {since:%H:%M} UTC: {', '.join(parts)}"
             if notes:
                 summary += f" ({'; '.join(notes)})"
         return Assessment(
@@ -277,7 +277,7 @@ def assess(
         t_high, track, value = latest_high
         return result(
             "busy",
-            f"{track.label} {_fmt(value, track.unit)} at {t_high:%H:%M} is at or above "
+            f"{track.label} {_fmt(value, track.unit)} at {t_high:%H:%M} UTC is at or above "
             f"{_fmt(track.threshold, track.unit)} within the {policy.idle_minutes}-min window",
             quiet,
         )
@@ -292,13 +292,13 @@ def assess(
                 return result("unknown", f"no {track.label} datapoints", None)
             last = track.points[-1][0] + period
             return result(
-                "unknown", f"no {track.label} data since {last:%H:%M} (gap over {policy.max_gap_minutes} min)", None
+                "unknown", f"no {track.label} data since {last:%H:%M} UTC (gap over {policy.max_gap_minutes} min)", None
             )
         if since > window_start:
             return result(
                 "unknown",
                 f"{track.label} data has a gap over {policy.max_gap_minutes} min "
-                f"before {since + max_gap:%H:%M}; the window is not covered",
+                f"before {since + max_gap:%H:%M} UTC; the window is not covered",
                 quiet,
             )
     for track in tracks:
@@ -536,7 +536,7 @@ def decide(
         return done(
             State.WARNED,
             Action.WARN,
-            f"quiet for {quiet:.0f} min; will {verb} at {stop_at:%H:%M} unless kept{quiet_note}: "
+            f"quiet for {quiet:.0f} min; will {verb} at {stop_at:%H:%M} UTC unless kept{quiet_note}: "
             f"{assessment.why_quiet}",
             warned_record,
             notify="warning",
@@ -569,14 +569,14 @@ def decide(
                 State.WARNED, Action.WARN, f"quiet for {quiet:.0f} min: {assessment.why_quiet}", base, applied=False
             )
         if clock_from is None:
-            reason = f"warned at {record.warned_at:%H:%M}, not delivered yet; no stop until it is"
+            reason = f"warned at {record.warned_at:%H:%M} UTC, not delivered yet; no stop until it is"
         else:
             stop_at = max(
                 clock_from + timedelta(minutes=policy.warn_minutes),
                 quiet_since + timedelta(minutes=policy.idle_minutes),
                 record.stop_not_before or now,
             )
-            reason = f"warned; will {verb} at {stop_at:%H:%M} if still idle"
+            reason = f"warned; will {verb} at {stop_at:%H:%M} UTC if still idle"
         return done(
             State.WARNED,
             Action.NONE,

@@ -9,7 +9,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from idle_reaper.aws import (
@@ -110,6 +110,7 @@ def run_sweep(
     policy_overrides: Mapping[str, TeamPolicyRef] | None = None,
 ) -> SweepReport:
     started = time.perf_counter()
+    now = now.astimezone(UTC)  # CloudWatch speaks UTC, and so do reasons and records
     try:
         settings, settings_version = adapters.policies.load_settings()
     except PolicyError as exc:

@@ -512,7 +512,7 @@ def test_the_sweep_applies_the_schedule_in_force_and_records_it():
     assert d.policy is not None and d.policy.policy is not None and d.policy.policy.idle_minutes == 45
     assert d.record.policy_version == "/idle-reaper/teams/ml@v1 schedules[0] 'weekend'"
     # Quiet for 80 min: past the weekend's 45-min window (a stop), short of the weekday's 90.
-    assert d.action is Action.STOP and "quiet since 10:40" in d.reason
+    assert d.action is Action.STOP and "quiet since 10:40 UTC" in d.reason
 
 
 def test_an_invalid_stored_policy_alerts_the_admins_once_per_bad_version():
