@@ -46,6 +46,19 @@ def run_assess(m: Machine, sig: Signals, policy: TeamPolicy = POLICY, now: datet
     return assess(m, sig, policy, now=now, period=P, gpu_families=DEFAULT_GPU_FAMILIES)
 
 
+def warned_record(ago: timedelta, **fields) -> MachineRecord:
+    """A machine warned `ago`, the warning delivered then, and watched by the sweeps since."""
+    base = dict(
+        instance_id="i-1",
+        team="ml",
+        state=State.WARNED,
+        warned_at=NOW - ago,
+        warning_delivered_at=NOW - ago,
+        observed_at=NOW - timedelta(minutes=5),
+    )
+    return MachineRecord(**{**base, **fields})
+
+
 REF = TeamPolicyRef(team="ml", policy=POLICY, source="/idle-reaper/teams/ml", version=3)
 
 
@@ -300,14 +313,7 @@ class TestLifecycle:
     @pytest.mark.parametrize("tag", ["true", "TRUE", "2026-11-21T00:00:00Z", "yes please"])
     def test_exempt_machine_is_never_touched(self, tag):
         m = machine(exempt_tag=tag)
-        warned = MachineRecord(
-            observed_at=NOW - timedelta(minutes=5),
-            instance_id="i-1",
-            team="ml",
-            state=State.WARNED,
-            warned_at=NOW - timedelta(hours=2),
-            warning_delivered_at=NOW - timedelta(hours=2),
-        )
+        warned = warned_record(timedelta(hours=2))
         d = decide(m, REF, run_assess(m, Signals(cpu=series(1.0))), warned, now=NOW)
         assert (d.state, d.action) == (State.EXEMPT, Action.NONE)
 
@@ -324,27 +330,13 @@ class TestLifecycle:
         assert "idle_minutes" in d.reason
 
     def test_unknown_never_acts(self):
-        warned = MachineRecord(
-            observed_at=NOW - timedelta(minutes=5),
-            instance_id="i-1",
-            team="ml",
-            state=State.WARNED,
-            warned_at=NOW - timedelta(hours=2),
-            warning_delivered_at=NOW - timedelta(hours=2),
-        )
+        warned = warned_record(timedelta(hours=2))
         d = decide(machine(), REF, run_assess(machine(), Signals(cpu=series(1.0, lag=40))), warned, now=NOW)
         assert (d.state, d.action) == (State.UNKNOWN, Action.NONE)
 
     def test_hibernate_when_configured_else_stop(self):
         ref = REF.model_copy(update={"policy": TeamPolicy(action="hibernate")})
-        warned = MachineRecord(
-            observed_at=NOW - timedelta(minutes=5),
-            instance_id="i-1",
-            team="ml",
-            state=State.WARNED,
-            warned_at=NOW - timedelta(hours=1),
-            warning_delivered_at=NOW - timedelta(hours=1),
-        )
+        warned = warned_record(timedelta(hours=1))
         a = run_assess(machine(), Signals(cpu=series(1.0)))
         assert decide(machine(hibernation_configured=True), ref, a, warned, now=NOW).action is Action.HIBERNATE
         d = decide(machine(), ref, a, warned, now=NOW)
@@ -352,14 +344,7 @@ class TestLifecycle:
 
     def test_notify_only_reports_would_stop(self):
         ref = REF.model_copy(update={"policy": TeamPolicy(action="notify_only")})
-        warned = MachineRecord(
-            observed_at=NOW - timedelta(minutes=5),
-            instance_id="i-1",
-            team="ml",
-            state=State.WARNED,
-            warned_at=NOW - timedelta(hours=1),
-            warning_delivered_at=NOW - timedelta(hours=1),
-        )
+        warned = warned_record(timedelta(hours=1))
         d = decide(machine(), ref, run_assess(machine(), Signals(cpu=series(1.0))), warned, now=NOW)
         assert (d.action, d.applied, d.action_label) == (Action.STOP, False, "would_stop")
         assert d.state is State.WARNED
@@ -376,14 +361,7 @@ class TestLifecycle:
         assert decide(m, REF, busy, None, now=NOW).action is Action.PROTECT
         protected = replace(m, asg_protected=True)
         assert decide(protected, REF, busy, None, now=NOW).action is Action.NONE
-        warned = MachineRecord(
-            observed_at=NOW - timedelta(minutes=5),
-            instance_id="i-1",
-            team="ml",
-            state=State.WARNED,
-            warned_at=NOW - timedelta(hours=1),
-            warning_delivered_at=NOW - timedelta(hours=1),
-        )
+        warned = warned_record(timedelta(hours=1))
         idle = run_assess(protected, Signals(cpu=series(1.0)))
         d = decide(protected, REF, idle, warned, now=NOW)
         assert d.action is Action.UNPROTECT
@@ -396,14 +374,7 @@ class TestLifecycle:
 
 class TestTerminationLimit:
     def test_never_below_min_size(self):
-        warned = MachineRecord(
-            observed_at=NOW - timedelta(minutes=5),
-            instance_id="i-1",
-            team="ml",
-            state=State.WARNED,
-            warned_at=NOW - timedelta(hours=1),
-            warning_delivered_at=NOW - timedelta(hours=1),
-        )
+        warned = warned_record(timedelta(hours=1))
         ref = REF.model_copy(update={"policy": TeamPolicy(asg_action="terminate")})
         decisions = []
         for i in range(3):
@@ -433,27 +404,12 @@ class TestReviewRegressions:
         assert a.quiet_minutes(NOW) == 55
 
     def test_a_warning_lapses_when_nothing_was_observed_for_a_window(self):
-        stale = MachineRecord(
-            instance_id="i-1",
-            team="ml",
-            state=State.WARNED,
-            warned_at=NOW - timedelta(hours=3),
-            warning_delivered_at=NOW - timedelta(hours=3),
-            observed_at=NOW - timedelta(hours=2, minutes=35),
-        )
+        stale = warned_record(timedelta(hours=3), observed_at=NOW - timedelta(hours=2, minutes=35))
         d = decide(machine(), REF, run_assess(machine(), Signals(cpu=series(1.0))), stale, now=NOW)
         assert d.action is Action.WARN, "use may have gone unseen: warn afresh, never stop"
 
     def test_never_stopped_before_the_announced_time(self):
-        warned = MachineRecord(
-            instance_id="i-1",
-            team="ml",
-            state=State.WARNED,
-            warned_at=NOW - timedelta(minutes=40),
-            warning_delivered_at=NOW - timedelta(minutes=40),
-            observed_at=NOW - timedelta(minutes=5),
-            stop_not_before=NOW + timedelta(minutes=10),
-        )
+        warned = warned_record(timedelta(minutes=40), stop_not_before=NOW + timedelta(minutes=10))
         a = run_assess(machine(), Signals(cpu=series(1.0)))
         d = decide(machine(), REF, a, warned, now=NOW)
         assert d.action is Action.NONE and d.state is State.WARNED
@@ -469,14 +425,7 @@ class TestReviewRegressions:
 
     def test_an_unprotected_member_at_min_size_is_not_reported_reaped(self):
         ref = REF.model_copy(update={"policy": TeamPolicy(asg_action="terminate")})
-        warned = MachineRecord(
-            instance_id="i-1",
-            team="ml",
-            state=State.WARNED,
-            warned_at=NOW - timedelta(hours=1),
-            warning_delivered_at=NOW - timedelta(hours=1),
-            observed_at=NOW - timedelta(minutes=5),
-        )
+        warned = warned_record(timedelta(hours=1))
         m = machine(asg_name="workers", asg_protected=False)
         d = decide(m, ref, run_assess(m, Signals(cpu=series(1.0))), warned, now=NOW)
         (limited,) = limit_terminations([d], {"workers": GroupCapacity("workers", min_size=1, desired=1)})
