@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from slack_sdk.errors import SlackApiError, SlackClientError
@@ -126,7 +126,9 @@ class Answers:
     def _stop_now(self, user: str, record: MachineRecord) -> Reply | None:
         now = self.clock()
         action = Action.UNPROTECT if record.asg_name else Action.STOP
-        stopped = stopped_by_person(record, user, action, now)
+        # A stopped machine's message offers "Start it again"; a released group member's does not.
+        start_ref = None if record.asg_name else self.slack.new_ref(record.instance_id, now)
+        stopped = stopped_by_person(record, user, action, now, start_ref)
         if not self.store.save(stopped):
             return Reply("Someone else answered first; nothing changed.")
         if record.asg_name:
@@ -141,10 +143,6 @@ class Answers:
                 stopped, "Released", f"<@{user}> released {label} to {record.asg_name} at {date_token(now)}."
             )
             return None
-        ref = self.slack.new_ref(record.instance_id)
-        with_ref = replace(stopped, version=stopped.version + 1, warning_ref=ref)
-        if self.store.save(with_ref):
-            stopped = with_ref
         cost = hourly_price(record.instance_type or "")
         detail = f"<@{user}> stopped {label} at {date_token(now)}"
         if cost is not None:

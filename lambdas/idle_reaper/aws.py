@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -268,7 +268,12 @@ class Fleet:
             for page in pages:
                 for item in page["AutoScalingInstances"]:
                     membership[item["InstanceId"]] = (item["AutoScalingGroupName"], bool(item["ProtectedFromScaleIn"]))
-        return [_with_group(m, *membership[m.instance_id]) if m.instance_id in membership else m for m in machines]
+        return [
+            replace(m, asg_name=membership[m.instance_id][0], asg_protected=membership[m.instance_id][1])
+            if m.instance_id in membership
+            else m
+            for m in machines
+        ]
 
     def group_capacity(self, names: Iterable[str]) -> dict[str, GroupCapacity]:
         result: dict[str, GroupCapacity] = {}
@@ -327,10 +332,6 @@ class Fleet:
         except AwsError as exc:
             return ActionOutcome(instance_id, f"{error_code(exc)}: {exc}")
         return ActionOutcome(instance_id)
-
-
-def _with_group(m: Machine, group: str, protected: bool) -> Machine:
-    return Machine(**{**{f.name: getattr(m, f.name) for f in fields(m)}, "asg_name": group, "asg_protected": protected})
 
 
 def _bisect(ids: Sequence[str], call: Callable[[Sequence[str]], None]) -> list[ActionOutcome]:

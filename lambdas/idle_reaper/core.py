@@ -7,7 +7,6 @@ the demo and trace replay. The invariant above all: never reap a busy machine; m
 
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -700,14 +699,17 @@ def snooze(record: MachineRecord, policy: TeamPolicy, user: str, until: datetime
     )
 
 
-def stopped_by_person(record: MachineRecord, user: str, action: Action, now: datetime) -> MachineRecord:
+def stopped_by_person(
+    record: MachineRecord, user: str, action: Action, now: datetime, start_ref: str | None = None
+) -> MachineRecord:
+    """Stopped (or released) at a person's request; `start_ref` is what a "Start it again" button carries."""
     return replace(
         record,
         version=record.version + 1,
         state=State.REAPED,
         last_action=action.value,
         last_action_at=now,
-        warning_ref=None,
+        warning_ref=start_ref,
         reason=f"{action.value} now, asked by {user}",
         updated_at=now,
     )
@@ -817,8 +819,3 @@ class SweepSummary:
                 totals.reaped += 1
                 totals.hourly_savings += d.hourly_cost or 0.0
         return summary
-
-
-def metric_queries_per_call(machines: int, metrics_per_machine: int, limit: int = 500) -> int:
-    """How many GetMetricData calls a sweep needs (before NextToken pages)."""
-    return math.ceil(machines * metrics_per_machine / limit)

@@ -5,7 +5,6 @@ The bot token and signing secret never reach a log line."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -42,6 +41,7 @@ from idle_reaper.notify import logger as logger  # re-exported for the Slack han
 from idle_reaper.policy import TeamPolicy
 
 DEFAULT_API_URL = "https://slack.com/api/"
+_PAST = {Action.STOP: "stopped", Action.HIBERNATE: "hibernated"}
 REF_TTL = timedelta(days=7)
 OWNER_CACHE_TTL = timedelta(days=7)
 SLACK_USER_ID = re.compile(r"^[UW][A-Z0-9]{2,}$")
@@ -327,9 +327,7 @@ class SlackNotifier:
         if decision.action in (Action.STOP, Action.HIBERNATE):
             ref = self.new_ref(m.instance_id, now)
             detail = (
-                f"{machine_label(m.name, m.instance_id)} was {decision.action.value}ped at {date_token(now)}".replace(
-                    "hibernateped", "hibernated"
-                )
+                f"{machine_label(m.name, m.instance_id)} was {_PAST[decision.action]} at {date_token(now)}"
                 + f"; it saves ~{_money(decision.hourly_cost)} per hour while stopped. {decision.reason}"
             )
             self.update(record, "Stopped", detail, ref=ref, start_button=True)
@@ -369,7 +367,3 @@ class SlackNotifier:
         error = exc.response.get("error") if isinstance(exc, SlackApiError) else type(exc).__name__
         # WARNING, not ERROR: Slack being down is expected now and then; the warning stays pending.
         self.logger.warning(f"slack {what} failed", extra={"subject": subject, "error": error})
-
-
-def ephemeral(text: str) -> str:
-    return json.dumps({"response_type": "ephemeral", "replace_original": False, "text": text})

@@ -28,6 +28,7 @@ from idle_reaper.aws import (
     table_name,
 )
 from idle_reaper.core import (
+    MACHINE_ACTIONS,
     Action,
     Decision,
     Machine,
@@ -268,13 +269,7 @@ def _apply(adapters: Adapters, decisions: list[Decision], now: datetime) -> list
             d = replace(d, error="another sweep changed this machine first; nothing done")
         by_id[d.machine.instance_id] = d
 
-    acting = [
-        d
-        for d in by_id.values()
-        if d.error is None
-        and d.applied
-        and d.action in (Action.STOP, Action.HIBERNATE, Action.PROTECT, Action.UNPROTECT, Action.TERMINATE)
-    ]
+    acting = [d for d in by_id.values() if d.error is None and d.applied and d.action in MACHINE_ACTIONS]
     outcomes: dict[str, str | None] = {}
     for hibernate in (False, True):
         ids = [d.machine.instance_id for d in acting if d.action is (Action.HIBERNATE if hibernate else Action.STOP)]
