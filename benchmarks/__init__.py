@@ -1,1 +1,1 @@
-"""Benchmarks and the in-memory AWS fakes they (and the adapter unit tests) run on."""
+"""Benchmarks that print figures: sweep cost at fleet scale and savings on traces."""

@@ -1,6 +1,6 @@
 """What idle-reaper saves, and what the AWS-native alternative costs in broken work; and how fast replay is.
 
-1. The shipped sample trace (benchmarks/sample-trace.csv.gz, see generate_trace.py) replayed through the
+1. The shipped sample trace (testkit/sample-trace.csv.gz, see testkit/generate_trace.py) replayed through the
    real decision core, side by side with a CloudWatch alarm that stops an instance when CPU stays under
    the threshold for the idle window (no GPU, no warning): recovered hours, false stops, dollars.
 2. Replay speed: a generated fleet of 1,000 machines over 7 days at 5-minute samples, from the CSV
@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from idle_reaper.replay import ReplayOptions, read_trace, replay
+from idle_reaper_tools.replay import ReplayOptions, read_trace, replay
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.generate_trace import generate  # (runs as a script: the repo root is not on the path)
+from testkit.generate_trace import generate  # (runs as a script: the repo root is not on the path)
 
-SAMPLE = Path(__file__).with_name("sample-trace.csv.gz")
+SAMPLE = Path(__file__).resolve().parent.parent / "testkit" / "sample-trace.csv.gz"
 TARGET_SECONDS = 60.0
 
 

@@ -17,7 +17,7 @@ os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
 
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[object]:
-    from idle_reaper import local
+    from idle_reaper_tools import local
 
     local.quiet_server_logs()
     with local.local_aws() as server:
@@ -33,7 +33,7 @@ def aws(moto_server: object) -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def slack_server() -> Iterator[object]:
-    from idle_reaper.fake_slack import fake_slack, slack_environment
+    from idle_reaper_tools.fake_slack import fake_slack, slack_environment
 
     with fake_slack() as fake, slack_environment(fake):
         yield fake

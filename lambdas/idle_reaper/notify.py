@@ -26,6 +26,16 @@ class Delivery:
     owner_slack_id: str | None = None
 
 
+class PermanentDeliveryFailure(Exception):
+    """A message that cannot be delivered for a reason that will not go away on its own (a channel the
+    bot is not in, an archived channel, a message Slack refuses to build): retrying every sweep would
+    fail the same way in silence, so the sweep reports it to the admins instead."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class Notifier(Protocol):
     def warn(self, decision: Decision) -> Delivery | None:
         """Deliver the warning for an idle machine. A Delivery when a person could now read it;
@@ -40,8 +50,9 @@ class Notifier(Protocol):
         """The machine was stopped or released to its group (the message may offer to start it again)."""
         ...
 
-    def admin_alert(self, text: str, admins: Sequence[str] = ()) -> None:
-        """Tell the idle-reaper admins about a fault they must fix (an invalid stored policy)."""
+    def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
+        """Tell the idle-reaper admins (DMs to `admins`, and `channel`) about a fault they must fix.
+        Raises when nobody could be told, so the caller keeps the alert pending."""
         ...
 
 
@@ -78,6 +89,6 @@ class LoggingNotifier:
         self._log("reaped", decision)
         return None
 
-    def admin_alert(self, text: str, admins: Sequence[str] = ()) -> None:
+    def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
         self.sent.append(("admin_alert", text))
         self.logger.warning("admin alert", extra={"alert": text, "admins": list(admins)})

@@ -362,6 +362,11 @@ class Settings(_Strict):
     default_policy: TeamPolicy = TeamPolicy()
     gpu_instance_families: tuple[str, ...] = DEFAULT_GPU_FAMILIES
     admins: tuple[str, ...] = Field((), description="Slack user ids of idle-reaper admins.")
+    admin_channel: str | None = Field(
+        None,
+        pattern=r"^[CG][A-Z0-9]{2,}$",
+        description="Slack channel id where admin alerts (invalid policies, failed sweeps, alarms) are posted.",
+    )
     slack_command: str = Field("/idle-reaper", pattern=r"^/[a-z0-9_-]{1,31}$", description="The slash command.")
 
 

@@ -350,18 +350,20 @@ class SlackNotifier:
                 ok = False
         return ok
 
-    def admin_alert(self, text: str, admins: Sequence[str] = ()) -> None:
-        """DM every admin. Raises when none of them got it, so the caller keeps the alert pending."""
+    def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
+        """DM every admin and post to the admin channel. Raises when nobody received it, so the caller
+        keeps the alert pending."""
         delivered = 0
-        for admin in admins:
+        targets = [("admin", admin) for admin in admins] + ([("channel", channel)] if channel else [])
+        for kind, target in targets:
             try:
-                channel = self.client.conversations_open(users=admin)["channel"]["id"]
-                self.client.chat_postMessage(channel=channel, text=f"idle-reaper admin alert: {text}")
+                where = self.client.conversations_open(users=target)["channel"]["id"] if kind == "admin" else target
+                self.client.chat_postMessage(channel=where, text=f"idle-reaper admin alert: {text}")
                 delivered += 1
             except (SlackApiError, SlackClientError, OSError) as exc:
-                self._failed("admin alert", admin, exc)
-        if admins and not delivered:
-            raise SlackUndelivered(f"no admin received the alert ({len(admins)} tried)")
+                self._failed("admin alert", target, exc)
+        if targets and not delivered:
+            raise SlackUndelivered(f"no admin received the alert ({len(targets)} tried)")
 
     def _failed(self, what: str, subject: str, exc: Exception) -> None:
         error = exc.response.get("error") if isinstance(exc, SlackApiError) else type(exc).__name__

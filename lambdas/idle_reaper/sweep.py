@@ -213,7 +213,7 @@ def _alert_invalid_policies(adapters: Adapters, refs: list[TeamPolicyRef], setti
             f"{ref.error}. Fix it with `idle-reaper policy validate` and `idle-reaper policy put {ref.team} FILE`."
         )
         try:
-            adapters.notifier.admin_alert(text, settings.admins)
+            adapters.notifier.admin_alert(text, settings.admins, settings.admin_channel)
         except Exception as exc:
             logger.warning("admin alert failed", extra={"key": key, "error": str(exc)})
             with contextlib.suppress(Exception):

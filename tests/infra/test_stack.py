@@ -6,10 +6,12 @@ from disk: the templates, and the metadata and report where cdk-nag leaves its f
 
 from __future__ import annotations
 
+import ast
 import csv
 import fcntl
 import json
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,6 +246,46 @@ def test_function_code_is_the_lambdas_directory_and_dependencies_a_layer(synth: 
     code_dirs = [synth.outdir / p for p in paths if (synth.outdir / p / "idle_reaper" / "__init__.py").exists()]
     assert len(code_dirs) == 1
     assert not list(code_dirs[0].rglob("__pycache__"))
+
+
+# What Lambda may import besides the standard library: the layer's packages and the runtime itself.
+RUNTIME_IMPORTS = {
+    "idle_reaper",
+    "boto3",
+    "botocore",
+    "aws_lambda_powertools",
+    "pydantic",
+    "pydantic_core",
+    "slack_sdk",
+}
+
+
+def test_function_asset_ships_only_the_runtime_package(synth: Synth) -> None:
+    """Every file in the functions' code asset is a tracked module of lambdas/idle_reaper, and none of
+    them imports a local tool, a test double or a test-only package."""
+    assets = json.loads((synth.outdir / f"{synth.stack_names[0]}.assets.json").read_text())
+    [code_dir] = {
+        synth.outdir / a["source"]["path"]
+        for a in assets["files"].values()
+        if (synth.outdir / a["source"]["path"] / "idle_reaper" / "__init__.py").exists()
+    }
+    shipped = {p.relative_to(code_dir).as_posix() for p in code_dir.rglob("*") if p.is_file()}
+    source = REPO_ROOT / "lambdas"
+    runtime = {p.relative_to(source).as_posix() for p in (source / "idle_reaper").rglob("*.py")}
+    assert shipped == runtime, f"unexpected files in the asset: {sorted(shipped ^ runtime)}"
+    for name in ("demo", "local", "fake_slack", "replay", "cli", "admin"):
+        assert not any(Path(f).stem == name for f in shipped), f"tool module {name} is in the Lambda asset"
+    for path in shipped:
+        tree = ast.parse((code_dir / path).read_text())
+        imported = {
+            alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+        } | {
+            node.module.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+        }
+        foreign = imported - RUNTIME_IMPORTS - set(sys.stdlib_module_names)
+        assert not foreign, f"{path} imports {sorted(foreign)}, which Lambda does not ship"
 
 
 # -- permissions ---------------------------------------------------------------------------------

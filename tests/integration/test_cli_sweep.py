@@ -8,9 +8,10 @@ from datetime import timedelta
 
 import pytest
 
-from idle_reaper import aws, cli, local
+from idle_reaper import aws
 from idle_reaper.core import MachineRecord, State
-from idle_reaper.demo import at
+from idle_reaper_tools import cli, local
+from idle_reaper_tools.demo import at
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,11 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def demo_output() -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "idle_reaper.cli", "demo"], capture_output=True, text=True, timeout=180, check=False
+        [sys.executable, "-m", "idle_reaper_tools.cli", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from idle_reaper import admin, aws, cli, local
+from idle_reaper import aws
 from idle_reaper.core import State
-from idle_reaper.demo import at
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import Settings
 from idle_reaper.sweep import Adapters, logger, run_sweep
+from idle_reaper_tools import admin, cli, local
+from idle_reaper_tools.demo import at
 
 pytestmark = pytest.mark.integration
 

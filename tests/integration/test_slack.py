@@ -13,13 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idle_reaper import aws, local
+from idle_reaper import aws
 from idle_reaper.core import State
-from idle_reaper.demo import at
-from idle_reaper.fake_slack import LambdaContextStub, signed_request
 from idle_reaper.handlers import slack as slack_handler
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.sweep import Adapters, logger, run_sweep
+from idle_reaper_tools import local
+from idle_reaper_tools.demo import at
+from idle_reaper_tools.fake_slack import LambdaContextStub, signed_request
 
 pytestmark = pytest.mark.integration
 
@@ -396,6 +397,20 @@ def test_invalid_policy_alerts_admins_once_per_version_and_retries_when_slack_is
     assert local.instance_states([notebook])[notebook] == "running"
 
 
+def test_admin_alerts_also_reach_the_admin_channel_when_one_is_set(notebook, slack):
+    settings = json.loads(aws_settings_text())
+    settings["admin_channel"] = "C0ADMINS"
+    aws_client("ssm").put_parameter(
+        Name="/idle-reaper/settings", Value=json.dumps(settings), Type="String", Overwrite=True
+    )
+    aws_client("ssm").put_parameter(
+        Name="/idle-reaper/teams/ml", Value='{"idle_minutes": 5}', Type="String", Overwrite=True
+    )
+    sweep(T0)
+    alerts = [c for c in slack.calls_to("chat.postMessage") if "admin alert" in c.params.get("text", "")]
+    assert sorted(c.params["channel"] for c in alerts) == ["C0ADMINS", "D0ADMIN"]
+
+
 def test_one_slack_app_answers_for_machines_in_another_region(aws, slack, clock, monkeypatch):
     """eu-west-1's sweep posts with the shared app; the click reaches us-east-1's handler, which finds
     the reference in eu-west-1's table and acts there."""
@@ -430,7 +445,7 @@ def test_handler_works_in_a_fresh_process_and_rejects_a_malformed_timestamp():
     script = (
         "import sys\n"
         "from idle_reaper.handlers import slack as h\n"
-        "from idle_reaper.fake_slack import LambdaContextStub\n"
+        "from idle_reaper_tools.fake_slack import LambdaContextStub\n"
         "assert 'idle_reaper.sweep' not in sys.modules\n"
         "for ts in ('abc', '', '1e9'):\n"
         "    http = {'method': 'POST', 'path': '/slack/commands'}\n"

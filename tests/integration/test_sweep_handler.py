@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from idle_reaper import local
-from idle_reaper.fake_slack import LambdaContextStub
 from idle_reaper.handlers import sweep as sweep_handler
+from idle_reaper_tools import local
+from idle_reaper_tools.fake_slack import LambdaContextStub
 
 pytestmark = pytest.mark.integration
 

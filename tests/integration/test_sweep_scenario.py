@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from idle_reaper import demo, local
 from idle_reaper.core import Action, State
 from idle_reaper.sweep import Adapters
+from idle_reaper_tools import demo, local
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.fake_aws import FakeAws, steady
 from idle_reaper import aws as aws_adapters
 from idle_reaper.aws import InMemoryStateStore, LostUpdate, PolicyStore, VersionConflict
 from idle_reaper.core import Action, Assessment, Machine, MachineRecord, State, decide
@@ -31,6 +30,7 @@ from idle_reaper.policy import (
     parse_team_policy,
 )
 from idle_reaper.sweep import logger, run_sweep
+from testkit.fake_aws import FakeAws, steady
 
 PARAM = "/idle-reaper/teams/ml"
 UTC_NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)  # a Friday
@@ -545,11 +545,11 @@ def test_a_failed_alert_is_retried_by_the_next_sweep():
     class Flaky(LoggingNotifier):
         failures = 1
 
-        def admin_alert(self, text: str, admins: Any = ()) -> None:
+        def admin_alert(self, text: str, admins: Any = (), channel: str | None = None) -> None:
             if self.failures:
                 self.failures -= 1
                 raise ConnectionError("slack down")
-            super().admin_alert(text, admins)
+            super().admin_alert(text, admins, channel)
 
     notifier = Flaky(logger)
     adapters = fake.adapters(store=InMemoryStateStore(), notifier=notifier)

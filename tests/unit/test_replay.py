@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.generate_trace import fleet, generate, write_trace
-from idle_reaper.cli import main
 from idle_reaper.policy import TeamPolicy
-from idle_reaper.replay import (
+from idle_reaper_tools.cli import main
+from idle_reaper_tools.replay import (
     PolicySet,
     ReplayOptions,
     TraceError,
@@ -28,9 +27,10 @@ from idle_reaper.replay import (
     read_trace,
     replay,
 )
+from testkit.generate_trace import fleet, generate, write_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-SAMPLE = Path(__file__).resolve().parents[2] / "benchmarks" / "sample-trace.csv.gz"
+SAMPLE = Path(__file__).resolve().parents[2] / "testkit" / "sample-trace.csv.gz"
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 SHORT = {"idle_minutes": 30, "warn_minutes": 10}
 SHORT_POLICY = PolicySet(default=TeamPolicy(**SHORT))  # type: ignore[arg-type]

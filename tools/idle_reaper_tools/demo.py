@@ -18,11 +18,11 @@ from typing import cast
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from idle_reaper import local
 from idle_reaper.core import Action, Decision, State
-from idle_reaper.fake_slack import FakeSlack, LambdaContextStub, fake_slack, signed_request, slack_environment
 from idle_reaper.slack import blocks_text
 from idle_reaper.sweep import Adapters, SweepReport, run_sweep
+from idle_reaper_tools import local
+from idle_reaper_tools.fake_slack import FakeSlack, LambdaContextStub, fake_slack, signed_request, slack_environment
 
 DAY = datetime(2026, 11, 20, tzinfo=UTC)
 START = DAY.replace(hour=12)

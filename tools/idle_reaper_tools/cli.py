@@ -93,12 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per machine")
     p.set_defaults(func=cmd_sweep)
 
-    from idle_reaper.demo import cmd_demo
+    from idle_reaper_tools.demo import cmd_demo
 
     p = sub.add_parser("demo", help="run the sweep against a local emulated AWS with a seeded fleet")
     p.set_defaults(func=cmd_demo)
 
-    import idle_reaper.admin as admin
+    import idle_reaper_tools.admin as admin
 
     policy = sub.add_parser("policy", help="validate, preview and change policies in SSM").add_subparsers(
         dest="policy_command", required=True
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per machine")
     p.set_defaults(func=admin.cmd_status)
 
-    from idle_reaper.replay import BASELINES, cmd_replay, non_negative_minutes, positive_minutes, snooze_rate
+    from idle_reaper_tools.replay import BASELINES, cmd_replay, non_negative_minutes, positive_minutes, snooze_rate
 
     p = sub.add_parser(
         "replay",

@@ -1,7 +1,7 @@
 """Seeded generator of realistic ML-fleet utilization traces, in the replay format.
 
-    python benchmarks/generate_trace.py                      # the shipped sample: benchmarks/sample-trace.csv.gz
-    python benchmarks/generate_trace.py --machines 1000 --days 7 -o /tmp/fleet.csv.gz
+    python -m testkit.generate_trace                      # the shipped sample: testkit/sample-trace.csv.gz
+    python -m testkit.generate_trace --machines 1000 --days 7 -o /tmp/fleet.csv.gz
 
 Columns: timestamp (ISO-8601 UTC, on the 5-minute grid), instance_id, cpu, gpu (empty for CPU machines
 and where the GPU metric is missing), team, instance_type. CPU and GPU are the period's Maximum in
