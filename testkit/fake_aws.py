@@ -818,11 +818,14 @@ class FakeAws:
         group: str | None = None,
         protected: bool = False,
         state: str = "running",
+        managed: bool = True,
     ) -> str:
-        """A machine with its metrics; `group` makes it a member of that (existing) Auto Scaling group."""
+        """A machine with its metrics; `group` makes it a member of that (existing) Auto Scaling group.
+        `managed`: it carries the reaper's opt-in tag."""
         all_tags = {
             **({"Name": name} if name else {}),
             **({"Team": team} if team else {}),
+            **({"idle-reaper:managed": "true"} if managed else {}),
             **({"Owner": owner} if owner else {}),
             **(tags or {}),
         }

@@ -232,13 +232,17 @@ class Fleet:
         self.autoscaling = autoscaling
 
     def discover(self, tags: TagKeys) -> list[Machine]:
-        """Running machines carrying the team tag, joined with their ASG membership and protection."""
+        """Running machines carrying the team tag (and the opt-in tag, when one is set), joined with their
+        ASG membership and protection."""
         machines: list[Machine] = []
         asg_tagged: list[str] = []
         filters = [
             {"Name": "instance-state-name", "Values": ["running"]},
             {"Name": "tag-key", "Values": [tags.team]},
         ]
+        if tags.managed:
+            # The reaper's own opt-in: a cost-allocation `Team` tag alone never makes a machine reapable.
+            filters.append({"Name": f"tag:{tags.managed}", "Values": ["true"]})
         for page in self.ec2.get_paginator("describe_instances").paginate(
             Filters=filters, PaginationConfig={"PageSize": 1000}
         ):

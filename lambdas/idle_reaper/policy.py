@@ -336,6 +336,13 @@ class TagKeys(_Strict):
     team: str = Field("Team", min_length=1, max_length=128)
     owner: str = Field("Owner", min_length=1, max_length=128)
     exempt: str = Field("idle-reaper:exempt", min_length=1, max_length=128)
+    managed: str | None = Field(
+        "idle-reaper:managed",
+        min_length=1,
+        max_length=128,
+        description="Opt-in tag: only machines carrying it with the value `true` are swept (and IAM lets the "
+        "reaper act only on those). null sweeps every machine with the team tag; the stack's IAM must match.",
+    )
 
 
 class MetricSource(_Strict):

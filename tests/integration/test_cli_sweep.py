@@ -127,3 +127,15 @@ def test_state_table_writes_are_conditional(aws):
     assert not store.save(first), "a second writer with the same expected version must lose"
     assert store.save(replace(first, version=2, state=State.WARNED, warned_at=NOW))
     assert store.load(["i-1"])["i-1"] == replace(first, version=2, state=State.WARNED, warned_at=NOW)
+
+
+def test_a_team_tag_without_the_opt_in_tag_is_never_swept(fleet, capsys):
+    """`Team` is a common cost-allocation tag: production machines carry it too. Only the reaper's own
+    opt-in (`idle-reaper:managed=true`) makes a machine reapable."""
+    prod = local.launch("prod-db", "m5.large", team="ml", launch_time=at(8), managed=False)
+    local.write_metrics(prod, idle, at(12), NOW + timedelta(hours=1))
+    for minutes in range(0, 120, 15):
+        code, out, _ = run(capsys, "sweep", "--now", (NOW + timedelta(minutes=minutes)).isoformat(), "--json")
+        assert code == 0
+        assert prod not in out
+    assert local.instance_states([prod, fleet["idle"]]) == {prod: "running", fleet["idle"]: "stopped"}

@@ -129,6 +129,7 @@ class TestDiscover:
         wanted = launch_many(aws, 2100)
         launch_many(aws, 40, state="stopped")
         launch_many(aws, 30, team=None)  # no Team tag: not ours
+        launch_many(aws, 20, managed=False)  # a cost-allocation Team tag without the opt-in: not ours
 
         machines = fleet(aws).discover(TagKeys())
 
@@ -139,7 +140,14 @@ class TestDiscover:
         assert {f["Name"]: f["Values"] for f in requests[0]["Filters"]} == {
             "instance-state-name": ["running"],
             "tag-key": ["Team"],
+            "tag:idle-reaper:managed": ["true"],
         }
+
+    def test_without_an_opt_in_tag_every_team_tagged_machine_is_swept(self, aws):
+        opted_in = launch_many(aws, 3)
+        plain = launch_many(aws, 2, managed=False)
+        machines = fleet(aws).discover(TagKeys(managed=None))
+        assert sorted(m.instance_id for m in machines) == sorted(opted_in + plain)
 
     def test_machine_fields_come_from_tags_and_description(self, aws):
         box = aws.launch(

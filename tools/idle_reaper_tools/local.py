@@ -21,6 +21,7 @@ from idle_reaper.policy import Settings
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
 AMI = "ami-12345678"
+MANAGED_TAG = "idle-reaper:managed"  # the opt-in tag every local machine carries unless told otherwise
 
 # A utilization profile: time -> (cpu %, gpu % or None when the machine reports no GPU metric).
 Profile = Callable[[datetime], tuple[float, float | None]]
@@ -116,8 +117,11 @@ def launch(
     owner: str | None = None,
     extra_tags: dict[str, str] | None = None,
     hibernation: bool = False,
+    managed: bool = True,
 ) -> str:
     tags = {"Name": name, "Team": team, **({"Owner": owner} if owner else {}), **(extra_tags or {})}
+    if managed:
+        tags[MANAGED_TAG] = "true"
     out = aws.client("ec2").run_instances(
         ImageId=AMI,
         MinCount=1,
@@ -145,7 +149,11 @@ def launch_group(
     ec2.create_launch_template(
         LaunchTemplateName=f"{name}-template", LaunchTemplateData={"ImageId": AMI, "InstanceType": instance_type}
     )
-    tags = [{"Key": "Team", "Value": team, "PropagateAtLaunch": True}]
+    # The group carries the opt-in too: IAM checks it on the group for protection and termination.
+    tags = [
+        {"Key": "Team", "Value": team, "PropagateAtLaunch": True},
+        {"Key": MANAGED_TAG, "Value": "true", "PropagateAtLaunch": True},
+    ]
     if owner:
         tags.append({"Key": "Owner", "Value": owner, "PropagateAtLaunch": True})
     autoscaling.create_auto_scaling_group(
