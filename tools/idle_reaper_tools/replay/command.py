@@ -1,0 +1,103 @@
+"""`idle-reaper replay`: the command's argument types and its wiring (the parser is in cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from idle_reaper.policy import PolicyError
+from idle_reaper.pricing import DEFAULT_PRICES, load_price_table
+from idle_reaper_tools.replay.plotting import plot
+from idle_reaper_tools.replay.policies import load_policies
+from idle_reaper_tools.replay.report import format_report, replay
+from idle_reaper_tools.replay.simulate import ReplayOptions
+from idle_reaper_tools.replay.trace import TraceError, read_trace
+
+
+def snooze_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a fraction from 0 to 1, got {text}")
+    return value
+
+
+def positive_minutes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of minutes: {text!r}") from None
+    if not 1 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"from 1 to 60 minutes, got {value}")
+    return value
+
+
+def non_negative_minutes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of minutes: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"0 or more minutes, got {value}")
+    return value
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    def fail(message: str) -> int:
+        print(f"idle-reaper replay: {message}", file=sys.stderr)
+        return 2
+
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return fail("--plot needs matplotlib: pip install 'idle-reaper[plot]'")
+    try:
+        policies = load_policies(args.policy)
+    except PolicyError as exc:
+        return fail(f"invalid policy: {exc}")
+    prices: dict[str, float] | None = DEFAULT_PRICES
+    price_source: str | None = "built-in on-demand prices (us-east-1, Linux)"
+    if args.price_table:
+        try:
+            prices = load_price_table(args.price_table)
+            price_source = str(args.price_table)
+        except ValueError as exc:
+            prices = None
+            print(f"idle-reaper replay: {exc}; savings are reported as unknown", file=sys.stderr)
+    try:
+        trace = read_trace(
+            args.trace,
+            args.period_minutes,
+            clamp_utilization=args.clamp_utilization,
+            skip_duplicates=args.skip_duplicates,
+        )
+    except TraceError as exc:
+        return fail(str(exc))
+    if policies.default.network_threshold_bytes_per_second is not None and not trace.has_network:
+        print(
+            "idle-reaper replay: the policy judges network but the trace has no network column; "
+            "every machine will be unknown",
+            file=sys.stderr,
+        )
+    options = ReplayOptions(
+        policies=policies,
+        still_wanted_minutes=args.still_wanted_minutes,
+        snooze_rate=args.snooze_rate,
+        seed=args.seed,
+        default_instance_type=args.instance_type,
+        timeline=bool(args.plot),
+    )
+    result = replay(trace, options, prices=prices, price_source=price_source, baseline=args.baseline)
+    try:
+        print(json.dumps(result.to_json(), indent=2) if args.json else format_report(result), flush=True)
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if args.plot:
+        plot(result, args.plot)
+        print(f"idle-reaper replay: plot written to {args.plot}", file=sys.stderr)
+    return 0

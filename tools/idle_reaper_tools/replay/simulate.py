@@ -1,0 +1,377 @@
+"""The simulation: every machine of a trace swept by the real decision core, with a simulated clock.
+
+Every period `core.assess` + `core.decide` run for every running machine on the points a real sweep
+would have fetched. Warnings are assumed delivered at once (as after a successful Slack post).
+
+The counterfactual model: the trace is the demand, what each machine would have done had it kept
+running. After a stop the machine reports nothing and stays stopped until the trace shows activity
+again (a bucket at or above a threshold): its owner wanted it back, so it restarts there, with a new
+launch time. Quiet samples while stopped are what the stop saved; they are never shown to the core.
+
+Machines are independent: a large fleet is spread over worker processes (see simulate_fleet).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from itertools import repeat
+from typing import Literal
+
+from idle_reaper.core import (
+    REAP_ACTIONS,
+    Action,
+    Machine,
+    MachineRecord,
+    Signals,
+    State,
+    assess,
+    decide,
+    is_gpu_type,
+    keep_until,
+    snooze,
+    started_by_person,
+)
+from idle_reaper.policy import TeamPolicy
+from idle_reaper_tools.replay.policies import PolicySet
+from idle_reaper_tools.replay.trace import Series, Trace
+from idle_reaper_tools.replay.truth import Truth, classify, ideal_buckets
+
+SNOOZE_CHOICE = "keep_2h"  # the answer assumed for --snooze-rate
+SNOOZER = "replay-user"  # who answers and restarts machines in the replay
+BASELINES = ("cloudwatch-cpu",)
+
+# Fleet state per bucket, for the timeline plot.
+BUSY, IDLE, WARNED, STOPPED, UNKNOWN = range(5)
+STATE_NAMES = ("busy", "idle", "warned", "stopped", "unknown")
+_STATE_CODE = {
+    State.ACTIVE: BUSY,
+    State.IDLE: IDLE,
+    State.WARNED: WARNED,
+    State.SNOOZED: WARNED,
+    State.REAPED: STOPPED,
+}
+
+
+@dataclass(frozen=True)
+class StopEvent:
+    instance_id: str
+    at: datetime
+    reason: str
+    false_stop: bool  # a busy bucket in the window before the stop
+    resumed_after_minutes: float | None  # activity after the stop (the owner wanted it back); None: never
+
+
+@dataclass
+class MachineRun:
+    """What happened to one machine under one reaper (idle-reaper or a baseline). Small and picklable:
+    worker processes send these back."""
+
+    instance_id: str
+    team: str
+    instance_type: str
+    first_bucket: int
+    buckets: int
+    quiet: int  # buckets
+    ideal: int
+    recovered: int = 0
+    stopped: int = 0
+    warnings: int = 0  # delivered to a person
+    silent_warnings: int = 0  # recorded but not sent (the policy's quiet hours)
+    snoozes: int = 0
+    core_calls: int = 0  # sweeps that ran assess + decide (the rest took the fast path or were stopped)
+    stops: list[StopEvent] = field(default_factory=list)
+    timeline: bytearray | None = None  # a state code per bucket
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    policies: PolicySet = field(default_factory=PolicySet)
+    still_wanted_minutes: int = 60
+    snooze_rate: float = 0.0
+    seed: int = 0
+    default_instance_type: str | None = None  # for machines whose trace has no instance_type
+    timeline: bool = False
+    # Skip calling the core when its answer is already determined (see _replay_reaper). Off: call it
+    # every period, the reference the fast path is tested against.
+    fast_path: bool = True
+
+
+class _Clock:
+    """Bucket numbers to aware datetimes, each made once and shared by every machine."""
+
+    def __init__(self, period_seconds: int) -> None:
+        self.period_seconds = period_seconds
+        self.period = timedelta(seconds=period_seconds)
+        self._cache: dict[int, datetime] = {}
+
+    def times(self, first_bucket: int, count: int) -> list[datetime]:
+        cache, p = self._cache, self.period_seconds
+        out = []
+        for b in range(first_bucket, first_bucket + count):
+            t = cache.get(b)
+            if t is None:
+                t = cache[b] = datetime.fromtimestamp(b * p, UTC)
+            out.append(t)
+        return out
+
+
+def _record_stop(
+    run: MachineRun, truth: Truth, at: int, reason: str, at_time: datetime, window: int, clock: _Clock
+) -> int | None:
+    """Book a stop issued at the start of bucket `at`; return the bucket where the machine restarts."""
+    n = run.buckets
+    false_stop = truth.busy_between(at - window, at)
+    restart = next((j for j in range(at, n) if truth.busy[j]), None)
+    end = n if restart is None else restart
+    run.stopped += end - at
+    run.recovered += sum(truth.quiet[at:end])
+    resumed = None if restart is None else (restart - at) * clock.period_seconds / 60
+    run.stops.append(StopEvent(run.instance_id, at_time, reason, false_stop, resumed))
+    if run.timeline is not None:
+        run.timeline[at:end] = bytes([STOPPED]) * (end - at)
+        if restart is not None:
+            run.timeline[restart] = BUSY
+    return restart
+
+
+def _new_run(series: Series, truth: Truth, window: int) -> MachineRun:
+    return MachineRun(
+        series.instance_id,
+        series.team,
+        series.instance_type,
+        series.first_bucket,
+        len(series),
+        sum(truth.quiet),
+        ideal_buckets(truth, window),
+    )
+
+
+def _window_buckets(policy: TeamPolicy, period_seconds: int) -> int:
+    return math.ceil(policy.idle_minutes * 60 / period_seconds)
+
+
+def _lookback(policy: TeamPolicy, period_seconds: int) -> int:
+    """Buckets a sweep fetches: the idle window + max gap + one period (sweep._fetch_signals)."""
+    return math.ceil((policy.idle_minutes + policy.max_gap_minutes) * 60 / period_seconds) + 1
+
+
+def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Clock) -> MachineRun:
+    """Sweep one machine every period with the real core, as sweep.run_sweep does: the policy in force
+    at `now` (schedules), assess on the points a sweep would fetch, decide, then act on the decision."""
+    policies = opts.policies
+    policy = policies.for_team(series.team)
+    base_ref = policies.ref(series.team)
+    scheduled = bool(policy.schedules)  # then the policy in force changes with the time of day
+    families = policies.gpu_families
+    n = len(series)
+    period_seconds = clock.period_seconds
+    window = _window_buckets(policy, period_seconds)
+    lookback = _lookback(policy, period_seconds)
+    times = clock.times(series.first_bucket, n + 1)
+    period = clock.period
+    cpu, gpu, net = series.cpu, series.gpu, series.network
+    use_net = policy.network_threshold_bytes_per_second is not None
+    seconds = float(period_seconds)
+    gpu_blind_unknown = is_gpu_type(series.instance_type, families) and policy.missing_gpu_metrics == "busy"
+    busy = truth.busy
+    # seen[i]: buckets before i with any datapoint the core reads; an empty window costs O(1) to spot.
+    seen = [0] * (n + 1)
+    for i in range(n):
+        seen[i + 1] = seen[i] + (cpu[i] == cpu[i] or gpu[i] == gpu[i] or (use_net and net[i] == net[i]))
+    run = _new_run(series, truth, window)
+    if opts.timeline:
+        run.timeline = bytearray([UNKNOWN]) * n
+    timeline = run.timeline
+    rng = random.Random(f"{opts.seed}/{series.instance_id}") if opts.snooze_rate > 0 else None
+
+    machine = Machine(series.instance_id, series.instance_type, series.team, launch_time=times[0])
+    record: MachineRecord | None = None
+    launch = 0
+    # What the core's last answer settled into, while its inputs keep it there (see the fast paths).
+    settled: Literal["active", "unknown"] | None = None
+    k = 1  # the sweep at the start of bucket k sees buckets < k
+    while k <= n:
+        now = times[k]
+        newest = k - 1
+        # Fast paths: skip the call when the core's answer is already determined, and keep the record
+        # it wrote last (only its version and timestamps would differ). Tests compare every trace they
+        # replay with fast_path=False, which calls the core every period. Not with schedules: their
+        # thresholds and windows may differ from the ones `busy` and `lookback` were computed with.
+        if settled is not None and opts.fast_path and not scheduled:
+            # The newest bucket is busy on a track the core judges: assess() can only say "busy, quiet
+            # for 0 min" (its one earlier exit, a GPU type without GPU points, is excluded), and decide()
+            # keeps an active, settled record as it is.
+            if settled == "active" and busy[newest] and (not gpu_blind_unknown or gpu[newest] == gpu[newest]):
+                if timeline is not None and k < n:
+                    timeline[k] = BUSY
+                k += 1
+                continue
+            # No datapoint at all in the window (a machine its owner stopped has no rows): assess() can
+            # only say "unknown", and decide() changes nothing for an unknown machine.
+            if settled == "unknown" and seen[k] == seen[max(k - lookback, launch)]:
+                if timeline is not None and k < n:
+                    timeline[k] = UNKNOWN
+                k += 1
+                continue
+
+        ref = base_ref.at(now) if scheduled else base_ref
+        in_force = ref.policy or policy
+        lo = max(k - _lookback(in_force, period_seconds), launch)
+        signals = Signals(
+            cpu=[(times[i], v) for i in range(lo, k) if (v := cpu[i]) == v],
+            gpu=[(times[i], v) for i in range(lo, k) if (v := gpu[i]) == v],
+            network_in=[(times[i], v * seconds) for i in range(lo, k) if (v := net[i]) == v] if use_net else (),
+            network_out=[(times[i], 0.0) for i in range(lo, k) if net[i] == net[i]] if use_net else (),
+        )
+        assessment = assess(machine, signals, in_force, now=now, period=period, gpu_families=families)
+        decision = decide(machine, ref, assessment, record, now=now)
+        record = decision.record
+        run.core_calls += 1
+
+        if decision.action in REAP_ACTIONS and decision.applied:
+            restart = _record_stop(run, truth, k, decision.reason, now, window, clock)
+            if restart is None:
+                break
+            # A stopped machine reports nothing; its owner starts it again where the trace shows activity.
+            launch = restart
+            machine = replace(machine, launch_time=times[restart])
+            record = started_by_person(record, SNOOZER, times[restart])
+            settled = None
+            k = restart + 1
+            continue
+        if decision.action is Action.WARN:
+            if decision.deliver_warning:
+                run.warnings += 1
+                # Delivered at once, as the sweep records after a successful notifier.warn().
+                record = replace(record, version=record.version + 1, warning_delivered_at=now)
+                if rng is not None and rng.random() < opts.snooze_rate:
+                    until = keep_until(SNOOZE_CHOICE, in_force, now)
+                    kept = snooze(record, in_force, SNOOZER, until, now) if until else "no such choice"
+                    if isinstance(kept, MachineRecord):  # else refused, e.g. the daily limit of keeps
+                        record = kept
+                        run.snoozes += 1
+            else:
+                run.silent_warnings += 1
+        if decision.state is State.UNKNOWN:
+            settled = "unknown"
+        elif (
+            decision.state is State.ACTIVE
+            and decision.action is Action.NONE
+            and record.idle_since is None
+            and record.warned_at is None
+        ):
+            settled = "active"
+        else:
+            settled = None
+        if timeline is not None and k < n:
+            timeline[k] = _STATE_CODE.get(decision.state, UNKNOWN)
+        k += 1
+    return run
+
+
+def _replay_cpu_alarm(series: Series, truth: Truth, opts: ReplayOptions, clock: _Clock) -> MachineRun:
+    """The AWS-native alternative: a CloudWatch alarm on CPUUtilization < threshold for every datapoint
+    of the window (missing data: not breaching) whose action stops the instance. No GPU, no warning.
+    It fires when the window's last datapoint arrives, and re-arms when the machine starts again."""
+    policy = opts.policies.for_team(series.team)
+    threshold = policy.cpu_threshold_percent
+    window = _window_buckets(policy, clock.period_seconds)
+    n = len(series)
+    times = clock.times(series.first_bucket, n + 1)
+    run = _new_run(series, truth, window)
+    cpu = series.cpu
+    breaching = 0
+    i = 0
+    while i < n:
+        v = cpu[i]
+        breaching = breaching + 1 if v < threshold else 0  # NaN: missing, not breaching
+        if breaching >= window:
+            reason = f"CPUUtilization < {threshold:g}% for {window} consecutive datapoints"
+            restart = _record_stop(run, truth, i + 1, reason, times[i + 1], window, clock)
+            if restart is None:
+                break
+            breaching = 0
+            i = restart
+            continue
+        i += 1
+    return run
+
+
+def _replay_chunk(
+    chunk: Sequence[Series], options: ReplayOptions, period_seconds: int, baseline: str | None
+) -> list[tuple[MachineRun, MachineRun | None]]:
+    """Replay some machines (in a worker process, or in this one)."""
+    clock = _Clock(period_seconds)
+    policies = options.policies
+    out: list[tuple[MachineRun, MachineRun | None]] = []
+    for series in chunk:
+        truth = classify(series, policies.for_team(series.team), period_seconds, policies.gpu_families)
+        reaper = _replay_reaper(series, truth, options, clock)
+        alarm = _replay_cpu_alarm(series, truth, options, clock) if baseline else None
+        out.append((reaper, alarm))
+    return out
+
+
+def _workers(trace: Trace) -> int:
+    """Machines are independent: spread a large fleet over the CPUs we may use."""
+    if sum(len(s) for s in trace.series) < 200_000 or len(trace.series) < 8:
+        return 1  # a process pool costs more than it saves
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 8))
+
+
+def _run_all(
+    series: Sequence[Series], options: ReplayOptions, period_seconds: int, baseline: str | None, workers: int
+) -> list[tuple[MachineRun, MachineRun | None]]:
+    if workers > 1:
+        count = workers * 4  # interleaved chunks balance long and short machines
+        chunks = [series[i::count] for i in range(count)]
+        try:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                parts = list(pool.map(_replay_chunk, chunks, repeat(options), repeat(period_seconds), repeat(baseline)))
+        except (OSError, NotImplementedError, BrokenProcessPool):
+            pass  # no processes here (a sandbox, a tiny container): do it all in this one
+        else:
+            ordered: list[tuple[MachineRun, MachineRun | None]] = [parts[0][0]] * len(series)
+            for i, part in enumerate(parts):
+                ordered[i::count] = part
+            return ordered
+    return _replay_chunk(series, options, period_seconds, baseline)
+
+
+def simulate_fleet(
+    trace: Trace, options: ReplayOptions, baseline: str | None = None, workers: int | None = None
+) -> list[tuple[MachineRun, MachineRun | None]]:
+    """Every machine of the trace under idle-reaper (and the baseline), in the trace's order.
+    workers: processes to use (default: one per CPU for a large fleet, else this process only)."""
+    if baseline is not None and baseline not in BASELINES:
+        raise ValueError(f"unknown baseline {baseline!r}; known: {', '.join(BASELINES)}")
+    series = [
+        replace(s, instance_type=options.default_instance_type)
+        if not s.instance_type and options.default_instance_type
+        else s
+        for s in trace.series
+    ]
+    return _run_all(series, options, trace.period_seconds, baseline, workers or _workers(trace))
+
+
+def fleet_timeline(runs: Sequence[MachineRun], period_seconds: int) -> tuple[datetime, dict[str, list[int]]]:
+    """The time of the first bucket, and per state name the machines in that state in each bucket."""
+    start = min(r.first_bucket for r in runs)
+    end = max(r.first_bucket + r.buckets for r in runs)
+    counts = [[0] * (end - start) for _ in STATE_NAMES]
+    for r in runs:
+        offset = r.first_bucket - start
+        for i, code in enumerate(r.timeline or b""):
+            counts[code][offset + i] += 1
+    return _Clock(period_seconds).times(start, 1)[0], dict(zip(STATE_NAMES, counts, strict=True))
