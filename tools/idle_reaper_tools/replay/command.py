@@ -26,21 +26,22 @@ def snooze_rate(text: str) -> float:
     return value
 
 
-def positive_minutes(text: str) -> int:
+def _whole_minutes(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number of minutes: {text!r}") from None
+
+
+def positive_minutes(text: str) -> int:
+    value = _whole_minutes(text)
     if not 1 <= value <= 60:
         raise argparse.ArgumentTypeError(f"from 1 to 60 minutes, got {value}")
     return value
 
 
 def non_negative_minutes(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number of minutes: {text!r}") from None
+    value = _whole_minutes(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"0 or more minutes, got {value}")
     return value

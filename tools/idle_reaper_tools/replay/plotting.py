@@ -7,13 +7,23 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from idle_reaper_tools.replay.report import Replay
 from idle_reaper_tools.replay.simulate import STATE_NAMES
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 
 def plot(r: Replay, path: str | Path) -> None:
     """A PNG: the fleet's state over time (stacked) and recovered hours and dollars per team."""
+    draw(r).savefig(str(path), dpi=110)
+
+
+def draw(r: Replay) -> Figure:
+    """The figure: on top the fleet's state over time (needs a replay with options.timeline), below
+    recovered hours and dollars saved per team (idle-reaper's bars, and the baseline's beside them)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -89,4 +99,4 @@ def plot(r: Replay, path: str | Path) -> None:
         bar_ax.grid(axis="y", alpha=0.3)
         if len(results) > 1:
             bar_ax.legend(fontsize=9)
-    fig.savefig(str(path), dpi=110)
+    return fig
