@@ -587,3 +587,106 @@ def test_agent_runs_as_a_script(tmp_path: Path) -> None:
         env={"PATH": os.environ.get("PATH", "")},
     )
     assert out.stdout.strip() == "idle_reaper_minutes_since_input 10080"
+
+
+# --- agent configuration, systemd units, install script ----------------------------------------------------
+
+AGENT_DIR = REPO_ROOT / "agent"
+
+
+def test_agent_config_listens_on_loopback_and_merges_with_the_gpu_config() -> None:
+    activity = json.loads((AGENT_DIR / "cloudwatch-agent-activity.json").read_text())
+    gpu = json.loads((REPO_ROOT / "infra" / "cloudwatch-agent-gpu.json").read_text())
+    statsd = activity["metrics"]["metrics_collected"]["statsd"]
+    assert statsd["service_address"] == "127.0.0.1:8125"  # the agent's default listens on every interface
+    assert statsd["metrics_collection_interval"] in (60, 300)
+    assert statsd["metrics_aggregation_interval"] == 60
+    # append-config merges both files: shared keys must agree, and InstanceId must come from the agent.
+    for key in ("namespace", "append_dimensions", "aggregation_dimensions"):
+        assert activity["metrics"][key] == gpu["metrics"][key]
+    assert activity["metrics"]["append_dimensions"] == {"InstanceId": "${aws:InstanceId}"}
+    assert activity["metrics"]["aggregation_dimensions"] == [["InstanceId"]]
+
+
+def test_units_run_the_installed_collector_every_minute_as_the_service_user() -> None:
+    service = (AGENT_DIR / "idle-reaper-activity.service").read_text()
+    timer = (AGENT_DIR / "idle-reaper-activity.timer").read_text()
+    install = (AGENT_DIR / "install.sh").read_text()
+    settings = dict(line.split("=", 1) for line in service.splitlines() if "=" in line and not line.startswith("#"))
+    assert settings["ExecStart"] == "/usr/bin/python3 -I /opt/idle-reaper/idle_reaper_activity.py"
+    assert "PREFIX=${IDLE_REAPER_PREFIX:-/opt/idle-reaper}" in install
+    assert settings["User"] == "idle-reaper-activity" and "SERVICE_USER=idle-reaper-activity" in install
+    assert settings["CapabilityBoundingSet"] == settings["AmbientCapabilities"] == "CAP_DAC_READ_SEARCH"
+    assert (settings["IPAddressDeny"], settings["IPAddressAllow"]) == ("any", "localhost")
+    assert "OnCalendar=minutely" in timer.splitlines()
+
+
+FAKE_COMMAND = """#!/bin/sh
+echo "$(basename "$0") $*" >> "{log}"
+{body}
+"""
+
+
+def fake_commands(tmp_path: Path, **bodies: str) -> tuple[Path, Path]:
+    """A directory of stand-ins for the system commands install.sh calls; each logs its arguments."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    defaults = {
+        "getent": f'[ -e "{tmp_path}/user-created" ]',
+        "useradd": f'touch "{tmp_path}/user-created"',
+        "systemctl": "true",
+        "amazon-cloudwatch-agent-ctl": "true",
+    }
+    for name, body in {**defaults, **bodies}.items():
+        command = bin_dir / name
+        command.write_text(FAKE_COMMAND.format(log=log, body=body))
+        command.chmod(0o755)
+    return bin_dir, log
+
+
+def run_install(tmp_path: Path, bin_dir: Path, ctl: Path) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "IDLE_REAPER_PREFIX": str(tmp_path / "opt"),
+        "IDLE_REAPER_UNIT_DIR": str(tmp_path / "units"),
+        "CWAGENT_CTL": str(ctl),
+    }
+    return subprocess.run(
+        ["/bin/sh", str(AGENT_DIR / "install.sh")], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def test_install_is_idempotent(tmp_path: Path) -> None:
+    bin_dir, log = fake_commands(tmp_path)
+    ctl = bin_dir / "amazon-cloudwatch-agent-ctl"
+    for _ in range(2):
+        result = run_install(tmp_path, bin_dir, ctl)
+        assert result.returncode == 0, result.stderr
+    for name in ("idle_reaper_activity.py", "cloudwatch-agent-activity.json", "README.md"):
+        assert (tmp_path / "opt" / name).read_bytes() == (AGENT_DIR / name).read_bytes()
+    for name in ("idle-reaper-activity.service", "idle-reaper-activity.timer"):
+        assert (tmp_path / "units" / name).read_bytes() == (AGENT_DIR / name).read_bytes()
+    calls = log.read_text().splitlines()
+    assert sum(call.startswith("useradd") for call in calls) == 1  # the second run finds the user
+    assert calls.count("systemctl enable --now idle-reaper-activity.timer") == 2
+    append = (
+        f"amazon-cloudwatch-agent-ctl -a append-config -m ec2 -s -c file:{tmp_path}/opt/cloudwatch-agent-activity.json"
+    )
+    assert calls.count(append) == 2
+
+
+def test_install_without_the_cloudwatch_agent_says_so(tmp_path: Path) -> None:
+    bin_dir, _ = fake_commands(tmp_path)
+    result = run_install(tmp_path, bin_dir, tmp_path / "no-agent-here")
+    assert result.returncode == 0
+    assert "no CloudWatch agent" in result.stderr
+    assert (tmp_path / "units" / "idle-reaper-activity.timer").exists()
+
+
+def test_install_refuses_an_old_python_and_installs_nothing(tmp_path: Path) -> None:
+    bin_dir, log = fake_commands(tmp_path, python3="exit 1")
+    result = run_install(tmp_path, bin_dir, bin_dir / "amazon-cloudwatch-agent-ctl")
+    assert result.returncode == 1
+    assert "python3 3.9 or newer is required" in result.stderr
+    assert not (tmp_path / "opt").exists()
+    assert [call.split()[0] for call in log.read_text().splitlines()] == ["python3"]
