@@ -14,8 +14,9 @@ Sources (each one is optional; a failure in one never hides the others):
            the server's `api/status` `last_activity`, each kernel's `last_activity`, and a kernel whose
            `execution_state` is `busy` counts as input now. Loopback servers only.
   vscode   VS Code remote: the newest save recorded in the server's local history
-           (~/.vscode-server/data/User/History/*/entries.json). An open window nobody types in saves
-           nothing, so it ages like everything else.
+           (~/.vscode-server/data/User/History/*/entries.json), and the last input in its integrated
+           terminals (the access time of the pty of each shell the server's pty host started). An open
+           window nobody types in saves and reads nothing, so it ages like everything else.
 
 Output: minutes in [0, CAP_MINUTES]; CAP_MINUTES (one week) means "no human input seen". A missing
 metric therefore means "the collector is not running", never "idle". A timestamp in the future (clock
@@ -39,6 +40,7 @@ import pwd
 import re
 import socket
 import ssl
+import stat
 import struct
 import subprocess
 import sys
@@ -58,6 +60,8 @@ STATSD_DEFAULT = "127.0.0.1:8125"
 # (file times and Jupyter's clock are this machine's clock, so a few seconds is rounding, not skew).
 FUTURE_TOLERANCE_SECONDS = 5.0
 HTTP_TIMEOUT_SECONDS = 2.0
+JUPYTER_BUDGET_SECONDS = 15.0  # all Jupyter servers together; the systemd unit allows a run 30 s
+RUNTIME_FILE_MAX_BYTES = 64 * 1024
 
 # glibc `struct utmp` on x86_64 and aarch64 (bits/utmp.h), 384 bytes, little-endian, no padding besides
 # the 2 bytes after ut_type:
@@ -386,13 +390,24 @@ def _jupyter_time_sighting(label: str, value: object) -> list[Sighting]:
 
 
 def jupyter_sightings(
-    runtime_dirs: Iterable[str], now: float, timeout: float = HTTP_TIMEOUT_SECONDS, proc_root: str = "/proc"
+    runtime_dirs: Iterable[str],
+    now: float,
+    timeout: float = HTTP_TIMEOUT_SECONDS,
+    proc_root: str = "/proc",
+    budget_seconds: float = JUPYTER_BUDGET_SECONDS,
 ) -> list[Sighting]:
+    """Sightings of every live loopback Jupyter server, within a time budget for all of them together.
+
+    Any local user can write runtime files; the budget keeps a pile of slow fake servers from making the
+    whole run miss its minute (what is not asked in time is simply not seen)."""
     sightings = []
+    deadline = time.monotonic() + budget_seconds
     for path in jupyter_runtime_files(runtime_dirs):
+        if time.monotonic() > deadline:
+            LOG.warning("Jupyter budget of %.0f s spent: %s and later runtime files not asked", budget_seconds, path)
+            break
         try:
-            with open(path, encoding="utf-8") as handle:
-                info = json.load(handle)
+            info = json.loads(read_small_file(path, RUNTIME_FILE_MAX_BYTES))
         except (OSError, ValueError) as error:
             LOG.warning("ignoring Jupyter runtime file %s: %s", path, error)
             continue
@@ -404,6 +419,21 @@ def jupyter_sightings(
         except (OSError, ValueError, urllib.error.URLError) as error:
             LOG.warning("no answer from %s: %s", server.label, error)
     return sightings
+
+
+def read_small_file(path: str, max_bytes: int) -> bytes:
+    """A regular file's bytes; OSError/ValueError for a FIFO, a device or anything larger than max_bytes.
+
+    Opened non-blocking and checked before reading: a runtime "file" may be a FIFO or /dev/zero behind a
+    symlink planted by another local user."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > max_bytes:
+            raise ValueError(f"larger than {max_bytes} bytes")
+        return handle.read(max_bytes)
 
 
 # --- source 3: VS Code remote -------------------------------------------------------------------------------
@@ -434,6 +464,62 @@ def vscode_sightings(homes: Iterable[str]) -> list[Sighting]:
             if newest is not None:
                 sightings.append(Sighting(f"vscode save ({os.path.basename(home.rstrip('/'))})", newest))
     return sightings
+
+
+def vscode_terminal_sightings(proc_root: str = "/proc", dev_root: str = "/dev") -> list[Sighting]:
+    """Last input in VS Code's integrated terminals: the access time of each terminal shell's pty.
+
+    Those pseudo-terminals are not in utmp. Their shells are children of the VS Code server's pty host (a
+    process under ~/.vscode-server or ~/.vscode-remote started with --type=ptyHost), and a shell's
+    controlling terminal is in /proc/<pid>/stat, readable without privilege. As with SSH terminals, only
+    what the person types touches the access time; an open terminal nobody types in ages."""
+    processes = _processes(proc_root)
+    pty_hosts = {pid for pid, (cmdline, _ppid, _tty) in processes.items() if _is_vscode_pty_host(cmdline)}
+    sightings = []
+    seen: set[int] = set()
+    for _cmdline, ppid, tty_nr in processes.values():
+        index = _pts_index(tty_nr)
+        if ppid not in pty_hosts or index is None or index in seen:
+            continue
+        seen.add(index)
+        try:
+            atime = os.stat(os.path.join(dev_root, "pts", str(index))).st_atime
+        except OSError:
+            continue
+        sightings.append(Sighting(f"vscode terminal pts/{index}", atime))
+    return sightings
+
+
+def _processes(proc_root: str) -> dict[int, tuple[str, int, int]]:
+    """pid -> (command line, parent pid, controlling tty number) of every process still there."""
+    table = {}
+    for name in os.listdir(proc_root):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, name, "cmdline"), "rb") as handle:
+                cmdline = handle.read(8192).replace(b"\0", b" ").decode("utf-8", "replace")
+            with open(os.path.join(proc_root, name, "stat"), "rb") as handle:
+                line = handle.read(4096).decode("utf-8", "replace")
+            # "pid (comm) state ppid pgrp session tty_nr ...": comm may hold spaces and parentheses.
+            fields = line[line.rindex(")") + 2 :].split()
+            table[int(name)] = (cmdline, int(fields[1]), int(fields[4]))
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not readable
+    return table
+
+
+def _is_vscode_pty_host(cmdline: str) -> bool:
+    return "--type=ptyHost" in cmdline and any("/" + name + "/" in cmdline for name in VSCODE_SERVER_DIRS)
+
+
+def _pts_index(tty_nr: int) -> int | None:
+    """/dev/pts/<index> of a controlling-terminal number, None for anything but a pseudo-terminal slave."""
+    major = (tty_nr >> 8) & 0xFFF
+    minor = (tty_nr & 0xFF) | ((tty_nr >> 12) & 0xFFF00)
+    if not 136 <= major <= 143:  # UNIX98_PTY_SLAVE_MAJOR and its 7 companions
+        return None
+    return (major - 136) * 256 + minor
 
 
 # --- wiring: every source, each one fenced, then the decision -----------------------------------------------
@@ -485,6 +571,7 @@ def collect(now: float, settings: Settings | None = None) -> tuple[float, list[S
             ),
         ),
         ("vscode", lambda: vscode_sightings(homes)),
+        ("vscode-terminal", lambda: vscode_terminal_sightings(settings.proc_root, settings.dev_root)),
     ]
     sightings: list[Sighting] = []
     for name, source in sources:
@@ -540,6 +627,8 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
     parser.add_argument(
         "--home", action="append", default=[], help="look only in this home directory (default: every user's)"
     )
+    parser.add_argument("--proc-root", default="/proc", help="procfs to read (a container sees the host's elsewhere)")
+    parser.add_argument("--dev-root", default="/dev", help="device directory holding the ttys")
     parser.add_argument("--timeout", type=float, default=HTTP_TIMEOUT_SECONDS, help="Jupyter API timeout, seconds")
     parser.add_argument("--verbose", action="store_true", help="log every skipped source")
     args = parser.parse_args(argv)
@@ -555,6 +644,8 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
         now,
         Settings(
             utmp_path=args.utmp,
+            dev_root=args.dev_root,
+            proc_root=args.proc_root,
             homes=tuple(args.home) or None,
             ignore_users=tuple(args.ignore_user),
             http_timeout=args.timeout,

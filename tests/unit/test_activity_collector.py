@@ -60,6 +60,31 @@ def make_dev(tmp_path: Path, atimes: dict[str, float]) -> Path:
     return dev
 
 
+def fake_proc(tmp_path: Path, processes: dict[int, tuple[bytes, str]] | None = None) -> Path:
+    """A stand-in for /proc: our own pid (a running Jupyter server) and the given (cmdline, stat) pairs."""
+    proc = tmp_path / "proc"
+    (proc / str(os.getpid())).mkdir(parents=True, exist_ok=True)
+    for pid, (cmdline, stat_line) in (processes or {}).items():
+        (proc / str(pid)).mkdir()
+        (proc / str(pid) / "cmdline").write_bytes(cmdline)
+        (proc / str(pid) / "stat").write_text(stat_line)
+    return proc
+
+
+def nobody_here_args(tmp_path: Path) -> list[str]:
+    """Command-line arguments that point every source at an empty stand-in, never at this machine."""
+    return [
+        "--utmp",
+        str(DATA / "utmp-no-sessions.bin"),
+        "--home",
+        str(tmp_path),
+        "--proc-root",
+        str(fake_proc(tmp_path)),
+        "--dev-root",
+        str(tmp_path / "dev"),
+    ]
+
+
 # --- the file itself ----------------------------------------------------------------------------------------
 
 
@@ -439,6 +464,77 @@ def test_vscode_saves_count_an_open_untouched_window_does_not(tmp_path: Path) ->
     assert agent.minutes_since_input(sightings, NOW) == pytest.approx(7)
 
 
+def pty(index: int) -> int:
+    """The tty_nr of /dev/pts/<index> as /proc/<pid>/stat shows it (major 136 + index / 256)."""
+    major, minor = 136 + index // 256, index % 256
+    return (major << 8) | (minor & 0xFF) | ((minor & ~0xFF) << 12)
+
+
+def stat_line(pid: int, comm: str, ppid: int, tty_nr: int) -> str:
+    return f"{pid} ({comm}) S {ppid} {pid} {pid} {tty_nr} {pid} 4194560 1234 0 0 0 12 3 0 0 20 0 1 0 8123 0 0\n"
+
+
+def test_vscode_integrated_terminals_count_by_their_pty(tmp_path: Path) -> None:
+    server = b"/home/alice/.vscode-server/cli/servers/Stable-f1e16e1e/server"
+    pty_host = server + b"/node\0" + server + b"/out/bootstrap-fork\0--type=ptyHost\0--logsPath\0/tmp/logs\0"
+    proc = fake_proc(
+        tmp_path,
+        {
+            100: (pty_host, stat_line(100, "node", 90, 0)),
+            101: (b"/bin/bash\0--init-file\0x\0", stat_line(101, "bash", 100, pty(7))),
+            102: (b"-bash\0", stat_line(102, "bash", 1, pty(8))),  # an SSH shell: utmp's business
+            103: (b"/usr/bin/htop\0", stat_line(103, "tmux: (client) S 1", 100, pty(9))),  # ")" in comm
+            104: (b"/bin/sh\0", stat_line(104, "sh", 100, 0)),  # no terminal
+            105: (b"python\0--type=ptyHost\0", stat_line(105, "python", 1, 0)),  # not VS Code's
+            106: (b"/bin/zsh\0", stat_line(106, "zsh", 105, pty(10))),
+        },
+    )
+    dev = make_dev(
+        tmp_path,
+        {f"pts/{n}": minutes_before_now(m) for n, m in ((7, 4), (8, 1), (9, 30), (10, 0))},
+    )
+    sightings = agent.vscode_terminal_sightings(str(proc), str(dev))
+    assert {s.source: round((NOW - s.at) / 60) for s in sightings} == {
+        "vscode terminal pts/7": 4,
+        "vscode terminal pts/9": 30,
+    }
+
+
+@pytest.mark.parametrize(("index", "tty_nr"), [(0, 34816), (7, 34823), (255, 35071), (256, 35072), (300, pty(300))])
+def test_pts_index_from_tty_nr(index: int, tty_nr: int) -> None:
+    assert agent._pts_index(tty_nr) == index
+
+
+@pytest.mark.parametrize("tty_nr", [0, (4 << 8) | 1, (5 << 8) | 0])  # none, tty1, /dev/tty
+def test_only_pseudo_terminals_have_a_pts_index(tty_nr: int) -> None:
+    assert agent._pts_index(tty_nr) is None
+
+
+def test_runtime_files_that_are_not_small_regular_files_are_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    os.mkfifo(rt / "jpserver-1.json")  # reading would block forever
+    (rt / "jpserver-2.json").symlink_to("/dev/zero")  # reading would never end
+    (rt / "jpserver-3.json").write_text(json.dumps({"url": "http://127.0.0.1:1/", "pad": "x" * 70_000}))
+    with caplog.at_level(logging.WARNING):
+        assert agent.jupyter_sightings([str(rt)], NOW) == []
+    assert caplog.text.count("not a regular file") == 2
+    assert "larger than 65536 bytes" in caplog.text
+
+
+def test_jupyter_budget_stops_asking(tmp_path: Path, jupyter: FakeJupyter, caplog: pytest.LogCaptureFixture) -> None:
+    info = write_runtime(
+        tmp_path / "rt", "jpserver-1.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/"
+    )
+    jupyter.serve("/", info["token"], b'{"last_activity": "2024-05-01T09:59:00Z"}', b"[]")
+    with caplog.at_level(logging.WARNING):
+        assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW, budget_seconds=-1) == []
+    assert jupyter.requests == []
+    assert "budget" in caplog.text
+
+
 # --- the whole collector ------------------------------------------------------------------------------------
 
 
@@ -458,7 +554,12 @@ def test_collect_takes_the_minimum_over_every_source(tmp_path: Path, jupyter: Fa
     )
     dev = make_dev(tmp_path, {"pts/0": minutes_before_now(64), "pts/1": minutes_before_now(300)})
     settings = agent.Settings(
-        utmp_path=str(DATA / "utmp-sessions.bin"), dev_root=str(dev), homes=[str(home)], environ={}, use_who=False
+        utmp_path=str(DATA / "utmp-sessions.bin"),
+        dev_root=str(dev),
+        proc_root=str(fake_proc(tmp_path)),
+        homes=[str(home)],
+        environ={},
+        use_who=False,
     )
     minutes, sightings = agent.collect(NOW, settings)
     assert minutes == pytest.approx(39.5, abs=0.01)  # the Jupyter kernel beats alice's terminal (64) and bob's (300)
@@ -467,7 +568,11 @@ def test_collect_takes_the_minimum_over_every_source(tmp_path: Path, jupyter: Fa
 
 def test_no_human_session_publishes_the_cap(tmp_path: Path) -> None:
     settings = agent.Settings(
-        utmp_path=str(DATA / "utmp-no-sessions.bin"), homes=[str(tmp_path)], environ={}, use_who=False
+        utmp_path=str(DATA / "utmp-no-sessions.bin"),
+        proc_root=str(fake_proc(tmp_path)),
+        homes=[str(tmp_path)],
+        environ={},
+        use_who=False,
     )
     assert agent.collect(NOW, settings) == (10080, [])
 
@@ -481,7 +586,13 @@ def test_a_crashing_source_leaves_the_others(
     monkeypatch.setattr(agent, "jupyter_sightings", broken)
     monkeypatch.setattr(agent, "vscode_sightings", broken)
     dev = make_dev(tmp_path, {"pts/1": minutes_before_now(3)})
-    settings = agent.Settings(utmp_path=str(DATA / "utmp-sessions.bin"), dev_root=str(dev), homes=[], environ={})
+    settings = agent.Settings(
+        utmp_path=str(DATA / "utmp-sessions.bin"),
+        dev_root=str(dev),
+        proc_root=str(fake_proc(tmp_path)),
+        homes=[],
+        environ={},
+    )
     with caplog.at_level(logging.ERROR):
         minutes, _ = agent.collect(NOW, settings)
     assert minutes == pytest.approx(3)
@@ -489,7 +600,9 @@ def test_a_crashing_source_leaves_the_others(
 
 
 def test_unreadable_utmp_without_who_is_no_terminal_information(tmp_path: Path) -> None:
-    settings = agent.Settings(utmp_path=str(tmp_path / "missing"), homes=[], environ={}, use_who=False)
+    settings = agent.Settings(
+        utmp_path=str(tmp_path / "missing"), proc_root=str(fake_proc(tmp_path)), homes=[], environ={}, use_who=False
+    )
     assert agent.collect(NOW, settings) == (10080, [])
 
 
@@ -525,7 +638,7 @@ def test_main_sends_one_gauge_to_the_agent(
 ) -> None:
     monkeypatch.delenv("JUPYTER_RUNTIME_DIR", raising=False)
     port = statsd.getsockname()[1]
-    argv = ["--statsd", f"127.0.0.1:{port}", "--utmp", str(DATA / "utmp-no-sessions.bin"), "--home", str(tmp_path)]
+    argv = ["--statsd", f"127.0.0.1:{port}", *nobody_here_args(tmp_path)]
     assert agent.main(argv, clock=lambda: NOW) == 0
     assert statsd.recv(1024) == b"idle_reaper_minutes_since_input:10080|g"
 
@@ -535,15 +648,7 @@ def test_print_mode_prints_and_sends_nothing(
 ) -> None:
     monkeypatch.delenv("JUPYTER_RUNTIME_DIR", raising=False)
     port = statsd.getsockname()[1]
-    argv = [
-        "--print",
-        "--statsd",
-        f"127.0.0.1:{port}",
-        "--utmp",
-        str(DATA / "utmp-no-sessions.bin"),
-        "--home",
-        str(tmp_path),
-    ]
+    argv = ["--print", "--statsd", f"127.0.0.1:{port}", *nobody_here_args(tmp_path)]
     assert agent.main(argv, clock=lambda: NOW) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "idle_reaper_minutes_since_input 10080"
     statsd.settimeout(0.2)
@@ -570,16 +675,7 @@ def test_statsd_address_must_be_loopback(address: str, error: str, capsys: pytes
 
 def test_agent_runs_as_a_script(tmp_path: Path) -> None:
     out = subprocess.run(
-        [
-            sys.executable,
-            "-I",
-            str(AGENT_FILE),
-            "--print",
-            "--utmp",
-            str(DATA / "utmp-no-sessions.bin"),
-            "--home",
-            str(tmp_path),
-        ],
+        [sys.executable, "-I", str(AGENT_FILE), "--print", *nobody_here_args(tmp_path)],
         capture_output=True,
         text=True,
         timeout=60,
