@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import os
+import platform
 import pwd
 import re
 import socket
@@ -63,12 +64,16 @@ HTTP_TIMEOUT_SECONDS = 2.0
 JUPYTER_BUDGET_SECONDS = 15.0  # all Jupyter servers together; the systemd unit allows a run 30 s
 RUNTIME_FILE_MAX_BYTES = 64 * 1024
 
-# glibc `struct utmp` on x86_64 and aarch64 (bits/utmp.h), 384 bytes, little-endian, no padding besides
-# the 2 bytes after ut_type:
+# glibc `struct utmp` (bits/utmp.h), little-endian. On x86_64 (__WORDSIZE_TIME64_COMPAT32) the session
+# and the time are 32-bit, 384 bytes, no padding besides the 2 bytes after ut_type:
 #   0 ut_type (short)  2 pad  4 ut_pid (int32)  8 ut_line[32]  40 ut_id[4]  44 ut_user[32]
 #   76 ut_host[256]  332 ut_exit (2 x short)  336 ut_session (int32)  340 ut_tv (2 x int32: sec, usec)
 #   348 ut_addr_v6 (4 x int32)  364 reserved[20]
+# On aarch64 they are `long` and `struct timeval`: 336 ut_session (int64)  344 ut_tv (2 x int64)
+#   360 ut_addr_v6  376 reserved[20]  396 tail padding to 400 (8-byte alignment).
 UTMP_RECORD = struct.Struct("<h2xi32s4s32s256shhiii16s20x")
+UTMP_RECORD_AARCH64 = struct.Struct("<h2xi32s4s32s256shhqqq16s20x4x")
+UTMP_RECORD_BY_MACHINE = {"aarch64": UTMP_RECORD_AARCH64, "arm64": UTMP_RECORD_AARCH64}
 UTMP_USER_PROCESS = 7
 UTMP_DEFAULT_PATH = "/var/run/utmp"
 
@@ -124,14 +129,12 @@ def sighting_minutes(sighting: Sighting, now: float, cap: int = CAP_MINUTES) -> 
 # --- source 1: interactive terminals (utmp + tty access time, or `who -u`) --------------------------------
 
 
-def parse_utmp(data: bytes) -> list[UtmpEntry]:
-    """Every whole record of a glibc utmp file; a trailing partial record is ignored."""
+def parse_utmp(data: bytes, record: struct.Struct | None = None) -> list[UtmpEntry]:
+    """Every whole record of a glibc utmp file (this machine's layout by default); a partial one is ignored."""
+    record = UTMP_RECORD_BY_MACHINE.get(platform.machine(), UTMP_RECORD) if record is None else record
     entries = []
-    size = UTMP_RECORD.size
-    for offset in range(0, len(data) - size + 1, size):
-        ut_type, pid, line, _id, user, host, _term, _exit, _session, sec, usec, _addr = UTMP_RECORD.unpack_from(
-            data, offset
-        )
+    for offset in range(0, len(data) - record.size + 1, record.size):
+        ut_type, pid, line, _id, user, host, _term, _exit, _session, sec, usec, _addr = record.unpack_from(data, offset)
         entries.append(UtmpEntry(ut_type, pid, _c_string(line), _c_string(user), _c_string(host), sec + usec / 1e6))
     return entries
 

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,6 +44,12 @@ agent = _load_agent()
 # The fixtures' Jupyter timestamps are on 2024-05-01; the collector's clock is injected.
 NOW = datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC).timestamp()
 BOOT = datetime(2024, 5, 1, 8, 0, 0, tzinfo=UTC).timestamp()
+
+
+@pytest.fixture(autouse=True)
+def x86_64_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The utmp fixtures hold x86_64 records: read them as such on any machine running the tests."""
+    monkeypatch.setattr(agent.platform, "machine", lambda: "x86_64")
 
 
 def minutes_before_now(minutes: float) -> float:
@@ -140,17 +147,44 @@ class GlibcUtmp(ctypes.Structure):
     )
 
 
-def test_utmp_layout_matches_the_c_struct() -> None:
-    assert ctypes.sizeof(GlibcUtmp) == agent.UTMP_RECORD.size == 384
-    record = GlibcUtmp(ut_type=7, ut_pid=31337, ut_line=b"pts/9", ut_id=b"ts/9", ut_user=b"zoe", ut_host=b"192.0.2.9")
+class GlibcTimeval64(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_int64), ("tv_usec", ctypes.c_int64))
+
+
+class GlibcUtmpAarch64(ctypes.Structure):
+    """The same struct where glibc does not keep 32-bit times (aarch64): `long` session, `struct timeval`."""
+
+    _fields_ = (
+        *GlibcUtmp._fields_[:7],
+        ("ut_session", ctypes.c_int64),
+        ("ut_tv", GlibcTimeval64),
+        *GlibcUtmp._fields_[9:],
+    )
+
+
+@pytest.mark.parametrize(
+    ("c_struct", "layout", "size"),
+    [(GlibcUtmp, agent.UTMP_RECORD, 384), (GlibcUtmpAarch64, agent.UTMP_RECORD_AARCH64, 400)],
+)
+def test_utmp_layout_matches_the_c_struct(c_struct: type[ctypes.Structure], layout: Any, size: int) -> None:
+    assert ctypes.sizeof(c_struct) == layout.size == size
+    record = c_struct(ut_type=7, ut_pid=31337, ut_line=b"pts/9", ut_id=b"ts/9", ut_user=b"zoe", ut_host=b"192.0.2.9")
     record.ut_tv.tv_sec, record.ut_tv.tv_usec = 1714557600, 500000
-    [entry] = agent.parse_utmp(bytes(record))
+    [entry] = agent.parse_utmp(bytes(record), layout)
     assert entry == agent.UtmpEntry(7, 31337, "pts/9", "zoe", "192.0.2.9", 1714557600.5)
+
+
+def test_utmp_layout_follows_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    record = GlibcUtmpAarch64(ut_type=7, ut_pid=1, ut_line=b"pts/1", ut_user=b"zoe")
+    monkeypatch.setattr(agent.platform, "machine", lambda: "aarch64")
+    assert [e.user for e in agent.parse_utmp(bytes(record) * 2)] == ["zoe", "zoe"]
+    monkeypatch.setattr(agent.platform, "machine", lambda: "x86_64")
+    assert len(agent.parse_utmp(bytes(record) * 2)) == 2 * 400 // 384  # read with the wrong layout
 
 
 def test_utmp_fixture_parses_every_record_and_ignores_a_partial_one() -> None:
     data = (DATA / "utmp-sessions.bin").read_bytes()
-    entries = agent.parse_utmp(data + data[:100])
+    entries = agent.parse_utmp(data + data[:100], agent.UTMP_RECORD)
     assert len(entries) == 10
     assert [(e.type, e.user, e.line) for e in entries[:4]] == [
         (2, "reboot", "~"),
@@ -163,7 +197,7 @@ def test_utmp_fixture_parses_every_record_and_ignores_a_partial_one() -> None:
 
 
 def test_only_interactive_sessions_on_a_tty_count() -> None:
-    entries = agent.parse_utmp((DATA / "utmp-sessions.bin").read_bytes())
+    entries = agent.parse_utmp((DATA / "utmp-sessions.bin").read_bytes(), agent.UTMP_RECORD)
     # Not: boot/run-level/getty/dead records, carol's X display, mallory's path, the automation account.
     assert agent.human_tty_lines(entries, ignore_users=("ci-runner",)) == [
         ("alice", "pts/0"),
@@ -322,6 +356,21 @@ def write_runtime(runtime_dir: Path, name: str, fixture: str, url: str, **change
     return info
 
 
+def run_fixture_server(jupyter: FakeJupyter, runtime_dir: Path, flavour: str, url: str) -> None:
+    """A runtime file and the API answers of one recorded server: "lab4" (jupyter_server 2) or "notebook6"."""
+    name, fixture = {
+        "lab4": ("jpserver-4242.json", "runtime-jpserver-lab4.json"),
+        "notebook6": ("nbserver-1717.json", "runtime-nbserver-notebook6.json"),
+    }[flavour]
+    info = write_runtime(runtime_dir, name, fixture, url.format(port=jupyter.port))
+    jupyter.serve(
+        urllib.parse.urlsplit(url).path,
+        info["token"],
+        (DATA / f"api-status-{flavour}.json").read_bytes(),
+        (DATA / f"api-kernels-{flavour}.json").read_bytes(),
+    )
+
+
 def alice_home(tmp_path: Path) -> Path:
     return tmp_path / "home" / "alice"
 
@@ -331,18 +380,7 @@ def runtime_dir_of(home: Path) -> Path:
 
 
 def test_jupyterlab4_busy_kernel_is_input_now(tmp_path: Path, jupyter: FakeJupyter) -> None:
-    info = write_runtime(
-        runtime_dir_of(alice_home(tmp_path)),
-        "jpserver-4242.json",
-        "runtime-jpserver-lab4.json",
-        f"http://localhost:{jupyter.port}/user/alice/",
-    )
-    jupyter.serve(
-        "/user/alice/",
-        info["token"],
-        (DATA / "api-status-lab4.json").read_bytes(),
-        (DATA / "api-kernels-lab4.json").read_bytes(),
-    )
+    run_fixture_server(jupyter, runtime_dir_of(alice_home(tmp_path)), "lab4", "http://localhost:{port}/user/alice/")
     sightings = agent.jupyter_sightings(agent.jupyter_runtime_dirs([str(alice_home(tmp_path))], {}), NOW)
     by_source = {s.source: round((NOW - s.at) / 60, 2) for s in sightings}
     assert by_source == {
@@ -357,15 +395,7 @@ def test_jupyterlab4_busy_kernel_is_input_now(tmp_path: Path, jupyter: FakeJupyt
 
 def test_notebook6_runtime_file_from_jupyter_runtime_dir(tmp_path: Path, jupyter: FakeJupyter) -> None:
     runtime = tmp_path / "custom-runtime"
-    info = write_runtime(
-        runtime, "nbserver-1717.json", "runtime-nbserver-notebook6.json", f"http://127.0.0.1:{jupyter.port}/"
-    )
-    jupyter.serve(
-        "/",
-        info["token"],
-        (DATA / "api-status-notebook6.json").read_bytes(),
-        (DATA / "api-kernels-notebook6.json").read_bytes(),
-    )
+    run_fixture_server(jupyter, runtime, "notebook6", "http://127.0.0.1:{port}/")
     dirs = agent.jupyter_runtime_dirs([str(tmp_path / "nobody")], {"JUPYTER_RUNTIME_DIR": str(runtime)})
     sightings = agent.jupyter_sightings(dirs, NOW)
     assert agent.minutes_since_input(sightings, NOW) == pytest.approx(39.5, abs=0.01)  # the kernel at 09:20:30.25
@@ -540,18 +570,7 @@ def test_jupyter_budget_stops_asking(tmp_path: Path, jupyter: FakeJupyter, caplo
 
 def test_collect_takes_the_minimum_over_every_source(tmp_path: Path, jupyter: FakeJupyter) -> None:
     home = alice_home(tmp_path)
-    info = write_runtime(
-        runtime_dir_of(home),
-        "nbserver-1717.json",
-        "runtime-nbserver-notebook6.json",
-        f"http://127.0.0.1:{jupyter.port}/",
-    )
-    jupyter.serve(
-        "/",
-        info["token"],
-        (DATA / "api-status-notebook6.json").read_bytes(),
-        (DATA / "api-kernels-notebook6.json").read_bytes(),
-    )
+    run_fixture_server(jupyter, runtime_dir_of(home), "notebook6", "http://127.0.0.1:{port}/")
     dev = make_dev(tmp_path, {"pts/0": minutes_before_now(64), "pts/1": minutes_before_now(300)})
     settings = agent.Settings(
         utmp_path=str(DATA / "utmp-sessions.bin"),
