@@ -112,12 +112,15 @@ class PolicyStore:
         refs: dict[str, TeamPolicyRef] = {}
         for param in self.stored_teams():
             team = param.name.rsplit("/", 1)[-1]
+            # One team's bad parameter puts that team alone in safe mode; the rest of the fleet is swept.
+            # parse_team_policy turns every failure into a PolicyError; the catch-all is a second net.
             try:
                 policy = parse_team_policy(param.name, param.value, settings.default_policy)
                 refs[team] = TeamPolicyRef(team=team, policy=policy, source=param.name, version=param.version)
-            except PolicyError as exc:
+            except Exception as exc:
+                error = exc if isinstance(exc, PolicyError) else PolicyError(param.name, [f"{type(exc).__name__}"])
                 refs[team] = TeamPolicyRef(
-                    team=team, policy=None, source=param.name, version=param.version, error=str(exc)
+                    team=team, policy=None, source=param.name, version=param.version, error=str(error)
                 )
         return refs
 

@@ -7,13 +7,22 @@ override of the default policy held in settings; fields it does not name come fr
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import Annotated, Any, Literal, TypeVar
+from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 # Instance families that carry NVIDIA GPUs. A machine of these families without GPU metrics is
@@ -62,12 +71,58 @@ SCHEDULE_FIELDS = (
 )
 
 
+def shown(value: object, limit: int = 60, quote: Callable[[Any], str] = repr) -> str:
+    """A value quoted for an error message, cut short: a 4,000-character id must not become the message."""
+    text = quote(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# What each identifier pattern means, for error messages; the pattern itself is in the JSON Schema.
+_KINDS: dict[str, str] = {}
+
+
+def _identifier(kind: str, pattern: str, max_length: int) -> StringConstraints:
+    """Length first (a huge value fails fast, before any regex or file lookup), then the pattern."""
+    _KINDS[pattern] = kind
+    return StringConstraints(min_length=1, max_length=max_length, pattern=pattern)
+
+
 def _check_zone(value: str) -> str:
     try:
         ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"unknown IANA time zone {value!r} (e.g. 'Europe/Berlin', 'UTC')") from None
+    except Exception:  # ZoneInfoNotFoundError, ValueError, OSError (a directory, a name too long): all "unknown"
+        raise ValueError(f"unknown IANA time zone {shown(value)} (e.g. 'Europe/Berlin', 'UTC')") from None
     return value
+
+
+# Identifiers, each validated as its kind with a bounded length. Slack ids are upper-case letters and
+# digits after a one-letter prefix, 9-11 characters today; 32 leaves room for Slack to grow them.
+SlackUserId = Annotated[str, _identifier("a Slack user id (U... or W..., e.g. U0123ABCD)", r"^[UW][A-Z0-9]{2,31}$", 32)]
+SlackMember = Annotated[
+    str, _identifier("a Slack user id (U..., W...) or user group id (S...)", r"^[UWS][A-Z0-9]{2,31}$", 32)
+]
+SlackChannelId = Annotated[
+    str, _identifier("a Slack channel id (C..., G... or D..., e.g. C0123ABCD)", r"^[CGD][A-Z0-9]{2,31}$", 32)
+]
+TimeZoneName = Annotated[
+    str,
+    _identifier("an IANA time zone name (e.g. Europe/Berlin)", r"^[A-Za-z][A-Za-z0-9_+/-]{0,63}$", 64),
+    AfterValidator(_check_zone),
+]
+ClockTime = Annotated[str, _identifier("a time of day HH:MM (00:00-23:59)", _HHMM, 5)]
+# EC2 tag keys: 1-128 Unicode letters, digits, spaces and _ . : / = + - @.
+TagKey = Annotated[
+    str,
+    _identifier("an EC2 tag key (letters, digits, spaces, _ . : / = + - @)", r"^[\p{L}\p{Z}\p{N}_.:/=+\-@]+$", 128),
+]
+# CloudWatch: a namespace is 1-255 of A-Z a-z 0-9 . - _ / # : and space, not starting with a space or ':';
+# a metric name is 1-255 printable characters.
+MetricNamespace = Annotated[
+    str, _identifier("a CloudWatch namespace (e.g. AWS/EC2, CWAgent)", r"^[0-9A-Za-z._/#-][0-9A-Za-z._/#: -]*$", 255)
+]
+MetricName = Annotated[str, _identifier("a CloudWatch metric name (printable characters)", r"^[^\x00-\x1f\x7f]+$", 255)]
+SlashCommand = Annotated[str, _identifier("a slash command (e.g. /idle-reaper)", r"^/[a-z0-9_-]{1,31}$", 32)]
+InstanceFamily = Annotated[str, _identifier("an EC2 instance family (e.g. g5, p4d)", r"^[a-z][a-z0-9-]{0,15}$", 16)]
 
 
 def _minute_of_day(hhmm: str) -> int:
@@ -87,13 +142,13 @@ class Schedule(_Strict):
     days: tuple[Day, ...] = Field(
         min_length=1, description="Days on which the period starts; a period past midnight ends the next day."
     )
-    start: str = Field("00:00", pattern=_HHMM, description="Local start time, HH:MM.")
+    start: ClockTime = Field("00:00", description="Local start time, HH:MM.")
     end: str = Field(
         "24:00",
         pattern=r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$",
         description="Local end time, HH:MM, exclusive; 24:00 is midnight; earlier than start runs past midnight.",
     )
-    timezone: str | None = Field(
+    timezone: TimeZoneName | None = Field(
         None, description="IANA time zone, e.g. Europe/Berlin. Default: the policy's timezone."
     )
     idle_minutes: int | None = Field(None, ge=15, le=1440)
@@ -118,11 +173,6 @@ class Schedule(_Strict):
         if len(set(value)) != len(value):
             raise ValueError("a day is listed twice")
         return value
-
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, value: str | None) -> str | None:
-        return None if value is None else _check_zone(value)
 
     @model_validator(mode="after")
     def _meaningful(self) -> Schedule:
@@ -212,16 +262,16 @@ class TeamPolicy(_Strict):
     notify: Literal["owner", "channel", "both"] = Field(
         "both", description="Where warnings go: the owner's DMs, the team channel, or both."
     )
-    slack_channel: str | None = Field(
-        None, pattern=r"^[CG][A-Z0-9]{2,}$", description="Team channel id for warnings (e.g. C0123ABCD)."
-    )
-    members: tuple[str, ...] = Field(
-        (), description="Slack user ids (U..., W...) or user group ids (S...) who may answer for any team machine."
+    slack_channel: SlackChannelId | None = Field(None, description="Team channel id for warnings (e.g. C0123ABCD).")
+    members: tuple[SlackMember, ...] = Field(
+        (),
+        max_length=500,
+        description="Slack user ids (U..., W...) or user group ids (S...) who may answer for any team machine.",
     )
     max_snooze_hours: int = Field(8, ge=1, le=72, description="Longest a single 'keep' may last.")
     max_snoozes_per_day: int = Field(3, ge=0, le=50, description="How many 'keep' answers a machine may get a day.")
-    timezone: str = Field("UTC", description="The team's IANA time zone, for 'keep until tomorrow morning'.")
-    morning: str = Field("09:00", pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$", description="When 'morning' starts.")
+    timezone: TimeZoneName = Field("UTC", description="The team's IANA time zone, for 'keep until tomorrow morning'.")
+    morning: ClockTime = Field("09:00", description="When 'morning' starts.")
     # Admin controls: quiet hours, a hard cap on runtime, and weekly schedule overrides.
     quiet_hours: bool = Field(
         False,
@@ -241,23 +291,6 @@ class TeamPolicy(_Strict):
         description="Weekly overrides in local time, in one time zone. Schedules in force at the same time "
         "apply together and must set different fields.",
     )
-
-    @field_validator("timezone")
-    @classmethod
-    def _known_zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown time zone {value!r}") from None
-        return value
-
-    @field_validator("members")
-    @classmethod
-    def _slack_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [v for v in value if not re.fullmatch(r"[UWS][A-Z0-9]{2,}", v)]
-        if bad:
-            raise ValueError(f"not Slack user or user group ids: {', '.join(bad)}")
-        return value
 
     @field_validator("schedules")
     @classmethod
@@ -333,21 +366,19 @@ class TeamPolicy(_Strict):
 
 
 class TagKeys(_Strict):
-    team: str = Field("Team", min_length=1, max_length=128)
-    owner: str = Field("Owner", min_length=1, max_length=128)
-    exempt: str = Field("idle-reaper:exempt", min_length=1, max_length=128)
-    managed: str | None = Field(
+    team: TagKey = "Team"
+    owner: TagKey = "Owner"
+    exempt: TagKey = "idle-reaper:exempt"
+    managed: TagKey | None = Field(
         "idle-reaper:managed",
-        min_length=1,
-        max_length=128,
         description="Opt-in tag: only machines carrying it with the value `true` are swept (and IAM lets the "
         "reaper act only on those). null sweeps every machine with the team tag; the stack's IAM must match.",
     )
 
 
 class MetricSource(_Strict):
-    namespace: str = Field(min_length=1)
-    name: str = Field(min_length=1)
+    namespace: MetricNamespace
+    name: MetricName
 
 
 class MetricSettings(_Strict):
@@ -367,14 +398,12 @@ class Settings(_Strict):
     tags: TagKeys = TagKeys()
     metrics: MetricSettings = MetricSettings()
     default_policy: TeamPolicy = TeamPolicy()
-    gpu_instance_families: tuple[str, ...] = DEFAULT_GPU_FAMILIES
-    admins: tuple[str, ...] = Field((), description="Slack user ids of idle-reaper admins.")
-    admin_channel: str | None = Field(
-        None,
-        pattern=r"^[CG][A-Z0-9]{2,}$",
-        description="Slack channel id where admin alerts (invalid policies, failed sweeps, alarms) are posted.",
+    gpu_instance_families: tuple[InstanceFamily, ...] = Field(DEFAULT_GPU_FAMILIES, max_length=200)
+    admins: tuple[SlackUserId, ...] = Field((), max_length=100, description="Slack user ids of idle-reaper admins.")
+    admin_channel: SlackChannelId | None = Field(
+        None, description="Slack channel id where admin alerts (invalid policies, failed sweeps, alarms) are posted."
     )
-    slack_command: str = Field("/idle-reaper", pattern=r"^/[a-z0-9_-]{1,31}$", description="The slash command.")
+    slack_command: SlashCommand = Field("/idle-reaper", description="The slash command.")
 
 
 class PolicyError(Exception):
@@ -404,14 +433,50 @@ def _describe(error: ValidationError) -> list[str]:
             message = "unknown field (not in the schema: see `idle-reaper policy schema`)"
         else:
             message = item["msg"].removeprefix("Value error, ")
+            if item["type"] == "string_pattern_mismatch" and item.get("ctx", {}).get("pattern") in _KINDS:
+                message = f"not {_KINDS[item['ctx']['pattern']]}"
             # Our own rules already quote the values; pydantic's type and range messages do not.
             if isinstance(item.get("input"), str | int | float | bool) and item["type"] not in _QUOTING:
-                message += f" (got {json.dumps(item['input'])})"
+                message += f" (got {shown(item['input'], quote=json.dumps)})"
         problems.append(f"{json_path(item['loc'])}: {message}")
     return problems
 
 
+# Bounds checked before parsing. SSM's largest parameter (advanced tier) is 8 KB; a policy is a few
+# levels deep (settings > default_policy > schedules > [i] > days), so 10 levels is room to spare. Without
+# them a depth bomb of nested arrays escapes as RecursionError and takes the whole sweep down.
+MAX_PARAMETER_CHARS = 8192
+MAX_NESTING = 10
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest nesting of [ and { outside JSON strings (a cheap scan; the text is bounded)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 def _parse_object(parameter: str, text: str) -> dict[str, Any]:
+    if len(text) > MAX_PARAMETER_CHARS:
+        raise PolicyError(parameter, [f"too large: {len(text)} characters (at most {MAX_PARAMETER_CHARS})"])
+    if _nesting_depth(text) > MAX_NESTING:
+        raise PolicyError(parameter, [f"nested too deeply (more than {MAX_NESTING} levels of [ and {{)"])
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -421,21 +486,25 @@ def _parse_object(parameter: str, text: str) -> dict[str, Any]:
     return data
 
 
-def parse_settings(parameter: str, text: str) -> Settings:
-    data = _parse_object(parameter, text)
+def _validated(parameter: str, model: type[_Model], data: dict[str, Any]) -> _Model:
+    """Any failure, not only a ValidationError, becomes a PolicyError naming the parameter: one bad
+    parameter must put its team in safe mode, never take the sweep (or the CLI) down with a traceback."""
     try:
-        return Settings.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise PolicyError(parameter, _describe(exc)) from None
+    except Exception as exc:
+        raise PolicyError(parameter, [f"cannot be validated ({type(exc).__name__}: {shown(str(exc), 200)})"]) from None
+
+
+def parse_settings(parameter: str, text: str) -> Settings:
+    return _validated(parameter, Settings, _parse_object(parameter, text))
 
 
 def parse_team_policy(parameter: str, text: str, default: TeamPolicy) -> TeamPolicy:
     """A team parameter overrides fields of the default policy; the merged result is validated whole."""
     data = _parse_object(parameter, text)
-    try:
-        return TeamPolicy.model_validate({**default.model_dump(), **data})
-    except ValidationError as exc:
-        raise PolicyError(parameter, _describe(exc)) from None
+    return _validated(parameter, TeamPolicy, {**default.model_dump(), **data})
 
 
 class TeamPolicyRef(_Strict):

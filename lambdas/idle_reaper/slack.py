@@ -9,13 +9,14 @@ import os
 import re
 import secrets
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from slack_sdk import WebClient
-from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.errors import SlackApiError, SlackClientError, SlackObjectFormationError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 from slack_sdk.http_retry.handler import RetryHandler
 from slack_sdk.http_retry.request import HttpRequest
@@ -35,8 +36,8 @@ from slack_sdk.models.blocks import (
 )
 
 from idle_reaper.aws import StateStore
-from idle_reaper.core import KEEP_HOURS, Action, Decision, MachineRecord, keep_choices, next_morning
-from idle_reaper.notify import Delivery
+from idle_reaper.core import KEEP_HOURS, Action, Decision, Machine, MachineRecord, keep_choices, next_morning
+from idle_reaper.notify import Delivery, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.policy import TeamPolicy
 
@@ -44,8 +45,9 @@ DEFAULT_API_URL = "https://slack.com/api/"
 _PAST = {Action.STOP: "stopped", Action.HIBERNATE: "hibernated"}
 REF_TTL = timedelta(days=7)
 OWNER_CACHE_TTL = timedelta(days=7)
-SLACK_USER_ID = re.compile(r"^[UW][A-Z0-9]{2,}$")
-EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+SLACK_USER_ID = re.compile(r"^[UW][A-Z0-9]{2,31}$")
+EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
+MAX_EMAIL_CHARS = 254  # RFC 5321's longest address; a longer Owner tag is no email
 
 
 class SlackNotConfigured(Exception):
@@ -54,6 +56,15 @@ class SlackNotConfigured(Exception):
 
 class SlackUndelivered(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class SlackDelivery(Delivery):
+    """A warning that reached at least one target. `undelivered` holds, for each target that failed for
+    a reason retrying will not fix, what an admin must do (logged too); the warning still counts as
+    delivered, because a person can read and answer it."""
+
+    undelivered: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,8 +135,80 @@ def _money(value: float | None) -> str:
     return f"${value:,.2f}" if value is not None else "unknown"
 
 
-def machine_label(name: str | None, instance_id: str) -> str:
-    return f"{name} ({instance_id})" if name else instance_id
+# ---------------------------------------------------------------------------------------------
+# Block Kit limits, in characters, of the elements idle-reaper builds. slack-sdk's block models check
+# the same numbers and refuse to build a message over them (SlackObjectFormationError).
+HEADER_CHARS = 150  # header plain_text
+SECTION_CHARS = 3000  # section text
+FIELD_CHARS = 2000  # each section field (at most 10 fields)
+CONTEXT_CHARS = 2000  # each context element (at most 10 elements)
+BUTTON_CHARS = 75  # button text; its value may be 2000, ours is a 24-character reference
+OPTION_CHARS = 75  # overflow option text
+CONFIRM_TITLE_CHARS = 100
+CONFIRM_TEXT_CHARS = 300
+FALLBACK_CHARS = 3000  # top-level `text`: notifications and screen readers; Slack truncates at 40,000
+NAME_CHARS = 100  # a Name tag in a label (EC2 allows 256); the element's own limit applies after
+_JOINERS = ("\u200d",)  # zero-width joiner: the emoji on either side are one character to a reader
+
+
+def _utf16_units(char: str) -> int:
+    return 2 if ord(char) > 0xFFFF else 1
+
+
+def _attaches(char: str) -> bool:
+    """Whether `char` belongs to the character before it: a combining mark, a variation selector, an
+    emoji skin tone, or a zero-width joiner."""
+    code = ord(char)
+    return (
+        unicodedata.category(char) in ("Mn", "Mc", "Me")
+        or char in _JOINERS
+        or 0xFE00 <= code <= 0xFE0F
+        or 0x1F3FB <= code <= 0x1F3FF
+        or 0xE0100 <= code <= 0xE01EF
+    )
+
+
+def fit(text: str, limit: int, *, mrkdwn: bool = False) -> str:
+    """`text` cut to at most `limit` characters, ending in "…" when cut.
+
+    Counts UTF-16 code units (an emoji counts two), never fewer than slack-sdk's count of code points,
+    so the result fits however Slack counts. Never cuts inside a character or between a letter and its
+    combining marks or an emoji sequence. With `mrkdwn`, never cuts inside an escape (`&amp;`) or a
+    `<...>` token (a mention or date), which would otherwise render as garbage."""
+    if sum(map(_utf16_units, text)) <= limit:
+        return text
+    cut, used = 0, 0
+    for char in text:
+        used += _utf16_units(char)
+        if used > limit - 1:  # room for the ellipsis
+            break
+        cut += 1
+    while cut > 0 and (_attaches(text[cut]) or text[cut - 1] in _JOINERS):
+        cut -= 1
+    kept = text[:cut]
+    if mrkdwn:
+        opened = kept.rfind("<")
+        if opened > kept.rfind(">"):
+            kept = kept[:opened]
+        entity = kept.rfind("&")
+        if entity > kept.rfind(";"):
+            kept = kept[:entity]
+    return kept + "…"
+
+
+def escape(text: str) -> str:
+    """User text (a tag, a policy value, a reason quoting them) made inert in mrkdwn: no links,
+    mentions (`<!channel>`) or dates can be injected. Slack asks for exactly these three."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def machine_label(name: str | None, instance_id: str, *, mrkdwn: bool = True) -> str:
+    """ "name (i-0123...)" for a message: the Name tag cut to NAME_CHARS, and escaped for mrkdwn (every
+    caller's text is mrkdwn except plain_text elements: the header)."""
+    if not name:
+        return instance_id
+    shown = fit(name, NAME_CHARS)
+    return f"{escape(shown) if mrkdwn else shown} ({instance_id})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,57 +250,81 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
     morning_capped = next_morning(policy, now) - now > timedelta(hours=policy.max_snooze_hours)
     longest = f"keep_{policy.max_snooze_hours}h" if morning_capped else None  # already the morning button
     others = [c for c in keep_choices(policy) if c not in ("keep_2h", longest)]
+    # Every text that carries a tag, a policy value or a reason is escaped and fitted to its element.
+    label = machine_label(m.name, m.instance_id)
     buttons: list[Any] = [
-        ButtonElement(text="Keep 2 h", action_id="keep_2h", value=ref, style="primary"),
-        ButtonElement(text=_choice_label("keep_morning", policy, now), action_id="keep_morning", value=ref),
-        ButtonElement(
-            text="Stop now",
-            action_id="stop_now",
-            value=ref,
+        _button("Keep 2 h", "keep_2h", ref, style="primary"),
+        _button(_choice_label("keep_morning", policy, now), "keep_morning", ref),
+        _button(
+            "Stop now",
+            "stop_now",
+            ref,
             style="danger",
-            confirm=ConfirmObject(title="Stop it now?", text=f"{machine_label(m.name, m.instance_id)} will be {verb}."),
+            confirm=ConfirmObject(
+                title=fit("Stop it now?", CONFIRM_TITLE_CHARS),
+                text=fit(f"{label} will be {verb}.", CONFIRM_TEXT_CHARS, mrkdwn=True),
+            ),
         ),
     ]
     if others:
         buttons.append(
             OverflowMenuElement(
                 action_id="keep_other",
-                options=[Option(value=f"{ref}|{c}", text=_choice_label(c, policy, now)) for c in others],
+                options=[
+                    Option(value=f"{ref}|{c}", text=fit(_choice_label(c, policy, now), OPTION_CHARS)) for c in others
+                ],
             )
         )
+    policy_label = escape(decision.policy.label) if decision.policy else "?"
     return [
-        HeaderBlock(text=f"Idle machine: {machine_label(m.name, m.instance_id)}"[:150]),
+        HeaderBlock(text=fit(f"Idle machine: {machine_label(m.name, m.instance_id, mrkdwn=False)}", HEADER_CHARS)),
         SectionBlock(
             text=MarkdownTextObject(text=f"It will be *{verb}* at {date_token(stop_at)} unless someone keeps it."),
             fields=[
-                MarkdownTextObject(text=f"*Instance*\n`{m.instance_id}` · {m.instance_type}"),
-                MarkdownTextObject(text=f"*Team*\n{m.team}"),
-                MarkdownTextObject(text=f"*Cost*\n{_money(decision.hourly_cost)} per hour"),
-                MarkdownTextObject(text=f"*Idle for*\n{idle_minutes:.0f} min"),
+                _field("Instance", f"`{m.instance_id}` · {escape(m.instance_type)}"),
+                _field("Team", escape(m.team)),
+                _field("Cost", f"{_money(decision.hourly_cost)} per hour"),
+                _field("Idle for", f"{idle_minutes:.0f} min"),
             ],
         ),
         SectionBlock(
-            text=MarkdownTextObject(text=f"*Why it counts as idle:* {why} (busy means {thresholds.replace('<', '≥')})")
+            text=_mrkdwn(
+                f"*Why it counts as idle:* {escape(why)} (busy means {thresholds.replace('<', '≥')})", SECTION_CHARS
+            )
         ),
         ActionsBlock(block_id="idle_reaper_answer", elements=buttons),
         ContextBlock(
             elements=[
-                MarkdownTextObject(
-                    text=f"idle-reaper · policy {decision.policy.label if decision.policy else '?'} · "
-                    f"keep at most {policy.max_snooze_hours} h, {policy.max_snoozes_per_day} times a day"
+                _mrkdwn(
+                    f"idle-reaper · policy {policy_label} · "
+                    f"keep at most {policy.max_snooze_hours} h, {policy.max_snoozes_per_day} times a day",
+                    CONTEXT_CHARS,
                 )
             ]
         ),
     ]
 
 
+def _mrkdwn(text: str, limit: int) -> MarkdownTextObject:
+    return MarkdownTextObject(text=fit(text, limit, mrkdwn=True))
+
+
+def _field(title: str, value: str) -> MarkdownTextObject:
+    return _mrkdwn(f"*{title}*\n{value}", FIELD_CHARS)
+
+
+def _button(text: str, action_id: str, ref: str, **kw: Any) -> ButtonElement:
+    return ButtonElement(text=fit(text, BUTTON_CHARS), action_id=action_id, value=ref, **kw)
+
+
 def status_blocks(title: str, detail: str, *, ref: str | None = None, start_button: bool = False) -> list[Block]:
-    blocks: list[Block] = [SectionBlock(text=MarkdownTextObject(text=f"*{title}*\n{detail}"))]
+    """`detail` is mrkdwn its caller composed (labels from machine_label, reasons through escape)."""
+    blocks: list[Block] = [SectionBlock(text=_mrkdwn(f"*{escape(title)}*\n{detail}", SECTION_CHARS))]
     if start_button and ref:
         blocks.append(
             ActionsBlock(
                 block_id="idle_reaper_start",
-                elements=[ButtonElement(text="Start it again", action_id="start_again", value=ref)],
+                elements=[_button("Start it again", "start_again", ref)],
             )
         )
     return blocks
@@ -247,11 +354,83 @@ def blocks_text(blocks: Sequence[dict[str, Any]]) -> str:
             lines.append(" ".join(labels))
         elif block["type"] == "context":
             lines.append(" ".join(e.get("text", "") for e in block["elements"]))
-    return "\n".join(re.sub(r"<!date\^\d+\^[^|]*\|([^>]*)>", r"\1", line) for line in lines)
+    text = "\n".join(re.sub(r"<!date\^\d+\^[^|]*\|([^>]*)>", r"\1", line) for line in lines)
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
 
 
 # ---------------------------------------------------------------------------------------------
 # Delivery
+#
+# A failure is either transient (Slack down, 5xx, 429 beyond the time budget, a timeout: the warning
+# stays pending and the next sweep tries again) or permanent: it fails the same way until a person
+# changes something, so it is raised as PermanentDeliveryFailure with what an admin must do, instead of
+# being retried in silence. A rejected token or a missing scope is a configuration fault: transient for
+# the warning (every pending warning goes out once the admin fixes the secret, so none is given up), but
+# logged as an ERROR, since an admin alert through Slack would fail the same way.
+
+# Error code -> what an admin must do; {target} is the channel or user.
+_TARGET_FAULTS = {
+    "not_in_channel": "the bot is not in channel {target}: invite it there (/invite @idle-reaper). A private "
+    "channel always needs the invite; a public one only if the app lacks the chat:write.public scope "
+    "(reinstall it from slack/manifest.yml)",
+    "channel_not_found": "channel {target} does not exist or the bot cannot see it (a private channel needs "
+    "an invite): check the channel id (slack_channel in the team policy, admin_channel in settings)",
+    "is_archived": "channel {target} is archived: unarchive it or set another channel in the policy",
+    "restricted_action": "the workspace does not let the bot post in {target}: ask a Slack admin",
+    "user_not_found": "Slack user {target} does not exist: fix the machine's Owner tag",
+    "user_disabled": "Slack user {target} is deactivated: fix the machine's Owner tag",
+    "cannot_dm_bot": "Slack user {target} is a bot and cannot get a DM: fix the machine's Owner tag",
+    "message_not_found": "the message in {target} was deleted; it cannot be updated",
+    "cant_update_message": "the message in {target} cannot be updated by the bot",
+    "edit_window_closed": "the message in {target} is too old to be edited",
+}
+# Slack refused the message itself: fitting should make this impossible, so it is a bug to report.
+_MESSAGE_FAULTS = frozenset(
+    {"msg_too_long", "invalid_blocks", "invalid_blocks_format", "no_text", "too_many_attachments", "invalid_arguments"}
+)
+_CONFIG_FAULTS = frozenset(
+    {
+        "invalid_auth",
+        "not_authed",
+        "token_revoked",
+        "token_expired",
+        "account_inactive",
+        "missing_scope",
+        "not_allowed_token_type",
+        "team_access_not_granted",
+        "ekm_access_denied",
+    }
+)
+
+
+@dataclass(frozen=True)
+class SlackFault:
+    """Why a Slack call failed, and whether retrying can help."""
+
+    code: str
+    permanent: bool
+    advice: str
+
+
+def classify(exc: Exception, target: str) -> SlackFault:
+    """Sort a failed Slack call (to `target`, a channel or user id) into permanent or transient."""
+    if isinstance(exc, SlackObjectFormationError | ValueError):
+        return SlackFault(
+            "unbuildable", True, f"the message could not be built ({fit(str(exc), 300)}): a bug in idle-reaper"
+        )
+    if not isinstance(exc, SlackApiError):
+        return SlackFault(type(exc).__name__, False, f"Slack unreachable ({type(exc).__name__}); retried")
+    code = str(exc.response.get("error") or f"http_{exc.response.status_code}")
+    if code in _TARGET_FAULTS:
+        return SlackFault(code, True, _TARGET_FAULTS[code].format(target=target))
+    if code in _MESSAGE_FAULTS:
+        return SlackFault(code, True, f"Slack refused the message for {target} ({code}): a bug in idle-reaper")
+    if code in _CONFIG_FAULTS:
+        advice = f"Slack rejects the bot token ({code}): fix the Slack secret or reinstall the app"
+        return SlackFault(code, False, advice + " (with the scopes of slack/manifest.yml)")
+    # 5xx, 429 beyond the time budget, ratelimited, internal_error, and codes we do not know: retrying is
+    # the safe side, and the stop waits for the warning (up to undelivered_warning_max_minutes).
+    return SlackFault(code, False, f"Slack answered {code}; retried")
 
 
 class SlackNotifier:
@@ -269,7 +448,7 @@ class SlackNotifier:
             return None
         if SLACK_USER_ID.match(owner):
             return owner
-        if not EMAIL.match(owner):
+        if len(owner) > MAX_EMAIL_CHARS or not EMAIL.match(owner):
             return None
         now = self.clock()
         cached = self.store.get_lookup(f"owner#{owner.lower()}", now)
@@ -290,82 +469,136 @@ class SlackNotifier:
         return ref
 
     def warn(self, decision: Decision) -> Delivery | None:
+        """Post the warning to each target on its own. Delivered when any target got it (the others'
+        permanent faults ride along in SlackDelivery.undelivered); None when a failure may pass (retried
+        next sweep); PermanentDeliveryFailure when every target failed for a reason that will not pass."""
         m = decision.machine
-        policy = decision.policy.policy if decision.policy else None
         now = decision.record.updated_at or self.clock()  # the sweep's (possibly simulated) clock
         try:
-            owner_id = self.resolve_owner(m.owner) if policy is None or policy.notify != "channel" else None
-            targets: list[str] = []
-            if owner_id and (policy is None or policy.notify in ("owner", "both")):
-                targets.append(str(self.client.conversations_open(users=owner_id)["channel"]["id"]))
-            if policy and policy.slack_channel and policy.notify in ("channel", "both"):
-                targets.append(policy.slack_channel)
+            owner_id, targets, faults = self._warning_targets(decision)
             if not targets:
-                self.logger.warning(
-                    "warning has nobody to go to", extra={"instance_id": m.instance_id, "owner": m.owner}
-                )
+                self._raise_if_permanent(m, faults)
                 return None
             ref = self.new_ref(m.instance_id, now)
+        except (SlackApiError, SlackClientError, OSError) as exc:
+            self._failed("warning", m.instance_id, exc, m.owner or "owner")
+            return None
+        try:
             blocks = blocks_json(warning_blocks(decision, ref, now))
-            text = f"Idle machine {machine_label(m.name, m.instance_id)} will be stopped unless someone keeps it"
-            messages = []
-            for channel in targets:
+        except (SlackObjectFormationError, ValueError) as exc:
+            raise PermanentDeliveryFailure(self._failed("warning", m.instance_id, exc, m.instance_id).advice) from None
+        label = machine_label(m.name, m.instance_id)
+        text = fit(f"Idle machine {label} will be stopped unless someone keeps it", FALLBACK_CHARS, mrkdwn=True)
+        messages: list[str] = []
+        for channel in targets:
+            try:
                 out = self.client.chat_postMessage(channel=channel, text=text, blocks=blocks)
                 messages.append(f"{out['channel']}|{out['ts']}")
-        except (SlackApiError, SlackClientError, OSError) as exc:
-            self._failed("warning", m.instance_id, exc)
-            return None
-        return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id)
+            except (SlackApiError, SlackClientError, OSError) as exc:
+                faults.append(self._failed("warning", m.instance_id, exc, channel))
+        if not messages:
+            self._raise_if_permanent(m, faults)
+            return None  # a failure that may pass: the next sweep tries again
+        undelivered = tuple(self._reason(m, f) for f in faults if f.permanent)
+        return SlackDelivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id, undelivered=undelivered)
+
+    def _warning_targets(self, decision: Decision) -> tuple[str | None, list[str], list[SlackFault]]:
+        """(owner's user id, channels to post to, faults of targets that could not be opened)."""
+        m, policy = decision.machine, decision.policy.policy if decision.policy else None
+        notify = policy.notify if policy else "owner"
+        owner_id = self.resolve_owner(m.owner) if notify != "channel" else None
+        targets: list[str] = []
+        faults: list[SlackFault] = []
+        if owner_id:
+            try:
+                targets.append(str(self.client.conversations_open(users=owner_id)["channel"]["id"]))
+            except SlackApiError as exc:
+                faults.append(self._failed("warning", m.instance_id, exc, owner_id))
+        if policy and policy.slack_channel and notify in ("channel", "both"):
+            targets.append(policy.slack_channel)
+        if not targets and not faults:
+            owner = f"the Owner tag {fit(m.owner, 80)!r} is not a Slack user" if m.owner else "it has no Owner tag"
+            channel = "the team policy names no slack_channel" if notify != "owner" else "notify is 'owner'"
+            raise PermanentDeliveryFailure(
+                f"nobody to warn about {m.instance_id} (team {fit(m.team, 80)}): {owner}, and {channel}. Tag its "
+                "Owner with a Slack user id or email, or set slack_channel in the team policy"
+            )
+        return owner_id, targets, faults
+
+    @staticmethod
+    def _reason(m: Machine, fault: SlackFault) -> str:
+        return f"warning for {m.instance_id} (team {fit(m.team, 80)}): {fault.advice}"
+
+    def _raise_if_permanent(self, m: Machine, faults: list[SlackFault]) -> None:
+        """Nobody got the warning: give up on it only when every failure is permanent."""
+        if faults and all(f.permanent for f in faults):
+            raise PermanentDeliveryFailure("; ".join(self._reason(m, f) for f in faults))
 
     def resolved(self, decision: Decision) -> None:
-        detail = f"Busy again ({decision.reason}). Nothing will happen to it."
+        detail = f"Busy again ({escape(decision.reason)}). Nothing will happen to it."
         self.update(decision.record, "Warning withdrawn", detail)
 
     def reaped(self, decision: Decision) -> Delivery | None:
         record, m = decision.record, decision.machine
         now = record.updated_at or self.clock()
+        reason = escape(decision.reason)
         if decision.action in (Action.STOP, Action.HIBERNATE):
             ref = self.new_ref(m.instance_id, now)
             detail = (
                 f"{machine_label(m.name, m.instance_id)} was {_PAST[decision.action]} at {date_token(now)}"
-                + f"; it saves ~{_money(decision.hourly_cost)} per hour while stopped. {decision.reason}"
+                + f"; it saves ~{_money(decision.hourly_cost)} per hour while stopped. {reason}"
             )
             self.update(record, "Stopped", detail, ref=ref, start_button=True)
             return Delivery(ref=ref)
-        self.update(record, "Released to its group", f"{decision.reason} ({date_token(now)})")
+        self.update(record, "Released to its group", f"{reason} ({date_token(now)})")
         return None
 
     def update(
         self, record: MachineRecord, title: str, detail: str, *, ref: str | None = None, start_button: bool = False
     ) -> bool:
-        """Rewrite every copy of the machine's message in place. True if all copies were updated."""
-        blocks = blocks_json(status_blocks(title, detail, ref=ref, start_button=start_button))
+        """Rewrite every copy of the machine's message in place. True if all copies were updated.
+
+        `detail` is mrkdwn (see status_blocks). An update is best effort and never retried, so it does not
+        raise: a permanent failure (a deleted message, an archived channel) is logged as an ERROR with
+        what to do, a transient one as a WARNING."""
+        text = fit(f"{escape(title)}: {detail}", FALLBACK_CHARS, mrkdwn=True)
+        try:
+            blocks = blocks_json(status_blocks(title, detail, ref=ref, start_button=start_button))
+        except (SlackObjectFormationError, ValueError) as exc:
+            self._failed("update", record.instance_id, exc, record.instance_id)
+            return False
         ok = True
         for message in record.messages:
             channel, _, ts = message.partition("|")
             try:
-                self.client.chat_update(channel=channel, ts=ts, text=f"{title}: {detail}"[:3000], blocks=blocks)
+                self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks)
             except (SlackApiError, SlackClientError, OSError) as exc:
-                self._failed("update", record.instance_id, exc)
+                self._failed("update", record.instance_id, exc, channel)
                 ok = False
         return ok
 
     def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
         """DM every admin and post to the admin channel. Raises when nobody received it, so the caller
-        keeps the alert pending."""
+        keeps the alert pending. `text` is plain: it quotes policies and tags, so it is escaped here."""
+        body = fit(f"idle-reaper admin alert: {escape(text)}", FALLBACK_CHARS, mrkdwn=True)
         delivered = 0
         targets = [("admin", admin) for admin in admins] + ([("channel", channel)] if channel else [])
         for kind, target in targets:
             try:
                 where = self.client.conversations_open(users=target)["channel"]["id"] if kind == "admin" else target
-                self.client.chat_postMessage(channel=where, text=f"idle-reaper admin alert: {text}")
+                self.client.chat_postMessage(channel=where, text=body)
                 delivered += 1
             except (SlackApiError, SlackClientError, OSError) as exc:
-                self._failed("admin alert", target, exc)
+                self._failed("admin alert", target, exc, target)
         if targets and not delivered:
             raise SlackUndelivered(f"no admin received the alert ({len(targets)} tried)")
 
-    def _failed(self, what: str, subject: str, exc: Exception) -> None:
-        error = exc.response.get("error") if isinstance(exc, SlackApiError) else type(exc).__name__
-        # WARNING, not ERROR: Slack being down is expected now and then; the warning stays pending.
-        self.logger.warning(f"slack {what} failed", extra={"subject": subject, "error": error})
+    def _failed(self, what: str, subject: str, exc: Exception, target: str) -> SlackFault:
+        fault = classify(exc, target)
+        extra = {"subject": subject, "target": target, "error": fault.code, "advice": fault.advice}
+        if fault.permanent or fault.code in _CONFIG_FAULTS:
+            self.logger.error(f"slack {what} failed and will fail again until fixed", extra=extra)
+        else:
+            # WARNING, not ERROR: Slack being down is expected now and then; the warning stays pending.
+            self.logger.warning(f"slack {what} failed", extra=extra)
+        return fault

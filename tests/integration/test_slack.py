@@ -117,7 +117,8 @@ def test_warning_goes_to_owner_and_channel_with_the_evidence_and_buttons(noteboo
     blocks = posts[0].params["blocks"]
     text = json.dumps(blocks)
     assert "notebook" in text and notebook in text and "g5.xlarge" in text and "$1.01 per hour" in text
-    assert "max CPU 1.0% < 5.0%" in text and "max GPU 0.0% < 5.0%" in text
+    # mrkdwn-escaped, as all text from outside is: Slack shows "max CPU 1.0% < 5.0%"
+    assert "max CPU 1.0% &lt; 5.0%" in text and "max GPU 0.0% &lt; 5.0%" in text
     assert "<!date^" in text, "the stop time must be a Slack date token"
     actions = next(b for b in blocks if b["type"] == "actions")
     ids = [e["action_id"] for e in actions["elements"]]

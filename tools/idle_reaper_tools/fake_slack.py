@@ -1,6 +1,6 @@
 """A local fake of the Slack Web API for tests and the demo: an HTTP server on 127.0.0.1 that the real
 slack-sdk WebClient talks to through SLACK_API_URL. It records every request and can answer 429 with
-Retry-After, or invalid_auth, on demand."""
+Retry-After, invalid_auth, or any Slack error code for one method or one channel, on demand."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ class FakeSlack:
     retry_after: int = 1
     auth_revoked: bool = False
     down: bool = False  # answer 503 to everything
+    # Slack error codes to answer, by "method" or "method target" (target: the channel, or the user of
+    # conversations.open), e.g. {"chat.postMessage C0MLTEAM": "not_in_channel"}
+    errors: dict[str, str] = field(default_factory=dict)
     _ts: float = 1_700_000_000.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -43,6 +46,7 @@ class FakeSlack:
             self.messages.clear()
             self.users_by_email.clear()
             self.usergroups.clear()
+            self.errors.clear()
             self.rate_limit_next, self.auth_revoked, self.down = 0, False, False
 
     def calls_to(self, method: str) -> list[Call]:
@@ -58,6 +62,10 @@ class FakeSlack:
                 return 429, {"Retry-After": str(self.retry_after)}, {"ok": False, "error": "ratelimited"}
             if self.auth_revoked:
                 return 200, {}, {"ok": False, "error": "invalid_auth"}
+            target = params.get("channel") or params.get("users") or ""
+            error = self.errors.get(f"{method} {target}") or self.errors.get(method)
+            if error:
+                return 200, {}, {"ok": False, "error": error}
             return 200, {}, self._method(method, params)
 
     def _method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
