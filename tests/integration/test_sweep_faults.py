@@ -283,3 +283,40 @@ def test_every_sweep_emits_teams_in_safe_mode(aws: Any, broken: bool, capsys: py
     assert emitted["TeamsInSafeMode"] == (1 if broken else 0)
     # No Slack configured: the warning is only logged, so it counts as undelivered (its stop is held).
     assert emitted["WarningsUndelivered"] == (0 if broken else 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The in-memory twin and DynamoDB share the claim semantics
+
+
+@pytest.mark.parametrize("kind", ["memory", "dynamo"])
+def test_both_state_stores_share_the_claim_semantics(aws: Any, kind: str) -> None:
+    from idle_reaper import aws as adapters_module
+    from idle_reaper.core import MachineRecord
+
+    clock = Clock()
+    if kind == "dynamo":
+        adapters_module.create_table(aws_client("dynamodb"), adapters_module.table_name())
+        store: Any = dynamo_store(clock)
+    else:
+        store = adapters_module.InMemoryStateStore(clock=clock)
+    v1 = MachineRecord("i-1", "ml", State.WARNED, version=1)
+
+    def at(version: int) -> MachineRecord:
+        return MachineRecord("i-1", "ml", State.WARNED, version=version)
+
+    assert store.save(v1, "A", hold=True) and store.claim_of("i-1")[0] == "A"
+    assert not store.save(at(2), "B"), "another sweep cannot write while A holds the claim"
+    assert not store.save(at(2), "B", hold=True), "... nor claim it"
+    assert store.save(at(2), "A", hold=True), "the holder may write and keep holding"
+    assert not store.save(at(2), "A"), "the version still decides"
+    clock.now += adapters_module.SWEEP_LEASE
+    assert store.claim_of("i-1") is None, "a claim lapses after its lease"
+    assert store.save(at(3), "B", hold=True) and store.claim_of("i-1")[0] == "B", "a lapsed claim is taken over"
+    assert not store.save(at(4), "A"), "the old holder has lost it"
+    assert store.save(at(4), "B") and store.claim_of("i-1") is None, "writing without hold releases it"
+    assert store.save(at(5), "C", hold=True)
+    assert store.save(at(6)), "a person's answer (no holder) is decided by the version alone ..."
+    assert store.claim_of("i-1") is None, "... and drops the claim (the holder's next write fails on the version)"
+    assert not store.save(at(6), "C")
+    assert store.load(["i-1"])["i-1"] == at(6)
