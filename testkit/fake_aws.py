@@ -882,10 +882,10 @@ class CountingStateStore(InMemoryStateStore):
         self.counts["BatchGetItem"] += math.ceil(len(set(instance_ids)) / 100)
         return super().load(instance_ids)
 
-    def save(self, record: MachineRecord) -> bool:
+    def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
         self.counts["save"] += 1
         self.counts["PutItem"] += 1
-        ok = super().save(record)
+        ok = super().save(record, holder, hold=hold)
         if not ok:
             self.counts["ConditionalCheckFailed"] += 1
         return ok

@@ -33,6 +33,7 @@ DEFAULT_PREFIX = "/idle-reaper"
 METRIC_QUERIES_PER_CALL = 500  # GetMetricData's limit
 ASG_INSTANCES_PER_CALL = 50  # DescribeAutoScalingInstances and SetInstanceProtection limit
 ASG_GROUPS_PER_CALL = 50  # DescribeAutoScalingGroups: names per call without MaxRecords
+FILTER_VALUES = 200  # values in one DescribeInstances filter
 STOP_BATCH = 200  # StopInstances documents no limit; smaller batches fail smaller
 DATAPOINTS_PER_CALL = 100_800  # GetMetricData returns at most this many before paging
 # Errors about the call, not about one machine: splitting the batch would only multiply them.
@@ -50,6 +51,10 @@ CALL_WIDE_ERRORS = frozenset(
 DDB_BATCH_GET = 100
 AUDIT_TTL_DAYS = 90
 CLAIM_TTL_DAYS = 30  # an admin alert for a policy still broken after this long is sent again
+RECORD_TTL = timedelta(days=30)  # a machine's record expires this long after its last write (machine gone)
+# How long a sweep's claim on a machine lasts: longer than a sweep Lambda may run (15 min at most), so a
+# live sweep never loses its claim, and a crashed sweep's claim blocks that machine for one lease at most.
+SWEEP_LEASE = timedelta(minutes=15)
 
 _RETRIES = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30)
 
@@ -73,6 +78,10 @@ def error_code(exc: Exception) -> str:
 
 
 AwsError = (ClientError, BotoCoreError)
+
+
+def _wall_clock() -> datetime:
+    return datetime.now(UTC)
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -237,11 +246,24 @@ class Fleet:
     def discover(self, tags: TagKeys) -> list[Machine]:
         """Running machines carrying the team tag (and the opt-in tag, when one is set), joined with their
         ASG membership and protection."""
+        return self._describe(tags, [])
+
+    def still_as_listed(self, machines: Sequence[Machine], tags: TagKeys) -> set[str]:
+        """Those of `machines` that are still as discovery described them: running, same launch, same group
+        and protection. A sweep that listed its machines before another sweep (or a person) acted on them
+        must not act again on what it saw then."""
+        current: dict[str, Machine] = {}
+        for batch in _chunks(sorted({m.instance_id for m in machines}), FILTER_VALUES):
+            current.update((m.instance_id, m) for m in self._describe(tags, [{"Name": "instance-id", "Values": batch}]))
+        return {m.instance_id for m in machines if current.get(m.instance_id) == m}
+
+    def _describe(self, tags: TagKeys, only: list[dict[str, Any]]) -> list[Machine]:
         machines: list[Machine] = []
         asg_tagged: list[str] = []
         filters = [
             {"Name": "instance-state-name", "Values": ["running"]},
             {"Name": "tag-key", "Values": [tags.team]},
+            *only,
         ]
         if tags.managed:
             # The reaper's own opt-in: a cost-allocation `Team` tag alone never makes a machine reapable.
@@ -485,11 +507,24 @@ class MetricsReader:
 
 
 class StateStore(Protocol):
+    """The state table. A sweep that posts or acts on a machine first claims it: the claim rides on the
+    conditional write of the machine's record, so claiming costs no extra call, and every later write by
+    another sweep fails until the claim is released or its lease (SWEEP_LEASE, on the store's clock) ends."""
+
     def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]: ...
 
-    def save(self, record: MachineRecord) -> bool:
+    def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
         """Write `record` if the stored version is record.version - 1 (or absent for version 1).
-        False when another writer got there first."""
+        False when another writer got there first.
+
+        With `holder` (a sweep's id) the write also needs that no other sweep holds a live claim on the
+        machine; `hold=True` leaves `holder`'s claim on it for SWEEP_LEASE, `hold=False` releases it.
+        Without a holder (a person's answer) the version alone decides and any claim is dropped: the new
+        version makes the claiming sweep's next write fail anyway. Every write sets the record's TTL."""
+        ...
+
+    def claim_of(self, instance_id: str) -> tuple[str, datetime] | None:
+        """The sweep holding a live claim on the machine, and until when; None when free."""
         ...
 
     def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None: ...
@@ -516,6 +551,7 @@ _DATE_FIELDS = {
     "updated_at",
     "observed_at",
     "stop_not_before",
+    "warning_post_started_at",
 }
 
 
@@ -554,11 +590,13 @@ def item_to_record(item: Mapping[str, Any]) -> MachineRecord:
 
 
 class DynamoStateStore:
-    def __init__(self, dynamodb: Any, table: str) -> None:
+    def __init__(self, dynamodb: Any, table: str, clock: Callable[[], datetime] | None = None) -> None:
         from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
         self.dynamodb = dynamodb
         self.table = table
+        # Wall time, not the sweep's (possibly simulated) clock: leases and TTLs are about real processes.
+        self.clock = clock or _wall_clock
         self._ser = TypeSerializer()
         self._de = TypeDeserializer()
 
@@ -580,20 +618,40 @@ class DynamoStateStore:
                 request = out.get("UnprocessedKeys") or {}
         return records
 
-    def save(self, record: MachineRecord) -> bool:
-        condition = "attribute_not_exists(pk) OR version = :previous"
+    def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
+        now = self.clock()
+        item = {**record_to_item(record), "expires_at": int((now + RECORD_TTL).timestamp())}
+        condition = "(attribute_not_exists(pk) OR version = :previous)"
+        values: dict[str, Any] = {":previous": record.version - 1}
+        if holder is not None:
+            # Free, lapsed, or ours. claim_until is epoch seconds, so DynamoDB compares it as a number.
+            condition += " AND (attribute_not_exists(claim_until) OR claim_until <= :now OR claim_owner = :holder)"
+            values.update({":now": int(now.timestamp()), ":holder": holder})
+            if hold:
+                item.update(claim_owner=holder, claim_until=int((now + SWEEP_LEASE).timestamp()))
         try:
             self.dynamodb.put_item(
                 TableName=self.table,
-                Item=self._wire(record_to_item(record)),
+                Item=self._wire(item),
                 ConditionExpression=condition,
-                ExpressionAttributeValues=self._wire({":previous": record.version - 1}),
+                ExpressionAttributeValues=self._wire(values),
             )
         except ClientError as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
                 return False
             raise
         return True
+
+    def claim_of(self, instance_id: str) -> tuple[str, datetime] | None:
+        """The sweep holding a live claim on the machine, and until when; None when free."""
+        out = self.dynamodb.get_item(
+            TableName=self.table, Key=self._wire({"pk": f"machine#{instance_id}", "sk": "state"}), ConsistentRead=True
+        )
+        item = self._plain(out.get("Item", {}))
+        if "claim_until" not in item:
+            return None
+        until = datetime.fromtimestamp(int(item["claim_until"]), tz=UTC)
+        return (str(item["claim_owner"]), until) if until > self.clock() else None
 
     def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None:
         expires = int((at + timedelta(days=AUDIT_TTL_DAYS)).timestamp())
@@ -663,21 +721,37 @@ class DynamoStateStore:
 class InMemoryStateStore:
     """The state table's twin for replay, benchmarks and unit tests: same conditional semantics."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self.records: dict[str, MachineRecord] = {}
         self.audits: list[tuple[str, datetime, dict[str, Any]]] = []
         self.lookups: dict[str, tuple[str, datetime]] = {}
         self.claims: dict[str, datetime] = {}
+        self.leases: dict[str, tuple[str, datetime]] = {}  # instance id -> (sweep holding it, until)
+        self.expires: dict[str, datetime] = {}  # instance id -> when its record's TTL ends
+        self.clock = clock or _wall_clock
 
     def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
         return {i: self.records[i] for i in instance_ids if i in self.records}
 
-    def save(self, record: MachineRecord) -> bool:
-        stored = self.records.get(record.instance_id)
+    def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
+        now, instance_id = self.clock(), record.instance_id
+        stored = self.records.get(instance_id)
         if stored is not None and stored.version != record.version - 1:
             return False
-        self.records[record.instance_id] = record
+        claim = self.claim_of(instance_id)
+        if holder is not None and claim is not None and claim[0] != holder:
+            return False
+        self.records[instance_id] = record
+        self.expires[instance_id] = now + RECORD_TTL
+        if holder is not None and hold:
+            self.leases[instance_id] = (holder, now + SWEEP_LEASE)
+        else:
+            self.leases.pop(instance_id, None)
         return True
+
+    def claim_of(self, instance_id: str) -> tuple[str, datetime] | None:
+        lease = self.leases.get(instance_id)
+        return lease if lease is not None and lease[1] > self.clock() else None
 
     def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None:
         self.audits.append((instance_id, at, dict(entry)))

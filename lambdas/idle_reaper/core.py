@@ -367,6 +367,9 @@ class MachineRecord:
     snoozes_today: int = 0
     observed_at: datetime | None = None  # the last sweep that could tell busy from idle
     stop_not_before: datetime | None = None  # the stop time the current warning announced
+    # Delivery of the current warning, kept by the sweep (decide() carries them along untouched):
+    warning_post_started_at: datetime | None = None  # a sweep began posting it and has not recorded the outcome
+    delivery_error: str | None = None  # why it cannot be delivered, or that delivery is unknown: not posted again
 
 
 @dataclass(frozen=True)

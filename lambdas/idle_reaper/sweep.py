@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,7 @@ from idle_reaper.core import (
     Action,
     Decision,
     Machine,
+    MachineRecord,
     Signals,
     State,
     SweepSummary,
@@ -40,7 +42,7 @@ from idle_reaper.core import (
     limit_terminations,
     parse_exemption,
 )
-from idle_reaper.notify import LoggingNotifier, Notifier
+from idle_reaper.notify import Delivery, LoggingNotifier, Notifier, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
@@ -59,6 +61,8 @@ class SweepReport:
     metric_calls: int = 0
     duration_ms: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    sweep_id: str = ""  # the owner of this sweep's claims in the state table
+    teams_in_safe_mode: list[str] = field(default_factory=list)  # invalid or unreadable policy: nothing acted
 
     @property
     def summary(self) -> SweepSummary:
@@ -109,8 +113,10 @@ def run_sweep(
     dry_run: bool = False,
     prices: Mapping[str, float] = DEFAULT_PRICES,
     policy_overrides: Mapping[str, TeamPolicyRef] | None = None,
+    sweep_id: str | None = None,
 ) -> SweepReport:
     started = time.perf_counter()
+    sweep_id = sweep_id or uuid.uuid4().hex
     now = now.astimezone(UTC)  # CloudWatch speaks UTC, and so do reasons and records
     try:
         settings, settings_version = adapters.policies.load_settings()
@@ -153,6 +159,8 @@ def run_sweep(
 
     # Schedules apply by the team's local time at `now`; the label records which one was in force.
     team_refs = {m.team: ref_for(m.team).at(now) for m in machines}
+    safe_mode = {ref.team for ref in refs.values() if ref.policy is None}
+    safe_mode.update(team for team, ref in team_refs.items() if ref.policy is None)
     signals = _fetch_signals(adapters.metrics, machines, team_refs, settings, now)
     period = timedelta(seconds=settings.metrics.period_seconds)
 
@@ -181,7 +189,7 @@ def run_sweep(
         decisions = limit_terminations(decisions, capacity)
 
     if not dry_run:
-        decisions = _apply(adapters, decisions, now)
+        decisions = _apply(adapters, decisions, records, settings, sweep_id, now)
     for d in decisions:
         _log_decision(d, dry_run)
     return SweepReport(
@@ -192,32 +200,38 @@ def run_sweep(
         metric_calls=adapters.metrics.stats.calls,
         duration_ms=(time.perf_counter() - started) * 1000,
         warnings=warnings,
+        sweep_id=sweep_id,
+        teams_in_safe_mode=sorted(safe_mode),
     )
 
 
 def _alert_invalid_policies(adapters: Adapters, refs: list[TeamPolicyRef], settings: Settings, now: datetime) -> None:
-    """Tell the admins about an invalid stored team policy once per bad parameter version, not every
-    sweep: a conditional write in the state table lets only the first sweep that sees it alert."""
+    """Tell the admins about an invalid stored team policy once per bad parameter version, not every sweep."""
     for ref in refs:
         if ref.policy is not None or ref.version is None:
-            continue
-        key = f"policy-alert#{ref.source}@v{ref.version}"
-        try:
-            if not adapters.store.claim_once(key, now):
-                continue
-        except Exception as exc:  # an alert must never stop the sweep; the log still says it
-            logger.warning("could not record the policy alert", extra={"key": key, "error": str(exc)})
             continue
         text = (
             f"team {ref.team} is in safe mode (nothing is stopped or unprotected) because its policy is invalid: "
             f"{ref.error}. Fix it with `idle-reaper policy validate` and `idle-reaper policy put {ref.team} FILE`."
         )
-        try:
-            adapters.notifier.admin_alert(text, settings.admins, settings.admin_channel)
-        except Exception as exc:
-            logger.warning("admin alert failed", extra={"key": key, "error": str(exc)})
-            with contextlib.suppress(Exception):
-                adapters.store.release_claim(key)  # the next sweep tries again
+        _alert_once(adapters, f"policy-alert#{ref.source}@v{ref.version}", text, settings, now)
+
+
+def _alert_once(adapters: Adapters, key: str, text: str, settings: Settings, now: datetime) -> None:
+    """Tell the admins once per `key`: a conditional write lets only the first sweep that sees it alert.
+    An alert nobody received is released, so the next sweep tries again."""
+    try:
+        if not adapters.store.claim_once(key, now):
+            return
+    except Exception as exc:  # an alert must never stop the sweep; the log still says it
+        logger.warning("could not record the admin alert", extra={"key": key, "error": str(exc)})
+        return
+    try:
+        adapters.notifier.admin_alert(text, settings.admins, settings.admin_channel)
+    except Exception as exc:
+        logger.warning("admin alert failed", extra={"key": key, "error": str(exc)})
+        with contextlib.suppress(Exception):
+            adapters.store.release_claim(key)  # the next sweep tries again
 
 
 def _fetch_signals(
@@ -254,22 +268,54 @@ def _fetch_signals(
     return signals
 
 
-def _apply(adapters: Adapters, decisions: list[Decision], now: datetime) -> list[Decision]:
-    """Write each record first (conditionally: an overlapping sweep cannot act twice), then act in
-    batches, then notify. Per-machine failures are recorded on the decision, never raised."""
+def _apply(
+    adapters: Adapters,
+    decisions: list[Decision],
+    previous: Mapping[str, MachineRecord],
+    settings: Settings,
+    sweep_id: str,
+    now: datetime,
+) -> list[Decision]:
+    """Claim, act, tell, record. Before a machine is posted about or acted on, its record (the intent:
+    warning, stopping, ...) is written together with this sweep's claim, conditionally on the version
+    this sweep read and on no other sweep holding a live claim. So of two overlapping sweeps only one
+    gets past this write, and the other does nothing to the machine until the outcome is recorded and
+    the claim released. Machines nothing happens to are written under the same conditions, unclaimed.
+    Per-machine failures are recorded on the decision, never raised."""
     store = adapters.store
     by_id: dict[str, Decision] = {}
+    written: set[str] = set()
+    claimed: set[str] = set()
     for d in decisions:
+        d = _delivery_intent(d, previous.get(d.machine.instance_id), now)
+        hold = _posts_or_acts(d)
         try:
-            saved = store.save(d.record)
+            saved = store.save(d.record, sweep_id, hold=hold)
         except AwsError as exc:
             saved = False
             d = replace(d, error=f"state table write failed ({error_code(exc)}); nothing done")
         if not saved and d.error is None:
-            d = replace(d, error="another sweep changed this machine first; nothing done")
+            d = replace(d, error="another sweep is handling this machine, or changed it first; nothing done")
+        if saved:
+            written.add(d.machine.instance_id)
+            if hold:
+                claimed.add(d.machine.instance_id)
         by_id[d.machine.instance_id] = d
 
-    acting = [d for d in by_id.values() if d.error is None and d.applied and d.action in MACHINE_ACTIONS]
+    acting = [d for d in by_id.values() if d.machine.instance_id in claimed and d.action in MACHINE_ACTIONS]
+    acting = [d for d in acting if d.applied]
+    if acting:
+        # Another sweep may have acted between our listing and our loading the records (its record then
+        # looks current to us): look again, now that we hold the claims, and act only on what is unchanged.
+        try:
+            unchanged = adapters.fleet.still_as_listed([d.machine for d in acting], settings.tags)
+        except AwsError:
+            unchanged = set()  # cannot tell: act on none of them
+        for d in acting:
+            if d.machine.instance_id not in unchanged:
+                by_id[d.machine.instance_id] = _stand_down(store, d, previous, sweep_id)
+                claimed.discard(d.machine.instance_id)
+        acting = [d for d in acting if d.machine.instance_id in unchanged]
     outcomes: dict[str, str | None] = {}
     for hibernate in (False, True):
         ids = [d.machine.instance_id for d in acting if d.action is (Action.HIBERNATE if hibernate else Action.STOP)]
@@ -290,16 +336,80 @@ def _apply(adapters: Adapters, decisions: list[Decision], now: datetime) -> list
     for d in by_id.values():
         instance_id = d.machine.instance_id
         if outcomes.get(instance_id):
-            d = _record_failure(store, d, outcomes[instance_id] or "", now)
-        if d.error is None:
-            d = _notify(adapters, d, now)
+            d = _record_failure(store, d, outcomes[instance_id] or "", sweep_id, now)
+        elif instance_id in claimed:
+            d = _notify(adapters, d, sweep_id, now)
+        if instance_id in written and d.record.delivery_error and d.record.warned_at:
+            _alert_undeliverable(adapters, d, settings, now)
         if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
             _audit(store, d, now)
         result.append(d)
     return result
 
 
-def _record_failure(store: StateStore, d: Decision, error: str, now: datetime) -> Decision:
+def _stand_down(store: StateStore, d: Decision, previous: Mapping[str, MachineRecord], sweep_id: str) -> Decision:
+    """Put back the record as it was before this sweep claimed the machine, and release the claim."""
+    before = previous.get(d.machine.instance_id) or MachineRecord(d.machine.instance_id, d.machine.team)
+    record = replace(before, version=d.record.version + 1)
+    with contextlib.suppress(*AwsError):
+        store.save(record, sweep_id)  # if this fails, the claim lapses after SWEEP_LEASE
+    error = "the machine changed since this sweep listed it (another sweep or a person acted first); nothing done"
+    return replace(d, record=record, error=error)
+
+
+def _posts_or_acts(d: Decision) -> bool:
+    """Whether applying `d` talks to people or changes the machine: then it must hold the claim."""
+    acts = d.applied and d.action in MACHINE_ACTIONS
+    return acts or d.deliver_warning or d.notify in ("resolved", "reaped")
+
+
+def _delivery_intent(d: Decision, previous: MachineRecord | None, now: datetime) -> Decision:
+    """Carry the warning's delivery state from sweep to sweep, and mark the intent to post before posting.
+
+    A new warning (a new quiet stretch) starts clean. A mark left by a sweep that began posting and never
+    recorded the outcome (the table failed, or the sweep died) means the owner may have the warning
+    already: it is not posted again (told at most once), and because it is not known as delivered the
+    stop waits as for an undelivered warning. A warning that cannot be delivered is not retried."""
+    record = d.record
+    same_warning = previous is not None and record.warned_at is not None and record.warned_at == previous.warned_at
+    if not same_warning:
+        if record.warning_post_started_at or record.delivery_error:
+            record = replace(record, warning_post_started_at=None, delivery_error=None)
+    elif d.deliver_warning and record.delivery_error is None and record.warning_post_started_at is not None:
+        record = replace(
+            record,
+            warning_post_started_at=None,
+            delivery_error=(
+                f"delivery unknown: a sweep began posting this warning at {record.warning_post_started_at:%H:%M} "
+                "UTC and could not record whether it was delivered"
+            ),
+        )
+    if d.deliver_warning and record.delivery_error:
+        reason = f"{d.reason}; not sent again: {record.delivery_error}"
+        return replace(d, deliver_warning=False, reason=reason, record=replace(record, reason=reason))
+    if d.deliver_warning:
+        record = replace(record, warning_post_started_at=now)
+    return replace(d, record=record)
+
+
+def _alert_undeliverable(adapters: Adapters, d: Decision, settings: Settings, now: datetime) -> None:
+    """Once per machine per warning: the admins learn that its owner cannot be (or may not have been) told."""
+    record, m = d.record, d.machine
+    assert record.warned_at is not None
+    policy = d.policy.policy if d.policy else None
+    held = ""
+    if policy is not None:
+        until = record.warned_at + timedelta(minutes=policy.undelivered_warning_max_minutes)
+        held = f" It is not stopped before {until:%Y-%m-%d %H:%M} UTC (undelivered_warning_max_minutes) unless kept."
+    text = (
+        f"the idle warning for {m.name or m.instance_id} ({m.instance_id}, team {m.team}, owner {m.owner or 'none'}) "
+        f"was not delivered and is not retried: {record.delivery_error}.{held} "
+        "Fix the cause (the Owner tag, the team's slack_channel, the bot's membership); `idle-reaper status` shows it."
+    )
+    _alert_once(adapters, f"undeliverable#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
+
+
+def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, now: datetime) -> Decision:
     # A machine already stopped or gone is recorded, not retried; anything else stays warned so the
     # next sweep tries again.
     gone = any(code in error for code in ("InvalidInstanceID.NotFound", "IncorrectInstanceState"))
@@ -315,43 +425,56 @@ def _record_failure(store: StateStore, d: Decision, error: str, now: datetime) -
         last_action=f"{d.action.value}_failed",
         last_action_at=now,
     )
-    # If this write fails too, the decision still carries the error; the next sweep re-reads the truth.
+    # If this write fails too, the decision still carries the error; the claim lapses after SWEEP_LEASE
+    # and a later sweep re-reads the truth.
     with contextlib.suppress(*AwsError):
-        store.save(record)
+        store.save(record, sweep_id)
     return replace(d, error=reason, record=record, state=state)
 
 
-def _notify(adapters: Adapters, d: Decision, now: datetime) -> Decision:
-    notifier = adapters.notifier
+def _notify(adapters: Adapters, d: Decision, sweep_id: str, now: datetime) -> Decision:
+    """Post what the decision calls for, then record the outcome and release the claim. The write is
+    conditional: an answer a person gave meanwhile wins, and a late sweep never overwrites newer truth."""
+    record, reason = d.record, d.reason
+    delivery: Delivery | None = None
     try:
-        delivery = None
         if d.deliver_warning:
-            delivery = notifier.warn(d)
-            if delivery is None:
-                return d
+            delivery = adapters.notifier.warn(d)
         elif d.notify == "resolved":
-            notifier.resolved(d)
+            adapters.notifier.resolved(d)
         elif d.notify == "reaped":
-            delivery = notifier.reaped(d)
-        if delivery is not None:
-            stop_not_before = d.record.stop_not_before
-            policy = d.policy.policy if d.policy else None
-            if d.deliver_warning and policy is not None:
-                # Delivered late: the owner still gets warn_minutes from now, and the message says so.
-                stop_not_before = max(stop_not_before or now, now + timedelta(minutes=policy.warn_minutes))
-            record = replace(
-                d.record,
-                version=d.record.version + 1,
-                stop_not_before=stop_not_before,
-                warning_delivered_at=now if d.deliver_warning else d.record.warning_delivered_at,
-                messages=delivery.messages or d.record.messages,
-                warning_ref=delivery.ref,
-                owner_slack_id=delivery.owner_slack_id or d.record.owner_slack_id,
-            )
-            if adapters.store.save(record):
-                d = replace(d, record=record)
+            delivery = adapters.notifier.reaped(d)
+    except PermanentDeliveryFailure as exc:
+        logger.warning("message cannot be delivered", extra={"instance_id": d.machine.instance_id, "why": exc.reason})
+        if d.deliver_warning:
+            reason = f"{reason}; the warning cannot be delivered: {exc.reason}"
+            record = replace(record, delivery_error=exc.reason, reason=reason)
     except Exception as exc:  # a notifier must never break the sweep; the warning stays pending
         logger.warning("notification failed", extra={"instance_id": d.machine.instance_id, "error": str(exc)})
+    if d.deliver_warning:
+        record = replace(record, warning_post_started_at=None)  # the outcome is known: delivered or not
+    if delivery is not None:
+        stop_not_before = record.stop_not_before
+        policy = d.policy.policy if d.policy else None
+        if d.deliver_warning and policy is not None:
+            # Delivered late: the owner still gets warn_minutes from now, and the message says so.
+            stop_not_before = max(stop_not_before or now, now + timedelta(minutes=policy.warn_minutes))
+        record = replace(
+            record,
+            stop_not_before=stop_not_before,
+            warning_delivered_at=now if d.deliver_warning else record.warning_delivered_at,
+            messages=delivery.messages or record.messages,
+            warning_ref=delivery.ref,
+            owner_slack_id=delivery.owner_slack_id or record.owner_slack_id,
+        )
+    record = replace(record, version=record.version + 1)
+    d = replace(d, record=record, reason=reason)
+    try:
+        if not adapters.store.save(record, sweep_id):
+            logger.warning("the machine changed while claimed (a person answered); outcome not recorded")
+    except AwsError as exc:
+        # The claim lapses after SWEEP_LEASE; a warning whose outcome is lost is not posted again.
+        return replace(d, error=f"outcome not recorded: state table write failed ({error_code(exc)})")
     return d
 
 

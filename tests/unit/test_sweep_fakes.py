@@ -65,16 +65,17 @@ def state_writes(store: CountingStateStore) -> tuple[int, int]:
 
 
 class DiscoveryHook(Fleet):
-    """The real Fleet, with something happening right after discovery (a race with the world)."""
+    """The real Fleet, with something happening right after its last look before acting (a race with the
+    world: the sweep re-reads the machines it is about to act on, so earlier changes are caught there)."""
 
     def __init__(self, aws: FakeAws, after: Callable[[list[Machine]], None]) -> None:
         super().__init__(aws.ec2, aws.autoscaling)
         self.after = after
 
-    def discover(self, tags: TagKeys) -> list[Machine]:
-        machines = super().discover(tags)
-        self.after(machines)
-        return machines
+    def still_as_listed(self, machines: Sequence[Machine], tags: TagKeys) -> set[str]:
+        unchanged = super().still_as_listed(machines, tags)
+        self.after(list(machines))
+        return unchanged
 
 
 class FrozenDiscovery(Fleet):

@@ -598,6 +598,8 @@ def status_rows(
                 "reason": record.reason,
                 "policy": record.policy_version,
                 "updated_at": record.updated_at.isoformat() if record.updated_at else None,
+                # Why the current warning was not (or may not have been) delivered; the sweep does not retry it.
+                "delivery_error": record.delivery_error if record.state is State.WARNED else None,
             }
         )
     for machine in machines.values():
@@ -617,6 +619,7 @@ def status_rows(
                     "reason": "no sweep has seen this machine yet",
                     "policy": None,
                     "updated_at": None,
+                    "delivery_error": None,
                 }
             )
     return sorted(rows, key=lambda r: (r["team"], r["instance_id"]))
@@ -644,7 +647,7 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
                 if r["snoozed_until"]
                 else "-",
                 f"{r['next_action']}" + (f" at {_when(r['next_at'], now)}" if r["next_at"] else ""),
-                r["reason"],
+                f"WARNING UNDELIVERABLE: {r['delivery_error']}. {r['reason']}" if r["delivery_error"] else r["reason"],
             )
             for r in rows
         ),

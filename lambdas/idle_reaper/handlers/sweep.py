@@ -9,6 +9,7 @@ from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from idle_reaper.core import State
 from idle_reaper.sweep import Adapters, SweepCannotRun, SweepReport, logger, run_sweep
 
 metrics = Metrics(namespace="IdleReaper", service="idle-reaper")
@@ -43,6 +44,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     emit_team_metrics(report)
     metrics.add_metric("SweepDurationMs", MetricUnit.Milliseconds, report.duration_ms)
     metrics.add_metric("SweepErrors", MetricUnit.Count, len(report.errors))
+    # Every sweep, zero included, so an alarm on it sees a steady series (a team left in safe mode is loud).
+    metrics.add_metric("TeamsInSafeMode", MetricUnit.Count, len(report.teams_in_safe_mode))
+    # Warnings nobody has received yet (Slack down, token revoked, undeliverable): their stops are held.
+    undelivered = [d for d in report.decisions if d.state is State.WARNED and d.record.warning_delivered_at is None]
+    metrics.add_metric("WarningsUndelivered", MetricUnit.Count, len(undelivered))
+    if report.teams_in_safe_mode:
+        logger.warning("teams in safe mode: nothing is stopped for them", extra={"teams": report.teams_in_safe_mode})
     for warning in report.warnings:
         logger.warning(warning)
     return {"machines": len(report.decisions), "errors": len(report.errors), "dry_run": report.dry_run}

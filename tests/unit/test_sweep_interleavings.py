@@ -1,0 +1,216 @@
+"""Two overlapping sweeps, under every interleaving of their steps (testkit.interleave): each machine gets
+at most one stop, one protection change, one delivered warning and one "reaped" update, and the record
+ends up telling the truth with no claim left behind. In-memory twin and AWS fakes: fast and exact."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from idle_reaper.aws import SWEEP_LEASE, InMemoryStateStore
+from idle_reaper.core import Action, State
+from idle_reaper.notify import LoggingNotifier
+from idle_reaper.policy import Settings
+from idle_reaper.sweep import SweepReport, logger, run_sweep
+from testkit.fake_aws import FakeAws, quiet_after, steady
+from testkit.interleave import STEPS, Gate, counts_by_machine, interleave, stepped
+
+NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
+WARN_SWEEP = NOW - timedelta(minutes=30)  # quiet 60 min: warned; stop due at NOW
+DAY_AGO = NOW - timedelta(days=1)
+PREFIX = "/idle-reaper"
+ML = '{"idle_minutes": 90, "warn_minutes": 30}'
+
+
+@dataclass
+class World:
+    aws: FakeAws
+    store: InMemoryStateStore
+    machine: str
+    now: datetime
+    notifier: LoggingNotifier = field(default_factory=lambda: LoggingNotifier(logger, delivers=True))
+
+    def sweep(self, name: str) -> Callable[[Gate], SweepReport]:
+        """One sweep with its own adapters over the shared world, passing `gate` at each step."""
+        return lambda gate: run_sweep(
+            stepped(self.aws.adapters(store=self.store, notifier=self.notifier), gate), now=self.now, sweep_id=name
+        )
+
+    def sent(self, kind: str) -> int:
+        return self.notifier.sent.count((kind, self.machine))
+
+    def calls(self, client: Any, operation: str) -> int:
+        return counts_by_machine(client.requests_of(operation)).get(self.machine, 0)
+
+
+def account(teams: dict[str, str] | None = None) -> FakeAws:
+    aws = FakeAws()
+    aws.ssm.store(f"{PREFIX}/settings", Settings().model_dump_json())
+    for team, text in (teams or {"ml": ML}).items():
+        aws.ssm.store(f"{PREFIX}/teams/{team}", text)
+    return aws
+
+
+def warned_before(aws: FakeAws, store: InMemoryStateStore, *, delivered: bool = True) -> None:
+    run_sweep(aws.adapters(store=store, notifier=LoggingNotifier(logger, delivers=delivered)), now=WARN_SWEEP)
+
+
+def warn() -> World:
+    aws = account()
+    machine = aws.launch("m5.large", team="ml", profile=steady(1.0), launch_time=DAY_AGO)
+    return World(aws, InMemoryStateStore(), machine, WARN_SWEEP)
+
+
+def deliver_pending() -> World:
+    world = warn()
+    warned_before(world.aws, world.store, delivered=False)  # Slack was down: the warning is pending
+    world.now = WARN_SWEEP + timedelta(minutes=5)
+    return world
+
+
+def stop() -> World:
+    world = warn()
+    warned_before(world.aws, world.store)
+    world.now = NOW
+    return world
+
+
+def unprotect() -> World:
+    aws = account()
+    aws.autoscaling.add_group("ml-workers")
+    machine = aws.launch(
+        "g5.xlarge", team="ml", profile=steady(1.0, 0.0), launch_time=DAY_AGO, group="ml-workers", protected=True
+    )
+    world = World(aws, InMemoryStateStore(), machine, NOW)
+    warned_before(aws, world.store)
+    return world
+
+
+def terminate() -> World:
+    aws = account({"platform": '{"asg_action": "terminate"}'})
+    aws.autoscaling.add_group("platform-workers", min_size=0)
+    machine = aws.launch(
+        "m5.large", team="platform", profile=steady(1.0), launch_time=DAY_AGO, group="platform-workers", protected=True
+    )
+    aws.autoscaling.groups["platform-workers"].desired = 2
+    world = World(aws, InMemoryStateStore(), machine, NOW)
+    warned_before(aws, world.store)
+    return world
+
+
+def resolved() -> World:
+    aws = account()
+    busy_again = quiet_after(WARN_SWEEP, (1.0,), (70.0,))  # quiet until the warning, busy right after
+    machine = aws.launch("m5.large", team="ml", profile=busy_again, launch_time=DAY_AGO)
+    world = World(aws, InMemoryStateStore(), machine, WARN_SWEEP + timedelta(minutes=10))
+    warned_before(aws, world.store)
+    return world
+
+
+def protect() -> World:
+    aws = account()
+    aws.autoscaling.add_group("ml-workers")
+    machine = aws.launch("g5.xlarge", team="ml", profile=steady(2.0, 95.0), launch_time=DAY_AGO, group="ml-workers")
+    return World(aws, InMemoryStateStore(), machine, NOW)
+
+
+def check_warn(w: World) -> None:
+    assert w.sent("warning") == 1, "the owner is warned exactly once"
+    record = w.store.records[w.machine]
+    assert record.warning_delivered_at == w.now and record.warning_post_started_at is None
+
+
+def check_resolved(w: World) -> None:
+    assert w.sent("resolved") == 1
+    assert w.store.records[w.machine].state is State.ACTIVE
+
+
+def check_stop(w: World) -> None:
+    assert w.calls(w.aws.ec2, "StopInstances") == 1
+    assert w.sent("reaped") == 1, "one 'Stopped' update"
+    assert w.aws.ec2.state_of(w.machine) == "stopped"
+    assert w.store.records[w.machine].state is State.REAPED
+
+
+def check_unprotect(w: World) -> None:
+    assert w.calls(w.aws.autoscaling, "SetInstanceProtection") == 1
+    assert w.sent("reaped") == 1
+    assert not w.aws.autoscaling.protected(w.machine)
+
+
+def check_terminate(w: World) -> None:
+    assert w.calls(w.aws.autoscaling, "TerminateInstanceInAutoScalingGroup") == 1
+    assert w.sent("reaped") == 1
+    assert w.aws.autoscaling.groups["platform-workers"].desired == 1, "the group shrank by one, not two"
+
+
+def check_protect(w: World) -> None:
+    assert w.calls(w.aws.autoscaling, "SetInstanceProtection") == 1
+    assert w.aws.autoscaling.protected(w.machine)
+
+
+NO_ACTION = tuple(s for s in STEPS if s != "acted")
+NO_POST = tuple(s for s in STEPS if s != "posted")
+# scenario -> (set-up, what must hold afterwards, the steps a sweep passes in it)
+SCENARIOS: dict[str, tuple[Callable[[], World], Callable[[World], None], tuple[str, ...]]] = {
+    "warn": (warn, check_warn, NO_ACTION),
+    "deliver_pending": (deliver_pending, check_warn, NO_ACTION),
+    "resolved": (resolved, check_resolved, NO_ACTION),
+    "stop": (stop, check_stop, STEPS),
+    "unprotect": (unprotect, check_unprotect, STEPS),
+    "terminate": (terminate, check_terminate, STEPS),
+    "protect": (protect, check_protect, NO_POST),
+}
+CASES = [
+    pytest.param(name, a, b, id=f"{name}-A@{a}-B@{b or 'end'}")
+    for name, (_, _, steps) in SCENARIOS.items()
+    for a in steps
+    for b in (*steps, None)
+]
+
+
+@pytest.mark.parametrize(("scenario", "pause_a", "pause_b"), CASES)
+def test_two_sweeps_act_and_tell_once_under_every_interleaving(scenario: str, pause_a: str, pause_b: str | None):
+    setup, check, _ = SCENARIOS[scenario]
+    world = setup()
+    result = interleave(world.sweep("A"), world.sweep("B"), pause_a=pause_a, pause_b=pause_b)
+
+    assert result.gate_a.reached.is_set(), f"sweep A never reached {pause_a}: the interleaving was not exercised"
+    check(world)
+    assert world.store.claim_of(world.machine) is None, "no claim is left once both sweeps are done"
+    decisions = [d for r in (result.a, result.b) for d in r.decisions]
+    skipped = [d for d in decisions if d.error]
+    assert all("another sweep" in (d.error or "") for d in skipped), [d.error for d in skipped]
+
+
+def test_a_sweep_that_listed_machines_before_another_stopped_them_does_not_stop_again():
+    """The window the claim alone does not close: B lists the machine running, A stops it and records it,
+    then B reads A's record, which looks current. B's last look before acting catches it."""
+    world = stop()
+    result = interleave(world.sweep("B"), world.sweep("A"), pause_a="listed")
+    check_stop(world)
+    (late,) = result.a.decisions
+    assert late.action is Action.STOP and late.error and "changed since this sweep listed it" in late.error
+    assert world.store.records[world.machine].state is State.REAPED, "the late sweep put the record back"
+
+
+def test_a_crashed_sweeps_claim_blocks_the_machine_until_its_lease_ends():
+    clock = [datetime.now(UTC)]
+    world = stop()
+    world.store.clock = lambda: clock[0]
+    record = world.store.records[world.machine]
+    assert world.store.save(replace(record, version=record.version + 1), "dead", hold=True)  # then it died
+
+    blocked = world.sweep("B")(Gate(None))
+    (d,) = blocked.decisions
+    assert d.error and "another sweep is handling this machine" in d.error
+    assert world.aws.ec2.state_of(world.machine) == "running"
+
+    clock[0] += SWEEP_LEASE
+    world.sweep("C")(Gate(None))
+    check_stop(world)
+    assert world.store.claim_of(world.machine) is None
