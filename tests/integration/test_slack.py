@@ -3,6 +3,7 @@ requests fed to the Lambda handler as Function URL events, the lifecycle in moto
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -20,7 +21,7 @@ from idle_reaper.notify import LoggingNotifier
 from idle_reaper.sweep import Adapters, logger, run_sweep
 from idle_reaper_tools import local
 from idle_reaper_tools.demo import at
-from idle_reaper_tools.fake_slack import LambdaContextStub, signed_request
+from idle_reaper_tools.fake_slack import FakeSlack, LambdaContextStub, signed_request
 
 pytestmark = pytest.mark.integration
 
@@ -38,22 +39,53 @@ def Context() -> LambdaContextStub:
     return LambdaContextStub()
 
 
+_FAKE: list[FakeSlack] = []
+_request_numbers = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _replies_from(slack_server):
+    _FAKE[:] = [slack_server]
+
+
+def answered(path: str, body: str, reply_to: str, **kw) -> dict:
+    """The handler's answer to a signed request, with what the work later said through the response_url."""
+    response = slack_handler.handler(signed_event(path, body, **kw), Context())
+    return {**response, "replies": _FAKE[0].replies_to(reply_to)}
+
+
 def click(user: str, action_id: str, value: str, **kw) -> dict:
-    payload = {"type": "block_actions", "user": {"id": user}, "actions": [{"action_id": action_id, "value": value}]}
-    body = urllib.parse.urlencode({"payload": json.dumps(payload)})
-    return slack_handler.handler(signed_event("/slack/interactions", body, **kw), Context())
+    name = f"click-{next(_request_numbers)}"
+    payload = {
+        "type": "block_actions",
+        "user": {"id": user},
+        "actions": [{"action_id": action_id, "value": value}],
+        "response_url": _FAKE[0].response_url(name),
+    }
+    return answered("/slack/interactions", urllib.parse.urlencode({"payload": json.dumps(payload)}), name, **kw)
 
 
 def command(user: str, text: str) -> dict:
-    body = urllib.parse.urlencode({"command": "/idle-reaper", "text": text, "user_id": user})
-    return slack_handler.handler(signed_event("/slack/commands", body), Context())
+    name = f"command-{next(_request_numbers)}"
+    form = {"command": "/idle-reaper", "text": text, "user_id": user, "response_url": _FAKE[0].response_url(name)}
+    return answered("/slack/commands", urllib.parse.urlencode(form), name)
 
 
 def ephemeral_text(response: dict) -> str:
+    """The one ephemeral answer: in the acknowledgement itself, or posted to the response_url by the work."""
     assert response["statusCode"] == 200
-    body = json.loads(response["body"])
-    assert body["response_type"] == "ephemeral"
-    return body["text"]
+    texts = [r["text"] for r in response["replies"] if r["response_type"] == "ephemeral"]
+    if response["body"]:
+        body = json.loads(response["body"])
+        assert body["response_type"] == "ephemeral"
+        texts.append(body["text"])
+    assert len(texts) == 1, texts
+    return texts[0]
+
+
+def silent(response: dict) -> bool:
+    """Acknowledged with an empty 200 and no ephemeral answer: the work updated the message itself."""
+    return response["statusCode"] == 200 and response["body"] == "" and not response["replies"]
 
 
 def idle(_t):
@@ -147,7 +179,7 @@ def test_keep_2h_snoozes_once_and_updates_the_message(notebook, slack, clock):
     sweep(T0)
     ref = warning_ref(slack)
     response = click("U0BOB", "keep_2h", ref)
-    assert response["statusCode"] == 200 and response["body"] == ""
+    assert silent(response)
     stored = record(notebook)
     assert stored.state is State.SNOOZED and stored.snoozed_until == T0 + timedelta(hours=2)
     assert stored.snoozed_by == "U0BOB" and stored.warned_at is None
@@ -163,7 +195,7 @@ def test_keep_2h_snoozes_once_and_updates_the_message(notebook, slack, clock):
 @pytest.mark.parametrize("user", ["U0MEMBER", "U0GROUPIE", "U0ADMIN"])
 def test_members_group_members_and_admins_may_answer(notebook, slack, user):
     sweep(T0)
-    assert click(user, "keep_4h", warning_ref(slack).split("|")[0])["body"] == ""
+    assert silent(click(user, "keep_4h", warning_ref(slack).split("|")[0]))
     assert record(notebook).snoozed_by == user
 
 
@@ -174,9 +206,10 @@ def test_overflow_choice_is_capped_and_applied(notebook, slack, clock):
         "type": "block_actions",
         "user": {"id": "U0BOB"},
         "actions": [{"action_id": "keep_other", "selected_option": {"value": f"{ref}|keep_4h"}}],
+        "response_url": slack.response_url("overflow"),
     }
     body = urllib.parse.urlencode({"payload": json.dumps(payload)})
-    assert slack_handler.handler(signed_event("/slack/interactions", body), Context())["body"] == ""
+    assert silent(answered("/slack/interactions", body, "overflow"))
     assert record(notebook).snoozed_until == T0 + timedelta(hours=4)
 
 
@@ -199,7 +232,7 @@ def test_forged_reference_and_unknown_action_do_nothing(notebook, slack):
 
 def test_stop_now_then_start_again(notebook, slack, clock):
     sweep(T0)
-    assert click("U0BOB", "stop_now", warning_ref(slack))["body"] == ""
+    assert silent(click("U0BOB", "stop_now", warning_ref(slack)))
     assert local.instance_states([notebook])[notebook] == "stopped"
     stopped = record(notebook)
     assert stopped.state is State.REAPED and stopped.last_action == "stop"
@@ -207,7 +240,7 @@ def test_stop_now_then_start_again(notebook, slack, clock):
     start = next(b for b in update["blocks"] if b["type"] == "actions")["elements"][0]
     assert start["action_id"] == "start_again"
     clock["t"] = T0 + timedelta(hours=3)
-    assert click("U0BOB", "start_again", start["value"])["body"] == ""
+    assert silent(click("U0BOB", "start_again", start["value"]))
     assert local.instance_states([notebook])[notebook] == "running"
     started = record(notebook)
     assert started.state is State.ACTIVE and started.warned_at is None
@@ -221,7 +254,7 @@ def test_snoozes_per_day_are_capped(notebook, slack, clock):
     )
     slack.users_by_email["bob@example.com"] = "U0BOB"
     sweep(T0)
-    assert click("U0BOB", "keep_1h", warning_ref(slack))["body"] == ""
+    assert silent(click("U0BOB", "keep_1h", warning_ref(slack)))
     assert record(notebook).snoozes_today == 1
     assert "already kept 1 times today" in ephemeral_text(command("U0BOB", f"keep {notebook} 30m"))
 
@@ -427,7 +460,7 @@ def test_one_slack_app_answers_for_machines_in_another_region(aws, slack, clock,
     local.init_account()  # the handler's own region has its table too, without this machine
     assert "no longer current" in ephemeral_text(click("U0BOB", "stop_now", ref))  # not routed yet
     monkeypatch.setenv("IDLE_REAPER_REGIONS", "us-east-1,eu-west-1")
-    assert click("U0BOB", "stop_now", ref)["body"] == ""
+    assert silent(click("U0BOB", "stop_now", ref))
     states = aws_client_in("ec2", "eu-west-1").describe_instances(InstanceIds=[far])
     assert states["Reservations"][0]["Instances"][0]["State"]["Name"] == "stopped"
     assert "far-notebook" in ephemeral_text(command("U0BOB", "status"))
