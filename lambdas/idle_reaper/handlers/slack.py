@@ -64,12 +64,22 @@ def build_router(bot_token: str) -> Router:
     listed = [r.strip() for r in os.environ.get("IDLE_REAPER_REGIONS", "").split(",") if r.strip()]
     regions = [local, *(r for r in listed if r != local)]
     table, prefix = table_name(), ssm_prefix()
-    return Router([Region(functools.partial(client, region=r), table, prefix, slack_client, clock) for r in regions])
+    connections = [functools.partial(regional_client, region=r) for r in regions]
+    return Router([Region(connect, table, prefix, slack_client, clock) for connect in connections])
 
 
-@functools.cache
+# boto3 clients take tens of milliseconds to build: one per service and region per container, on first use.
+_clients: dict[tuple[str, str | None], Any] = {}
+
+
+def regional_client(service: str, region: str | None = None) -> Any:
+    if (service, region) not in _clients:
+        _clients[service, region] = client(service, region)
+    return _clients[service, region]
+
+
 def lambda_client() -> Any:
-    return client("lambda")
+    return regional_client("lambda")
 
 
 def record_failure(what: str) -> None:
