@@ -19,10 +19,10 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
 from idle_reaper.answers import Effects, Reply, help_reply, status_reply
-from idle_reaper.aws import AwsError, DynamoStateStore, Fleet, PolicyStore, StateStore, policy_for
+from idle_reaper.aws import AwsError, DynamoStateStore, Fleet, PolicyStore, StateStore
 from idle_reaper.core import MachineRecord, keep_until, may_answer, parse_duration
 from idle_reaper.payloads import ButtonWork, CommandWork, chosen_action
-from idle_reaper.policy import PolicyError, Settings, TeamPolicy
+from idle_reaper.policy import PolicyError, Settings, TeamPolicy, parse_team_policy
 from idle_reaper.slack import SlackNotifier, machine_label
 
 NOT_CURRENT = "This message is no longer current (it was answered already, or replaced); nothing changed."
@@ -89,9 +89,17 @@ class Region:
             return Settings()  # admins unknown: only owners and team members may answer
 
     def _policy(self, team: str, settings: Settings) -> TeamPolicy | None:
+        """This team's policy alone (one GetParameter, however many teams there are); the default policy
+        when the team has none. None: unreadable or invalid (safe mode), so only the owner and admins may
+        answer."""
         try:
-            return policy_for(team, self.policies.load_teams(settings), settings).policy
-        except AwsError:
+            stored = self.policies.read(self.policies.team_name(team))
+            return (
+                parse_team_policy(stored.name, stored.value, settings.default_policy)
+                if stored
+                else settings.default_policy
+            )
+        except (PolicyError, *AwsError):
             return None
 
     def _group_members(self, policy: TeamPolicy | None) -> set[str]:
@@ -107,7 +115,10 @@ class Region:
         """The policy that governs the answer, and a refusal when `user` may not answer for `record`."""
         settings = self._settings()
         policy = self._policy(record.team, settings)
-        if may_answer(user, record, policy, settings.admins, self._group_members(policy)):
+        # User groups cost a Slack call each: asked only when the owner, members and admins did not match.
+        if may_answer(user, record, policy, settings.admins) or may_answer(
+            user, record, policy, settings.admins, self._group_members(policy)
+        ):
             return policy or settings.default_policy, None
         return policy or settings.default_policy, (
             f"You can't change {machine_label(record.name, record.instance_id)}: only its owner, "

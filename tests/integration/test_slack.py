@@ -215,6 +215,17 @@ def test_overflow_choice_is_capped_and_applied(notebook, slack, clock):
     assert record(notebook).snoozed_until == T0 + timedelta(hours=4)
 
 
+def test_a_team_in_safe_mode_is_answered_by_the_owner_and_admins_only(notebook, slack, clock):
+    sweep(T0)
+    ref = warning_ref(slack)
+    aws_client("ssm").put_parameter(
+        Name="/idle-reaper/teams/ml", Value='{"idle_minutes": 5}', Type="String", Overwrite=True
+    )
+    assert "can't change" in ephemeral_text(click("U0MEMBER", "keep_2h", ref))
+    assert silent(click("U0BOB", "keep_2h", ref))
+    assert record(notebook).snoozed_until == T0 + timedelta(hours=2)
+
+
 def test_stranger_cannot_change_the_machine(notebook, slack):
     sweep(T0)
     before = record(notebook)
