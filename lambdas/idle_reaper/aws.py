@@ -49,6 +49,7 @@ CALL_WIDE_ERRORS = frozenset(
     }
 )
 DDB_BATCH_GET = 100
+OWNER_INDEX = "owner-index"  # the state table's GSI on owner_slack_id (the Slack status and keep commands)
 AUDIT_TTL_DAYS = 90
 CLAIM_TTL_DAYS = 30  # an admin alert for a policy still broken after this long is sent again
 RECORD_TTL = timedelta(days=30)  # a machine's record expires this long after its last write (machine gone)
@@ -541,6 +542,10 @@ class StateStore(Protocol):
 
     def release_claim(self, key: str) -> None: ...
 
+    def records_of_owner(self, slack_user_id: str) -> list[MachineRecord]:
+        """The machines whose owner is this Slack user (the table's owner-index; never a scan)."""
+        ...
+
 
 _DATE_FIELDS = {
     "idle_since",
@@ -717,6 +722,17 @@ class DynamoStateStore:
         )
         return [json.loads(self._plain(raw)["entry"]) for raw in out["Items"]]
 
+    def records_of_owner(self, slack_user_id: str) -> list[MachineRecord]:
+        records = []
+        for page in self.dynamodb.get_paginator("query").paginate(
+            TableName=self.table,
+            IndexName=OWNER_INDEX,
+            KeyConditionExpression="owner_slack_id = :owner",
+            ExpressionAttributeValues=self._wire({":owner": slack_user_id}),
+        ):
+            records += [item_to_record(self._plain(raw)) for raw in page["Items"] if raw["sk"]["S"] == "state"]
+        return records
+
 
 class InMemoryStateStore:
     """The state table's twin for replay, benchmarks and unit tests: same conditional semantics."""
@@ -778,6 +794,9 @@ class InMemoryStateStore:
     def release_claim(self, key: str) -> None:
         self.claims.pop(key, None)
 
+    def records_of_owner(self, slack_user_id: str) -> list[MachineRecord]:
+        return [r for r in self.records.values() if r.owner_slack_id == slack_user_id]
+
 
 def create_table(dynamodb: Any, table: str) -> bool:
     """For `idle-reaper init` and local use; the CDK stack creates the table in AWS. True if created."""
@@ -787,8 +806,16 @@ def create_table(dynamodb: Any, table: str) -> bool:
             AttributeDefinitions=[
                 {"AttributeName": "pk", "AttributeType": "S"},
                 {"AttributeName": "sk", "AttributeType": "S"},
+                {"AttributeName": "owner_slack_id", "AttributeType": "S"},
             ],
             KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            GlobalSecondaryIndexes=[
+                {
+                    "IndexName": OWNER_INDEX,
+                    "KeySchema": [{"AttributeName": "owner_slack_id", "KeyType": "HASH"}],
+                    "Projection": {"ProjectionType": "ALL"},
+                }
+            ],
             BillingMode="PAY_PER_REQUEST",
         )
     except ClientError as exc:

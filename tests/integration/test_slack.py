@@ -3,6 +3,10 @@ requests fed to the Lambda handler as Function URL events, the lifecycle in moto
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import itertools
 import json
 import logging
 import time
@@ -10,17 +14,16 @@ import urllib.parse
 from datetime import timedelta
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from idle_reaper import aws
 from idle_reaper.core import State
 from idle_reaper.handlers import slack as slack_handler
-from idle_reaper.notify import LoggingNotifier
-from idle_reaper.sweep import Adapters, logger, run_sweep
+from idle_reaper.payloads import ButtonWork, WorkEvent
+from idle_reaper.routing import Region
+from idle_reaper.sweep import Adapters, run_sweep
 from idle_reaper_tools import local
 from idle_reaper_tools.demo import at
-from idle_reaper_tools.fake_slack import LambdaContextStub, signed_request
+from idle_reaper_tools.fake_slack import FakeSlack, LambdaContextStub, signed_request
 
 pytestmark = pytest.mark.integration
 
@@ -38,22 +41,53 @@ def Context() -> LambdaContextStub:
     return LambdaContextStub()
 
 
+_FAKE: list[FakeSlack] = []
+_request_numbers = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _replies_from(slack_server):
+    _FAKE[:] = [slack_server]
+
+
+def answered(path: str, body: str, reply_to: str, **kw) -> dict:
+    """The handler's answer to a signed request, with what the work later said through the response_url."""
+    response = slack_handler.handler(signed_event(path, body, **kw), Context())
+    return {**response, "replies": _FAKE[0].replies_to(reply_to)}
+
+
 def click(user: str, action_id: str, value: str, **kw) -> dict:
-    payload = {"type": "block_actions", "user": {"id": user}, "actions": [{"action_id": action_id, "value": value}]}
-    body = urllib.parse.urlencode({"payload": json.dumps(payload)})
-    return slack_handler.handler(signed_event("/slack/interactions", body, **kw), Context())
+    name = f"click-{next(_request_numbers)}"
+    payload = {
+        "type": "block_actions",
+        "user": {"id": user},
+        "actions": [{"action_id": action_id, "value": value}],
+        "response_url": _FAKE[0].response_url(name),
+    }
+    return answered("/slack/interactions", urllib.parse.urlencode({"payload": json.dumps(payload)}), name, **kw)
 
 
 def command(user: str, text: str) -> dict:
-    body = urllib.parse.urlencode({"command": "/idle-reaper", "text": text, "user_id": user})
-    return slack_handler.handler(signed_event("/slack/commands", body), Context())
+    name = f"command-{next(_request_numbers)}"
+    form = {"command": "/idle-reaper", "text": text, "user_id": user, "response_url": _FAKE[0].response_url(name)}
+    return answered("/slack/commands", urllib.parse.urlencode(form), name)
 
 
 def ephemeral_text(response: dict) -> str:
+    """The one ephemeral answer: in the acknowledgement itself, or posted to the response_url by the work."""
     assert response["statusCode"] == 200
-    body = json.loads(response["body"])
-    assert body["response_type"] == "ephemeral"
-    return body["text"]
+    texts = [r["text"] for r in response["replies"] if r["response_type"] == "ephemeral"]
+    if response["body"]:
+        body = json.loads(response["body"])
+        assert body["response_type"] == "ephemeral"
+        texts.append(body["text"])
+    assert len(texts) == 1, texts
+    return texts[0]
+
+
+def silent(response: dict) -> bool:
+    """Acknowledged with an empty 200 and no ephemeral answer: the work updated the message itself."""
+    return response["statusCode"] == 200 and response["body"] == "" and not response["replies"]
 
 
 def idle(_t):
@@ -148,7 +182,7 @@ def test_keep_2h_snoozes_once_and_updates_the_message(notebook, slack, clock):
     sweep(T0)
     ref = warning_ref(slack)
     response = click("U0BOB", "keep_2h", ref)
-    assert response["statusCode"] == 200 and response["body"] == ""
+    assert silent(response)
     stored = record(notebook)
     assert stored.state is State.SNOOZED and stored.snoozed_until == T0 + timedelta(hours=2)
     assert stored.snoozed_by == "U0BOB" and stored.warned_at is None
@@ -164,7 +198,7 @@ def test_keep_2h_snoozes_once_and_updates_the_message(notebook, slack, clock):
 @pytest.mark.parametrize("user", ["U0MEMBER", "U0GROUPIE", "U0ADMIN"])
 def test_members_group_members_and_admins_may_answer(notebook, slack, user):
     sweep(T0)
-    assert click(user, "keep_4h", warning_ref(slack).split("|")[0])["body"] == ""
+    assert silent(click(user, "keep_4h", warning_ref(slack).split("|")[0]))
     assert record(notebook).snoozed_by == user
 
 
@@ -175,10 +209,22 @@ def test_overflow_choice_is_capped_and_applied(notebook, slack, clock):
         "type": "block_actions",
         "user": {"id": "U0BOB"},
         "actions": [{"action_id": "keep_other", "selected_option": {"value": f"{ref}|keep_4h"}}],
+        "response_url": slack.response_url("overflow"),
     }
     body = urllib.parse.urlencode({"payload": json.dumps(payload)})
-    assert slack_handler.handler(signed_event("/slack/interactions", body), Context())["body"] == ""
+    assert silent(answered("/slack/interactions", body, "overflow"))
     assert record(notebook).snoozed_until == T0 + timedelta(hours=4)
+
+
+def test_a_team_in_safe_mode_is_answered_by_the_owner_and_admins_only(notebook, slack, clock):
+    sweep(T0)
+    ref = warning_ref(slack)
+    aws_client("ssm").put_parameter(
+        Name="/idle-reaper/teams/ml", Value='{"idle_minutes": 5}', Type="String", Overwrite=True
+    )
+    assert "can't change" in ephemeral_text(click("U0MEMBER", "keep_2h", ref))
+    assert silent(click("U0BOB", "keep_2h", ref))
+    assert record(notebook).snoozed_until == T0 + timedelta(hours=2)
 
 
 def test_stranger_cannot_change_the_machine(notebook, slack):
@@ -200,7 +246,7 @@ def test_forged_reference_and_unknown_action_do_nothing(notebook, slack):
 
 def test_stop_now_then_start_again(notebook, slack, clock):
     sweep(T0)
-    assert click("U0BOB", "stop_now", warning_ref(slack))["body"] == ""
+    assert silent(click("U0BOB", "stop_now", warning_ref(slack)))
     assert local.instance_states([notebook])[notebook] == "stopped"
     stopped = record(notebook)
     assert stopped.state is State.REAPED and stopped.last_action == "stop"
@@ -208,7 +254,7 @@ def test_stop_now_then_start_again(notebook, slack, clock):
     start = next(b for b in update["blocks"] if b["type"] == "actions")["elements"][0]
     assert start["action_id"] == "start_again"
     clock["t"] = T0 + timedelta(hours=3)
-    assert click("U0BOB", "start_again", start["value"])["body"] == ""
+    assert silent(click("U0BOB", "start_again", start["value"]))
     assert local.instance_states([notebook])[notebook] == "running"
     started = record(notebook)
     assert started.state is State.ACTIVE and started.warned_at is None
@@ -222,7 +268,7 @@ def test_snoozes_per_day_are_capped(notebook, slack, clock):
     )
     slack.users_by_email["bob@example.com"] = "U0BOB"
     sweep(T0)
-    assert click("U0BOB", "keep_1h", warning_ref(slack))["body"] == ""
+    assert silent(click("U0BOB", "keep_1h", warning_ref(slack)))
     assert record(notebook).snoozes_today == 1
     assert "already kept 1 times today" in ephemeral_text(command("U0BOB", f"keep {notebook} 30m"))
 
@@ -338,48 +384,178 @@ def test_keep_2h_then_rewarned_then_stopped_end_to_end(notebook, slack, clock):
         assert "Stopped" in final and "start_again" in final
 
 
-def test_secrets_never_reach_the_logs(notebook, slack, caplog):
+def test_secrets_signatures_and_bodies_never_reach_the_logs(notebook, slack, caplog, monkeypatch):
     caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger=slack_handler.logger.name)
     sweep(T0)
-    click("U0BOB", "keep_2h", warning_ref(slack))
-    assert "xoxb-local-fake" not in caplog.text and SECRET not in caplog.text
+    payload = {"type": "block_actions", "user": "U0BOB", "actions": "keep_2h", "response_url": "sensitive-url"}
+    malformed = signed_event("/slack/interactions", urllib.parse.urlencode({"payload": json.dumps(payload)}))
+    forged = signed_event("/slack/interactions", "payload=forged-body-text", secret="guessed-secret")
+    assert slack_handler.handler(malformed, Context())["statusCode"] == 400
+    assert slack_handler.handler(forged, Context())["statusCode"] == 401
+    assert silent(click("U0BOB", "keep_2h", warning_ref(slack)))
+    monkeypatch.setattr(Region, "record_of_ref", explode)  # an internal error is logged with its traceback
+    assert "could not record" in ephemeral_text(click("U0BOB", "keep_2h", "some-ref"))
+    assert "rejected Slack request" in caplog.text and "answering Slack failed" in caplog.text
+    for secret in ("xoxb-local-fake", SECRET, "guessed-secret"):
+        assert secret not in caplog.text
+    for event in (malformed, forged):
+        assert event["headers"]["x-slack-signature"] not in caplog.text
+    assert "sensitive-url" not in caplog.text and "forged-body-text" not in caplog.text
 
 
-_junk = st.one_of(st.text(max_size=200), st.binary(max_size=200).map(lambda b: b.decode("latin-1")))
+def explode(*args, **kwargs):
+    raise RuntimeError("the state table is unreachable")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    path=st.sampled_from(["/slack/interactions", "/slack/commands", "/", "/other"]),
-    body=st.one_of(
-        _junk,
-        _junk.map(lambda s: urllib.parse.urlencode({"payload": s})),
-        st.fixed_dictionaries(
-            {
-                "type": _junk,
-                "user": st.one_of(_junk, st.fixed_dictionaries({"id": _junk})),
-                "actions": st.lists(st.dictionaries(_junk, _junk), max_size=2),
-            }
-        ).map(lambda p: urllib.parse.urlencode({"payload": json.dumps(p)})),
-        st.dictionaries(st.sampled_from(["command", "text", "user_id"]), _junk).map(urllib.parse.urlencode),
-    ),
-    signed=st.booleans(),
-)
-def test_fuzzed_requests_never_raise_never_5xx_never_change_state(fuzz_fleet, path, body, signed):
-    event = signed_event(path, body) if signed else {**signed_event(path, body), "body": body + "x"}
-    with fuzz_fleet["logs"].at_level(logging.ERROR, logger=logger.name):
-        response = slack_handler.handler(event, Context())
-    assert response["statusCode"] < 500
-    if response["statusCode"] == 200 and response.get("body"):
-        assert json.loads(response["body"])["response_type"] == "ephemeral"
-    assert record(fuzz_fleet["id"]) == fuzz_fleet["before"]
-    assert not [r for r in fuzz_fleet["logs"].records if r.levelno >= logging.ERROR]
+def emitted_metrics(out: str) -> list[str]:
+    """The metric names in the EMF blobs Powertools printed to stdout."""
+    blobs = [json.loads(line) for line in out.splitlines() if line.startswith("{") and "_aws" in line]
+    return [m["Name"] for b in blobs for d in b["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]]
+
+
+class CapturingLambda:
+    """Lambda's Invoke API as the handler calls it: records the asynchronous invocations."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.invocations: list[dict] = []
+        self.fail = fail
+
+    def invoke(self, **kwargs) -> dict:
+        if self.fail:
+            raise aws_error("TooManyRequestsException")
+        self.invocations.append(kwargs)
+        return {"StatusCode": 202}
+
+
+def aws_error(code: str):
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": code}}, "Invoke")
 
 
 @pytest.fixture
-def fuzz_fleet(notebook, slack, caplog):
-    run_sweep(Adapters.from_environment(notifier=LoggingNotifier(logger, delivers=True)), now=T0)
-    return {"id": notebook, "before": record(notebook), "logs": caplog}
+def in_lambda(monkeypatch):
+    fake = CapturingLambda()
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "idle-reaper-slack")
+    monkeypatch.setattr(slack_handler, "lambda_client", lambda: fake)
+    return fake
+
+
+def test_in_lambda_a_click_is_acknowledged_at_once_and_worked_on_in_the_async_invocation(
+    notebook, slack, clock, in_lambda
+):
+    sweep(T0)
+    before, updates = record(notebook), len(slack.calls_to("chat.update"))
+    assert silent(click("U0BOB", "keep_2h", warning_ref(slack)))
+    assert record(notebook) == before and len(slack.calls_to("chat.update")) == updates, "nothing done before the ack"
+    (invocation,) = in_lambda.invocations
+    assert invocation["FunctionName"] == "idle-reaper-slack" and invocation["InvocationType"] == "Event"
+    event = json.loads(invocation["Payload"])
+    assert "requestContext" not in event and "body" not in event
+    # Lambda delivers the payload to the same handler:
+    assert slack_handler.handler(event, Context()) == {"done": True}
+    kept = record(notebook)
+    assert kept.state is State.SNOOZED and kept.snoozed_by == "U0BOB"
+    assert len(slack.calls_to("chat.update")) == updates + 2
+    # A refusal is reported through the response_url of the request it answers.
+    assert silent(command("U0STRANGER", f"keep {notebook} 1h"))
+    event = json.loads(in_lambda.invocations[-1]["Payload"])
+    slack_handler.handler(event, Context())
+    (reply,) = slack.replies_to(event["idle_reaper_slack_work"]["response_url"].rsplit("/", 1)[-1])
+    assert "can't change" in reply["text"] and reply["response_type"] == "ephemeral"
+    assert record(notebook) == kept
+
+
+def test_a_failed_handoff_or_failed_work_says_so_and_emits_the_failure_metric(
+    notebook, slack, clock, in_lambda, monkeypatch, capsys
+):
+    sweep(T0)
+    before = record(notebook)
+    capsys.readouterr()
+    in_lambda.fail = True
+    assert "could not record" in ephemeral_text(click("U0BOB", "keep_2h", warning_ref(slack)))
+    assert emitted_metrics(capsys.readouterr().out) == ["SlackRequestFailures"]
+    in_lambda.fail = False
+    assert silent(click("U0BOB", "keep_2h", warning_ref(slack)))
+    monkeypatch.setattr(Region, "record_of_ref", explode)
+    assert emitted_metrics(capsys.readouterr().out) == []
+    event = json.loads(in_lambda.invocations[-1]["Payload"])
+    assert slack_handler.handler(event, Context()) == {"done": True}, "an async failure is not retried by Lambda"
+    (reply,) = slack.replies_to(event["idle_reaper_slack_work"]["response_url"].rsplit("/", 1)[-1])
+    assert "could not record" in reply["text"]
+    assert emitted_metrics(capsys.readouterr().out) == ["SlackRequestFailures"]
+    assert slack_handler.handler({"idle_reaper_slack_work": {"kind": "dance"}}, Context()) == {"done": False}
+    assert emitted_metrics(capsys.readouterr().out) == ["SlackRequestFailures"]
+    assert record(notebook) == before
+
+
+def test_a_function_url_request_is_never_taken_for_internal_work(notebook, slack, clock, in_lambda):
+    sweep(T0)
+    before = record(notebook)
+    ref, url = warning_ref(slack), slack.response_url("w")
+    work = ButtonWork(user="U0BOB", action_id="stop_now", value=ref, response_url=url)
+    internal = WorkEvent(idle_reaper_slack_work=work).to_event()
+    as_body = signed_event("/slack/interactions", json.dumps(internal))
+    assert slack_handler.handler(as_body, Context())["statusCode"] == 400
+    merged = {**signed_event("/slack/interactions", ""), **internal}  # the key smuggled into a URL event
+    assert slack_handler.handler(merged, Context())["statusCode"] == 400
+    del merged["headers"]["x-slack-signature"]
+    assert slack_handler.handler(merged, Context())["statusCode"] == 401
+    assert not in_lambda.invocations and not slack.replies_to("w")
+    assert record(notebook) == before and local.instance_states([notebook])[notebook] == "running"
+
+
+def test_a_signed_body_that_is_not_utf8_or_has_wrong_json_types_is_a_400(notebook, slack):
+    sweep(T0)
+    before = record(notebook)
+    raw = b"payload=\xff\xfe\x00"
+    event = signed_event("/slack/interactions", "")
+    ts = event["headers"]["x-slack-request-timestamp"]
+    signature = hmac.new(SECRET.encode(), f"v0:{ts}:".encode() + raw, hashlib.sha256).hexdigest()
+    event.update(body=base64.b64encode(raw).decode(), isBase64Encoded=True)
+    event["headers"]["x-slack-signature"] = "v0=" + signature
+    assert slack_handler.handler(event, Context()) == {
+        "statusCode": 400,
+        "headers": {"Content-Type": "text/plain"},
+        "body": "body is not UTF-8",
+    }
+    wrong_types = {"type": "block_actions", "user": "U0BOB", "actions": [{"action_id": "keep_2h"}], "response_url": 1}
+    body = urllib.parse.urlencode({"payload": json.dumps({**wrong_types, "actions": ["keep_2h"]})})
+    response = slack_handler.handler(signed_event("/slack/interactions", body), Context())
+    assert response["statusCode"] == 400 and response["body"].startswith("payload user")
+    assert record(notebook) == before and not slack.calls_to("chat.update")
+
+
+def test_status_and_keep_find_the_callers_machines_by_index_and_others_by_instance_id(
+    notebook, slack, clock, monkeypatch
+):
+    sweep(T0)
+    monkeypatch.setattr(aws.DynamoStateStore, "all_records", explode)  # no scan on the Slack path
+    assert "notebook" in ephemeral_text(command("U0BOB", "status"))
+    assert "You own no machines" in ephemeral_text(command("U0MEMBER", "status"))
+    # A team member may keep bob's machine, by its instance id (names are looked up among one's own).
+    assert "among yours" in ephemeral_text(command("U0MEMBER", "keep notebook 1h"))
+    assert record(notebook).snoozed_by is None
+    assert ephemeral_text(command("U0MEMBER", f"keep {notebook} 1h")).startswith("Kept notebook")
+    assert record(notebook).snoozed_by == "U0MEMBER"
+    assert "among yours" in ephemeral_text(command("U0MEMBER", "keep i-0000000000000dead 1h"))
+
+
+def test_clients_are_built_only_for_the_regions_consulted(notebook, slack, clock, monkeypatch):
+    monkeypatch.setenv("IDLE_REAPER_REGIONS", "us-east-1,eu-west-1,ap-southeast-2")
+    sweep(T0)
+    built = []
+    real = slack_handler.client
+
+    def counting(service, region=None):
+        built.append(region)
+        return real(service, region)
+
+    monkeypatch.setattr(slack_handler, "client", counting)
+    monkeypatch.setattr(slack_handler, "_clients", {})
+    assert silent(click("U0BOB", "keep_2h", warning_ref(slack)))
+    assert set(built) == {"us-east-1"}, "the reference was found in the local region: no other region's clients"
 
 
 def test_invalid_policy_alerts_admins_once_per_version_and_retries_when_slack_is_down(notebook, slack):
@@ -428,7 +604,7 @@ def test_one_slack_app_answers_for_machines_in_another_region(aws, slack, clock,
     local.init_account()  # the handler's own region has its table too, without this machine
     assert "no longer current" in ephemeral_text(click("U0BOB", "stop_now", ref))  # not routed yet
     monkeypatch.setenv("IDLE_REAPER_REGIONS", "us-east-1,eu-west-1")
-    assert click("U0BOB", "stop_now", ref)["body"] == ""
+    assert silent(click("U0BOB", "stop_now", ref))
     states = aws_client_in("ec2", "eu-west-1").describe_instances(InstanceIds=[far])
     assert states["Reservations"][0]["Instances"][0]["State"]["Name"] == "stopped"
     assert "far-notebook" in ephemeral_text(command("U0BOB", "status"))

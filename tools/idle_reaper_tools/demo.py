@@ -208,7 +208,12 @@ def click_keep(slack: FakeSlack, instance_id: str, user: str, now: datetime) -> 
     real_clock = handler.clock
     handler.clock = lambda: now  # the handler runs on the simulated clock
     try:
-        payload = {"type": "block_actions", "user": {"id": user}, "actions": [{"action_id": "keep_2h", "value": ref}]}
+        payload = {
+            "type": "block_actions",
+            "user": {"id": user},
+            "actions": [{"action_id": "keep_2h", "value": ref}],
+            "response_url": slack.response_url(f"click-{instance_id}"),
+        }
         body = urllib.parse.urlencode({"payload": json.dumps(payload)})
         event = signed_request("/slack/interactions", body, SIGNING_SECRET)
         response = handler.handler(event, cast(LambdaContext, LambdaContextStub()))

@@ -30,6 +30,7 @@ class FakeSlack:
     users_by_email: dict[str, str] = field(default_factory=dict)
     usergroups: dict[str, list[str]] = field(default_factory=dict)
     messages: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (channel, ts) -> params
+    replies: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (response_url name, JSON body)
     rate_limit_next: int = 0  # answer this many next calls with 429
     retry_after: int = 1
     auth_revoked: bool = False
@@ -44,6 +45,7 @@ class FakeSlack:
         with self._lock:
             self.calls.clear()
             self.messages.clear()
+            self.replies.clear()
             self.users_by_email.clear()
             self.usergroups.clear()
             self.errors.clear()
@@ -51,6 +53,14 @@ class FakeSlack:
 
     def calls_to(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
+
+    def response_url(self, name: str) -> str:
+        """A response_url like the one Slack puts in every interaction and command payload."""
+        return self.url.removesuffix("api/") + f"response/{name}"
+
+    def replies_to(self, name: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [body for to, body in self.replies if to == name]
 
     def answer(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, str], dict[str, Any]]:
         with self._lock:
@@ -104,6 +114,11 @@ def _handler(fake: FakeSlack) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             method = self.path.rstrip("/").rsplit("/", 1)[-1]
             raw = self.rfile.read(int(self.headers.get("Content-Length", "0") or 0)).decode()
+            if self.path.startswith("/response/"):  # a response_url: Slack answers a plain "ok"
+                with fake._lock:
+                    fake.replies.append((method, json.loads(raw or "{}")))
+                self._send(200, {"Content-Type": "text/plain"}, b"ok")
+                return
             if "json" in (self.headers.get("Content-Type") or ""):
                 params = json.loads(raw or "{}")
             else:
@@ -112,9 +127,10 @@ def _handler(fake: FakeSlack) -> type[BaseHTTPRequestHandler]:
                     if isinstance(params.get(key), str):
                         params[key] = json.loads(params[key])
             status, headers, body = fake.answer(method, params)
-            data = json.dumps(body).encode()
+            self._send(status, {"Content-Type": "application/json", **headers}, json.dumps(body).encode())
+
+        def _send(self, status: int, headers: dict[str, str], data: bytes) -> None:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             for k, v in headers.items():
                 self.send_header(k, v)
