@@ -520,8 +520,9 @@ class StateStore(Protocol):
 
         With `holder` (a sweep's id) the write also needs that no other sweep holds a live claim on the
         machine; `hold=True` leaves `holder`'s claim on it for SWEEP_LEASE, `hold=False` releases it.
-        Without a holder (a person's answer) the version alone decides and any claim is dropped: the new
-        version makes the claiming sweep's next write fail anyway. Every write sets the record's TTL."""
+        Without a holder (a person's answer) the write also needs that no sweep holds a live claim: a sweep
+        that claimed the machine may be stopping it right now, and a "keep" recorded in that moment would
+        be a promise the machine breaks. The person is asked to try again. Every write sets the TTL."""
         ...
 
     def claim_of(self, instance_id: str) -> tuple[str, datetime] | None:
@@ -628,12 +629,15 @@ class DynamoStateStore:
         item = {**record_to_item(record), "expires_at": int((now + RECORD_TTL).timestamp())}
         condition = "(attribute_not_exists(pk) OR version = :previous)"
         values: dict[str, Any] = {":previous": record.version - 1}
+        # Free, lapsed, or (for a sweep) ours. claim_until is epoch seconds: DynamoDB compares numbers.
+        values[":now"] = int(now.timestamp())
         if holder is not None:
-            # Free, lapsed, or ours. claim_until is epoch seconds, so DynamoDB compares it as a number.
             condition += " AND (attribute_not_exists(claim_until) OR claim_until <= :now OR claim_owner = :holder)"
-            values.update({":now": int(now.timestamp()), ":holder": holder})
+            values[":holder"] = holder
             if hold:
                 item.update(claim_owner=holder, claim_until=int((now + SWEEP_LEASE).timestamp()))
+        else:
+            condition += " AND (attribute_not_exists(claim_until) OR claim_until <= :now)"
         try:
             self.dynamodb.put_item(
                 TableName=self.table,
@@ -755,7 +759,7 @@ class InMemoryStateStore:
         if stored is not None and stored.version != record.version - 1:
             return False
         claim = self.claim_of(instance_id)
-        if holder is not None and claim is not None and claim[0] != holder:
+        if claim is not None and claim[0] != holder:  # a person (holder None) never writes over a live claim
             return False
         self.records[instance_id] = record
         self.expires[instance_id] = now + RECORD_TTL

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from idle_reaper.aws import SWEEP_LEASE, InMemoryStateStore
+from idle_reaper.aws import SWEEP_LEASE, Fleet, InMemoryStateStore
 from idle_reaper.core import Action, State
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import Settings
@@ -213,4 +213,56 @@ def test_a_crashed_sweeps_claim_blocks_the_machine_until_its_lease_ends():
     clock[0] += SWEEP_LEASE
     world.sweep("C")(Gate(None))
     check_stop(world)
+    assert world.store.claim_of(world.machine) is None
+
+
+def keep_while_sweeping(world: World, pause_a: str, *, read_before: bool) -> tuple[Any, list[str]]:
+    """Sweep A runs to `pause_a`; then the owner's "Keep 2 h" is applied through the real answer code,
+    with the record as read before the sweep started (`read_before`) or as it is at that moment."""
+    from idle_reaper.answers import Effects
+
+    updates: list[str] = []
+
+    class Messages:
+        def update(self, record: Any, title: str, detail: str, **_: Any) -> bool:
+            updates.append(title)
+            return True
+
+    effects = Effects(world.store, Fleet(world.aws.ec2, world.aws.autoscaling), Messages(), lambda: world.now)  # type: ignore[arg-type]
+    earlier = world.store.records.get(world.machine)
+    replies: list[Any] = []
+
+    def person(gate: Gate) -> Any:
+        record = earlier if read_before else world.store.records[world.machine]
+        assert record is not None
+        replies.append(effects.keep("U0BOB", record, Settings().default_policy, world.now + timedelta(hours=2)))
+        return None
+
+    result = interleave(world.sweep("A"), person, pause_a=pause_a)
+    assert result.gate_a.reached.is_set()
+    return replies[0], updates
+
+
+@pytest.mark.parametrize("pause_a", ["claimed", "acted", "posted", "recording"])
+def test_a_keep_clicked_while_a_sweep_is_stopping_the_machine_is_refused(pause_a: str):
+    """The owner opened the warning before the sweep decided to stop; the click lands mid-stop. The keep
+    is refused (nothing promises what the machine is about to break) and the record says it stopped."""
+    world = stop()
+    reply, updates = keep_while_sweeping(world, pause_a, read_before=True)
+    assert reply is not None and "nothing changed" in reply.text
+    assert updates == [], "no 'Kept' message for a keep that was not recorded"
+    check_stop(world)
+
+
+@pytest.mark.parametrize("pause_a", ["claimed", "posted"])
+def test_a_keep_clicked_while_a_sweep_holds_the_machine_waits_for_the_claim(pause_a: str):
+    """Even with the record read after the sweep's claim (same version), a person's write never lands over
+    a live claim: the sweep's own outcome is recorded, and the person is asked to try again."""
+    from idle_reaper.answers import ANSWERED_ALREADY
+
+    world = warn()
+    reply, updates = keep_while_sweeping(world, pause_a, read_before=False)
+    assert reply is not None and reply.text == ANSWERED_ALREADY
+    assert updates == []
+    check_warn(world)
     assert world.store.claim_of(world.machine) is None
