@@ -11,6 +11,8 @@ from typing import Any
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
@@ -25,6 +27,8 @@ from constructs import Construct
 # Must match what the sweep handler emits (Powertools Metrics, EMF).
 METRICS_NAMESPACE = "IdleReaper"
 SERVICE_NAME = "idle-reaper"
+# Slack gives up on a request after 3 s.
+SLACK_DURATION_ALARM_MS = 2500
 
 
 def suppress(construct: Construct, *suppressions: NagPackSuppression) -> None:
@@ -51,6 +55,7 @@ class ReaperFunction(Construct):
         timeout: Duration,
         memory_size: int,
         reserved_concurrent_executions: int | None = None,
+        function_name: str | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.THREE_MONTHS)
@@ -61,6 +66,7 @@ class ReaperFunction(Construct):
             self,
             "Function",
             description=description,
+            function_name=function_name,
             runtime=lambda_.Runtime.PYTHON_3_12,
             architecture=lambda_.Architecture.ARM_64,
             handler=handler,
@@ -208,15 +214,43 @@ class GpuAgentRollout(Construct):
             name=document.ref,
             targets=[ssm.CfnAssociation.TargetProperty(key=f"tag:{tag_key}", values=[tag_value])],
             schedule_expression="rate(1 day)",
-            # A machine without an NVIDIA driver fails the configure step; that must not stop the rollout.
+            # A machine without an NVIDIA driver fails the configure step; that must not stop the rollout
+            # to the others. Every failure is reported instead (report_failures_to).
             max_errors="100%",
             max_concurrency="25%",
         )
         self.association.node.add_dependency(self.config_parameter)
 
+    def report_failures_to(self, topic: sns.ITopic) -> events.Rule:
+        """Every instance the association fails on is reported to the alarm topic (and so to the admins):
+        without the agent the machine has no GPU metric, so the reaper never judges it idle."""
+        detail = events.EventField.from_path
+        return events.Rule(
+            self,
+            "Failures",
+            description="idle-reaper: the GPU agent rollout failed on an instance",
+            event_pattern=events.EventPattern(
+                source=["aws.ssm"],
+                detail_type=["EC2 State Manager Instance Association State Change"],
+                detail={"association-id": [self.association.attr_association_id], "status": ["Failed"]},
+            ),
+            targets=[
+                targets.SnsTopic(
+                    topic,
+                    message=events.RuleTargetInput.from_text(
+                        f"GPU agent rollout failed on {detail('$.detail.instance-id')} in "
+                        f"{events.EventField.region} ({detail('$.detail.detailed-status')}: "
+                        f"{detail('$.detail.execution-summary')}). Without the agent this machine has no GPU "
+                        "metric and is never judged idle. Check its NVIDIA driver and SSM agent."
+                    ),
+                )
+            ],
+        )
+
 
 class ReaperMonitoring(Construct):
-    """Alarms (to an SNS topic, optionally emailed) and the dashboard."""
+    """Alarms and the dashboard. Every alarm state change goes to an SNS topic; the alarm relay function
+    (subscribed to it) posts it to the admins in Slack, and an e-mail address may subscribe too."""
 
     def __init__(
         self,
@@ -224,7 +258,9 @@ class ReaperMonitoring(Construct):
         id: str,
         *,
         sweep: lambda_.IFunction,
+        sweep_timeout: Duration,
         slack: lambda_.IFunction,
+        alarm_relay: lambda_.IFunction,
         failures: sqs.IQueue,
         interval: Duration,
         alarm_email: str | None,
@@ -233,6 +269,7 @@ class ReaperMonitoring(Construct):
     ) -> None:
         super().__init__(scope, id)
         self.topic = sns.Topic(self, "Alarms", display_name="idle-reaper alarms", enforce_ssl=True)
+        self.topic.add_subscription(subscriptions.LambdaSubscription(alarm_relay))
         if alarm_email:
             self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
         suppress(
@@ -255,6 +292,20 @@ class ReaperMonitoring(Construct):
             period=interval,
         )
         completed_sweeps = self._service_metric("SweepDurationMs", "SampleCount", interval)
+        five_minutes = Duration.minutes(5)
+
+        def at_least_once(metric: cw.IMetric, id: str, description: str, periods: int = 1) -> cw.Alarm:
+            return metric.create_alarm(
+                self,
+                id,
+                alarm_description=description,
+                threshold=1,
+                evaluation_periods=periods,
+                datapoints_to_alarm=periods,
+                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            )
+
         self.alarms = [
             sweep_errors.create_alarm(
                 self,
@@ -298,6 +349,50 @@ class ReaperMonitoring(Construct):
                 evaluation_periods=1,
                 comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
                 treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            ),
+            # The Slack handler answers every handled failure with a message, not a 5xx: it counts them.
+            at_least_once(
+                self._service_metric("SlackRequestFailures", "Sum", five_minutes),
+                "SlackRequestFailuresAlarm",
+                "The Slack handler could not carry out a request (an internal error it answered politely).",
+            ),
+            at_least_once(
+                slack.metric_throttles(period=five_minutes, statistic="Sum"),
+                "SlackThrottlesAlarm",
+                "Slack requests were throttled at the function's reserved concurrency: a flood of requests, "
+                "or answers being lost.",
+            ),
+            slack.metric_duration(period=five_minutes, statistic="p99").create_alarm(
+                self,
+                "SlackDurationAlarm",
+                alarm_description="The Slack handler's p99 duration is near Slack's 3 s limit; Slack shows "
+                "users an error past it.",
+                threshold=SLACK_DURATION_ALARM_MS,
+                evaluation_periods=2,
+                datapoints_to_alarm=2,
+                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            ),
+            sweep.metric_duration(period=interval, statistic="p99").create_alarm(
+                self,
+                "SweepDurationAlarm",
+                alarm_description="A sweep ran close to its timeout; the next ones may time out.",
+                threshold=int(sweep_timeout.to_milliseconds() * 0.8),
+                evaluation_periods=1,
+                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            ),
+            at_least_once(
+                self._service_metric("TeamsInSafeMode", "Maximum", interval),
+                "TeamsInSafeModeAlarm",
+                "A team has been in safe mode (warn only, no stops) for 3 sweeps: its policy or data needs an admin.",
+                periods=3,
+            ),
+            at_least_once(
+                alarm_relay.metric_errors(period=five_minutes, statistic="Sum"),
+                "AlarmRelayErrorsAlarm",
+                "Alarms could not be posted to Slack (no admins configured, bad credentials, or Slack down): "
+                "only the e-mail subscription, if any, sees alarms now.",
             ),
         ]
         for alarm in self.alarms:
