@@ -34,6 +34,7 @@ test: sync lint
 bench: sync
 	$(RUN) python benchmarks/sweep_cost.py
 	$(RUN) python benchmarks/savings.py
+	$(RUN) python benchmarks/handler_latency.py
 
 # CDK targets (synth, deploy) live beside the stack.
 -include infra/make.mk

@@ -453,15 +453,37 @@ class ReaperMonitoring(Construct):
                 ],
             ),
             cw.GraphWidget(
-                title="Sweep errors, throttles and Slack errors",
+                title="Sweep errors, throttles and teams in safe mode",
                 width=8,
                 left=[
                     sweep_errors,
                     sweep.metric_throttles(period=interval, statistic="Sum"),
-                    slack.metric_errors(period=interval, statistic="Sum").with_(label="Slack handler errors"),
+                    self._service_metric("TeamsInSafeMode", "Maximum", interval).with_(label="Teams in safe mode"),
                 ],
             ),
             cw.AlarmStatusWidget(title="Alarms", width=8, alarms=self.alarms),
+        )
+        self.dashboard.add_widgets(
+            cw.GraphWidget(
+                title="Slack handler: failures and throttles",
+                width=12,
+                left=[
+                    slack.metric_errors(period=five_minutes, statistic="Sum").with_(label="Crashes and timeouts"),
+                    self._service_metric("SlackRequestFailures", "Sum", five_minutes).with_(
+                        label="Requests answered with an internal error"
+                    ),
+                    slack.metric_throttles(period=five_minutes, statistic="Sum").with_(label="Throttled"),
+                ],
+            ),
+            cw.GraphWidget(
+                title="Slack handler duration (ms; Slack gives up at 3,000)",
+                width=12,
+                left=[
+                    slack.metric_duration(period=five_minutes, statistic="p50").with_(label="p50"),
+                    slack.metric_duration(period=five_minutes, statistic="p99").with_(label="p99"),
+                ],
+                left_annotations=[cw.HorizontalAnnotation(value=SLACK_DURATION_ALARM_MS, label="alarm")],
+            ),
         )
 
     @staticmethod

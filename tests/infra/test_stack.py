@@ -368,6 +368,9 @@ def test_dashboard_shows_every_metric_the_sweep_emits(template: dict[str, Any]) 
         "EstimatedHourlySavings",
         "SweepDurationMs",
         "SweepErrors",
+        "TeamsInSafeMode",
+        "SlackRequestFailures",
+        "Throttles",
     ):
         assert metric in body, metric
 
@@ -390,7 +393,9 @@ def test_gpu_agent_config_is_the_repo_file_rolled_out_by_tag(template: dict[str,
     # Custom metrics are billed per series: only the one the reaper reads, rolled up per instance.
     gpu = metrics["metrics_collected"]["nvidia_gpu"]
     assert gpu["measurement"] == ["utilization_gpu"]
-    assert gpu["drop_original_metrics"] == ["utilization_gpu"]  # no per-GPU series
+    # No per-GPU series: the agent's translator takes measurement names under nvidia_gpu (its own test
+    # TestDropMultipleOriginal maps them to the nvidia_smi plugin).
+    assert gpu["drop_original_metrics"] == ["utilization_gpu"]
     assert metrics["append_dimensions"] == {"InstanceId": "${aws:InstanceId}"}
     assert metrics["aggregation_dimensions"] == [["InstanceId"]]
     assert metrics.get("namespace", "CWAgent") == "CWAgent"

@@ -120,3 +120,16 @@ def test_long_messages_are_cut_to_what_slack_shows() -> None:
 
 
 CTX: Any = LambdaContextStub()
+
+
+def test_the_handler_imports_in_a_fresh_interpreter_without_tools_or_test_doubles() -> None:
+    """Lambda imports only the handler module: it must not depend on a local tool being imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, idle_reaper.handlers.alarms\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('idle_reaper_tools', 'testkit')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
