@@ -294,12 +294,15 @@ class ReaperMonitoring(Construct):
         completed_sweeps = self._service_metric("SweepDurationMs", "SampleCount", interval)
         five_minutes = Duration.minutes(5)
 
-        def at_least_once(metric: cw.IMetric, id: str, description: str, periods: int = 1) -> cw.Alarm:
+        def at_least(
+            metric: cw.IMetric, id: str, description: str, *, threshold: float = 1, periods: int = 1
+        ) -> cw.Alarm:
+            """Alarm when the metric reaches the threshold in `periods` consecutive periods; no data is fine."""
             return metric.create_alarm(
                 self,
                 id,
                 alarm_description=description,
-                threshold=1,
+                threshold=threshold,
                 evaluation_periods=periods,
                 datapoints_to_alarm=periods,
                 comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
@@ -327,68 +330,51 @@ class ReaperMonitoring(Construct):
                 # No datapoint is exactly the failure this alarm exists for.
                 treat_missing_data=cw.TreatMissingData.BREACHING,
             ),
-            failures.metric_approximate_number_of_messages_visible(period=Duration.minutes(5), statistic="Maximum")
-            .with_(label="Undelivered or failed sweeps")
-            .create_alarm(
-                self,
+            at_least(
+                failures.metric_approximate_number_of_messages_visible(period=five_minutes, statistic="Maximum").with_(
+                    label="Undelivered or failed sweeps"
+                ),
                 "SweepDeadLettersAlarm",
-                alarm_description="Sweep invocations were dropped or failed and landed in the dead-letter "
+                "Sweep invocations were dropped or failed and landed in the dead-letter "
                 "queue (often: a sweep ran longer than the schedule interval).",
-                threshold=1,
-                evaluation_periods=1,
-                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
             ),
-            slack.metric_errors(period=Duration.minutes(5), statistic="Sum")
-            .with_(label="Slack handler errors")
-            .create_alarm(
-                self,
+            at_least(
+                slack.metric_errors(period=five_minutes, statistic="Sum").with_(label="Slack handler errors"),
                 "SlackErrorsAlarm",
-                alarm_description="The Slack handler failed: someone's answer to a warning may have been lost.",
-                threshold=1,
-                evaluation_periods=1,
-                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+                "The Slack handler failed: someone's answer to a warning may have been lost.",
             ),
             # The Slack handler answers every handled failure with a message, not a 5xx: it counts them.
-            at_least_once(
+            at_least(
                 self._service_metric("SlackRequestFailures", "Sum", five_minutes),
                 "SlackRequestFailuresAlarm",
                 "The Slack handler could not carry out a request (an internal error it answered politely).",
             ),
-            at_least_once(
+            at_least(
                 slack.metric_throttles(period=five_minutes, statistic="Sum"),
                 "SlackThrottlesAlarm",
                 "Slack requests were throttled at the function's reserved concurrency: a flood of requests, "
                 "or answers being lost.",
             ),
-            slack.metric_duration(period=five_minutes, statistic="p99").create_alarm(
-                self,
+            at_least(
+                slack.metric_duration(period=five_minutes, statistic="p99"),
                 "SlackDurationAlarm",
-                alarm_description="The Slack handler's p99 duration is near Slack's 3 s limit; Slack shows "
-                "users an error past it.",
+                "The Slack handler's p99 duration is near Slack's 3 s limit; Slack shows users an error past it.",
                 threshold=SLACK_DURATION_ALARM_MS,
-                evaluation_periods=2,
-                datapoints_to_alarm=2,
-                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+                periods=2,
             ),
-            sweep.metric_duration(period=interval, statistic="p99").create_alarm(
-                self,
+            at_least(
+                sweep.metric_duration(period=interval, statistic="p99"),
                 "SweepDurationAlarm",
-                alarm_description="A sweep ran close to its timeout; the next ones may time out.",
+                "A sweep ran close to its timeout; the next ones may time out.",
                 threshold=int(sweep_timeout.to_milliseconds() * 0.8),
-                evaluation_periods=1,
-                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
             ),
-            at_least_once(
+            at_least(
                 self._service_metric("TeamsInSafeMode", "Maximum", interval),
                 "TeamsInSafeModeAlarm",
                 "A team has been in safe mode (warn only, no stops) for 3 sweeps: its policy or data needs an admin.",
                 periods=3,
             ),
-            at_least_once(
+            at_least(
                 alarm_relay.metric_errors(period=five_minutes, statistic="Sum"),
                 "AlarmRelayErrorsAlarm",
                 "Alarms could not be posted to Slack (no admins configured, bad credentials, or Slack down): "
