@@ -208,30 +208,54 @@ def test_what_a_function_must_not_do_is_denied(home: dict[str, Any], role: str) 
     assert not allowed, f"{role} may do what it must not: {allowed}"
 
 
-def _runtime_calls() -> set[str]:
-    """IAM actions of every boto3 call in the runtime package, found in its source."""
-    service = {"ec2": "ec2", "autoscaling": "autoscaling", "cloudwatch": "cloudwatch", "ssm": "ssm"}
-    service |= {"dynamodb": "dynamodb", "lambda_client": "lambda"}
+# Where the IAM action is not the boto3 method's name in CamelCase.
+ACTION_OF_METHOD = {"lambda:Invoke": "lambda:InvokeFunction"}
+
+
+CLIENT_ATTRIBUTES = {"ec2": "ec2", "autoscaling": "autoscaling", "cloudwatch": "cloudwatch", "ssm": "ssm"}
+CLIENT_ATTRIBUTES |= {"dynamodb": "dynamodb", "lambda_client": "lambda"}
+CALL_SITE = re.compile(
+    r"\b(?P<client>ec2|autoscaling|cloudwatch|ssm|dynamodb|lambda_client)\."
+    r"(?:get_paginator\(\"(?P<paginated>[a-z_]+)\"\)|(?P<method>[a-z_]+)\()"
+)
+# ... and calls on a client made in place: client("lambda").invoke(...), boto3.client("lambda", ...).invoke(...)
+INLINE_CALL = re.compile(r"client\(\s*\"(?P<service>[a-z-]+)\"[^)]*\)\.(?P<method>[a-z_]+)\(")
+
+
+def calls_in(source: str) -> set[str]:
+    """IAM actions of the boto3 calls in one module's source."""
+    calls = [(CLIENT_ATTRIBUTES[m["client"]], m["paginated"] or m["method"]) for m in CALL_SITE.finditer(source)]
+    calls += [(m["service"], m["method"]) for m in INLINE_CALL.finditer(source)]
     found = set()
-    call_site = re.compile(
-        r"\b(?P<client>ec2|autoscaling|cloudwatch|ssm|dynamodb|lambda_client)\."
-        r"(?:get_paginator\(\"(?P<paginated>[a-z_]+)\"\)|(?P<method>[a-z_]+)\()"
-    )
-    for path in (REPO_ROOT / "lambdas" / "idle_reaper").rglob("*.py"):
-        for match in call_site.finditer(path.read_text()):
-            method = match["paginated"] or match["method"]
-            if method in ("get_waiter", "get_paginator"):
-                continue
-            action = "".join(part.capitalize() for part in method.split("_"))
-            found.add(f"{service[match['client']]}:{action}")
-        if "parameters.get_secret(" in path.read_text():  # Powertools: GetSecretValue
-            found.add("secretsmanager:GetSecretValue")
+    for prefix, method in calls:
+        if method in ("get_waiter", "get_paginator"):
+            continue
+        action = f"{prefix}:{''.join(part.capitalize() for part in method.split('_'))}"
+        found.add(ACTION_OF_METHOD.get(action, action))
+    if "parameters.get_secret(" in source:  # Powertools: GetSecretValue
+        found.add("secretsmanager:GetSecretValue")
     return found
+
+
+def test_calls_are_found_in_source() -> None:
+    source = """
+        self.ec2.stop_instances(InstanceIds=ids)
+        for page in self.autoscaling.get_paginator("describe_auto_scaling_groups").paginate():
+        client("lambda").invoke(FunctionName=name, InvocationType="Event", Payload=body)
+        region = client("dynamodb").meta.region_name
+        value = parameters.get_secret(secret_id, transform="json")
+    """
+    assert calls_in(source) == {
+        "ec2:StopInstances",
+        "autoscaling:DescribeAutoScalingGroups",
+        "lambda:InvokeFunction",
+        "secretsmanager:GetSecretValue",
+    }
 
 
 def test_every_call_in_the_runtime_is_in_a_roles_list() -> None:
     """A new boto3 call in lambdas/idle_reaper fails here until it is added to the lists above (and granted)."""
-    found = _runtime_calls()
+    found = set().union(*(calls_in(p.read_text()) for p in (REPO_ROOT / "lambdas" / "idle_reaper").rglob("*.py")))
     assert {"ec2:StopInstances", "autoscaling:TerminateInstanceInAutoScalingGroup", "dynamodb:DeleteItem"} <= found
     listed = {r.action for role in ROLES.values() for r in role.allowed} | CLI_ONLY
     assert found - listed == set(), "calls no role is checked for"
