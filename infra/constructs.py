@@ -11,6 +11,8 @@ from typing import Any
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
@@ -25,6 +27,8 @@ from constructs import Construct
 # Must match what the sweep handler emits (Powertools Metrics, EMF).
 METRICS_NAMESPACE = "IdleReaper"
 SERVICE_NAME = "idle-reaper"
+# Slack gives up on a request after 3 s.
+SLACK_DURATION_ALARM_MS = 2500
 
 
 def suppress(construct: Construct, *suppressions: NagPackSuppression) -> None:
@@ -51,6 +55,7 @@ class ReaperFunction(Construct):
         timeout: Duration,
         memory_size: int,
         reserved_concurrent_executions: int | None = None,
+        function_name: str | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.THREE_MONTHS)
@@ -61,6 +66,7 @@ class ReaperFunction(Construct):
             self,
             "Function",
             description=description,
+            function_name=function_name,
             runtime=lambda_.Runtime.PYTHON_3_12,
             architecture=lambda_.Architecture.ARM_64,
             handler=handler,
@@ -208,15 +214,43 @@ class GpuAgentRollout(Construct):
             name=document.ref,
             targets=[ssm.CfnAssociation.TargetProperty(key=f"tag:{tag_key}", values=[tag_value])],
             schedule_expression="rate(1 day)",
-            # A machine without an NVIDIA driver fails the configure step; that must not stop the rollout.
+            # A machine without an NVIDIA driver fails the configure step; that must not stop the rollout
+            # to the others. Every failure is reported instead (report_failures_to).
             max_errors="100%",
             max_concurrency="25%",
         )
         self.association.node.add_dependency(self.config_parameter)
 
+    def report_failures_to(self, topic: sns.ITopic) -> events.Rule:
+        """Every instance the association fails on is reported to the alarm topic (and so to the admins):
+        without the agent the machine has no GPU metric, so the reaper never judges it idle."""
+        detail = events.EventField.from_path
+        return events.Rule(
+            self,
+            "Failures",
+            description="idle-reaper: the GPU agent rollout failed on an instance",
+            event_pattern=events.EventPattern(
+                source=["aws.ssm"],
+                detail_type=["EC2 State Manager Instance Association State Change"],
+                detail={"association-id": [self.association.attr_association_id], "status": ["Failed"]},
+            ),
+            targets=[
+                targets.SnsTopic(
+                    topic,
+                    message=events.RuleTargetInput.from_text(
+                        f"GPU agent rollout failed on {detail('$.detail.instance-id')} in "
+                        f"{events.EventField.region} ({detail('$.detail.detailed-status')}: "
+                        f"{detail('$.detail.execution-summary')}). Without the agent this machine has no GPU "
+                        "metric and is never judged idle. Check its NVIDIA driver and SSM agent."
+                    ),
+                )
+            ],
+        )
+
 
 class ReaperMonitoring(Construct):
-    """Alarms (to an SNS topic, optionally emailed) and the dashboard."""
+    """Alarms and the dashboard. Every alarm state change goes to an SNS topic; the alarm relay function
+    (subscribed to it) posts it to the admins in Slack, and an e-mail address may subscribe too."""
 
     def __init__(
         self,
@@ -224,7 +258,9 @@ class ReaperMonitoring(Construct):
         id: str,
         *,
         sweep: lambda_.IFunction,
+        sweep_timeout: Duration,
         slack: lambda_.IFunction,
+        alarm_relay: lambda_.IFunction,
         failures: sqs.IQueue,
         interval: Duration,
         alarm_email: str | None,
@@ -233,6 +269,7 @@ class ReaperMonitoring(Construct):
     ) -> None:
         super().__init__(scope, id)
         self.topic = sns.Topic(self, "Alarms", display_name="idle-reaper alarms", enforce_ssl=True)
+        self.topic.add_subscription(subscriptions.LambdaSubscription(alarm_relay))
         if alarm_email:
             self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
         suppress(
@@ -255,6 +292,23 @@ class ReaperMonitoring(Construct):
             period=interval,
         )
         completed_sweeps = self._service_metric("SweepDurationMs", "SampleCount", interval)
+        five_minutes = Duration.minutes(5)
+
+        def at_least(
+            metric: cw.IMetric, id: str, description: str, *, threshold: float = 1, periods: int = 1
+        ) -> cw.Alarm:
+            """Alarm when the metric reaches the threshold in `periods` consecutive periods; no data is fine."""
+            return metric.create_alarm(
+                self,
+                id,
+                alarm_description=description,
+                threshold=threshold,
+                evaluation_periods=periods,
+                datapoints_to_alarm=periods,
+                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            )
+
         self.alarms = [
             sweep_errors.create_alarm(
                 self,
@@ -276,28 +330,55 @@ class ReaperMonitoring(Construct):
                 # No datapoint is exactly the failure this alarm exists for.
                 treat_missing_data=cw.TreatMissingData.BREACHING,
             ),
-            failures.metric_approximate_number_of_messages_visible(period=Duration.minutes(5), statistic="Maximum")
-            .with_(label="Undelivered or failed sweeps")
-            .create_alarm(
-                self,
+            at_least(
+                failures.metric_approximate_number_of_messages_visible(period=five_minutes, statistic="Maximum").with_(
+                    label="Undelivered or failed sweeps"
+                ),
                 "SweepDeadLettersAlarm",
-                alarm_description="Sweep invocations were dropped or failed and landed in the dead-letter "
+                "Sweep invocations were dropped or failed and landed in the dead-letter "
                 "queue (often: a sweep ran longer than the schedule interval).",
-                threshold=1,
-                evaluation_periods=1,
-                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
             ),
-            slack.metric_errors(period=Duration.minutes(5), statistic="Sum")
-            .with_(label="Slack handler errors")
-            .create_alarm(
-                self,
+            at_least(
+                slack.metric_errors(period=five_minutes, statistic="Sum").with_(label="Slack handler errors"),
                 "SlackErrorsAlarm",
-                alarm_description="The Slack handler failed: someone's answer to a warning may have been lost.",
-                threshold=1,
-                evaluation_periods=1,
-                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+                "The Slack handler failed: someone's answer to a warning may have been lost.",
+            ),
+            # The Slack handler answers every handled failure with a message, not a 5xx: it counts them.
+            at_least(
+                self._service_metric("SlackRequestFailures", "Sum", five_minutes),
+                "SlackRequestFailuresAlarm",
+                "The Slack handler could not carry out a request (an internal error it answered politely).",
+            ),
+            at_least(
+                slack.metric_throttles(period=five_minutes, statistic="Sum"),
+                "SlackThrottlesAlarm",
+                "Slack requests were throttled at the function's reserved concurrency: a flood of requests, "
+                "or answers being lost.",
+            ),
+            at_least(
+                slack.metric_duration(period=five_minutes, statistic="p99"),
+                "SlackDurationAlarm",
+                "The Slack handler's p99 duration is near Slack's 3 s limit; Slack shows users an error past it.",
+                threshold=SLACK_DURATION_ALARM_MS,
+                periods=2,
+            ),
+            at_least(
+                sweep.metric_duration(period=interval, statistic="p99"),
+                "SweepDurationAlarm",
+                "A sweep ran close to its timeout; the next ones may time out.",
+                threshold=int(sweep_timeout.to_milliseconds() * 0.8),
+            ),
+            at_least(
+                self._service_metric("TeamsInSafeMode", "Maximum", interval),
+                "TeamsInSafeModeAlarm",
+                "A team has been in safe mode (warn only, no stops) for 3 sweeps: its policy or data needs an admin.",
+                periods=3,
+            ),
+            at_least(
+                alarm_relay.metric_errors(period=five_minutes, statistic="Sum"),
+                "AlarmRelayErrorsAlarm",
+                "Alarms could not be posted to Slack (no admins configured, bad credentials, or Slack down): "
+                "only the e-mail subscription, if any, sees alarms now.",
             ),
         ]
         for alarm in self.alarms:
@@ -358,15 +439,37 @@ class ReaperMonitoring(Construct):
                 ],
             ),
             cw.GraphWidget(
-                title="Sweep errors, throttles and Slack errors",
+                title="Sweep errors, throttles and teams in safe mode",
                 width=8,
                 left=[
                     sweep_errors,
                     sweep.metric_throttles(period=interval, statistic="Sum"),
-                    slack.metric_errors(period=interval, statistic="Sum").with_(label="Slack handler errors"),
+                    self._service_metric("TeamsInSafeMode", "Maximum", interval).with_(label="Teams in safe mode"),
                 ],
             ),
             cw.AlarmStatusWidget(title="Alarms", width=8, alarms=self.alarms),
+        )
+        self.dashboard.add_widgets(
+            cw.GraphWidget(
+                title="Slack handler: failures and throttles",
+                width=12,
+                left=[
+                    slack.metric_errors(period=five_minutes, statistic="Sum").with_(label="Crashes and timeouts"),
+                    self._service_metric("SlackRequestFailures", "Sum", five_minutes).with_(
+                        label="Requests answered with an internal error"
+                    ),
+                    slack.metric_throttles(period=five_minutes, statistic="Sum").with_(label="Throttled"),
+                ],
+            ),
+            cw.GraphWidget(
+                title="Slack handler duration (ms; Slack gives up at 3,000)",
+                width=12,
+                left=[
+                    slack.metric_duration(period=five_minutes, statistic="p50").with_(label="p50"),
+                    slack.metric_duration(period=five_minutes, statistic="p99").with_(label="p99"),
+                ],
+                left_annotations=[cw.HorizontalAnnotation(value=SLACK_DURATION_ALARM_MS, label="alarm")],
+            ),
         )
 
     @staticmethod

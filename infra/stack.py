@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aws_cdk import App, Aspects, CfnOutput, Duration, Environment, RemovalPolicy, SecretValue, Stack, Tags
+from aws_cdk import App, ArnFormat, Aspects, CfnOutput, Duration, Environment, RemovalPolicy, SecretValue, Stack, Tags
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
@@ -33,6 +33,7 @@ from infra.constructs import (
 
 SWEEP_HANDLER = "idle_reaper.handlers.sweep.handler"
 SLACK_HANDLER = "idle_reaper.handlers.slack.handler"
+ALARMS_HANDLER = "idle_reaper.handlers.alarms.handler"
 
 # The sweep's read-only calls; none has resource-level permissions in IAM.
 SWEEP_READS = (
@@ -41,21 +42,21 @@ SWEEP_READS = (
     "autoscaling:DescribeAutoScalingGroups",
     "cloudwatch:GetMetricData",
 )
-# Item reads and writes, no table management (as CDK's grant_read_write_data, without streams).
-TABLE_DATA_ACTIONS = tuple(
-    f"dynamodb:{action}"
-    for action in (
-        "BatchGetItem",
-        "BatchWriteItem",
-        "ConditionCheckItem",
-        "DeleteItem",
-        "GetItem",
-        "PutItem",
-        "Query",
-        "Scan",
-        "UpdateItem",
-    )
+POLICY_READS = ("ssm:GetParameter", "ssm:GetParametersByPath")
+# Exactly the item calls each function makes (aws.DynamoStateStore); DeleteItem is granted to the sweep
+# separately, for its own claims only.
+SWEEP_TABLE_ACTIONS = ("dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:PutItem")
+SLACK_TABLE_ACTIONS = (
+    "dynamodb:BatchGetItem",
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:Query",
+    "dynamodb:Scan",
 )
+OWNER_INDEX = "owner-index"
+# Slack gives up on a request after 3 s; the handler answers at once and finishes the work in an
+# asynchronous invocation of itself. Enough for a team's button presses, not for a flood.
+SLACK_RESERVED_CONCURRENCY = 10
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,9 @@ class IdleReaperProps:
     alarm_email: str | None = None  # [alarmEmail] who gets the alarms
     regions: tuple[str, ...] = ()  # [regions] one stack per region; empty: the CLI's default region
     ssm_prefix: str = "/idle-reaper"  # [ssmPrefix] where settings and team policies live
-    team_tag_key: str = "Team"  # [teamTagKey] machines without it are never touched (IAM enforces it)
+    # [managedTagKey] machines (and Auto Scaling groups) opt in with this tag set to `true`; IAM lets the
+    # reaper stop, start or release nothing else. Seeded into the settings as tags.managed.
+    managed_tag_key: str = "idle-reaper:managed"
     # [gpuAgentTagKey, gpuAgentTagValue] instances with this tag get the CloudWatch agent for GPU
     # metrics; an empty key turns the rollout off.
     gpu_agent_tag_key: str = "idle-reaper:gpu-agent"
@@ -80,8 +83,8 @@ class IdleReaperProps:
             raise ValueError("scheduleMinutes must be between 1 and 60")
         if not self.ssm_prefix.startswith("/") or self.ssm_prefix.endswith("/"):
             raise ValueError("ssmPrefix must start with '/' and not end with '/', e.g. /idle-reaper")
-        if not self.team_tag_key:
-            raise ValueError("teamTagKey must not be empty")
+        if not 1 <= len(self.managed_tag_key) <= 128 or self.managed_tag_key.startswith("aws:"):
+            raise ValueError("managedTagKey must be a tag key of 1-128 characters, not starting with 'aws:'")
 
     @classmethod
     def from_context(cls, node: Node) -> IdleReaperProps:
@@ -99,7 +102,7 @@ class IdleReaperProps:
             alarm_email=get("alarmEmail") or None,
             regions=tuple(r for r in regions if r),
             ssm_prefix=get("ssmPrefix") or defaults.ssm_prefix,
-            team_tag_key=get("teamTagKey") or defaults.team_tag_key,
+            managed_tag_key=_or_default(get("managedTagKey"), defaults.managed_tag_key),
             gpu_agent_tag_key=_or_default(get("gpuAgentTagKey"), defaults.gpu_agent_tag_key),
             gpu_agent_tag_value=get("gpuAgentTagValue") or defaults.gpu_agent_tag_value,
         )
@@ -134,6 +137,12 @@ class IdleReaperStack(Stack):
             # Snoozes and the audit trail outlive the stack.
             removal_policy=RemovalPolicy.RETAIN,
         )
+        # The Slack handler lists one owner's machines without a scan.
+        table.add_global_secondary_index(
+            index_name=OWNER_INDEX,
+            partition_key=dynamodb.Attribute(name="owner_slack_id", type=dynamodb.AttributeType.STRING),
+            projection_type=dynamodb.ProjectionType.ALL,
+        )
 
         # Filled by the admin (docs/deploying.md). The placeholder has the right shape and empty values,
         # and CloudFormation only rewrites it if this template value changes, which it does not.
@@ -143,6 +152,8 @@ class IdleReaperStack(Stack):
             secret_name=props.secret_name,
             description="idle-reaper Slack app credentials: JSON with bot_token and signing_secret",
             secret_string_value=SecretValue.unsafe_plain_text('{"bot_token": "", "signing_secret": ""}'),
+            # The admin's credentials outlive the stack, as the table and the logs do.
+            removal_policy=RemovalPolicy.RETAIN,
         )
         suppress(
             secret,
@@ -171,6 +182,7 @@ class IdleReaperStack(Stack):
             "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
         }
 
+        sweep_timeout = Duration.minutes(min(max(props.schedule_minutes - 1, 1), 15))
         sweep = ReaperFunction(
             self,
             "Sweep",
@@ -180,13 +192,16 @@ class IdleReaperStack(Stack):
             layer=layer,
             environment=environment,
             # A sweep should end before the next one is due; reserved concurrency 1 makes sure it does.
-            timeout=Duration.minutes(min(max(props.schedule_minutes - 1, 1), 15)),
+            timeout=sweep_timeout,
             memory_size=512,
             reserved_concurrent_executions=1,
         )
+        # An explicit name, so the role can name the function's ARN without a dependency cycle.
+        slack_function_name = "idle-reaper-slack"  # function names are per region
         slack = ReaperFunction(
             self,
             "Slack",
+            function_name=slack_function_name,
             handler=SLACK_HANDLER,
             description="idle-reaper Slack endpoint: buttons and commands (Slack signature checked in code)",
             code=code,
@@ -196,6 +211,19 @@ class IdleReaperStack(Stack):
             environment={**environment, "IDLE_REAPER_REGIONS": ",".join(all_regions)},
             timeout=Duration.seconds(30),
             memory_size=512,
+            # Unsigned requests are refused in code, but still run: cap what a flood of them can use.
+            reserved_concurrent_executions=SLACK_RESERVED_CONCURRENCY,
+        )
+        alarm_relay = ReaperFunction(
+            self,
+            "AlarmRelay",
+            handler=ALARMS_HANDLER,
+            description="idle-reaper alarms: posts every alarm state change to the admins in Slack",
+            code=code,
+            layer=layer,
+            environment=environment,
+            timeout=Duration.seconds(30),
+            memory_size=256,
         )
 
         # Failed sweeps (after no retry: the next scheduled sweep is the retry) and events EventBridge
@@ -237,14 +265,27 @@ class IdleReaperStack(Stack):
         )
 
         self._grant_sweep(sweep.role, props, table, secret)
-        self._grant_slack(slack.role, props, secret, all_regions)
+        self._grant_slack(
+            slack.role,
+            props,
+            secret,
+            all_regions,
+            self.format_arn(
+                service="lambda",
+                resource="function",
+                resource_name=slack_function_name,
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            ),
+        )
+        self._grant_alarms(alarm_relay.role, props, secret)
 
         # Defaults come from the pydantic models, the single source of truth for policies.
         SeededParameter(
             self,
             "SettingsParameter",
             name=f"{props.ssm_prefix}/settings",
-            value=Settings().model_dump_json(),
+            # The opt-in tag the runtime filters on is the one IAM requires.
+            value=Settings.model_validate({"tags": {"managed": props.managed_tag_key}}).model_dump_json(),
             description="idle-reaper settings (seeded with defaults once; yours to edit)",
         )
         SeededParameter(
@@ -254,7 +295,7 @@ class IdleReaperStack(Stack):
             value=TeamPolicy().model_dump_json(),
             description="idle-reaper policy of team 'example' (seeded once; copy it per team)",
         )
-        association_id = None
+        gpu = None
         if props.gpu_agent_tag_key:
             gpu = GpuAgentRollout(
                 self,
@@ -263,13 +304,14 @@ class IdleReaperStack(Stack):
                 tag_key=props.gpu_agent_tag_key,
                 tag_value=props.gpu_agent_tag_value,
             )
-            association_id = gpu.association.attr_association_id
 
         monitoring = ReaperMonitoring(
             self,
             "Monitoring",
             sweep=sweep.function,
+            sweep_timeout=sweep_timeout,
             slack=slack.function,
+            alarm_relay=alarm_relay.function,
             failures=failures,
             interval=interval,
             alarm_email=props.alarm_email,
@@ -289,23 +331,32 @@ class IdleReaperStack(Stack):
         )
         CfnOutput(self, "StateTableName", value=table.table_name)
         CfnOutput(self, "AlarmTopicArn", value=monitoring.topic.topic_arn)
-        if association_id is not None:
-            CfnOutput(self, "GpuAgentAssociationId", value=association_id)
+        if gpu is not None:
+            gpu.report_failures_to(monitoring.topic)
+            CfnOutput(self, "GpuAgentAssociationId", value=gpu.association.attr_association_id)
 
     # -- permissions ---------------------------------------------------------------------------
+    # What each role may do is listed call by call in tests/infra/test_iam.py and docs/deploying.md.
 
-    def _team_tagged(self, props: IdleReaperProps) -> dict[str, Any]:
-        # "?*" rather than "*": an empty Team tag does not make a machine anyone's.
-        return {"StringLike": {f"aws:ResourceTag/{props.team_tag_key}": "?*"}}
+    def _managed(self, props: IdleReaperProps) -> dict[str, Any]:
+        """Writes only on resources that opted in. For EC2 calls that is the instance's tag; for Auto
+        Scaling calls it is the group's own tag (aws:ResourceTag on the autoScalingGroup resource)."""
+        return {"StringEquals": {f"aws:ResourceTag/{props.managed_tag_key}": "true"}}
+
+    @staticmethod
+    def _in_regions(regions: Sequence[str]) -> dict[str, Any]:
+        return {"StringEquals": {"aws:RequestedRegion": list(regions)}}
 
     def _instances(self, region: str) -> str:
         return self.format_arn(service="ec2", resource="instance", resource_name="*", region=region)
 
     def _groups(self, region: str) -> str:
+        # arn:aws:autoscaling:<region>:<account>:autoScalingGroup:<uuid>:autoScalingGroupName/<name>
         return self.format_arn(
             service="autoscaling",
             resource="autoScalingGroup",
             resource_name="*:autoScalingGroupName/*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
             region=region,
         )
 
@@ -317,32 +368,48 @@ class IdleReaperStack(Stack):
             for name in (path, f"{path}/*")
         ]
 
+    def _table(self, props: IdleReaperProps, region: str) -> str:
+        return self.format_arn(service="dynamodb", resource="table", resource_name=props.table_name, region=region)
+
     def _grant_sweep(
         self, role: iam.IRole, props: IdleReaperProps, table: dynamodb.ITable, secret: secretsmanager.ISecret
     ) -> None:
-        region = self.region
+        here = self._in_regions([self.region])
         statements = [
-            iam.PolicyStatement(sid="FleetReads", actions=list(SWEEP_READS), resources=["*"]),
+            iam.PolicyStatement(sid="FleetReads", actions=list(SWEEP_READS), resources=["*"], conditions=here),
             iam.PolicyStatement(
-                sid="StopTeamInstances",
+                sid="StopManagedInstances",
                 actions=["ec2:StopInstances"],
-                resources=[self._instances(region)],
-                conditions=self._team_tagged(props),
+                resources=[self._instances(self.region)],
+                conditions=self._managed(props),
             ),
             iam.PolicyStatement(
-                sid="ReleaseTeamGroupMembers",
+                sid="ReleaseManagedGroupMembers",
                 actions=["autoscaling:SetInstanceProtection", "autoscaling:TerminateInstanceInAutoScalingGroup"],
-                resources=[self._groups(region)],
-                conditions=self._team_tagged(props),
+                resources=[self._groups(self.region)],
+                conditions=self._managed(props),
             ),
             iam.PolicyStatement(
                 sid="ReadPolicies",
-                actions=["ssm:GetParameter", "ssm:GetParametersByPath"],
-                resources=self._parameters(props, region),
+                actions=list(POLICY_READS),
+                resources=self._parameters(props, self.region),
+                conditions=here,
             ),
-            iam.PolicyStatement(sid="StateTable", actions=list(TABLE_DATA_ACTIONS), resources=[table.table_arn]),
             iam.PolicyStatement(
-                sid="ReadSlackSecret", actions=["secretsmanager:GetSecretValue"], resources=[secret.secret_arn]
+                sid="StateTable", actions=list(SWEEP_TABLE_ACTIONS), resources=[table.table_arn], conditions=here
+            ),
+            # The sweep deletes only its own once-only claims (release after a failed alert).
+            iam.PolicyStatement(
+                sid="ReleaseClaims",
+                actions=["dynamodb:DeleteItem"],
+                resources=[table.table_arn],
+                conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["once#*"]}},
+            ),
+            iam.PolicyStatement(
+                sid="ReadSlackSecret",
+                actions=["secretsmanager:GetSecretValue"],
+                resources=[secret.secret_arn],
+                conditions=here,
             ),
         ]
         for statement in statements:
@@ -350,43 +417,76 @@ class IdleReaperStack(Stack):
         self._suppress_fleet_wildcards(role, props, reads=SWEEP_READS)
 
     def _grant_slack(
-        self, role: iam.IRole, props: IdleReaperProps, secret: secretsmanager.ISecret, regions: Sequence[str]
+        self,
+        role: iam.IRole,
+        props: IdleReaperProps,
+        secret: secretsmanager.ISecret,
+        regions: Sequence[str],
+        function_arn: str,
     ) -> None:
         # Answers act on one known machine (no discovery), in every configured region: a shared
         # Slack endpoint may act on machines wherever they run.
+        everywhere = self._in_regions(regions)
         statements = [
             iam.PolicyStatement(
-                sid="StartStopTeamInstances",
+                sid="StartStopManagedInstances",
                 actions=["ec2:StartInstances", "ec2:StopInstances"],
                 resources=[self._instances(r) for r in regions],
-                conditions=self._team_tagged(props),
+                conditions=self._managed(props),
             ),
             iam.PolicyStatement(
-                sid="ProtectTeamGroupMembers",
+                sid="ProtectManagedGroupMembers",
                 actions=["autoscaling:SetInstanceProtection"],
                 resources=[self._groups(r) for r in regions],
-                conditions=self._team_tagged(props),
+                conditions=self._managed(props),
             ),
             iam.PolicyStatement(
                 sid="ReadPolicies",
-                actions=["ssm:GetParameter", "ssm:GetParametersByPath"],
+                actions=list(POLICY_READS),
                 resources=[arn for r in regions for arn in self._parameters(props, r)],
+                conditions=everywhere,
             ),
+            # Reads and (conditional) puts; no deletes, no batch writes.
             iam.PolicyStatement(
                 sid="StateTables",
-                actions=list(TABLE_DATA_ACTIONS),
+                actions=list(SLACK_TABLE_ACTIONS),
                 resources=[
-                    self.format_arn(service="dynamodb", resource="table", resource_name=props.table_name, region=r)
+                    arn
                     for r in regions
+                    for arn in (self._table(props, r), f"{self._table(props, r)}/index/{OWNER_INDEX}")
                 ],
+                conditions=everywhere,
             ),
             iam.PolicyStatement(
-                sid="ReadSlackSecret", actions=["secretsmanager:GetSecretValue"], resources=[secret.secret_arn]
+                sid="ReadSlackSecret",
+                actions=["secretsmanager:GetSecretValue"],
+                resources=[secret.secret_arn],
+                conditions=self._in_regions([self.region]),
             ),
+            # Acknowledge Slack at once, finish the work in an asynchronous invocation of itself.
+            iam.PolicyStatement(sid="InvokeItself", actions=["lambda:InvokeFunction"], resources=[function_arn]),
         ]
         for statement in statements:
             role.add_to_principal_policy(statement)
         self._suppress_fleet_wildcards(role, props)
+
+    def _grant_alarms(self, role: iam.IRole, props: IdleReaperProps, secret: secretsmanager.ISecret) -> None:
+        here = self._in_regions([self.region])
+        settings = self.format_arn(
+            service="ssm", resource="parameter", resource_name=f"{props.ssm_prefix.lstrip('/')}/settings"
+        )
+        for statement in (
+            iam.PolicyStatement(
+                sid="ReadSettings", actions=["ssm:GetParameter"], resources=[settings], conditions=here
+            ),
+            iam.PolicyStatement(
+                sid="ReadSlackSecret",
+                actions=["secretsmanager:GetSecretValue"],
+                resources=[secret.secret_arn],
+                conditions=here,
+            ),
+        ):
+            role.add_to_principal_policy(statement)
 
     def _suppress_fleet_wildcards(self, role: iam.IRole, props: IdleReaperProps, *, reads: Sequence[str] = ()) -> None:
         reads_reason = f"{', '.join(reads)} have no resource-level permissions (Resource must be *). " if reads else ""
@@ -395,13 +495,15 @@ class IdleReaperStack(Stack):
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
                 reason=reads_reason + "Stop, start and scale-in name every instance or Auto Scaling group "
-                f"because machines come and go; the aws:ResourceTag/{props.team_tag_key} condition limits "
-                f"them to machines that belong to a team. Parameter reads stay under {props.ssm_prefix}/.",
+                f"because machines come and go; the aws:ResourceTag/{props.managed_tag_key} = true condition "
+                f"limits them to machines and groups that opted in. Parameter reads stay under {props.ssm_prefix}/.",
                 applies_to=[
                     "Resource::*",
                     # Partition, region and account are tokens or literals depending on the environment.
                     RegexAppliesTo(regex=r"/^Resource::arn:.+:ec2:.*:instance\/\*$/"),
-                    RegexAppliesTo(regex=r"/^Resource::arn:.+:autoscaling:.*:autoScalingGroupName\/\*$/"),
+                    RegexAppliesTo(
+                        regex=r"/^Resource::arn:.+:autoscaling:.+:autoScalingGroup:\*:autoScalingGroupName\/\*$/"
+                    ),
                     RegexAppliesTo(regex=r"/^Resource::arn:.+:ssm:.*:parameter\/.+\/\*$/"),
                 ],
             ),

@@ -8,85 +8,29 @@ from __future__ import annotations
 
 import ast
 import csv
-import fcntl
 import json
-import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Match, Template
+from synthesis import ALARM_EMAIL, REGIONS, Synth, synthesize
 
 from infra.constructs import GpuAgentRollout
-from infra.stack import IdleReaperProps, build
+from infra.stack import IdleReaperProps
 
 pytestmark = pytest.mark.infra
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-REGIONS = ("eu-west-1", "us-east-2")
-ALARM_EMAIL = "ops@example.com"
 WRITE_ACTIONS = {
     "ec2:StopInstances",
     "ec2:StartInstances",
     "autoscaling:SetInstanceProtection",
     "autoscaling:TerminateInstanceInAutoScalingGroup",
 }
-
-
-@dataclass(frozen=True)
-class Synth:
-    outdir: Path
-    stack_names: tuple[str, ...]
-
-    def template(self, stack_name: str | None = None) -> dict[str, Any]:
-        template: dict[str, Any] = json.loads(
-            (self.outdir / f"{stack_name or self.stack_names[0]}.template.json").read_text()
-        )
-        return template
-
-    def metadata(self, stack_name: str) -> dict[str, list[dict[str, Any]]]:
-        """Where cdk-nag's findings land: beside the template, or in the manifest (older CDK)."""
-        path = self.outdir / f"{stack_name}.metadata.json"
-        if path.exists():
-            metadata: dict[str, list[dict[str, Any]]] = json.loads(path.read_text())
-            return metadata
-        manifest = json.loads((self.outdir / "manifest.json").read_text())
-        found: dict[str, list[dict[str, Any]]] = manifest["artifacts"][stack_name].get("metadata", {})
-        return found
-
-    def nag_report(self, stack_name: str) -> str:
-        return (self.outdir / f"AwsSolutions--{stack_name}-NagReport.csv").read_text()
-
-
-def synthesize(outdir: Path, **context: Any) -> Synth:
-    """The app as `make synth` builds it (cdk.json's context), without bundling."""
-    defaults = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
-    app = cdk.App(context={**defaults, "aws:cdk:bundling-stacks": [], **context}, outdir=str(outdir))
-    stacks = build(app)
-    app.synth()
-    return Synth(outdir=outdir, stack_names=tuple(s.stack_name for s in stacks))
-
-
-@pytest.fixture(scope="session")
-def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
-    """Two regions and an alarm email; everything else at its default.
-
-    Under pytest-xdist every worker has its own session: the first one synthesizes, under a lock,
-    into a directory all workers of this run share, and the others read what it wrote."""
-    context = {"regions": list(REGIONS), "alarmEmail": ALARM_EMAIL}
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return synthesize(tmp_path_factory.mktemp("cdk.out"), **context)
-    run_dir = tmp_path_factory.getbasetemp().parent  # pytest-N/, shared by this run's workers
-    outdir, done = run_dir / "infra-cdk.out", run_dir / "infra-cdk.out.stacks.json"
-    with open(run_dir / "infra-cdk.out.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            done.write_text(json.dumps(synthesize(outdir, **context).stack_names))
-    return Synth(outdir=outdir, stack_names=tuple(json.loads(done.read_text())))
 
 
 @pytest.fixture(scope="session")
@@ -145,6 +89,13 @@ def test_state_table_is_on_demand_recoverable_and_retained(assertions: Template)
                 "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
                 "TimeToLiveSpecification": {"AttributeName": "expires_at", "Enabled": True},
                 "DeletionProtectionEnabled": True,
+                "GlobalSecondaryIndexes": [
+                    {
+                        "IndexName": "owner-index",
+                        "KeySchema": [{"AttributeName": "owner_slack_id", "KeyType": "HASH"}],
+                        "Projection": {"ProjectionType": "ALL"},
+                    }
+                ],
             },
             "DeletionPolicy": "Retain",
             "UpdateReplacePolicy": "Retain",
@@ -152,9 +103,10 @@ def test_state_table_is_on_demand_recoverable_and_retained(assertions: Template)
     )
 
 
-def test_slack_secret_is_created_empty_and_never_put_in_environment(template: dict[str, Any]) -> None:
+def test_slack_secret_is_created_empty_retained_and_never_put_in_environment(template: dict[str, Any]) -> None:
     [secret] = resources(template, "AWS::SecretsManager::Secret").values()
     assert secret["Properties"]["Name"] == "idle-reaper/slack"
+    assert secret["DeletionPolicy"] == secret["UpdateReplacePolicy"] == "Retain"
     assert json.loads(secret["Properties"]["SecretString"]) == {"bot_token": "", "signing_secret": ""}
     [secret_id] = resources(template, "AWS::SecretsManager::Secret")
     for fn in resources(template, "AWS::Lambda::Function").values():
@@ -177,10 +129,13 @@ def test_settings_and_example_team_are_seeded_once_and_never_overwritten(templat
         assert call["ignoreErrorCodesMatching"] == "ParameterAlreadyExists"
         seeded[call["parameters"]["Name"]] = call["parameters"]["Value"]
     assert seeded == {
-        "/idle-reaper/settings": Settings().model_dump_json(),
+        "/idle-reaper/settings": Settings.model_validate(
+            {"tags": {"managed": "idle-reaper:managed"}}
+        ).model_dump_json(),
         "/idle-reaper/teams/example": TeamPolicy().model_dump_json(),
     }
-    Settings.model_validate_json(seeded["/idle-reaper/settings"])
+    # The runtime's opt-in filter is the tag IAM requires.
+    assert Settings.model_validate_json(seeded["/idle-reaper/settings"]).tags.managed == "idle-reaper:managed"
 
 
 # -- functions -----------------------------------------------------------------------------------
@@ -234,6 +189,8 @@ def test_slack_handler_is_behind_an_unauthenticated_function_url(
     assert slack["Runtime"] == "python3.12"
     assert slack["Architectures"] == ["arm64"]
     assert slack["Environment"]["Variables"]["IDLE_REAPER_REGIONS"] == ",".join(REGIONS)
+    # A flood of unsigned requests cannot take the account's shared concurrency.
+    assert slack["ReservedConcurrentExecutions"] == 10
     # Slack's request signature is the authentication, checked in the handler.
     assertions.has_resource_properties(
         "AWS::Lambda::Url", {"AuthType": "NONE", "TargetFunctionArn": {"Fn::GetAtt": [logical_id, "Arn"]}}
@@ -291,7 +248,7 @@ def test_function_asset_ships_only_the_runtime_package(synth: Synth) -> None:
 # -- permissions ---------------------------------------------------------------------------------
 
 
-def test_writes_are_limited_to_team_tagged_machines(template: dict[str, Any]) -> None:
+def test_writes_are_limited_to_machines_that_opted_in(template: dict[str, Any]) -> None:
     seen: set[str] = set()
     for statement in statements(template):
         actions = set(as_list(statement["Action"]))
@@ -301,7 +258,8 @@ def test_writes_are_limited_to_team_tagged_machines(template: dict[str, Any]) ->
             continue
         seen |= writes
         assert "*" not in as_list(statement["Resource"])
-        assert statement["Condition"] == {"StringLike": {"aws:ResourceTag/Team": "?*"}}
+        # The reaper's own opt-in tag, not the Team cost-allocation tag production machines carry too.
+        assert statement["Condition"] == {"StringEquals": {"aws:ResourceTag/idle-reaper:managed": "true"}}
     assert seen == WRITE_ACTIONS
 
 
@@ -349,11 +307,18 @@ def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[
 def test_alarms_notify_the_topic_and_its_email_subscription(template: dict[str, Any], assertions: Template) -> None:
     [topic] = resources(template, "AWS::SNS::Topic")
     alarms = resources(template, "AWS::CloudWatch::Alarm")
-    assert len(alarms) == 4
+    assert len(alarms) == 10
     for alarm in alarms.values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic}]
+        assert alarm["Properties"]["OKActions"] == [{"Ref": topic}]
     assertions.has_resource_properties(
         "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": ALARM_EMAIL, "TopicArn": {"Ref": topic}}
+    )
+    # By default alarms go to the admins in Slack: the relay function is subscribed, e-mail or not.
+    relay, _ = function(template, "idle_reaper.handlers.alarms.handler")
+    assertions.has_resource_properties(
+        "AWS::SNS::Subscription",
+        {"Protocol": "lambda", "Endpoint": {"Fn::GetAtt": [relay, "Arn"]}, "TopicArn": {"Ref": topic}},
     )
     # "No sweep in 3 intervals": no datapoint at all is the failure.
     assertions.has_resource_properties(
@@ -403,6 +368,9 @@ def test_dashboard_shows_every_metric_the_sweep_emits(template: dict[str, Any]) 
         "EstimatedHourlySavings",
         "SweepDurationMs",
         "SweepErrors",
+        "TeamsInSafeMode",
+        "SlackRequestFailures",
+        "Throttles",
     ):
         assert metric in body, metric
 
@@ -422,7 +390,12 @@ def test_outputs_name_the_slack_url_the_secret_and_the_dashboard(template: dict[
 def test_gpu_agent_config_is_the_repo_file_rolled_out_by_tag(template: dict[str, Any], assertions: Template) -> None:
     shipped = json.loads((REPO_ROOT / "infra" / "cloudwatch-agent-gpu.json").read_text())
     metrics = shipped["metrics"]
-    assert "utilization_gpu" in metrics["metrics_collected"]["nvidia_gpu"]["measurement"]
+    # Custom metrics are billed per series: only the one the reaper reads, rolled up per instance.
+    gpu = metrics["metrics_collected"]["nvidia_gpu"]
+    assert gpu["measurement"] == ["utilization_gpu"]
+    # No per-GPU series: the agent's translator takes measurement names under nvidia_gpu (its own test
+    # TestDropMultipleOriginal maps them to the nvidia_smi plugin).
+    assert gpu["drop_original_metrics"] == ["utilization_gpu"]
     assert metrics["append_dimensions"] == {"InstanceId": "${aws:InstanceId}"}
     assert metrics["aggregation_dimensions"] == [["InstanceId"]]
     assert metrics.get("namespace", "CWAgent") == "CWAgent"
@@ -480,8 +453,16 @@ def test_one_stack_per_region_and_a_shared_slack_endpoint_may_act_in_all(synth: 
 
 
 def test_props_from_context() -> None:
-    node = cdk.App(context={"regions": "us-east-1, eu-west-1", "scheduleMinutes": "10", "gpuAgentTagKey": ""}).node
+    node = cdk.App(
+        context={
+            "regions": "us-east-1, eu-west-1",
+            "scheduleMinutes": "10",
+            "gpuAgentTagKey": "",
+            "managedTagKey": "reaper:opt-in",
+        }
+    ).node
     props = IdleReaperProps.from_context(node)
+    assert props.managed_tag_key == "reaper:opt-in"
     assert props.regions == ("us-east-1", "eu-west-1")
     assert props.schedule_minutes == 10
     assert props.gpu_agent_tag_key == ""  # an empty key turns the GPU agent rollout off
@@ -490,10 +471,20 @@ def test_props_from_context() -> None:
         IdleReaperProps(schedule_minutes=0)
     with pytest.raises(ValueError, match="ssmPrefix"):
         IdleReaperProps(ssm_prefix="idle-reaper/")
+    for bad in ("", "aws:managed", "x" * 129):  # IAM's opt-in condition needs a real, settable tag key
+        with pytest.raises(ValueError, match="managedTagKey"):
+            IdleReaperProps(managed_tag_key=bad)
 
 
 def test_schedule_prefix_and_optional_parts_follow_the_props(tmp_path: Path) -> None:
-    variant = synthesize(tmp_path, scheduleMinutes=15, ssmPrefix="/ml/reaper", gpuAgentTagKey="", alarmEmail="")
+    variant = synthesize(
+        tmp_path,
+        scheduleMinutes=15,
+        ssmPrefix="/ml/reaper",
+        gpuAgentTagKey="",
+        alarmEmail="",
+        managedTagKey="reaper:opt-in",
+    )
     template = variant.template()
     assert variant.stack_names == ("IdleReaper",)
     Template.from_json(template).has_resource_properties(
@@ -503,10 +494,102 @@ def test_schedule_prefix_and_optional_parts_follow_the_props(tmp_path: Path) -> 
     assert sweep["Timeout"] == 14 * 60
     assert sweep["Environment"]["Variables"]["IDLE_REAPER_SSM_PREFIX"] == "/ml/reaper"
     assert not resources(template, "AWS::SSM::Association")
-    assert not resources(template, "AWS::SNS::Subscription")
+    # No e-mail: the Slack relay is the only subscriber.
+    assert [s["Properties"]["Protocol"] for s in resources(template, "AWS::SNS::Subscription").values()] == ["lambda"]
+    # The opt-in tag key follows the context, in IAM and in the seeded settings alike.
+    conditions = json.dumps([s.get("Condition") for s in statements(template)])
+    assert "aws:ResourceTag/reaper:opt-in" in conditions and "idle-reaper:managed" not in conditions
+    seeded = [
+        json.loads(r["Properties"]["Create"]) for r in resources(template, "Custom::IdleReaperSeededParameter").values()
+    ]
+    [settings] = [c["parameters"]["Value"] for c in seeded if c["parameters"]["Name"].endswith("/settings")]
+    assert json.loads(settings)["tags"]["managed"] == "reaper:opt-in"
     names = {
         json.loads(r["Properties"]["Create"])["parameters"]["Name"]
         for r in resources(template, "Custom::IdleReaperSeededParameter").values()
     }
     assert names == {"/ml/reaper/settings", "/ml/reaper/teams/example"}
     assert "GpuAgentAssociationId" not in template["Outputs"]
+
+
+def alarm_on(template: dict[str, Any], metric_name: str, namespace: str, dimension: Any) -> dict[str, Any]:
+    [alarm] = [
+        a["Properties"]
+        for a in resources(template, "AWS::CloudWatch::Alarm").values()
+        if a["Properties"].get("MetricName") == metric_name
+        and a["Properties"].get("Namespace") == namespace
+        and dimension in a["Properties"].get("Dimensions", [])
+    ]
+    return alarm
+
+
+def test_failures_the_handlers_survive_and_slowness_are_alarmed(template: dict[str, Any]) -> None:
+    service = {"Name": "service", "Value": "idle-reaper"}
+    slack_id, _ = function(template, "idle_reaper.handlers.slack.handler")
+    sweep_id, sweep = function(template, "idle_reaper.handlers.sweep.handler")
+    relay_id, _ = function(template, "idle_reaper.handlers.alarms.handler")
+
+    def of(logical_id: str) -> dict[str, Any]:
+        return {"Name": "FunctionName", "Value": {"Ref": logical_id}}
+
+    failures = alarm_on(template, "SlackRequestFailures", "IdleReaper", service)
+    assert (failures["Statistic"], failures["Threshold"], failures["ComparisonOperator"]) == (
+        "Sum",
+        1,
+        "GreaterThanOrEqualToThreshold",
+    )
+    safe_mode = alarm_on(template, "TeamsInSafeMode", "IdleReaper", service)
+    assert safe_mode["Threshold"] == 1 and safe_mode["Period"] == 300  # one sweep interval
+    assert safe_mode["EvaluationPeriods"] == safe_mode["DatapointsToAlarm"] == 3
+    slack_p99 = alarm_on(template, "Duration", "AWS/Lambda", of(slack_id))
+    assert slack_p99["ExtendedStatistic"] == "p99" and slack_p99["Threshold"] < 3000
+    sweep_p99 = alarm_on(template, "Duration", "AWS/Lambda", of(sweep_id))
+    assert sweep_p99["ExtendedStatistic"] == "p99"
+    assert 0.5 * sweep["Timeout"] * 1000 <= sweep_p99["Threshold"] < sweep["Timeout"] * 1000
+    throttles = alarm_on(template, "Throttles", "AWS/Lambda", of(slack_id))
+    assert throttles["Threshold"] == 1 and throttles["TreatMissingData"] == "notBreaching"
+    relay_errors = alarm_on(template, "Errors", "AWS/Lambda", of(relay_id))
+    assert relay_errors["Threshold"] == 1
+
+
+def test_slack_function_may_invoke_itself_and_nothing_else_without_a_cycle(template: dict[str, Any]) -> None:
+    logical_id, slack = function(template, "idle_reaper.handlers.slack.handler")
+    assert slack["FunctionName"] == "idle-reaper-slack"
+    invokes = [s for s in statements(template) if "lambda:InvokeFunction" in as_list(s["Action"])]
+    assert len(invokes) == 1 and {"Ref": role_of(slack)} in next(
+        p["Properties"]["Roles"]
+        for p in resources(template, "AWS::IAM::Policy").values()
+        if invokes[0] in p["Properties"]["PolicyDocument"]["Statement"]
+    )
+    # Built from the name, not from the function (which depends on the role's policy): no cycle.
+    text = json.dumps(invokes[0]["Resource"])
+    assert logical_id not in text and ":function:idle-reaper-slack" in text
+
+
+def test_gpu_agent_failures_reach_the_alarm_topic(template: dict[str, Any], assertions: Template) -> None:
+    [topic] = resources(template, "AWS::SNS::Topic")
+    [association] = resources(template, "AWS::SSM::Association")
+    [rule] = [
+        r["Properties"]
+        for r in resources(template, "AWS::Events::Rule").values()
+        if r["Properties"].get("EventPattern", {}).get("source") == ["aws.ssm"]
+    ]
+    assert rule["EventPattern"]["detail-type"] == ["EC2 State Manager Instance Association State Change"]
+    assert rule["EventPattern"]["detail"] == {
+        "association-id": [{"Fn::GetAtt": [association, "AssociationId"]}],
+        "status": ["Failed"],
+    }
+    [target] = rule["Targets"]
+    assert target["Arn"] == {"Ref": topic}
+    assert "<detail-instance-id>" in json.dumps(target["InputTransformer"])
+    # EventBridge may publish to the topic.
+    assertions.has_resource_properties(
+        "AWS::SNS::TopicPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [Match.object_like({"Principal": {"Service": "events.amazonaws.com"}, "Action": "sns:Publish"})]
+                )
+            }
+        },
+    )
