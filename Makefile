@@ -35,7 +35,6 @@ bench: sync
 	$(RUN) python benchmarks/sweep_cost.py
 	$(RUN) python benchmarks/savings.py
 	$(RUN) python benchmarks/slack_latency.py
-	$(RUN) python benchmarks/handler_latency.py
 
 # CDK targets (synth, deploy) live beside the stack.
 -include infra/make.mk

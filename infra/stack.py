@@ -51,7 +51,6 @@ SLACK_TABLE_ACTIONS = (
     "dynamodb:GetItem",
     "dynamodb:PutItem",
     "dynamodb:Query",
-    "dynamodb:Scan",
 )
 OWNER_INDEX = "owner-index"
 # Slack gives up on a request after 3 s; the handler answers at once and finishes the work in an

@@ -108,7 +108,6 @@ SLACK_CALLS = [
             call("dynamodb:PutItem", table(region), region),
             call("dynamodb:Query", table(region), region),
             call("dynamodb:Query", table(region, "owner-index"), region),
-            call("dynamodb:Scan", table(region), region),
         )
     ),
     call("secretsmanager:GetSecretValue", secret(HOME)),
@@ -149,6 +148,7 @@ SWEEP_NEVER = [
 ]
 SLACK_NEVER = [
     *NEVER,
+    call("dynamodb:Scan", table(HOME)),  # an owner's machines come from the owner-index, never a scan
     call("dynamodb:DeleteItem", table(HOME)),
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#x",)}),
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
@@ -176,8 +176,8 @@ ROLES = {
     "slack": Role("idle_reaper.handlers.slack.handler", SLACK_CALLS, SLACK_NEVER),
     "alarms": Role("idle_reaper.handlers.alarms.handler", ALARM_RELAY_CALLS, ALARM_RELAY_NEVER),
 }
-# Calls the runtime package makes only for the CLI, with an admin's own credentials (idle-reaper init/policy).
-CLI_ONLY = {"ssm:PutParameter", "dynamodb:CreateTable", "dynamodb:DescribeTable"}
+# Made only by the CLI with the operator's credentials (`init`, `policy put`, `status` lists every record).
+CLI_ONLY = {"ssm:PutParameter", "dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:Scan"}
 
 
 def statements_of(template: dict[str, Any], handler: str) -> list[Statement]:
