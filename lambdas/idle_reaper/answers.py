@@ -29,7 +29,10 @@ HELP = (
     " (someone else's machine, if you may answer for it: by its instance id)\n"
     "• `{cmd} help`: this message"
 )
-ANSWERED_ALREADY = "Someone else answered first, or idle-reaper is acting on this machine right now; nothing changed. Try again in a minute."
+ANSWERED_ALREADY = (
+    "Someone else answered first, or idle-reaper is acting on this machine right now; nothing changed. "
+    "Try again in a minute."
+)
 
 
 @dataclass(frozen=True)

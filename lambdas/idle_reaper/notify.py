@@ -24,6 +24,9 @@ class Delivery:
     messages: tuple[str, ...] = ()  # "channel|ts" of every copy, so it can be updated in place
     ref: str | None = None  # the opaque reference its buttons carry
     owner_slack_id: str | None = None
+    # Targets the message did not reach for a reason retrying will not fix (what an admin must do). The
+    # warning still counts as delivered when another target got it: a person can read and answer it.
+    undelivered: tuple[str, ...] = ()
 
 
 class PermanentDeliveryFailure(Exception):

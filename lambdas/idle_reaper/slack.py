@@ -59,15 +59,6 @@ class SlackUndelivered(Exception):
 
 
 @dataclass(frozen=True)
-class SlackDelivery(Delivery):
-    """A warning that reached at least one target. `undelivered` holds, for each target that failed for
-    a reason retrying will not fix, what an admin must do (logged too); the warning still counts as
-    delivered, because a person can read and answer it."""
-
-    undelivered: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class SlackSecrets:
     bot_token: str
     signing_secret: str
@@ -470,7 +461,7 @@ class SlackNotifier:
 
     def warn(self, decision: Decision) -> Delivery | None:
         """Post the warning to each target on its own. Delivered when any target got it (the others'
-        permanent faults ride along in SlackDelivery.undelivered); None when a failure may pass (retried
+        permanent faults ride along in Delivery.undelivered); None when a failure may pass (retried
         next sweep); PermanentDeliveryFailure when every target failed for a reason that will not pass."""
         m = decision.machine
         now = decision.record.updated_at or self.clock()  # the sweep's (possibly simulated) clock
@@ -500,7 +491,7 @@ class SlackNotifier:
             self._raise_if_permanent(m, faults)
             return None  # a failure that may pass: the next sweep tries again
         undelivered = tuple(self._reason(m, f) for f in faults if f.permanent)
-        return SlackDelivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id, undelivered=undelivered)
+        return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id, undelivered=undelivered)
 
     def _warning_targets(self, decision: Decision) -> tuple[str | None, list[str], list[SlackFault]]:
         """(owner's user id, channels to post to, faults of targets that could not be opened)."""

@@ -338,7 +338,7 @@ def _apply(
         if outcomes.get(instance_id):
             d = _record_failure(store, d, outcomes[instance_id] or "", sweep_id, now)
         elif instance_id in claimed:
-            d = _notify(adapters, d, sweep_id, now)
+            d = _notify(adapters, d, sweep_id, settings, now)
         if instance_id in written and d.record.delivery_error and d.record.warned_at:
             _alert_undeliverable(adapters, d, settings, now)
         if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
@@ -409,6 +409,20 @@ def _alert_undeliverable(adapters: Adapters, d: Decision, settings: Settings, no
     _alert_once(adapters, f"undeliverable#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
 
 
+def _alert_partly_delivered(
+    adapters: Adapters, d: Decision, undelivered: tuple[str, ...], settings: Settings, now: datetime
+) -> None:
+    """The warning reached someone (so it counts), but not every target: e.g. the owner's DM went out and
+    the team channel refused it. Said once per machine per warning, so the channel gets fixed."""
+    m, record = d.machine, d.record
+    assert record.warned_at is not None
+    text = (
+        f"the idle warning for {m.name or m.instance_id} ({m.instance_id}, team {m.team}) was delivered, "
+        f"but not to every target: {'; '.join(undelivered)}"
+    )
+    _alert_once(adapters, f"partly-undelivered#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
+
+
 def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, now: datetime) -> Decision:
     # A machine already stopped or gone is recorded, not retried; anything else stays warned so the
     # next sweep tries again.
@@ -432,7 +446,7 @@ def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, n
     return replace(d, error=reason, record=record, state=state)
 
 
-def _notify(adapters: Adapters, d: Decision, sweep_id: str, now: datetime) -> Decision:
+def _notify(adapters: Adapters, d: Decision, sweep_id: str, settings: Settings, now: datetime) -> Decision:
     """Post what the decision calls for, then record the outcome and release the claim. The write is
     conditional: an answer a person gave meanwhile wins, and a late sweep never overwrites newer truth."""
     record, reason = d.record, d.reason
@@ -467,6 +481,8 @@ def _notify(adapters: Adapters, d: Decision, sweep_id: str, now: datetime) -> De
             warning_ref=delivery.ref,
             owner_slack_id=delivery.owner_slack_id or record.owner_slack_id,
         )
+    if delivery is not None and delivery.undelivered and d.deliver_warning and record.warned_at:
+        _alert_partly_delivered(adapters, d, delivery.undelivered, settings, now)
     record = replace(record, version=record.version + 1)
     d = replace(d, record=record, reason=reason)
     try:

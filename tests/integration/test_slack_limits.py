@@ -87,3 +87,19 @@ def test_one_failed_target_still_delivers_the_warning(member, slack):
         member
     ]
     assert stored.warning_delivered_at == NOW and [m.split("|")[0] for m in stored.messages] == ["D0BOB"]
+
+
+def test_a_warning_that_missed_one_target_is_reported_to_the_admins_once(member, slack):
+    settings = json.loads(adapters_aws.client("ssm").get_parameter(Name="/idle-reaper/settings")["Parameter"]["Value"])
+    settings["admin_channel"] = "C0ADMINS"
+    adapters_aws.client("ssm").put_parameter(
+        Name="/idle-reaper/settings", Value=json.dumps(settings), Type="String", Overwrite=True
+    )
+    slack.errors["chat.postMessage C0MLTEAM"] = "is_archived"
+    for minutes in (0, 5, 10):
+        run_sweep(Adapters.from_environment(), now=NOW + timedelta(minutes=minutes))
+    alerts = [c.params["text"] for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "C0ADMINS"]
+    assert len(alerts) == 1, alerts
+    assert member in alerts[0] and "not to every target" in alerts[0] and "C0MLTEAM" in alerts[0]
+    warnings = [c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "D0BOB"]
+    assert len(warnings) == 1, "the owner was warned once"

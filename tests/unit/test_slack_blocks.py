@@ -19,11 +19,10 @@ from slack_sdk.web import SlackResponse
 from idle_reaper import slack as slack_module
 from idle_reaper.aws import InMemoryStateStore
 from idle_reaper.core import Action, Assessment, Decision, Machine, MachineRecord, State
-from idle_reaper.notify import PermanentDeliveryFailure
+from idle_reaper.notify import Delivery, PermanentDeliveryFailure
 from idle_reaper.policy import TeamPolicy, TeamPolicyRef
 from idle_reaper.slack import (
     FALLBACK_CHARS,
-    SlackDelivery,
     SlackNotifier,
     blocks_json,
     classify,
@@ -256,7 +255,7 @@ def posted(client: RecordingClient) -> list[dict[str, Any]]:
 def test_a_delivered_warning_goes_to_the_owner_and_the_channel():
     slack, client = notifier()
     delivery = slack.warn(decision())
-    assert isinstance(delivery, SlackDelivery) and delivery.undelivered == ()
+    assert isinstance(delivery, Delivery) and delivery.undelivered == ()
     assert [p["channel"] for p in posted(client)] == ["D0BOB", "C0TEAM"]
     assert all(units(p["text"]) <= FALLBACK_CHARS for p in posted(client))
 
@@ -321,7 +320,7 @@ def test_a_rejected_token_is_logged_as_an_error_an_outage_as_a_warning(caplog):
 def test_one_target_failing_permanently_still_delivers_and_reports_it():
     slack, _ = notifier({"chat.postMessage C0TEAM": slack_error("not_in_channel")})
     delivery = slack.warn(decision())
-    assert isinstance(delivery, SlackDelivery) and delivery.messages == ("D0BOB|2.0",)
+    assert isinstance(delivery, Delivery) and delivery.messages == ("D0BOB|2.0",)
     (undelivered,) = delivery.undelivered
     assert "not in channel C0TEAM" in undelivered and "i-0123456789abcdef0" in undelivered
 
