@@ -631,6 +631,8 @@ def _carried_over(record: MachineRecord, machine: Machine, ref: TeamPolicyRef, n
 
 
 def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stretch:
+    """The quiet stretch as this sweep sees it, and what of the record (idle-since, the warning) still
+    belongs to it."""
     record, now = seen.record, seen.now
     interrupted = assessment.interrupted_at
     # A warning (and an idle-since) counts only for this quiet stretch: activity or a data hole
@@ -664,6 +666,7 @@ def _over_runtime_cap(machine: Machine, policy: TeamPolicy, now: datetime) -> st
 
 
 def _exempted(seen: _Sweep, why: str) -> _Outcome:
+    """Exempt: reported, never touched; an outstanding warning is resolved."""
     cleared = replace(seen.base, idle_since=None, warned_at=None, warning_delivered_at=None, warning_ref=None)
     return _Outcome(Event.EXEMPTED, Action.NONE, cleared, {"why": why}, notify="resolved" if seen.was_warned else None)
 
@@ -686,12 +689,14 @@ def _busy(seen: _Sweep, assessment: Assessment, stretch: _Stretch, cap: str) -> 
 
 
 def _kept(record: MachineRecord, stretch: _Stretch) -> _Outcome:
+    """Quiet, but someone asked to keep it and the keep has not ended."""
     assert record.snoozed_until is not None
     fields = {"quiet": stretch.quiet, "by": record.snoozed_by or "someone", "until": record.snoozed_until.isoformat()}
     return _Outcome(Event.KEPT, Action.NONE, stretch.record, fields, notify=stretch.resolved)
 
 
 def _quiet(policy: TeamPolicy, assessment: Assessment, stretch: _Stretch) -> _Outcome:
+    """Quiet, not yet for as long as the warning point."""
     fields = {
         "quiet": stretch.quiet,
         "warn_at": stretch.warn_at,

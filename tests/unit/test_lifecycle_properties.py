@@ -10,7 +10,8 @@ invariants are checked at every step:
 * a keep holds until its time, unless the machine is over max_runtime_hours; over it, a keep never holds;
 * an exempt machine is untouched;
 * the same sweep twice at the same clock changes nothing the second time (per decision, and once through
-  run_sweep over the in-memory AWS fakes).
+  run_sweep over the in-memory AWS fakes), except under warn_minutes 0, where the policy puts the stop at
+  the warning's delivery itself.
 """
 
 from __future__ import annotations
