@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -395,6 +395,413 @@ class Decision:
         return self.action.value if self.applied else f"would_{self.action.value}"
 
 
+# The lifecycle as a state machine. A sweep re-judges every machine from what it sees now, so a sweep's
+# events may come from any state; what a machine remembers (idle_since, warned_at, snoozed_until,
+# stop_not_before) lives in its record, not in the name of its state. `decide` tries the sweep's events
+# in the order below and the first that applies decides; people's answers come through answers.py.
+#
+#   event                from            to         action                             notice to people
+#   exempted             any             exempt     none                               resolved, if it was warned
+#   policy_invalid       any             safe_mode  none                               -
+#   signals_unknown      any             unknown    none                               -
+#   busy                 any             active     protect an unprotected ASG member  resolved, if it was warned
+#   quiet_after_busy     any             idle       protect an unprotected ASG member  resolved, if it was warned
+#   kept                 any             snoozed    none                               resolved, if it was warned
+#   quiet                any             idle       none                               resolved, if it was warned
+#   warning_due          any             warned     warn                               the warning
+#   would_warn           any             warned     warn, not applied (dry run)        -
+#   warning_undelivered  any             warned     none: no stop until delivered      the warning, retried
+#   answer_time          any             warned     none: the owner has warn_minutes   the warning, if undelivered
+#   stop_due             any             reaped     stop, hibernate, unprotect or      reaped
+#                                                   terminate (none: ASG member free)
+#   stop_reported        any             warned     the same, not applied (dry run     -
+#                                                   or a notify_only policy)
+#   keep                 all but reaped  snoozed    none (snooze)                      the message is updated
+#   stop_now             any             reaped     stop, or unprotect an ASG member   the message is updated
+#   start_again          reaped          active     start: a fresh grace window        the message is updated
+#
+# busy and quiet_after_busy apply while the last activity is less than the warning point ago (quiet for
+# under idle_minutes - warn_minutes); every later event needs the machine quiet (covered, every track
+# below its threshold) since quiet_since, and stop_due an idle signal over the whole window. Two
+# conditions change how a transition reads, never where it goes:
+#   cap reached  up max_runtime_hours or longer: a keep no longer holds (kept is skipped) and the reason
+#                starts with why; a busy machine is still never stopped, an exempt one never touched
+#   quiet hours  policy.quiet_hours: nothing is posted to owners; a new warning counts as delivered at once
+# A policy change shows at the next sweep: an invalid policy means safe mode, and a schedule that shortens
+# the window never brings a stop before the time its warning announced (stop_not_before). The sweep
+# records what happens after a decision: a delivered warning (warning_delivered_at; the owner's
+# warn_minutes run from then) and a failed action (the machine stays warned; the next sweep retries).
+
+
+class Event(StrEnum):
+    """What moves a machine from one state to another: something a sweep saw, or a person's answer."""
+
+    EXEMPTED = "exempted"
+    POLICY_INVALID = "policy_invalid"
+    SIGNALS_UNKNOWN = "signals_unknown"
+    BUSY = "busy"
+    QUIET_AFTER_BUSY = "quiet_after_busy"
+    KEPT = "kept"
+    QUIET = "quiet"
+    WARNING_DUE = "warning_due"
+    WOULD_WARN = "would_warn"
+    WARNING_UNDELIVERED = "warning_undelivered"
+    ANSWER_TIME = "answer_time"
+    STOP_DUE = "stop_due"
+    STOP_REPORTED = "stop_reported"
+    KEEP = "keep"
+    STOP_NOW = "stop_now"
+    START_AGAIN = "start_again"
+
+
+@dataclass(frozen=True)
+class Transition:
+    sources: frozenset[State]  # the states the event may come from
+    target: State
+    reason: str  # a str.format template; the rule that saw the event supplies the fields
+
+    def explain(self, fields: Mapping[str, object]) -> str:
+        return self.reason.format_map(fields)
+
+
+ANY_STATE = frozenset(State)
+_QUIET_FOR = "quiet for {quiet:.0f} min"
+
+TRANSITIONS: dict[Event, Transition] = {
+    Event.EXEMPTED: Transition(ANY_STATE, State.EXEMPT, "{why}"),
+    Event.POLICY_INVALID: Transition(ANY_STATE, State.SAFE_MODE, "team policy invalid, nothing is changed: {error}"),
+    Event.SIGNALS_UNKNOWN: Transition(ANY_STATE, State.UNKNOWN, "unknown: {why}"),
+    Event.BUSY: Transition(ANY_STATE, State.ACTIVE, "busy: {activity}{notes}"),
+    Event.QUIET_AFTER_BUSY: Transition(
+        ANY_STATE, State.IDLE, _QUIET_FOR + "; last activity: {activity}; warning at {warn_at} min{notes}"
+    ),
+    Event.KEPT: Transition(ANY_STATE, State.SNOOZED, _QUIET_FOR + ", kept by {by} until {until}"),
+    Event.QUIET: Transition(
+        ANY_STATE, State.IDLE, _QUIET_FOR + "; warning at {warn_at} min, stop at {idle_minutes} min: {why_quiet}"
+    ),
+    Event.WARNING_DUE: Transition(
+        ANY_STATE, State.WARNED, _QUIET_FOR + "; will {verb} at {stop_at:%H:%M} UTC unless kept{notes}: {why_quiet}"
+    ),
+    Event.WOULD_WARN: Transition(ANY_STATE, State.WARNED, _QUIET_FOR + ": {why_quiet}"),
+    Event.WARNING_UNDELIVERED: Transition(
+        ANY_STATE, State.WARNED, "warned at {warned_at:%H:%M} UTC, not delivered yet; no stop until it is: {why_quiet}"
+    ),
+    Event.ANSWER_TIME: Transition(
+        ANY_STATE, State.WARNED, "warned; will {verb} at {stop_at:%H:%M} UTC if still idle: {why_quiet}"
+    ),
+    Event.STOP_DUE: Transition(ANY_STATE, State.REAPED, "{why}: {why_quiet}"),
+    Event.STOP_REPORTED: Transition(ANY_STATE, State.WARNED, "{why}: {why_quiet}"),
+    Event.KEEP: Transition(ANY_STATE - {State.REAPED}, State.SNOOZED, "kept by {user} until {until}"),
+    Event.STOP_NOW: Transition(ANY_STATE, State.REAPED, "{action} now, asked by {user}"),
+    Event.START_AGAIN: Transition(frozenset({State.REAPED}), State.ACTIVE, "started again by {user}"),
+}
+# Prefixed to the reason of whatever follows when the runtime cap overrides a keep.
+CAP_OVERRIDES_KEEP = "{cap}: the keep by {by} no longer holds; "
+
+
+def allowed(state: State, event: Event) -> bool:
+    """Whether `event` may move a machine out of `state` (TRANSITIONS)."""
+    return state in TRANSITIONS[event].sources
+
+
+Notice = Literal["warning", "resolved", "reaped"]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What one rule saw: the event, the action it asks for and the record to write (state not yet set)."""
+
+    event: Event
+    action: Action
+    record: MachineRecord
+    fields: Mapping[str, object]  # fills the transition's reason template
+    applied: bool = True
+    notify: Notice | None = None
+    deliver_warning: bool = False
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """One machine as one sweep sees it: the inputs of `decide`, and the record carried over."""
+
+    machine: Machine
+    ref: TeamPolicyRef
+    assessment: Assessment | None
+    record: MachineRecord  # as the last sweep or answer left it
+    base: MachineRecord  # the record to write, before this sweep's rule changes it
+    now: datetime
+    dry_run: bool
+
+    @property
+    def was_warned(self) -> bool:
+        return self.record.state is State.WARNED and self.record.warned_at is not None
+
+    def decision(self, outcome: _Outcome, *, quiet_hours: bool = False, prefix: str = "") -> Decision:
+        """The transition `outcome.event` makes; under quiet hours nothing is posted to owners (the
+        record and the audit still say what happened); `prefix` says why a keep no longer holds."""
+        transition = TRANSITIONS[outcome.event]
+        reason = prefix + transition.explain(outcome.fields)
+        record = replace(outcome.record, state=transition.target, reason=reason)
+        if outcome.action is not Action.NONE and outcome.applied:
+            record = replace(record, last_action=outcome.action.value, last_action_at=self.now)
+        return Decision(
+            self.machine,
+            transition.target,
+            outcome.action,
+            reason,
+            self.assessment.signal if self.assessment else None,
+            record,
+            applied=outcome.applied,
+            notify=None if quiet_hours else outcome.notify,
+            deliver_warning=outcome.deliver_warning and not quiet_hours,
+            assessment=self.assessment,
+            policy=self.ref,
+        )
+
+
+@dataclass(frozen=True)
+class _Stretch:
+    """The quiet stretch a sweep sees, and whether the record's warning belongs to it."""
+
+    quiet: float  # observed quiet minutes
+    warn_at: int  # the quiet minutes at which the owner is warned
+    warned: bool  # the record's warning was given in this quiet stretch, and sweeps kept watching since
+    resolved: Notice | None  # "resolved": a warning was out and no longer applies
+    record: MachineRecord  # the record to write, with idle_since, observed_at and the warning brought up to date
+
+
+def decide(
+    machine: Machine,
+    ref: TeamPolicyRef,
+    assessment: Assessment | None,
+    previous: MachineRecord | None,
+    *,
+    now: datetime,
+    dry_run: bool = False,
+) -> Decision:
+    """The per-machine lifecycle: the event this sweep sees and the transition it makes (TRANSITIONS).
+    Read it top to bottom: the first rule that applies decides."""
+    record = previous or MachineRecord(instance_id=machine.instance_id, team=machine.team)
+    seen = _Sweep(machine, ref, assessment, record, _carried_over(record, machine, ref, now), now, dry_run)
+    # An exemption is read before the policy: it holds in safe mode too (quiet hours do not apply to it).
+    exempt, why = parse_exemption(machine.exempt_tag, now)
+    if exempt:
+        return seen.decision(_exempted(seen, why))
+    policy = ref.policy
+    if policy is None:
+        return seen.decision(_Outcome(Event.POLICY_INVALID, Action.NONE, seen.base, {"error": ref.error}))
+    quiet_hours = policy.quiet_hours
+    if assessment is None or assessment.signal == "unknown":
+        why = assessment.reason if assessment else "no signals"
+        return seen.decision(
+            _Outcome(Event.SIGNALS_UNKNOWN, Action.NONE, seen.base, {"why": why}), quiet_hours=quiet_hours
+        )
+
+    stretch = _stretch(seen, policy, assessment)
+    cap = _over_runtime_cap(machine, policy, now)
+    if assessment.signal == "busy" and stretch.quiet < stretch.warn_at:
+        return seen.decision(_busy(seen, assessment, stretch, cap), quiet_hours=quiet_hours)
+    # Quiet from here on: covered, and every track below its threshold since quiet_since, at least the
+    # warning point ago when the window still holds activity.
+    assert assessment.quiet_since is not None
+    kept = record.snoozed_until is not None and now < record.snoozed_until
+    if kept and not cap:
+        return seen.decision(_kept(record, stretch), quiet_hours=quiet_hours)
+    prefix = CAP_OVERRIDES_KEEP.format(cap=cap, by=record.snoozed_by or "someone") if kept else ""
+    if stretch.quiet < stretch.warn_at:
+        outcome = _quiet(policy, assessment, stretch)
+    elif not stretch.warned and not dry_run:
+        outcome = _warning_due(seen, policy, assessment, stretch)
+    else:
+        outcome = _after_warning(seen, policy, assessment, stretch)
+    return seen.decision(outcome, quiet_hours=quiet_hours, prefix=prefix)
+
+
+def _carried_over(record: MachineRecord, machine: Machine, ref: TeamPolicyRef, now: datetime) -> MachineRecord:
+    """The previous record with this sweep's facts about the machine and its policy, version bumped."""
+    return replace(
+        record,
+        team=machine.team,
+        version=record.version + 1,
+        policy_version=ref.label,
+        updated_at=now,
+        name=machine.name,
+        instance_type=machine.instance_type,
+        owner=machine.owner,
+        asg_name=machine.asg_name,
+        owner_slack_id=record.owner_slack_id if record.owner == machine.owner else None,
+    )
+
+
+def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stretch:
+    """The quiet stretch as this sweep sees it, and what of the record (idle-since, the warning) still
+    belongs to it."""
+    record, now = seen.record, seen.now
+    interrupted = assessment.interrupted_at
+    # A warning (and an idle-since) counts only for this quiet stretch: activity or a data hole
+    # seen after it means the machine may have been used, so it starts over.
+    # ...and only if sweeps kept watching: after a stretch of unknown data, safe mode or no sweeps at all,
+    # use in between may have fallen out of the fetched data, so the machine must be warned afresh.
+    watched = record.observed_at is not None and now - record.observed_at <= timedelta(minutes=policy.idle_minutes)
+    warned = watched and record.warned_at is not None and (interrupted is None or interrupted <= record.warned_at)
+    continuous = watched and record.idle_since is not None and (interrupted is None or interrupted <= record.idle_since)
+    idle_since = record.idle_since if continuous else assessment.quiet_since
+    base = replace(seen.base, idle_since=idle_since if assessment.quiet_since else None, observed_at=now)
+    if not warned:
+        base = replace(base, warned_at=None, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
+    return _Stretch(
+        quiet=assessment.quiet_minutes(now),
+        warn_at=policy.idle_minutes - policy.warn_minutes,
+        warned=warned,
+        resolved="resolved" if seen.was_warned and not warned else None,
+        record=base,
+    )
+
+
+def _over_runtime_cap(machine: Machine, policy: TeamPolicy, now: datetime) -> str:
+    """Why the hard cap applies ('' when it does not): up max_runtime_hours or longer since its last start.
+    It overrides a keep, never a busy signal (and an exemption is handled before it)."""
+    runtime = now - machine.launch_time
+    cap = policy.max_runtime_hours
+    if cap is None or runtime < timedelta(hours=cap):
+        return ""
+    return f"up {runtime.total_seconds() / 3600:.0f} h, over max_runtime_hours ({cap})"
+
+
+def _exempted(seen: _Sweep, why: str) -> _Outcome:
+    """Exempt: reported, never touched; an outstanding warning is resolved."""
+    cleared = replace(seen.base, idle_since=None, warned_at=None, warning_delivered_at=None, warning_ref=None)
+    return _Outcome(Event.EXEMPTED, Action.NONE, cleared, {"why": why}, notify="resolved" if seen.was_warned else None)
+
+
+def _busy(seen: _Sweep, assessment: Assessment, stretch: _Stretch, cap: str) -> _Outcome:
+    """Activity less than the warning point ago: keep a group member protected from scale-in."""
+    machine = seen.machine
+    action = Action.PROTECT if machine.asg_name and not machine.asg_protected else Action.NONE
+    notes = f"; scale-in protection set in {machine.asg_name}" if action is Action.PROTECT else ""
+    if cap:
+        notes += f"; {cap} but busy, so not stopped"
+    return _Outcome(
+        Event.QUIET_AFTER_BUSY if stretch.quiet > 0 else Event.BUSY,
+        action,
+        stretch.record,
+        {"quiet": stretch.quiet, "activity": assessment.reason, "warn_at": stretch.warn_at, "notes": notes},
+        applied=not seen.dry_run,
+        notify=stretch.resolved,
+    )
+
+
+def _kept(record: MachineRecord, stretch: _Stretch) -> _Outcome:
+    """Quiet, but someone asked to keep it and the keep has not ended."""
+    assert record.snoozed_until is not None
+    fields = {"quiet": stretch.quiet, "by": record.snoozed_by or "someone", "until": record.snoozed_until.isoformat()}
+    return _Outcome(Event.KEPT, Action.NONE, stretch.record, fields, notify=stretch.resolved)
+
+
+def _quiet(policy: TeamPolicy, assessment: Assessment, stretch: _Stretch) -> _Outcome:
+    """Quiet, not yet for as long as the warning point."""
+    fields = {
+        "quiet": stretch.quiet,
+        "warn_at": stretch.warn_at,
+        "idle_minutes": policy.idle_minutes,
+        "why_quiet": assessment.why_quiet,
+    }
+    return _Outcome(Event.QUIET, Action.NONE, stretch.record, fields, notify=stretch.resolved)
+
+
+def _warning_due(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, stretch: _Stretch) -> _Outcome:
+    """Past the warning point with no warning for this quiet stretch: warn, announcing the stop time."""
+    assert assessment.quiet_since is not None
+    now = seen.now
+    stop_at = max(
+        now + timedelta(minutes=policy.warn_minutes), assessment.quiet_since + timedelta(minutes=policy.idle_minutes)
+    )
+    record = replace(
+        stretch.record, warned_at=now, warning_delivered_at=None, warning_ref=None, stop_not_before=stop_at
+    )
+    notes = ""
+    if policy.quiet_hours:
+        # Recorded, not sent; counted as delivered so the stop follows warn_minutes later as usual.
+        record = replace(record, warning_delivered_at=now)
+        notes = " (quiet hours: warning recorded, not sent)"
+    fields = {
+        "quiet": stretch.quiet,
+        "verb": _verb(seen.machine, policy),
+        "stop_at": stop_at,
+        "notes": notes,
+        "why_quiet": assessment.why_quiet,
+    }
+    return _Outcome(Event.WARNING_DUE, Action.WARN, record, fields, notify="warning", deliver_warning=True)
+
+
+def _after_warning(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, stretch: _Stretch) -> _Outcome:
+    """Warned (or, in a dry run without a real warning, assumed warned on time and unanswered): the stop
+    is due once idle for the whole window, warn_minutes after the warning was delivered, and not before
+    the time it announced. An undelivered warning holds the stop for undelivered_warning_max_minutes."""
+    assert assessment.quiet_since is not None
+    record, now = seen.record, seen.now
+    undelivered_ok = False
+    if stretch.warned:
+        assert record.warned_at is not None
+        pending = now - record.warned_at
+        undelivered_ok = record.warning_delivered_at is None and pending >= timedelta(
+            minutes=policy.undelivered_warning_max_minutes
+        )
+        # The owner's time to answer runs from delivery; an undelivered warning holds the stop.
+        clock_from = record.warning_delivered_at or (record.warned_at if undelivered_ok else None)
+    else:
+        clock_from = assessment.quiet_since + timedelta(minutes=stretch.warn_at)
+    due = (
+        assessment.signal == "idle"
+        and stretch.quiet >= policy.idle_minutes
+        and clock_from is not None
+        and now - clock_from >= timedelta(minutes=policy.warn_minutes)
+        # Never before the time the warning announced, even if a schedule has shortened the window since.
+        and (not stretch.warned or record.stop_not_before is None or now >= record.stop_not_before)
+    )
+    fields: dict[str, object] = {
+        "quiet": stretch.quiet,
+        "verb": _verb(seen.machine, policy),
+        "why_quiet": assessment.why_quiet,
+    }
+    if due:
+        return _stop_due(seen, policy, stretch, undelivered_ok, fields)
+    if not stretch.warned:
+        return _Outcome(Event.WOULD_WARN, Action.WARN, stretch.record, fields, applied=False)
+    deliver = record.warning_delivered_at is None and not seen.dry_run
+    if clock_from is None:
+        fields["warned_at"] = record.warned_at
+        return _Outcome(Event.WARNING_UNDELIVERED, Action.NONE, stretch.record, fields, deliver_warning=deliver)
+    fields["stop_at"] = max(
+        clock_from + timedelta(minutes=policy.warn_minutes),
+        assessment.quiet_since + timedelta(minutes=policy.idle_minutes),
+        record.stop_not_before or now,
+    )
+    return _Outcome(Event.ANSWER_TIME, Action.NONE, stretch.record, fields, deliver_warning=deliver)
+
+
+def _stop_due(
+    seen: _Sweep, policy: TeamPolicy, stretch: _Stretch, undelivered_ok: bool, fields: dict[str, object]
+) -> _Outcome:
+    """Reap: stop, hibernate, release or terminate; reported only under dry_run or a notify_only policy."""
+    machine = seen.machine
+    action, why = _reap_action(machine, policy)
+    notify_only = policy.action == "notify_only" and not machine.asg_name
+    if undelivered_ok:
+        why += f" (the warning was never delivered; stopping after {policy.undelivered_warning_max_minutes} min)"
+    if not stretch.warned:
+        why += " (dry run: assuming an unanswered warning)"
+    if notify_only:
+        why = f"notify_only policy, nothing is stopped: {why}"
+    fields = {**fields, "why": why}
+    if action is Action.NONE:  # a group member already unprotected: nothing to do, nothing to report
+        return _Outcome(Event.STOP_DUE, action, stretch.record, fields)
+    if seen.dry_run or notify_only:
+        return _Outcome(Event.STOP_REPORTED, action, stretch.record, fields, applied=False)
+    # The warning's buttons no longer apply.
+    return _Outcome(Event.STOP_DUE, action, replace(stretch.record, warning_ref=None), fields, notify="reaped")
+
+
 def _reap_action(machine: Machine, policy: TeamPolicy) -> tuple[Action, str]:
     if machine.asg_name:
         if policy.asg_action == "terminate":
@@ -407,206 +814,6 @@ def _reap_action(machine: Machine, policy: TeamPolicy) -> tuple[Action, str]:
             return Action.HIBERNATE, "idle past its window: hibernate"
         return Action.STOP, "idle past its window: stop (hibernation is not configured on this machine)"
     return Action.STOP, "idle past its window: stop"
-
-
-def decide(
-    machine: Machine,
-    ref: TeamPolicyRef,
-    assessment: Assessment | None,
-    previous: MachineRecord | None,
-    *,
-    now: datetime,
-    dry_run: bool = False,
-) -> Decision:
-    """The per-machine lifecycle. Returns what to do and the record to write."""
-    record = previous or MachineRecord(instance_id=machine.instance_id, team=machine.team)
-    base = replace(
-        record,
-        team=machine.team,
-        version=record.version + 1,
-        policy_version=ref.label,
-        updated_at=now,
-        name=machine.name,
-        instance_type=machine.instance_type,
-        owner=machine.owner,
-        asg_name=machine.asg_name,
-        owner_slack_id=record.owner_slack_id if record.owner == machine.owner else None,
-    )
-    was_warned = record.state is State.WARNED and record.warned_at is not None
-    silent = False  # quiet hours: set once the policy is known
-    overridden = ""  # why a snooze no longer holds (the hard cap), prefixed to the reason
-
-    def done(state: State, action: Action, reason: str, new: MachineRecord, **extra: object) -> Decision:
-        if silent:  # quiet hours: nothing is posted to owners; the record and the audit still say what happened
-            extra.update(notify=None, deliver_warning=False)
-        reason = f"{overridden}{reason}"
-        new = replace(new, state=state, reason=reason)
-        if action is not Action.NONE and extra.get("applied", True):
-            new = replace(new, last_action=action.value, last_action_at=now)
-        return Decision(
-            machine,
-            state,
-            action,
-            reason,
-            assessment.signal if assessment else None,
-            new,
-            assessment=assessment,
-            policy=ref,
-            **extra,  # type: ignore[arg-type]
-        )
-
-    exempt, why = parse_exemption(machine.exempt_tag, now)
-    if exempt:
-        cleared = replace(base, idle_since=None, warned_at=None, warning_delivered_at=None, warning_ref=None)
-        return done(State.EXEMPT, Action.NONE, why, cleared, notify="resolved" if was_warned else None)
-
-    policy = ref.policy
-    if policy is None:
-        return done(State.SAFE_MODE, Action.NONE, f"team policy invalid, nothing is changed: {ref.error}", base)
-    silent = policy.quiet_hours
-    if assessment is None or assessment.signal == "unknown":
-        reason = assessment.reason if assessment else "no signals"
-        return done(State.UNKNOWN, Action.NONE, f"unknown: {reason}", base)
-
-    quiet = assessment.quiet_minutes(now)
-    warn_at = policy.idle_minutes - policy.warn_minutes
-    interrupted = assessment.interrupted_at
-    # A warning (and an idle-since) counts only for this quiet stretch: activity or a data hole
-    # seen after it means the machine may have been used, so it starts over.
-    # ...and only if sweeps kept watching: after a stretch of unknown data, safe mode or no sweeps at all,
-    # use in between may have fallen out of the fetched data, so the machine must be warned afresh.
-    watched = record.observed_at is not None and now - record.observed_at <= timedelta(minutes=policy.idle_minutes)
-    warned = watched and record.warned_at is not None and (interrupted is None or interrupted <= record.warned_at)
-    continuous = watched and record.idle_since is not None and (interrupted is None or interrupted <= record.idle_since)
-    idle_since = record.idle_since if continuous else assessment.quiet_since
-    base = replace(base, idle_since=idle_since if assessment.quiet_since else None, observed_at=now)
-    if not warned:
-        base = replace(base, warned_at=None, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
-    resolved: Literal["resolved"] | None = "resolved" if was_warned and not warned else None
-    # Hard cap: past max_runtime_hours since its last start, a snooze no longer holds. A busy signal
-    # still does (never stop a busy machine comes first), and so does an exemption (handled above).
-    runtime = now - machine.launch_time
-    cap = policy.max_runtime_hours
-    over_cap = cap is not None and runtime >= timedelta(hours=cap)
-    cap_note = f"up {runtime.total_seconds() / 3600:.0f} h, over max_runtime_hours ({cap})" if over_cap else ""
-
-    if assessment.signal == "busy" and quiet < warn_at:
-        action = Action.PROTECT if machine.asg_name and not machine.asg_protected else Action.NONE
-        protect_note = f"; scale-in protection set in {machine.asg_name}" if action is Action.PROTECT else ""
-        if over_cap:
-            protect_note += f"; {cap_note} but busy, so not stopped"
-        if quiet > 0:
-            state = State.IDLE
-            reason = (
-                f"quiet for {quiet:.0f} min; last activity: {assessment.reason}; warning at {warn_at} min{protect_note}"
-            )
-        else:
-            state, reason = State.ACTIVE, f"busy: {assessment.reason}{protect_note}"
-        return done(state, action, reason, base, applied=not dry_run, notify=resolved)
-
-    # Quiet (covered, every track below its threshold) for `quiet` minutes.
-    assert assessment.quiet_since is not None
-    quiet_since = assessment.quiet_since
-    if record.snoozed_until and now < record.snoozed_until and over_cap:
-        overridden = f"{cap_note}: the keep by {record.snoozed_by or 'someone'} no longer holds; "
-    elif record.snoozed_until and now < record.snoozed_until:
-        reason = (
-            f"quiet for {quiet:.0f} min, kept by {record.snoozed_by or 'someone'} until "
-            f"{record.snoozed_until.isoformat()}"
-        )
-        return done(State.SNOOZED, Action.NONE, reason, base, notify=resolved)
-    if quiet < warn_at:
-        reason = (
-            f"quiet for {quiet:.0f} min; warning at {warn_at} min, stop at {policy.idle_minutes} min: "
-            f"{assessment.why_quiet}"
-        )
-        return done(State.IDLE, Action.NONE, reason, base, notify=resolved)
-
-    verb = _verb(machine, policy)
-    if not warned and not dry_run:
-        stop_at = max(
-            now + timedelta(minutes=policy.warn_minutes), quiet_since + timedelta(minutes=policy.idle_minutes)
-        )
-        warned_record = replace(
-            base, warned_at=now, warning_delivered_at=None, warning_ref=None, stop_not_before=stop_at
-        )
-        quiet_note = ""
-        if policy.quiet_hours:
-            # Recorded, not sent; counted as delivered so the stop follows warn_minutes later as usual.
-            warned_record = replace(warned_record, warning_delivered_at=now)
-            quiet_note = " (quiet hours: warning recorded, not sent)"
-        return done(
-            State.WARNED,
-            Action.WARN,
-            f"quiet for {quiet:.0f} min; will {verb} at {stop_at:%H:%M} UTC unless kept{quiet_note}: "
-            f"{assessment.why_quiet}",
-            warned_record,
-            notify="warning",
-            deliver_warning=True,
-        )
-
-    undelivered_ok = False
-    if warned:
-        assert record.warned_at is not None
-        pending = now - record.warned_at
-        undelivered_ok = record.warning_delivered_at is None and pending >= timedelta(
-            minutes=policy.undelivered_warning_max_minutes
-        )
-        # The owner's time to answer runs from delivery; an undelivered warning holds the stop.
-        clock_from = record.warning_delivered_at or (record.warned_at if undelivered_ok else None)
-    else:
-        # Dry run with no real warning: assume it went out on time and nobody answered.
-        clock_from = quiet_since + timedelta(minutes=warn_at)
-    due = (
-        assessment.signal == "idle"
-        and quiet >= policy.idle_minutes
-        and clock_from is not None
-        and now - clock_from >= timedelta(minutes=policy.warn_minutes)
-        # Never before the time the warning announced, even if a schedule has shortened the window since.
-        and (not warned or record.stop_not_before is None or now >= record.stop_not_before)
-    )
-    if not due:
-        if not warned:
-            return done(
-                State.WARNED, Action.WARN, f"quiet for {quiet:.0f} min: {assessment.why_quiet}", base, applied=False
-            )
-        if clock_from is None:
-            reason = f"warned at {record.warned_at:%H:%M} UTC, not delivered yet; no stop until it is"
-        else:
-            stop_at = max(
-                clock_from + timedelta(minutes=policy.warn_minutes),
-                quiet_since + timedelta(minutes=policy.idle_minutes),
-                record.stop_not_before or now,
-            )
-            reason = f"warned; will {verb} at {stop_at:%H:%M} UTC if still idle"
-        return done(
-            State.WARNED,
-            Action.NONE,
-            f"{reason}: {assessment.why_quiet}",
-            base,
-            deliver_warning=record.warning_delivered_at is None and not dry_run,
-        )
-
-    action, why = _reap_action(machine, policy)
-    notify_only = policy.action == "notify_only" and not machine.asg_name
-    applied = action is Action.NONE or not (dry_run or notify_only)
-    if undelivered_ok:
-        why += f" (the warning was never delivered; stopping after {policy.undelivered_warning_max_minutes} min)"
-    if not warned:
-        why += " (dry run: assuming an unanswered warning)"
-    if notify_only:
-        why = f"notify_only policy, nothing is stopped: {why}"
-    state = State.REAPED if applied else State.WARNED
-    if applied and action is not Action.NONE:
-        base = replace(base, warning_ref=None)  # the warning's buttons no longer apply
-    return done(
-        state,
-        action,
-        f"{why}: {assessment.why_quiet}",
-        base,
-        applied=applied,
-        notify="reaped" if applied and action is not Action.NONE else None,
-    )
 
 
 def _verb(machine: Machine, policy: TeamPolicy) -> str:
@@ -679,16 +886,17 @@ def snooze(record: MachineRecord, policy: TeamPolicy, user: str, until: datetime
     until = min(until, now + timedelta(hours=policy.max_snooze_hours))
     if until <= now:
         return "that time has already passed"
-    if record.state is State.REAPED:
+    if not allowed(record.state, Event.KEEP):
         return "the machine is already stopped"
     day = now.astimezone(ZoneInfo(policy.timezone)).date().isoformat()
     used = record.snoozes_today if record.snooze_day == day else 0
     if used >= policy.max_snoozes_per_day:
         return f"this machine was already kept {used} times today (the team allows {policy.max_snoozes_per_day})"
+    keep = TRANSITIONS[Event.KEEP]
     return replace(
         record,
         version=record.version + 1,
-        state=State.SNOOZED,
+        state=keep.target,
         snoozed_until=until,
         snoozed_by=user,
         # The next warning starts afresh when the snooze ends.
@@ -697,7 +905,7 @@ def snooze(record: MachineRecord, policy: TeamPolicy, user: str, until: datetime
         warning_ref=None,
         snooze_day=day,
         snoozes_today=used + 1,
-        reason=f"kept by {user} until {until.isoformat()}",
+        reason=keep.explain({"user": user, "until": until.isoformat()}),
         updated_at=now,
     )
 
@@ -706,24 +914,26 @@ def stopped_by_person(
     record: MachineRecord, user: str, action: Action, now: datetime, start_ref: str | None = None
 ) -> MachineRecord:
     """Stopped (or released) at a person's request; `start_ref` is what a "Start it again" button carries."""
+    stop_now = TRANSITIONS[Event.STOP_NOW]
     return replace(
         record,
         version=record.version + 1,
-        state=State.REAPED,
+        state=stop_now.target,
         last_action=action.value,
         last_action_at=now,
         warning_ref=start_ref,
-        reason=f"{action.value} now, asked by {user}",
+        reason=stop_now.explain({"action": action.value, "user": user}),
         updated_at=now,
     )
 
 
 def started_by_person(record: MachineRecord, user: str, now: datetime) -> MachineRecord:
     """Started again: a fresh grace window (the launch time resets the idle clock too)."""
+    start_again = TRANSITIONS[Event.START_AGAIN]
     return replace(
         record,
         version=record.version + 1,
-        state=State.ACTIVE,
+        state=start_again.target,
         idle_since=None,
         warned_at=None,
         warning_delivered_at=None,
@@ -731,7 +941,7 @@ def started_by_person(record: MachineRecord, user: str, now: datetime) -> Machin
         snoozed_until=None,
         last_action="start",
         last_action_at=now,
-        reason=f"started again by {user}",
+        reason=start_again.explain({"user": user}),
         updated_at=now,
     )
 
