@@ -828,3 +828,62 @@ def create_table(dynamodb: Any, table: str) -> bool:
         raise
     dynamodb.get_waiter("table_exists").wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Regions no stack watches
+
+
+@dataclass(frozen=True)
+class RegionCount:
+    region: str
+    running: int  # every running instance
+    opted_in: int  # of those, carrying the team tag and the opt-in tag: what a stack there would sweep
+
+
+def watched_regions(home: str) -> list[str]:
+    """The regions with an idle-reaper stack (IDLE_REAPER_REGIONS, set by the CDK app); `home` at least."""
+    listed = [r.strip() for r in os.environ.get("IDLE_REAPER_REGIONS", "").split(",") if r.strip()]
+    return [home, *(r for r in listed if r != home)]
+
+
+def count_unwatched(ec2_in: Callable[[str], Any], watched: Sequence[str], tags: TagKeys) -> list[RegionCount]:
+    """Running instances in every enabled region that no stack watches: without this, a team that
+    launches in another region is never looked at, in silence. One DescribeRegions call, then one
+    paginated DescribeInstances per unwatched region (1,000 a page, only the tags read)."""
+    regions = {r["RegionName"] for r in ec2_in(watched[0]).describe_regions()["Regions"]}  # enabled ones
+    counts = []
+    for region in sorted(regions - set(watched)):
+        running = opted_in = 0
+        pages = ec2_in(region).get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "instance-state-name", "Values": ["running"]}], PaginationConfig={"PageSize": 1000}
+        )
+        for page in pages:
+            for reservation in page["Reservations"]:
+                for inst in reservation["Instances"]:
+                    tag = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                    running += 1
+                    opted_in += bool(tag.get(tags.team, "").strip()) and (
+                        tags.managed is None or tag.get(tags.managed) == "true"
+                    )
+        if running:
+            counts.append(RegionCount(region, running, opted_in))
+    return counts
+
+
+UNWATCHED_KEY = "unwatched-regions"  # the last daily count, a lookup item in the home region's table
+UNWATCHED_KEEP = timedelta(days=8)
+
+
+def save_unwatched(store: StateStore, counts: Sequence[RegionCount], at: datetime) -> None:
+    value = {"counted_at": at.isoformat(), "regions": [c.__dict__ for c in counts]}
+    store.put_lookup(UNWATCHED_KEY, json.dumps(value), at + UNWATCHED_KEEP)
+
+
+def last_unwatched(store: StateStore, now: datetime) -> tuple[datetime, list[RegionCount]] | None:
+    """The last daily count the sweep stored (None: never counted, or over a week ago)."""
+    raw = store.get_lookup(UNWATCHED_KEY, now)
+    if raw is None:
+        return None
+    value = json.loads(raw)
+    return datetime.fromisoformat(value["counted_at"]), [RegionCount(**c) for c in value["regions"]]

@@ -12,7 +12,7 @@ import json
 import re
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -655,6 +655,15 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
     return f"status at {_fmt_time(now)} UTC (times in UTC)\n{table}"
 
 
+def format_unwatched(counted_at: datetime, counts: Sequence[aws.RegionCount]) -> str:
+    """Regions no stack watches: their running machines are never looked at."""
+    if not counts:
+        return f"Every region with running machines has an idle-reaper stack (counted {counted_at:%Y-%m-%d %H:%M} UTC)."
+    lines = [f"Regions without an idle-reaper stack (counted {counted_at:%Y-%m-%d %H:%M} UTC), never swept:"]
+    lines += [f"  {c.region}: {c.running} running, {c.opted_in} tagged for idle-reaper" for c in counts]
+    return "\n".join(lines)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     def body() -> int:
         now: datetime = args.now or datetime.now(UTC)
@@ -678,11 +687,21 @@ def cmd_status(args: argparse.Namespace) -> int:
             rows = [r for r in rows if r["team"] == args.team]
         if args.owner:
             rows = [r for r in rows if (r["owner"] or "").lower() == args.owner.lower()]
+        unwatched = aws.last_unwatched(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
         if args.json:
             for row in rows:
                 print(json.dumps(row, sort_keys=True))
+            if unwatched:
+                counted_at, counts = unwatched
+                print(
+                    json.dumps(
+                        {"unwatched_regions": [c.__dict__ for c in counts], "counted_at": counted_at.isoformat()}
+                    )
+                )
         else:
             print(format_status(rows, now))
+            if unwatched:
+                print(format_unwatched(*unwatched))
         return 0
 
     return _run(body)

@@ -1,0 +1,71 @@
+"""Running instances in regions without a stack are counted, not silently ignored (issue 10, point 9)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from idle_reaper import aws as aws_module
+from idle_reaper.policy import TagKeys
+from idle_reaper_tools import local
+
+pytestmark = pytest.mark.integration
+
+
+def run_in(region: str, tags: dict[str, str]) -> str:
+    out = aws_module.client("ec2", region).run_instances(
+        ImageId=local.AMI,
+        MinCount=1,
+        MaxCount=1,
+        InstanceType="m5.large",
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
+    )
+    instance_id: str = out["Instances"][0]["InstanceId"]
+    return instance_id
+
+
+def test_running_instances_in_regions_without_a_stack_are_counted(aws: object) -> None:
+    opted_in = {"Team": "ml", "idle-reaper:managed": "true"}
+    run_in("us-east-1", opted_in)  # watched: the home region
+    run_in("eu-west-1", opted_in)  # watched: another stack
+    run_in("eu-north-1", opted_in)
+    run_in("eu-north-1", {"Team": "ml"})  # a cost-allocation tag alone: running, but not the reaper's
+    stopped = run_in("ap-south-1", opted_in)
+    aws_client = aws_module.client("ec2", "ap-south-1")
+    aws_client.stop_instances(InstanceIds=[stopped])
+
+    counts = aws_module.count_unwatched(
+        lambda region: aws_module.client("ec2", region), ["us-east-1", "eu-west-1"], TagKeys()
+    )
+
+    assert counts == [aws_module.RegionCount("eu-north-1", running=2, opted_in=1)]
+    everything = aws_module.count_unwatched(
+        lambda region: aws_module.client("ec2", region), ["us-east-1", "eu-west-1"], TagKeys(managed=None)
+    )
+    assert everything == [aws_module.RegionCount("eu-north-1", running=2, opted_in=2)]
+
+
+def test_watched_regions_are_home_and_the_listed_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDLE_REAPER_REGIONS", "eu-west-1, us-east-1,")
+    assert aws_module.watched_regions("us-east-1") == ["us-east-1", "eu-west-1"]
+    monkeypatch.delenv("IDLE_REAPER_REGIONS")
+    assert aws_module.watched_regions("us-east-1") == ["us-east-1"]
+
+
+def test_status_shows_the_last_daily_count(aws: object, capsys: pytest.CaptureFixture[str]) -> None:
+    from datetime import UTC, datetime
+
+    from idle_reaper_tools import cli
+
+    local.init_account()
+    store = aws_module.DynamoStateStore(aws_module.client("dynamodb"), aws_module.table_name())
+    counted = datetime.now(UTC).replace(microsecond=0)
+    aws_module.save_unwatched(store, [aws_module.RegionCount("eu-north-1", running=12, opted_in=3)], counted)
+
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "Regions without an idle-reaper stack" in out and "eu-north-1: 12 running, 3 tagged for idle-reaper" in out
+    assert cli.main(["status", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[-1]["unwatched_regions"] == [{"region": "eu-north-1", "running": 12, "opted_in": 3}]
