@@ -855,8 +855,12 @@ def count_unwatched(ec2_in: Callable[[str], Any], watched: Sequence[str], tags: 
     counts = []
     for region in sorted(regions - set(watched)):
         running = opted_in = 0
-        pages = ec2_in(region).get_paginator("describe_instances").paginate(
-            Filters=[{"Name": "instance-state-name", "Values": ["running"]}], PaginationConfig={"PageSize": 1000}
+        pages = (
+            ec2_in(region)
+            .get_paginator("describe_instances")
+            .paginate(
+                Filters=[{"Name": "instance-state-name", "Values": ["running"]}], PaginationConfig={"PageSize": 1000}
+            )
         )
         for page in pages:
             for reservation in page["Reservations"]:

@@ -548,10 +548,12 @@ def active_schedules(policy: TeamPolicy, now: datetime) -> list[tuple[int, Sched
 
 
 def effective_policy(policy: TeamPolicy, now: datetime) -> TeamPolicy:
-    """`policy` with the overrides of the schedules in force at `now`. Validation already checked every
-    moment of the week (warn < idle once merged), so the copy needs no re-validation."""
+    """The policy in force at `now`: `policy` itself when no schedule is in force, else a copy with the
+    overrides and no schedules of its own (resolved; kept, they would be judged against the overridden
+    values, e.g. a schedule's warn_minutes against another schedule's shorter idle_minutes). Validation already
+    checked every moment of the week (warn < idle once merged), so the copy needs no re-validation."""
     overrides = {k: v for _, s in active_schedules(policy, now) for k, v in s.overrides().items()}
-    return policy.model_copy(update=overrides) if overrides else policy
+    return policy.model_copy(update={**overrides, "schedules": ()}) if overrides else policy
 
 
 def json_schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -362,7 +362,27 @@ def test_any_valid_policy_gives_a_valid_policy_at_every_instant(schedules, insta
         return
     e = effective_policy(p, instant)
     assert e.warn_minutes < e.idle_minutes
+    assert e is p or e.schedules == ()  # resolved: an override in force leaves no schedules of its own
     TeamPolicy.model_validate(e.model_dump())  # the unvalidated copy is a valid policy
+
+
+def test_the_policy_in_force_is_valid_on_its_own_when_a_wrapping_schedule_shortens_the_window():
+    """Found by the property test above: the copy kept the schedules, and re-validating it judged the
+    Monday schedule's warn_minutes (15) against the Thursday-to-Friday schedule's idle_minutes (15)."""
+    p = team(
+        {
+            "timezone": "Europe/Berlin",
+            "idle_minutes": 60,
+            "warn_minutes": 20,
+            "schedules": [
+                {"days": ["mon"], "start": "00:00", "end": "00:30", "warn_minutes": 15},
+                {"days": ["thu"], "start": "02:00", "end": "01:30", "idle_minutes": 15, "warn_minutes": 0},
+            ],
+        }
+    )
+    e = effective_policy(p, datetime(2027, 1, 1, tzinfo=UTC))  # Friday 01:00 in Berlin
+    assert (e.idle_minutes, e.warn_minutes) == (15, 0)
+    TeamPolicy.model_validate(e.model_dump())
 
 
 # ---------------------------------------------------------------------------------------------
