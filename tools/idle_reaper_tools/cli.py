@@ -156,11 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--baseline", choices=BASELINES, help="also replay the AWS-native alternative, side by side")
     p.add_argument(
+        "--unwanted-within",
         "--still-wanted-minutes",
+        dest="still_wanted_minutes",
         type=non_negative_minutes,
         default=60,
         metavar="N",
-        help="count stops followed by activity within N minutes (default 60)",
+        help="count stops followed by activity within N minutes as unwanted (default 60)",
     )
     p.add_argument(
         "--snooze-rate",

@@ -7,7 +7,7 @@ and Replay.to_json() present it. What each figure means is in docs/replay.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -34,6 +34,9 @@ class Totals:
     wanted: int = 0
     warnings: int = 0
     silent_warnings: int = 0
+    warnings_without_stop: int = 0
+    messages: int = 0  # warning messages: one per owner per sweep however many of their machines it warns
+    owner_days: float = 0.0
     snoozes: int = 0
     core_calls: int = 0
     dollars: float | None = 0.0
@@ -54,6 +57,7 @@ class Totals:
         )
         self.warnings += run.warnings
         self.silent_warnings += run.silent_warnings
+        self.warnings_without_stop += run.warnings_without_stop
         self.snoozes += run.snoozes
         self.core_calls += run.core_calls
         if not priced:
@@ -95,7 +99,17 @@ class Result:
             "stops": t.stops,
             "false_stops": t.false_stops,
             "stops_followed_by_activity": t.wanted,
+            "unwanted_stop_share": round(t.wanted / t.stops, 4) if t.stops else None,
             "warnings": t.warnings,
+            "warnings_without_stop": t.warnings_without_stop,
+            "warnings_without_stop_share": (
+                round(t.warnings_without_stop / (t.warnings + t.silent_warnings), 4)
+                if t.warnings + t.silent_warnings
+                else None
+            ),
+            "messages": t.messages,
+            "owner_days": round(t.owner_days, 3),
+            "messages_per_owner_day": round(t.messages / t.owner_days, 4) if t.owner_days else None,
             "warnings_per_machine_day": round(t.warnings / machine_days, 4) if machine_days else 0.0,
             "silent_warnings": t.silent_warnings,
             "snoozes": t.snoozes,
@@ -140,6 +154,20 @@ class Replay:
         return out
 
 
+def count_messages(runs: Iterable[MachineRun], period_seconds: int) -> tuple[int, float]:
+    """Warning messages and owner-days: one message per owner per sweep, however many of the owner's
+    machines that sweep warns; an owner-day is a UTC day on which any of the owner's machines is in the
+    trace. A machine without an owner is its own owner."""
+    sweeps: dict[str, set[int]] = {}
+    days: dict[str, set[int]] = {}
+    per_day = 86400 // period_seconds if 86400 % period_seconds == 0 else 86400 / period_seconds
+    for run in runs:
+        sweeps.setdefault(run.owner, set()).update(run.warning_buckets)
+        first, last = run.first_bucket, run.first_bucket + run.buckets - 1
+        days.setdefault(run.owner, set()).update(range(int(first // per_day), int(last // per_day) + 1))
+    return sum(len(s) for s in sweeps.values()), float(sum(len(d) for d in days.values()))
+
+
 def replay(
     trace: Trace,
     options: ReplayOptions = DEFAULT_OPTIONS,
@@ -165,6 +193,14 @@ def replay(
             for totals in (result.fleet, result.teams.setdefault(run.team, Totals())):
                 totals.add(run, hours, price, prices is not None, wanted)
             result.stops.extend(run.stops)
+    for result, runs in ((reaper, [r for r, _ in pairs]), (alarm, [a for _, a in pairs if a is not None])):
+        if result is None:
+            continue
+        groups: dict[str, list[MachineRun]] = {}
+        for run in runs:
+            groups.setdefault(run.team, []).append(run)
+        for totals, members in [(result.fleet, runs), *((result.teams[t], g) for t, g in groups.items())]:
+            totals.messages, totals.owner_days = count_messages(members, trace.period_seconds)
     out = Replay(trace, options, price_source if prices is not None else None, reaper, alarm, 0.0)
     if options.timeline and pairs:
         out.timeline_start, out.timeline = fleet_timeline([r for r, _ in pairs], trace.period_seconds)
@@ -195,7 +231,12 @@ def format_report(r: Replay, max_events: int = 8) -> str:
         ("stops", lambda s: f"{s['stops']:,}"),
         ("false stops (busy within the window)", lambda s: f"{s['false_stops']:,}"),
         (f"stops followed by activity <= {wanted} min", lambda s: f"{s['stops_followed_by_activity']:,}"),
+        ("  as a share of stops (unwanted stops)", lambda s: _num(s["unwanted_stop_share"], "{:.1%}")),
+        ("warnings", lambda s: f"{s['warnings'] + s['silent_warnings']:,}"),
+        ("warnings that led to no stop", lambda s: f"{s['warnings_without_stop']:,}"),
+        ("  as a share of warnings", lambda s: _num(s["warnings_without_stop_share"], "{:.1%}")),
         ("warnings per machine-day", lambda s: _num(s["warnings_per_machine_day"], "{:.2f}")),
+        ("messages per owner-day", lambda s: _num(s["messages_per_owner_day"], "{:.2f}")),
         (f"snoozes (assumed rate {r.options.snooze_rate:.0%})", lambda s: f"{s['snoozes']:,}"),
         ("dollars saved", lambda s: _money(s["dollars_saved"])),
         ("unpriced recovered hours", lambda s: _num(s["unpriced_hours"])),

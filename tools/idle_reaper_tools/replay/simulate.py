@@ -85,6 +85,11 @@ class MachineRun:
     warnings: int = 0  # delivered to a person
     silent_warnings: int = 0  # recorded but not sent (the policy's quiet hours)
     snoozes: int = 0
+    # Warnings (sent or silent) whose quiet stretch ended without a stop: the machine came back during
+    # the warning, so the nudge was for nothing. Kept warnings (snoozes) are not counted here.
+    warnings_without_stop: int = 0
+    warning_buckets: list[int] = field(default_factory=list)  # absolute buckets of delivered warnings
+    owner: str = ""
     core_calls: int = 0  # sweeps that ran assess + decide (the rest took the fast path or were stopped)
     stops: list[StopEvent] = field(default_factory=list)
     timeline: bytearray | None = None  # a state code per bucket
@@ -150,6 +155,7 @@ def _new_run(series: Series, truth: Truth, window: int) -> MachineRun:
         len(series),
         sum(truth.quiet),
         ideal_buckets(truth, window),
+        owner=series.owner or series.instance_id,
     )
 
 
@@ -196,6 +202,7 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
     launch = 0
     # What the core's last answer settled into, while its inputs keep it there (see the fast paths).
     settled: Literal["active", "unknown"] | None = None
+    warning_open = False  # a warning was given in the current quiet stretch and has not ended in a stop
     k = 1  # the sweep at the start of bucket k sees buckets < k
     while k <= n:
         now = times[k]
@@ -235,7 +242,11 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
         record = decision.record
         run.core_calls += 1
 
+        if warning_open and record.warned_at is None:
+            run.warnings_without_stop += 1  # the stretch ended (activity, a hole) before the stop
+            warning_open = False
         if decision.action in REAP_ACTIONS and decision.applied:
+            warning_open = False
             restart = _record_stop(run, truth, k, decision.reason, now, window, clock)
             if restart is None:
                 break
@@ -247,8 +258,10 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
             k = restart + 1
             continue
         if decision.action is Action.WARN:
+            warning_open = decision.applied
             if decision.deliver_warning:
                 run.warnings += 1
+                run.warning_buckets.append(series.first_bucket + k)
                 # Delivered at once, as the sweep records after a successful notifier.warn().
                 record = replace(record, version=record.version + 1, warning_delivered_at=now)
                 if rng is not None and rng.random() < opts.snooze_rate:
@@ -257,6 +270,7 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
                     if isinstance(kept, MachineRecord):  # else refused, e.g. the daily limit of keeps
                         record = kept
                         run.snoozes += 1
+                        warning_open = False
             else:
                 run.silent_warnings += 1
         if decision.state is State.UNKNOWN:

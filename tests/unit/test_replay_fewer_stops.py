@@ -1,0 +1,87 @@
+"""The fewer-unwanted-stops figures of the replay: warnings that led to no stop, unwanted stops as a
+share of stops, messages per owner-day, and the trace's `user` and `owner` columns.
+
+Hand-made traces under the short policy of replay_support: idle window 30 min (6 buckets of 5 min), the
+warning at 20 min of quiet (the sweep at the start of bucket k sees buckets < k).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from replay_support import SHORT_POLICY, csv_rows, trace
+
+from idle_reaper_tools.replay import ReplayOptions, TraceError, replay
+from idle_reaper_tools.replay.report import count_messages
+from idle_reaper_tools.replay.simulate import MachineRun
+
+BUSY, QUIET = 50.0, 1.0
+
+
+def test_a_warning_the_machine_outran_is_counted_as_leading_to_no_stop() -> None:
+    # Busy 0-1, quiet 2-6: quiet since 00:10, warned by the sweep at 00:30 (20 min of quiet); busy again
+    # in bucket 7, before the stop at 30 min of quiet: no stop. Then quiet 8-30: warned and stopped.
+    # 2 warnings, 1 stop, 1 warning without a stop.
+    cpu = [BUSY] * 2 + [QUIET] * 5 + [BUSY] + [QUIET] * 23
+    result = replay(trace(csv_rows("i-1", cpu)), ReplayOptions(policies=SHORT_POLICY), prices=None)
+    s = result.reaper.summary()
+    assert (s["warnings"], s["stops"], s["warnings_without_stop"]) == (2, 1, 1)
+    assert s["warnings_without_stop_share"] == 0.5
+
+
+def test_unwanted_stop_share_counts_stops_with_activity_within_the_limit() -> None:
+    # Two stops: after the first the machine is busy again 10 min later (unwanted within 60), after
+    # the second 2 h later (wanted gone).
+    stretch = [QUIET] * 8
+    cpu = [BUSY] + stretch + [QUIET] * 2 + [BUSY] + stretch + [QUIET] * 24 + [BUSY]
+    t = trace(csv_rows("i-1", cpu))
+    s = replay(t, ReplayOptions(policies=SHORT_POLICY), prices=None).reaper.summary()
+    assert (s["stops"], s["stops_followed_by_activity"], s["unwanted_stop_share"]) == (2, 1, 0.5)
+    s = replay(t, ReplayOptions(policies=SHORT_POLICY, still_wanted_minutes=5), prices=None).reaper.summary()
+    assert (s["stops_followed_by_activity"], s["unwanted_stop_share"]) == (0, 0.0)
+
+
+def _run(iid: str, owner: str, first: int, buckets: int, warned: list[int]) -> MachineRun:
+    run = MachineRun(iid, "t", "", first, buckets, 0, 0, owner=owner)
+    run.warning_buckets = warned
+    return run
+
+
+def test_one_message_per_owner_per_sweep_and_owner_days_per_utc_day() -> None:
+    day = 288  # 5-min buckets in a day
+    runs = [
+        _run("a", "ana", 0, day, [10, 20]),
+        _run("b", "ana", 0, 2 * day, [10, day + 5]),  # warned in the same sweep as a at 10: one message
+        _run("c", "bo", day, day, [day + 5]),
+    ]
+    messages, owner_days = count_messages(runs, 300)
+    assert messages == 3 + 1  # ana: sweeps 10, 20, day+5; bo: day+5
+    assert owner_days == 2 + 1  # ana on days 0 and 1, bo on day 1
+
+
+def test_owner_and_user_columns_are_read_and_bucketed_to_the_minimum() -> None:
+    header = "timestamp,instance_id,cpu,user,owner"
+    rows = [
+        "2026-01-05T00:01:00Z,i-1,3,12,ana@example.com",
+        "2026-01-05T00:04:00Z,i-1,3,2,",
+        "2026-01-05T00:06:00Z,i-1,3,,ana@example.com",
+        "2026-01-05T00:11:00Z,i-1,3,10080,",
+    ]
+    [s] = trace(rows, header).series
+    assert s.owner == "ana@example.com"
+    assert len(s.user) == 3 and s.user[0] == 2.0 and math.isnan(s.user[1]) and s.user[2] == 10080.0
+
+
+@pytest.mark.parametrize(
+    ("cell", "message"),
+    [("-1", "not minutes from 0 to 10080"), ("10081", "not minutes from 0 to 10080"), ("soon", "not a number")],
+)
+def test_a_bad_user_value_names_the_line_and_column(cell: str, message: str) -> None:
+    with pytest.raises(TraceError, match=rf"test.csv:3: column 'user': .*{message}"):
+        trace(["2026-01-05T00:00:00Z,i-1,3,5", f"2026-01-05T00:05:00Z,i-1,3,{cell}"], "timestamp,instance_id,cpu,user")
+
+
+def test_an_owner_that_changes_within_an_instance_is_an_error() -> None:
+    with pytest.raises(TraceError, match="column 'owner'"):
+        trace(["2026-01-05T00:00:00Z,i-1,3,ana", "2026-01-05T00:05:00Z,i-1,3,bo"], "timestamp,instance_id,cpu,owner")
