@@ -84,6 +84,9 @@ class Signals:
     network_in: Sequence[Point] = ()
     network_out: Sequence[Point] = ()
     complete: bool = True
+    # CWAgent idle_reaper_minutes_since_input (Minimum): minutes since a person's last input, 0-10080
+    # (HUMAN_NONE = none seen). No points: the collector is not running, no information either way.
+    user: Sequence[Point] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,9 @@ class Assessment:
     interrupted_at: datetime | None = None
     observed_until: datetime | None = None  # end of the newest datapoint every track has
     quiet_summary: str = ""  # what the quiet stretch looked like, for warnings ("why it counts as idle")
+    # The human-activity signal: a person active within human_active_minutes, none, no usable data,
+    # or "off" (the policy ignores it).
+    human_signal: Literal["active", "quiet", "missing", "off"] = "off"
 
     @property
     def why_quiet(self) -> str:
@@ -176,6 +182,29 @@ def is_gpu_type(instance_type: str, gpu_families: Iterable[str]) -> bool:
     return family in set(gpu_families) or bool(_GPU_FAMILY.match(family))
 
 
+HUMAN_NONE = 10080.0  # the collector's "no human input seen" (a week, in minutes)
+
+
+def last_human_input(points: Sequence[Point], now: datetime) -> tuple[datetime | None, int]:
+    """The latest human input the user track shows (datapoint time - minutes since input), and how many
+    datapoints were garbage and ignored: negative, over HUMAN_NONE, NaN, or an input time in the future
+    (a skewed clock). HUMAN_NONE means no input seen: a valid point that names no input."""
+    latest: datetime | None = None
+    bad = 0
+    for t, minutes in points:
+        if not 0.0 <= minutes <= HUMAN_NONE:  # also NaN
+            bad += 1
+            continue
+        if minutes == HUMAN_NONE:
+            continue
+        at = t - timedelta(minutes=minutes)
+        if at > now or t > now:
+            bad += 1
+            continue
+        latest = at if latest is None or at > latest else latest
+    return latest, bad
+
+
 def assess(
     machine: Machine,
     signals: Signals,
@@ -220,6 +249,22 @@ def assess(
     maxima: dict[str, float | None] = {}
     latest_high: tuple[datetime, _Track, float] | None = None
     interrupted_at: datetime | None = None  # end of the newest activity or data hole seen
+    # A person at the keyboard: active from their last input for human_active_minutes, like a busy bucket.
+    human: Literal["active", "quiet", "missing", "off"] = "off"
+    human_until: datetime | None = None  # the end of the newest human activity
+    last_input: datetime | None = None
+    if policy.human_active_minutes:
+        last_input, bad = last_human_input(signals.user, now)
+        if bad:
+            notes.append(f"ignored {bad} unusable human-activity value{'s' if bad > 1 else ''}")
+        if len(signals.user) == bad:  # said on the Assessment (status shows it), not in every reason
+            human = "missing"
+        elif last_input is None:
+            human = "quiet"
+        else:
+            human_until = min(now, last_input + timedelta(minutes=policy.human_active_minutes))
+            interrupted_at = human_until
+            human = "active" if human_until > window_start else "quiet"
     for track in tracks:
         windowed = in_window(track.points)
         maxima[track.label] = max((v for _, v in windowed), default=None)
@@ -253,6 +298,7 @@ def assess(
             interrupted_at=interrupted_at,
             observed_until=observed_until,
             quiet_summary=summary,
+            human_signal=human,
         )
 
     observed_until = (
@@ -272,6 +318,13 @@ def assess(
         newest = min(track.points[-1][0] for track in tracks)
         quiet = quiet_since if quiet_since <= newest else None
 
+    if human == "active" and last_input and human_until and (latest_high is None or human_until >= latest_high[0]):
+        return result(
+            "busy",
+            f"a person was active at {last_input:%H:%M} UTC, within human_active_minutes "
+            f"({policy.human_active_minutes}) of the {policy.idle_minutes}-min window",
+            quiet,
+        )
     if latest_high is not None:
         t_high, track, value = latest_high
         return result(

@@ -258,6 +258,14 @@ class TeamPolicy(_Strict):
         le=60,
         description="Largest hole in the metrics (and lag at the end) that still counts as covered.",
     )
+    human_active_minutes: int | None = Field(
+        30,
+        ge=0,
+        le=1440,
+        description="A person's input (SSH, Jupyter, VS Code; the on-machine collector's "
+        "idle_reaper_minutes_since_input) within this many minutes of any moment of the window means busy. "
+        "0 or null: ignore the signal. A machine without the collector is judged on CPU/GPU alone.",
+    )
     # Slack: who hears about a warning, who may answer it, and how long they may keep a machine.
     notify: Literal["owner", "channel", "both"] = Field(
         "both", description="Where warnings go: the owner's DMs, the team channel, or both."

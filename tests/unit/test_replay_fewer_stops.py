@@ -8,11 +8,13 @@ warning at 20 min of quiet (the sweep at the start of bucket k sees buckets < k)
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 import pytest
-from replay_support import SHORT_POLICY, csv_rows, trace
+from replay_support import SHORT, SHORT_POLICY, T0, csv_rows, trace, ts
 
-from idle_reaper_tools.replay import ReplayOptions, TraceError, replay
+from idle_reaper.policy import TeamPolicy
+from idle_reaper_tools.replay import PolicySet, ReplayOptions, TraceError, replay
 from idle_reaper_tools.replay.report import count_messages
 from idle_reaper_tools.replay.simulate import MachineRun
 
@@ -85,3 +87,37 @@ def test_a_bad_user_value_names_the_line_and_column(cell: str, message: str) -> 
 def test_an_owner_that_changes_within_an_instance_is_an_error() -> None:
     with pytest.raises(TraceError, match="column 'owner'"):
         trace(["2026-01-05T00:00:00Z,i-1,3,ana", "2026-01-05T00:05:00Z,i-1,3,bo"], "timestamp,instance_id,cpu,owner")
+
+
+def _notebook_trace() -> list[str]:
+    """A notebook at 1 % CPU for 3 h: a person types until 00:53 (each sample: input 2 min before it),
+    then the collector counts the minutes since that last input."""
+    rows = []
+    for i in range(36):
+        user = 2 if i < 12 else 2 + 5 * (i - 11)
+        rows.append(f"{ts(i)},nb-1,1,{user},ana")
+    return rows
+
+
+def test_a_person_at_the_keyboard_holds_the_stop_and_the_replay_names_it() -> None:
+    header = "timestamp,instance_id,cpu,user,owner"
+    t = trace(_notebook_trace(), header)
+    # Short policy (30-min window) plus the default human_active_minutes 30: the last input at 00:53
+    # counts as activity until 01:23, then 30 quiet minutes (the window) end at 01:53: the sweep at
+    # 01:55 stops it, with no person active in the 30 minutes before.
+    s = replay(t, ReplayOptions(policies=SHORT_POLICY), prices=None)
+    [stop] = s.reaper.stops
+    assert stop.at == T0 + timedelta(minutes=115) and not stop.person_active
+    assert s.reaper.summary()["person_active_stops"] == 0
+    # The signal off: warned once a window from launch (00:30), stopped at 00:40 while the person types.
+    off = PolicySet(default=TeamPolicy(**SHORT, human_active_minutes=0))  # type: ignore[arg-type]
+    s = replay(t, ReplayOptions(policies=off), prices=None)
+    assert s.reaper.stops[0].at == T0 + timedelta(minutes=40) and s.reaper.stops[0].person_active
+    assert s.reaper.summary()["person_active_stops"] >= 1
+
+
+def test_the_fast_path_changes_nothing_with_a_user_column() -> None:
+    t = trace(_notebook_trace(), "timestamp,instance_id,cpu,user,owner")
+    fast = replay(t, ReplayOptions(policies=SHORT_POLICY), prices=None).reaper.summary()
+    slow = replay(t, ReplayOptions(policies=SHORT_POLICY, fast_path=False), prices=None).reaper.summary()
+    assert {k: v for k, v in fast.items() if k != "core_calls"} == {k: v for k, v in slow.items() if k != "core_calls"}

@@ -23,6 +23,7 @@ FIGURES = {
     "stopped_hours",
     "stops",
     "false_stops",
+    "person_active_stops",
     "stops_followed_by_activity",
     "unwanted_stop_share",
     "warnings",

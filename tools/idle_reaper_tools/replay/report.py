@@ -31,6 +31,7 @@ class Totals:
     stopped: int = 0
     stops: int = 0
     false_stops: int = 0
+    person_active_stops: int = 0
     wanted: int = 0
     warnings: int = 0
     silent_warnings: int = 0
@@ -52,6 +53,7 @@ class Totals:
         self.stopped += run.stopped
         self.stops += len(run.stops)
         self.false_stops += sum(s.false_stop for s in run.stops)
+        self.person_active_stops += sum(s.person_active for s in run.stops)
         self.wanted += sum(
             s.resumed_after_minutes is not None and s.resumed_after_minutes <= wanted_minutes for s in run.stops
         )
@@ -98,6 +100,7 @@ class Result:
             "stopped_hours": round(self.hours(t.stopped), 3),
             "stops": t.stops,
             "false_stops": t.false_stops,
+            "person_active_stops": t.person_active_stops,
             "stops_followed_by_activity": t.wanted,
             "unwanted_stop_share": round(t.wanted / t.stops, 4) if t.stops else None,
             "warnings": t.warnings,
@@ -230,6 +233,10 @@ def format_report(r: Replay, max_events: int = 8) -> str:
         ("recovery ratio", lambda s: _num(s["recovery_ratio"], "{:.1%}")),
         ("stops", lambda s: f"{s['stops']:,}"),
         ("false stops (busy within the window)", lambda s: f"{s['false_stops']:,}"),
+        (
+            f"stops with a person active <= {r.options.person_minutes} min before",
+            lambda s: f"{s['person_active_stops']:,}",
+        ),
         (f"stops followed by activity <= {wanted} min", lambda s: f"{s['stops_followed_by_activity']:,}"),
         ("  as a share of stops (unwanted stops)", lambda s: _num(s["unwanted_stop_share"], "{:.1%}")),
         ("warnings", lambda s: f"{s['warnings'] + s['silent_warnings']:,}"),

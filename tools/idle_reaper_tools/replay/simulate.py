@@ -66,6 +66,7 @@ class StopEvent:
     reason: str
     false_stop: bool  # a busy bucket in the window before the stop
     resumed_after_minutes: float | None  # activity after the stop (the owner wanted it back); None: never
+    person_active: bool = False  # the trace's `user` column shows a person's input shortly before the stop
 
 
 @dataclass
@@ -103,6 +104,8 @@ class ReplayOptions:
     seed: int = 0
     default_instance_type: str | None = None  # for machines whose trace has no instance_type
     timeline: bool = False
+    # A stop with a person's input within this many minutes before it is counted (person_active_stops).
+    person_minutes: int = 30
     # Skip calling the core when its answer is already determined (see _replay_reaper). Off: call it
     # every period, the reference the fast path is tested against.
     fast_path: bool = True
@@ -127,18 +130,41 @@ class _Clock:
         return out
 
 
+def _person_active(series: Series | None, at: int, at_time: datetime, minutes: int, period_seconds: int) -> bool:
+    """Whether the `user` column shows a person's input within `minutes` before the start of bucket `at`
+    (a datapoint at t saying v minutes since input: input at t - v)."""
+    if series is None or not series.user:
+        return False
+    lookback = math.ceil(minutes * 60 / period_seconds) + 1
+    since = at_time.timestamp() - minutes * 60
+    for j in range(max(0, at - lookback), at):
+        v = series.user[j]
+        if v == v and (series.first_bucket + j) * period_seconds - v * 60 >= since:
+            return True
+    return False
+
+
 def _record_stop(
-    run: MachineRun, truth: Truth, at: int, reason: str, at_time: datetime, window: int, clock: _Clock
+    run: MachineRun,
+    truth: Truth,
+    at: int,
+    reason: str,
+    at_time: datetime,
+    window: int,
+    clock: _Clock,
+    person: tuple[Series, int] | None = None,
 ) -> int | None:
-    """Book a stop issued at the start of bucket `at`; return the bucket where the machine restarts."""
+    """Book a stop issued at the start of bucket `at`; return the bucket where the machine restarts.
+    person: the machine's series and the minutes of input before the stop that count as a person active."""
     n = run.buckets
     false_stop = truth.busy_between(at - window, at)
+    person_active = person is not None and _person_active(person[0], at, at_time, person[1], clock.period_seconds)
     restart = next((j for j in range(at, n) if truth.busy[j]), None)
     end = n if restart is None else restart
     run.stopped += end - at
     run.recovered += sum(truth.quiet[at:end])
     resumed = None if restart is None else (restart - at) * clock.period_seconds / 60
-    run.stops.append(StopEvent(run.instance_id, at_time, reason, false_stop, resumed))
+    run.stops.append(StopEvent(run.instance_id, at_time, reason, false_stop, resumed, person_active))
     if run.timeline is not None:
         run.timeline[at:end] = bytes([STOPPED]) * (end - at)
         if restart is not None:
@@ -186,11 +212,15 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
     use_net = policy.network_threshold_bytes_per_second is not None
     seconds = float(period_seconds)
     gpu_blind_unknown = is_gpu_type(series.instance_type, families) and policy.missing_gpu_metrics == "busy"
-    busy = truth.busy
+    busy = truth.track_busy or truth.busy  # the fast path below holds for a busy metric, not a person
+    user = series.user
+    use_user = bool(user) and bool(policy.human_active_minutes)
     # seen[i]: buckets before i with any datapoint the core reads; an empty window costs O(1) to spot.
     seen = [0] * (n + 1)
     for i in range(n):
-        seen[i + 1] = seen[i] + (cpu[i] == cpu[i] or gpu[i] == gpu[i] or (use_net and net[i] == net[i]))
+        seen[i + 1] = seen[i] + (
+            cpu[i] == cpu[i] or gpu[i] == gpu[i] or (use_net and net[i] == net[i]) or (use_user and user[i] == user[i])
+        )
     run = _new_run(series, truth, window)
     if opts.timeline:
         run.timeline = bytearray([UNKNOWN]) * n
@@ -236,6 +266,7 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
             gpu=[(times[i], v) for i in range(lo, k) if (v := gpu[i]) == v],
             network_in=[(times[i], v * seconds) for i in range(lo, k) if (v := net[i]) == v] if use_net else (),
             network_out=[(times[i], 0.0) for i in range(lo, k) if net[i] == net[i]] if use_net else (),
+            user=[(times[i], v) for i in range(lo, k) if (v := user[i]) == v] if use_user else (),
         )
         assessment = assess(machine, signals, in_force, now=now, period=period, gpu_families=families)
         decision = decide(machine, ref, assessment, record, now=now)
@@ -247,7 +278,8 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
             warning_open = False
         if decision.action in REAP_ACTIONS and decision.applied:
             warning_open = False
-            restart = _record_stop(run, truth, k, decision.reason, now, window, clock)
+            person = (series, opts.person_minutes)
+            restart = _record_stop(run, truth, k, decision.reason, now, window, clock, person)
             if restart is None:
                 break
             # A stopped machine reports nothing; its owner starts it again where the trace shows activity.
@@ -308,7 +340,8 @@ def _replay_cpu_alarm(series: Series, truth: Truth, opts: ReplayOptions, clock: 
         breaching = breaching + 1 if v < threshold else 0  # NaN: missing, not breaching
         if breaching >= window:
             reason = f"CPUUtilization < {threshold:g}% for {window} consecutive datapoints"
-            restart = _record_stop(run, truth, i + 1, reason, times[i + 1], window, clock)
+            person = (series, opts.person_minutes)
+            restart = _record_stop(run, truth, i + 1, reason, times[i + 1], window, clock, person)
             if restart is None:
                 break
             breaching = 0
