@@ -121,3 +121,42 @@ def test_the_fast_path_changes_nothing_with_a_user_column() -> None:
     fast = replay(t, ReplayOptions(policies=SHORT_POLICY), prices=None).reaper.summary()
     slow = replay(t, ReplayOptions(policies=SHORT_POLICY, fast_path=False), prices=None).reaper.summary()
     assert {k: v for k, v in fast.items() if k != "core_calls"} == {k: v for k, v in slow.items() if k != "core_calls"}
+
+
+def test_sweep_policy_replays_each_setting_against_the_first_ideal() -> None:
+    from idle_reaper_tools.replay.report import sweep_policies
+
+    stretch = [QUIET] * 8
+    cpu = [BUSY] + stretch + [QUIET] * 2 + [BUSY] + stretch + [QUIET] * 24 + [BUSY]
+    points = sweep_policies(trace(csv_rows("i-1", cpu)), ReplayOptions(policies=SHORT_POLICY), ['{"idle_minutes": 60}'])
+    first, longer = points
+    assert (first.label, longer.label) == ("as given", '{"idle_minutes": 60}')
+    assert first.recovery_vs_base == first.summary["recovery_ratio"]
+    # A 60-min window skips the short stretch (no unwanted stop) and recovers less of the first ideal.
+    assert (first.summary["stops"], longer.summary["stops"]) == (2, 1)
+    assert longer.summary["unwanted_stop_share"] == 0.0
+    assert longer.recovery_vs_base is not None and first.recovery_vs_base is not None
+    assert longer.recovery_vs_base < first.recovery_vs_base
+
+
+def test_a_bad_sweep_policy_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from replay_support import DATA
+
+    from idle_reaper_tools.cli import main
+
+    assert main(["replay", str(DATA / "replay-cpu-box.csv"), "--sweep-policy", '{"idle_minutes": 5}']) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "invalid --sweep-policy" in err and "idle_minutes" in err
+
+
+def test_the_pareto_plot_has_a_dot_per_setting() -> None:
+    pytest.importorskip("matplotlib")
+    from idle_reaper_tools.replay.plotting import draw_sweep
+    from idle_reaper_tools.replay.report import sweep_policies
+
+    cpu = [BUSY] + [QUIET] * 30 + [BUSY]
+    overrides = ['{"idle_minutes": 60}', '{"adaptive_wait_max_minutes": 0}']
+    points = sweep_policies(trace(csv_rows("i-1", cpu)), ReplayOptions(policies=SHORT_POLICY), overrides)
+    [ax, _colorbar] = draw_sweep(points, "t").axes
+    assert len(ax.collections[0].get_offsets()) == 3
+    assert [t.get_text() for t in ax.texts] == ["as given", *overrides]

@@ -173,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed for the assumed snoozes (default 0)")
     p.add_argument(
+        "--sweep-policy",
+        action="append",
+        metavar="JSON",
+        help="also replay with these team-policy fields merged in (repeatable), e.g. '{\"idle_minutes\": 180}': "
+        "a table, and with --plot a Pareto PNG (recovery against unwanted stops)",
+    )
+    p.add_argument(
         "--period-minutes", type=positive_minutes, default=5, help="metric period and sweep interval (default 5)"
     )
     p.add_argument("--instance-type", help="instance type assumed for machines the trace gives none (for prices)")

@@ -7,12 +7,14 @@ and Replay.to_json() present it. What each figure means is in docs/replay.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from idle_reaper.policy import parse_team_policy
 from idle_reaper.pricing import DEFAULT_PRICES
+from idle_reaper_tools.replay.policies import PolicySet
 from idle_reaper_tools.replay.simulate import MachineRun, ReplayOptions, StopEvent, fleet_timeline, simulate_fleet
 from idle_reaper_tools.replay.trace import Trace
 
@@ -304,4 +306,67 @@ def format_report(r: Replay, max_events: int = 8) -> str:
                 tag = "FALSE STOP" if e.false_stop else "wanted back"
                 back = "" if e.resumed_after_minutes is None else f", activity {e.resumed_after_minutes:.0f} min later"
                 lines.append(f"  {e.at:%Y-%m-%d %H:%M} {e.instance_id} {tag}{back}: {e.reason[:110]}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One policy setting of a --sweep-policy run: its label and its fleet figures."""
+
+    label: str
+    summary: dict[str, Any]
+    recovery_vs_base: float | None  # recovered hours / the ideal under the first setting's window
+
+
+def sweep_policies(trace: Trace, options: ReplayOptions, overrides: Sequence[str]) -> list[SweepPoint]:
+    """The replay under the given policy, then under each override (a JSON object of team-policy fields
+    merged over it, as an SSM team parameter is), for a Pareto plot: recovery against unwanted stops.
+    Recovery is measured against the ideal of the unchanged policy, so settings with longer waits show
+    what they give up. Raises PolicyError naming the bad override."""
+    base = options.policies
+    settings: list[tuple[str, PolicySet]] = [("as given", base)]
+    for i, text in enumerate(overrides):
+        name = f"--sweep-policy #{i + 1}"
+        default = parse_team_policy(name, text, base.default)
+        teams = {t: parse_team_policy(f"{name} teams.{t}", text, p) for t, p in base.teams.items()}
+        settings.append((" ".join(text.split()), replace(base, default=default, teams=teams)))
+    points: list[SweepPoint] = []
+    base_ideal: float | None = None
+    for label, policies in settings:
+        summary = replay(trace, replace(options, policies=policies, timeline=False), prices=None).reaper.summary()
+        if base_ideal is None:
+            base_ideal = summary["ideal_hours"]
+        ratio = round(summary["recovered_hours"] / base_ideal, 4) if base_ideal else None
+        points.append(SweepPoint(label, summary, ratio))
+    return points
+
+
+def format_sweep(points: Sequence[SweepPoint], unwanted_within: int) -> str:
+    header = (
+        "setting",
+        "recovered h",
+        "recovery",
+        "stops",
+        f"unwanted (<= {unwanted_within} min)",
+        "warnings without stop",
+        "false stops",
+    )
+    rows = [
+        (
+            p.label,
+            _num(p.summary["recovered_hours"]),
+            _num(p.recovery_vs_base, "{:.1%}"),
+            f"{p.summary['stops']:,}",
+            _num(p.summary["unwanted_stop_share"], "{:.1%}"),
+            _num(p.summary["warnings_without_stop_share"], "{:.1%}"),
+            f"{p.summary['false_stops']:,}",
+        )
+        for p in points
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["recovery is against the ideal of the first setting (the policy as given)"]
+    for row in [header, *rows]:
+        lines.append(
+            "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True)))
+        )
     return "\n".join(lines)
