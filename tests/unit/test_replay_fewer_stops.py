@@ -160,3 +160,20 @@ def test_the_pareto_plot_has_a_dot_per_setting() -> None:
     [ax, _colorbar] = draw_sweep(points, "t").axes
     assert len(ax.collections[0].get_offsets()) == 3
     assert [t.get_text() for t in ax.texts] == ["as given", *overrides]
+
+
+def test_the_people_generator_keeps_the_plain_fleet_and_adds_realistic_columns() -> None:
+    from testkit.generate_trace import USER_NONE, fleet
+
+    plain, people = fleet(12, 3, seed=3), fleet(12, 3, seed=3, people=True)
+    for a, b in zip(plain, people, strict=True):
+        assert a.instance_id == b.instance_id and b.owner.endswith("@example.com")
+        if a.kind != "notebook":  # only notebooks' writing afternoons change CPU
+            assert a.samples == b.samples
+        values = [v for v in b.user if v is not None]
+        assert all(0.0 <= v <= USER_NONE for v in values)
+        # No row, no user value: a stopped machine reports nothing.
+        assert all(v is None for v, s in zip(b.user, b.samples, strict=True) if s is None) or not b.user
+    typed = [m for m in people if any(v is not None and v < 5 for v in m.user)]
+    assert typed and all(m.kind in ("notebook", "dev", "forgotten") for m in typed)
+    assert any(all(v is None for v in m.user) for m in fleet(48, 2, seed=7, people=True))  # no collector
