@@ -3,12 +3,17 @@
 1. The shipped sample trace (testkit/sample-trace.csv.gz, see testkit/generate_trace.py) replayed through the
    real decision core, side by side with a CloudWatch alarm that stops an instance when CPU stays under
    the threshold for the idle window (no GPU, no warning): recovered hours, false stops, dollars.
-2. Replay speed: a generated fleet of 1,000 machines over 7 days at 5-minute samples, from the CSV
+2. Before and after the fewer-unwanted-stops work, side by side: "before" turns off the human-activity
+   signal and learned waiting (human_active_minutes 0, adaptive_wait_max_minutes 0), "after" is the
+   default policy. On the Bitbrains trace (../shared/traces, --clamp-utilization --skip-duplicates; the
+   whole trace, then the even-numbered VMs alone, which no constant was tuned on) and on the sample
+   trace with people (testkit/sample-trace-people.csv.gz).
+3. Replay speed: a generated fleet of 1,000 machines over 7 days at 5-minute samples, from the CSV
    file to the report: the realistic fleet (no rows while an owner has a machine stopped) and the
    densest one (every machine reports every period: 2 million rows). The target is under a minute on
    2 cores; the script exits 1 when either is slower.
 
-    python benchmarks/savings.py [--trace FILE] [--machines 1000] [--days 7] [--json]
+    python benchmarks/savings.py [--trace FILE] [--bitbrains FILE] [--machines 1000] [--days 7] [--json]
 """
 
 from __future__ import annotations
@@ -21,12 +26,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from idle_reaper_tools.replay import ReplayOptions, read_trace, replay
+from idle_reaper.policy import TeamPolicy
+from idle_reaper_tools.replay import PolicySet, ReplayOptions, Trace, read_trace, replay
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from testkit.generate_trace import generate  # (runs as a script: the repo root is not on the path)
 
 SAMPLE = Path(__file__).resolve().parent.parent / "testkit" / "sample-trace.csv.gz"
+PEOPLE = SAMPLE.with_name("sample-trace-people.csv.gz")
+BITBRAINS = Path(__file__).resolve().parents[2] / "shared" / "traces" / "bitbrains-rnd-2013-07-100vms.csv.gz"
+BEFORE = TeamPolicy(human_active_minutes=0, adaptive_wait_max_minutes=0)
+BEFORE_AFTER_KEYS = (
+    ("recovery_ratio", "recovery (of the ideal)", "{:.1%}"),
+    ("stops", "stops", "{:,}"),
+    ("false_stops", "false stops", "{:,}"),
+    ("person_active_stops", "stops, a person active <= 30 min before", "{:,}"),
+    ("unwanted_stop_share", "unwanted stops (back <= 60 min)", "{:.1%}"),
+    ("warnings", "warnings", "{:,}"),
+    ("warnings_without_stop_share", "warnings that led to no stop", "{:.1%}"),
+    ("messages_per_owner_day", "messages per owner-day", "{:.2f}"),
+)
 TARGET_SECONDS = 60.0
 
 
@@ -34,6 +53,31 @@ def compare(path: Path) -> dict[str, Any]:
     trace = read_trace(path)
     result = replay(trace, ReplayOptions(), baseline="cloudwatch-cpu")
     return result.to_json()
+
+
+def before_after(trace: Trace) -> dict[str, dict[str, Any]]:
+    """The fleet figures under the old behaviour and under the default policy."""
+    return {
+        name: replay(trace, ReplayOptions(policies=policies), prices=None).reaper.summary()
+        for name, policies in (("before", PolicySet(default=BEFORE)), ("after", PolicySet()))
+    }
+
+
+def held_out(trace: Trace) -> Trace:
+    """The even-numbered machines (bb-2, bb-4, ...): the half no constant was tuned on."""
+    kept = [
+        s
+        for s in trace.series
+        if s.instance_id.rsplit("-", 1)[-1].isdigit() and int(s.instance_id.rsplit("-", 1)[-1]) % 2 == 0
+    ]
+    return Trace(trace.source + " (even VMs)", trace.period_seconds, kept)
+
+
+def print_before_after(name: str, figures: dict[str, dict[str, Any]]) -> None:
+    print(f"Before / after on {name}")
+    for key, label, fmt in BEFORE_AFTER_KEYS:
+        print(_row(label, figures["before"][key], figures["after"][key], fmt))
+    print()
 
 
 def timing(machines: int, days: int, always_on: bool) -> dict[str, Any]:
@@ -79,6 +123,7 @@ def _row(label: str, a: Any, b: Any, fmt: str = "{:,.1f}") -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", type=Path, default=SAMPLE, help="trace to compare on (default: the sample)")
+    parser.add_argument("--bitbrains", type=Path, default=BITBRAINS, help="the Bitbrains trace (skipped if absent)")
     parser.add_argument("--machines", type=int, default=1000)
     parser.add_argument("--days", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -86,10 +131,17 @@ def main(argv: list[str] | None = None) -> int:
 
     report = compare(args.trace)
     base = report["baseline"]
+    comparisons: dict[str, dict[str, dict[str, Any]]] = {}
+    if args.bitbrains.exists():
+        bitbrains = read_trace(args.bitbrains, clamp_utilization=True, skip_duplicates=True)
+        comparisons[args.bitbrains.name] = before_after(bitbrains)
+        comparisons[f"{args.bitbrains.name}, even VMs (kept aside)"] = before_after(held_out(bitbrains))
+    comparisons[PEOPLE.name] = before_after(read_trace(PEOPLE))
     speeds = [timing(args.machines, args.days, always_on) for always_on in (False, True)]
     fast_enough = all(speed["total_seconds"] < TARGET_SECONDS for speed in speeds)
     if args.json:
-        print(json.dumps({"sample": report, "timing": speeds, "fast_enough": fast_enough}, indent=2))
+        out = {"sample": report, "before_after": comparisons, "timing": speeds, "fast_enough": fast_enough}
+        print(json.dumps(out, indent=2))
         return 0 if fast_enough else 1
 
     print(
@@ -122,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         dollars = f"${t['dollars_saved']:>10,.0f}  ${b['dollars_saved']:>10,.0f}"
         print(f"  {team:<12}{dollars}  {b['false_stops']:>6,} false stops")
     print()
+    print(f"  {'':<40}{'before':>16}{'after (default)':>24}")
+    for name, figures in comparisons.items():
+        print_before_after(name, figures)
     print(f"Replay speed: {args.machines:,} machines x {args.days} days at 5-min samples, CSV file to report")
     for speed in speeds:
         share = speed["core_calls"] / speed["machine_periods"] if speed["machine_periods"] else 0.0

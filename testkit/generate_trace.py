@@ -2,6 +2,7 @@
 
     python -m testkit.generate_trace                      # the shipped sample: testkit/sample-trace.csv.gz
     python -m testkit.generate_trace --machines 1000 --days 7 -o /tmp/fleet.csv.gz
+    python -m testkit.generate_trace --people              # testkit/sample-trace-people.csv.gz
 
 Columns: timestamp (ISO-8601 UTC, on the 5-minute grid), instance_id, cpu, gpu (empty for CPU machines
 and where the GPU metric is missing), team, instance_type. CPU and GPU are the period's Maximum in
@@ -24,6 +25,16 @@ The fleet mixes the patterns an ML team's bill is made of (each machine's name s
 - a few GPU machines (name ending in -gpugaps) whose CloudWatch agent drops the GPU metric for hours.
 
 Idle machines are not flat zero: background CPU wanders between 0.2 % and 3 % with rare blips to 4.5 %.
+
+With --people (testkit/sample-trace-people.csv.gz) two more columns come from a second random stream,
+so the machines' CPU and GPU stay those of the plain sample except where noted:
+- user: minutes since the last human input, as the activity collector publishes it (Minimum per
+  period; 10080 = none seen). People type during work bursts and short pauses (reading, writing code),
+  not in meetings (pauses of 45 min or more), lunch, evenings or weekends. On some afternoons a
+  notebook's owner writes for 1.5-2.5 h without running anything: CPU at idle level, a person at the
+  keyboard (these afternoons replace the notebook's samples: the one change to CPU). One machine in
+  six has no collector: its user cells are empty (unknown).
+- owner: an email; owners hold one or two machines of their team.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ PER_HOUR = 12
 PER_DAY = 24 * PER_HOUR
 DEFAULT_START = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday
 DEFAULT_OUT = Path(__file__).with_name("sample-trace.csv.gz")
+PEOPLE_OUT = Path(__file__).with_name("sample-trace-people.csv.gz")
 
 Sample = tuple[float, float | None] | None  # (cpu, gpu or None), or None: stopped, no row
 
@@ -57,6 +69,9 @@ class Machine:
     tz_hours: int  # the owner's offset from UTC: office hours are local
     gpu: bool
     samples: list[Sample] = field(default_factory=list)
+    typing: list[tuple[int, int]] = field(default_factory=list)  # periods [start, end) a person is at the keyboard
+    user: list[float | None] = field(default_factory=list)  # minutes since input per period (--people)
+    owner: str = ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,8 +143,10 @@ def office_session(t: Timeline, start: int, end: int) -> None:
     while i < end:
         burst = rng.randint(3, 12)
         t.fill(i, min(end, i + burst), interactive)
-        i += burst
         pause = rng.choice([2, 3, 4, 6, 9, 12, 16])
+        # At the keyboard during the burst and a short pause (reading, writing); away in a meeting.
+        t.m.typing.append((i, min(end, i + burst + (pause if pause < 9 else 0))))
+        i += burst
         t.fill(i, min(end, i + pause), idle)
         i += pause
 
@@ -255,7 +272,7 @@ KINDS: dict[str, tuple[float, str, tuple[str, ...], Callable[[Timeline, int], No
 TIME_ZONES = (-8, -5, 0, 1, 2, 8)
 
 
-def fleet(machines: int, days: int, seed: int, always_on: bool = False) -> list[Machine]:
+def fleet(machines: int, days: int, seed: int, always_on: bool = False, people: bool = False) -> list[Machine]:
     """Deterministic: the same (machines, days, seed) gives the same fleet, machine by machine.
     always_on: nobody stops a machine by hand, so every machine reports every period from the start
     (the periods it would have been stopped are idle): the densest trace, for timing the replay."""
@@ -286,13 +303,51 @@ def fleet(machines: int, days: int, seed: int, always_on: bool = False) -> list[
             for i in range(periods):  # a rare lost datapoint: a short gap, not an error
                 if m.samples[i] is not None and t.rng.random() < 0.002:
                     m.samples[i] = None
+            if people:
+                add_people(m, n, random.Random(f"{seed}/{name}/people"))
             out.append(m)
     return out
 
 
+USER_NONE = 10080.0  # the collector's "no human input seen"
+
+
+def add_people(m: Machine, n: int, rng: random.Random) -> None:
+    """The owner, the writing afternoons of notebooks, and the user column (see the module docstring)."""
+    m.owner = f"{m.team}-{(n + 1) // 2:02d}@example.com"
+    periods = len(m.samples)
+    if m.kind == "notebook":
+        for day in range(periods // PER_DAY):
+            if weekday(day) and rng.random() < 0.3:
+                start = round((day * 24 + rng.uniform(14.0, 15.5) - m.tz_hours) * PER_HOUR)
+                length = rng.randint(18, 30)  # 1.5-2.5 h of writing at idle-level CPU
+                for i in range(max(0, start), min(periods, start + length)):
+                    if m.samples[i] is not None:
+                        m.samples[i] = idle(rng, m.gpu)
+                m.typing.append((start, start + length))
+    if rng.random() < 1 / 6:
+        m.user = [None] * periods  # no collector on this machine
+        return
+    typing = bytearray(periods)
+    for start, end in m.typing:
+        for i in range(max(0, start), min(periods, end)):
+            typing[i] = 1
+    last: float | None = None  # minutes since the start of the span of the last input
+    m.user = []
+    for i in range(periods):
+        if typing[i] and rng.random() < 0.8:
+            last = i * 5 + rng.uniform(0, 5)
+        m.user.append(
+            None
+            if m.samples[i] is None
+            else (USER_NONE if last is None else min(USER_NONE, max(0.0, round(i * 5 + 5 - last, 1))))
+        )
+
+
 def write_trace(machines: list[Machine], start: datetime, out: io.TextIOBase | io.TextIOWrapper) -> int:
     """Rows in time order, machines interleaved, as a CloudWatch export would list them."""
-    out.write("timestamp,instance_id,cpu,gpu,team,instance_type\n")
+    people = any(m.owner for m in machines)
+    out.write("timestamp,instance_id,cpu,gpu,team,instance_type" + (",user,owner\n" if people else "\n"))
     periods = len(machines[0].samples) if machines else 0
     rows = 0
     for i in range(periods):
@@ -303,18 +358,26 @@ def write_trace(machines: list[Machine], start: datetime, out: io.TextIOBase | i
             if s is None:
                 continue
             cpu, gpu = s
-            lines.append(
-                f"{ts},{m.instance_id},{cpu:g},{'' if gpu is None else f'{gpu:g}'},{m.team},{m.instance_type}\n"
-            )
+            row = f"{ts},{m.instance_id},{cpu:g},{'' if gpu is None else f'{gpu:g}'},{m.team},{m.instance_type}"
+            if people:
+                user = m.user[i] if m.user else None
+                row += f",{'' if user is None else f'{user:g}'},{m.owner}"
+            lines.append(row + "\n")
         out.write("".join(lines))
         rows += len(lines)
     return rows
 
 
 def generate(
-    path: Path, machines: int, days: int, seed: int, start: datetime = DEFAULT_START, always_on: bool = False
+    path: Path,
+    machines: int,
+    days: int,
+    seed: int,
+    start: datetime = DEFAULT_START,
+    always_on: bool = False,
+    people: bool = False,
 ) -> int:
-    fleet_ = fleet(machines, days, seed, always_on)
+    fleet_ = fleet(machines, days, seed, always_on, people)
     if path.suffix == ".gz":
         with (
             open(path, "wb") as raw,
@@ -332,12 +395,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days", type=int, default=14)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--start", default=DEFAULT_START.date().isoformat(), help="first day (UTC), a Monday")
-    parser.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help="a .csv or .csv.gz path")
+    parser.add_argument("-o", "--out", type=Path, help="a .csv or .csv.gz path (default: the shipped sample)")
+    parser.add_argument("--people", action="store_true", help="add the user and owner columns")
     parser.add_argument("--always-on", action="store_true", help="no machine is ever stopped by hand (densest)")
     args = parser.parse_args(argv)
     start = datetime.fromisoformat(args.start).replace(tzinfo=UTC)
-    rows = generate(args.out, args.machines, args.days, args.seed, start, args.always_on)
-    print(f"{args.out}: {rows:,} rows, {args.machines} machines x {args.days} days (seed {args.seed})", file=sys.stderr)
+    out = args.out or (PEOPLE_OUT if args.people else DEFAULT_OUT)
+    rows = generate(out, args.machines, args.days, args.seed, start, args.always_on, args.people)
+    print(f"{out}: {rows:,} rows, {args.machines} machines x {args.days} days (seed {args.seed})", file=sys.stderr)
     return 0
 
 

@@ -11,7 +11,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 from zoneinfo import ZoneInfo
@@ -84,6 +84,9 @@ class Signals:
     network_in: Sequence[Point] = ()
     network_out: Sequence[Point] = ()
     complete: bool = True
+    # CWAgent idle_reaper_minutes_since_input (Minimum): minutes since a person's last input, 0-10080
+    # (HUMAN_NONE = none seen). No points: the collector is not running, no information either way.
+    user: Sequence[Point] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,9 @@ class Assessment:
     interrupted_at: datetime | None = None
     observed_until: datetime | None = None  # end of the newest datapoint every track has
     quiet_summary: str = ""  # what the quiet stretch looked like, for warnings ("why it counts as idle")
+    # The human-activity signal: a person active within human_active_minutes, none, no usable data,
+    # or "off" (the policy ignores it).
+    human_signal: Literal["active", "quiet", "missing", "off"] = "off"
 
     @property
     def why_quiet(self) -> str:
@@ -176,6 +182,29 @@ def is_gpu_type(instance_type: str, gpu_families: Iterable[str]) -> bool:
     return family in set(gpu_families) or bool(_GPU_FAMILY.match(family))
 
 
+HUMAN_NONE = 10080.0  # the collector's "no human input seen" (a week, in minutes)
+
+
+def last_human_input(points: Sequence[Point], now: datetime) -> tuple[datetime | None, int]:
+    """The latest human input the user track shows (datapoint time - minutes since input), and how many
+    datapoints were garbage and ignored: negative, over HUMAN_NONE, NaN, or an input time in the future
+    (a skewed clock). HUMAN_NONE means no input seen: a valid point that names no input."""
+    latest: datetime | None = None
+    bad = 0
+    for t, minutes in points:
+        if not 0.0 <= minutes <= HUMAN_NONE:  # also NaN
+            bad += 1
+            continue
+        if minutes == HUMAN_NONE:
+            continue
+        at = t - timedelta(minutes=minutes)
+        if at > now or t > now:
+            bad += 1
+            continue
+        latest = at if latest is None or at > latest else latest
+    return latest, bad
+
+
 def assess(
     machine: Machine,
     signals: Signals,
@@ -220,6 +249,22 @@ def assess(
     maxima: dict[str, float | None] = {}
     latest_high: tuple[datetime, _Track, float] | None = None
     interrupted_at: datetime | None = None  # end of the newest activity or data hole seen
+    # A person at the keyboard: active from their last input for human_active_minutes, like a busy bucket.
+    human: Literal["active", "quiet", "missing", "off"] = "off"
+    human_until: datetime | None = None  # the end of the newest human activity
+    last_input: datetime | None = None
+    if policy.human_active_minutes:
+        last_input, bad = last_human_input(signals.user, now)
+        if bad:
+            notes.append(f"ignored {bad} unusable human-activity value{'s' if bad > 1 else ''}")
+        if len(signals.user) == bad:  # said on the Assessment (status shows it), not in every reason
+            human = "missing"
+        elif last_input is None:
+            human = "quiet"
+        else:
+            human_until = min(now, last_input + timedelta(minutes=policy.human_active_minutes))
+            interrupted_at = human_until
+            human = "active" if human_until > window_start else "quiet"
     for track in tracks:
         windowed = in_window(track.points)
         maxima[track.label] = max((v for _, v in windowed), default=None)
@@ -253,6 +298,7 @@ def assess(
             interrupted_at=interrupted_at,
             observed_until=observed_until,
             quiet_summary=summary,
+            human_signal=human,
         )
 
     observed_until = (
@@ -272,6 +318,13 @@ def assess(
         newest = min(track.points[-1][0] for track in tracks)
         quiet = quiet_since if quiet_since <= newest else None
 
+    if human == "active" and last_input and human_until and (latest_high is None or human_until >= latest_high[0]):
+        return result(
+            "busy",
+            f"a person was active at {last_input:%H:%M} UTC, within human_active_minutes "
+            f"({policy.human_active_minutes}) of the {policy.idle_minutes}-min window",
+            quiet,
+        )
     if latest_high is not None:
         t_high, track, value = latest_high
         return result(
@@ -370,6 +423,132 @@ class MachineRecord:
     # Delivery of the current warning, kept by the sweep (decide() carries them along untouched):
     warning_post_started_at: datetime | None = None  # a sweep began posting it and has not recorded the outcome
     delivery_error: str | None = None  # why it cannot be delivered, or that delivery is unknown: not posted again
+    # How the machine's last quiet stretches ended: their lengths in minutes, oldest first, comma-separated
+    # (format_history); the learned wait reads it. Bounded: HISTORY_SIZE stretches, each at most a week.
+    quiet_history: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Learned waiting: each machine's quiet stretches, and what they say about the current one
+
+HISTORY_SIZE = 24  # stretches kept per machine
+HISTORY_CAP_MINUTES = 10080  # a stretch longer than a week is kept as a week
+_HISTORY_MAX_CHARS = HISTORY_SIZE * len(f"23:{HISTORY_CAP_MINUTES},")
+UNWANTED_WITHIN_MINUTES = 60  # activity this soon after a stop means the stop was unwanted
+LEARN_MIN_STRETCHES = 3  # fewer stretches of a length than this teach nothing about it
+LEARN_SOON_SHARE = 0.25  # wait longer while more than this share of such stretches ended soon
+LEARN_STEP_MINUTES = 15
+LEARN_HOURS_AROUND = 1  # stretches that began within this many hours of the time of day count as alike
+
+Stretch = tuple[int, int]  # (UTC hour the quiet stretch began, its length in minutes)
+
+
+def parse_history(text: str) -> tuple[tuple[Stretch, ...], str]:
+    """The stretches a record's quiet_history holds ("hour:minutes,..." oldest first), and a note for the
+    log when it had to be reset (unreadable, out of range or oversized: a corrupted item must never fail
+    a sweep)."""
+    if not text:
+        return (), ""
+    parts = text.split(",")
+    if len(text) > _HISTORY_MAX_CHARS or len(parts) > HISTORY_SIZE:
+        return (), f"quiet history of {len(parts)} entries ({len(text)} characters) is oversized; reset to empty"
+    stretches: list[Stretch] = []
+    for part in parts:
+        hour, _, minutes = part.partition(":")
+        if not (hour.isascii() and hour.isdigit() and minutes.isascii() and minutes.isdigit()):
+            break
+        if int(hour) > 23 or int(minutes) > HISTORY_CAP_MINUTES:
+            break
+        stretches.append((int(hour), int(minutes)))
+    else:
+        return tuple(stretches), ""
+    shown = text if len(text) <= 40 else text[:39] + "…"
+    return (), f"quiet history {shown!r} is unreadable; reset to empty"
+
+
+def format_history(stretches: Iterable[Stretch]) -> str:
+    """The newest HISTORY_SIZE stretches, each capped at a week: what parse_history reads back."""
+    kept = [(hour % 24, min(HISTORY_CAP_MINUTES, max(0, int(m)))) for hour, m in stretches][-HISTORY_SIZE:]
+    return ",".join(f"{hour}:{m}" for hour, m in kept)
+
+
+def _with_stretch(record: MachineRecord, began: datetime, minutes: float, shortest: int) -> MachineRecord:
+    """The record with one more ended quiet stretch; ones too short to ever be warned teach nothing."""
+    if minutes < shortest:
+        return record
+    history, _ = parse_history(record.quiet_history)
+    hour = began.astimezone(UTC).hour
+    return replace(record, quiet_history=format_history([*history, (hour, round(minutes))]))
+
+
+@dataclass(frozen=True)
+class LearnedWait:
+    """What a machine's history changes about its warning: minutes added to the usual warning point
+    (negative: sooner), and why in words ("" when nothing was learned)."""
+
+    extra_minutes: int = 0
+    why: str = ""
+
+
+def _warn_point(policy: TeamPolicy) -> int:
+    return policy.idle_minutes - policy.warn_minutes
+
+
+def earliest_warn_minutes(policy: TeamPolicy) -> int:
+    """The team's minimum: the learned wait never warns before this much quiet."""
+    usual = _warn_point(policy)
+    earliest = policy.adaptive_earliest_warn_minutes
+    return usual if earliest is None else min(usual, earliest)
+
+
+def _alike(hour: int, began: int) -> bool:
+    apart = abs(hour - began) % 24
+    return min(apart, 24 - apart) <= LEARN_HOURS_AROUND
+
+
+def learned_wait(history: Sequence[Stretch], policy: TeamPolicy, began: datetime) -> LearnedWait:
+    """Deterministic and explainable. Only past stretches that began at about the same time of day as this
+    one (within LEARN_HOURS_AROUND hours, UTC) count: a lunch break is not a night. Warned at W minutes of
+    quiet, a stretch that then ends before the stop plus UNWANTED_WITHIN_MINUTES was a nudge (or a stop)
+    for nothing. While more than LEARN_SOON_SHARE of the stretches that reached W ended that soon, try
+    W + LEARN_STEP_MINUTES, up to the policy's adaptive_wait_max_minutes; with fewer than
+    LEARN_MIN_STRETCHES reaching W nothing is known and the search stops there. When none ended soon and
+    every one went on for hours, warn at the team's earliest."""
+    most = policy.adaptive_wait_max_minutes or 0
+    hour = began.astimezone(UTC).hour
+    alike = [m for h, m in history if _alike(h, hour)]
+    if not most or not alike:
+        return LearnedWait()
+    usual = _warn_point(policy)
+    soon_span = policy.warn_minutes + UNWANTED_WITHIN_MINUTES
+
+    def tally(point: int) -> tuple[int, int]:
+        reached = [m for m in alike if m >= point]
+        return sum(m < point + soon_span for m in reached), len(reached)
+
+    soon, reached = tally(usual)
+    extra = 0
+    while extra < most:
+        soon_here, reached_here = tally(usual + extra)
+        if reached_here < LEARN_MIN_STRETCHES or soon_here <= LEARN_SOON_SHARE * reached_here:
+            break
+        extra = min(most, extra + LEARN_STEP_MINUTES)
+    if extra:
+        return LearnedWait(
+            extra,
+            f"waits {extra} more min: {soon} of its last {reached} quiet stretches of {usual} min or more "
+            f"begun about this time of day ended within {soon_span} min",
+        )
+    earliest = earliest_warn_minutes(policy)
+    hours = usual + 2 * soon_span
+    long_ones = [m for m in alike if m >= earliest]
+    if earliest < usual and len(long_ones) >= LEARN_MIN_STRETCHES and min(long_ones) >= hours:
+        return LearnedWait(
+            earliest - usual,
+            f"warned {usual - earliest} min sooner: its last {len(long_ones)} quiet stretches of {earliest} min "
+            f"or more begun about this time of day all went on for {hours} min or more",
+        )
+    return LearnedWait()
 
 
 @dataclass(frozen=True)
@@ -473,14 +652,18 @@ TRANSITIONS: dict[Event, Transition] = {
     Event.SIGNALS_UNKNOWN: Transition(ANY_STATE, State.UNKNOWN, "unknown: {why}"),
     Event.BUSY: Transition(ANY_STATE, State.ACTIVE, "busy: {activity}{notes}"),
     Event.QUIET_AFTER_BUSY: Transition(
-        ANY_STATE, State.IDLE, _QUIET_FOR + "; last activity: {activity}; warning at {warn_at} min{notes}"
+        ANY_STATE, State.IDLE, _QUIET_FOR + "; last activity: {activity}; warning at {warn_at} min{learned}{notes}"
     ),
     Event.KEPT: Transition(ANY_STATE, State.SNOOZED, _QUIET_FOR + ", kept by {by} until {until}"),
     Event.QUIET: Transition(
-        ANY_STATE, State.IDLE, _QUIET_FOR + "; warning at {warn_at} min, stop at {idle_minutes} min: {why_quiet}"
+        ANY_STATE,
+        State.IDLE,
+        _QUIET_FOR + "; warning at {warn_at} min, stop at {stop_minutes} min{learned}: {why_quiet}",
     ),
     Event.WARNING_DUE: Transition(
-        ANY_STATE, State.WARNED, _QUIET_FOR + "; will {verb} at {stop_at:%H:%M} UTC unless kept{notes}: {why_quiet}"
+        ANY_STATE,
+        State.WARNED,
+        _QUIET_FOR + "; will {verb} at {stop_at:%H:%M} UTC unless kept{notes}{learned}: {why_quiet}",
     ),
     Event.WOULD_WARN: Transition(ANY_STATE, State.WARNED, _QUIET_FOR + ": {why_quiet}"),
     Event.WARNING_UNDELIVERED: Transition(
@@ -536,11 +719,12 @@ class _Sweep:
     def was_warned(self) -> bool:
         return self.record.state is State.WARNED and self.record.warned_at is not None
 
-    def decision(self, outcome: _Outcome, *, quiet_hours: bool = False, prefix: str = "") -> Decision:
+    def decision(self, outcome: _Outcome, *, quiet_hours: bool = False, prefix: str = "", note: str = "") -> Decision:
         """The transition `outcome.event` makes; under quiet hours nothing is posted to owners (the
-        record and the audit still say what happened); `prefix` says why a keep no longer holds."""
+        record and the audit still say what happened); `prefix` says why a keep no longer holds; `note`
+        is something the log must show (a quiet history reset)."""
         transition = TRANSITIONS[outcome.event]
-        reason = prefix + transition.explain(outcome.fields)
+        reason = prefix + transition.explain(outcome.fields) + (f" ({note})" if note else "")
         record = replace(outcome.record, state=transition.target, reason=reason)
         if outcome.action is not Action.NONE and outcome.applied:
             record = replace(record, last_action=outcome.action.value, last_action_at=self.now)
@@ -568,6 +752,12 @@ class _Stretch:
     warned: bool  # the record's warning was given in this quiet stretch, and sweeps kept watching since
     resolved: Notice | None  # "resolved": a warning was out and no longer applies
     record: MachineRecord  # the record to write, with idle_since, observed_at and the warning brought up to date
+    learned: LearnedWait = LearnedWait()  # what the machine's history moved the warning point by (in warn_at)
+    note: str = ""  # a quiet history that had to be reset, for the reason (and so the log)
+
+    @property
+    def learned_text(self) -> str:
+        return f"; {self.learned.why}" if self.learned.why else ""
 
 
 def decide(
@@ -600,13 +790,13 @@ def decide(
     stretch = _stretch(seen, policy, assessment)
     cap = _over_runtime_cap(machine, policy, now)
     if assessment.signal == "busy" and stretch.quiet < stretch.warn_at:
-        return seen.decision(_busy(seen, assessment, stretch, cap), quiet_hours=quiet_hours)
+        return seen.decision(_busy(seen, assessment, stretch, cap), quiet_hours=quiet_hours, note=stretch.note)
     # Quiet from here on: covered, and every track below its threshold since quiet_since, at least the
     # warning point ago when the window still holds activity.
     assert assessment.quiet_since is not None
     kept = record.snoozed_until is not None and now < record.snoozed_until
     if kept and not cap:
-        return seen.decision(_kept(record, stretch), quiet_hours=quiet_hours)
+        return seen.decision(_kept(record, stretch), quiet_hours=quiet_hours, note=stretch.note)
     prefix = CAP_OVERRIDES_KEEP.format(cap=cap, by=record.snoozed_by or "someone") if kept else ""
     if stretch.quiet < stretch.warn_at:
         outcome = _quiet(policy, assessment, stretch)
@@ -614,7 +804,7 @@ def decide(
         outcome = _warning_due(seen, policy, assessment, stretch)
     else:
         outcome = _after_warning(seen, policy, assessment, stretch)
-    return seen.decision(outcome, quiet_hours=quiet_hours, prefix=prefix)
+    return seen.decision(outcome, quiet_hours=quiet_hours, prefix=prefix, note=stretch.note)
 
 
 def _carried_over(record: MachineRecord, machine: Machine, ref: TeamPolicyRef, now: datetime) -> MachineRecord:
@@ -634,8 +824,8 @@ def _carried_over(record: MachineRecord, machine: Machine, ref: TeamPolicyRef, n
 
 
 def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stretch:
-    """The quiet stretch as this sweep sees it, and what of the record (idle-since, the warning) still
-    belongs to it."""
+    """The quiet stretch as this sweep sees it, what of the record (idle-since, the warning) still belongs
+    to it, and the warning point: the team's, moved by what the machine's past stretches teach."""
     record, now = seen.record, seen.now
     interrupted = assessment.interrupted_at
     # A warning (and an idle-since) counts only for this quiet stretch: activity or a data hole
@@ -647,14 +837,26 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stret
     continuous = watched and record.idle_since is not None and (interrupted is None or interrupted <= record.idle_since)
     idle_since = record.idle_since if continuous else assessment.quiet_since
     base = replace(seen.base, idle_since=idle_since if assessment.quiet_since else None, observed_at=now)
+    history, note = parse_history(base.quiet_history)
+    if note:
+        base = replace(base, quiet_history="")
+    if watched and not continuous and interrupted is not None and record.idle_since and record.observed_at:
+        # The last stretch ended in activity seen by watching sweeps: it lasted until the last sweep that
+        # saw it quiet.
+        ended = (record.observed_at - record.idle_since).total_seconds() / 60
+        base = _with_stretch(base, record.idle_since, ended, earliest_warn_minutes(policy))
+        history, _ = parse_history(base.quiet_history)
     if not warned:
         base = replace(base, warned_at=None, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
+    learned = learned_wait(history, policy, idle_since) if idle_since else LearnedWait()
     return _Stretch(
         quiet=assessment.quiet_minutes(now),
-        warn_at=policy.idle_minutes - policy.warn_minutes,
+        warn_at=_warn_point(policy) + learned.extra_minutes,
         warned=warned,
         resolved="resolved" if seen.was_warned and not warned else None,
         record=base,
+        learned=learned,
+        note=note,
     )
 
 
@@ -685,7 +887,13 @@ def _busy(seen: _Sweep, assessment: Assessment, stretch: _Stretch, cap: str) -> 
         Event.QUIET_AFTER_BUSY if stretch.quiet > 0 else Event.BUSY,
         action,
         stretch.record,
-        {"quiet": stretch.quiet, "activity": assessment.reason, "warn_at": stretch.warn_at, "notes": notes},
+        {
+            "quiet": stretch.quiet,
+            "activity": assessment.reason,
+            "warn_at": stretch.warn_at,
+            "learned": stretch.learned_text,
+            "notes": notes,
+        },
         applied=not seen.dry_run,
         notify=stretch.resolved,
     )
@@ -703,7 +911,8 @@ def _quiet(policy: TeamPolicy, assessment: Assessment, stretch: _Stretch) -> _Ou
     fields = {
         "quiet": stretch.quiet,
         "warn_at": stretch.warn_at,
-        "idle_minutes": policy.idle_minutes,
+        "stop_minutes": policy.idle_minutes + max(0, stretch.learned.extra_minutes),
+        "learned": stretch.learned_text,
         "why_quiet": assessment.why_quiet,
     }
     return _Outcome(Event.QUIET, Action.NONE, stretch.record, fields, notify=stretch.resolved)
@@ -729,6 +938,7 @@ def _warning_due(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, stret
         "verb": _verb(seen.machine, policy),
         "stop_at": stop_at,
         "notes": notes,
+        "learned": stretch.learned_text,
         "why_quiet": assessment.why_quiet,
     }
     return _Outcome(Event.WARNING_DUE, Action.WARN, record, fields, notify="warning", deliver_warning=True)
@@ -928,8 +1138,11 @@ def stopped_by_person(
 
 
 def started_by_person(record: MachineRecord, user: str, now: datetime) -> MachineRecord:
-    """Started again: a fresh grace window (the launch time resets the idle clock too)."""
+    """Started again: a fresh grace window (the launch time resets the idle clock too). The quiet stretch
+    the stop ended goes into the machine's history: it lasted until now."""
     start_again = TRANSITIONS[Event.START_AGAIN]
+    if record.idle_since is not None:
+        record = _with_stretch(record, record.idle_since, (now - record.idle_since).total_seconds() / 60, 0)
     return replace(
         record,
         version=record.version + 1,

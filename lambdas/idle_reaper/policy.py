@@ -258,6 +258,29 @@ class TeamPolicy(_Strict):
         le=60,
         description="Largest hole in the metrics (and lag at the end) that still counts as covered.",
     )
+    human_active_minutes: int | None = Field(
+        30,
+        ge=0,
+        le=1440,
+        description="A person's input (SSH, Jupyter, VS Code; the on-machine collector's "
+        "idle_reaper_minutes_since_input) within this many minutes of any moment of the window means busy. "
+        "0 or null: ignore the signal. A machine without the collector is judged on CPU/GPU alone.",
+    )
+    adaptive_wait_max_minutes: int | None = Field(
+        120,
+        ge=0,
+        le=1440,
+        description="Learned waiting: the most a machine's own history (how its past quiet stretches ended) may "
+        "delay its warning and stop. 0 or null: off, every machine waits idle_minutes.",
+    )
+    adaptive_earliest_warn_minutes: int | None = Field(
+        None,
+        ge=0,
+        le=1440,
+        description="Learned waiting: the soonest (minutes of quiet) a machine whose quiet stretches usually go "
+        "on for hours may be warned. null: never sooner than idle_minutes - warn_minutes. The stop still "
+        "needs the whole idle window.",
+    )
     # Slack: who hears about a warning, who may answer it, and how long they may keep a machine.
     notify: Literal["owner", "channel", "both"] = Field(
         "both", description="Where warnings go: the owner's DMs, the team channel, or both."

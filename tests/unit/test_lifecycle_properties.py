@@ -9,6 +9,8 @@ invariants are checked at every step:
   after undelivered_warning_max_minutes; quiet hours, where a recorded warning counts as delivered);
 * a keep holds until its time, unless the machine is over max_runtime_hours; over it, a keep never holds;
 * an exempt machine is untouched;
+* the learned wait never warns before the team's minimum (earliest_warn_minutes), whatever the machine's
+  quiet history (random, corrupted or oversized to start with); the history stays bounded;
 * the same sweep twice at the same clock changes nothing the second time (per decision, and once through
   run_sweep over the in-memory AWS fakes), except under warn_minutes 0, where the policy puts the stop at
   the warning's delivery itself.
@@ -26,6 +28,7 @@ from hypothesis import strategies as st
 
 from idle_reaper.aws import InMemoryStateStore
 from idle_reaper.core import (
+    HISTORY_SIZE,
     REAP_ACTIONS,
     TRANSITIONS,
     Action,
@@ -40,6 +43,9 @@ from idle_reaper.core import (
     allowed,
     assess,
     decide,
+    earliest_warn_minutes,
+    format_history,
+    parse_history,
     snooze,
     started_by_person,
     stopped_by_person,
@@ -89,6 +95,7 @@ class Scenario:
     deliveries: tuple[bool, ...]  # whether each warning Slack is asked to deliver gets through
     dry_runs: frozenset[int]
     answers: tuple[Answer, ...]
+    history: str = ""  # the quiet history the machine's record starts with
 
     def clocks(self) -> list[datetime]:
         t = START + self.first_sweep
@@ -127,7 +134,18 @@ def policies(draw: st.DrawFn) -> TeamPolicy:
         max_runtime_hours=draw(st.sampled_from([None, None, 1, 3, 6])),
         max_snooze_hours=draw(st.sampled_from([1, 2, 8])),
         max_snoozes_per_day=draw(st.sampled_from([0, 1, 3])),
+        adaptive_wait_max_minutes=draw(st.sampled_from([None, 0, 30, 120])),
+        adaptive_earliest_warn_minutes=draw(st.sampled_from([None, 0, 10, 45])),
     )
+
+
+# A machine's quiet history to start from: well formed (often stretches that ended soon, so the wait moves),
+# corrupted, or oversized.
+histories = st.one_of(
+    st.just(""),
+    st.lists(st.tuples(st.integers(0, 23), st.integers(0, 600)), max_size=HISTORY_SIZE).map(format_history),
+    st.sampled_from(["garbage", "25:10", "1:1," * 40, "6:70,6:75,6:80,7:85,7:95"]),
+)
 
 
 # Mostly quiet, so that warnings and stops happen; bursts of activity, the threshold exactly, and holes.
@@ -180,6 +198,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
                 )
             )
         ),
+        history=draw(histories),
     )
 
 
@@ -275,6 +294,10 @@ class Step:
     dry_run: bool
     kept_until: datetime | None
 
+    @property
+    def previous_history(self) -> str:
+        return self.previous.quiet_history if self.previous else ""
+
 
 def simulate(s: Scenario) -> Iterator[tuple[Step, World]]:
     machine = Machine(
@@ -289,6 +312,8 @@ def simulate(s: Scenario) -> Iterator[tuple[Step, World]]:
         hibernation_configured=s.hibernation,
     )
     world = World(s, machine, deliveries=iter(s.deliveries))
+    if s.history:
+        world.record = MachineRecord(instance_id=machine.instance_id, team="ml", quiet_history=s.history)
     clocks = s.clocks()
     for index, now in enumerate(clocks):
         ref = s.ref(index)
@@ -434,7 +459,22 @@ def the_same_sweep_twice_changes_nothing(step: Step, world: World) -> None:
         assert getattr(again.record, name) == getattr(world.record, name), name
 
 
+def never_warns_before_the_team_minimum(step: Step) -> None:
+    d, policy = step.decision, step.ref.policy
+    if d.action is not Action.WARN or not d.applied or policy is None or step.assessment is None:
+        return
+    assert step.assessment.quiet_minutes(step.now) >= earliest_warn_minutes(policy), d.reason
+
+
+def the_history_stays_bounded(step: Step) -> None:
+    history, note = parse_history(step.decision.record.quiet_history)
+    assert note == "" or step.decision.record.quiet_history == step.previous_history, note
+    assert len(history) <= HISTORY_SIZE
+
+
 INVARIANTS = (
+    never_warns_before_the_team_minimum,
+    the_history_stays_bounded,
     never_stops_a_busy_machine,
     unknown_is_never_acted_on,
     stops_only_after_an_answerable_warning,

@@ -23,8 +23,15 @@ FIGURES = {
     "stopped_hours",
     "stops",
     "false_stops",
+    "person_active_stops",
     "stops_followed_by_activity",
+    "unwanted_stop_share",
     "warnings",
+    "warnings_without_stop",
+    "warnings_without_stop_share",
+    "messages",
+    "owner_days",
+    "messages_per_owner_day",
     "warnings_per_machine_day",
     "silent_warnings",
     "snoozes",
@@ -82,7 +89,7 @@ def test_text_report_shows_both_reapers_side_by_side_and_the_false_stops() -> No
     assert lines[0].startswith(f"replay of {DATA / 'replay-gpu-training.csv'}: 1 machines, 0.2 machine-days")
     assert "idle 30 min, warn 10 min before" in lines[1]
     assert lines[4].split() == ["idle-reaper", "cloudwatch-cpu", "alarm"]
-    rows = {line[:38].strip(): line[38:].split() for line in lines[5:16]}
+    rows = {line[:38].strip(): line[38:].split() for line in lines[5:22]}
     assert rows["false stops (busy within the window)"] == ["0", "4"]
     assert rows["recovered hours"] == ["1.5", "2.0"] and rows["dollars saved"] == ["$1.51", "$2.01"]
     assert rows["stops followed by activity <= 60 min"] == ["0", "3"]

@@ -156,11 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--baseline", choices=BASELINES, help="also replay the AWS-native alternative, side by side")
     p.add_argument(
+        "--unwanted-within",
         "--still-wanted-minutes",
+        dest="still_wanted_minutes",
         type=non_negative_minutes,
         default=60,
         metavar="N",
-        help="count stops followed by activity within N minutes (default 60)",
+        help="count stops followed by activity within N minutes as unwanted (default 60)",
     )
     p.add_argument(
         "--snooze-rate",
@@ -170,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="fraction of warnings assumed answered with 'Keep 2 h' (default 0; seeded)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for the assumed snoozes (default 0)")
+    p.add_argument(
+        "--sweep-policy",
+        action="append",
+        metavar="JSON",
+        help="also replay with these team-policy fields merged in (repeatable), e.g. '{\"idle_minutes\": 180}': "
+        "a table, and with --plot a Pareto PNG (recovery against unwanted stops)",
+    )
     p.add_argument(
         "--period-minutes", type=positive_minutes, default=5, help="metric period and sweep interval (default 5)"
     )

@@ -6,14 +6,16 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 from idle_reaper.policy import PolicyError
 from idle_reaper.pricing import DEFAULT_PRICES, load_price_table
-from idle_reaper_tools.replay.plotting import plot
+from idle_reaper_tools.replay.plotting import plot, plot_sweep
 from idle_reaper_tools.replay.policies import load_policies
-from idle_reaper_tools.replay.report import format_report, replay
+from idle_reaper_tools.replay.report import format_report, format_sweep, replay, sweep_policies
 from idle_reaper_tools.replay.simulate import ReplayOptions
-from idle_reaper_tools.replay.trace import TraceError, read_trace
+from idle_reaper_tools.replay.trace import Trace, TraceError, read_trace
 
 
 def snooze_rate(text: str) -> float:
@@ -93,6 +95,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         default_instance_type=args.instance_type,
         timeline=bool(args.plot),
     )
+    if args.sweep_policy:
+        return _sweep(args, trace, options, fail)
     result = replay(trace, options, prices=prices, price_source=price_source, baseline=args.baseline)
     try:
         print(json.dumps(result.to_json(), indent=2) if args.json else format_report(result), flush=True)
@@ -100,5 +104,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if args.plot:
         plot(result, args.plot)
+        print(f"idle-reaper replay: plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _sweep(args: argparse.Namespace, trace: Trace, options: ReplayOptions, fail: Callable[[str], int]) -> int:
+    """--sweep-policy: the replay under each setting, a table (or JSON) and, with --plot, the Pareto PNG."""
+    try:
+        points = sweep_policies(trace, options, args.sweep_policy)
+    except PolicyError as exc:
+        return fail(f"invalid --sweep-policy: {exc}")
+    if args.json:
+        rows = [{"setting": p.label, "recovery_vs_first": p.recovery_vs_base, **p.summary} for p in points]
+        print(json.dumps({"trace": trace.source, "settings": rows}, indent=2))
+    else:
+        print(format_sweep(points, args.still_wanted_minutes))
+    if args.plot:
+        plot_sweep(points, f"Policy settings on {Path(trace.source).name}", args.plot)
         print(f"idle-reaper replay: plot written to {args.plot}", file=sys.stderr)
     return 0

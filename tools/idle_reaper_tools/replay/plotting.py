@@ -5,11 +5,12 @@ matplotlib is optional (`pip install 'idle-reaper[plot]'`): it is imported only 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from idle_reaper_tools.replay.report import Replay
+from idle_reaper_tools.replay.report import Replay, SweepPoint
 from idle_reaper_tools.replay.simulate import STATE_NAMES
 
 if TYPE_CHECKING:
@@ -99,4 +100,31 @@ def draw(r: Replay) -> Figure:
         bar_ax.grid(axis="y", alpha=0.3)
         if len(results) > 1:
             bar_ax.legend(fontsize=9)
+    return fig
+
+
+def plot_sweep(points: Sequence[SweepPoint], title: str, path: str | Path) -> None:
+    """The Pareto PNG of a --sweep-policy run: recovery against unwanted stops, one labelled dot a setting."""
+    draw_sweep(points, title).savefig(str(path), dpi=110)
+
+
+def draw_sweep(points: Sequence[SweepPoint], title: str) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    shown = [p for p in points if p.recovery_vs_base is not None and p.summary["unwanted_stop_share"] is not None]
+    xs = [100 * (p.summary["unwanted_stop_share"] or 0.0) for p in shown]
+    ys = [100 * (p.recovery_vs_base or 0.0) for p in shown]
+    nudges = [100 * (p.summary["warnings_without_stop_share"] or 0.0) for p in shown]
+    dots = ax.scatter(xs, ys, c=nudges, cmap="viridis_r", s=60, zorder=3)
+    fig.colorbar(dots, ax=ax, label="warnings that led to no stop (%)")
+    for x, y, p in zip(xs, ys, shown, strict=True):
+        ax.annotate(p.label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7)
+    ax.set_xlabel("unwanted stops: activity within the hour, % of stops (lower is better)")
+    ax.set_ylabel("recovered hours, % of the ideal of the first setting (higher is better)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
     return fig

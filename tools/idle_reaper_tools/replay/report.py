@@ -7,12 +7,14 @@ and Replay.to_json() present it. What each figure means is in docs/replay.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from idle_reaper.policy import parse_team_policy
 from idle_reaper.pricing import DEFAULT_PRICES
+from idle_reaper_tools.replay.policies import PolicySet
 from idle_reaper_tools.replay.simulate import MachineRun, ReplayOptions, StopEvent, fleet_timeline, simulate_fleet
 from idle_reaper_tools.replay.trace import Trace
 
@@ -31,9 +33,13 @@ class Totals:
     stopped: int = 0
     stops: int = 0
     false_stops: int = 0
+    person_active_stops: int = 0
     wanted: int = 0
     warnings: int = 0
     silent_warnings: int = 0
+    warnings_without_stop: int = 0
+    messages: int = 0  # warning messages: one per owner per sweep however many of their machines it warns
+    owner_days: float = 0.0
     snoozes: int = 0
     core_calls: int = 0
     dollars: float | None = 0.0
@@ -49,11 +55,13 @@ class Totals:
         self.stopped += run.stopped
         self.stops += len(run.stops)
         self.false_stops += sum(s.false_stop for s in run.stops)
+        self.person_active_stops += sum(s.person_active for s in run.stops)
         self.wanted += sum(
             s.resumed_after_minutes is not None and s.resumed_after_minutes <= wanted_minutes for s in run.stops
         )
         self.warnings += run.warnings
         self.silent_warnings += run.silent_warnings
+        self.warnings_without_stop += run.warnings_without_stop
         self.snoozes += run.snoozes
         self.core_calls += run.core_calls
         if not priced:
@@ -94,8 +102,19 @@ class Result:
             "stopped_hours": round(self.hours(t.stopped), 3),
             "stops": t.stops,
             "false_stops": t.false_stops,
+            "person_active_stops": t.person_active_stops,
             "stops_followed_by_activity": t.wanted,
+            "unwanted_stop_share": round(t.wanted / t.stops, 4) if t.stops else None,
             "warnings": t.warnings,
+            "warnings_without_stop": t.warnings_without_stop,
+            "warnings_without_stop_share": (
+                round(t.warnings_without_stop / (t.warnings + t.silent_warnings), 4)
+                if t.warnings + t.silent_warnings
+                else None
+            ),
+            "messages": t.messages,
+            "owner_days": round(t.owner_days, 3),
+            "messages_per_owner_day": round(t.messages / t.owner_days, 4) if t.owner_days else None,
             "warnings_per_machine_day": round(t.warnings / machine_days, 4) if machine_days else 0.0,
             "silent_warnings": t.silent_warnings,
             "snoozes": t.snoozes,
@@ -140,6 +159,20 @@ class Replay:
         return out
 
 
+def count_messages(runs: Iterable[MachineRun], period_seconds: int) -> tuple[int, float]:
+    """Warning messages and owner-days: one message per owner per sweep, however many of the owner's
+    machines that sweep warns; an owner-day is a UTC day on which any of the owner's machines is in the
+    trace. A machine without an owner is its own owner."""
+    sweeps: dict[str, set[int]] = {}
+    days: dict[str, set[int]] = {}
+    per_day = 86400 // period_seconds if 86400 % period_seconds == 0 else 86400 / period_seconds
+    for run in runs:
+        sweeps.setdefault(run.owner, set()).update(run.warning_buckets)
+        first, last = run.first_bucket, run.first_bucket + run.buckets - 1
+        days.setdefault(run.owner, set()).update(range(int(first // per_day), int(last // per_day) + 1))
+    return sum(len(s) for s in sweeps.values()), float(sum(len(d) for d in days.values()))
+
+
 def replay(
     trace: Trace,
     options: ReplayOptions = DEFAULT_OPTIONS,
@@ -165,6 +198,14 @@ def replay(
             for totals in (result.fleet, result.teams.setdefault(run.team, Totals())):
                 totals.add(run, hours, price, prices is not None, wanted)
             result.stops.extend(run.stops)
+    for result, runs in ((reaper, [r for r, _ in pairs]), (alarm, [a for _, a in pairs if a is not None])):
+        if result is None:
+            continue
+        groups: dict[str, list[MachineRun]] = {}
+        for run in runs:
+            groups.setdefault(run.team, []).append(run)
+        for totals, members in [(result.fleet, runs), *((result.teams[t], g) for t, g in groups.items())]:
+            totals.messages, totals.owner_days = count_messages(members, trace.period_seconds)
     out = Replay(trace, options, price_source if prices is not None else None, reaper, alarm, 0.0)
     if options.timeline and pairs:
         out.timeline_start, out.timeline = fleet_timeline([r for r, _ in pairs], trace.period_seconds)
@@ -194,8 +235,17 @@ def format_report(r: Replay, max_events: int = 8) -> str:
         ("recovery ratio", lambda s: _num(s["recovery_ratio"], "{:.1%}")),
         ("stops", lambda s: f"{s['stops']:,}"),
         ("false stops (busy within the window)", lambda s: f"{s['false_stops']:,}"),
+        (
+            f"stops with a person active <= {r.options.person_minutes} min before",
+            lambda s: f"{s['person_active_stops']:,}",
+        ),
         (f"stops followed by activity <= {wanted} min", lambda s: f"{s['stops_followed_by_activity']:,}"),
+        ("  as a share of stops (unwanted stops)", lambda s: _num(s["unwanted_stop_share"], "{:.1%}")),
+        ("warnings", lambda s: f"{s['warnings'] + s['silent_warnings']:,}"),
+        ("warnings that led to no stop", lambda s: f"{s['warnings_without_stop']:,}"),
+        ("  as a share of warnings", lambda s: _num(s["warnings_without_stop_share"], "{:.1%}")),
         ("warnings per machine-day", lambda s: _num(s["warnings_per_machine_day"], "{:.2f}")),
+        ("messages per owner-day", lambda s: _num(s["messages_per_owner_day"], "{:.2f}")),
         (f"snoozes (assumed rate {r.options.snooze_rate:.0%})", lambda s: f"{s['snoozes']:,}"),
         ("dollars saved", lambda s: _money(s["dollars_saved"])),
         ("unpriced recovered hours", lambda s: _num(s["unpriced_hours"])),
@@ -256,4 +306,67 @@ def format_report(r: Replay, max_events: int = 8) -> str:
                 tag = "FALSE STOP" if e.false_stop else "wanted back"
                 back = "" if e.resumed_after_minutes is None else f", activity {e.resumed_after_minutes:.0f} min later"
                 lines.append(f"  {e.at:%Y-%m-%d %H:%M} {e.instance_id} {tag}{back}: {e.reason[:110]}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One policy setting of a --sweep-policy run: its label and its fleet figures."""
+
+    label: str
+    summary: dict[str, Any]
+    recovery_vs_base: float | None  # recovered hours / the ideal under the first setting's window
+
+
+def sweep_policies(trace: Trace, options: ReplayOptions, overrides: Sequence[str]) -> list[SweepPoint]:
+    """The replay under the given policy, then under each override (a JSON object of team-policy fields
+    merged over it, as an SSM team parameter is), for a Pareto plot: recovery against unwanted stops.
+    Recovery is measured against the ideal of the unchanged policy, so settings with longer waits show
+    what they give up. Raises PolicyError naming the bad override."""
+    base = options.policies
+    settings: list[tuple[str, PolicySet]] = [("as given", base)]
+    for i, text in enumerate(overrides):
+        name = f"--sweep-policy #{i + 1}"
+        default = parse_team_policy(name, text, base.default)
+        teams = {t: parse_team_policy(f"{name} teams.{t}", text, p) for t, p in base.teams.items()}
+        settings.append((" ".join(text.split()), replace(base, default=default, teams=teams)))
+    points: list[SweepPoint] = []
+    base_ideal: float | None = None
+    for label, policies in settings:
+        summary = replay(trace, replace(options, policies=policies, timeline=False), prices=None).reaper.summary()
+        if base_ideal is None:
+            base_ideal = summary["ideal_hours"]
+        ratio = round(summary["recovered_hours"] / base_ideal, 4) if base_ideal else None
+        points.append(SweepPoint(label, summary, ratio))
+    return points
+
+
+def format_sweep(points: Sequence[SweepPoint], unwanted_within: int) -> str:
+    header = (
+        "setting",
+        "recovered h",
+        "recovery",
+        "stops",
+        f"unwanted (<= {unwanted_within} min)",
+        "warnings without stop",
+        "false stops",
+    )
+    rows = [
+        (
+            p.label,
+            _num(p.summary["recovered_hours"]),
+            _num(p.recovery_vs_base, "{:.1%}"),
+            f"{p.summary['stops']:,}",
+            _num(p.summary["unwanted_stop_share"], "{:.1%}"),
+            _num(p.summary["warnings_without_stop_share"], "{:.1%}"),
+            f"{p.summary['false_stops']:,}",
+        )
+        for p in points
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["recovery is against the ideal of the first setting (the policy as given)"]
+    for row in [header, *rows]:
+        lines.append(
+            "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True)))
+        )
     return "\n".join(lines)

@@ -66,6 +66,7 @@ class StopEvent:
     reason: str
     false_stop: bool  # a busy bucket in the window before the stop
     resumed_after_minutes: float | None  # activity after the stop (the owner wanted it back); None: never
+    person_active: bool = False  # the trace's `user` column shows a person's input shortly before the stop
 
 
 @dataclass
@@ -85,6 +86,11 @@ class MachineRun:
     warnings: int = 0  # delivered to a person
     silent_warnings: int = 0  # recorded but not sent (the policy's quiet hours)
     snoozes: int = 0
+    # Warnings (sent or silent) whose quiet stretch ended without a stop: the machine came back during
+    # the warning, so the nudge was for nothing. Kept warnings (snoozes) are not counted here.
+    warnings_without_stop: int = 0
+    warning_buckets: list[int] = field(default_factory=list)  # absolute buckets of delivered warnings
+    owner: str = ""
     core_calls: int = 0  # sweeps that ran assess + decide (the rest took the fast path or were stopped)
     stops: list[StopEvent] = field(default_factory=list)
     timeline: bytearray | None = None  # a state code per bucket
@@ -98,6 +104,8 @@ class ReplayOptions:
     seed: int = 0
     default_instance_type: str | None = None  # for machines whose trace has no instance_type
     timeline: bool = False
+    # A stop with a person's input within this many minutes before it is counted (person_active_stops).
+    person_minutes: int = 30
     # Skip calling the core when its answer is already determined (see _replay_reaper). Off: call it
     # every period, the reference the fast path is tested against.
     fast_path: bool = True
@@ -122,18 +130,41 @@ class _Clock:
         return out
 
 
+def _person_active(series: Series | None, at: int, at_time: datetime, minutes: int, period_seconds: int) -> bool:
+    """Whether the `user` column shows a person's input within `minutes` before the start of bucket `at`
+    (a datapoint at t saying v minutes since input: input at t - v)."""
+    if series is None or not series.user:
+        return False
+    lookback = math.ceil(minutes * 60 / period_seconds) + 1
+    since = at_time.timestamp() - minutes * 60
+    for j in range(max(0, at - lookback), at):
+        v = series.user[j]
+        if v == v and (series.first_bucket + j) * period_seconds - v * 60 >= since:
+            return True
+    return False
+
+
 def _record_stop(
-    run: MachineRun, truth: Truth, at: int, reason: str, at_time: datetime, window: int, clock: _Clock
+    run: MachineRun,
+    truth: Truth,
+    at: int,
+    reason: str,
+    at_time: datetime,
+    window: int,
+    clock: _Clock,
+    person: tuple[Series, int] | None = None,
 ) -> int | None:
-    """Book a stop issued at the start of bucket `at`; return the bucket where the machine restarts."""
+    """Book a stop issued at the start of bucket `at`; return the bucket where the machine restarts.
+    person: the machine's series and the minutes of input before the stop that count as a person active."""
     n = run.buckets
     false_stop = truth.busy_between(at - window, at)
+    person_active = person is not None and _person_active(person[0], at, at_time, person[1], clock.period_seconds)
     restart = next((j for j in range(at, n) if truth.busy[j]), None)
     end = n if restart is None else restart
     run.stopped += end - at
     run.recovered += sum(truth.quiet[at:end])
     resumed = None if restart is None else (restart - at) * clock.period_seconds / 60
-    run.stops.append(StopEvent(run.instance_id, at_time, reason, false_stop, resumed))
+    run.stops.append(StopEvent(run.instance_id, at_time, reason, false_stop, resumed, person_active))
     if run.timeline is not None:
         run.timeline[at:end] = bytes([STOPPED]) * (end - at)
         if restart is not None:
@@ -150,6 +181,7 @@ def _new_run(series: Series, truth: Truth, window: int) -> MachineRun:
         len(series),
         sum(truth.quiet),
         ideal_buckets(truth, window),
+        owner=series.owner or series.instance_id,
     )
 
 
@@ -180,11 +212,15 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
     use_net = policy.network_threshold_bytes_per_second is not None
     seconds = float(period_seconds)
     gpu_blind_unknown = is_gpu_type(series.instance_type, families) and policy.missing_gpu_metrics == "busy"
-    busy = truth.busy
+    busy = truth.track_busy or truth.busy  # the fast path below holds for a busy metric, not a person
+    user = series.user
+    use_user = bool(user) and bool(policy.human_active_minutes)
     # seen[i]: buckets before i with any datapoint the core reads; an empty window costs O(1) to spot.
     seen = [0] * (n + 1)
     for i in range(n):
-        seen[i + 1] = seen[i] + (cpu[i] == cpu[i] or gpu[i] == gpu[i] or (use_net and net[i] == net[i]))
+        seen[i + 1] = seen[i] + (
+            cpu[i] == cpu[i] or gpu[i] == gpu[i] or (use_net and net[i] == net[i]) or (use_user and user[i] == user[i])
+        )
     run = _new_run(series, truth, window)
     if opts.timeline:
         run.timeline = bytearray([UNKNOWN]) * n
@@ -196,6 +232,7 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
     launch = 0
     # What the core's last answer settled into, while its inputs keep it there (see the fast paths).
     settled: Literal["active", "unknown"] | None = None
+    warning_open = False  # a warning was given in the current quiet stretch and has not ended in a stop
     k = 1  # the sweep at the start of bucket k sees buckets < k
     while k <= n:
         now = times[k]
@@ -229,14 +266,20 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
             gpu=[(times[i], v) for i in range(lo, k) if (v := gpu[i]) == v],
             network_in=[(times[i], v * seconds) for i in range(lo, k) if (v := net[i]) == v] if use_net else (),
             network_out=[(times[i], 0.0) for i in range(lo, k) if net[i] == net[i]] if use_net else (),
+            user=[(times[i], v) for i in range(lo, k) if (v := user[i]) == v] if use_user else (),
         )
         assessment = assess(machine, signals, in_force, now=now, period=period, gpu_families=families)
         decision = decide(machine, ref, assessment, record, now=now)
         record = decision.record
         run.core_calls += 1
 
+        if warning_open and record.warned_at is None:
+            run.warnings_without_stop += 1  # the stretch ended (activity, a hole) before the stop
+            warning_open = False
         if decision.action in REAP_ACTIONS and decision.applied:
-            restart = _record_stop(run, truth, k, decision.reason, now, window, clock)
+            warning_open = False
+            person = (series, opts.person_minutes)
+            restart = _record_stop(run, truth, k, decision.reason, now, window, clock, person)
             if restart is None:
                 break
             # A stopped machine reports nothing; its owner starts it again where the trace shows activity.
@@ -247,8 +290,10 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
             k = restart + 1
             continue
         if decision.action is Action.WARN:
+            warning_open = decision.applied
             if decision.deliver_warning:
                 run.warnings += 1
+                run.warning_buckets.append(series.first_bucket + k)
                 # Delivered at once, as the sweep records after a successful notifier.warn().
                 record = replace(record, version=record.version + 1, warning_delivered_at=now)
                 if rng is not None and rng.random() < opts.snooze_rate:
@@ -257,6 +302,7 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
                     if isinstance(kept, MachineRecord):  # else refused, e.g. the daily limit of keeps
                         record = kept
                         run.snoozes += 1
+                        warning_open = False
             else:
                 run.silent_warnings += 1
         if decision.state is State.UNKNOWN:
@@ -294,7 +340,8 @@ def _replay_cpu_alarm(series: Series, truth: Truth, opts: ReplayOptions, clock: 
         breaching = breaching + 1 if v < threshold else 0  # NaN: missing, not breaching
         if breaching >= window:
             reason = f"CPUUtilization < {threshold:g}% for {window} consecutive datapoints"
-            restart = _record_stop(run, truth, i + 1, reason, times[i + 1], window, clock)
+            person = (series, opts.person_minutes)
+            restart = _record_stop(run, truth, i + 1, reason, times[i + 1], window, clock, person)
             if restart is None:
                 break
             breaching = 0

@@ -12,14 +12,17 @@ import gzip
 import math
 from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, TextIO
 
 NAN = math.nan
 REQUIRED_COLUMNS = ("timestamp", "instance_id", "cpu")
-OPTIONAL_COLUMNS = ("gpu", "team", "instance_type", "network")
+OPTIONAL_COLUMNS = ("gpu", "team", "instance_type", "network", "user", "owner")
+# `user`: minutes since the last human input at that sample (the on-machine collector's
+# idle_reaper_minutes_since_input); USER_NONE means "no human input seen".
+USER_NONE = 10080.0
 DEFAULT_TEAM = "default"
 
 
@@ -46,6 +49,13 @@ class Series:
     cpu: array[float]  # Maximum per bucket; NaN where the trace has no sample
     gpu: array[float]
     network: array[float]  # bytes per second, in + out
+    # Minimum per bucket of the minutes since the last human input (CloudWatch's Minimum); NaN: unknown.
+    # Empty when the trace has no `user` column.
+    user: array[float] = field(default_factory=lambda: array("d"))
+    owner: str = ""  # the `owner` column; "" when the trace gives none
+
+    def user_at(self, i: int) -> float:
+        return self.user[i] if self.user else NAN
 
     def __len__(self) -> int:
         return len(self.cpu)
@@ -87,7 +97,9 @@ class _Builder:
         "last_row",
         "last_ts",
         "net",
+        "owner",
         "team",
+        "user",
     )
 
     def __init__(self, bucket: int) -> None:
@@ -101,6 +113,8 @@ class _Builder:
         self.cpu: array[float] = array("d")
         self.gpu: array[float] = array("d")
         self.net: array[float] = array("d")
+        self.user: array[float] = array("d")
+        self.owner: tuple[str, int] | None = None
 
 
 def _timestamp(text: str, source: str, line: int) -> float:
@@ -135,12 +149,14 @@ def _value(text: str, column: str, high: float, source: str, line: int, clamp: _
         if high == 100.0:
             hint = "" if v < 0 or v != v else " (--clamp-utilization reads values above 100 as 100)"
             raise TraceError(source, line, f"{text.strip()!r} is outside 0-100{hint}", column)
+        if high == USER_NONE:
+            raise TraceError(source, line, f"{text.strip()!r} is not minutes from 0 to {USER_NONE:.0f}", column)
         raise TraceError(source, line, f"{text.strip()!r} is not a rate of 0 or more bytes per second", column)
     return v
 
 
 def _label(
-    builder: _Builder, slot: Literal["team", "instance_type"], value: str, iid: str, source: str, line: int
+    builder: _Builder, slot: Literal["team", "instance_type", "owner"], value: str, iid: str, source: str, line: int
 ) -> None:
     """Team and instance type may be given on any row, but must not change within an instance."""
     known: tuple[str, int] | None = getattr(builder, slot)
@@ -187,6 +203,7 @@ def parse_trace(
     i_ts, i_id, i_cpu = col["timestamp"], col["instance_id"], col["cpu"]
     i_gpu, i_net = col.get("gpu"), col.get("network")
     i_team, i_type = col.get("team"), col.get("instance_type")
+    i_user, i_owner = col.get("user"), col.get("owner")
     width = len(names)
 
     ts_cache: dict[str, float] = {}  # a fleet's rows share their timestamps: parse each once
@@ -232,6 +249,9 @@ def parse_trace(
             cpu = _value(row[i_cpu], "cpu", 100.0, source, line, clamp)
             gpu = NAN if i_gpu is None else _value(row[i_gpu], "gpu", 100.0, source, line, clamp)
             net = NAN if i_net is None else _value(row[i_net], "network", math.inf, source, line)
+            user = NAN if i_user is None else _value(row[i_user], "user", USER_NONE, source, line)
+            if i_owner is not None and (owner := row[i_owner].strip()):
+                _label(b, "owner", owner, iid, source, line)
             if i_team is not None and (team := row[i_team].strip()):
                 _label(b, "team", team, iid, source, line)
             if i_type is not None and (itype := row[i_type].strip()):
@@ -244,6 +264,8 @@ def parse_trace(
                     b.gpu[-1] = gpu
                 if net > b.net[-1] or b.net[-1] != b.net[-1]:
                     b.net[-1] = net
+                if user < b.user[-1] or b.user[-1] != b.user[-1]:  # the Minimum: the latest input
+                    b.user[-1] = user
                 continue
             hole = bucket - b.last_bucket - 1
             if hole:  # a gap stays a gap: NaN, never a value
@@ -251,9 +273,11 @@ def parse_trace(
                 b.cpu.extend(padding)
                 b.gpu.extend(padding)
                 b.net.extend(padding)
+                b.user.extend(padding)
             b.cpu.append(cpu)
             b.gpu.append(gpu)
             b.net.append(net)
+            b.user.append(user)
             b.last_bucket = bucket
     except csv.Error as exc:
         raise TraceError(source, line, f"not valid CSV: {exc}") from None
@@ -268,6 +292,8 @@ def parse_trace(
             cpu=b.cpu,
             gpu=b.gpu,
             network=b.net,
+            user=b.user if i_user is not None else array("d"),
+            owner=b.owner[0] if b.owner else "",
         )
         for iid, b in builders.items()
     ]

@@ -12,7 +12,7 @@ Scoring comes from the trace alone (see docs/replay.md):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from idle_reaper.core import is_gpu_type
 from idle_reaper.policy import TeamPolicy
@@ -44,9 +44,10 @@ def _covered(values: Sequence[float], gap: int) -> bytearray:
 
 @dataclass
 class Truth:
-    busy: bytearray  # any value at or above its threshold: activity, what restarts a stopped machine
-    quiet: bytearray  # below every threshold and covered: idle time
+    busy: bytearray  # any value at or above its threshold, or a person's input: what restarts a stopped machine
+    quiet: bytearray  # below every threshold, no person's input, and covered: idle time
     prefix_busy: list[int]  # prefix_busy[i] = busy buckets before i, for "busy within the window" in O(1)
+    track_busy: bytearray = field(default_factory=bytearray)  # busy on a metric track alone (not a person)
 
     def busy_between(self, lo: int, hi: int) -> bool:
         lo = max(lo, 0)
@@ -71,6 +72,13 @@ def classify(series: Series, policy: TeamPolicy, period_seconds: int, gpu_famili
                 busy[i] = 1
             if not track_covered[i]:
                 covered[i] = 0
+    track_busy = bytearray(busy)
+    # A person's input in the bucket (the policy's human_active_minutes on): activity, like a busy value.
+    if policy.human_active_minutes and series.user:
+        period_minutes = period_seconds / 60
+        for i, v in enumerate(series.user):
+            if v < period_minutes:  # NaN compares False: unknown is never activity
+                busy[i] = 1
     # A GPU machine that never reports GPU metrics is never idle under missing_gpu_metrics=busy.
     blind = not has_gpu and policy.missing_gpu_metrics == "busy" and is_gpu_type(series.instance_type, gpu_families)
     quiet = bytearray(n) if blind else bytearray(c and not b for c, b in zip(covered, busy, strict=True))
@@ -79,7 +87,7 @@ def classify(series: Series, policy: TeamPolicy, period_seconds: int, gpu_famili
     for i, b in enumerate(busy):
         total += b
         prefix[i + 1] = total
-    return Truth(busy=busy, quiet=quiet, prefix_busy=prefix)
+    return Truth(busy=busy, quiet=quiet, prefix_busy=prefix, track_busy=track_busy)
 
 
 def ideal_buckets(truth: Truth, window: int) -> int:
