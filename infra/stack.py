@@ -189,7 +189,8 @@ class IdleReaperStack(Stack):
             description="idle-reaper sweep: assess machines, warn owners, stop idle machines",
             code=code,
             layer=layer,
-            environment=environment,
+            # The first listed region also counts running instances in regions without a stack, daily.
+            environment={**environment, "IDLE_REAPER_REGIONS": ",".join(all_regions)},
             # A sweep should end before the next one is due; reserved concurrency 1 makes sure it does.
             timeout=sweep_timeout,
             memory_size=512,
@@ -263,7 +264,7 @@ class IdleReaperStack(Stack):
             auth_type=lambda_.FunctionUrlAuthType.NONE,
         )
 
-        self._grant_sweep(sweep.role, props, table, secret)
+        self._grant_sweep(sweep.role, props, table, secret, counts_unwatched=self.region == all_regions[0])
         self._grant_slack(
             slack.role,
             props,
@@ -371,7 +372,13 @@ class IdleReaperStack(Stack):
         return self.format_arn(service="dynamodb", resource="table", resource_name=props.table_name, region=region)
 
     def _grant_sweep(
-        self, role: iam.IRole, props: IdleReaperProps, table: dynamodb.ITable, secret: secretsmanager.ISecret
+        self,
+        role: iam.IRole,
+        props: IdleReaperProps,
+        table: dynamodb.ITable,
+        secret: secretsmanager.ISecret,
+        *,
+        counts_unwatched: bool,
     ) -> None:
         here = self._in_regions([self.region])
         statements = [
@@ -411,6 +418,15 @@ class IdleReaperStack(Stack):
                 conditions=here,
             ),
         ]
+        if counts_unwatched:
+            # The daily count of running instances in regions without a stack: listing only, in any region.
+            statements.append(
+                iam.PolicyStatement(
+                    sid="CountUnwatchedRegions",
+                    actions=["ec2:DescribeRegions", "ec2:DescribeInstances"],
+                    resources=["*"],
+                )
+            )
         for statement in statements:
             role.add_to_principal_policy(statement)
         self._suppress_fleet_wildcards(role, props, reads=SWEEP_READS)

@@ -841,10 +841,23 @@ class RegionCount:
     opted_in: int  # of those, carrying the team tag and the opt-in tag: what a stack there would sweep
 
 
+def current_region() -> str:
+    return boto3.session.Session().region_name or "us-east-1"
+
+
+def listed_regions() -> list[str]:
+    """The regions with an idle-reaper stack, as the CDK app lists them (IDLE_REAPER_REGIONS)."""
+    return [r.strip() for r in os.environ.get("IDLE_REAPER_REGIONS", "").split(",") if r.strip()]
+
+
 def watched_regions(home: str) -> list[str]:
-    """The regions with an idle-reaper stack (IDLE_REAPER_REGIONS, set by the CDK app); `home` at least."""
-    listed = [r.strip() for r in os.environ.get("IDLE_REAPER_REGIONS", "").split(",") if r.strip()]
-    return [home, *(r for r in listed if r != home)]
+    """The regions with an idle-reaper stack; `home` first, and at least."""
+    return [home, *(r for r in listed_regions() if r != home)]
+
+
+def home_region(here: str) -> str:
+    """The first region the stack lists: the one that counts the regions without a stack, once for all."""
+    return next(iter(listed_regions()), here)
 
 
 def count_unwatched(ec2_in: Callable[[str], Any], watched: Sequence[str], tags: TagKeys) -> list[RegionCount]:

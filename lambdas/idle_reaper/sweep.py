@@ -8,7 +8,7 @@ import contextlib
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,10 +23,14 @@ from idle_reaper.aws import (
     PolicyStore,
     StateStore,
     client,
+    count_unwatched,
     error_code,
+    home_region,
     policy_for,
+    save_unwatched,
     ssm_prefix,
     table_name,
+    watched_regions,
 )
 from idle_reaper.core import (
     MACHINE_ACTIONS,
@@ -534,3 +538,34 @@ def _log_decision(d: Decision, dry_run: bool) -> None:
 def decision_row(d: Decision) -> dict[str, Any]:
     """The stable per-machine JSON of `idle-reaper sweep --json`."""
     return _explain(d)
+
+
+def report_unwatched_regions(adapters: Adapters, ec2_in: Callable[[str], Any], here: str, now: datetime) -> list[str]:
+    """Once a day, from the first region the stack lists: count running instances in regions with no
+    stack, keep the count for `status`, tell the admins (weekly per region) when some of them are tagged
+    for idle-reaper and so expect a reaper that is not there. Returns the lines for the sweep's summary;
+    nothing on the other sweeps of the day. A failed count is tried again by the next sweep."""
+    watched = watched_regions(here)
+    if here != home_region(here) or not adapters.store.claim_once(f"unwatched-regions#{now:%Y-%m-%d}", now):
+        return []
+    try:
+        settings, _ = adapters.policies.load_settings()
+        counts = count_unwatched(ec2_in, watched, settings.tags)
+        save_unwatched(adapters.store, counts, now)
+    except (*AwsError, PolicyError) as exc:
+        with contextlib.suppress(Exception):
+            adapters.store.release_claim(f"unwatched-regions#{now:%Y-%m-%d}")
+        return [f"could not count instances in regions without a stack: {exc}"]
+    lines = [
+        f"{c.region} has no idle-reaper stack: {c.running} running instances, {c.opted_in} tagged for idle-reaper"
+        for c in counts
+    ]
+    week = now.strftime("%G-W%V")
+    for c in counts:
+        if c.opted_in:
+            text = (
+                f"{c.opted_in} running instances in {c.region} are tagged for idle-reaper, but no idle-reaper stack "
+                f"watches {c.region}: they are never looked at. Add the region to the app's `regions` and deploy."
+            )
+            _alert_once(adapters, f"unwatched#{c.region}#{week}", text, settings, now)
+    return lines

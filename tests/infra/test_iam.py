@@ -93,6 +93,9 @@ SWEEP_CALLS = [
     call("dynamodb:GetItem", table(HOME)),  # get_lookup
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#policy:/idle-reaper/teams/ml",)}),
     call("secretsmanager:GetSecretValue", secret(HOME)),
+    # The daily count of running instances in regions without a stack (HOME is the first listed region).
+    call("ec2:DescribeRegions", "*"),
+    call("ec2:DescribeInstances", "*", "ap-south-1"),
 ]
 SLACK_CALLS = [
     *(
@@ -142,7 +145,9 @@ SWEEP_NEVER = [
     on_managed("ec2:StartInstances", instance(HOME)),  # only a person's "start" click starts a machine
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("machine#i-0abc123def4567890",)}),
     call("dynamodb:Scan", table(HOME)),
-    *fleet_reads(OTHER),  # a sweep reads its own region only
+    # A sweep reads its own region only (listing instances aside: the daily count of unwatched regions).
+    *(r for r in fleet_reads(OTHER) if r.action != "ec2:DescribeInstances"),
+    call("cloudwatch:GetMetricData", "*", "ap-south-1"),
     on_managed("ec2:StopInstances", instance(OTHER), OTHER),
     call("lambda:InvokeFunction", function(HOME, "idle-reaper-slack")),
 ]
@@ -180,13 +185,13 @@ ROLES = {
 CLI_ONLY = {"ssm:PutParameter", "dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:Scan"}
 
 
-def statements_of(template: dict[str, Any], handler: str) -> list[Statement]:
+def statements_of(template: dict[str, Any], handler: str, region: str = HOME) -> list[Statement]:
     [fn] = [
         r["Properties"]
         for r in template["Resources"].values()
         if r["Type"] == "AWS::Lambda::Function" and r["Properties"].get("Handler") == handler
     ]
-    return role_statements(template, Environment(HOME, template), fn["Role"]["Fn::GetAtt"][0])
+    return role_statements(template, Environment(region, template), fn["Role"]["Fn::GetAtt"][0])
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +211,14 @@ def test_what_a_function_must_not_do_is_denied(home: dict[str, Any], role: str) 
     statements = statements_of(home, ROLES[role].handler)
     allowed = [r for r in ROLES[role].denied if decide(statements, r) == "Allow"]
     assert not allowed, f"{role} may do what it must not: {allowed}"
+
+
+def test_only_the_first_listed_region_counts_the_regions_without_a_stack(synth: Synth) -> None:
+    """The count is made once for the account: the other stacks' sweeps list nothing outside their region."""
+    statements = statements_of(synth.template(f"IdleReaper-{OTHER}"), ROLES["sweep"].handler, OTHER)
+    assert decide(statements, call("ec2:DescribeInstances", "*", OTHER)) == "Allow"
+    for request in (call("ec2:DescribeRegions", "*", OTHER), call("ec2:DescribeInstances", "*", "ap-south-1")):
+        assert decide(statements, request) == "ImplicitDeny", request
 
 
 # Where the IAM action is not the boto3 method's name in CamelCase.

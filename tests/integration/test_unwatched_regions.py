@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -69,3 +71,75 @@ def test_status_shows_the_last_daily_count(aws: object, capsys: pytest.CaptureFi
     assert cli.main(["status", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows[-1]["unwatched_regions"] == [{"region": "eu-north-1", "running": 12, "opted_in": 3}]
+
+
+def sweep_adapters() -> Any:
+    from idle_reaper.slack import SlackNotifier, make_client
+    from idle_reaper.sweep import Adapters
+
+    store = aws_module.DynamoStateStore(aws_module.client("dynamodb"), aws_module.table_name())
+    return Adapters(
+        policies=aws_module.PolicyStore(aws_module.client("ssm"), aws_module.ssm_prefix()),
+        fleet=aws_module.Fleet(aws_module.client("ec2"), aws_module.client("autoscaling")),
+        metrics=aws_module.MetricsReader(aws_module.client("cloudwatch")),
+        store=store,
+        notifier=SlackNotifier(make_client("xoxb-test", 5), store),
+    )
+
+
+def admin_alerts(slack: Any) -> list[str]:
+    return [c.params["text"] for c in slack.calls_to("chat.postMessage") if "admin alert" in c.params["text"]]
+
+
+def test_the_first_listed_region_counts_once_a_day_and_tells_the_admins(
+    aws: object, slack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idle_reaper.policy import Settings
+    from idle_reaper.sweep import report_unwatched_regions
+
+    monkeypatch.setenv("IDLE_REAPER_REGIONS", "us-east-1,eu-west-1")
+    local.init_account(Settings(admins=["U0ADMIN"]))
+    run_in("eu-north-1", {"Team": "ml", "idle-reaper:managed": "true"})
+    run_in("eu-north-1", {"Team": "ml"})
+    run_in("eu-west-1", {"Team": "ml", "idle-reaper:managed": "true"})  # watched by the other stack
+    adapters = sweep_adapters()
+    ec2_in = lambda region: aws_module.client("ec2", region)  # noqa: E731
+    morning = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
+
+    assert report_unwatched_regions(adapters, ec2_in, "eu-west-1", morning) == [], "only the first listed region"
+    lines = report_unwatched_regions(adapters, ec2_in, "us-east-1", morning)
+
+    assert lines == ["eu-north-1 has no idle-reaper stack: 2 running instances, 1 tagged for idle-reaper"]
+    (alert,) = admin_alerts(slack)
+    assert "1 running instances in eu-north-1 are tagged for idle-reaper" in alert
+    assert aws_module.last_unwatched(adapters.store, morning) == (
+        morning,
+        [aws_module.RegionCount("eu-north-1", running=2, opted_in=1)],
+    )
+    # Every later sweep of the day neither counts nor alerts again; the next day counts (the alert is weekly).
+    assert report_unwatched_regions(adapters, ec2_in, "us-east-1", morning + timedelta(hours=6)) == []
+    assert len(report_unwatched_regions(adapters, ec2_in, "us-east-1", morning + timedelta(days=1))) == 1
+    assert len(admin_alerts(slack)) == 1
+
+
+def test_a_failed_count_changes_nothing_and_is_tried_again(
+    aws: object, slack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from botocore.exceptions import ClientError
+
+    from idle_reaper.sweep import report_unwatched_regions
+
+    monkeypatch.delenv("IDLE_REAPER_REGIONS", raising=False)
+    local.init_account()
+    run_in("eu-north-1", {"Team": "ml", "idle-reaper:managed": "true"})
+    adapters = sweep_adapters()
+    morning = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
+
+    def denied(region: str) -> Any:
+        raise ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "no"}}, "DescribeRegions")
+
+    (line,) = report_unwatched_regions(adapters, denied, "us-east-1", morning)
+    assert "could not count" in line and "UnauthorizedOperation" in line
+    assert aws_module.last_unwatched(adapters.store, morning) is None, "nothing saved"
+    retried = report_unwatched_regions(adapters, lambda r: aws_module.client("ec2", r), "us-east-1", morning)
+    assert retried == ["eu-north-1 has no idle-reaper stack: 1 running instances, 1 tagged for idle-reaper"]

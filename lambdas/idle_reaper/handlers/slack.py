@@ -18,7 +18,6 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
-import boto3
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response
 from aws_lambda_powertools.metrics import MetricUnit
@@ -27,7 +26,7 @@ from pydantic import ValidationError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.webhook import WebhookClient
 
-from idle_reaper.aws import client, ssm_prefix, table_name
+from idle_reaper.aws import client, current_region, ssm_prefix, table_name, watched_regions
 from idle_reaper.payloads import (
     ButtonWork,
     CommandWork,
@@ -60,9 +59,7 @@ def clock() -> datetime:
 def build_router(bot_token: str) -> Router:
     """This region first, then the other regions the stack lists (IDLE_REAPER_REGIONS); clients are lazy."""
     slack_client = make_client(bot_token, SLACK_BUDGET_SECONDS)
-    local = boto3.session.Session().region_name or "us-east-1"
-    listed = [r.strip() for r in os.environ.get("IDLE_REAPER_REGIONS", "").split(",") if r.strip()]
-    regions = [local, *(r for r in listed if r != local)]
+    regions = watched_regions(current_region())
     table, prefix = table_name(), ssm_prefix()
     connections = [functools.partial(regional_client, region=r) for r in regions]
     return Router([Region(connect, table, prefix, slack_client, clock) for connect in connections])

@@ -9,8 +9,9 @@ from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from idle_reaper.aws import client, current_region
 from idle_reaper.core import State
-from idle_reaper.sweep import Adapters, SweepCannotRun, SweepReport, logger, run_sweep
+from idle_reaper.sweep import Adapters, SweepCannotRun, SweepReport, logger, report_unwatched_regions, run_sweep
 
 metrics = Metrics(namespace="IdleReaper", service="idle-reaper")
 
@@ -35,8 +36,9 @@ def emit_team_metrics(report: SweepReport) -> None:
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     now = datetime.now(UTC)
+    adapters = Adapters.from_environment()
     try:
-        report = run_sweep(Adapters.from_environment(), now=now)
+        report = run_sweep(adapters, now=now)
     except SweepCannotRun as exc:
         metrics.add_metric("SweepErrors", MetricUnit.Count, 1)
         logger.error("sweep could not run", extra={"error": str(exc)})
@@ -53,4 +55,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         logger.warning("teams in safe mode: nothing is stopped for them", extra={"teams": report.teams_in_safe_mode})
     for warning in report.warnings:
         logger.warning(warning)
+    # Once a day, from the first listed region: instances in regions no stack watches (see `status`).
+    for line in report_unwatched_regions(adapters, lambda region: client("ec2", region), current_region(), now):
+        logger.warning(line)
     return {"machines": len(report.decisions), "errors": len(report.errors), "dry_run": report.dry_run}
