@@ -38,7 +38,6 @@ ALARMS_HANDLER = "idle_reaper.handlers.alarms.handler"
 # The sweep's read-only calls; none has resource-level permissions in IAM.
 SWEEP_READS = (
     "ec2:DescribeInstances",
-    "autoscaling:DescribeAutoScalingInstances",
     "autoscaling:DescribeAutoScalingGroups",
     "cloudwatch:GetMetricData",
 )

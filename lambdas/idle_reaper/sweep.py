@@ -7,15 +7,20 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+import zlib
 from collections import defaultdict
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from idle_reaper.aws import (
+    ACTION_WORKERS,
     DATAPOINTS_PER_CALL,
+    DDB_WORKERS,
     METRIC_QUERIES_PER_CALL,
+    ActionOutcome,
+    AuditEntry,
     AwsError,
     DynamoStateStore,
     Fleet,
@@ -25,6 +30,7 @@ from idle_reaper.aws import (
     client,
     error_code,
     policy_for,
+    run_concurrently,
     ssm_prefix,
     table_name,
 )
@@ -188,10 +194,19 @@ def run_sweep(
             capacity = {}  # unknown capacity: limit_terminations allows none
         decisions = limit_terminations(decisions, capacity)
 
+    written: set[str] = set()
     if not dry_run:
-        decisions = _apply(adapters, decisions, records, settings, sweep_id, now)
+        decisions, written = _apply(adapters, decisions, records, settings, sweep_id, now)
+    # One log line per machine something happened to (an action, an error, a lifecycle change); the others'
+    # explanation is their record (`idle-reaper status`), refreshed at least hourly. A dry run logs all.
+    unchanged = 0
     for d in decisions:
-        _log_decision(d, dry_run)
+        if dry_run or d.action is not Action.NONE or d.error or d.machine.instance_id in written:
+            _log_decision(d, dry_run)
+        else:
+            unchanged += 1
+    if unchanged:
+        logger.info("machines with nothing new, not logged one by one", extra={"machines": unchanged})
     return SweepReport(
         now=now,
         dry_run=dry_run,
@@ -275,20 +290,24 @@ def _apply(
     settings: Settings,
     sweep_id: str,
     now: datetime,
-) -> list[Decision]:
-    """Claim, act, tell, record. Before a machine is posted about or acted on, its record (the intent:
-    warning, stopping, ...) is written together with this sweep's claim, conditionally on the version
-    this sweep read and on no other sweep holding a live claim. So of two overlapping sweeps only one
-    gets past this write, and the other does nothing to the machine until the outcome is recorded and
-    the claim released. Machines nothing happens to are written under the same conditions, unclaimed.
+) -> tuple[list[Decision], set[str]]:
+    """Claim, act, tell, record; returns the decisions and the machines whose record this sweep wrote.
+
+    Before a machine is posted about or acted on, its record (the intent: warning, stopping, ...) is
+    written together with this sweep's claim, conditionally on the version this sweep read and on no other
+    sweep holding a live claim. So of two overlapping sweeps only one gets past this write, and the other
+    does nothing to the machine until the outcome is recorded and the claim released. Machines nothing
+    happens to are written under the same conditions, unclaimed, when their record changed (record_changed).
     Per-machine failures are recorded on the decision, never raised."""
     store = adapters.store
-    by_id: dict[str, Decision] = {}
-    written: set[str] = set()
-    claimed: set[str] = set()
-    for d in decisions:
-        d = _delivery_intent(d, previous.get(d.machine.instance_id), now)
+
+    def claim(d: Decision) -> tuple[Decision, bool, bool]:
+        """The decision, whether its record was written, whether this sweep now holds the machine."""
+        before = previous.get(d.machine.instance_id)
+        d = _delivery_intent(d, before, now)
         hold = _posts_or_acts(d)
+        if not hold and before is not None and not record_changed(before, d, now):
+            return d, False, False  # nothing new to say: the stored record stays (see record_changed)
         try:
             saved = store.save(d.record, sweep_id, hold=hold)
         except AwsError as exc:
@@ -296,11 +315,17 @@ def _apply(
             d = replace(d, error=f"state table write failed ({error_code(exc)}); nothing done")
         if not saved and d.error is None:
             d = replace(d, error="another sweep is handling this machine, or changed it first; nothing done")
+        return d, saved, saved and hold
+
+    by_id: dict[str, Decision] = {}
+    written: set[str] = set()
+    claimed: set[str] = set()
+    for d, saved, held in run_concurrently(claim, decisions, DDB_WORKERS):
+        by_id[d.machine.instance_id] = d
         if saved:
             written.add(d.machine.instance_id)
-            if hold:
-                claimed.add(d.machine.instance_id)
-        by_id[d.machine.instance_id] = d
+        if held:
+            claimed.add(d.machine.instance_id)
 
     acting = [d for d in by_id.values() if d.machine.instance_id in claimed and d.action in MACHINE_ACTIONS]
     acting = [d for d in acting if d.applied]
@@ -311,40 +336,109 @@ def _apply(
             unchanged = adapters.fleet.still_as_listed([d.machine for d in acting], settings.tags)
         except AwsError:
             unchanged = set()  # cannot tell: act on none of them
-        for d in acting:
-            if d.machine.instance_id not in unchanged:
-                by_id[d.machine.instance_id] = _stand_down(store, d, previous, sweep_id)
-                claimed.discard(d.machine.instance_id)
+        changed = [d for d in acting if d.machine.instance_id not in unchanged]
+        for d in run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id), changed, DDB_WORKERS):
+            by_id[d.machine.instance_id] = d
+            claimed.discard(d.machine.instance_id)
         acting = [d for d in acting if d.machine.instance_id in unchanged]
-    outcomes: dict[str, str | None] = {}
-    for hibernate in (False, True):
-        ids = [d.machine.instance_id for d in acting if d.action is (Action.HIBERNATE if hibernate else Action.STOP)]
-        for o in adapters.fleet.stop(ids, hibernate=hibernate):
-            outcomes[o.instance_id] = o.error
+    outcomes = _act(adapters.fleet, acting)
+
+    failed = [d for d in by_id.values() if outcomes.get(d.machine.instance_id)]
+    for d in run_concurrently(
+        lambda d: _record_failure(store, d, outcomes[d.machine.instance_id] or "", sweep_id, now), failed, DDB_WORKERS
+    ):
+        by_id[d.machine.instance_id] = d
+    # Posting stays one at a time (Slack's own rate limits); the outcomes are then recorded concurrently.
+    told = [
+        _post(adapters, d, settings, now)
+        for d in by_id.values()
+        if d.machine.instance_id in claimed and not outcomes.get(d.machine.instance_id)
+    ]
+    for d in run_concurrently(lambda d: _record_outcome(store, d, sweep_id), told, DDB_WORKERS):
+        by_id[d.machine.instance_id] = d
+
+    audits: list[AuditEntry] = []
+    for d in by_id.values():
+        instance_id = d.machine.instance_id
+        if instance_id in written and d.record.delivery_error and d.record.warned_at:
+            _alert_undeliverable(adapters, d, settings, now)
+        if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
+            audits.append(AuditEntry(instance_id, now, _explain(d)))
+    _audit(store, audits)
+    return list(by_id.values()), written
+
+
+def _act(fleet: Fleet, acting: list[Decision]) -> dict[str, str | None]:
+    """Carry out the machine actions: instance id -> error. Stops, hibernations, protection changes and
+    terminations are different APIs with their own rate limits, so the four run at once, each in batches
+    (and groups) on its own bounded pool."""
     groups: dict[tuple[str, bool], list[str]] = defaultdict(list)
     for d in acting:
         if d.action in (Action.PROTECT, Action.UNPROTECT):
             groups[(d.machine.asg_name or "", d.action is Action.PROTECT)].append(d.machine.instance_id)
-    for (group, protected), ids in groups.items():
-        for o in adapters.fleet.set_protection(group, ids, protected=protected):
-            outcomes[o.instance_id] = o.error
-    for d in acting:
-        if d.action is Action.TERMINATE:
-            outcomes[d.machine.instance_id] = adapters.fleet.terminate_in_group(d.machine.instance_id).error
 
-    result: list[Decision] = []
-    for d in by_id.values():
-        instance_id = d.machine.instance_id
-        if outcomes.get(instance_id):
-            d = _record_failure(store, d, outcomes[instance_id] or "", sweep_id, now)
-        elif instance_id in claimed:
-            d = _notify(adapters, d, sweep_id, settings, now)
-        if instance_id in written and d.record.delivery_error and d.record.warned_at:
-            _alert_undeliverable(adapters, d, settings, now)
-        if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
-            _audit(store, d, now)
-        result.append(d)
-    return result
+    def ids(action: Action) -> list[str]:
+        return [d.machine.instance_id for d in acting if d.action is action]
+
+    def protect(group: tuple[str, bool]) -> list[ActionOutcome]:
+        return fleet.set_protection(group[0], groups[group], protected=group[1])
+
+    def protect_all() -> list[ActionOutcome]:
+        return [o for done in run_concurrently(protect, list(groups), ACTION_WORKERS) for o in done]
+
+    kinds: list[Callable[[], list[ActionOutcome]]] = [
+        lambda: fleet.stop(ids(Action.STOP), hibernate=False),
+        lambda: fleet.stop(ids(Action.HIBERNATE), hibernate=True),
+        protect_all,
+        lambda: fleet.terminate_in_groups(ids(Action.TERMINATE)),
+    ]
+    outcomes: dict[str, str | None] = {}
+    for done in run_concurrently(lambda kind: kind(), kinds, len(kinds)):
+        outcomes.update((o.instance_id, o.error) for o in done)
+    return outcomes
+
+
+# A record whose lifecycle did not change is not rewritten, except to keep what readers see fresh:
+# `status` and explanations show data at most REFRESH_EVERY (plus one sweep) old. Each machine is refreshed
+# by the first sweep after its own point in the hour (a hash of its id), so refreshes spread evenly over
+# sweeps: at 5-minute sweeps, 1/12 of the fleet a sweep. A machine whose lifecycle depends on being watched
+# (idle_since or a warning: core.decide counts them only if a sweep observed the machine within one idle
+# window) is refreshed the same way every half idle window instead, when that is shorter.
+REFRESH_EVERY = timedelta(hours=1)
+WATCHED_REFRESH_SHARE = 2
+_BOOKKEEPING = frozenset({"version", "updated_at", "observed_at", "reason"})
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def record_changed(stored: MachineRecord, d: Decision, now: datetime) -> bool:
+    """Whether `d.record` must be written over `stored`: its lifecycle changed (state, idle-since, warning,
+    delivery, snooze, action, policy version, facts about the machine), or a refresh is due.
+
+    The stored observed_at then lags the last observation by up to idle_minutes / 2 plus one sweep
+    interval. A lag only ever makes core.decide see the machine as unwatched (a fresh warning, a later
+    stop), never as watched when it was not: a stop never comes early. With sweeps at most half the
+    shortest idle window apart (the default 5-minute schedule and 15-minute policies) it never happens."""
+    new = d.record
+    lifecycle = (f.name for f in fields(MachineRecord) if f.name not in _BOOKKEEPING)
+    if any(getattr(stored, name) != getattr(new, name) for name in lifecycle):
+        return True
+    period, last_written = REFRESH_EVERY, stored.updated_at
+    policy = d.policy.policy if d.policy else None
+    watched = policy is not None and (new.idle_since is not None or new.warned_at is not None)
+    if watched and policy is not None and new.observed_at is not None and new.observed_at != stored.observed_at:
+        # Its lifecycle depends on being watched: keep the stored observation at most half a window old.
+        period = min(period, timedelta(minutes=policy.idle_minutes) / WATCHED_REFRESH_SHARE)
+        last_written = min(last_written, stored.observed_at) if last_written and stored.observed_at else None
+    return last_written is None or last_written <= _last_refresh_point(new.instance_id, now, period)
+
+
+def _last_refresh_point(instance_id: str, now: datetime, every: timedelta) -> datetime:
+    """The machine's latest refresh point at or before `now`: one each `every`, at the machine's own phase,
+    so a fleet's refreshes spread evenly over the sweeps in between."""
+    period = int(every.total_seconds())
+    phase = zlib.crc32(instance_id.encode()) % period
+    since = int((now - _EPOCH).total_seconds()) - phase
+    return _EPOCH + timedelta(seconds=since // period * period + phase)
 
 
 def _stand_down(store: StateStore, d: Decision, previous: Mapping[str, MachineRecord], sweep_id: str) -> Decision:
@@ -446,9 +540,8 @@ def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, n
     return replace(d, error=reason, record=record, state=state)
 
 
-def _notify(adapters: Adapters, d: Decision, sweep_id: str, settings: Settings, now: datetime) -> Decision:
-    """Post what the decision calls for, then record the outcome and release the claim. The write is
-    conditional: an answer a person gave meanwhile wins, and a late sweep never overwrites newer truth."""
+def _post(adapters: Adapters, d: Decision, settings: Settings, now: datetime) -> Decision:
+    """Post what the decision calls for; the decision's record then carries the outcome (not yet written)."""
     record, reason = d.record, d.reason
     delivery: Delivery | None = None
     try:
@@ -483,10 +576,15 @@ def _notify(adapters: Adapters, d: Decision, sweep_id: str, settings: Settings, 
         )
     if delivery is not None and delivery.undelivered and d.deliver_warning and record.warned_at:
         _alert_partly_delivered(adapters, d, delivery.undelivered, settings, now)
-    record = replace(record, version=record.version + 1)
-    d = replace(d, record=record, reason=reason)
+    return replace(d, record=replace(record, version=record.version + 1), reason=reason)
+
+
+def _record_outcome(store: StateStore, d: Decision, sweep_id: str) -> Decision:
+    """Record what was posted and release the claim. The write is conditional: an answer a person gave
+    meanwhile wins, and a late sweep never overwrites newer truth."""
+    record = d.record
     try:
-        if not adapters.store.save(record, sweep_id):
+        if not store.save(record, sweep_id):
             logger.warning("the machine changed while claimed (a person answered); outcome not recorded")
     except AwsError as exc:
         # The claim lapses after SWEEP_LEASE; a warning whose outcome is lost is not posted again.
@@ -520,11 +618,14 @@ def _explain(d: Decision) -> dict[str, Any]:
     }
 
 
-def _audit(store: StateStore, d: Decision, now: datetime) -> None:
+def _audit(store: StateStore, entries: list[AuditEntry]) -> None:
     try:
-        store.audit(d.machine.instance_id, now, _explain(d))
+        failed = store.audit_many(entries)
     except AwsError as exc:
-        logger.warning("audit write failed", extra={"instance_id": d.machine.instance_id, "error": error_code(exc)})
+        failed = [a.instance_id for a in entries]
+        logger.warning("audit write failed", extra={"error": error_code(exc)})
+    for instance_id in failed:
+        logger.warning("audit write failed", extra={"instance_id": instance_id})
 
 
 def _log_decision(d: Decision, dry_run: bool) -> None:

@@ -67,7 +67,6 @@ def on_managed(action: str, resource: str, region: str = HOME) -> Request:
 def fleet_reads(region: str) -> list[Request]:
     return [
         call("ec2:DescribeInstances", "*", region),
-        call("autoscaling:DescribeAutoScalingInstances", "*", region),
         call("autoscaling:DescribeAutoScalingGroups", "*", region),
         call("cloudwatch:GetMetricData", "*", region),
     ]

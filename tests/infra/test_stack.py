@@ -293,7 +293,6 @@ def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[
             # Only calls without resource-level permissions, and X-Ray.
             assert set(actions) <= {
                 "ec2:DescribeInstances",
-                "autoscaling:DescribeAutoScalingInstances",
                 "autoscaling:DescribeAutoScalingGroups",
                 "cloudwatch:GetMetricData",
                 "xray:PutTraceSegments",
