@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 import time
@@ -52,6 +51,23 @@ TARGETS = {50_000: 60.0, 200_000: 120.0}
 DDB_OPS = ("PutItem", "BatchGetItem", "BatchWriteItem", "GetItem", "DeleteItem", "Query")
 
 
+class CountingStream:
+    """Where the sweep's log lines go: counted (what CloudWatch Logs would ingest), not kept."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def write(self, text: str) -> int:
+        self.bytes += len(text.encode())
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+LOG = CountingStream()
+
+
 @dataclass
 class Measured:
     calls: Counter[str]
@@ -62,6 +78,9 @@ class Measured:
     longest_s: float
     machines: int
     state_writes: int
+    metrics_requested: int = 0
+    records_read: int = 0
+    log_bytes: int = 0
 
 
 def run_size(size: int, seed: int, *, sleep: bool) -> list[Measured]:
@@ -76,6 +95,7 @@ def run_size(size: int, seed: int, *, sleep: bool) -> list[Measured]:
     try:
         for now in SWEEPS:
             charged_before, virtual_before, fake_before = Counter(model.charged), model.virtual, aws.seconds()
+            requested_before, log_before = aws.cloudwatch.metrics_requested, LOG.bytes
             adapters = Adapters(
                 policies=PolicyStore(aws.ssm, PREFIX),
                 fleet=Fleet(aws.ec2, aws.autoscaling),
@@ -103,6 +123,9 @@ def run_size(size: int, seed: int, *, sleep: bool) -> list[Measured]:
                     longest_s=wall,
                     machines=size,
                     state_writes=charged["dynamodb:PutItem"],
+                    metrics_requested=aws.cloudwatch.metrics_requested - requested_before,
+                    records_read=len(store.records),
+                    log_bytes=LOG.bytes - log_before,
                 )
             )
     finally:
@@ -135,7 +158,12 @@ def print_size(size: int, results: list[Measured]) -> bool:
     row("invocations", [r.invocations for r in results])
     row("longest invocation, s", [r.longest_s for r in results], ",.1f")
     row("  share of its timeout", [100 * r.longest_s / SWEEP_TIMEOUT_S for r in results], ",.0f", "%")
-    row("state writes (PutItem), % of machines", [100 * r.state_writes / r.machines for r in results], ",.1f", "%")
+    row(
+        "DynamoDB writes (state + audit), % of machines",
+        [100 * r.state_writes / r.machines for r in results],
+        ",.1f",
+        "%",
+    )
     gmd = [r.calls["cloudwatch:GetMetricData"] for r in results]
     row("GetMetricData calls", gmd)
     target = TARGETS.get(size)
@@ -150,6 +178,50 @@ def print_size(size: int, results: list[Measured]) -> bool:
         ok = False
         print(f"  MISSED steady state: {results[1].state_writes:,} writes > 10 % of {size:,} machines")
     return ok
+
+
+# us-east-1 list prices, November 2026.
+GMD_PER_1000_METRICS = 0.01
+DDB_PER_MILLION_WRITES = 0.625  # on-demand write request units (an item up to 1 KB; records are ~1-2 KB: 2 each)
+DDB_PER_MILLION_READS = 0.125  # on-demand read request units (BatchGetItem reads eventually consistent: 1/2)
+LAMBDA_PER_GB_SECOND = 0.0000133334  # arm64
+LAMBDA_PER_MILLION_REQUESTS = 0.20
+LOGS_PER_GB = 0.50
+LAMBDA_GB = 0.5  # the stack's sweep function
+BILL_FLEET = 10_000
+SWEEPS_PER_MONTH = 30 * 24 * 60 // 5
+
+
+def print_bill(steady: Measured) -> bool:
+    """The reaper's own monthly bill at 10,000 machines, 5-minute sweeps (every sweep priced as the steady
+    one, which most sweeps are), next to what the replay of the shipped sample trace saves at that size."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import savings  # the replay benchmark: the real core over the sample trace
+
+    n = SWEEPS_PER_MONTH
+    bill = {
+        "CloudWatch GetMetricData": steady.metrics_requested * n / 1000 * GMD_PER_1000_METRICS,
+        "DynamoDB writes": steady.state_writes * 2 * n / 1e6 * DDB_PER_MILLION_WRITES,
+        "DynamoDB reads": steady.records_read * 0.5 * n / 1e6 * DDB_PER_MILLION_READS,
+        "Lambda": steady.wall_s * LAMBDA_GB * n * LAMBDA_PER_GB_SECOND + n / 1e6 * LAMBDA_PER_MILLION_REQUESTS,
+        "Step Functions / SQS (one invocation suffices)": 0.0,
+        "CloudWatch Logs": steady.log_bytes * n / 1e9 * LOGS_PER_GB,
+    }
+    replay = savings.compare(savings.SAMPLE)
+    per_machine_day = replay["dollars_saved"] / replay["machine_days"]
+    saved = per_machine_day * BILL_FLEET * 30
+    total = sum(bill.values())
+    print(f"\n== the reaper's own bill at {BILL_FLEET:,} machines, a sweep every 5 min ({n:,} sweeps a month) ==")
+    for item, dollars in bill.items():
+        print(f"  {item:<{WIDTH}}{dollars:>12,.2f} $/month")
+    print(f"  {'total':<{WIDTH}}{total:>12,.2f} $/month")
+    print(
+        f"  savings the replay reports: ${replay['dollars_saved']:,.0f} over {replay['machine_days']:,.0f} machine-days"
+        f" of the sample trace = ${per_machine_day:,.2f} a machine-day -> ${saved:,.0f} a month at {BILL_FLEET:,}"
+    )
+    share = total / saved
+    print(f"  the reaper costs {share:.3%} of what it saves (target: under 1 %)")
+    return share < 0.01
 
 
 def check(size: int, seed: int) -> bool:
@@ -175,12 +247,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = sweep_module.logger.registered_handler
     if isinstance(handler, logging.StreamHandler):
-        handler.setStream(open(os.devnull, "w"))  # noqa: SIM115
+        handler.setStream(LOG)  # type: ignore[arg-type]
 
     print("idle-reaper sweep latency model: the real run_sweep over counting fakes, every call charged its latency")
     ok = True
+    measured = {}
     for size in [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]:
-        ok = print_size(size, run_size(size, args.seed, sleep=False)) and ok
+        measured[size] = run_size(size, args.seed, sleep=False)
+        ok = print_size(size, measured[size]) and ok
+    if BILL_FLEET in measured:
+        ok = print_bill(measured[BILL_FLEET][1]) and ok
     if args.check:
         ok = check(args.check, args.seed) and ok
     print("\nOK: every target met" if ok else "\nMISSED: see above")
@@ -189,6 +265,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-_ = math  # (kept for the bill arithmetic below)

@@ -76,7 +76,12 @@ class SweepReport:
 
     @property
     def errors(self) -> list[Decision]:
-        return [d for d in self.decisions if d.error]
+        return [d for d in self.decisions if d.error and d.error != DEFERRED]
+
+    @property
+    def deferred(self) -> list[Decision]:
+        """Machines this sweep ran out of time for: untouched, left to the next sweep."""
+        return [d for d in self.decisions if d.error == DEFERRED]
 
 
 @dataclass
@@ -120,7 +125,11 @@ def run_sweep(
     prices: Mapping[str, float] = DEFAULT_PRICES,
     policy_overrides: Mapping[str, TeamPolicyRef] | None = None,
     sweep_id: str | None = None,
+    time_left: Callable[[], float] | None = None,
 ) -> SweepReport:
+    """One sweep. `time_left` (seconds left in the invocation, e.g. from the Lambda context): once it falls
+    under FINISH_RESERVE the sweep starts no new work (no claim, no post) and finishes what it began, so it
+    never ends mid-action without a record; the machines it did not reach are left to the next sweep."""
     started = time.perf_counter()
     sweep_id = sweep_id or uuid.uuid4().hex
     now = now.astimezone(UTC)  # CloudWatch speaks UTC, and so do reasons and records
@@ -196,7 +205,7 @@ def run_sweep(
 
     written: set[str] = set()
     if not dry_run:
-        decisions, written = _apply(adapters, decisions, records, settings, sweep_id, now)
+        decisions, written = _apply(adapters, decisions, records, settings, sweep_id, now, time_left)
     # One log line per machine something happened to (an action, an error, a lifecycle change); the others'
     # explanation is their record (`idle-reaper status`), refreshed at least hourly. A dry run logs all.
     unchanged = 0
@@ -290,6 +299,7 @@ def _apply(
     settings: Settings,
     sweep_id: str,
     now: datetime,
+    time_left: Callable[[], float] | None = None,
 ) -> tuple[list[Decision], set[str]]:
     """Claim, act, tell, record; returns the decisions and the machines whose record this sweep wrote.
 
@@ -301,8 +311,13 @@ def _apply(
     Per-machine failures are recorded on the decision, never raised."""
     store = adapters.store
 
+    def out_of_time() -> bool:
+        return time_left is not None and time_left() < FINISH_RESERVE
+
     def claim(d: Decision) -> tuple[Decision, bool, bool]:
         """The decision, whether its record was written, whether this sweep now holds the machine."""
+        if out_of_time():
+            return replace(d, error=DEFERRED), False, False
         before = previous.get(d.machine.instance_id)
         d = _delivery_intent(d, before, now)
         hold = _posts_or_acts(d)
@@ -317,10 +332,12 @@ def _apply(
             d = replace(d, error="another sweep is handling this machine, or changed it first; nothing done")
         return d, saved, saved and hold
 
-    by_id: dict[str, Decision] = {}
+    by_id: dict[str, Decision] = {d.machine.instance_id: d for d in decisions}  # keeps the listing's order
     written: set[str] = set()
     claimed: set[str] = set()
-    for d, saved, held in run_concurrently(claim, decisions, DDB_WORKERS):
+    # What posts or acts first, so a sweep short of time spends it on what matters.
+    ordered = sorted(decisions, key=lambda d: not _posts_or_acts(d))
+    for d, saved, held in run_concurrently(claim, ordered, DDB_WORKERS):
         by_id[d.machine.instance_id] = d
         if saved:
             written.add(d.machine.instance_id)
@@ -349,12 +366,21 @@ def _apply(
     ):
         by_id[d.machine.instance_id] = d
     # Posting stays one at a time (Slack's own rate limits); the outcomes are then recorded concurrently.
-    told = [
-        _post(adapters, d, settings, now)
-        for d in by_id.values()
-        if d.machine.instance_id in claimed and not outcomes.get(d.machine.instance_id)
-    ]
+    # Out of time, nothing more is posted: a machine acted on still has its outcome recorded (unposted),
+    # one only to be warned or told goes back to its record from before this sweep, claim released.
+    told, untold = [], []
+    for d in by_id.values():
+        if d.machine.instance_id not in claimed or outcomes.get(d.machine.instance_id):
+            continue
+        if not out_of_time():
+            told.append(_post(adapters, d, settings, now))
+        elif d.machine.instance_id in outcomes:
+            told.append(replace(d, record=replace(d.record, version=d.record.version + 1)))
+        else:
+            untold.append(d)
     for d in run_concurrently(lambda d: _record_outcome(store, d, sweep_id), told, DDB_WORKERS):
+        by_id[d.machine.instance_id] = d
+    for d in run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id, DEFERRED), untold, DDB_WORKERS):
         by_id[d.machine.instance_id] = d
 
     audits: list[AuditEntry] = []
@@ -441,13 +467,26 @@ def _last_refresh_point(instance_id: str, now: datetime, every: timedelta) -> da
     return _EPOCH + timedelta(seconds=since // period * period + phase)
 
 
-def _stand_down(store: StateStore, d: Decision, previous: Mapping[str, MachineRecord], sweep_id: str) -> Decision:
+CHANGED_SINCE_LISTED = (
+    "the machine changed since this sweep listed it (another sweep or a person acted first); nothing done"
+)
+DEFERRED = "deferred: this sweep ran short of time before reaching it; nothing done, the next sweep takes it"
+# Seconds a time-aware sweep keeps for finishing what it began (acting on claimed machines, recording).
+FINISH_RESERVE = 30.0
+
+
+def _stand_down(
+    store: StateStore,
+    d: Decision,
+    previous: Mapping[str, MachineRecord],
+    sweep_id: str,
+    error: str = CHANGED_SINCE_LISTED,
+) -> Decision:
     """Put back the record as it was before this sweep claimed the machine, and release the claim."""
     before = previous.get(d.machine.instance_id) or MachineRecord(d.machine.instance_id, d.machine.team)
     record = replace(before, version=d.record.version + 1)
     with contextlib.suppress(*AwsError):
         store.save(record, sweep_id)  # if this fails, the claim lapses after SWEEP_LEASE
-    error = "the machine changed since this sweep listed it (another sweep or a person acted first); nothing done"
     return replace(d, record=record, error=error)
 
 

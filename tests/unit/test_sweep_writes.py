@@ -110,3 +110,67 @@ def test_a_lifecycle_change_is_written_at_once() -> None:
     d = sweep(aws, store, T + timedelta(minutes=10)).decisions[0]
     assert store.records[box].version == version + 1, "a new policy version is a lifecycle change"
     assert store.records[box].policy_version == d.record.policy_version
+
+
+# ---------------------------------------------------------------------------------------------
+# Time-aware sweeps: short of time, start nothing new, finish and record what began.
+
+
+class Budget:
+    """Seconds left, as a scripted series of answers (the sweep asks before each claim and each post);
+    none once the script ends."""
+
+    def __init__(self, *answers: float) -> None:
+        self.answers = list(answers)
+
+    def __call__(self) -> float:
+        return self.answers.pop(0) if self.answers else 0.0
+
+
+PLENTY, NONE = 600.0, 0.0
+
+
+def test_a_sweep_short_of_time_claims_nothing_more_and_the_next_sweep_takes_the_rest() -> None:
+    aws = account({"idle_minutes": 90, "warn_minutes": 30})
+    idle = [
+        aws.launch("m5.large", team="ml", profile=quiet_since(T - timedelta(minutes=60)), launch_time=DAY_AGO)
+        for _ in range(6)
+    ]
+    store = CountingStateStore()
+    # Time for two of the six claims; then, asked again before posting, time for those two posts.
+    script = (PLENTY, PLENTY, NONE, NONE, NONE, NONE, PLENTY, PLENTY)
+    report = run_sweep(aws.adapters(store=store), now=T, time_left=Budget(*script))
+    warned = {d.machine.instance_id for d in report.decisions if d.action is Action.WARN and not d.error}
+    deferred = {d.machine.instance_id for d in report.deferred}
+    assert len(warned) == 2 and deferred == set(idle) - warned
+    assert report.errors == [], "running short of time is not an error"
+    # Deferred machines: no record, no claim, no warning; warned ones are recorded and released.
+    assert all(i not in store.records for i in deferred)
+    assert all(store.records[i].warning_delivered_at == T and store.claim_of(i) is None for i in warned)
+
+    later = run_sweep(aws.adapters(store=store), now=T + timedelta(minutes=5))
+    assert {d.machine.instance_id for d in later.decisions if d.action is Action.WARN} == deferred
+
+
+def test_out_of_time_after_acting_still_records_every_stop_and_posts_nothing_new() -> None:
+    aws = account({"idle_minutes": 90, "warn_minutes": 30})
+    due = [
+        aws.launch("m5.large", team="ml", profile=quiet_since(T - timedelta(minutes=60)), launch_time=DAY_AGO)
+        for _ in range(3)
+    ]
+    store = CountingStateStore()
+    run_sweep(aws.adapters(store=store), now=T)  # warned at T, due at T + 30
+    fresh = aws.launch("m5.large", team="ml", profile=quiet_since(T - timedelta(minutes=30)), launch_time=DAY_AGO)
+    # Enough time to claim the four machines, none left once the stops are done.
+    report = run_sweep(
+        aws.adapters(store=store), now=T + timedelta(minutes=30), time_left=Budget(PLENTY, PLENTY, PLENTY, PLENTY)
+    )
+    actions = {d.machine.instance_id: d for d in report.decisions}
+    for i in due:
+        assert aws.ec2.state_of(i) in ("stopping", "stopped")
+        assert store.records[i].state.value == "reaped" and store.claim_of(i) is None, "a stop is always recorded"
+        assert actions[i].error is None
+    # The new warning was not posted: its record is as before the sweep (none), its claim released.
+    assert actions[fresh].error is not None and "deferred" in actions[fresh].error
+    assert store.claim_of(fresh) is None
+    assert store.records[fresh].warned_at is None
