@@ -1015,6 +1015,14 @@ class CountingStateStore(InMemoryStateStore):
                 self.counts["ConditionalCheckFailed"] += 1
         return ok
 
+    def put_lookup(self, key: str, value: str, expires: datetime) -> None:
+        self._request("PutItem")  # shard manifests and results, alert counters
+        super().put_lookup(key, value, expires)
+
+    def get_lookup(self, key: str, now: datetime) -> str | None:
+        self._request("GetItem")
+        return super().get_lookup(key, now)
+
     def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None:
         self.counts["audit"] += 1
         self._request("PutItem")

@@ -10,7 +10,8 @@ need no locking and every run is the same.
                         pause_a="claimed", pause_b="loaded")
 
 Steps, in the order a sweep passes them:
-    listed     the machines are discovered
+    listed     the machines are discovered (by a sweep, or by the planner of a sharded one; a shard
+               worker's own listing passes it too)
     loaded     their records are read
     claimed    a record was written together with this sweep's claim (the intent: warn, stop, ...)
     acted      a machine action call returned (stop, hibernate, protection, terminate)
@@ -86,6 +87,11 @@ class SteppedFleet(Fleet):
 
     def discover(self, tags: TagKeys) -> list[Machine]:
         machines = self.inner.discover(tags)
+        self.gate.at("listed")
+        return machines
+
+    def describe_ids(self, instance_ids: Sequence[str], tags: TagKeys) -> list[Machine]:
+        machines = self.inner.describe_ids(instance_ids, tags)  # a shard worker's listing
         self.gate.at("listed")
         return machines
 

@@ -292,15 +292,18 @@ class Fleet:
         """Those of `machines` that are still as discovery described them: running, same launch, same group
         and protection. A sweep that listed its machines before another sweep (or a person) acted on them
         must not act again on what it saw then."""
-        current: dict[str, Machine] = {}
+        current = {m.instance_id: m for m in self.describe_ids([m.instance_id for m in machines], tags)}
+        return {m.instance_id for m in machines if current.get(m.instance_id) == m}
+
+    def describe_ids(self, instance_ids: Sequence[str], tags: TagKeys) -> list[Machine]:
+        """Those of the given machines that discovery would list now (running, tagged), described afresh:
+        200 ids a DescribeInstances call, the calls concurrently. A shard worker's discovery."""
 
         def describe(batch: Sequence[str]) -> list[Machine]:
             return self._describe(tags, [{"Name": "instance-id", "Values": list(batch)}])
 
-        batches = list(_chunks(sorted({m.instance_id for m in machines}), FILTER_VALUES))
-        for found in run_concurrently(describe, batches, ACTION_WORKERS):
-            current.update((m.instance_id, m) for m in found)
-        return {m.instance_id for m in machines if current.get(m.instance_id) == m}
+        batches = list(_chunks(sorted(set(instance_ids)), FILTER_VALUES))
+        return [m for found in run_concurrently(describe, batches, ACTION_WORKERS) for m in found]
 
     def _describe(self, tags: TagKeys, only: list[dict[str, Any]]) -> list[Machine]:
         machines: list[Machine] = []
