@@ -12,21 +12,23 @@ sweeps at +0, +5 and +30 min) it prints calls by operation (DynamoDB included), 
 total wall, the longest single invocation and its share of the sweep Lambda's timeout, and the invocations
 used. Then the reaper's own monthly AWS bill at 10,000 machines and 5-minute sweeps.
 
-    python benchmarks/sweep_latency.py [--sizes 1000,10000,50000] [--check 2000]
+    python benchmarks/sweep_latency.py [--sizes 1000,10000,50000,200000] [--check 2000]
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import logging
 import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 for path in (ROOT, ROOT / "benchmarks"):
@@ -39,13 +41,26 @@ from sweep_cost import PREFIX, T0, build_fleet  # noqa: E402
 from idle_reaper import sweep as sweep_module  # noqa: E402
 from idle_reaper.aws import Fleet, MetricsReader, PolicyStore  # noqa: E402
 from idle_reaper.notify import LoggingNotifier  # noqa: E402
-from idle_reaper.sweep import Adapters, run_sweep  # noqa: E402
-from testkit.fake_aws import CountingStateStore, LatencyModel  # noqa: E402
+from idle_reaper.sweep import (  # noqa: E402
+    SHARD_SIZE,
+    SHARDS_AT_ONCE,
+    Adapters,
+    GatherTask,
+    ShardTask,
+    gather_sweep,
+    plan_sweep,
+    run_shard,
+    run_sweep,
+)
+from testkit.fake_aws import CountingStateStore, FakeAws, LatencyModel  # noqa: E402
 
 # First look; the steady sweep 5 minutes later (the stack's default schedule: what most sweeps are);
 # reaping when the first look's warnings fall due.
 SWEEPS = (T0, T0 + timedelta(minutes=5), T0 + timedelta(minutes=30))
-SWEEP_TIMEOUT_S = 240.0  # the stack's sweep Lambda at the default 5-minute schedule (schedule - 1 min)
+SWEEP_TIMEOUT_S = 240.0  # the stack's sweep and shard worker Lambdas at the default 5-minute schedule
+# Step Functions' own time between states (Map start, iteration hand-offs, the gather state): a few
+# transitions of a few tens of ms each; charged once per sharded sweep.
+STATE_OVERHEAD_S = 0.1
 LABELS = ("#1 first", "#2 steady", "#3 reaping")
 TARGETS = {50_000: 60.0, 200_000: 120.0}
 DDB_OPS = ("PutItem", "BatchGetItem", "BatchWriteItem", "GetItem", "DeleteItem", "Query")
@@ -81,51 +96,107 @@ class Measured:
     metrics_requested: int = 0
     records_read: int = 0
     log_bytes: int = 0
+    shards: int = 1
+    lambda_s: float = 0.0  # the invocations' walls summed: what Lambda bills
 
 
-def run_size(size: int, seed: int, *, sleep: bool) -> list[Measured]:
+class Segments:
+    """Times one invocation at a time: its modelled wall (latency on the virtual clock plus the code's own
+    CPU) or, when slept, its measured wall (minus the fakes' own time)."""
+
+    def __init__(self, model: LatencyModel, aws: FakeAws, *, sleep: bool) -> None:
+        self.model, self.aws, self.sleep = model, aws, sleep
+
+    def time(self, fn: Callable[[], Any]) -> tuple[Any, float, float]:
+        """fn's result, its wall and its own CPU time."""
+        virtual, fake = self.model.virtual, self.aws.seconds()
+        started, cpu_started = time.perf_counter(), time.process_time()
+        result = fn()
+        real, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        fake = self.aws.seconds() - fake
+        own = cpu - fake  # CPU of the code under test: the process's, minus the fakes'
+        return result, (real - fake if self.sleep else self.model.virtual - virtual + own), own
+
+
+def map_wall(durations: Sequence[float], lanes: int) -> float:
+    """Wall of a Map state running these iterations, at most `lanes` at once, each on the lane that frees first."""
+    free = [0.0] * max(1, min(lanes, len(durations)))
+    for d in durations:
+        heapq.heappush(free, heapq.heappop(free) + d)
+    return max(free)
+
+
+def run_size(size: int, seed: int, *, sleep: bool, shard_size: int = SHARD_SIZE) -> list[Measured]:
+    """Each sweep as the stack runs it: the scheduled sweep plans; a fleet that fits one shard is swept in
+    that invocation, a larger one goes to the state machine, whose Map runs a worker invocation per shard
+    (SHARDS_AT_ONCE at a time) and then the gather step. Invocations are timed one by one (each is its own
+    Lambda, with its own CPU), and composed as Step Functions runs them."""
     bench = build_fleet(size, seed)
     aws = bench.aws
     model = LatencyModel(sleep=sleep)
     aws.set_latency(model)
     store = CountingStateStore(model)
     notifier = LoggingNotifier(sweep_module.logger, delivers=True)
+    adapters = Adapters(
+        policies=PolicyStore(aws.ssm, PREFIX),
+        fleet=Fleet(aws.ec2, aws.autoscaling),
+        metrics=MetricsReader(aws.cloudwatch),
+        store=store,
+        notifier=notifier,
+    )
+    segments = Segments(model, aws, sleep=sleep)
     model.install()
     results = []
     try:
         for now in SWEEPS:
-            charged_before, virtual_before, fake_before = Counter(model.charged), model.virtual, aws.seconds()
-            requested_before, log_before = aws.cloudwatch.metrics_requested, LOG.bytes
-            adapters = Adapters(
-                policies=PolicyStore(aws.ssm, PREFIX),
-                fleet=Fleet(aws.ec2, aws.autoscaling),
-                metrics=MetricsReader(aws.cloudwatch),
-                store=store,
-                notifier=notifier,
+            charged_before, requested_before, log_before = (
+                Counter(model.charged),
+                aws.cloudwatch.metrics_requested,
+                LOG.bytes,
             )
-            started, cpu_started = time.perf_counter(), time.process_time()
-            run_sweep(adapters, now=now)
-            real, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-            fake = aws.seconds() - fake_before
+            writes_before = model.charged["dynamodb:PutItem"]
+            plan, planner_s, cpu_s = segments.time(
+                lambda now=now: plan_sweep(adapters, now=now, in_place=True, shard_size=shard_size)
+            )
+            if plan.shards == 1:
+                _, swept_s, swept_cpu = segments.time(
+                    lambda now=now, plan=plan: run_sweep(adapters, now=now, sweep_id=plan.sweep_id, listed=plan.listed)
+                )
+                walls, wall, cpu_s = [planner_s + swept_s], planner_s + swept_s, cpu_s + swept_cpu
+            else:
+                model.charge("states:StartExecution")
+                shard_walls = []
+                for index in range(plan.shards):
+                    model.charge("states:InvokeLambda")
+                    concurrent = min(plan.shards, SHARDS_AT_ONCE)  # as the execution input says
+                    task = ShardTask(sweep_id=plan.sweep_id, now=plan.now, shard=index, concurrent_shards=concurrent)
+                    _, shard_s, shard_cpu = segments.time(lambda task=task: run_shard(adapters, task))
+                    shard_walls.append(shard_s + model.latency["states:InvokeLambda"])
+                    cpu_s += shard_cpu
+                model.charge("states:InvokeLambda")
+                gather_task = GatherTask(sweep_id=plan.sweep_id, now=plan.now, shards=list(range(plan.shards)))
+                gathered, gather_s, gather_cpu = segments.time(lambda t=gather_task: gather_sweep(adapters, t))
+                assert not gathered.failed, gathered.failed
+                cpu_s += gather_cpu
+                start_s = model.latency["states:StartExecution"]
+                walls = [planner_s + start_s, *shard_walls, gather_s]
+                wall = planner_s + start_s + map_wall(shard_walls, SHARDS_AT_ONCE) + gather_s + STATE_OVERHEAD_S
             charged = model.charged - charged_before
-            latency = model.virtual - virtual_before
-            # Modelled: one thread does all the work, so its CPU time (minus the fakes') is the code's own.
-            own = cpu - fake
-            wall = real - fake if sleep else latency + own
-            calls = Counter({op: n for op, n in charged.items()})
             results.append(
                 Measured(
-                    calls=calls,
+                    calls=Counter(dict(charged)),
                     charged_s={op: n * model.latency.get(op, 0.0) for op, n in charged.items()},
                     wall_s=wall,
-                    cpu_s=own,
-                    invocations=1,
-                    longest_s=wall,
+                    cpu_s=cpu_s,
+                    invocations=len(walls),
+                    longest_s=max(walls),
                     machines=size,
-                    state_writes=charged["dynamodb:PutItem"],
+                    state_writes=model.charged["dynamodb:PutItem"] - writes_before,
                     metrics_requested=aws.cloudwatch.metrics_requested - requested_before,
                     records_read=len(store.records),
                     log_bytes=LOG.bytes - log_before,
+                    shards=plan.shards,
+                    lambda_s=sum(walls),
                 )
             )
     finally:
@@ -155,7 +226,8 @@ def print_size(size: int, results: list[Measured]) -> bool:
     row("  sum: the sweep with no overlap, s", [sum(r.charged_s.values()) for r in results], ",.1f")
     row("code's own CPU (this machine), s", [r.cpu_s for r in results], ",.1f")
     row("modelled wall, s", [r.wall_s for r in results], ",.1f")
-    row("invocations", [r.invocations for r in results])
+    row("shards", [r.shards for r in results])
+    row("invocations (planner + shard workers + gather)", [r.invocations for r in results])
     row("longest invocation, s", [r.longest_s for r in results], ",.1f")
     row("  share of its timeout", [100 * r.longest_s / SWEEP_TIMEOUT_S for r in results], ",.0f", "%")
     row(
@@ -187,14 +259,21 @@ DDB_PER_MILLION_READS = 0.125  # on-demand read request units (BatchGetItem read
 LAMBDA_PER_GB_SECOND = 0.0000133334  # arm64
 LAMBDA_PER_MILLION_REQUESTS = 0.20
 LOGS_PER_GB = 0.50
-LAMBDA_GB = 0.5  # the stack's sweep function
+LAMBDA_GB = 1.769  # the stack's sweep and shard worker functions (one full vCPU); the gather step is smaller
+STEP_FUNCTIONS_PER_1000_TRANSITIONS = 0.025  # standard workflows
 BILL_FLEET = 10_000
 SWEEPS_PER_MONTH = 30 * 24 * 60 // 5
 
 
+def state_transitions(shards: int) -> int:
+    """Step Functions state transitions of one sweep: none when it is swept in place; else the Map, a task
+    per shard (and its exit), the gather step and the end."""
+    return 0 if shards == 1 else 3 + 2 * shards
+
+
 def print_bill(steady: Measured) -> bool:
-    """The reaper's own monthly bill at 10,000 machines, 5-minute sweeps (every sweep priced as the steady
-    one, which most sweeps are), next to what the replay of the shipped sample trace saves at that size."""
+    """The reaper's own monthly bill at the steady sweep's fleet size, 5-minute sweeps (every sweep priced as
+    the steady one, which most sweeps are), next to what the replay of the shipped sample trace saves there."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import savings  # the replay benchmark: the real core over the sample trace
 
@@ -203,21 +282,26 @@ def print_bill(steady: Measured) -> bool:
         "CloudWatch GetMetricData": steady.metrics_requested * n / 1000 * GMD_PER_1000_METRICS,
         "DynamoDB writes": steady.state_writes * 2 * n / 1e6 * DDB_PER_MILLION_WRITES,
         "DynamoDB reads": steady.records_read * 0.5 * n / 1e6 * DDB_PER_MILLION_READS,
-        "Lambda": steady.wall_s * LAMBDA_GB * n * LAMBDA_PER_GB_SECOND + n / 1e6 * LAMBDA_PER_MILLION_REQUESTS,
-        "Step Functions / SQS (one invocation suffices)": 0.0,
+        "Lambda": steady.lambda_s * LAMBDA_GB * n * LAMBDA_PER_GB_SECOND
+        + steady.invocations * n / 1e6 * LAMBDA_PER_MILLION_REQUESTS,
+        f"Step Functions ({steady.shards} shard(s) a sweep)": state_transitions(steady.shards)
+        * n
+        / 1000
+        * STEP_FUNCTIONS_PER_1000_TRANSITIONS,
         "CloudWatch Logs": steady.log_bytes * n / 1e9 * LOGS_PER_GB,
     }
     replay = savings.compare(savings.SAMPLE)
     per_machine_day = replay["dollars_saved"] / replay["machine_days"]
-    saved = per_machine_day * BILL_FLEET * 30
+    fleet = steady.machines
+    saved = per_machine_day * fleet * 30
     total = sum(bill.values())
-    print(f"\n== the reaper's own bill at {BILL_FLEET:,} machines, a sweep every 5 min ({n:,} sweeps a month) ==")
+    print(f"\n== the reaper's own bill at {fleet:,} machines, a sweep every 5 min ({n:,} sweeps a month) ==")
     for item, dollars in bill.items():
         print(f"  {item:<{WIDTH}}{dollars:>12,.2f} $/month")
     print(f"  {'total':<{WIDTH}}{total:>12,.2f} $/month")
     print(
         f"  savings the replay reports: ${replay['dollars_saved']:,.0f} over {replay['machine_days']:,.0f} machine-days"
-        f" of the sample trace = ${per_machine_day:,.2f} a machine-day -> ${saved:,.0f} a month at {BILL_FLEET:,}"
+        f" of the sample trace = ${per_machine_day:,.2f} a machine-day -> ${saved:,.0f} a month at {fleet:,}"
     )
     share = total / saved
     print(f"  the reaper costs {share:.3%} of what it saves (target: under 1 %)")
@@ -225,23 +309,27 @@ def print_bill(steady: Measured) -> bool:
 
 
 def check(size: int, seed: int) -> bool:
-    """The model against a run that really sleeps every latency on real thread pools."""
-    modelled = run_size(size, seed, sleep=False)
-    slept = run_size(size, seed, sleep=True)
-    print(f"\n== check at {size:,} machines: modelled wall against a run that really sleeps each latency ==")
-    print(f"  {'':<{WIDTH}}" + "".join(f"{h:>12}" for h in LABELS))
-    row("modelled, s", [r.wall_s for r in modelled], ",.2f")
-    row("slept on real threads, s", [r.wall_s for r in slept], ",.2f")
-    ratios = [m.wall_s / s.wall_s for m, s in zip(modelled, slept, strict=True)]
-    row("modelled / slept", [100 * x for x in ratios], ",.0f", "%")
-    ok = all(0.8 <= x <= 1.2 for x in ratios)
-    print("  OK: within 20 %" if ok else "  FAIL: the model is more than 20 % off")
+    """The model against a run that really sleeps every latency on real thread pools: swept in one
+    invocation, and in four shards (each shard's invocation timed alone, as its own Lambda runs it)."""
+    ok = True
+    for shard_size, how in ((SHARD_SIZE, "in one invocation"), (-(-size // 4), "in 4 shards")):
+        modelled = run_size(size, seed, sleep=False, shard_size=shard_size)
+        slept = run_size(size, seed, sleep=True, shard_size=shard_size)
+        print(f"\n== check at {size:,} machines {how}: modelled wall against a run that really sleeps each latency ==")
+        print(f"  {'':<{WIDTH}}" + "".join(f"{h:>12}" for h in LABELS))
+        row("modelled, s", [r.wall_s for r in modelled], ",.2f")
+        row("slept on real threads, s", [r.wall_s for r in slept], ",.2f")
+        ratios = [m.wall_s / s.wall_s for m, s in zip(modelled, slept, strict=True)]
+        row("modelled / slept", [100 * x for x in ratios], ",.0f", "%")
+        within = all(0.8 <= x <= 1.2 for x in ratios)
+        print("  OK: within 20 %" if within else "  FAIL: the model is more than 20 % off")
+        ok = ok and within
     return ok
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="1000,10000,50000", help="comma-separated fleet sizes")
+    parser.add_argument("--sizes", default="1000,10000,50000,200000", help="comma-separated fleet sizes")
     parser.add_argument("--check", type=int, default=2000, help="fleet size of the slept check (0: skip)")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
@@ -255,8 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for size in [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]:
         measured[size] = run_size(size, args.seed, sleep=False)
         ok = print_size(size, measured[size]) and ok
-    if BILL_FLEET in measured:
-        ok = print_bill(measured[BILL_FLEET][1]) and ok
+    for size in sorted({BILL_FLEET, max(measured, default=0)} & set(measured)):
+        ok = print_bill(measured[size][1]) and ok
     if args.check:
         ok = check(args.check, args.seed) and ok
     print("\nOK: every target met" if ok else "\nMISSED: see above")

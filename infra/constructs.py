@@ -287,6 +287,7 @@ class SweepFanout(Construct):
                 "now.$": "$.now",
                 "dry_run.$": "$.dry_run",
                 "shard.$": "$$.Map.Item.Value",
+                "concurrent_shards.$": "$.concurrent_shards",
             },
             result_path="$.results",
         )

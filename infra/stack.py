@@ -20,6 +20,7 @@ from cdk_nag import AwsSolutionsChecks, NagPackSuppression, RegexAppliesTo
 from constructs import Construct, Node
 
 from idle_reaper.policy import Settings, TeamPolicy
+from idle_reaper.sweep import SHARDS_AT_ONCE
 from infra.bundling import REPO_ROOT, dependency_layer_code
 from infra.constructs import (
     METRICS_NAMESPACE,
@@ -38,9 +39,6 @@ ALARMS_HANDLER = "idle_reaper.handlers.alarms.handler"
 SHARD_HANDLER = "idle_reaper.handlers.fanout.shard_handler"
 GATHER_HANDLER = "idle_reaper.handlers.fanout.gather_handler"
 FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # handlers/sweep.py: hand a fleet larger than one shard to the state machine
-# Shards swept at once. 20 shards of sweep.SHARD_SIZE machines is 200,000 machines in one wave; at that
-# concurrency GetMetricData stays under its default 50 requests a second (docs/deploying.md, quotas).
-SHARDS_AT_ONCE = 20
 # 1,769 MB is one full vCPU: the sweep's own CPU time (benchmarks/sweep_latency.py) is measured on one core.
 SWEEP_MEMORY_MB = 1769
 

@@ -101,6 +101,7 @@ LATENCY: dict[str, float] = {
     "ssm:GetParametersByPath": 0.03,
     "ssm:PutParameter": 0.03,
     "states:StartExecution": 0.02,
+    "states:InvokeLambda": 0.02,  # the state machine starting a shard worker or the gather step
     "sqs:SendMessageBatch": 0.02,
 }
 

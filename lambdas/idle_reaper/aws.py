@@ -58,6 +58,10 @@ DDB_BATCH_GET = 100
 # at 4,000 writes/s). EC2 and Auto Scaling calls run on 8 threads per kind of action (at 0.2-0.3 s a call,
 # 25-40 calls/s); the adaptive retry mode slows a client down when a bucket runs dry (docs/deploying.md).
 METRIC_WORKERS = 20
+# GetMetricData's default quota, transactions per second per account and region (adjustable), and what one
+# call takes in-region: how many calls the shards of one sweep may make at once together.
+GET_METRIC_DATA_TPS = 50
+GET_METRIC_DATA_SECONDS = 0.6
 DDB_WORKERS = 32
 ACTION_WORKERS = 8
 OWNER_INDEX = "owner-index"  # the state table's GSI on owner_slack_id (the Slack status and keep commands)
@@ -467,8 +471,9 @@ class MetricFetchStats:
 class MetricsReader:
     """Packs every machine's CPU, GPU (and network) queries into as few GetMetricData calls as possible."""
 
-    def __init__(self, cloudwatch: Any) -> None:
+    def __init__(self, cloudwatch: Any, workers: int = METRIC_WORKERS) -> None:
         self.cloudwatch = cloudwatch
+        self.workers = workers  # GetMetricData calls at once (fewer when shards of one sweep share the quota)
         self.stats = MetricFetchStats()
         self._stats_lock = threading.Lock()  # batches run on several threads
 
@@ -535,7 +540,7 @@ class MetricsReader:
                 incomplete.update(owner[q["Id"]][0] for q in batch)
                 self._count(failed_calls=1)
 
-        run_concurrently(read, list(_chunks(queries, per_call)), METRIC_WORKERS)
+        run_concurrently(read, list(_chunks(queries, per_call)), self.workers)
         result: dict[str, Signals] = {}
         for instance_id in instance_ids:
             series = {kind: sorted(points.get((instance_id, kind), [])) for kind, _, _ in kinds}

@@ -22,7 +22,10 @@ from idle_reaper.aws import (
     ACTION_WORKERS,
     DATAPOINTS_PER_CALL,
     DDB_WORKERS,
+    GET_METRIC_DATA_SECONDS,
+    GET_METRIC_DATA_TPS,
     METRIC_QUERIES_PER_CALL,
+    METRIC_WORKERS,
     ActionOutcome,
     AuditEntry,
     AwsError,
@@ -695,6 +698,9 @@ def decision_row(d: Decision) -> dict[str, Any]:
 # ~15-20 s: well inside half of a worker's timeout, and its manifest (~22 bytes an id) inside DynamoDB's
 # 400 KB item limit.
 SHARD_SIZE = 10_000
+# Shards the state machine's Map sweeps at once: 20 x SHARD_SIZE is 200,000 machines in one wave. Together
+# they keep GetMetricData under its quota (metric_workers), the one that binds at that size.
+SHARDS_AT_ONCE = 20
 MANIFEST_TTL = timedelta(days=1)
 FAILED_SHARDS_ALERT_AFTER = 3  # consecutive sweeps with a failed shard before the admins are told
 _FAILED_SWEEPS_KEY = "fanout#consecutive-failed-sweeps"
@@ -720,6 +726,7 @@ class Plan:
             "now": self.now.isoformat(),
             "dry_run": self.dry_run,
             "shards": list(range(self.shards)),
+            "concurrent_shards": min(self.shards, SHARDS_AT_ONCE),
         }
 
 
@@ -731,6 +738,7 @@ class ShardTask(BaseModel):
     now: AwareDatetime
     dry_run: bool = False
     shard: int = Field(ge=0)
+    concurrent_shards: int = Field(default=1, ge=1, le=1000)  # shards of this sweep running at once
 
 
 class ShardDone(BaseModel):
@@ -853,6 +861,13 @@ def plan_sweep(
     return replace(plan, listed=())
 
 
+def metric_workers(concurrent_shards: int) -> int:
+    """GetMetricData threads of one shard worker, so that the shards running at once together stay under
+    the account's GetMetricData quota (about GET_METRIC_DATA_TPS x GET_METRIC_DATA_SECONDS calls in flight)."""
+    in_flight = int(GET_METRIC_DATA_TPS * GET_METRIC_DATA_SECONDS)
+    return max(1, min(METRIC_WORKERS, in_flight // concurrent_shards))
+
+
 def _load_settings(adapters: Adapters) -> tuple[Settings, int | None]:
     try:
         return adapters.policies.load_settings()
@@ -875,6 +890,9 @@ def run_shard(
     if manifest is None:
         raise SweepCannotRun(f"shard {index} of sweep {sweep_id} has no manifest; nothing was changed")
     ids = [str(i) for i in json.loads(manifest)]
+    workers = metric_workers(task.concurrent_shards)
+    if workers != adapters.metrics.workers:
+        adapters = replace(adapters, metrics=MetricsReader(adapters.metrics.cloudwatch, workers=workers))
     report = run_sweep(
         adapters,
         now=task.now,
@@ -1002,8 +1020,12 @@ def run_sharded(
     functions the state machine runs; what the CLI and the demo run."""
     plan = plan_sweep(adapters, now=now, dry_run=dry_run, sweep_id=sweep_id, shard_size=shard_size)
 
+    concurrent = min(plan.shards, workers)
+
     def work(index: int) -> SweepReport | str:
-        task = ShardTask(sweep_id=plan.sweep_id, now=plan.now, dry_run=plan.dry_run, shard=index)
+        task = ShardTask(
+            sweep_id=plan.sweep_id, now=plan.now, dry_run=plan.dry_run, shard=index, concurrent_shards=concurrent
+        )
         try:
             return run_shard(adapters, task)[0]
         except Exception as exc:  # a failed shard is reported; the others go on

@@ -81,12 +81,13 @@ def test_the_planner_hands_a_large_fleet_to_the_state_machine_whose_shards_and_g
     [execution] = sfn.list_executions(stateMachineArn=arn)["executions"]
     plan = json.loads(sfn.describe_execution(executionArn=execution["executionArn"])["input"])
     assert plan["shards"] == [0, 1, 2] and execution["name"] == plan["sweep_id"]
+    assert plan["concurrent_shards"] == 3
     assert len(json.dumps(plan)) < 200, "only indices travel between states, never the instance ids"
 
     # What the Map does: one worker per index, with the item selector's event.
     results = []
     for shard in plan["shards"]:
-        event = {"sweep_id": plan["sweep_id"], "now": plan["now"], "dry_run": plan["dry_run"], "shard": shard}
+        event = {k: plan[k] for k in ("sweep_id", "now", "dry_run", "concurrent_shards")} | {"shard": shard}
         results.append(fanout.shard_handler(event, LambdaContextStub()))
     assert sum(r["machines"] for r in results) == 7
     capsys.readouterr()

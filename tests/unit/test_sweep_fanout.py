@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from idle_reaper.aws import GET_METRIC_DATA_SECONDS, GET_METRIC_DATA_TPS, METRIC_WORKERS
 from idle_reaper.core import Action, Machine
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import Settings
@@ -23,6 +24,7 @@ from idle_reaper.sweep import (
     gather_sweep,
     logger,
     manifest_key,
+    metric_workers,
     plan_sweep,
     run_shard,
     run_sharded,
@@ -217,3 +219,13 @@ def test_gather_counts_a_shard_without_result_as_failed_and_a_dry_run_counts_not
     assert store.get_lookup("fanout#consecutive-failed-sweeps", NOW) == "1"
     gather_sweep(aws.adapters(store=store), task.model_copy(update={"dry_run": True}))
     assert store.get_lookup("fanout#consecutive-failed-sweeps", NOW) == "1", "a dry run is no sweep"
+
+
+@pytest.mark.parametrize("concurrent", [1, 2, 5, 20, 40, 1000])
+def test_shards_running_at_once_share_the_get_metric_data_quota(concurrent: int):
+    threads = metric_workers(concurrent)
+    assert 1 <= threads <= METRIC_WORKERS
+    # Calls in flight across the shards, at ~0.6 s a call, stay under the quota's 50 a second (one each at least).
+    assert concurrent * threads <= max(concurrent, GET_METRIC_DATA_TPS * GET_METRIC_DATA_SECONDS)
+    if concurrent == 1:
+        assert threads == METRIC_WORKERS, "a sweep alone keeps its full pool"
