@@ -301,17 +301,27 @@ class Fleet:
 
     def describe_ids(self, instance_ids: Sequence[str], tags: TagKeys) -> list[Machine]:
         """Those of the given machines that discovery would list now (running, tagged), described afresh:
-        200 ids a DescribeInstances call, the calls concurrently. A shard worker's discovery."""
+        200 ids a DescribeInstances call, the calls concurrently, then their groups in one go. A shard
+        worker's discovery."""
 
-        def describe(batch: Sequence[str]) -> list[Machine]:
-            return self._describe(tags, [{"Name": "instance-id", "Values": list(batch)}])
+        def describe(batch: Sequence[str]) -> tuple[list[Machine], dict[str, str]]:
+            return self._list(tags, [{"Name": "instance-id", "Values": list(batch)}])
 
+        machines: list[Machine] = []
+        asg_tagged: dict[str, str] = {}
         batches = list(_chunks(sorted(set(instance_ids)), FILTER_VALUES))
-        return [m for found in run_concurrently(describe, batches, ACTION_WORKERS) for m in found]
+        for found, tagged in run_concurrently(describe, batches, ACTION_WORKERS):
+            machines += found
+            asg_tagged.update(tagged)
+        return self._with_membership(machines, asg_tagged)
 
     def _describe(self, tags: TagKeys, only: list[dict[str, Any]]) -> list[Machine]:
+        return self._with_membership(*self._list(tags, only))
+
+    def _list(self, tags: TagKeys, only: list[dict[str, Any]]) -> tuple[list[Machine], dict[str, str]]:
+        """The machines DescribeInstances lists, and the group each member's tag names (instance id -> group)."""
         machines: list[Machine] = []
-        asg_tagged: dict[str, str] = {}  # instance id -> the group its tag names
+        asg_tagged: dict[str, str] = {}
         filters = [
             {"Name": "instance-state-name", "Values": ["running"]},
             {"Name": "tag-key", "Values": [tags.team]},
@@ -343,6 +353,9 @@ class Fleet:
                     # Only members carry this AWS-managed tag: ask the ASG API about their groups alone.
                     if tag.get("aws:autoscaling:groupName"):
                         asg_tagged[inst["InstanceId"]] = tag["aws:autoscaling:groupName"]
+        return machines, asg_tagged
+
+    def _with_membership(self, machines: list[Machine], asg_tagged: Mapping[str, str]) -> list[Machine]:
         membership = self._membership(asg_tagged)
         return [
             replace(m, asg_name=membership[m.instance_id][0], asg_protected=membership[m.instance_id][1])
