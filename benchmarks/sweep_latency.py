@@ -39,12 +39,10 @@ os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO")
 from sweep_cost import PREFIX, T0, build_fleet  # noqa: E402
 
 from idle_reaper import sweep as sweep_module  # noqa: E402
-from idle_reaper.aws import Fleet, MetricsReader, PolicyStore  # noqa: E402
 from idle_reaper.notify import LoggingNotifier  # noqa: E402
 from idle_reaper.sweep import (  # noqa: E402
     SHARD_SIZE,
     SHARDS_AT_ONCE,
-    Adapters,
     GatherTask,
     ShardTask,
     gather_sweep,
@@ -137,13 +135,7 @@ def run_size(size: int, seed: int, *, sleep: bool, shard_size: int = SHARD_SIZE)
     aws.set_latency(model)
     store = CountingStateStore(model)
     notifier = LoggingNotifier(sweep_module.logger, delivers=True)
-    adapters = Adapters(
-        policies=PolicyStore(aws.ssm, PREFIX),
-        fleet=Fleet(aws.ec2, aws.autoscaling),
-        metrics=MetricsReader(aws.cloudwatch),
-        store=store,
-        notifier=notifier,
-    )
+    adapters = aws.adapters(store=store, notifier=notifier, prefix=PREFIX)
     segments = Segments(model, aws, sleep=sleep)
     model.install()
     results = []

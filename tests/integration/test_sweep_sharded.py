@@ -21,6 +21,7 @@ from idle_reaper.sweep import Adapters, SweepReport, logger, manifest_key, run_s
 from idle_reaper_tools import cli, local
 from idle_reaper_tools.demo import at
 from idle_reaper_tools.fake_slack import LambdaContextStub
+from testkit.emf import emf_blobs
 from testkit.interleave import Gate, interleave, stepped
 
 pytestmark = pytest.mark.integration
@@ -45,15 +46,6 @@ def ml_fleet(idle_count: int, busy_count: int, since: datetime, until: datetime)
     for i in busy_ids:
         local.write_metrics(i, busy, since, until)
     return idle_ids, busy_ids
-
-
-def emf_blobs(text: str) -> list[dict[str, Any]]:
-    blobs = []
-    for line in text.splitlines():
-        if line.startswith("{") and '"_aws"' in line:
-            blob = json.loads(line)
-            blobs.append({k: v[0] if isinstance(v, list) and len(v) == 1 else v for k, v in blob.items()})
-    return blobs
 
 
 def records(ids: list[str]) -> dict[str, Any]:

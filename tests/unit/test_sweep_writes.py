@@ -130,12 +130,15 @@ class Budget:
 PLENTY, NONE = 600.0, 0.0
 
 
+def quiet_boxes(aws: FakeAws, count: int, *, minutes: int) -> list[str]:
+    """`count` machines of team ml, quiet for the last `minutes` at T."""
+    profile = quiet_since(T - timedelta(minutes=minutes))
+    return [aws.launch("m5.large", team="ml", profile=profile, launch_time=DAY_AGO) for _ in range(count)]
+
+
 def test_a_sweep_short_of_time_claims_nothing_more_and_the_next_sweep_takes_the_rest() -> None:
     aws = account({"idle_minutes": 90, "warn_minutes": 30})
-    idle = [
-        aws.launch("m5.large", team="ml", profile=quiet_since(T - timedelta(minutes=60)), launch_time=DAY_AGO)
-        for _ in range(6)
-    ]
+    idle = quiet_boxes(aws, 6, minutes=60)
     store = CountingStateStore()
     # Time for two of the six claims; then, asked again before posting, time for those two posts.
     script = (PLENTY, PLENTY, NONE, NONE, NONE, NONE, PLENTY, PLENTY)
@@ -154,13 +157,10 @@ def test_a_sweep_short_of_time_claims_nothing_more_and_the_next_sweep_takes_the_
 
 def test_out_of_time_after_acting_still_records_every_stop_and_posts_nothing_new() -> None:
     aws = account({"idle_minutes": 90, "warn_minutes": 30})
-    due = [
-        aws.launch("m5.large", team="ml", profile=quiet_since(T - timedelta(minutes=60)), launch_time=DAY_AGO)
-        for _ in range(3)
-    ]
+    due = quiet_boxes(aws, 3, minutes=60)
     store = CountingStateStore()
     run_sweep(aws.adapters(store=store), now=T)  # warned at T, due at T + 30
-    fresh = aws.launch("m5.large", team="ml", profile=quiet_since(T - timedelta(minutes=30)), launch_time=DAY_AGO)
+    [fresh] = quiet_boxes(aws, 1, minutes=30)
     # Enough time to claim the four machines, none left once the stops are done.
     report = run_sweep(
         aws.adapters(store=store), now=T + timedelta(minutes=30), time_left=Budget(PLENTY, PLENTY, PLENTY, PLENTY)
