@@ -229,3 +229,23 @@ def test_shards_running_at_once_share_the_get_metric_data_quota(concurrent: int)
     assert concurrent * threads <= max(concurrent, GET_METRIC_DATA_TPS * GET_METRIC_DATA_SECONDS)
     if concurrent == 1:
         assert threads == METRIC_WORKERS, "a sweep alone keeps its full pool"
+
+
+def test_a_shard_worker_out_of_time_touches_nothing_more_and_the_gather_step_counts_what_it_left():
+    aws = account()
+    idle, busy = fleet(aws)
+    store = CountingStateStore()
+    plan = plan_sweep(aws.adapters(store=store), now=WARN_SWEEP, shard_size=7)
+    out_of_time = ShardTask(sweep_id=plan.sweep_id, now=WARN_SWEEP, shard=0)
+    report, totals = run_shard(aws.adapters(store=store), out_of_time, time_left=lambda: 1.0)
+    assert report.decisions and totals.deferred == len(report.deferred) == len(report.decisions)
+    assert not {d.machine.instance_id for d in report.decisions} & set(store.records), "nothing claimed or written"
+    run_shard(aws.adapters(store=store), ShardTask(sweep_id=plan.sweep_id, now=WARN_SWEEP, shard=1))
+    gathered = gather_sweep(
+        aws.adapters(store=store), GatherTask(sweep_id=plan.sweep_id, now=WARN_SWEEP, shards=[0, 1])
+    )
+    assert gathered.deferred == totals.deferred and gathered.failed == {}
+    assert gathered.machines == len(idle) + len(busy), "a deferred machine is still a machine seen"
+    shard_1 = set(json.loads(store.get_lookup(manifest_key(plan.sweep_id, 1), WARN_SWEEP) or "[]"))
+    assert set(idle) & shard_1
+    assert {i for i, r in store.records.items() if r.warned_at} == set(idle) & shard_1, "shard 1 went on"
