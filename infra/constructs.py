@@ -20,8 +20,10 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_ssm as ssm
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
 from aws_cdk import custom_resources as cr
-from cdk_nag import NagPackSuppression, NagSuppressions
+from cdk_nag import NagPackSuppression, NagSuppressions, RegexAppliesTo
 from constructs import Construct
 
 # Must match what the sweep handler emits (Powertools Metrics, EMF).
@@ -248,6 +250,76 @@ class GpuAgentRollout(Construct):
         )
 
 
+class SweepFanout(Construct):
+    """The Step Functions state machine that sweeps a fleet too large for one invocation: a Map over the
+    shard indices the planner wrote runs one worker per shard (at most `shards_at_once` at a time), a
+    worker's failure is caught and becomes that shard's error (the other shards go on), and the gather step
+    makes one summary of the shards. Only indices travel between states (256 KB limit); the instance ids
+    are in the shard manifests in the state table."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        worker: lambda_.IFunction,
+        gather: lambda_.IFunction,
+        timeout: Duration,
+        shards_at_once: int,
+        name: str,
+    ) -> None:
+        super().__init__(scope, id)
+        sweep_shard = tasks.LambdaInvoke(
+            self, "SweepShard", lambda_function=worker, payload_response_only=True, comment="Sweep one shard"
+        )
+        # Only the error's name goes on: a cause (a stack trace) per shard could exceed the 256 KB state limit.
+        sweep_shard.add_catch(
+            sfn.Pass(self, "ShardFailed", parameters={"shard.$": "$.shard", "error.$": "$.error.Error"}),
+            result_path="$.error",
+        )
+        shards = sfn.Map(
+            self,
+            "Shards",
+            items_path="$.shards",
+            max_concurrency=shards_at_once,
+            item_selector={
+                "sweep_id.$": "$.sweep_id",
+                "now.$": "$.now",
+                "dry_run.$": "$.dry_run",
+                "shard.$": "$$.Map.Item.Value",
+                "concurrent_shards.$": "$.concurrent_shards",
+            },
+            result_path="$.results",
+        )
+        shards.item_processor(sweep_shard)
+        gather_step = tasks.LambdaInvoke(
+            self, "Gather", lambda_function=gather, payload_response_only=True, comment="One summary of the shards"
+        )
+        self.log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.THREE_MONTHS)
+        self.state_machine = sfn.StateMachine(
+            self,
+            "StateMachine",
+            state_machine_name=name,
+            definition_body=sfn.DefinitionBody.from_chainable(shards.next(gather_step)),
+            state_machine_type=sfn.StateMachineType.STANDARD,
+            timeout=timeout,
+            tracing_enabled=True,
+            logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
+        )
+        suppress(
+            self.state_machine,
+            NagPackSuppression(
+                id="AwsSolutions-IAM5",
+                reason="Step Functions grants itself the worker and gather functions with their versions "
+                "(function ARN and ARN:*), and log delivery and X-Ray calls have no resource-level permissions.",
+                applies_to=[
+                    "Resource::*",
+                    RegexAppliesTo(regex=r"/^Resource::<.+Function[A-F0-9]+\.Arn>:\*$/"),
+                ],
+            ),
+        )
+
+
 class ReaperMonitoring(Construct):
     """Alarms and the dashboard. Every alarm state change goes to an SNS topic; the alarm relay function
     (subscribed to it) posts it to the admins in Slack, and an e-mail address may subscribe too."""
@@ -266,6 +338,9 @@ class ReaperMonitoring(Construct):
         alarm_email: str | None,
         dashboard_name: str,
         ssm_prefix: str,
+        fanout: SweepFanout | None = None,
+        shard_worker: lambda_.IFunction | None = None,
+        shard_timeout: Duration | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.topic = sns.Topic(self, "Alarms", display_name="idle-reaper alarms", enforce_ssl=True)
@@ -381,6 +456,37 @@ class ReaperMonitoring(Construct):
                 "only the e-mail subscription, if any, sees alarms now.",
             ),
         ]
+        shards_failed = self._service_metric("ShardsFailed", "Sum", interval)
+        if fanout is not None and shard_worker is not None and shard_timeout is not None:
+            executions_failed = cw.MathExpression(
+                label="Sweep executions failed",
+                expression="FILL(failed, 0) + FILL(timed_out, 0) + FILL(aborted, 0)",
+                using_metrics={
+                    "failed": fanout.state_machine.metric_failed(period=interval, statistic="Sum"),
+                    "timed_out": fanout.state_machine.metric_timed_out(period=interval, statistic="Sum"),
+                    "aborted": fanout.state_machine.metric_aborted(period=interval, statistic="Sum"),
+                },
+                period=interval,
+            )
+            self.alarms += [
+                at_least(
+                    shards_failed,
+                    "ShardsFailedAlarm",
+                    "A shard of a sweep failed (throttling, timeout, crash): its machines were left untouched and "
+                    "are retried by the next sweep (see the shard worker's logs).",
+                ),
+                at_least(
+                    executions_failed,
+                    "FanoutFailedAlarm",
+                    "A sharded sweep's state machine execution failed (the planner's hand-off or the gather step).",
+                ),
+                at_least(
+                    shard_worker.metric_duration(period=interval, statistic="p99"),
+                    "ShardDurationAlarm",
+                    "A shard worker ran close to its timeout: lower the shard size or raise the timeout.",
+                    threshold=int(shard_timeout.to_milliseconds() * 0.8),
+                ),
+            ]
         for alarm in self.alarms:
             alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
             alarm.add_ok_action(cw_actions.SnsAction(self.topic))
@@ -439,12 +545,14 @@ class ReaperMonitoring(Construct):
                 ],
             ),
             cw.GraphWidget(
-                title="Sweep errors, throttles and teams in safe mode",
+                title="Sweep errors, throttles, teams in safe mode, failed shards",
                 width=8,
                 left=[
                     sweep_errors,
                     sweep.metric_throttles(period=interval, statistic="Sum"),
                     self._service_metric("TeamsInSafeMode", "Maximum", interval).with_(label="Teams in safe mode"),
+                    shards_failed.with_(label="Shards failed"),
+                    self._service_metric("MachinesDeferred", "Sum", interval).with_(label="Machines deferred"),
                 ],
             ),
             cw.AlarmStatusWidget(title="Alarms", width=8, alarms=self.alarms),

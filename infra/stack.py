@@ -20,6 +20,7 @@ from cdk_nag import AwsSolutionsChecks, NagPackSuppression, RegexAppliesTo
 from constructs import Construct, Node
 
 from idle_reaper.policy import Settings, TeamPolicy
+from idle_reaper.sweep import SHARDS_AT_ONCE
 from infra.bundling import REPO_ROOT, dependency_layer_code
 from infra.constructs import (
     METRICS_NAMESPACE,
@@ -28,17 +29,22 @@ from infra.constructs import (
     ReaperFunction,
     ReaperMonitoring,
     SeededParameter,
+    SweepFanout,
     suppress,
 )
 
 SWEEP_HANDLER = "idle_reaper.handlers.sweep.handler"
 SLACK_HANDLER = "idle_reaper.handlers.slack.handler"
 ALARMS_HANDLER = "idle_reaper.handlers.alarms.handler"
+SHARD_HANDLER = "idle_reaper.handlers.fanout.shard_handler"
+GATHER_HANDLER = "idle_reaper.handlers.fanout.gather_handler"
+FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # handlers/sweep.py: hand a fleet larger than one shard to the state machine
+# 1,769 MB is one full vCPU: the sweep's own CPU time (benchmarks/sweep_latency.py) is measured on one core.
+SWEEP_MEMORY_MB = 1769
 
 # The sweep's read-only calls; none has resource-level permissions in IAM.
 SWEEP_READS = (
     "ec2:DescribeInstances",
-    "autoscaling:DescribeAutoScalingInstances",
     "autoscaling:DescribeAutoScalingGroups",
     "cloudwatch:GetMetricData",
 )
@@ -52,6 +58,7 @@ SLACK_TABLE_ACTIONS = (
     "dynamodb:PutItem",
     "dynamodb:Query",
 )
+GATHER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem")
 OWNER_INDEX = "owner-index"
 # Slack gives up on a request after 3 s; the handler answers at once and finishes the work in an
 # asynchronous invocation of itself. Enough for a team's button presses, not for a flood.
@@ -182,6 +189,8 @@ class IdleReaperStack(Stack):
         }
 
         sweep_timeout = Duration.minutes(min(max(props.schedule_minutes - 1, 1), 15))
+        # A shard worker has the same budget; it stops starting new work FINISH_RESERVE before its end.
+        shard_timeout = sweep_timeout
         sweep = ReaperFunction(
             self,
             "Sweep",
@@ -193,9 +202,43 @@ class IdleReaperStack(Stack):
             environment={**environment, "IDLE_REAPER_REGIONS": ",".join(all_regions)},
             # A sweep should end before the next one is due; reserved concurrency 1 makes sure it does.
             timeout=sweep_timeout,
-            memory_size=512,
+            memory_size=SWEEP_MEMORY_MB,
             reserved_concurrent_executions=1,
         )
+        # A fleet larger than one shard: the sweep above plans it, and this state machine sweeps the shards.
+        shard_worker = ReaperFunction(
+            self,
+            "ShardWorker",
+            handler=SHARD_HANDLER,
+            description="idle-reaper shard worker: sweeps one shard of a sharded sweep",
+            code=code,
+            layer=layer,
+            environment=environment,
+            timeout=shard_timeout,
+            memory_size=SWEEP_MEMORY_MB,
+        )
+        gather = ReaperFunction(
+            self,
+            "Gather",
+            handler=GATHER_HANDLER,
+            description="idle-reaper gather: one summary and set of metrics of a sharded sweep",
+            code=code,
+            layer=layer,
+            environment=environment,
+            timeout=Duration.seconds(60),
+            memory_size=256,
+        )
+        fanout = SweepFanout(
+            self,
+            "Fanout",
+            worker=shard_worker.function,
+            gather=gather.function,
+            # A sweep that runs long overlaps the next one safely (claims), but never runs on for hours.
+            timeout=Duration.minutes(30),
+            shards_at_once=SHARDS_AT_ONCE,
+            name="idle-reaper-sweep",  # a fixed name (per region), as the CLI's defaults: easy to find
+        )
+        sweep.function.add_environment(FANOUT_ENV, fanout.state_machine.state_machine_arn)
         # An explicit name, so the role can name the function's ARN without a dependency cycle.
         slack_function_name = "idle-reaper-slack"  # function names are per region
         slack = ReaperFunction(
@@ -265,6 +308,15 @@ class IdleReaperStack(Stack):
         )
 
         self._grant_sweep(sweep.role, props, table, secret, counts_unwatched=self.region == all_regions[0])
+        sweep.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="StartShardedSweep",
+                actions=["states:StartExecution"],
+                resources=[fanout.state_machine.state_machine_arn],
+            )
+        )
+        self._grant_sweep(shard_worker.role, props, table, secret, counts_unwatched=False)
+        self._grant_gather(gather.role, props, table, secret)
         self._grant_slack(
             slack.role,
             props,
@@ -317,6 +369,9 @@ class IdleReaperStack(Stack):
             alarm_email=props.alarm_email,
             dashboard_name=f"idle-reaper-{self.region}",  # dashboards are account-wide: one per region
             ssm_prefix=props.ssm_prefix,
+            fanout=fanout,
+            shard_worker=shard_worker.function,
+            shard_timeout=shard_timeout,
         )
 
         CfnOutput(
@@ -486,11 +541,30 @@ class IdleReaperStack(Stack):
         self._suppress_fleet_wildcards(role, props)
 
     def _grant_alarms(self, role: iam.IRole, props: IdleReaperProps, secret: secretsmanager.ISecret) -> None:
+        for statement in self._settings_and_secret(props, secret):
+            role.add_to_principal_policy(statement)
+
+    def _grant_gather(
+        self, role: iam.IRole, props: IdleReaperProps, table: dynamodb.ITable, secret: secretsmanager.ISecret
+    ) -> None:
+        """The gather step reads the shards' results and keeps the failed-shard count in the table; it reads
+        the settings and the Slack secret only to tell the admins about repeated failures."""
+        shard_results = iam.PolicyStatement(
+            sid="ShardResults",
+            actions=list(GATHER_TABLE_ACTIONS),
+            resources=[table.table_arn],
+            conditions=self._in_regions([self.region]),
+        )
+        for statement in (shard_results, *self._settings_and_secret(props, secret)):
+            role.add_to_principal_policy(statement)
+
+    def _settings_and_secret(self, props: IdleReaperProps, secret: secretsmanager.ISecret) -> list[iam.PolicyStatement]:
+        """Read the settings parameter (who the admins are) and the Slack secret (to tell them)."""
         here = self._in_regions([self.region])
         settings = self.format_arn(
             service="ssm", resource="parameter", resource_name=f"{props.ssm_prefix.lstrip('/')}/settings"
         )
-        for statement in (
+        return [
             iam.PolicyStatement(
                 sid="ReadSettings", actions=["ssm:GetParameter"], resources=[settings], conditions=here
             ),
@@ -500,8 +574,7 @@ class IdleReaperStack(Stack):
                 resources=[secret.secret_arn],
                 conditions=here,
             ),
-        ):
-            role.add_to_principal_policy(statement)
+        ]
 
     def _suppress_fleet_wildcards(self, role: iam.IRole, props: IdleReaperProps, *, reads: Sequence[str] = ()) -> None:
         reads_reason = f"{', '.join(reads)} have no resource-level permissions (Resource must be *). " if reads else ""

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import bisect
 import functools
+import heapq
 import itertools
 import math
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -32,7 +34,17 @@ from typing import Any, ClassVar
 
 from botocore.exceptions import ClientError
 
-from idle_reaper.aws import Fleet, InMemoryStateStore, MetricsReader, PolicyStore
+from idle_reaper.aws import (
+    DDB_BATCH_GET,
+    DDB_WORKERS,
+    AuditEntry,
+    Concurrency,
+    Fleet,
+    InMemoryStateStore,
+    MetricsReader,
+    PolicyStore,
+    run_concurrently,
+)
 from idle_reaper.core import MachineRecord
 from idle_reaper.notify import LoggingNotifier, Notifier
 from idle_reaper.sweep import Adapters, logger
@@ -68,18 +80,105 @@ def client_error(operation: str, code: str, message: str = "", status: int = 400
 # Shared machinery: call counting, fault injection, NextToken cursors, paginators
 
 
+# In-region latency of one call (seconds), as issue 13 states them. A DynamoDB "page" is one BatchGetItem,
+# BatchWriteItem or Query response.
+LATENCY: dict[str, float] = {
+    "dynamodb:PutItem": 0.004,
+    "dynamodb:GetItem": 0.004,
+    "dynamodb:DeleteItem": 0.004,
+    "dynamodb:BatchGetItem": 0.010,
+    "dynamodb:BatchWriteItem": 0.010,
+    "dynamodb:Query": 0.010,
+    "cloudwatch:GetMetricData": 0.6,
+    "ec2:DescribeInstances": 0.25,
+    "autoscaling:DescribeAutoScalingGroups": 0.2,
+    "autoscaling:DescribeAutoScalingInstances": 0.2,
+    "autoscaling:SetInstanceProtection": 0.2,
+    "autoscaling:TerminateInstanceInAutoScalingGroup": 0.2,
+    "ec2:StopInstances": 0.3,
+    "ec2:StartInstances": 0.3,
+    "ssm:GetParameter": 0.03,
+    "ssm:GetParametersByPath": 0.03,
+    "ssm:PutParameter": 0.03,
+    "states:StartExecution": 0.02,
+    "states:InvokeLambda": 0.02,  # the state machine starting a shard worker or the gather step
+    "sqs:SendMessageBatch": 0.02,
+}
+
+
+class LatencyModel:
+    """Charges every fake call its in-region latency (LATENCY), in one of two ways:
+
+    sleep=True   really sleeps it on the calling thread, and the code's own thread pools overlap the sleeps:
+                 wall time is then measured, not modelled (the check of the model, at small sizes);
+    sleep=False  adds it to a virtual clock. `install()` replaces the pools (aws.Concurrency.runner) by a
+                 runner that runs the tasks one after another but schedules them on as many virtual lanes
+                 as the pool has threads (each task starts on the lane that frees first), so the virtual
+                 clock advances by what the real pool would overlap. Modelled wall = virtual latency plus
+                 the code's own CPU time (serial, as under the GIL).
+    """
+
+    def __init__(self, *, sleep: bool = False, latency: Mapping[str, float] = LATENCY) -> None:
+        self.sleep = sleep
+        self.latency = dict(latency)
+        self.virtual = 0.0  # seconds of modelled latency on the current lane
+        self.charged: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._saved: Any = None
+
+    def charge(self, operation: str, times: int = 1) -> None:
+        seconds = self.latency.get(operation, 0.0) * times
+        with self._lock:
+            self.charged[operation] += times
+        if self.sleep:
+            time.sleep(seconds)
+        else:
+            self.virtual += seconds
+
+    def lanes(self, fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> list[Any]:
+        start = self.virtual
+        free = [start] * max(1, min(workers, len(items)))
+        results = []
+        for item in items:
+            lane = heapq.heappop(free)
+            self.virtual = lane
+            results.append(fn(item))
+            heapq.heappush(free, self.virtual)
+        self.virtual = max(free)
+        return results
+
+    def install(self) -> None:
+        """Model the pools (sleep=False only; with sleep=True the real thread pools run)."""
+        if not self.sleep:
+            self._saved = Concurrency.runner
+            Concurrency.runner = self.lanes  # type: ignore[assignment]
+
+    def uninstall(self) -> None:
+        if self._saved is not None:
+            Concurrency.runner = self._saved
+            self._saved = None
+
+
 def api(method: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-    """Marks an API operation: the time spent inside it is the fake's, not the code under test's."""
+    """Marks an API operation: the time spent inside it is the fake's, not the code under test's. With a
+    latency model, the call is charged its latency first (outside the fake's lock, so sleeps overlap)."""
 
     @functools.wraps(method)
     def timed(self: FakeClient, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        started = time.perf_counter()
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - started
+        if self.latency is not None:
+            self.latency.charge(f"{self.service}:{_operation_name(method.__name__)}")
+        with self._lock:
+            started = time.thread_time()  # CPU, so other processes on the machine do not inflate it
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self.seconds += time.thread_time() - started
 
     return timed
+
+
+def _operation_name(method: str) -> str:
+    return "".join(part.capitalize() for part in method.split("_"))
 
 
 class FakeClient:
@@ -90,7 +189,9 @@ class FakeClient:
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
-        self.seconds = 0.0  # wall time spent inside this fake's operations
+        self.seconds = 0.0  # CPU time spent inside this fake's operations
+        self.latency: LatencyModel | None = None
+        self._lock = threading.RLock()  # the adapters call from several threads
         self.errors: Counter[tuple[str, str]] = Counter()  # (operation, error code) raised
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self._faults: dict[str, tuple[set[int] | None, str, str]] = {}
@@ -794,11 +895,18 @@ WRITE_OPERATIONS = frozenset(
 
 
 class FakeAws:
-    def __init__(self, *, points_per_call: int = FakeCloudWatch.MAX_DATAPOINTS) -> None:
+    def __init__(
+        self, *, points_per_call: int = FakeCloudWatch.MAX_DATAPOINTS, latency: LatencyModel | None = None
+    ) -> None:
         self.ec2 = FakeEC2()
         self.autoscaling = FakeAutoScaling(self.ec2)
         self.cloudwatch = FakeCloudWatch(points_per_call=points_per_call)
         self.ssm = FakeSSM()
+        self.set_latency(latency)
+
+    def set_latency(self, latency: LatencyModel | None) -> None:
+        for c in self.clients:
+            c.latency = latency
 
     @property
     def clients(self) -> tuple[FakeClient, ...]:
@@ -871,26 +979,63 @@ class FakeAws:
 
 class CountingStateStore(InMemoryStateStore):
     """InMemoryStateStore that counts what the DynamoDB store would send: BatchGetItem (100 keys per
-    call), PutItem per state save and per audit item."""
+    call, the calls concurrently as DynamoStateStore makes them), PutItem per state save and per audit
+    item. With a latency model, each request is charged."""
 
-    def __init__(self) -> None:
+    def __init__(self, latency: LatencyModel | None = None) -> None:
         super().__init__()
         self.counts: Counter[str] = Counter()
+        self.latency = latency
+        self._count_lock = threading.Lock()
+
+    def _request(self, operation: str, n: int = 1) -> None:
+        with self._count_lock:
+            self.counts[operation] += n
+        if self.latency is not None:
+            self.latency.charge(f"dynamodb:{operation}", n)
 
     def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
         self.counts["load"] += 1
-        self.counts["BatchGetItem"] += math.ceil(len(set(instance_ids)) / 100)
-        return super().load(instance_ids)
+        ids = sorted(set(instance_ids))
+
+        def get(start: int) -> dict[str, MachineRecord]:
+            self._request("BatchGetItem")
+            return super(CountingStateStore, self).load(ids[start : start + DDB_BATCH_GET])
+
+        records: dict[str, MachineRecord] = {}
+        for found in run_concurrently(get, list(range(0, len(ids), DDB_BATCH_GET)), DDB_WORKERS):
+            records.update(found)
+        return records
 
     def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
-        self.counts["save"] += 1
-        self.counts["PutItem"] += 1
+        self._request("PutItem")
         ok = super().save(record, holder, hold=hold)
-        if not ok:
-            self.counts["ConditionalCheckFailed"] += 1
+        with self._count_lock:
+            self.counts["save"] += 1
+            if not ok:
+                self.counts["ConditionalCheckFailed"] += 1
         return ok
+
+    def put_lookup(self, key: str, value: str, expires: datetime) -> None:
+        self._request("PutItem")  # shard manifests and results, alert counters
+        super().put_lookup(key, value, expires)
+
+    def get_lookup(self, key: str, now: datetime) -> str | None:
+        self._request("GetItem")
+        return super().get_lookup(key, now)
 
     def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None:
         self.counts["audit"] += 1
-        self.counts["PutItem"] += 1
+        self._request("PutItem")
         super().audit(instance_id, at, entry)
+
+    def audit_many(self, entries: Sequence[AuditEntry]) -> list[str]:
+        def write(a: AuditEntry) -> None:
+            self._request("PutItem")
+            with self._lock:
+                self.audits.append((a.instance_id, a.at, dict(a.entry)))
+
+        run_concurrently(write, list(entries), DDB_WORKERS)
+        with self._count_lock:
+            self.counts["audit"] += len(entries)
+        return []

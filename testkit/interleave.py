@@ -10,7 +10,8 @@ need no locking and every run is the same.
                         pause_a="claimed", pause_b="loaded")
 
 Steps, in the order a sweep passes them:
-    listed     the machines are discovered
+    listed     the machines are discovered (by a sweep, or by the planner of a sharded one; a shard
+               worker's own listing passes it too)
     loaded     their records are read
     claimed    a record was written together with this sweep's claim (the intent: warn, stop, ...)
     acted      a machine action call returned (stop, hibernate, protection, terminate)
@@ -25,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from idle_reaper.aws import ActionOutcome, Fleet, StateStore
+from idle_reaper.aws import ActionOutcome, Concurrency, Fleet, StateStore
 from idle_reaper.core import Decision, Machine, MachineRecord
 from idle_reaper.notify import Delivery, Notifier
 from idle_reaper.policy import TagKeys
@@ -86,6 +87,11 @@ class SteppedFleet(Fleet):
 
     def discover(self, tags: TagKeys) -> list[Machine]:
         machines = self.inner.discover(tags)
+        self.gate.at("listed")
+        return machines
+
+    def describe_ids(self, instance_ids: Sequence[str], tags: TagKeys) -> list[Machine]:
+        machines = self.inner.describe_ids(instance_ids, tags)  # a shard worker's listing
         self.gate.at("listed")
         return machines
 
@@ -162,7 +168,28 @@ def interleave(
     pause_b: str | None = None,
     timeout: float = 10.0,
 ) -> Interleaving:
-    """A runs to `pause_a`; B runs to `pause_b` (None: to the end); A finishes; B finishes."""
+    """A runs to `pause_a`; B runs to `pause_b` (None: to the end); A finishes; B finishes. Each sweep's
+    thread pools run their tasks one after another meanwhile, so a paused sweep is wholly paused."""
+    saved = Concurrency.runner
+    Concurrency.runner = _one_after_another  # type: ignore[assignment]
+    try:
+        return _interleave(sweep_a, sweep_b, pause_a=pause_a, pause_b=pause_b, timeout=timeout)
+    finally:
+        Concurrency.runner = saved
+
+
+def _one_after_another(fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> list[Any]:
+    return [fn(item) for item in items]
+
+
+def _interleave(
+    sweep_a: Callable[[Gate], SweepReport],
+    sweep_b: Callable[[Gate], SweepReport],
+    *,
+    pause_a: str,
+    pause_b: str | None,
+    timeout: float,
+) -> Interleaving:
     gate_a, gate_b = Gate(pause_a, timeout), Gate(pause_b, timeout)
     reports: dict[str, SweepReport] = {}
     failures: dict[str, BaseException] = {}

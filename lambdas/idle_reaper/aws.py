@@ -1,17 +1,21 @@
 """Thin AWS adapters: fetch facts for the core and carry out its actions, in as few calls as possible.
 
 Every client comes from boto3's normal resolution, so AWS_ENDPOINT_URL points it at a local emulator.
-Retries use botocore's standard mode (bounded, with backoff, on throttling and 5xx).
+Retries use botocore's adaptive mode (bounded, with backoff on throttling and 5xx, and a client-side rate
+limiter that slows a client down once AWS throttles it), so concurrent calls stay inside the API quotas.
+Independent calls run concurrently on small bounded thread pools (boto3 clients are thread-safe).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import boto3
 from botocore.config import Config
@@ -49,6 +53,17 @@ CALL_WIDE_ERRORS = frozenset(
     }
 )
 DDB_BATCH_GET = 100
+# Threads per kind of call. GetMetricData allows 50 transactions/s per account and region: 20 threads at
+# ~0.6 s a call stay near 33/s. DynamoDB on-demand absorbs 32 threads of small writes (a new table starts
+# at 4,000 writes/s). EC2 and Auto Scaling calls run on 8 threads per kind of action (at 0.2-0.3 s a call,
+# 25-40 calls/s); the adaptive retry mode slows a client down when a bucket runs dry (docs/deploying.md).
+METRIC_WORKERS = 20
+# GetMetricData's default quota, transactions per second per account and region (adjustable), and what one
+# call takes in-region: how many calls the shards of one sweep may make at once together.
+GET_METRIC_DATA_TPS = 50
+GET_METRIC_DATA_SECONDS = 0.6
+DDB_WORKERS = 32
+ACTION_WORKERS = 8
 OWNER_INDEX = "owner-index"  # the state table's GSI on owner_slack_id (the Slack status and keep commands)
 AUDIT_TTL_DAYS = 90
 CLAIM_TTL_DAYS = 30  # an admin alert for a policy still broken after this long is sent again
@@ -57,7 +72,12 @@ RECORD_TTL = timedelta(days=30)  # a machine's record expires this long after it
 # live sweep never loses its claim, and a crashed sweep's claim blocks that machine for one lease at most.
 SWEEP_LEASE = timedelta(minutes=15)
 
-_RETRIES = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30)
+_RETRIES = Config(
+    retries={"mode": "adaptive", "max_attempts": 5},
+    connect_timeout=5,
+    read_timeout=30,
+    max_pool_connections=DDB_WORKERS,
+)
 
 
 def client(service: str, region: str | None = None) -> Any:
@@ -88,6 +108,29 @@ def _wall_clock() -> datetime:
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
+
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def _on_threads(fn: Callable[[Item], Result], items: Sequence[Item], workers: int) -> list[Result]:
+    if len(items) <= 1 or workers <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="idle-reaper") as pool:
+        return list(pool.map(fn, items))
+
+
+class Concurrency:
+    """Where independent calls run: on a bounded thread pool. The latency-model benchmark swaps in a
+    runner that schedules the same tasks on virtual lanes (testkit/fake_aws.py LatencyModel)."""
+
+    runner: Callable[[Callable[[Any], Any], Sequence[Any], int], list[Any]] = staticmethod(_on_threads)
+
+
+def run_concurrently(fn: Callable[[Item], Result], items: Sequence[Item], workers: int) -> list[Result]:
+    """`fn` over `items` on at most `workers` threads, results in order. `fn` handles its own errors."""
+    return Concurrency.runner(fn, items, workers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,14 +296,32 @@ class Fleet:
         """Those of `machines` that are still as discovery described them: running, same launch, same group
         and protection. A sweep that listed its machines before another sweep (or a person) acted on them
         must not act again on what it saw then."""
-        current: dict[str, Machine] = {}
-        for batch in _chunks(sorted({m.instance_id for m in machines}), FILTER_VALUES):
-            current.update((m.instance_id, m) for m in self._describe(tags, [{"Name": "instance-id", "Values": batch}]))
+        current = {m.instance_id: m for m in self.describe_ids([m.instance_id for m in machines], tags)}
         return {m.instance_id for m in machines if current.get(m.instance_id) == m}
 
-    def _describe(self, tags: TagKeys, only: list[dict[str, Any]]) -> list[Machine]:
+    def describe_ids(self, instance_ids: Sequence[str], tags: TagKeys) -> list[Machine]:
+        """Those of the given machines that discovery would list now (running, tagged), described afresh:
+        200 ids a DescribeInstances call, the calls concurrently, then their groups in one go. A shard
+        worker's discovery."""
+
+        def describe(batch: Sequence[str]) -> tuple[list[Machine], dict[str, str]]:
+            return self._list(tags, [{"Name": "instance-id", "Values": list(batch)}])
+
         machines: list[Machine] = []
-        asg_tagged: list[str] = []
+        asg_tagged: dict[str, str] = {}
+        batches = list(_chunks(sorted(set(instance_ids)), FILTER_VALUES))
+        for found, tagged in run_concurrently(describe, batches, ACTION_WORKERS):
+            machines += found
+            asg_tagged.update(tagged)
+        return self._with_membership(machines, asg_tagged)
+
+    def _describe(self, tags: TagKeys, only: list[dict[str, Any]]) -> list[Machine]:
+        return self._with_membership(*self._list(tags, only))
+
+    def _list(self, tags: TagKeys, only: list[dict[str, Any]]) -> tuple[list[Machine], dict[str, str]]:
+        """The machines DescribeInstances lists, and the group each member's tag names (instance id -> group)."""
+        machines: list[Machine] = []
+        asg_tagged: dict[str, str] = {}
         filters = [
             {"Name": "instance-state-name", "Values": ["running"]},
             {"Name": "tag-key", "Values": [tags.team]},
@@ -289,21 +350,46 @@ class Fleet:
                             hibernation_configured=bool(inst.get("HibernationOptions", {}).get("Configured")),
                         )
                     )
-                    # Only members carry this AWS-managed tag: ask the ASG API about those alone.
-                    if "aws:autoscaling:groupName" in tag:
-                        asg_tagged.append(inst["InstanceId"])
-        membership: dict[str, tuple[str, bool]] = {}
-        for batch in _chunks(asg_tagged, ASG_INSTANCES_PER_CALL):
-            pages = self.autoscaling.get_paginator("describe_auto_scaling_instances").paginate(InstanceIds=list(batch))
-            for page in pages:
-                for item in page["AutoScalingInstances"]:
-                    membership[item["InstanceId"]] = (item["AutoScalingGroupName"], bool(item["ProtectedFromScaleIn"]))
+                    # Only members carry this AWS-managed tag: ask the ASG API about their groups alone.
+                    if tag.get("aws:autoscaling:groupName"):
+                        asg_tagged[inst["InstanceId"]] = tag["aws:autoscaling:groupName"]
+        return machines, asg_tagged
+
+    def _with_membership(self, machines: list[Machine], asg_tagged: Mapping[str, str]) -> list[Machine]:
+        membership = self._membership(asg_tagged)
         return [
             replace(m, asg_name=membership[m.instance_id][0], asg_protected=membership[m.instance_id][1])
             if m.instance_id in membership
             else m
             for m in machines
         ]
+
+    def _membership(self, asg_tagged: Mapping[str, str]) -> dict[str, tuple[str, bool]]:
+        """Group and scale-in protection of the tagged members, from DescribeAutoScalingGroups on the groups
+        their tags name (50 groups a call, each with every member), not 50 instances a call. A tagged
+        machine its group does not list (detached) stays standalone, as DescribeAutoScalingInstances said."""
+        wanted = set(asg_tagged)
+
+        def describe(names: Sequence[str]) -> dict[str, tuple[str, bool]]:
+            found: dict[str, tuple[str, bool]] = {}
+            pages = self.autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
+                AutoScalingGroupNames=list(names)
+            )
+            for page in pages:
+                for group in page["AutoScalingGroups"]:
+                    for item in group.get("Instances", []):
+                        if item["InstanceId"] in wanted:
+                            found[item["InstanceId"]] = (
+                                group["AutoScalingGroupName"],
+                                bool(item["ProtectedFromScaleIn"]),
+                            )
+            return found
+
+        membership: dict[str, tuple[str, bool]] = {}
+        batches = list(_chunks(sorted(set(asg_tagged.values())), ASG_GROUPS_PER_CALL))
+        for found in run_concurrently(describe, batches, ACTION_WORKERS):
+            membership.update(found)
+        return membership
 
     def group_capacity(self, names: Iterable[str]) -> dict[str, GroupCapacity]:
         result: dict[str, GroupCapacity] = {}
@@ -331,10 +417,7 @@ class Fleet:
                 else:
                     raise
 
-        outcomes: list[ActionOutcome] = []
-        for batch in _chunks(instance_ids, STOP_BATCH):
-            outcomes += _bisect(batch, call)
-        return outcomes
+        return _batched(instance_ids, STOP_BATCH, call)
 
     def start(self, instance_id: str) -> ActionOutcome:
         try:
@@ -349,10 +432,7 @@ class Fleet:
                 AutoScalingGroupName=group, InstanceIds=list(ids), ProtectedFromScaleIn=protected
             )
 
-        outcomes: list[ActionOutcome] = []
-        for batch in _chunks(instance_ids, ASG_INSTANCES_PER_CALL):
-            outcomes += _bisect(batch, call)
-        return outcomes
+        return _batched(instance_ids, ASG_INSTANCES_PER_CALL, call)
 
     def terminate_in_group(self, instance_id: str) -> ActionOutcome:
         try:
@@ -362,6 +442,18 @@ class Fleet:
         except AwsError as exc:
             return ActionOutcome(instance_id, f"{error_code(exc)}: {exc}")
         return ActionOutcome(instance_id)
+
+    def terminate_in_groups(self, instance_ids: Sequence[str]) -> list[ActionOutcome]:
+        """TerminateInstanceInAutoScalingGroup takes one instance: the calls run concurrently instead."""
+        return run_concurrently(self.terminate_in_group, list(instance_ids), ACTION_WORKERS)
+
+
+def _batched(ids: Sequence[str], size: int, call: Callable[[Sequence[str]], None]) -> list[ActionOutcome]:
+    """Batches of `size` run concurrently; each bisects on failure on its own."""
+    outcomes: list[ActionOutcome] = []
+    for done in run_concurrently(lambda batch: _bisect(batch, call), list(_chunks(ids, size)), ACTION_WORKERS):
+        outcomes += done
+    return outcomes
 
 
 def _bisect(ids: Sequence[str], call: Callable[[Sequence[str]], None]) -> list[ActionOutcome]:
@@ -373,7 +465,8 @@ def _bisect(ids: Sequence[str], call: Callable[[Sequence[str]], None]) -> list[A
         if len(ids) == 1 or error_code(exc) in CALL_WIDE_ERRORS or not isinstance(exc, ClientError):
             return [ActionOutcome(i, f"{error_code(exc)}: {exc}") for i in ids]
         half = len(ids) // 2
-        return _bisect(ids[:half], call) + _bisect(ids[half:], call)
+        halves = run_concurrently(lambda part: _bisect(part, call), [ids[:half], ids[half:]], 2)
+        return halves[0] + halves[1]
     return [ActionOutcome(i) for i in ids]
 
 
@@ -391,9 +484,16 @@ class MetricFetchStats:
 class MetricsReader:
     """Packs every machine's CPU, GPU (and network) queries into as few GetMetricData calls as possible."""
 
-    def __init__(self, cloudwatch: Any) -> None:
+    def __init__(self, cloudwatch: Any, workers: int = METRIC_WORKERS) -> None:
         self.cloudwatch = cloudwatch
+        self.workers = workers  # GetMetricData calls at once (fewer when shards of one sweep share the quota)
         self.stats = MetricFetchStats()
+        self._stats_lock = threading.Lock()  # batches run on several threads
+
+    def _count(self, calls: int = 0, queries: int = 0, failed_calls: int = 0) -> None:
+        with self._stats_lock:
+            s = self.stats
+            self.stats = MetricFetchStats(s.calls + calls, s.queries + queries, s.failed_calls + failed_calls)
 
     def fetch(
         self,
@@ -443,13 +543,17 @@ class MetricsReader:
         # limit so no batch needs a second (re-billed) NextToken page.
         points_per_query = int((end - start).total_seconds()) // period + 1
         per_call = max(1, min(METRIC_QUERIES_PER_CALL, DATAPOINTS_PER_CALL // points_per_query))
-        for batch in _chunks(queries, per_call):
+
+        def read(batch: Sequence[dict[str, Any]]) -> None:
+            # Each batch fills its own keys of `points`; the set and dict updates are atomic under the GIL.
             try:
                 self._fetch_batch(batch, start, end, owner, points, incomplete)
             except AwsError:
                 # A batch we could not read: those machines are unknown, the rest go on.
                 incomplete.update(owner[q["Id"]][0] for q in batch)
-                self.stats = MetricFetchStats(self.stats.calls, self.stats.queries, self.stats.failed_calls + 1)
+                self._count(failed_calls=1)
+
+        run_concurrently(read, list(_chunks(queries, per_call)), self.workers)
         result: dict[str, Signals] = {}
         for instance_id in instance_ids:
             series = {kind: sorted(points.get((instance_id, kind), [])) for kind, _, _ in kinds}
@@ -483,9 +587,7 @@ class MetricsReader:
             if token:
                 kwargs["NextToken"] = token
             response = self.cloudwatch.get_metric_data(**kwargs)
-            self.stats = MetricFetchStats(
-                self.stats.calls + 1, self.stats.queries + len(batch), self.stats.failed_calls
-            )
+            self._count(calls=1, queries=len(batch))
             for res in response["MetricDataResults"]:
                 key = owner[res["Id"]]
                 points.setdefault(key, []).extend(
@@ -505,6 +607,22 @@ class MetricsReader:
 
 # ---------------------------------------------------------------------------------------------
 # Lifecycle state (DynamoDB) and its in-memory twin
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    instance_id: str
+    at: datetime
+    entry: Mapping[str, Any]
+
+
+def _audit_item(a: AuditEntry) -> dict[str, Any]:
+    return {
+        "pk": f"machine#{a.instance_id}",
+        "sk": f"audit#{a.at.isoformat()}#{a.entry.get('action', '')}",
+        "expires_at": int((a.at + timedelta(days=AUDIT_TTL_DAYS)).timestamp()),
+        "entry": json.dumps(a.entry, default=str, sort_keys=True),
+    }
 
 
 class StateStore(Protocol):
@@ -530,6 +648,10 @@ class StateStore(Protocol):
         ...
 
     def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None: ...
+
+    def audit_many(self, entries: Sequence[AuditEntry]) -> list[str]:
+        """Write audit items concurrently; the instance ids whose item could not be written."""
+        ...
 
     def all_records(self) -> list[MachineRecord]: ...
 
@@ -613,16 +735,17 @@ class DynamoStateStore:
         return {k: self._de.deserialize(v) for k, v in item.items()}
 
     def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
-        records: dict[str, MachineRecord] = {}
-        for batch in _chunks(sorted(set(instance_ids)), DDB_BATCH_GET):
+        def get(batch: Sequence[str]) -> list[MachineRecord]:
+            found: list[MachineRecord] = []
             request = {self.table: {"Keys": [self._wire({"pk": f"machine#{i}", "sk": "state"}) for i in batch]}}
             while request:
                 out = self.dynamodb.batch_get_item(RequestItems=request)
-                for raw in out["Responses"].get(self.table, []):
-                    record = item_to_record(self._plain(raw))
-                    records[record.instance_id] = record
+                found += [item_to_record(self._plain(raw)) for raw in out["Responses"].get(self.table, [])]
                 request = out.get("UnprocessedKeys") or {}
-        return records
+            return found
+
+        batches = list(_chunks(sorted(set(instance_ids)), DDB_BATCH_GET))
+        return {r.instance_id: r for found in run_concurrently(get, batches, DDB_WORKERS) for r in found}
 
     def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
         now = self.clock()
@@ -663,14 +786,20 @@ class DynamoStateStore:
         return (str(item["claim_owner"]), until) if until > self.clock() else None
 
     def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None:
-        expires = int((at + timedelta(days=AUDIT_TTL_DAYS)).timestamp())
-        item = {
-            "pk": f"machine#{instance_id}",
-            "sk": f"audit#{at.isoformat()}#{entry.get('action', '')}",
-            "expires_at": expires,
-            "entry": json.dumps(entry, default=str, sort_keys=True),
-        }
-        self.dynamodb.put_item(TableName=self.table, Item=self._wire(item))
+        self.dynamodb.put_item(TableName=self.table, Item=self._wire(_audit_item(AuditEntry(instance_id, at, entry))))
+
+    def audit_many(self, entries: Sequence[AuditEntry]) -> list[str]:
+        """PutItem per entry, concurrently. Not BatchWriteItem: it can delete any item, and IAM cannot
+        tell its puts from its deletes, so the sweep is not granted it (tests/infra/test_iam.py)."""
+
+        def write(a: AuditEntry) -> str | None:
+            try:
+                self.audit(a.instance_id, a.at, a.entry)
+            except AwsError:
+                return a.instance_id
+            return None
+
+        return [i for i in run_concurrently(write, list(entries), DDB_WORKERS) if i is not None]
 
     def all_records(self) -> list[MachineRecord]:
         records = []
@@ -749,11 +878,16 @@ class InMemoryStateStore:
         self.leases: dict[str, tuple[str, datetime]] = {}  # instance id -> (sweep holding it, until)
         self.expires: dict[str, datetime] = {}  # instance id -> when its record's TTL ends
         self.clock = clock or _wall_clock
+        self._lock = threading.RLock()  # a sweep saves from several threads; check-and-set must be atomic
 
     def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
         return {i: self.records[i] for i in instance_ids if i in self.records}
 
     def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
+        with self._lock:
+            return self._save(record, holder, hold=hold)
+
+    def _save(self, record: MachineRecord, holder: str | None, *, hold: bool) -> bool:
         now, instance_id = self.clock(), record.instance_id
         stored = self.records.get(instance_id)
         if stored is not None and stored.version != record.version - 1:
@@ -775,6 +909,11 @@ class InMemoryStateStore:
 
     def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None:
         self.audits.append((instance_id, at, dict(entry)))
+
+    def audit_many(self, entries: Sequence[AuditEntry]) -> list[str]:
+        for a in entries:
+            self.audit(a.instance_id, a.at, a.entry)
+        return []
 
     def all_records(self) -> list[MachineRecord]:
         return list(self.records.values())

@@ -5,17 +5,29 @@ moto, or in-memory fakes."""
 from __future__ import annotations
 
 import contextlib
+import heapq
+import json
 import time
 import uuid
+import zlib
 from collections import defaultdict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
 from idle_reaper.aws import (
+    ACTION_WORKERS,
     DATAPOINTS_PER_CALL,
+    DDB_WORKERS,
+    GET_METRIC_DATA_SECONDS,
+    GET_METRIC_DATA_TPS,
     METRIC_QUERIES_PER_CALL,
+    METRIC_WORKERS,
+    ActionOutcome,
+    AuditEntry,
     AwsError,
     DynamoStateStore,
     Fleet,
@@ -27,6 +39,7 @@ from idle_reaper.aws import (
     error_code,
     home_region,
     policy_for,
+    run_concurrently,
     save_unwatched,
     ssm_prefix,
     table_name,
@@ -41,6 +54,7 @@ from idle_reaper.core import (
     Signals,
     State,
     SweepSummary,
+    TeamTotals,
     assess,
     decide,
     limit_terminations,
@@ -74,7 +88,12 @@ class SweepReport:
 
     @property
     def errors(self) -> list[Decision]:
-        return [d for d in self.decisions if d.error]
+        return [d for d in self.decisions if d.error and d.error != DEFERRED]
+
+    @property
+    def deferred(self) -> list[Decision]:
+        """Machines this sweep ran out of time for: untouched, left to the next sweep."""
+        return [d for d in self.decisions if d.error == DEFERRED]
 
 
 @dataclass
@@ -118,16 +137,20 @@ def run_sweep(
     prices: Mapping[str, float] = DEFAULT_PRICES,
     policy_overrides: Mapping[str, TeamPolicyRef] | None = None,
     sweep_id: str | None = None,
+    time_left: Callable[[], float] | None = None,
+    instance_ids: Sequence[str] | None = None,
+    listed: Sequence[Machine] | None = None,
 ) -> SweepReport:
+    """One sweep: of the machines `instance_ids` alone, described afresh, when given (a shard); of the
+    machines the planner `listed` moments ago, when given (a fleet that fits one invocation); else of all.
+
+    `time_left` (seconds left in the invocation, e.g. from the Lambda context): once it falls under
+    FINISH_RESERVE the sweep starts no new work (no claim, no post) and finishes what it began, so it never
+    ends mid-action without a record; the machines it did not reach are left to the next sweep."""
     started = time.perf_counter()
     sweep_id = sweep_id or uuid.uuid4().hex
     now = now.astimezone(UTC)  # CloudWatch speaks UTC, and so do reasons and records
-    try:
-        settings, settings_version = adapters.policies.load_settings()
-    except PolicyError as exc:
-        raise SweepCannotRun(f"settings are invalid, nothing was changed: {exc}") from None
-    except AwsError as exc:
-        raise SweepCannotRun(f"cannot read settings ({error_code(exc)}): {exc}") from None
+    settings, settings_version = _load_settings(adapters)
     dry_run = dry_run or settings.dry_run
     warnings: list[str] = []
 
@@ -145,7 +168,12 @@ def run_sweep(
             warnings.append(f"invalid team policy, team in safe mode: {ref.error}")
 
     try:
-        machines = adapters.fleet.discover(settings.tags)
+        if instance_ids is not None:
+            machines = adapters.fleet.describe_ids(instance_ids, settings.tags)
+        elif listed is not None:
+            machines = list(listed)
+        else:
+            machines = adapters.fleet.discover(settings.tags)
         records = adapters.store.load([m.instance_id for m in machines])
     except AwsError as exc:
         raise SweepCannotRun(f"cannot list machines or read the state table ({error_code(exc)}): {exc}") from None
@@ -192,10 +220,19 @@ def run_sweep(
             capacity = {}  # unknown capacity: limit_terminations allows none
         decisions = limit_terminations(decisions, capacity)
 
+    written: set[str] = set()
     if not dry_run:
-        decisions = _apply(adapters, decisions, records, settings, sweep_id, now)
+        decisions, written = _apply(adapters, decisions, records, settings, sweep_id, now, time_left)
+    # One log line per machine something happened to (an action, an error, a lifecycle change); the others'
+    # explanation is their record (`idle-reaper status`), refreshed at least hourly. A dry run logs all.
+    unchanged = 0
     for d in decisions:
-        _log_decision(d, dry_run)
+        if dry_run or d.action is not Action.NONE or d.error or d.machine.instance_id in written:
+            _log_decision(d, dry_run)
+        else:
+            unchanged += 1
+    if unchanged:
+        logger.info("machines with nothing new, not logged one by one", extra={"machines": unchanged})
     return SweepReport(
         now=now,
         dry_run=dry_run,
@@ -279,20 +316,30 @@ def _apply(
     settings: Settings,
     sweep_id: str,
     now: datetime,
-) -> list[Decision]:
-    """Claim, act, tell, record. Before a machine is posted about or acted on, its record (the intent:
-    warning, stopping, ...) is written together with this sweep's claim, conditionally on the version
-    this sweep read and on no other sweep holding a live claim. So of two overlapping sweeps only one
-    gets past this write, and the other does nothing to the machine until the outcome is recorded and
-    the claim released. Machines nothing happens to are written under the same conditions, unclaimed.
+    time_left: Callable[[], float] | None = None,
+) -> tuple[list[Decision], set[str]]:
+    """Claim, act, tell, record; returns the decisions and the machines whose record this sweep wrote.
+
+    Before a machine is posted about or acted on, its record (the intent: warning, stopping, ...) is
+    written together with this sweep's claim, conditionally on the version this sweep read and on no other
+    sweep holding a live claim. So of two overlapping sweeps only one gets past this write, and the other
+    does nothing to the machine until the outcome is recorded and the claim released. Machines nothing
+    happens to are written under the same conditions, unclaimed, when their record changed (record_changed).
     Per-machine failures are recorded on the decision, never raised."""
     store = adapters.store
-    by_id: dict[str, Decision] = {}
-    written: set[str] = set()
-    claimed: set[str] = set()
-    for d in decisions:
-        d = _delivery_intent(d, previous.get(d.machine.instance_id), now)
+
+    def out_of_time() -> bool:
+        return time_left is not None and time_left() < FINISH_RESERVE
+
+    def claim(d: Decision) -> tuple[Decision, bool, bool]:
+        """The decision, whether its record was written, whether this sweep now holds the machine."""
+        if out_of_time():
+            return replace(d, error=DEFERRED), False, False
+        before = previous.get(d.machine.instance_id)
+        d = _delivery_intent(d, before, now)
         hold = _posts_or_acts(d)
+        if not hold and before is not None and not record_changed(before, d, now):
+            return d, False, False  # nothing new to say: the stored record stays (see record_changed)
         try:
             saved = store.save(d.record, sweep_id, hold=hold)
         except AwsError as exc:
@@ -300,11 +347,19 @@ def _apply(
             d = replace(d, error=f"state table write failed ({error_code(exc)}); nothing done")
         if not saved and d.error is None:
             d = replace(d, error="another sweep is handling this machine, or changed it first; nothing done")
+        return d, saved, saved and hold
+
+    by_id: dict[str, Decision] = {d.machine.instance_id: d for d in decisions}  # keeps the listing's order
+    written: set[str] = set()
+    claimed: set[str] = set()
+    # What posts or acts first, so a sweep short of time spends it on what matters.
+    ordered = sorted(decisions, key=lambda d: not _posts_or_acts(d))
+    for d, saved, held in run_concurrently(claim, ordered, DDB_WORKERS):
+        by_id[d.machine.instance_id] = d
         if saved:
             written.add(d.machine.instance_id)
-            if hold:
-                claimed.add(d.machine.instance_id)
-        by_id[d.machine.instance_id] = d
+        if held:
+            claimed.add(d.machine.instance_id)
 
     acting = [d for d in by_id.values() if d.machine.instance_id in claimed and d.action in MACHINE_ACTIONS]
     acting = [d for d in acting if d.applied]
@@ -315,49 +370,140 @@ def _apply(
             unchanged = adapters.fleet.still_as_listed([d.machine for d in acting], settings.tags)
         except AwsError:
             unchanged = set()  # cannot tell: act on none of them
-        for d in acting:
-            if d.machine.instance_id not in unchanged:
-                by_id[d.machine.instance_id] = _stand_down(store, d, previous, sweep_id)
-                claimed.discard(d.machine.instance_id)
+        changed = [d for d in acting if d.machine.instance_id not in unchanged]
+        for d in run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id), changed, DDB_WORKERS):
+            by_id[d.machine.instance_id] = d
+            claimed.discard(d.machine.instance_id)
         acting = [d for d in acting if d.machine.instance_id in unchanged]
-    outcomes: dict[str, str | None] = {}
-    for hibernate in (False, True):
-        ids = [d.machine.instance_id for d in acting if d.action is (Action.HIBERNATE if hibernate else Action.STOP)]
-        for o in adapters.fleet.stop(ids, hibernate=hibernate):
-            outcomes[o.instance_id] = o.error
+    outcomes = _act(adapters.fleet, acting)
+
+    failed = [d for d in by_id.values() if outcomes.get(d.machine.instance_id)]
+    for d in run_concurrently(
+        lambda d: _record_failure(store, d, outcomes[d.machine.instance_id] or "", sweep_id, now), failed, DDB_WORKERS
+    ):
+        by_id[d.machine.instance_id] = d
+    # Posting stays one at a time (Slack's own rate limits); the outcomes are then recorded concurrently.
+    # Out of time, nothing more is posted: a machine acted on still has its outcome recorded (unposted),
+    # one only to be warned or told goes back to its record from before this sweep, claim released.
+    told, untold = [], []
+    for d in by_id.values():
+        if d.machine.instance_id not in claimed or outcomes.get(d.machine.instance_id):
+            continue
+        if not out_of_time():
+            told.append(_post(adapters, d, settings, now))
+        elif d.machine.instance_id in outcomes:
+            told.append(replace(d, record=replace(d.record, version=d.record.version + 1)))
+        else:
+            untold.append(d)
+    for d in run_concurrently(lambda d: _record_outcome(store, d, sweep_id), told, DDB_WORKERS):
+        by_id[d.machine.instance_id] = d
+    for d in run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id, DEFERRED), untold, DDB_WORKERS):
+        by_id[d.machine.instance_id] = d
+
+    audits: list[AuditEntry] = []
+    for d in by_id.values():
+        instance_id = d.machine.instance_id
+        if instance_id in written and d.record.delivery_error and d.record.warned_at:
+            _alert_undeliverable(adapters, d, settings, now)
+        if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
+            audits.append(AuditEntry(instance_id, now, _explain(d)))
+    _audit(store, audits)
+    return list(by_id.values()), written
+
+
+def _act(fleet: Fleet, acting: list[Decision]) -> dict[str, str | None]:
+    """Carry out the machine actions: instance id -> error. Stops, hibernations, protection changes and
+    terminations are different APIs with their own rate limits, so the four run at once, each in batches
+    (and groups) on its own bounded pool."""
     groups: dict[tuple[str, bool], list[str]] = defaultdict(list)
     for d in acting:
         if d.action in (Action.PROTECT, Action.UNPROTECT):
             groups[(d.machine.asg_name or "", d.action is Action.PROTECT)].append(d.machine.instance_id)
-    for (group, protected), ids in groups.items():
-        for o in adapters.fleet.set_protection(group, ids, protected=protected):
-            outcomes[o.instance_id] = o.error
-    for d in acting:
-        if d.action is Action.TERMINATE:
-            outcomes[d.machine.instance_id] = adapters.fleet.terminate_in_group(d.machine.instance_id).error
 
-    result: list[Decision] = []
-    for d in by_id.values():
-        instance_id = d.machine.instance_id
-        if outcomes.get(instance_id):
-            d = _record_failure(store, d, outcomes[instance_id] or "", sweep_id, now)
-        elif instance_id in claimed:
-            d = _notify(adapters, d, sweep_id, settings, now)
-        if instance_id in written and d.record.delivery_error and d.record.warned_at:
-            _alert_undeliverable(adapters, d, settings, now)
-        if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
-            _audit(store, d, now)
-        result.append(d)
-    return result
+    def ids(action: Action) -> list[str]:
+        return [d.machine.instance_id for d in acting if d.action is action]
+
+    def protect(group: tuple[str, bool]) -> list[ActionOutcome]:
+        return fleet.set_protection(group[0], groups[group], protected=group[1])
+
+    def protect_all() -> list[ActionOutcome]:
+        return [o for done in run_concurrently(protect, list(groups), ACTION_WORKERS) for o in done]
+
+    kinds: list[Callable[[], list[ActionOutcome]]] = [
+        lambda: fleet.stop(ids(Action.STOP), hibernate=False),
+        lambda: fleet.stop(ids(Action.HIBERNATE), hibernate=True),
+        protect_all,
+        lambda: fleet.terminate_in_groups(ids(Action.TERMINATE)),
+    ]
+    outcomes: dict[str, str | None] = {}
+    for done in run_concurrently(lambda kind: kind(), kinds, len(kinds)):
+        outcomes.update((o.instance_id, o.error) for o in done)
+    return outcomes
 
 
-def _stand_down(store: StateStore, d: Decision, previous: Mapping[str, MachineRecord], sweep_id: str) -> Decision:
+# A record whose lifecycle did not change is not rewritten, except to keep what readers see fresh:
+# `status` and explanations show data at most REFRESH_EVERY (plus one sweep) old. Each machine is refreshed
+# by the first sweep after its own point in the hour (a hash of its id), so refreshes spread evenly over
+# sweeps: at 5-minute sweeps, 1/12 of the fleet a sweep. A machine whose lifecycle depends on being watched
+# (idle_since or a warning: core.decide counts them only if a sweep observed the machine within one idle
+# window) is refreshed the same way every half idle window instead, when that is shorter.
+REFRESH_EVERY = timedelta(hours=1)
+WATCHED_REFRESH_SHARE = 2
+_BOOKKEEPING = frozenset({"version", "updated_at", "observed_at", "reason"})
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def record_changed(stored: MachineRecord, d: Decision, now: datetime) -> bool:
+    """Whether `d.record` must be written over `stored`: its lifecycle changed (state, idle-since, warning,
+    delivery, snooze, action, policy version, facts about the machine), or a refresh is due.
+
+    The stored observed_at then lags the last observation by up to idle_minutes / 2 plus one sweep
+    interval. A lag only ever makes core.decide see the machine as unwatched (a fresh warning, a later
+    stop), never as watched when it was not: a stop never comes early. With sweeps at most half the
+    shortest idle window apart (the default 5-minute schedule and 15-minute policies) it never happens."""
+    new = d.record
+    lifecycle = (f.name for f in fields(MachineRecord) if f.name not in _BOOKKEEPING)
+    if any(getattr(stored, name) != getattr(new, name) for name in lifecycle):
+        return True
+    period, last_written = REFRESH_EVERY, stored.updated_at
+    policy = d.policy.policy if d.policy else None
+    watched = policy is not None and (new.idle_since is not None or new.warned_at is not None)
+    if watched and policy is not None and new.observed_at is not None and new.observed_at != stored.observed_at:
+        # Its lifecycle depends on being watched: keep the stored observation at most half a window old.
+        period = min(period, timedelta(minutes=policy.idle_minutes) / WATCHED_REFRESH_SHARE)
+        last_written = min(last_written, stored.observed_at) if last_written and stored.observed_at else None
+    return last_written is None or last_written <= _last_refresh_point(new.instance_id, now, period)
+
+
+def _last_refresh_point(instance_id: str, now: datetime, every: timedelta) -> datetime:
+    """The machine's latest refresh point at or before `now`: one each `every`, at the machine's own phase,
+    so a fleet's refreshes spread evenly over the sweeps in between."""
+    period = int(every.total_seconds())
+    phase = zlib.crc32(instance_id.encode()) % period
+    since = int((now - _EPOCH).total_seconds()) - phase
+    return _EPOCH + timedelta(seconds=since // period * period + phase)
+
+
+CHANGED_SINCE_LISTED = (
+    "the machine changed since this sweep listed it (another sweep or a person acted first); nothing done"
+)
+DEFERRED = "deferred: this sweep ran short of time before reaching it; nothing done, the next sweep takes it"
+# Seconds a time-aware sweep keeps for finishing what it began (acting on claimed machines, recording).
+FINISH_RESERVE = 30.0
+
+
+def _stand_down(
+    store: StateStore,
+    d: Decision,
+    previous: Mapping[str, MachineRecord],
+    sweep_id: str,
+    error: str = CHANGED_SINCE_LISTED,
+) -> Decision:
     """Put back the record as it was before this sweep claimed the machine, and release the claim."""
     before = previous.get(d.machine.instance_id) or MachineRecord(d.machine.instance_id, d.machine.team)
     record = replace(before, version=d.record.version + 1)
     with contextlib.suppress(*AwsError):
         store.save(record, sweep_id)  # if this fails, the claim lapses after SWEEP_LEASE
-    error = "the machine changed since this sweep listed it (another sweep or a person acted first); nothing done"
     return replace(d, record=record, error=error)
 
 
@@ -450,9 +596,8 @@ def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, n
     return replace(d, error=reason, record=record, state=state)
 
 
-def _notify(adapters: Adapters, d: Decision, sweep_id: str, settings: Settings, now: datetime) -> Decision:
-    """Post what the decision calls for, then record the outcome and release the claim. The write is
-    conditional: an answer a person gave meanwhile wins, and a late sweep never overwrites newer truth."""
+def _post(adapters: Adapters, d: Decision, settings: Settings, now: datetime) -> Decision:
+    """Post what the decision calls for; the decision's record then carries the outcome (not yet written)."""
     record, reason = d.record, d.reason
     delivery: Delivery | None = None
     try:
@@ -487,10 +632,15 @@ def _notify(adapters: Adapters, d: Decision, sweep_id: str, settings: Settings, 
         )
     if delivery is not None and delivery.undelivered and d.deliver_warning and record.warned_at:
         _alert_partly_delivered(adapters, d, delivery.undelivered, settings, now)
-    record = replace(record, version=record.version + 1)
-    d = replace(d, record=record, reason=reason)
+    return replace(d, record=replace(record, version=record.version + 1), reason=reason)
+
+
+def _record_outcome(store: StateStore, d: Decision, sweep_id: str) -> Decision:
+    """Record what was posted and release the claim. The write is conditional: an answer a person gave
+    meanwhile wins, and a late sweep never overwrites newer truth."""
+    record = d.record
     try:
-        if not adapters.store.save(record, sweep_id):
+        if not store.save(record, sweep_id):
             logger.warning("the machine changed while claimed (a person answered); outcome not recorded")
     except AwsError as exc:
         # The claim lapses after SWEEP_LEASE; a warning whose outcome is lost is not posted again.
@@ -524,11 +674,14 @@ def _explain(d: Decision) -> dict[str, Any]:
     }
 
 
-def _audit(store: StateStore, d: Decision, now: datetime) -> None:
+def _audit(store: StateStore, entries: list[AuditEntry]) -> None:
     try:
-        store.audit(d.machine.instance_id, now, _explain(d))
+        failed = store.audit_many(entries)
     except AwsError as exc:
-        logger.warning("audit write failed", extra={"instance_id": d.machine.instance_id, "error": error_code(exc)})
+        failed = [a.instance_id for a in entries]
+        logger.warning("audit write failed", extra={"error": error_code(exc)})
+    for instance_id in failed:
+        logger.warning("audit write failed", extra={"instance_id": instance_id})
 
 
 def _log_decision(d: Decision, dry_run: bool) -> None:
@@ -569,3 +722,358 @@ def report_unwatched_regions(adapters: Adapters, ec2_in: Callable[[str], Any], h
             )
             _alert_once(adapters, f"unwatched#{c.region}#{week}", text, settings, now)
     return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Fan-out: a planner lists the fleet once and splits it into shards; shard workers sweep them in parallel
+# (Step Functions in AWS, threads locally); a gather step makes one summary of the shards' results.
+
+# Machines per shard. benchmarks/sweep_latency.py measures a reaping sweep at about 1.5 ms of modelled wall
+# per machine in one invocation (metric reads and state writes dominate), so a 10,000-machine shard takes
+# ~15-20 s: well inside half of a worker's timeout, and its manifest (~22 bytes an id) inside DynamoDB's
+# 400 KB item limit.
+SHARD_SIZE = 10_000
+# Shards the state machine's Map sweeps at once: 20 x SHARD_SIZE is 200,000 machines in one wave. Together
+# they keep GetMetricData under its quota (metric_workers), the one that binds at that size.
+SHARDS_AT_ONCE = 20
+MANIFEST_TTL = timedelta(days=1)
+FAILED_SHARDS_ALERT_AFTER = 3  # consecutive sweeps with a failed shard before the admins are told
+_FAILED_SWEEPS_KEY = "fanout#consecutive-failed-sweeps"
+_WARNINGS_KEPT = 20  # per shard result: the first few say what went wrong; the log has them all
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One sweep's shards. Step Functions passes at most 256 KB between states and 200,000 instance ids do
+    not fit: only the sweep id, its time and the shard indices travel; each worker reads its own manifest."""
+
+    sweep_id: str
+    now: datetime
+    shards: int
+    machines: int
+    dry_run: bool
+    listed: tuple[Machine, ...] = field(default=(), repr=False, compare=False)  # for a sweep in place
+
+    def execution_input(self) -> dict[str, Any]:
+        """The state machine's input: the Map runs one worker per entry of `shards`."""
+        return {
+            "sweep_id": self.sweep_id,
+            "now": self.now.isoformat(),
+            "dry_run": self.dry_run,
+            "shards": list(range(self.shards)),
+            "concurrent_shards": min(self.shards, SHARDS_AT_ONCE),
+        }
+
+
+class ShardTask(BaseModel):
+    """A shard worker's event (one Map iteration)."""
+
+    model_config = ConfigDict(extra="forbid")
+    sweep_id: str = Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9_-]+$")
+    now: AwareDatetime
+    dry_run: bool = False
+    shard: int = Field(ge=0)
+    concurrent_shards: int = Field(default=1, ge=1, le=1000)  # shards of this sweep running at once
+
+
+class ShardDone(BaseModel):
+    """One Map iteration's output: the shard, and its error when the worker failed (caught by the Map)."""
+
+    shard: int = Field(ge=0)
+    error: str | None = None
+
+
+class GatherTask(BaseModel):
+    """The gather step's event: the plan, and what the Map made of each shard."""
+
+    sweep_id: str = Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9_-]+$")
+    now: AwareDatetime
+    dry_run: bool = False
+    shards: list[int]
+    results: list[ShardDone] = Field(default_factory=list)
+
+
+class SweepTotals(BaseModel):
+    """What a sweep (or a shard of one) did, in numbers: what metrics and the gather step need."""
+
+    machines: int = 0
+    errors: int = 0
+    deferred: int = 0
+    undelivered: int = 0  # warnings nobody has received yet: their stops are held
+    duration_ms: float = 0.0
+    teams: dict[str, TeamTotals] = Field(default_factory=dict)
+    teams_in_safe_mode: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    dry_run: bool = False
+
+    @classmethod
+    def of(cls, report: SweepReport) -> SweepTotals:
+        undelivered = [d for d in report.decisions if d.state is State.WARNED and d.record.warning_delivered_at is None]
+        return cls(
+            machines=len(report.decisions),
+            errors=len(report.errors),
+            deferred=len(report.deferred),
+            undelivered=len(undelivered),
+            duration_ms=report.duration_ms,
+            teams=dict(report.summary.teams),
+            teams_in_safe_mode=report.teams_in_safe_mode,
+            warnings=report.warnings[:_WARNINGS_KEPT],
+            dry_run=report.dry_run,
+        )
+
+    @property
+    def hourly_savings(self) -> float:
+        return sum(t.hourly_savings for t in self.teams.values())
+
+
+class Gathered(SweepTotals):
+    """The shards of one sweep summed: one summary, one set of metrics, one savings figure."""
+
+    sweep_id: str
+    shards: int
+    failed: dict[int, str] = Field(default_factory=dict)  # shard -> why (its machines untouched)
+
+
+def manifest_key(sweep_id: str, index: int) -> str:
+    return f"shard#{sweep_id}#{index}"
+
+
+def result_key(sweep_id: str, index: int) -> str:
+    return f"shard-result#{sweep_id}#{index}"
+
+
+def split_into_shards(machines: Sequence[Machine], shards: int) -> list[list[str]]:
+    """Instance ids per shard: every machine in exactly one, an Auto Scaling group's members always together
+    (its termination limit is counted in one place), the shards as even as the groups allow (the largest
+    group first, each to the shard with the fewest machines so far)."""
+    units: dict[str, list[str]] = defaultdict(list)
+    for m in machines:
+        units[f"asg:{m.asg_name}" if m.asg_name else m.instance_id].append(m.instance_id)
+    loads = [(0, index) for index in range(shards)]
+    manifests: list[list[str]] = [[] for _ in range(shards)]
+    for _, ids in sorted(units.items(), key=lambda unit: (-len(unit[1]), unit[0])):
+        size, index = heapq.heappop(loads)
+        manifests[index].extend(ids)
+        heapq.heappush(loads, (size + len(ids), index))
+    return manifests
+
+
+def plan_sweep(
+    adapters: Adapters,
+    *,
+    now: datetime,
+    dry_run: bool = False,
+    sweep_id: str | None = None,
+    shard_size: int = SHARD_SIZE,
+    in_place: bool = False,
+) -> Plan:
+    """List the fleet once and write one manifest (its instance ids) per shard to the state table.
+    `in_place`: a fleet that fits one shard is swept by the caller from `Plan.listed`, no manifest written."""
+    if shard_size < 1:
+        raise ValueError("shard_size must be at least 1")
+    sweep_id = sweep_id or uuid.uuid4().hex
+    now = now.astimezone(UTC)
+    settings, _ = _load_settings(adapters)
+    try:
+        machines = adapters.fleet.discover(settings.tags)
+    except AwsError as exc:
+        raise SweepCannotRun(f"cannot list machines ({error_code(exc)}): {exc}") from None
+    shards = max(1, -(-len(machines) // shard_size))
+    plan = Plan(sweep_id, now, shards, len(machines), dry_run or settings.dry_run, tuple(machines))
+    if in_place and shards == 1:
+        return plan
+    manifests = split_into_shards(machines, shards)
+    expires = now + MANIFEST_TTL
+
+    def write(index: int) -> None:
+        adapters.store.put_lookup(manifest_key(sweep_id, index), json.dumps(manifests[index]), expires)
+
+    try:
+        run_concurrently(write, list(range(shards)), DDB_WORKERS)
+    except AwsError as exc:
+        raise SweepCannotRun(f"cannot write the shard manifests ({error_code(exc)}): {exc}") from None
+    logger.info("sweep planned", extra={"sweep_id": sweep_id, "shards": shards, "machines": len(machines)})
+    return replace(plan, listed=())
+
+
+def metric_workers(concurrent_shards: int) -> int:
+    """GetMetricData threads of one shard worker, so that the shards running at once together stay under
+    the account's GetMetricData quota (about GET_METRIC_DATA_TPS x GET_METRIC_DATA_SECONDS calls in flight)."""
+    in_flight = int(GET_METRIC_DATA_TPS * GET_METRIC_DATA_SECONDS)
+    return max(1, min(METRIC_WORKERS, in_flight // concurrent_shards))
+
+
+def _load_settings(adapters: Adapters) -> tuple[Settings, int | None]:
+    try:
+        return adapters.policies.load_settings()
+    except PolicyError as exc:
+        raise SweepCannotRun(f"settings are invalid, nothing was changed: {exc}") from None
+    except AwsError as exc:
+        raise SweepCannotRun(f"cannot read settings ({error_code(exc)}): {exc}") from None
+
+
+def run_shard(
+    adapters: Adapters, task: ShardTask, *, time_left: Callable[[], float] | None = None
+) -> tuple[SweepReport, SweepTotals]:
+    """Sweep one shard of a plan and record its totals for the gather step. A missing manifest (expired,
+    or the plan failed) sweeps nothing and fails the shard."""
+    sweep_id, index = task.sweep_id, task.shard
+    try:
+        manifest = adapters.store.get_lookup(manifest_key(sweep_id, index), task.now)
+    except AwsError as exc:
+        raise SweepCannotRun(f"cannot read shard {index}'s manifest ({error_code(exc)}): {exc}") from None
+    if manifest is None:
+        raise SweepCannotRun(f"shard {index} of sweep {sweep_id} has no manifest; nothing was changed")
+    ids = [str(i) for i in json.loads(manifest)]
+    workers = metric_workers(task.concurrent_shards)
+    if workers != adapters.metrics.workers:
+        adapters = replace(adapters, metrics=MetricsReader(adapters.metrics.cloudwatch, workers=workers))
+    report = run_sweep(
+        adapters,
+        now=task.now,
+        dry_run=task.dry_run,
+        sweep_id=f"{sweep_id}-{index}",
+        time_left=time_left,
+        instance_ids=ids,
+    )
+    totals = SweepTotals.of(report)
+    try:
+        adapters.store.put_lookup(result_key(sweep_id, index), totals.model_dump_json(), task.now + MANIFEST_TTL)
+    except AwsError as exc:  # what it did is recorded per machine; only the summary is lost
+        raise SweepCannotRun(f"shard {index} swept, but its totals were not recorded ({error_code(exc)})") from None
+    return report, totals
+
+
+def gather_sweep(adapters: Adapters, task: GatherTask) -> Gathered:
+    """One summary of a sweep's shards. A shard without a recorded result failed (its worker crashed, timed
+    out or was throttled throughout): it is reported, counted towards the admin alert, and its machines
+    wait for the next sweep, which plans them again."""
+    errors = {r.shard: r.error for r in task.results if r.error}
+
+    def read(index: int) -> SweepTotals | str:
+        if index in errors:
+            return errors[index] or "failed"
+        try:
+            stored = adapters.store.get_lookup(result_key(task.sweep_id, index), task.now)
+        except AwsError as exc:
+            return f"its result could not be read ({error_code(exc)})"
+        return SweepTotals.model_validate_json(stored) if stored else "no result recorded"
+
+    shards = sorted(set(task.shards))
+    done: list[SweepTotals] = []
+    failed: dict[int, str] = {}
+    for index, result in zip(shards, run_concurrently(read, shards, DDB_WORKERS), strict=True):
+        if isinstance(result, str):
+            failed[index] = result
+        else:
+            done.append(result)
+    teams: dict[str, TeamTotals] = defaultdict(TeamTotals)
+    for totals in done:
+        for team, t in totals.teams.items():
+            into = teams[team]
+            for f in fields(TeamTotals):
+                setattr(into, f.name, getattr(into, f.name) + getattr(t, f.name))
+    shard_warnings = [
+        f"shard {i} failed, its machines are untouched until the next sweep: {why}" for i, why in failed.items()
+    ]
+    gathered = Gathered(
+        sweep_id=task.sweep_id,
+        shards=len(shards),
+        failed=failed,
+        machines=sum(t.machines for t in done),
+        errors=sum(t.errors for t in done),
+        deferred=sum(t.deferred for t in done),
+        undelivered=sum(t.undelivered for t in done),
+        duration_ms=max((t.duration_ms for t in done), default=0.0),
+        teams=dict(teams),
+        teams_in_safe_mode=sorted({team for t in done for team in t.teams_in_safe_mode}),
+        warnings=[w for t in done for w in t.warnings] + shard_warnings,
+        dry_run=task.dry_run or any(t.dry_run for t in done),
+    )
+    for warning in shard_warnings:
+        logger.warning(warning, extra={"sweep_id": task.sweep_id})
+    if not gathered.dry_run:
+        note_failed_shards(adapters, len(failed), task.now)
+    return gathered
+
+
+def note_failed_shards(adapters: Adapters, failed: int, now: datetime) -> int:
+    """Count consecutive sweeps with a failed shard (in the state table); tell the admins when the count
+    reaches FAILED_SHARDS_ALERT_AFTER (once per run of failures). Returns the count."""
+    try:
+        count = int(adapters.store.get_lookup(_FAILED_SWEEPS_KEY, now) or 0) + 1 if failed else 0
+        adapters.store.put_lookup(_FAILED_SWEEPS_KEY, str(count), now + MANIFEST_TTL)
+    except AwsError as exc:
+        logger.warning("could not count the sweeps with a failed shard", extra={"error": error_code(exc)})
+        return 0
+    if count == FAILED_SHARDS_ALERT_AFTER:
+        text = (
+            f"{count} sweeps in a row had a failed shard ({failed} in the last): their machines were left "
+            "untouched and are retried every sweep. See the ShardsFailed metric and the shard worker's logs."
+        )
+        try:
+            settings, _ = adapters.policies.load_settings()
+            adapters.notifier.admin_alert(text, settings.admins, settings.admin_channel)
+        except Exception as exc:  # an alert must never break the gather step; the log still says it
+            logger.warning("admin alert failed", extra={"error": str(exc), "alert": text})
+    return count
+
+
+@dataclass
+class ShardedReport:
+    """A sharded sweep run locally: each shard's report (the CLI's rows) and the gathered summary."""
+
+    plan: Plan
+    reports: list[SweepReport]
+    gathered: Gathered
+
+    def merged(self) -> SweepReport:
+        """The shards' decisions as one report, in the shape of a single sweep's."""
+        return SweepReport(
+            now=self.plan.now,
+            dry_run=self.gathered.dry_run,
+            decisions=[d for r in self.reports for d in r.decisions],
+            settings_version=self.reports[0].settings_version if self.reports else None,
+            metric_calls=sum(r.metric_calls for r in self.reports),
+            duration_ms=self.gathered.duration_ms,
+            warnings=self.gathered.warnings,
+            sweep_id=self.plan.sweep_id,
+            teams_in_safe_mode=self.gathered.teams_in_safe_mode,
+        )
+
+
+def run_sharded(
+    adapters: Adapters,
+    *,
+    now: datetime,
+    dry_run: bool = False,
+    shard_size: int = SHARD_SIZE,
+    workers: int = 4,
+    sweep_id: str | None = None,
+) -> ShardedReport:
+    """The fan-out run locally: the planner, the shard workers on threads, the gather step. The same
+    functions the state machine runs; what the CLI and the demo run."""
+    plan = plan_sweep(adapters, now=now, dry_run=dry_run, sweep_id=sweep_id, shard_size=shard_size)
+
+    concurrent = min(plan.shards, workers)
+
+    def work(index: int) -> SweepReport | str:
+        task = ShardTask(
+            sweep_id=plan.sweep_id, now=plan.now, dry_run=plan.dry_run, shard=index, concurrent_shards=concurrent
+        )
+        try:
+            return run_shard(adapters, task)[0]
+        except Exception as exc:  # a failed shard is reported; the others go on
+            logger.warning("shard failed", extra={"shard": index, "error": str(exc)})
+            return f"{type(exc).__name__}: {exc}"
+
+    results = run_concurrently(work, list(range(plan.shards)), workers)
+    task = GatherTask(
+        sweep_id=plan.sweep_id,
+        now=plan.now,
+        dry_run=plan.dry_run,
+        shards=list(range(plan.shards)),
+        results=[ShardDone(shard=i, error=r if isinstance(r, str) else None) for i, r in enumerate(results)],
+    )
+    reports = [r for r in results if isinstance(r, SweepReport)]
+    return ShardedReport(plan, reports, gather_sweep(adapters, task))

@@ -30,7 +30,13 @@ class Environment:
         """Ref and Arn of a template resource, named as AWS names them."""
         resource = self.template["Resources"][logical_id]
         props, kind = resource.get("Properties", {}), resource["Type"]
-        name = str(props.get("TableName") or props.get("FunctionName") or props.get("Name") or logical_id.lower())
+        name = str(
+            props.get("TableName")
+            or props.get("FunctionName")
+            or props.get("StateMachineName")
+            or props.get("Name")
+            or logical_id.lower()
+        )
         if kind == "AWS::DynamoDB::Table":
             return {"Ref": name, "Arn": self.arn("dynamodb", f"table/{name}")}
         if kind == "AWS::SecretsManager::Secret":
@@ -48,6 +54,9 @@ class Environment:
             }
         if kind == "AWS::SNS::Topic":
             arn = self.arn("sns", name)
+            return {"Ref": arn, "Arn": arn}
+        if kind == "AWS::StepFunctions::StateMachine":
+            arn = self.arn("states", f"stateMachine:{name}")
             return {"Ref": arn, "Arn": arn}
         if kind == "AWS::IAM::Role":
             return {"Ref": name, "Arn": f"arn:{self.partition}:iam::{self.account}:role/{name}"}

@@ -55,6 +55,13 @@ def function(region: str, name: str) -> str:
     return f"arn:aws:lambda:{region}:{ACCOUNT}:function:{name}"
 
 
+def state_machine(region: str, name: str) -> str:
+    return f"arn:aws:states:{region}:{ACCOUNT}:stateMachine:{name}"
+
+
+FANOUT = "idle-reaper-sweep"  # the sharded sweep's state machine
+
+
 def call(action: str, resource: str, region: str = HOME, **context: str | tuple[str, ...]) -> Request:
     return Request(action, resource, {"aws:RequestedRegion": region, **context})
 
@@ -67,7 +74,6 @@ def on_managed(action: str, resource: str, region: str = HOME) -> Request:
 def fleet_reads(region: str) -> list[Request]:
     return [
         call("ec2:DescribeInstances", "*", region),
-        call("autoscaling:DescribeAutoScalingInstances", "*", region),
         call("autoscaling:DescribeAutoScalingGroups", "*", region),
         call("cloudwatch:GetMetricData", "*", region),
     ]
@@ -90,12 +96,22 @@ SWEEP_CALLS = [
     *policy_reads(HOME),
     call("dynamodb:BatchGetItem", table(HOME)),  # load
     call("dynamodb:PutItem", table(HOME)),  # save, audit, claim_once, put_lookup
-    call("dynamodb:GetItem", table(HOME)),  # get_lookup
+    call("dynamodb:GetItem", table(HOME)),  # get_lookup (a shard worker: its manifest)
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#policy:/idle-reaper/teams/ml",)}),
     call("secretsmanager:GetSecretValue", secret(HOME)),
     # The daily count of running instances in regions without a stack (HOME is the first listed region).
     call("ec2:DescribeRegions", "*"),
     call("ec2:DescribeInstances", "*", "ap-south-1"),
+]
+# The daily count of running instances in regions without a stack (HOME is the first listed region).
+COUNT_UNWATCHED = [call("ec2:DescribeRegions", "*"), call("ec2:DescribeInstances", "*", "ap-south-1")]
+# The scheduled sweep is also the planner: a fleet larger than one shard goes to the state machine.
+PLANNER_CALLS = [*SWEEP_CALLS, *COUNT_UNWATCHED, call("states:StartExecution", state_machine(HOME, FANOUT))]
+GATHER_CALLS = [
+    call("dynamodb:GetItem", table(HOME)),  # the shards' results, the failed-shard count
+    call("dynamodb:PutItem", table(HOME)),  # the failed-shard count
+    call("ssm:GetParameter", parameter(HOME, "settings")),  # who the admins are
+    call("secretsmanager:GetSecretValue", secret(HOME)),  # to tell them
 ]
 SLACK_CALLS = [
     *(
@@ -161,6 +177,21 @@ SLACK_NEVER = [
     call("dynamodb:GetItem", table("ap-south-1"), "ap-south-1"),  # a region the stack does not list
     call("lambda:InvokeFunction", function(HOME, "idle-reaper-sweep")),
 ]
+SHARD_WORKER_NEVER = [
+    *SWEEP_NEVER,
+    call("states:StartExecution", state_machine(HOME, FANOUT)),  # a worker never starts another sweep
+    *COUNT_UNWATCHED,  # the planner counts, once a day; a worker sweeps its shard in its region only
+]
+GATHER_NEVER = [
+    *NEVER,
+    *fleet_reads(HOME),
+    on_managed("ec2:StopInstances", instance(HOME)),
+    on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
+    call("ssm:GetParameter", parameter(HOME, "teams/ml")),
+    call("dynamodb:BatchGetItem", table(HOME)),
+    call("dynamodb:DeleteItem", table(HOME)),
+    call("states:StartExecution", state_machine(HOME, FANOUT)),
+]
 ALARM_RELAY_NEVER = [
     *NEVER,
     call("ssm:GetParameter", parameter(HOME, "teams/ml")),
@@ -177,7 +208,9 @@ class Role:
 
 
 ROLES = {
-    "sweep": Role("idle_reaper.handlers.sweep.handler", SWEEP_CALLS, SWEEP_NEVER),
+    "sweep": Role("idle_reaper.handlers.sweep.handler", PLANNER_CALLS, SWEEP_NEVER),
+    "shard_worker": Role("idle_reaper.handlers.fanout.shard_handler", SWEEP_CALLS, SHARD_WORKER_NEVER),
+    "gather": Role("idle_reaper.handlers.fanout.gather_handler", GATHER_CALLS, GATHER_NEVER),
     "slack": Role("idle_reaper.handlers.slack.handler", SLACK_CALLS, SLACK_NEVER),
     "alarms": Role("idle_reaper.handlers.alarms.handler", ALARM_RELAY_CALLS, ALARM_RELAY_NEVER),
 }
@@ -222,7 +255,7 @@ def test_only_the_first_listed_region_counts_the_regions_without_a_stack(synth: 
 
 
 # Where the IAM action is not the boto3 method's name in CamelCase.
-ACTION_OF_METHOD = {"lambda:Invoke": "lambda:InvokeFunction"}
+ACTION_OF_METHOD = {"lambda:Invoke": "lambda:InvokeFunction", "stepfunctions:StartExecution": "states:StartExecution"}
 
 
 CLIENT_ATTRIBUTES = {"ec2": "ec2", "autoscaling": "autoscaling", "cloudwatch": "cloudwatch", "ssm": "ssm"}

@@ -277,6 +277,18 @@ def test_only_the_slack_handler_starts_machines_and_only_the_sweep_terminates(te
     assert not {a for a in sweep | slack if a.startswith("ssm:Put")}  # admins edit policies, not Lambdas
 
 
+STATE_MACHINE_LOG_DELIVERY = {
+    "logs:CreateLogDelivery",
+    "logs:GetLogDelivery",
+    "logs:UpdateLogDelivery",
+    "logs:DeleteLogDelivery",
+    "logs:ListLogDeliveries",
+    "logs:PutResourcePolicy",
+    "logs:DescribeResourcePolicies",
+    "logs:DescribeLogGroups",
+}
+
+
 def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[str, Any]) -> None:
     [table] = resources(template, "AWS::DynamoDB::Table")
     [secret] = resources(template, "AWS::SecretsManager::Secret")
@@ -290,15 +302,18 @@ def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[
         if any(a.startswith("dynamodb:") for a in actions):
             assert table in text or "table/idle-reaper-state" in text
         if statement["Resource"] == "*":
-            # Only calls without resource-level permissions, and X-Ray.
+            # Only calls without resource-level permissions: fleet reads, X-Ray, and the state machine's
+            # log delivery (Step Functions' vended logs; AWS documents Resource "*" for these).
             assert set(actions) <= {
                 "ec2:DescribeInstances",
                 "ec2:DescribeRegions",
-                "autoscaling:DescribeAutoScalingInstances",
                 "autoscaling:DescribeAutoScalingGroups",
                 "cloudwatch:GetMetricData",
                 "xray:PutTraceSegments",
                 "xray:PutTelemetryRecords",
+                "xray:GetSamplingRules",
+                "xray:GetSamplingTargets",
+                *STATE_MACHINE_LOG_DELIVERY,
             }
 
 
@@ -308,7 +323,7 @@ def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[
 def test_alarms_notify_the_topic_and_its_email_subscription(template: dict[str, Any], assertions: Template) -> None:
     [topic] = resources(template, "AWS::SNS::Topic")
     alarms = resources(template, "AWS::CloudWatch::Alarm")
-    assert len(alarms) == 10
+    assert len(alarms) == 13
     for alarm in alarms.values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic}]
         assert alarm["Properties"]["OKActions"] == [{"Ref": topic}]
@@ -370,6 +385,8 @@ def test_dashboard_shows_every_metric_the_sweep_emits(template: dict[str, Any]) 
         "SweepDurationMs",
         "SweepErrors",
         "TeamsInSafeMode",
+        "ShardsFailed",
+        "MachinesDeferred",
         "SlackRequestFailures",
         "Throttles",
     ):
@@ -556,7 +573,14 @@ def test_failures_the_handlers_survive_and_slowness_are_alarmed(template: dict[s
 def test_slack_function_may_invoke_itself_and_nothing_else_without_a_cycle(template: dict[str, Any]) -> None:
     logical_id, slack = function(template, "idle_reaper.handlers.slack.handler")
     assert slack["FunctionName"] == "idle-reaper-slack"
-    invokes = [s for s in statements(template) if "lambda:InvokeFunction" in as_list(s["Action"])]
+    # Among the functions' roles (the sharded sweep's state machine invokes its own two, see below).
+    function_roles = {role_of(fn["Properties"]) for fn in resources(template, "AWS::Lambda::Function").values()}
+    invokes = [
+        s
+        for role in function_roles
+        for s in statements(template, role)
+        if "lambda:InvokeFunction" in as_list(s["Action"])
+    ]
     assert len(invokes) == 1 and {"Ref": role_of(slack)} in next(
         p["Properties"]["Roles"]
         for p in resources(template, "AWS::IAM::Policy").values()
@@ -594,3 +618,59 @@ def test_gpu_agent_failures_reach_the_alarm_topic(template: dict[str, Any], asse
             }
         },
     )
+
+
+# -- the sharded sweep ---------------------------------------------------------------------------
+
+
+def test_a_large_fleet_is_swept_by_a_state_machine_over_shard_indices(template: dict[str, Any]) -> None:
+    [(machine_id, machine)] = resources(template, "AWS::StepFunctions::StateMachine").items()
+    props = machine["Properties"]
+    assert props["StateMachineName"] == "idle-reaper-sweep" and props["TracingConfiguration"] == {"Enabled": True}
+    assert props["LoggingConfiguration"]["Level"] == "ALL"
+    worker_id, worker = function(template, "idle_reaper.handlers.fanout.shard_handler")
+    gather_id, _ = function(template, "idle_reaper.handlers.fanout.gather_handler")
+    definition = json.loads(
+        "".join(p if isinstance(p, str) else p["Fn::GetAtt"][0] for p in props["DefinitionString"]["Fn::Join"][1])
+    )
+    assert definition["TimeoutSeconds"] <= 30 * 60
+    shards = definition["States"][definition["StartAt"]]
+    assert shards["Type"] == "Map" and shards["ItemsPath"] == "$.shards" and shards["MaxConcurrency"] == 20
+    # Only indices travel (the 256 KB limit): the worker reads its manifest from the state table.
+    assert set(shards["ItemSelector"]) == {"sweep_id.$", "now.$", "dry_run.$", "shard.$", "concurrent_shards.$"}
+    processor = shards["ItemProcessor"]["States"]
+    task = processor[shards["ItemProcessor"]["StartAt"]]
+    assert task["Type"] == "Task" and [c["ErrorEquals"] for c in task["Catch"]] == [["States.ALL"]]
+    caught = processor[task["Catch"][0]["Next"]]
+    assert caught["Type"] == "Pass" and caught["Parameters"] == {"shard.$": "$.shard", "error.$": "$.error.Error"}
+    assert task["Resource"] == worker_id and definition["States"][shards["Next"]]["Resource"] == gather_id
+    # The state machine may invoke the worker and the gather step, and nothing else.
+    role = props["RoleArn"]["Fn::GetAtt"][0]
+    invoked = {
+        json.dumps(resource)
+        for s in statements(template, role)
+        if "lambda:InvokeFunction" in as_list(s["Action"])
+        for resource in as_list(s["Resource"])
+    }
+    assert invoked and all(worker_id in r or gather_id in r for r in invoked)
+    # The scheduled sweep plans, and hands a large fleet to it.
+    _, sweep = function(template, "idle_reaper.handlers.sweep.handler")
+    assert sweep["Environment"]["Variables"]["IDLE_REAPER_FANOUT_ARN"] == {"Ref": machine_id}
+    assert worker["Timeout"] == sweep["Timeout"] and worker["MemorySize"] == sweep["MemorySize"] == 1769
+    assert "ReservedConcurrentExecutions" not in worker
+
+
+def test_failed_shards_and_failed_executions_are_alarmed(template: dict[str, Any]) -> None:
+    service = {"Name": "service", "Value": "idle-reaper"}
+    shards_failed = alarm_on(template, "ShardsFailed", "IdleReaper", service)
+    assert (shards_failed["Statistic"], shards_failed["Threshold"], shards_failed["EvaluationPeriods"]) == ("Sum", 1, 1)
+    worker_id, worker = function(template, "idle_reaper.handlers.fanout.shard_handler")
+    worker_p99 = alarm_on(template, "Duration", "AWS/Lambda", {"Name": "FunctionName", "Value": {"Ref": worker_id}})
+    assert 0.5 * worker["Timeout"] * 1000 <= worker_p99["Threshold"] < worker["Timeout"] * 1000
+    [executions] = [
+        a["Properties"]
+        for a in resources(template, "AWS::CloudWatch::Alarm").values()
+        if "FILL(timed_out, 0)" in json.dumps(a["Properties"].get("Metrics", []))
+    ]
+    names = {m["MetricStat"]["Metric"]["MetricName"] for m in executions["Metrics"] if "MetricStat" in m}
+    assert names == {"ExecutionsFailed", "ExecutionsTimedOut", "ExecutionsAborted"}

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from idle_reaper.handlers import sweep as sweep_handler
 from idle_reaper_tools import local
 from idle_reaper_tools.fake_slack import LambdaContextStub
+from testkit.emf import emf_blobs
 
 pytestmark = pytest.mark.integration
-
-
-def emf_blobs(text: str) -> list[dict]:
-    """EMF documents on stdout, with single values unwrapped from Powertools' lists."""
-    blobs = []
-    for line in text.splitlines():
-        if line.startswith("{") and '"_aws"' in line:
-            blob = json.loads(line)
-            blobs.append({k: v[0] if isinstance(v, list) and len(v) == 1 else v for k, v in blob.items()})
-    return blobs
 
 
 def test_handler_sweeps_and_emits_metrics_per_team(aws, slack, capsys):

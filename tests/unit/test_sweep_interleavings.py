@@ -15,7 +15,7 @@ from idle_reaper.aws import SWEEP_LEASE, Fleet, InMemoryStateStore
 from idle_reaper.core import Action, State
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import Settings
-from idle_reaper.sweep import SweepReport, logger, run_sweep
+from idle_reaper.sweep import SweepReport, logger, run_sharded, run_sweep
 from testkit.fake_aws import FakeAws, quiet_after, steady
 from testkit.interleave import STEPS, Gate, counts_by_machine, interleave, stepped
 
@@ -34,11 +34,19 @@ class World:
     now: datetime
     notifier: LoggingNotifier = field(default_factory=lambda: LoggingNotifier(logger, delivers=True))
 
-    def sweep(self, name: str) -> Callable[[Gate], SweepReport]:
-        """One sweep with its own adapters over the shared world, passing `gate` at each step."""
-        return lambda gate: run_sweep(
-            stepped(self.aws.adapters(store=self.store, notifier=self.notifier), gate), now=self.now, sweep_id=name
-        )
+    def sweep(self, name: str, design: str = "single") -> Callable[[Gate], SweepReport]:
+        """One sweep with its own adapters over the shared world, passing `gate` at each step: in one
+        invocation, or sharded (planner, a worker per machine, gather)."""
+
+        def run(gate: Gate) -> SweepReport:
+            adapters = stepped(self.aws.adapters(store=self.store, notifier=self.notifier), gate)
+            if design == "sharded":
+                sharded = run_sharded(adapters, now=self.now, sweep_id=name, shard_size=1)
+                assert not sharded.gathered.failed, sharded.gathered.failed  # the other sweep is no failure
+                return sharded.merged()
+            return run_sweep(adapters, now=self.now, sweep_id=name)
+
+        return run
 
     def sent(self, kind: str) -> int:
         return self.notifier.sent.count((kind, self.machine))
@@ -166,18 +174,23 @@ SCENARIOS: dict[str, tuple[Callable[[], World], Callable[[World], None], tuple[s
     "protect": (protect, check_protect, NO_POST),
 }
 CASES = [
-    pytest.param(name, a, b, id=f"{name}-A@{a}-B@{b or 'end'}")
+    pytest.param(name, a, b, design, id=f"{name}-A@{a}-B@{b or 'end'}-{design}")
+    for design in ("single", "sharded")
     for name, (_, _, steps) in SCENARIOS.items()
     for a in steps
     for b in (*steps, None)
 ]
 
 
-@pytest.mark.parametrize(("scenario", "pause_a", "pause_b"), CASES)
-def test_two_sweeps_act_and_tell_once_under_every_interleaving(scenario: str, pause_a: str, pause_b: str | None):
+@pytest.mark.parametrize(("scenario", "pause_a", "pause_b", "design"), CASES)
+def test_two_sweeps_act_and_tell_once_under_every_interleaving(
+    scenario: str, pause_a: str, pause_b: str | None, design: str
+):
+    """`sharded`: two overlapping sharded sweeps (planner, a shard per machine, gather), as two state
+    machine executions of a sweep that ran long."""
     setup, check, _ = SCENARIOS[scenario]
     world = setup()
-    result = interleave(world.sweep("A"), world.sweep("B"), pause_a=pause_a, pause_b=pause_b)
+    result = interleave(world.sweep("A", design), world.sweep("B", design), pause_a=pause_a, pause_b=pause_b)
 
     assert result.gate_a.reached.is_set(), f"sweep A never reached {pause_a}: the interleaving was not exercised"
     check(world)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 from idle_reaper import aws
 from idle_reaper.policy import Settings
-from idle_reaper.sweep import Adapters, SweepCannotRun, SweepReport, decision_row, run_sweep
+from idle_reaper.sweep import SHARD_SIZE, Adapters, SweepCannotRun, SweepReport, decision_row, run_sharded
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -23,6 +23,16 @@ def parse_time(text: str) -> datetime:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO-8601 time: {text!r}") from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -65,7 +75,11 @@ def format_table(report: SweepReport) -> str:
 def cmd_sweep(args: argparse.Namespace) -> int:
     now = args.now or datetime.now(UTC)
     try:
-        report = run_sweep(Adapters.from_environment(), now=now, dry_run=args.dry_run)
+        # The planner, the shard workers (on threads) and the gather step: what the state machine runs.
+        sharded = run_sharded(
+            Adapters.from_environment(), now=now, dry_run=args.dry_run, shard_size=args.shard_size, workers=args.workers
+        )
+        report = sharded.merged()
     except SweepCannotRun as exc:
         print(f"idle-reaper: sweep could not run: {exc}", file=sys.stderr)
         return 2
@@ -76,7 +90,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(format_table(report))
     for w in report.warnings:
         print(f"idle-reaper: {w}", file=sys.stderr)
-    return 0
+    return 1 if sharded.gathered.failed else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--now", type=parse_time, help="simulated clock, ISO-8601 (default: now)")
     p.add_argument("--dry-run", action="store_true", help="decide and report, change nothing")
     p.add_argument("--json", action="store_true", help="one JSON object per machine")
+    p.add_argument(
+        "--shard-size",
+        type=positive_int,
+        default=SHARD_SIZE,
+        help=f"machines per shard, each swept by its own worker (default {SHARD_SIZE:,})",
+    )
+    p.add_argument("--workers", type=positive_int, default=4, help="shards swept at once, on threads (default 4)")
     p.set_defaults(func=cmd_sweep)
 
     from idle_reaper_tools.demo import cmd_demo

@@ -20,7 +20,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from idle_reaper.core import Action, Decision, State
 from idle_reaper.slack import blocks_text
-from idle_reaper.sweep import Adapters, SweepReport, run_sweep
+from idle_reaper.sweep import Adapters, SweepReport, run_sharded
 from idle_reaper_tools import local
 from idle_reaper_tools.fake_slack import FakeSlack, LambdaContextStub, fake_slack, signed_request, slack_environment
 
@@ -175,6 +175,9 @@ def seed() -> Seeded:
     return seeded
 
 
+DEMO_SHARD_SIZE = 4  # a handful of shards, so the demo runs the fan-out the way a large fleet does
+
+
 def simulate(
     seeded: Seeded,
     adapters_factory: Callable[[], Adapters],
@@ -186,7 +189,8 @@ def simulate(
     now = start
     while now <= end:
         launch_due(seeded, now)
-        report = run_sweep(adapters_factory(), now=now)
+        # The planner, shard workers on threads and the gather step, as the state machine runs them.
+        report = run_sharded(adapters_factory(), now=now, shard_size=DEMO_SHARD_SIZE, workers=DEMO_SHARD_SIZE).merged()
         reports.append(report)
         if on_sweep:
             on_sweep(report)
@@ -258,7 +262,9 @@ class Timeline:
 
     def __call__(self, report: SweepReport) -> None:
         changes = []
-        for d in report.decisions:
+        # Shards report in their own order; the story follows the fleet's.
+        order = {instance_id: i for i, instance_id in enumerate(self.seeded.ids.values())}
+        for d in sorted(report.decisions, key=lambda d: order.get(d.machine.instance_id, len(order))):
             name = self.seeded.names.get(d.machine.instance_id, d.machine.instance_id)
             if d.action is not Action.NONE or self.last_state.get(name) != d.state:
                 changes.append(_describe(d, name))

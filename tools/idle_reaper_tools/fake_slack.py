@@ -152,6 +152,9 @@ class LambdaContextStub:
     invoked_function_arn: str = "arn:aws:lambda:us-east-1:123456789012:function:idle-reaper-local"
     aws_request_id: str = "local"
 
+    def get_remaining_time_in_millis(self) -> int:
+        return 240_000  # the stack's sweep timeout at the default 5-minute schedule
+
 
 def signed_request(
     path: str, body: str, secret: str, *, timestamp: int | None = None, headers: dict[str, str] | None = None

@@ -1,7 +1,11 @@
-"""Scheduled Lambda: one sweep. Wiring only."""
+"""Scheduled Lambda: the sweep's planner. A fleet that fits one shard is swept right here; a larger one
+is handed to the fan-out state machine (handlers/fanout.py runs its shards and gathers them). Wiring only."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,26 +14,56 @@ from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from idle_reaper.aws import client, current_region
-from idle_reaper.core import State
-from idle_reaper.sweep import Adapters, SweepCannotRun, SweepReport, logger, report_unwatched_regions, run_sweep
+from idle_reaper.sweep import (
+    SHARD_SIZE,
+    Adapters,
+    SweepCannotRun,
+    SweepTotals,
+    logger,
+    plan_sweep,
+    report_unwatched_regions,
+    run_sweep,
+)
 
 metrics = Metrics(namespace="IdleReaper", service="idle-reaper")
+FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # the state machine that sweeps a fleet shard by shard
 
 
-def emit_team_metrics(report: SweepReport) -> None:
+def emit_team_metrics(totals: SweepTotals) -> None:
     """One EMF blob per team, so dashboards can split every count by team."""
-    for team, totals in sorted(report.summary.teams.items()):
+    for team, team_totals in sorted(totals.teams.items()):
         team_metrics = EphemeralMetrics(namespace="IdleReaper")
         team_metrics.add_dimension("team", team)
-        team_metrics.add_metric("MachinesScanned", MetricUnit.Count, totals.scanned)
-        team_metrics.add_metric("MachinesIdle", MetricUnit.Count, totals.idle)
-        team_metrics.add_metric("WarningsSent", MetricUnit.Count, totals.warned)
-        team_metrics.add_metric("MachinesReaped", MetricUnit.Count, totals.reaped)
-        team_metrics.add_metric("MachinesProtected", MetricUnit.Count, totals.protected)
-        team_metrics.add_metric("MachinesUnknown", MetricUnit.Count, totals.unknown)
-        team_metrics.add_metric("Snoozes", MetricUnit.Count, totals.snoozed)  # machines kept by someone now
-        team_metrics.add_metric("EstimatedHourlySavings", MetricUnit.NoUnit, round(totals.hourly_savings, 4))
+        team_metrics.add_metric("MachinesScanned", MetricUnit.Count, team_totals.scanned)
+        team_metrics.add_metric("MachinesIdle", MetricUnit.Count, team_totals.idle)
+        team_metrics.add_metric("WarningsSent", MetricUnit.Count, team_totals.warned)
+        team_metrics.add_metric("MachinesReaped", MetricUnit.Count, team_totals.reaped)
+        team_metrics.add_metric("MachinesProtected", MetricUnit.Count, team_totals.protected)
+        team_metrics.add_metric("MachinesUnknown", MetricUnit.Count, team_totals.unknown)
+        team_metrics.add_metric("Snoozes", MetricUnit.Count, team_totals.snoozed)  # machines kept by someone now
+        team_metrics.add_metric("EstimatedHourlySavings", MetricUnit.NoUnit, round(team_totals.hourly_savings, 4))
         team_metrics.flush_metrics()
+
+
+def emit_sweep_metrics(metrics: Metrics, totals: SweepTotals, shards_failed: int = 0) -> None:
+    """The metrics of one sweep, swept in place or gathered from its shards: the same names either way."""
+    emit_team_metrics(totals)
+    metrics.add_metric("SweepDurationMs", MetricUnit.Milliseconds, totals.duration_ms)
+    metrics.add_metric("SweepErrors", MetricUnit.Count, totals.errors)
+    # Machines the sweep ran out of time for (left untouched to the next sweep): the fleet outgrows a shard.
+    metrics.add_metric("MachinesDeferred", MetricUnit.Count, totals.deferred)
+    if totals.deferred:
+        logger.warning("sweep ran short of time; machines left to the next sweep", extra={"machines": totals.deferred})
+    # Every sweep, zero included, so the alarm sees a steady series.
+    metrics.add_metric("ShardsFailed", MetricUnit.Count, shards_failed)
+    # Every sweep, zero included, so an alarm on it sees a steady series (a team left in safe mode is loud).
+    metrics.add_metric("TeamsInSafeMode", MetricUnit.Count, len(totals.teams_in_safe_mode))
+    # Warnings nobody has received yet (Slack down, token revoked, undeliverable): their stops are held.
+    metrics.add_metric("WarningsUndelivered", MetricUnit.Count, totals.undelivered)
+    if totals.teams_in_safe_mode:
+        logger.warning("teams in safe mode: nothing is stopped for them", extra={"teams": totals.teams_in_safe_mode})
+    for warning in totals.warnings:
+        logger.warning(warning)
 
 
 @logger.inject_lambda_context(log_event=False)
@@ -37,25 +71,32 @@ def emit_team_metrics(report: SweepReport) -> None:
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     now = datetime.now(UTC)
     adapters = Adapters.from_environment()
+    fanout = os.environ.get(FANOUT_ENV)
     try:
-        report = run_sweep(adapters, now=now)
+        # Without the state machine (a local run), one invocation sweeps everything, time-aware.
+        plan = plan_sweep(adapters, now=now, in_place=True, shard_size=SHARD_SIZE if fanout else sys.maxsize)
+        # Once a day, from the first listed region: instances in regions no stack watches (see `status`).
+        for line in report_unwatched_regions(adapters, lambda region: client("ec2", region), current_region(), now):
+            logger.warning(line)
+        if fanout and plan.shards > 1:
+            # The execution is named after the sweep: a duplicate scheduled event cannot start it twice.
+            client("stepfunctions").start_execution(
+                stateMachineArn=fanout, name=plan.sweep_id, input=json.dumps(plan.execution_input())
+            )
+            metrics.add_metric("SweepShards", MetricUnit.Count, plan.shards)
+            logger.info("sweep fanned out", extra={"shards": plan.shards, "machines": plan.machines})
+            return {"machines": plan.machines, "shards": plan.shards, "dry_run": plan.dry_run}
+        report = run_sweep(
+            adapters,
+            now=now,
+            sweep_id=plan.sweep_id,
+            listed=plan.listed,
+            time_left=lambda: context.get_remaining_time_in_millis() / 1000,
+        )
     except SweepCannotRun as exc:
         metrics.add_metric("SweepErrors", MetricUnit.Count, 1)
         logger.error("sweep could not run", extra={"error": str(exc)})
         raise  # a failed invocation is alarmed (and sent to the dead-letter destination)
-    emit_team_metrics(report)
-    metrics.add_metric("SweepDurationMs", MetricUnit.Milliseconds, report.duration_ms)
-    metrics.add_metric("SweepErrors", MetricUnit.Count, len(report.errors))
-    # Every sweep, zero included, so an alarm on it sees a steady series (a team left in safe mode is loud).
-    metrics.add_metric("TeamsInSafeMode", MetricUnit.Count, len(report.teams_in_safe_mode))
-    # Warnings nobody has received yet (Slack down, token revoked, undeliverable): their stops are held.
-    undelivered = [d for d in report.decisions if d.state is State.WARNED and d.record.warning_delivered_at is None]
-    metrics.add_metric("WarningsUndelivered", MetricUnit.Count, len(undelivered))
-    if report.teams_in_safe_mode:
-        logger.warning("teams in safe mode: nothing is stopped for them", extra={"teams": report.teams_in_safe_mode})
-    for warning in report.warnings:
-        logger.warning(warning)
-    # Once a day, from the first listed region: instances in regions no stack watches (see `status`).
-    for line in report_unwatched_regions(adapters, lambda region: client("ec2", region), current_region(), now):
-        logger.warning(line)
-    return {"machines": len(report.decisions), "errors": len(report.errors), "dry_run": report.dry_run}
+    totals = SweepTotals.of(report)
+    emit_sweep_metrics(metrics, totals)
+    return {"machines": totals.machines, "errors": totals.errors, "dry_run": totals.dry_run}

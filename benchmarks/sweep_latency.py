@@ -1,0 +1,347 @@
+"""Where a sweep's time goes at fleet scale: the real `run_sweep` over the counting fakes, every AWS call
+charged its in-region latency (testkit/fake_aws.py LATENCY, as issue 13 states them).
+
+The projection models what the code really overlaps: the sweep's thread pools (aws.run_concurrently) are
+replaced by a scheduler that puts each task on the virtual lane that frees first, so a pool of N threads
+overlaps at most N calls, and calls made one after another add up. Modelled wall = modelled latency + the
+code's own CPU time (measured, serial as under the GIL). `--check SIZE` runs the same sweeps with every
+latency really slept on real thread pools and compares the measured wall with the model (within 20 %).
+
+For each fleet size and for the first-look, steady and reaping sweeps (benchmarks/sweep_cost.py's fleet;
+sweeps at +0, +5 and +30 min) it prints calls by operation (DynamoDB included), the latency each operation charged,
+total wall, the longest single invocation and its share of the sweep Lambda's timeout, and the invocations
+used. Then the reaper's own monthly AWS bill at 10,000 machines and 5-minute sweeps.
+
+    python benchmarks/sweep_latency.py [--sizes 1000,10000,50000,200000] [--check 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import logging
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "benchmarks"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO")
+
+from sweep_cost import PREFIX, T0, build_fleet  # noqa: E402
+
+from idle_reaper import sweep as sweep_module  # noqa: E402
+from idle_reaper.notify import LoggingNotifier  # noqa: E402
+from idle_reaper.sweep import (  # noqa: E402
+    SHARD_SIZE,
+    SHARDS_AT_ONCE,
+    GatherTask,
+    ShardTask,
+    gather_sweep,
+    plan_sweep,
+    run_shard,
+    run_sweep,
+)
+from testkit.fake_aws import CountingStateStore, FakeAws, LatencyModel  # noqa: E402
+
+# First look; the steady sweep 5 minutes later (the stack's default schedule: what most sweeps are);
+# reaping when the first look's warnings fall due.
+SWEEPS = (T0, T0 + timedelta(minutes=5), T0 + timedelta(minutes=30))
+SWEEP_TIMEOUT_S = 240.0  # the stack's sweep and shard worker Lambdas at the default 5-minute schedule
+# Step Functions' own time between states (Map start, iteration hand-offs, the gather state): a few
+# transitions of a few tens of ms each; charged once per sharded sweep.
+STATE_OVERHEAD_S = 0.1
+LABELS = ("#1 first", "#2 steady", "#3 reaping")
+TARGETS = {50_000: 60.0, 200_000: 120.0}
+DDB_OPS = ("PutItem", "BatchGetItem", "BatchWriteItem", "GetItem", "DeleteItem", "Query")
+
+
+class CountingStream:
+    """Where the sweep's log lines go: counted (what CloudWatch Logs would ingest), not kept."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def write(self, text: str) -> int:
+        self.bytes += len(text.encode())
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+LOG = CountingStream()
+
+
+@dataclass
+class Measured:
+    calls: Counter[str]
+    charged_s: dict[str, float]  # latency each operation charged, summed over its calls (serial cost)
+    wall_s: float  # modelled (or, when slept, measured) wall of the sweep
+    cpu_s: float  # the code's own time (wall minus latency and minus the fakes' time)
+    invocations: int
+    longest_s: float
+    machines: int
+    state_writes: int
+    metrics_requested: int = 0
+    records_read: int = 0
+    log_bytes: int = 0
+    shards: int = 1
+    lambda_s: float = 0.0  # the invocations' walls summed: what Lambda bills
+
+
+class Segments:
+    """Times one invocation at a time: its modelled wall (latency on the virtual clock plus the code's own
+    CPU) or, when slept, its measured wall (minus the fakes' own time)."""
+
+    def __init__(self, model: LatencyModel, aws: FakeAws, *, sleep: bool) -> None:
+        self.model, self.aws, self.sleep = model, aws, sleep
+
+    def time(self, fn: Callable[[], Any]) -> tuple[Any, float, float]:
+        """fn's result, its wall and its own CPU time."""
+        virtual, fake = self.model.virtual, self.aws.seconds()
+        started, cpu_started = time.perf_counter(), time.process_time()
+        result = fn()
+        real, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        fake = self.aws.seconds() - fake
+        own = cpu - fake  # CPU of the code under test: the process's, minus the fakes'
+        return result, (real - fake if self.sleep else self.model.virtual - virtual + own), own
+
+
+def map_wall(durations: Sequence[float], lanes: int) -> float:
+    """Wall of a Map state running these iterations, at most `lanes` at once, each on the lane that frees first."""
+    free = [0.0] * max(1, min(lanes, len(durations)))
+    for d in durations:
+        heapq.heappush(free, heapq.heappop(free) + d)
+    return max(free)
+
+
+def run_size(size: int, seed: int, *, sleep: bool, shard_size: int = SHARD_SIZE) -> list[Measured]:
+    """Each sweep as the stack runs it: the scheduled sweep plans; a fleet that fits one shard is swept in
+    that invocation, a larger one goes to the state machine, whose Map runs a worker invocation per shard
+    (SHARDS_AT_ONCE at a time) and then the gather step. Invocations are timed one by one (each is its own
+    Lambda, with its own CPU), and composed as Step Functions runs them."""
+    bench = build_fleet(size, seed)
+    aws = bench.aws
+    model = LatencyModel(sleep=sleep)
+    aws.set_latency(model)
+    store = CountingStateStore(model)
+    notifier = LoggingNotifier(sweep_module.logger, delivers=True)
+    adapters = aws.adapters(store=store, notifier=notifier, prefix=PREFIX)
+    segments = Segments(model, aws, sleep=sleep)
+    model.install()
+    results = []
+    try:
+        for now in SWEEPS:
+            charged_before, requested_before, log_before = (
+                Counter(model.charged),
+                aws.cloudwatch.metrics_requested,
+                LOG.bytes,
+            )
+            writes_before = model.charged["dynamodb:PutItem"]
+            plan, planner_s, cpu_s = segments.time(
+                lambda now=now: plan_sweep(adapters, now=now, in_place=True, shard_size=shard_size)
+            )
+            if plan.shards == 1:
+                _, swept_s, swept_cpu = segments.time(
+                    lambda now=now, plan=plan: run_sweep(adapters, now=now, sweep_id=plan.sweep_id, listed=plan.listed)
+                )
+                walls, wall, cpu_s = [planner_s + swept_s], planner_s + swept_s, cpu_s + swept_cpu
+            else:
+                model.charge("states:StartExecution")
+                shard_walls = []
+                for index in range(plan.shards):
+                    model.charge("states:InvokeLambda")
+                    concurrent = min(plan.shards, SHARDS_AT_ONCE)  # as the execution input says
+                    task = ShardTask(sweep_id=plan.sweep_id, now=plan.now, shard=index, concurrent_shards=concurrent)
+                    _, shard_s, shard_cpu = segments.time(lambda task=task: run_shard(adapters, task))
+                    shard_walls.append(shard_s + model.latency["states:InvokeLambda"])
+                    cpu_s += shard_cpu
+                model.charge("states:InvokeLambda")
+                gather_task = GatherTask(sweep_id=plan.sweep_id, now=plan.now, shards=list(range(plan.shards)))
+                gathered, gather_s, gather_cpu = segments.time(lambda t=gather_task: gather_sweep(adapters, t))
+                assert not gathered.failed, gathered.failed
+                cpu_s += gather_cpu
+                start_s = model.latency["states:StartExecution"]
+                walls = [planner_s + start_s, *shard_walls, gather_s]
+                wall = planner_s + start_s + map_wall(shard_walls, SHARDS_AT_ONCE) + gather_s + STATE_OVERHEAD_S
+            charged = model.charged - charged_before
+            results.append(
+                Measured(
+                    calls=Counter(dict(charged)),
+                    charged_s={op: n * model.latency.get(op, 0.0) for op, n in charged.items()},
+                    wall_s=wall,
+                    cpu_s=cpu_s,
+                    invocations=len(walls),
+                    longest_s=max(walls),
+                    machines=size,
+                    state_writes=model.charged["dynamodb:PutItem"] - writes_before,
+                    metrics_requested=aws.cloudwatch.metrics_requested - requested_before,
+                    records_read=len(store.records),
+                    log_bytes=LOG.bytes - log_before,
+                    shards=plan.shards,
+                    lambda_s=sum(walls),
+                )
+            )
+    finally:
+        model.uninstall()
+    return results
+
+
+WIDTH = 52
+
+
+def row(label: str, values: Sequence[float], spec: str = ",.0f", suffix: str = "") -> None:
+    width = 12 - len(suffix)
+    print(f"  {label:<{WIDTH}}" + "".join(f"{v:>{width}{spec}}{suffix}" for v in values))
+
+
+def print_size(size: int, results: list[Measured]) -> bool:
+    ok = True
+    print(f"\n== {size:,} machines ==")
+    print(f"  {'calls per sweep':<{WIDTH}}" + "".join(f"{h:>12}" for h in LABELS))
+    for op in sorted(set().union(*(r.calls for r in results))):
+        row(op, [r.calls[op] for r in results])
+    row("total calls", [sum(r.calls.values()) for r in results])
+    print(f"  {'latency charged, seconds if made one by one':<{WIDTH}}")
+    for op in sorted(set().union(*(r.charged_s for r in results)), key=lambda o: -results[0].charged_s.get(o, 0)):
+        if max(r.charged_s.get(op, 0.0) for r in results) >= 0.05:
+            row(f"  {op}", [r.charged_s.get(op, 0.0) for r in results], ",.1f")
+    row("  sum: the sweep with no overlap, s", [sum(r.charged_s.values()) for r in results], ",.1f")
+    row("code's own CPU (this machine), s", [r.cpu_s for r in results], ",.1f")
+    row("modelled wall, s", [r.wall_s for r in results], ",.1f")
+    row("shards", [r.shards for r in results])
+    row("invocations (planner + shard workers + gather)", [r.invocations for r in results])
+    row("longest invocation, s", [r.longest_s for r in results], ",.1f")
+    row("  share of its timeout", [100 * r.longest_s / SWEEP_TIMEOUT_S for r in results], ",.0f", "%")
+    row(
+        "DynamoDB writes (state + audit), % of machines",
+        [100 * r.state_writes / r.machines for r in results],
+        ",.1f",
+        "%",
+    )
+    gmd = [r.calls["cloudwatch:GetMetricData"] for r in results]
+    row("GetMetricData calls", gmd)
+    target = TARGETS.get(size)
+    for label, r in zip(LABELS, results, strict=True):
+        if target is not None and r.wall_s > target:
+            ok = False
+            print(f"  MISSED sweep {label}: {r.wall_s:.1f} s > {target:.0f} s")
+        if r.longest_s > SWEEP_TIMEOUT_S / 2:
+            ok = False
+            print(f"  MISSED sweep {label}: an invocation uses {r.longest_s / SWEEP_TIMEOUT_S:.0%} of its timeout")
+    if results[1].state_writes > 0.10 * size:
+        ok = False
+        print(f"  MISSED steady state: {results[1].state_writes:,} writes > 10 % of {size:,} machines")
+    return ok
+
+
+# us-east-1 list prices, November 2026.
+GMD_PER_1000_METRICS = 0.01
+DDB_PER_MILLION_WRITES = 0.625  # on-demand write request units (an item up to 1 KB; records are ~1-2 KB: 2 each)
+DDB_PER_MILLION_READS = 0.125  # on-demand read request units (BatchGetItem reads eventually consistent: 1/2)
+LAMBDA_PER_GB_SECOND = 0.0000133334  # arm64
+LAMBDA_PER_MILLION_REQUESTS = 0.20
+LOGS_PER_GB = 0.50
+LAMBDA_GB = 1.769  # the stack's sweep and shard worker functions (one full vCPU); the gather step is smaller
+STEP_FUNCTIONS_PER_1000_TRANSITIONS = 0.025  # standard workflows
+BILL_FLEET = 10_000
+SWEEPS_PER_MONTH = 30 * 24 * 60 // 5
+
+
+def state_transitions(shards: int) -> int:
+    """Step Functions state transitions of one sweep: none when it is swept in place; else the Map, a task
+    per shard (and its exit), the gather step and the end."""
+    return 0 if shards == 1 else 3 + 2 * shards
+
+
+def print_bill(steady: Measured) -> bool:
+    """The reaper's own monthly bill at the steady sweep's fleet size, 5-minute sweeps (every sweep priced as
+    the steady one, which most sweeps are), next to what the replay of the shipped sample trace saves there."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import savings  # the replay benchmark: the real core over the sample trace
+
+    n = SWEEPS_PER_MONTH
+    bill = {
+        "CloudWatch GetMetricData": steady.metrics_requested * n / 1000 * GMD_PER_1000_METRICS,
+        "DynamoDB writes": steady.state_writes * 2 * n / 1e6 * DDB_PER_MILLION_WRITES,
+        "DynamoDB reads": steady.records_read * 0.5 * n / 1e6 * DDB_PER_MILLION_READS,
+        "Lambda": steady.lambda_s * LAMBDA_GB * n * LAMBDA_PER_GB_SECOND
+        + steady.invocations * n / 1e6 * LAMBDA_PER_MILLION_REQUESTS,
+        f"Step Functions ({steady.shards} shard(s) a sweep)": state_transitions(steady.shards)
+        * n
+        / 1000
+        * STEP_FUNCTIONS_PER_1000_TRANSITIONS,
+        "CloudWatch Logs": steady.log_bytes * n / 1e9 * LOGS_PER_GB,
+    }
+    replay = savings.compare(savings.SAMPLE)
+    per_machine_day = replay["dollars_saved"] / replay["machine_days"]
+    fleet = steady.machines
+    saved = per_machine_day * fleet * 30
+    total = sum(bill.values())
+    print(f"\n== the reaper's own bill at {fleet:,} machines, a sweep every 5 min ({n:,} sweeps a month) ==")
+    for item, dollars in bill.items():
+        print(f"  {item:<{WIDTH}}{dollars:>12,.2f} $/month")
+    print(f"  {'total':<{WIDTH}}{total:>12,.2f} $/month")
+    print(
+        f"  savings the replay reports: ${replay['dollars_saved']:,.0f} over {replay['machine_days']:,.0f} machine-days"
+        f" of the sample trace = ${per_machine_day:,.2f} a machine-day -> ${saved:,.0f} a month at {fleet:,}"
+    )
+    share = total / saved
+    print(f"  the reaper costs {share:.3%} of what it saves (target: under 1 %)")
+    return share < 0.01
+
+
+def check(size: int, seed: int) -> bool:
+    """The model against a run that really sleeps every latency on real thread pools: swept in one
+    invocation, and in four shards (each shard's invocation timed alone, as its own Lambda runs it)."""
+    ok = True
+    for shard_size, how in ((SHARD_SIZE, "in one invocation"), (-(-size // 4), "in 4 shards")):
+        modelled = run_size(size, seed, sleep=False, shard_size=shard_size)
+        slept = run_size(size, seed, sleep=True, shard_size=shard_size)
+        print(f"\n== check at {size:,} machines {how}: modelled wall against a run that really sleeps each latency ==")
+        print(f"  {'':<{WIDTH}}" + "".join(f"{h:>12}" for h in LABELS))
+        row("modelled, s", [r.wall_s for r in modelled], ",.2f")
+        row("slept on real threads, s", [r.wall_s for r in slept], ",.2f")
+        ratios = [m.wall_s / s.wall_s for m, s in zip(modelled, slept, strict=True)]
+        row("modelled / slept", [100 * x for x in ratios], ",.0f", "%")
+        within = all(0.8 <= x <= 1.2 for x in ratios)
+        print("  OK: within 20 %" if within else "  FAIL: the model is more than 20 % off")
+        ok = ok and within
+    return ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1000,10000,50000,200000", help="comma-separated fleet sizes")
+    parser.add_argument("--check", type=int, default=2000, help="fleet size of the slept check (0: skip)")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    handler = sweep_module.logger.registered_handler
+    if isinstance(handler, logging.StreamHandler):
+        handler.setStream(LOG)  # type: ignore[arg-type]
+
+    print("idle-reaper sweep latency model: the real run_sweep over counting fakes, every call charged its latency")
+    ok = True
+    measured = {}
+    for size in [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]:
+        measured[size] = run_size(size, args.seed, sleep=False)
+        ok = print_size(size, measured[size]) and ok
+    for size in sorted({BILL_FLEET, max(measured, default=0)} & set(measured)):
+        ok = print_bill(measured[size][1]) and ok
+    if args.check:
+        ok = check(args.check, args.seed) and ok
+    print("\nOK: every target met" if ok else "\nMISSED: see above")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""The sharded sweep against moto: the scheduled planner hands a fleet larger than one shard to the state
+machine, the shard workers and the gather step (the handlers the Map and the next state invoke) sweep it;
+a failing shard touches nothing and is retried; two overlapping sharded sweeps act once; the CLI runs the
+same path on threads."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from idle_reaper import aws
+from idle_reaper.core import State
+from idle_reaper.handlers import fanout
+from idle_reaper.handlers import sweep as sweep_handler
+from idle_reaper.notify import LoggingNotifier
+from idle_reaper.sweep import Adapters, SweepReport, logger, manifest_key, run_sharded
+from idle_reaper_tools import cli, local
+from idle_reaper_tools.demo import at
+from idle_reaper_tools.fake_slack import LambdaContextStub
+from testkit.emf import emf_blobs
+from testkit.interleave import Gate, interleave, stepped
+
+pytestmark = pytest.mark.integration
+
+T0 = at(14)  # quiet since 11:00: warned at T0; the stop is due 20 minutes after the delivered warning
+
+
+def idle(_t: datetime) -> tuple[float, float | None]:
+    return (1.0, None)
+
+
+def busy(_t: datetime) -> tuple[float, float | None]:
+    return (90.0, None)
+
+
+def ml_fleet(idle_count: int, busy_count: int, since: datetime, until: datetime) -> tuple[list[str], list[str]]:
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    idle_ids = [local.launch(f"idle-{i}", "m5.large", team="ml", launch_time=since) for i in range(idle_count)]
+    busy_ids = [local.launch(f"busy-{i}", "m5.large", team="ml", launch_time=since) for i in range(busy_count)]
+    for i in idle_ids:
+        local.write_metrics(i, idle, since, until)
+    for i in busy_ids:
+        local.write_metrics(i, busy, since, until)
+    return idle_ids, busy_ids
+
+
+def records(ids: list[str]) -> dict[str, Any]:
+    return aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()).load(ids)
+
+
+def test_the_planner_hands_a_large_fleet_to_the_state_machine_whose_shards_and_gather_sweep_it(
+    aws: Any, slack: Any, capsys: Any, monkeypatch: Any
+) -> None:
+    now = datetime.now(UTC)  # the handlers use the wall clock
+    idle_ids, busy_ids = ml_fleet(5, 2, now - timedelta(hours=3), now)
+    sfn = local.aws.client("stepfunctions")
+    definition = {"StartAt": "Wait", "States": {"Wait": {"Type": "Pass", "End": True}}}
+    arn = sfn.create_state_machine(
+        name="idle-reaper-sweep",
+        definition=json.dumps(definition),
+        roleArn="arn:aws:iam::123456789012:role/idle-reaper-sweep",
+    )["stateMachineArn"]
+    monkeypatch.setenv(sweep_handler.FANOUT_ENV, arn)
+    monkeypatch.setattr(sweep_handler, "SHARD_SIZE", 3)
+
+    planned = sweep_handler.handler({}, LambdaContextStub())
+    assert planned == {"machines": 7, "shards": 3, "dry_run": False}
+    assert records(idle_ids + busy_ids) == {}, "the planner itself acts on nothing"
+    [execution] = sfn.list_executions(stateMachineArn=arn)["executions"]
+    plan = json.loads(sfn.describe_execution(executionArn=execution["executionArn"])["input"])
+    assert plan["shards"] == [0, 1, 2] and execution["name"] == plan["sweep_id"]
+    assert plan["concurrent_shards"] == 3
+    assert len(json.dumps(plan)) < 200, "only indices travel between states, never the instance ids"
+
+    # What the Map does: one worker per index, with the item selector's event.
+    results = []
+    for shard in plan["shards"]:
+        event = {k: plan[k] for k in ("sweep_id", "now", "dry_run", "concurrent_shards")} | {"shard": shard}
+        results.append(fanout.shard_handler(event, LambdaContextStub()))
+    assert sum(r["machines"] for r in results) == 7
+    capsys.readouterr()
+    gathered = fanout.gather_handler({**plan, "results": results}, LambdaContextStub())
+    assert gathered["machines"] == 7 and gathered["shards"] == 3 and gathered["shards_failed"] == []
+    blobs = emf_blobs(capsys.readouterr().out)
+    [ml] = [b for b in blobs if b.get("team") == "ml"]
+    assert ml["MachinesScanned"] == 7 and ml["WarningsSent"] == 5, "one summary over the shards"
+    assert any(b.get("ShardsFailed") == 0 and b.get("SweepShards") == 3 for b in blobs)
+    stored = records(idle_ids + busy_ids)
+    assert {i for i, r in stored.items() if r.state is State.WARNED} == set(idle_ids)
+    assert all(stored[i].state is State.ACTIVE for i in busy_ids if i in stored)
+
+
+class ThrottledManifest:
+    """moto's DynamoDB, except that one shard's manifest cannot be read (a throttling storm on its worker)."""
+
+    def __init__(self, inner: Any, shard: int) -> None:
+        self.inner, self.shard = inner, shard
+
+    def get_item(self, **kwargs: Any) -> Any:
+        pk = kwargs["Key"]["pk"]["S"]
+        if pk.startswith("lookup#shard#") and pk.endswith(f"#{self.shard}"):
+            error = {"Code": "ThrottlingException", "Message": "Rate of requests exceeds the allowed throughput."}
+            raise ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": 400}}, "GetItem")
+        return self.inner.get_item(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def moto_adapters(dynamodb: Any = None, notifier: Any = None) -> Adapters:
+    store = aws.DynamoStateStore(dynamodb or aws.client("dynamodb"), aws.table_name())
+    return Adapters(
+        policies=aws.PolicyStore(aws.client("ssm"), aws.ssm_prefix()),
+        fleet=aws.Fleet(aws.client("ec2"), aws.client("autoscaling")),
+        metrics=aws.MetricsReader(aws.client("cloudwatch")),
+        store=store,
+        notifier=notifier or LoggingNotifier(logger, delivers=True),
+    )
+
+
+def test_a_failing_shard_leaves_its_machines_untouched_while_the_others_act_and_the_next_sweep_retries(
+    aws: Any,
+) -> None:
+    idle_ids, _ = ml_fleet(6, 0, at(8), at(23))
+    throttled = ThrottledManifest(aws_client("dynamodb"), shard=1)
+    first = run_sharded(moto_adapters(throttled), now=T0, shard_size=2, workers=3, sweep_id="first")
+    assert first.plan.shards == 3 and set(first.gathered.failed) == {1}
+    assert "ThrottlingException" in first.gathered.failed[1]
+    assert any("shard 1 failed" in w for w in first.merged().warnings)
+    stranded = json.loads(moto_adapters().store.get_lookup(manifest_key("first", 1), T0) or "[]")
+    assert len(stranded) == 2
+    stored = records(idle_ids)
+    assert not set(stranded) & set(stored), "the failed shard's machines have no record: untouched"
+    assert {i for i, r in stored.items() if r.state is State.WARNED} == set(idle_ids) - set(stranded)
+    assert moto_adapters().store.get_lookup("fanout#consecutive-failed-sweeps", T0) == "1"
+
+    retry = run_sharded(moto_adapters(), now=T0 + timedelta(minutes=5), shard_size=2, sweep_id="retry")
+    assert retry.gathered.failed == {}
+    assert {i for i, r in records(idle_ids).items() if r.state is State.WARNED} == set(idle_ids)
+    assert moto_adapters().store.get_lookup("fanout#consecutive-failed-sweeps", T0) == "0"
+
+
+def aws_client(service: str) -> Any:
+    return aws.client(service)
+
+
+@pytest.mark.parametrize(("pause_a", "pause_b"), [("claimed", None), ("listed", "claimed"), ("acted", "loaded")])
+def test_two_overlapping_sharded_sweeps_warn_once_and_stop_once(aws: Any, pause_a: str, pause_b: str | None) -> None:
+    idle_ids, busy_ids = ml_fleet(3, 1, at(8), at(23))
+    notifier = LoggingNotifier(logger, delivers=True)
+
+    def sharded(now: datetime) -> Any:
+        def sweep(name: str) -> Any:
+            def run(gate: Gate) -> SweepReport:
+                result = run_sharded(
+                    stepped(moto_adapters(notifier=notifier), gate), now=now, sweep_id=name, shard_size=1
+                )
+                assert not result.gathered.failed, result.gathered.failed
+                return result.merged()
+
+            return run
+
+        return sweep
+
+    warn = sharded(T0)
+    interleave(warn("A"), warn("B"), pause_a="claimed" if pause_a == "acted" else pause_a, pause_b=pause_b)
+    assert sorted(i for kind, i in notifier.sent if kind == "warning") == sorted(idle_ids), "each warned once"
+
+    stop = sharded(T0 + timedelta(minutes=25))
+    result = interleave(stop("A"), stop("B"), pause_a=pause_a, pause_b=pause_b)
+    assert result.gate_a.reached.is_set()
+    assert sorted(i for kind, i in notifier.sent if kind == "reaped") == sorted(idle_ids), "each stopped once"
+    assert result.gate_a.passed.count("acted") + result.gate_b.passed.count("acted") == len(idle_ids)
+    assert local.instance_states(idle_ids + busy_ids) == {
+        **{i: "stopped" for i in idle_ids},
+        **{i: "running" for i in busy_ids},
+    }
+    store = moto_adapters().store
+    assert all(store.claim_of(i) is None for i in idle_ids), "no claim left behind"
+    assert all(r.state is State.REAPED for r in records(idle_ids).values())
+
+
+def test_the_cli_sweeps_in_shards_on_threads_with_the_same_rows(aws: Any, slack: Any, capsys: Any) -> None:
+    idle_ids, busy_ids = ml_fleet(3, 2, at(8), at(23))
+    code = cli.main(["sweep", "--now", T0.isoformat(), "--shard-size", "2", "--workers", "3", "--json"])
+    out, _ = capsys.readouterr()
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and sorted(r["instance_id"] for r in rows) == sorted(idle_ids + busy_ids)
+    assert {r["instance_id"] for r in rows if r["action"] == "warn"} == set(idle_ids)
+    assert all(set(r) == set(rows[0]) for r in rows) and {"instance_id", "state", "action", "reason"} <= set(rows[0])
+
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["sweep", "--shard-size", "0"])
+    assert refused.value.code == 2 and "must be at least 1" in capsys.readouterr().err
