@@ -40,7 +40,8 @@ from idle_reaper.sweep import Adapters, logger
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
 
-# A utilization profile: period start -> (cpu %, gpu % or None, network in bytes, network out bytes).
+# A utilization profile: period start -> (cpu %, gpu % or None, network in bytes, network out bytes,
+# minutes since a person's last input).
 # Shorter tuples are fine: a missing or None entry means that metric has no datapoints.
 Profile = Callable[[datetime], Sequence[float | None]]
 
@@ -540,6 +541,7 @@ DEFAULT_METRICS = {
     ("CWAgent", "nvidia_smi_utilization_gpu"): 1,
     ("AWS/EC2", "NetworkIn"): 2,
     ("AWS/EC2", "NetworkOut"): 3,
+    ("CWAgent", "idle_reaper_minutes_since_input"): 4,  # the activity collector's minutes since input
 }
 
 

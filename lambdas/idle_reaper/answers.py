@@ -14,6 +14,7 @@ from idle_reaper.core import (
     Action,
     MachineRecord,
     State,
+    describe_human_signal,
     snooze,
     started_by_person,
     stopped_by_person,
@@ -124,6 +125,7 @@ def status_reply(mine: Iterable[MachineRecord]) -> Reply:
     """`/idle-reaper status`: the caller's machines, their state and why."""
     lines = [
         f"• {machine_label(r.name, r.instance_id)} · {r.team} · *{r.state.value}*: {r.reason}"
+        + (f" · {human}" if (human := describe_human_signal(r.human_signal)) else "")
         for r in sorted(mine, key=lambda r: (r.team, r.name or r.instance_id))
     ]
     if not lines:

@@ -36,6 +36,10 @@ ASG_GROUPS_PER_CALL = 50  # DescribeAutoScalingGroups: names per call without Ma
 FILTER_VALUES = 200  # values in one DescribeInstances filter
 STOP_BATCH = 200  # StopInstances documents no limit; smaller batches fail smaller
 DATAPOINTS_PER_CALL = 100_800  # GetMetricData returns at most this many before paging
+# The on-machine activity collector's metric (agent/README.md), by InstanceId alone. Minimum: a hostile
+# local user's high values cannot hide a real low one (see the threat model there).
+HUMAN_METRIC_NAMESPACE = "CWAgent"
+HUMAN_METRIC_NAME = "idle_reaper_minutes_since_input"
 # Errors about the call, not about one machine: splitting the batch would only multiply them.
 CALL_WIDE_ERRORS = frozenset(
     {
@@ -381,6 +385,10 @@ def _bisect(ids: Sequence[str], call: Callable[[Sequence[str]], None]) -> list[A
 # Signals (CloudWatch GetMetricData)
 
 
+# Maximum of utilization (the busiest moment), Sum of bytes, Minimum of minutes since a person's input.
+_STATISTIC = {"network_in": "Sum", "network_out": "Sum", "user": "Minimum"}
+
+
 @dataclass(frozen=True)
 class MetricFetchStats:
     calls: int = 0
@@ -389,7 +397,9 @@ class MetricFetchStats:
 
 
 class MetricsReader:
-    """Packs every machine's CPU, GPU (and network) queries into as few GetMetricData calls as possible."""
+    """Packs every machine's CPU, GPU, human-activity (and network) queries into as few GetMetricData calls
+    as possible. Every query names one dimension, the machine's own InstanceId: datapoints published for
+    any other dimension set (another InstanceId, extra StatsD tags) are never read for this machine."""
 
     def __init__(self, cloudwatch: Any) -> None:
         self.cloudwatch = cloudwatch
@@ -409,6 +419,7 @@ class MetricsReader:
         kinds: list[tuple[str, str, str]] = [
             ("cpu", metrics.cpu.namespace, metrics.cpu.name),
             ("gpu", metrics.gpu.namespace, metrics.gpu.name),
+            ("user", HUMAN_METRIC_NAMESPACE, HUMAN_METRIC_NAME),
         ]
         if network:
             kinds += [
@@ -421,7 +432,7 @@ class MetricsReader:
             for kind, namespace, name in kinds:
                 query_id = f"{kind[0]}{kind[-1]}{index}"  # e.g. "cu12": unique, starts with a letter
                 owner[query_id] = (instance_id, kind)
-                stat = "Sum" if kind.startswith("network") else "Maximum"
+                stat = _STATISTIC.get(kind, "Maximum")
                 queries.append(
                     {
                         "Id": query_id,
@@ -459,6 +470,7 @@ class MetricsReader:
                 network_in=series.get("network_in", []),
                 network_out=series.get("network_out", []),
                 complete=instance_id not in incomplete,
+                user=series["user"],
             )
         return result
 

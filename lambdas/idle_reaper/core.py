@@ -7,6 +7,7 @@ the demo and trace replay. The invariant above all: never reap a busy machine; m
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -426,6 +427,9 @@ class MachineRecord:
     # How the machine's last quiet stretches ended: their lengths in minutes, oldest first, comma-separated
     # (format_history); the learned wait reads it. Bounded: HISTORY_SIZE stretches, each at most a week.
     quiet_history: str = ""
+    # The human-activity signal the last sweep saw, for `status` (human_signal_note): "" when the policy
+    # ignores it, "missing", or "active"/"quiet" with the newest input seen ("active 2026-11-23T12:03Z").
+    human_signal: str = ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1245,3 +1249,35 @@ class SweepSummary:
                 totals.reaped += 1
                 totals.hourly_savings += d.hourly_cost or 0.0
         return summary
+
+
+# ---------------------------------------------------------------------------------------------
+# The human-activity signal as `status` shows it
+
+
+def human_signal_note(assessment: Assessment | None, signals: Signals | None, now: datetime) -> str:
+    """What a record keeps of the human-activity signal (MachineRecord.human_signal): "" when the policy
+    ignores it or the machine was not judged, "missing" when the collector sent nothing usable, else
+    "active" or "quiet" and the newest human input seen, to the minute."""
+    if assessment is None or assessment.human_signal == "off":
+        return ""
+    if assessment.human_signal == "missing":
+        return "missing"
+    last, _ = last_human_input(signals.user if signals else (), now)
+    return assessment.human_signal + (f" {last:%Y-%m-%dT%H:%MZ}" if last else "")
+
+
+def describe_human_signal(note: str) -> str:
+    """A record's human_signal in words ("person active 12:03 UTC", "no activity collector data"); "" when
+    there is nothing to say. A value it cannot read (a corrupted item) says nothing rather than fail."""
+    kind, _, at = note.partition(" ")
+    when = ""
+    with contextlib.suppress(ValueError):
+        when = f"{datetime.fromisoformat(at.replace('Z', '+00:00')):%H:%M} UTC" if at else ""
+    if kind == "missing":
+        return "no activity collector data (judged on CPU/GPU alone)"
+    if kind == "active":
+        return f"person active {when}".rstrip()
+    if kind == "quiet":
+        return f"no person active (last input {when})" if when else "no person active"
+    return ""

@@ -39,6 +39,7 @@ from idle_reaper.core import (
     SweepSummary,
     assess,
     decide,
+    human_signal_note,
     limit_terminations,
     parse_exemption,
 )
@@ -178,6 +179,7 @@ def run_sweep(
                 gpu_families=settings.gpu_instance_families,
             )
         d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run)
+        d = _with_human_signal(d, signals.get(m.instance_id), now)
         decisions.append(replace(d, hourly_cost=hourly_price(m.instance_type, prices)))
 
     terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
@@ -534,3 +536,8 @@ def _log_decision(d: Decision, dry_run: bool) -> None:
 def decision_row(d: Decision) -> dict[str, Any]:
     """The stable per-machine JSON of `idle-reaper sweep --json`."""
     return _explain(d)
+
+
+def _with_human_signal(d: Decision, signals: Signals | None, now: datetime) -> Decision:
+    """Keep on the record what the human-activity signal said, so `status` can show it without CloudWatch."""
+    return replace(d, record=replace(d.record, human_signal=human_signal_note(d.assessment, signals, now)))
