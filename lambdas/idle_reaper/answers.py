@@ -64,6 +64,28 @@ class Effects:
         self.slack.update(kept, "Kept", detail)
         return None
 
+    def keep_all(self, user: str, chosen: list[tuple[MachineRecord, TeamPolicy, datetime]]) -> tuple[int, list[str]]:
+        """ "Keep all" on a shared message: keep each machine (core.snooze, a conditional write each), then
+        edit the message once. Returns how many were kept, and why each other one was not, by name."""
+        now = self.clock()
+        problems: list[str] = []
+        last: MachineRecord | None = None
+        for record, policy, until in chosen:
+            label = machine_label(record.name, record.instance_id)
+            kept = snooze(record, policy, user, until, now)
+            if isinstance(kept, str):
+                problems.append(f"{label}: {kept}")
+            elif not self.store.save(kept):
+                problems.append(f"{label}: someone else answered first, or idle-reaper is acting on it")
+            else:
+                self.slack.note_listed(
+                    kept, "Kept", f"<@{user}> kept {label} until {date_token(kept.snoozed_until or now)}."
+                )
+                last = kept
+        if last is not None:
+            self.slack.render_listed(last)
+        return len(chosen) - len(problems), problems
+
     def keep_command(self, user: str, record: MachineRecord, policy: TeamPolicy, until: datetime) -> Reply:
         """`/idle-reaper keep`: like the button, and says until when (the command has no message to update)."""
         refused = self.keep(user, record, policy, until)

@@ -430,6 +430,9 @@ class MachineRecord:
     # The human-activity signal the last sweep saw, for `status` (human_signal_note): "" when the policy
     # ignores it, "missing", or "active"/"quiet" with the newest input seen ("active 2026-11-23T12:03Z").
     human_signal: str = ""
+    # The "Keep all" reference of the one message that lists this machine with its owner's other machines
+    # (owner_message_groups); later updates of this machine edit that shared message. None: its own message.
+    group_ref: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1281,3 +1284,25 @@ def describe_human_signal(note: str) -> str:
     if kind == "quiet":
         return f"no person active (last input {when})" if when else "no person active"
     return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# One message per owner
+
+
+def owner_message_groups(decisions: Sequence[Decision]) -> list[list[Decision]]:
+    """The warnings due in one sweep, one list per message. An owner's machines whose warnings go to the
+    same places (the owner's DM, and the same team channel when the policy posts there) share a message,
+    across teams; a channel so only ever lists its own team's machines. A machine without an Owner tag or
+    a policy is alone, and so is every decision that posts no warning. Order: first appearance."""
+    groups: dict[tuple[str, str, str | None], list[Decision]] = {}
+    alone: list[list[Decision]] = []
+    for d in decisions:
+        policy = d.policy.policy if d.policy else None
+        owner = (d.machine.owner or "").strip().lower()
+        if not d.deliver_warning or not owner or policy is None:
+            alone.append([d])
+            continue
+        channel = policy.slack_channel if policy.notify != "owner" else None
+        groups.setdefault((owner, policy.notify, channel), []).append(d)
+    return [*groups.values(), *alone]

@@ -6,7 +6,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from aws_lambda_powertools import Logger
 
@@ -27,6 +27,8 @@ class Delivery:
     # Targets the message did not reach for a reason retrying will not fix (what an admin must do). The
     # warning still counts as delivered when another target got it: a person can read and answer it.
     undelivered: tuple[str, ...] = ()
+    # The shared message's "Keep all" reference when the machine is listed with its owner's other machines.
+    group_ref: str | None = None
 
 
 class PermanentDeliveryFailure(Exception):
@@ -59,6 +61,17 @@ class Notifier(Protocol):
         ...
 
 
+@runtime_checkable
+class OwnerNotifier(Protocol):
+    """A notifier that can list several of one owner's machines in one message (core.owner_message_groups)."""
+
+    def warn_owner(self, decisions: Sequence[Decision]) -> list[Delivery | PermanentDeliveryFailure | None]:
+        """One message (split only past Slack's limits) warning about every machine of `decisions`; for
+        each machine, in order, what `Notifier.warn` would return for it, a PermanentDeliveryFailure
+        returned rather than raised. A message that failed leaves every machine it lists undelivered."""
+        ...
+
+
 class LoggingNotifier:
     """Records notifications as structured log lines. A log line is not a warning a person could
     answer, so by default warnings stay pending (and the stop waits, up to the policy's
@@ -84,6 +97,13 @@ class LoggingNotifier:
     def warn(self, decision: Decision) -> Delivery | None:
         self._log("warning", decision)
         return Delivery() if self.delivers else None
+
+    def warn_owner(self, decisions: Sequence[Decision]) -> list[Delivery | PermanentDeliveryFailure | None]:
+        """Like warn, once per message: `sent` gets one ("owner_warning", ids) entry per message."""
+        self.sent.append(("owner_warning", ",".join(d.machine.instance_id for d in decisions)))
+        for d in decisions:
+            self._log("warning", d)
+        return [Delivery() if self.delivers else None for _ in decisions]
 
     def resolved(self, decision: Decision) -> None:
         self._log("resolved", decision)

@@ -41,9 +41,10 @@ from idle_reaper.core import (
     decide,
     human_signal_note,
     limit_terminations,
+    owner_message_groups,
     parse_exemption,
 )
-from idle_reaper.notify import Delivery, LoggingNotifier, Notifier, PermanentDeliveryFailure
+from idle_reaper.notify import Delivery, LoggingNotifier, Notifier, OwnerNotifier, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
@@ -335,12 +336,15 @@ def _apply(
             outcomes[d.machine.instance_id] = adapters.fleet.terminate_in_group(d.machine.instance_id).error
 
     result: list[Decision] = []
+    owner_posts = _post_owner_messages(
+        adapters, [d for i, d in by_id.items() if i in claimed and not outcomes.get(i) and d.deliver_warning]
+    )
     for d in by_id.values():
         instance_id = d.machine.instance_id
         if outcomes.get(instance_id):
             d = _record_failure(store, d, outcomes[instance_id] or "", sweep_id, now)
         elif instance_id in claimed:
-            d = _notify(adapters, d, sweep_id, settings, now)
+            d = _notify(adapters, d, sweep_id, settings, now, owner_posts)
         if instance_id in written and d.record.delivery_error and d.record.warned_at:
             _alert_undeliverable(adapters, d, settings, now)
         if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
@@ -448,13 +452,23 @@ def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, n
     return replace(d, error=reason, record=record, state=state)
 
 
-def _notify(adapters: Adapters, d: Decision, sweep_id: str, settings: Settings, now: datetime) -> Decision:
+def _notify(
+    adapters: Adapters,
+    d: Decision,
+    sweep_id: str,
+    settings: Settings,
+    now: datetime,
+    owner_posts: Mapping[str, Delivery | PermanentDeliveryFailure | None] | None = None,
+) -> Decision:
     """Post what the decision calls for, then record the outcome and release the claim. The write is
-    conditional: an answer a person gave meanwhile wins, and a late sweep never overwrites newer truth."""
+    conditional: an answer a person gave meanwhile wins, and a late sweep never overwrites newer truth.
+    A warning already posted in its owner's shared message (`owner_posts`) is recorded as that post went."""
     record, reason = d.record, d.reason
     delivery: Delivery | None = None
     try:
-        if d.deliver_warning:
+        if d.deliver_warning and owner_posts and d.machine.instance_id in owner_posts:
+            delivery = _owner_post(owner_posts[d.machine.instance_id])
+        elif d.deliver_warning:
             delivery = adapters.notifier.warn(d)
         elif d.notify == "resolved":
             adapters.notifier.resolved(d)
@@ -482,6 +496,7 @@ def _notify(adapters: Adapters, d: Decision, sweep_id: str, settings: Settings, 
             messages=delivery.messages or record.messages,
             warning_ref=delivery.ref,
             owner_slack_id=delivery.owner_slack_id or record.owner_slack_id,
+            group_ref=delivery.group_ref if d.deliver_warning else record.group_ref,
         )
     if delivery is not None and delivery.undelivered and d.deliver_warning and record.warned_at:
         _alert_partly_delivered(adapters, d, delivery.undelivered, settings, now)
@@ -541,3 +556,33 @@ def decision_row(d: Decision) -> dict[str, Any]:
 def _with_human_signal(d: Decision, signals: Signals | None, now: datetime) -> Decision:
     """Keep on the record what the human-activity signal said, so `status` can show it without CloudWatch."""
     return replace(d, record=replace(d.record, human_signal=human_signal_note(d.assessment, signals, now)))
+
+
+def _post_owner_messages(
+    adapters: Adapters, warnings: list[Decision]
+) -> dict[str, Delivery | PermanentDeliveryFailure | None]:
+    """One message per owner: the warnings of this sweep that share an owner and targets
+    (core.owner_message_groups) are posted together, before each machine's outcome is recorded by
+    _notify as for a warning of its own. A lone warning, or a notifier that cannot group, posts as before.
+    A message that fails leaves each machine it lists undelivered (pending, or its permanent fault)."""
+    notifier = adapters.notifier
+    if not isinstance(notifier, OwnerNotifier):
+        return {}
+    posts: dict[str, Delivery | PermanentDeliveryFailure | None] = {}
+    for group in owner_message_groups(warnings):
+        if len(group) < 2:
+            continue
+        ids = [d.machine.instance_id for d in group]
+        try:
+            outcomes = notifier.warn_owner(group)
+        except Exception as exc:  # a notifier must never break the sweep; the warnings stay pending
+            logger.warning("owner message failed", extra={"instance_ids": ids, "error": str(exc)})
+            outcomes = [None] * len(group)
+        posts.update(zip(ids, outcomes, strict=True))
+    return posts
+
+
+def _owner_post(outcome: Delivery | PermanentDeliveryFailure | None) -> Delivery | None:
+    if isinstance(outcome, PermanentDeliveryFailure):
+        raise outcome
+    return outcome
