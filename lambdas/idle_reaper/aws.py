@@ -570,6 +570,7 @@ _DATE_FIELDS = {
     "observed_at",
     "stop_not_before",
     "warning_post_started_at",
+    "quiet_stop_at",
 }
 
 

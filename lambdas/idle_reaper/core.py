@@ -433,6 +433,8 @@ class MachineRecord:
     # The "Keep all" reference of the one message that lists this machine with its owner's other machines
     # (owner_message_groups); later updates of this machine edit that shared message. None: its own message.
     group_ref: str | None = None
+    # When the sweep stopped it during its team's quiet hours, until its owner is told (quiet_hours_reports).
+    quiet_stop_at: datetime | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1306,3 +1308,22 @@ def owner_message_groups(decisions: Sequence[Decision]) -> list[list[Decision]]:
         channel = policy.slack_channel if policy.notify != "owner" else None
         groups.setdefault((owner, policy.notify, channel), []).append(d)
     return [*groups.values(), *alone]
+
+
+# ---------------------------------------------------------------------------------------------
+# Quiet hours: what was stopped while nobody was told, said once they end
+
+QUIET_REPORT_GIVE_UP = timedelta(hours=24)  # a summary that could not be posted for this long is dropped
+
+
+def quiet_hours_reports(records: Iterable[MachineRecord]) -> list[list[MachineRecord]]:
+    """The machines stopped during quiet hours that are still stopped, one list per owner (the owner's Slack
+    id, else the Owner tag, else the machine alone), oldest stop first. A machine started again meanwhile has
+    nothing left to report."""
+    owners: dict[str, list[MachineRecord]] = {}
+    for r in records:
+        if r.quiet_stop_at is None or r.state is not State.REAPED or r.last_action not in ("stop", "hibernate"):
+            continue
+        owner = r.owner_slack_id or (r.owner or "").strip().lower() or r.instance_id
+        owners.setdefault(owner, []).append(r)
+    return [sorted(group, key=lambda r: (r.quiet_stop_at or datetime.min, r.instance_id)) for group in owners.values()]

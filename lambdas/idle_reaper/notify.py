@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 
 from aws_lambda_powertools import Logger
 
-from idle_reaper.core import Decision
+from idle_reaper.core import Decision, MachineRecord
 
 # The one logger of the package. stderr: the CLI prints its table or JSON on stdout; in Lambda both
 # streams reach CloudWatch. Defined here because every entry point imports this module.
@@ -71,6 +71,12 @@ class OwnerNotifier(Protocol):
         returned rather than raised. A message that failed leaves every machine it lists undelivered."""
         ...
 
+    def quiet_summary(self, stopped: Sequence[MachineRecord]) -> list[Delivery] | None:
+        """Tell one owner, once their quiet hours are over, which of their machines were stopped meanwhile,
+        each with "Start it again" (Delivery.ref, and group_ref for later edits). None: not delivered, try
+        again later; PermanentDeliveryFailure: nobody can be told."""
+        ...
+
 
 class LoggingNotifier:
     """Records notifications as structured log lines. A log line is not a warning a person could
@@ -104,6 +110,11 @@ class LoggingNotifier:
         for d in decisions:
             self._log("warning", d)
         return [Delivery() if self.delivers else None for _ in decisions]
+
+    def quiet_summary(self, stopped: Sequence[MachineRecord]) -> list[Delivery] | None:
+        self.sent.append(("quiet_summary", ",".join(r.instance_id for r in stopped)))
+        self.logger.info("notification: quiet hours summary", extra={"instance_ids": [r.instance_id for r in stopped]})
+        return [Delivery() for _ in stopped] if self.delivers else None
 
     def resolved(self, decision: Decision) -> None:
         self._log("resolved", decision)

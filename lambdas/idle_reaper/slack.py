@@ -11,7 +11,7 @@ import re
 import secrets
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -653,6 +653,48 @@ class SlackNotifier:
             for d in part
         ]
 
+    def quiet_summary(self, stopped: Sequence[MachineRecord]) -> list[Delivery] | None:
+        """One DM to the owner after quiet hours: each machine stopped meanwhile, when and why, and its own
+        "Start it again" (the start-again answer path). Later answers edit this message like a shared
+        warning. Past OWNER_MESSAGE_MACHINES machines only the oldest are listed (the rest are in `status`)."""
+        first = stopped[0]
+        now = self.clock()
+        try:
+            owner_id = first.owner_slack_id or self.resolve_owner(first.owner)
+            if not owner_id:
+                raise PermanentDeliveryFailure(f"nobody to tell: {first.instance_id} has no Slack owner")
+            channel = str(self.client.conversations_open(users=owner_id)["channel"]["id"])
+            shown = list(stopped[:OWNER_MESSAGE_MACHINES])
+            listed = ListedGroup(
+                ids=tuple(r.instance_id for r in shown),
+                refs={r.instance_id: self.new_ref(r.instance_id, now) for r in shown},
+                lines={r.instance_id: quiet_stop_line(r) for r in shown},
+                title=fit(f"During quiet hours, idle-reaper stopped {len(stopped)} of your machines", HEADER_CHARS),
+            )
+            group_ref = secrets.token_urlsafe(18)
+            self.store.put_lookup(f"group#{group_ref}", listed.to_json(), now + REF_TTL)
+            notes = {i: (listed.lines[i], listed.refs[i]) for i in listed.ids}
+            for i, (text, start_ref) in notes.items():
+                note = json.dumps({"text": text, "start": start_ref})
+                self.store.put_lookup(f"groupline#{group_ref}#{i}", note, now + REF_TTL)
+            blocks = blocks_json(
+                owner_message_blocks(listed.entries(notes, current=set()), group_ref, title=listed.title)
+            )
+            summary = f"{listed.title}: " + ", ".join(machine_label(r.name, r.instance_id) for r in stopped)
+            out = self.client.chat_postMessage(
+                channel=channel, text=fit(summary, FALLBACK_CHARS, mrkdwn=True), blocks=blocks
+            )
+        except (SlackApiError, SlackClientError, OSError, SlackObjectFormationError, ValueError) as exc:
+            fault = self._failed("quiet hours summary", first.instance_id, exc, first.owner or "owner")
+            if fault.permanent:
+                raise PermanentDeliveryFailure(fault.advice) from None
+            return None
+        message = (f"{out['channel']}|{out['ts']}",)
+        return [
+            Delivery(messages=message, ref=listed.refs.get(r.instance_id), owner_slack_id=owner_id, group_ref=group_ref)
+            for r in stopped
+        ]
+
     def note_listed(self, record: MachineRecord, title: str, detail: str, *, start_ref: str | None = None) -> bool:
         """Remember what happened to a machine listed in a shared message (its line in later edits). False
         when the shared message is no longer known (its references expired): then it is edited alone."""
@@ -683,7 +725,7 @@ class SlackNotifier:
         records = self.store.load(list(listed.ids))
         records[record.instance_id] = record
         current = {i for i, r in records.items() if listed.is_current(r)}
-        blocks = owner_message_blocks(listed.entries(notes, current=current), group_ref)
+        blocks = owner_message_blocks(listed.entries(notes, current=current), group_ref, title=listed.title)
         waiting = len([i for i in listed.ids if i in current and i not in notes])
         text = fit(f"{waiting} of your idle machines still wait for an answer", FALLBACK_CHARS)
         ok = True
@@ -756,9 +798,10 @@ class ListedGroup:
     ids: tuple[str, ...]
     refs: dict[str, str]
     lines: dict[str, str]
+    title: str = ""  # the header, when not the warning's
 
     def to_json(self) -> str:
-        return json.dumps({"ids": list(self.ids), "refs": self.refs, "lines": self.lines})
+        return json.dumps({"ids": list(self.ids), "refs": self.refs, "lines": self.lines, "title": self.title})
 
     @classmethod
     def from_json(cls, raw: str | None) -> ListedGroup | None:
@@ -770,7 +813,10 @@ class ListedGroup:
             return None
         if not all(isinstance(i, str) and isinstance(refs.get(i), str) and isinstance(lines.get(i), str) for i in ids):
             return None
-        return cls(tuple(ids), {i: refs[i] for i in ids}, {i: lines[i] for i in ids})
+        title = data.get("title")
+        return cls(
+            tuple(ids), {i: refs[i] for i in ids}, {i: lines[i] for i in ids}, title if isinstance(title, str) else ""
+        )
 
     def is_current(self, record: MachineRecord | None) -> bool:
         """Whether the machine's warning from this message still stands (its buttons would act)."""
@@ -778,7 +824,7 @@ class ListedGroup:
             return False
         return secrets.compare_digest(record.warning_ref, self.refs[record.instance_id])
 
-    def entries(self, notes: dict[str, tuple[str, str | None]], *, current: set[str]) -> list[Listed]:
+    def entries(self, notes: Mapping[str, tuple[str, str | None]], *, current: set[str]) -> list[Listed]:
         out = []
         for i in self.ids:
             if i in notes:
@@ -811,13 +857,18 @@ def owner_warning_line(decision: Decision, now: datetime) -> str:
     )
 
 
-def owner_message_blocks(listed: Sequence[Listed], group_ref: str, part: int = 1, parts: int = 1) -> list[Block]:
+def owner_message_blocks(
+    listed: Sequence[Listed], group_ref: str, part: int = 1, parts: int = 1, *, title: str = ""
+) -> list[Block]:
     """The shared message: a line and buttons per machine still waiting, what happened to the others, and
     "Keep all 2 h" while any waits. At most OWNER_MESSAGE_MACHINES machines (the caller splits)."""
     if not 0 < len(listed) <= OWNER_MESSAGE_MACHINES:
         raise ValueError(f"a shared message lists 1 to {OWNER_MESSAGE_MACHINES} machines, not {len(listed)}")
     waiting = [x for x in listed if x.ref]
-    title = f"Idle machines: {len(waiting)} of yours will be stopped unless kept" if waiting else "Your idle machines"
+    if not title:
+        title = (
+            f"Idle machines: {len(waiting)} of yours will be stopped unless kept" if waiting else "Your idle machines"
+        )
     blocks: list[Block] = [HeaderBlock(text=fit(title, HEADER_CHARS))]
     for n, x in enumerate(listed):
         blocks.append(SectionBlock(block_id=f"machine_{n}", text=_mrkdwn(x.text, SECTION_CHARS)))
@@ -843,3 +894,21 @@ def owner_message_blocks(listed: Sequence[Listed], group_ref: str, part: int = 1
         note += f" · part {part} of {parts}: Slack allows {OWNER_MESSAGE_MACHINES} machines per message"
     blocks.append(ContextBlock(elements=[_mrkdwn(note, CONTEXT_CHARS)]))
     return blocks
+
+
+def quiet_stop_line(record: MachineRecord) -> str:
+    """A machine's line in the quiet hours summary: which, when it was stopped, and why."""
+    name = f"*{escape(fit(record.name, NAME_CHARS))}* · " if record.name else ""
+    what = (
+        _PAST.get(Action(record.last_action or "stop"), "stopped")
+        if record.last_action in ("stop", "hibernate")
+        else "stopped"
+    )
+    when = date_token(record.last_action_at or record.quiet_stop_at or datetime.now(UTC))
+    kind = f" · {escape(record.instance_type)}" if record.instance_type else ""
+    return fit(
+        f"{name}`{record.instance_id}`{kind} · team {escape(record.team)}\n*{what.capitalize()} at {when}*. "
+        f"{escape(record.reason)}",
+        SECTION_CHARS,
+        mrkdwn=True,
+    )

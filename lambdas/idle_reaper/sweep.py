@@ -5,6 +5,8 @@ moto, or in-memory fakes."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import time
 import uuid
 from collections import defaultdict
@@ -30,6 +32,7 @@ from idle_reaper.aws import (
 )
 from idle_reaper.core import (
     MACHINE_ACTIONS,
+    QUIET_REPORT_GIVE_UP,
     Action,
     Decision,
     Machine,
@@ -43,6 +46,7 @@ from idle_reaper.core import (
     limit_terminations,
     owner_message_groups,
     parse_exemption,
+    quiet_hours_reports,
 )
 from idle_reaper.notify import Delivery, LoggingNotifier, Notifier, OwnerNotifier, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
@@ -180,7 +184,7 @@ def run_sweep(
                 gpu_families=settings.gpu_instance_families,
             )
         d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run)
-        d = _with_human_signal(d, signals.get(m.instance_id), now)
+        d = _with_status_notes(d, signals.get(m.instance_id), now)
         decisions.append(replace(d, hourly_cost=hourly_price(m.instance_type, prices)))
 
     terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
@@ -193,6 +197,7 @@ def run_sweep(
 
     if not dry_run:
         decisions = _apply(adapters, decisions, records, settings, sweep_id, now)
+        _report_quiet_hours(adapters, decisions, refs, settings, now)
     for d in decisions:
         _log_decision(d, dry_run)
     return SweepReport(
@@ -553,9 +558,14 @@ def decision_row(d: Decision) -> dict[str, Any]:
     return _explain(d)
 
 
-def _with_human_signal(d: Decision, signals: Signals | None, now: datetime) -> Decision:
-    """Keep on the record what the human-activity signal said, so `status` can show it without CloudWatch."""
-    return replace(d, record=replace(d.record, human_signal=human_signal_note(d.assessment, signals, now)))
+def _with_status_notes(d: Decision, signals: Signals | None, now: datetime) -> Decision:
+    """Keep on the record what the human-activity signal said, so `status` can show it without CloudWatch,
+    and mark a stop made during quiet hours, so its owner hears of it when they end (_report_quiet_hours)."""
+    record = replace(d.record, human_signal=human_signal_note(d.assessment, signals, now))
+    policy = d.policy.policy if d.policy else None
+    if policy is not None and policy.quiet_hours and d.applied and d.action in (Action.STOP, Action.HIBERNATE):
+        record = replace(record, quiet_stop_at=now)
+    return replace(d, record=record)
 
 
 def _post_owner_messages(
@@ -586,3 +596,97 @@ def _owner_post(outcome: Delivery | PermanentDeliveryFailure | None) -> Delivery
     if isinstance(outcome, PermanentDeliveryFailure):
         raise outcome
     return outcome
+
+
+QUIET_INDEX = "quiet-stops"  # lookup: JSON {team: [instance ids stopped during quiet hours, not yet reported]}
+QUIET_INDEX_TTL = timedelta(days=7)
+
+
+def _report_quiet_hours(
+    adapters: Adapters, decisions: list[Decision], refs: Mapping[str, TeamPolicyRef], settings: Settings, now: datetime
+) -> None:
+    """Quiet hours are not lost: the machines this sweep stopped during their team's quiet hours join an
+    index in the state table; at the first sweep after a team's quiet hours end, each owner gets ONE
+    summary of what was stopped (core.quiet_hours_reports), with "Start it again" per machine. Sent once: a
+    claim per summary (claim_once), released when the post fails so the next sweep tries again, for at
+    most core.QUIET_REPORT_GIVE_UP. Never fails the sweep. Two sweeps updating the index at the same moment
+    can drop an entry: that machine is then missing from the summary (`status` still shows it)."""
+    notifier, store = adapters.notifier, adapters.store
+    if not isinstance(notifier, OwnerNotifier):
+        return
+    try:
+        pending = _quiet_index(store.get_lookup(QUIET_INDEX, now))
+        changed = False
+        for d in decisions:
+            if d.record.quiet_stop_at == now and d.error is None and d.record.state is State.REAPED:
+                ids = pending.setdefault(d.machine.team, [])
+                if d.machine.instance_id not in ids:
+                    ids.append(d.machine.instance_id)
+                    changed = True
+        awake = {t for t in pending if (p := policy_for(t, refs, settings).at(now).policy) and not p.quiet_hours}
+        if awake:
+            due = [i for t in awake for i in pending[t]]
+            left = set(_send_quiet_summaries(adapters, notifier, due, now))
+            for team in awake:
+                pending[team] = [i for i in pending[team] if i in left]
+                if not pending[team]:
+                    del pending[team]
+            changed = changed or len(left) < len(due)
+        if changed:
+            store.put_lookup(QUIET_INDEX, json.dumps(pending, sort_keys=True), now + QUIET_INDEX_TTL)
+    except Exception as exc:  # the summary must never fail the sweep; the index stays for the next one
+        logger.warning("quiet hours summary failed", extra={"error": str(exc)})
+
+
+def _quiet_index(raw: str | None) -> dict[str, list[str]]:
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        logger.warning("quiet hours index unreadable; reset", extra={"value": (raw or "")[:200]})
+        return {}
+    return {str(team): [str(i) for i in ids] for team, ids in data.items()}
+
+
+def _send_quiet_summaries(adapters: Adapters, notifier: OwnerNotifier, ids: list[str], now: datetime) -> list[str]:
+    """One summary per owner of the stopped machines `ids`; returns the ids to try again next sweep."""
+    store = adapters.store
+    retry: list[str] = []
+    for group in quiet_hours_reports(store.load(ids).values()):
+        oldest = min(r.quiet_stop_at or now for r in group)
+        listed = ",".join(f"{r.instance_id}@{(r.quiet_stop_at or now).isoformat()}" for r in group)
+        key = f"quiet-summary#{hashlib.sha256(listed.encode()).hexdigest()[:32]}"
+        if not store.claim_once(key, now):
+            continue  # this summary was sent already (a re-run sweep)
+        try:
+            deliveries = notifier.quiet_summary(group)
+        except PermanentDeliveryFailure as exc:
+            logger.warning("quiet hours summary cannot be delivered", extra={"why": exc.reason})
+            continue
+        except Exception as exc:
+            logger.warning("quiet hours summary failed", extra={"error": str(exc)})
+            deliveries = None
+        if deliveries is None:
+            store.release_claim(key)
+            if now - oldest < QUIET_REPORT_GIVE_UP:
+                retry += [r.instance_id for r in group]
+            else:
+                logger.warning("quiet hours summary given up", extra={"instance_ids": [r.instance_id for r in group]})
+            continue
+        for r, delivery in zip(group, deliveries, strict=True):
+            told = replace(
+                r,
+                version=r.version + 1,
+                quiet_stop_at=None,
+                warning_ref=delivery.ref or r.warning_ref,
+                group_ref=delivery.group_ref,
+                messages=delivery.messages or r.messages,
+                owner_slack_id=delivery.owner_slack_id or r.owner_slack_id,
+            )
+            with contextlib.suppress(*AwsError):
+                if not store.save(told):
+                    logger.warning(
+                        "machine changed while its quiet hours summary was sent", extra={"id": r.instance_id}
+                    )
+    return retry
