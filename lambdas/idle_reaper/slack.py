@@ -36,7 +36,7 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
-from idle_reaper.aws import StateStore
+from idle_reaper.aws import AwsError, StateStore
 from idle_reaper.core import KEEP_HOURS, Action, Decision, Machine, MachineRecord, keep_choices, next_morning
 from idle_reaper.notify import Delivery, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
@@ -566,8 +566,15 @@ class SlackNotifier:
         `detail` is mrkdwn (see status_blocks). An update is best effort and never retried, so it does not
         raise: a permanent failure (a deleted message, an archived channel) is logged as an ERROR with
         what to do, a transient one as a WARNING."""
-        if record.group_ref and self.note_listed(record, title, detail, start_ref=ref if start_button else None):
-            return self.render_listed(record)
+        if record.group_ref:
+            try:
+                if self.note_listed(record, title, detail, start_ref=ref if start_button else None):
+                    return self.render_listed(record)
+            except AwsError as exc:  # best effort, like every update: the table is down, the message stays
+                self.logger.warning(
+                    "shared message not updated", extra={"subject": record.instance_id, "error": str(exc)}
+                )
+                return False
         text = fit(f"{escape(title)}: {detail}", FALLBACK_CHARS, mrkdwn=True)
         try:
             blocks = blocks_json(status_blocks(title, detail, ref=ref, start_button=start_button))

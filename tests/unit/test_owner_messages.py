@@ -180,3 +180,21 @@ def test_the_sweep_posts_one_message_per_owner_and_a_failed_one_holds_each_stop(
     assert [p["channel"] for p in retried] == ["D0BOB"] and all(i in str(retried[0]["blocks"]) for i in bobs)
     (group_ref,) = {store.records[i].group_ref for i in bobs}
     assert group_ref and all(store.records[i].warning_delivered_at == SWEEP_NOW for i in bobs)
+
+
+def test_a_state_table_fault_while_editing_a_shared_message_never_raises() -> None:
+    from botocore.exceptions import ClientError
+
+    from idle_reaper.core import MachineRecord
+
+    slack, client = notifier()
+    (first, _) = slack.warn_owner([warning(1, policy=OWNER_ONLY), warning(2, policy=OWNER_ONLY)])
+    assert isinstance(first, Delivery)
+    record = MachineRecord("i-00000000000000001", "ml", messages=first.messages, group_ref=first.group_ref)
+
+    def down(*_: Any, **__: Any) -> None:
+        raise ClientError({"Error": {"Code": "ServiceUnavailable", "Message": "down"}}, "GetItem")
+
+    slack.store.get_lookup = down  # type: ignore[method-assign]
+    assert slack.update(record, "Kept", "by bob") is False
+    assert not [m for m, _ in client.calls if m == "chat.update"]
