@@ -549,6 +549,11 @@ class StateStore(Protocol):
 
     def get_lookup(self, key: str, now: datetime) -> str | None: ...
 
+    def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
+        """put_lookup only if the value is still `expected` (None: absent or expired), for read-modify-write
+        of a value several sweeps (or shards of one) update at once; False when someone wrote it first."""
+        ...
+
     def claim_once(self, key: str, at: datetime) -> bool:
         """True for the first caller ever to claim `key` (a conditional write), False for every later one."""
         ...
@@ -710,6 +715,27 @@ class DynamoStateStore:
             return None
         return str(item["value"])
 
+    def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
+        item = {"pk": f"lookup#{key}", "sk": "lookup", "value": value, "expires_at": int(expires.timestamp())}
+        values: dict[str, Any] = {":now": int(now.timestamp())}
+        if expected is None:
+            condition = "attribute_not_exists(pk) OR expires_at <= :now"
+        else:
+            condition, values[":expected"] = "#value = :expected AND expires_at > :now", expected
+        try:
+            self.dynamodb.put_item(
+                TableName=self.table,
+                Item=self._wire(item),
+                ConditionExpression=condition,
+                ExpressionAttributeValues=self._wire(values),
+                **({"ExpressionAttributeNames": {"#value": "value"}} if expected is not None else {}),
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
     def claim_once(self, key: str, at: datetime) -> bool:
         # Expires after CLAIM_TTL_DAYS, so something left broken that long is claimed (and alerted) again.
         item = {
@@ -801,6 +827,12 @@ class InMemoryStateStore:
     def get_lookup(self, key: str, now: datetime) -> str | None:
         value, expires = self.lookups.get(key, ("", now))
         return value if expires > now else None
+
+    def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
+        if self.get_lookup(key, now) != expected:
+            return False
+        self.lookups[key] = (value, expires)
+        return True
 
     def claim_once(self, key: str, at: datetime) -> bool:
         if key in self.claims:

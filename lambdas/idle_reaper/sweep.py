@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -609,33 +609,58 @@ def _report_quiet_hours(
     index in the state table; at the first sweep after a team's quiet hours end, each owner gets ONE
     summary of what was stopped (core.quiet_hours_reports), with "Start it again" per machine. Sent once: a
     claim per summary (claim_once), released when the post fails so the next sweep tries again, for at
-    most core.QUIET_REPORT_GIVE_UP. Never fails the sweep. Two sweeps updating the index at the same moment
-    can drop an entry: that machine is then missing from the summary (`status` still shows it)."""
+    most core.QUIET_REPORT_GIVE_UP. The index is updated conditionally (shards of one sweep and overlapping
+    sweeps update it at once: none loses another's entries). Never fails the sweep."""
     notifier, store = adapters.notifier, adapters.store
     if not isinstance(notifier, OwnerNotifier):
         return
+    stopped: dict[str, list[str]] = defaultdict(list)
+    for d in decisions:
+        if d.record.quiet_stop_at == now and d.error is None and d.record.state is State.REAPED:
+            stopped[d.machine.team].append(d.machine.instance_id)
+
+    def add_stopped(index: dict[str, list[str]]) -> dict[str, list[str]]:
+        for team, ids in stopped.items():
+            index.setdefault(team, []).extend(i for i in ids if i not in index.get(team, []))
+        return index
+
     try:
-        pending = _quiet_index(store.get_lookup(QUIET_INDEX, now))
-        changed = False
-        for d in decisions:
-            if d.record.quiet_stop_at == now and d.error is None and d.record.state is State.REAPED:
-                ids = pending.setdefault(d.machine.team, [])
-                if d.machine.instance_id not in ids:
-                    ids.append(d.machine.instance_id)
-                    changed = True
+        pending = _update_quiet_index(store, now, add_stopped)
         awake = {t for t in pending if (p := policy_for(t, refs, settings).at(now).policy) and not p.quiet_hours}
-        if awake:
-            due = [i for t in awake for i in pending[t]]
-            left = set(_send_quiet_summaries(adapters, notifier, due, now))
-            for team in awake:
-                pending[team] = [i for i in pending[team] if i in left]
-                if not pending[team]:
-                    del pending[team]
-            changed = changed or len(left) < len(due)
-        if changed:
-            store.put_lookup(QUIET_INDEX, json.dumps(pending, sort_keys=True), now + QUIET_INDEX_TTL)
+        if not awake:
+            return
+        due = [i for t in sorted(awake) for i in pending[t]]
+        done = set(due) - set(_send_quiet_summaries(adapters, notifier, due, now))  # sent, or given up
+
+        def remove_done(index: dict[str, list[str]]) -> dict[str, list[str]]:
+            left = {team: [i for i in ids if i not in done] for team, ids in index.items()}
+            return {team: ids for team, ids in left.items() if ids}
+
+        if done:
+            _update_quiet_index(store, now, remove_done)
     except Exception as exc:  # the summary must never fail the sweep; the index stays for the next one
         logger.warning("quiet hours summary failed", extra={"error": str(exc)})
+
+
+QUIET_INDEX_ATTEMPTS = 5
+
+
+def _update_quiet_index(
+    store: StateStore, now: datetime, change: Callable[[dict[str, list[str]]], dict[str, list[str]]]
+) -> dict[str, list[str]]:
+    """Read, change and write back the quiet-stops index, conditionally on what was read; again when another
+    sweep wrote it first. Returns the index as written (or as read, when the change changes nothing)."""
+    for _ in range(QUIET_INDEX_ATTEMPTS):
+        raw = store.get_lookup(QUIET_INDEX, now)
+        before = _quiet_index(raw)
+        after = change({team: list(ids) for team, ids in before.items()})
+        if after == before:
+            return before
+        if store.replace_lookup(
+            QUIET_INDEX, json.dumps(after, sort_keys=True), now + QUIET_INDEX_TTL, expected=raw, now=now
+        ):
+            return after
+    raise RuntimeError(f"the quiet hours index changed under this sweep {QUIET_INDEX_ATTEMPTS} times in a row")
 
 
 def _quiet_index(raw: str | None) -> dict[str, list[str]]:

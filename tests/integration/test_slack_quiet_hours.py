@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from test_slack import _replies_from, click, clock, record, silent, sweep  # noqa: F401
@@ -100,3 +100,19 @@ def test_a_failed_summary_is_tried_again_and_a_started_machine_is_left_out(night
     assert night["nb1"] in text and night["nb2"] not in text and "stopped 1 of your machines" in text
     sweep(later + timedelta(minutes=15))
     assert len([c for c in slack.calls_to("chat.postMessage") if "During quiet hours" in c.params["text"]]) == 1
+
+
+def test_the_state_table_replaces_a_lookup_only_over_what_was_read(aws: object) -> None:
+    from idle_reaper import aws as aws_module  # the fixture's name hides the module
+
+    local.init_account()
+    store = aws_module.DynamoStateStore(aws_module.client("dynamodb"), aws_module.table_name())
+    now = datetime(2026, 11, 21, 7, 5, tzinfo=UTC)
+    later = now + timedelta(days=1)
+    assert store.replace_lookup("quiet-stops", "a", later, expected=None, now=now)
+    assert not store.replace_lookup("quiet-stops", "b", later, expected=None, now=now), "written first"
+    assert not store.replace_lookup("quiet-stops", "b", later, expected="x", now=now)
+    assert store.replace_lookup("quiet-stops", "b", later, expected="a", now=now)
+    assert store.get_lookup("quiet-stops", now) == "b"
+    assert not store.replace_lookup("quiet-stops", "c", later, expected="b", now=later), "expired: not 'b' any more"
+    assert store.replace_lookup("quiet-stops", "c", later + timedelta(days=1), expected=None, now=later)

@@ -70,3 +70,46 @@ def test_the_sweep_sends_one_summary_per_owner_once_and_survives_a_corrupted_ind
     store.put_lookup(QUIET_INDEX, "{not json", morning + timedelta(days=1))
     report = run_sweep(aws.adapters(store=store, notifier=notifier), now=morning + timedelta(minutes=15))
     assert not report.errors and len([k for k, _ in notifier.sent if k == "quiet_summary"]) == 2
+
+
+class RacingStore(CountingStateStore):
+    """Another shard adds its own quiet-hours stop to the index between this sweep's read and its write."""
+
+    raced = False
+
+    def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
+        if key == QUIET_INDEX and not self.raced:
+            self.raced = True
+            theirs = json.loads(self.get_lookup(key, now) or "{}")
+            theirs.setdefault("ml", []).append("i-0othershard")
+            self.put_lookup(key, json.dumps(theirs), expires)
+        return super().replace_lookup(key, value, expires, expected=expected, now=now)
+
+
+def test_concurrent_updates_of_the_index_lose_no_stop() -> None:
+    aws = FakeAws()
+    aws.ssm.store(f"{PREFIX}/settings", "{}")
+    aws.ssm.store(f"{PREFIX}/teams/ml", POLICY)
+    boxes = [
+        aws.launch("m5.large", team="ml", profile=steady(1.0), launch_time=NIGHT - timedelta(days=1), owner="U0BOB")
+        for _ in range(2)
+    ]
+    store = RacingStore()
+    notifier = LoggingNotifier(logger, delivers=True)
+    for now in (NIGHT, NIGHT + timedelta(minutes=40)):
+        run_sweep(aws.adapters(store=store, notifier=notifier), now=now)
+
+    assert store.raced and all(aws.ec2.state_of(i) == "stopped" for i in boxes)
+    index = json.loads(store.get_lookup(QUIET_INDEX, NIGHT) or "{}")
+    assert sorted(index["ml"]) == sorted([*boxes, "i-0othershard"]), "the other shard's entry and ours"
+
+
+def test_replace_lookup_writes_only_over_what_was_read() -> None:
+    store = CountingStateStore()
+    later = NIGHT + timedelta(days=1)
+    assert store.replace_lookup("k", "a", later, expected=None, now=NIGHT)
+    assert not store.replace_lookup("k", "b", later, expected=None, now=NIGHT), "someone wrote it first"
+    assert not store.replace_lookup("k", "b", later, expected="x", now=NIGHT)
+    assert store.replace_lookup("k", "b", later, expected="a", now=NIGHT)
+    assert store.get_lookup("k", NIGHT) == "b"
+    assert store.replace_lookup("k", "c", later + timedelta(days=1), expected=None, now=later), "expired = absent"
