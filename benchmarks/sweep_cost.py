@@ -196,7 +196,7 @@ class CapturingMetrics(MetricsReader):
     ) -> dict[str, Signals]:
         # A sweep may fetch in several groups (long windows, network teams): accumulate over them.
         started = time.perf_counter()
-        per_machine = 4 if network else 2
+        per_machine = 5 if network else 3  # CPU, GPU, human activity (+ network in and out)
         self.instance_ids = [*getattr(self, "instance_ids", []), *instance_ids]
         self.metrics_requested = getattr(self, "metrics_requested", 0) + per_machine * len(instance_ids)
         self.expected_calls = getattr(self, "expected_calls", 0) + math.ceil(per_machine * len(instance_ids) / 500)

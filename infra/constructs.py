@@ -3,7 +3,13 @@ lambdas/idle_reaper; these only provision what it runs on and watch it."""
 
 from __future__ import annotations
 
+import base64
+import gzip
+import hashlib
+import io
 import json
+import tarfile
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -150,18 +156,77 @@ class SeededParameter(Construct):
         )
 
 
+# The human-activity collector's files (agent/), as install.sh installs them.
+COLLECTOR_DIR = Path(__file__).resolve().parents[1] / "agent"
+COLLECTOR_FILES = (
+    "install.sh",
+    "idle_reaper_activity.py",
+    "cloudwatch-agent-activity.json",
+    "idle-reaper-activity.service",
+    "idle-reaper-activity.timer",
+    "README.md",
+)
+_BUNDLE_END = "IDLE_REAPER_COLLECTOR_FILES"
+
+
+def collector_bundle(agent_dir: Path = COLLECTOR_DIR) -> bytes:
+    """The collector's files as a gzip'd tar that is the same bytes for the same files: no times, owners
+    or modes of the machine that synthesizes, so the SSM document gets a new version only when a file
+    changes."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in COLLECTOR_FILES:
+            data = (agent_dir / name).read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755 if name.endswith((".sh", ".py")) else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(buffer.getvalue(), compresslevel=9, mtime=0)
+
+
+def collector_install_commands(bundle: bytes) -> list[str]:
+    """A shell script (one line per element, as aws:runShellScript takes it) that unpacks the embedded
+    files, checks them against their SHA-256 and runs install.sh. The files ride inside the document, so
+    the instance needs no S3 read and no network beyond the SSM agent's own."""
+    encoded = textwrap.wrap(base64.b64encode(bundle).decode(), 76)
+    return [
+        "set -eu",
+        "work=$(mktemp -d)",
+        "trap 'rm -rf \"$work\"' EXIT",
+        f"base64 -d > \"$work/collector.tar.gz\" <<'{_BUNDLE_END}'",
+        *encoded,
+        _BUNDLE_END,
+        f'echo "{hashlib.sha256(bundle).hexdigest()}  $work/collector.tar.gz" | sha256sum -c --quiet -',
+        'tar -xzf "$work/collector.tar.gz" -C "$work"',
+        'sh "$work/install.sh"',
+    ]
+
+
 class GpuAgentRollout(Construct):
-    """Installs and configures the CloudWatch agent for GPU metrics on instances carrying a tag.
+    """Installs and configures the CloudWatch agent for GPU metrics on instances carrying a tag, then the
+    human-activity collector (agent/) beside it.
 
     The agent config (a file in this repo) goes into an SSM parameter whose name starts with
     `AmazonCloudWatch-`, the prefix the managed CloudWatchAgentServerPolicy lets instances read.
-    One composite Command document runs the two AWS documents in order (install, then configure),
-    so a fresh instance never tries to configure an agent that is not there yet; a State Manager
-    association applies it to tagged instances as they appear, and daily to catch drift."""
+    One composite Command document runs in order: install the agent, configure it (fetch-config, which
+    replaces every appended configuration), then install the collector, whose install.sh appends its
+    StatsD listener with `append-config` and so must come after. A fresh instance never configures an
+    agent that is not there yet; a State Manager association applies it to tagged instances as they
+    appear, and daily to catch drift. The collector's files are embedded in the document
+    (collector_install_commands): nothing new for the instance role to read."""
 
     PARAMETER_NAME = "AmazonCloudWatch-idle-reaper-gpu"
+    COLLECTOR_STEP = "installActivityCollector"
 
-    def __init__(self, scope: Construct, id: str, *, config_file: Path, tag_key: str, tag_value: str) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config_file: Path,
+        tag_key: str,
+        tag_value: str,
+        collector_dir: Path = COLLECTOR_DIR,
+    ) -> None:
         super().__init__(scope, id)
         config = json.loads(config_file.read_text())
         self.config_parameter = ssm.StringParameter(
@@ -181,7 +246,8 @@ class GpuAgentRollout(Construct):
             update_method="NewVersion",
             content={
                 "schemaVersion": "2.2",
-                "description": "Install the CloudWatch agent and apply idle-reaper's GPU metrics config.",
+                "description": "Install the CloudWatch agent, apply idle-reaper's GPU metrics config, then "
+                "install idle-reaper's human-activity collector (it appends its StatsD listener to that config).",
                 "mainSteps": [
                     {
                         "action": "aws:runDocument",
@@ -205,6 +271,15 @@ class GpuAgentRollout(Construct):
                                 "optionalConfigurationLocation": self.PARAMETER_NAME,
                                 "optionalRestart": "yes",
                             },
+                        },
+                    },
+                    {
+                        "action": "aws:runShellScript",
+                        "name": self.COLLECTOR_STEP,
+                        "precondition": {"StringEquals": ["platformType", "Linux"]},
+                        "inputs": {
+                            "timeoutSeconds": "300",
+                            "runCommand": collector_install_commands(collector_bundle(collector_dir)),
                         },
                     },
                 ],
@@ -243,7 +318,8 @@ class GpuAgentRollout(Construct):
                         f"GPU agent rollout failed on {detail('$.detail.instance-id')} in "
                         f"{events.EventField.region} ({detail('$.detail.detailed-status')}: "
                         f"{detail('$.detail.execution-summary')}). Without the agent this machine has no GPU "
-                        "metric and is never judged idle. Check its NVIDIA driver and SSM agent."
+                        "metric and is never judged idle; without the activity collector (python3 3.9+) "
+                        "it is judged on CPU/GPU alone. Check its NVIDIA driver, python3 and SSM agent."
                     ),
                 )
             ],

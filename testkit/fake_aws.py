@@ -52,7 +52,8 @@ from idle_reaper.sweep import Adapters, logger
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
 
-# A utilization profile: period start -> (cpu %, gpu % or None, network in bytes, network out bytes).
+# A utilization profile: period start -> (cpu %, gpu % or None, network in bytes, network out bytes,
+# minutes since a person's last input).
 # Shorter tuples are fine: a missing or None entry means that metric has no datapoints.
 Profile = Callable[[datetime], Sequence[float | None]]
 
@@ -641,6 +642,7 @@ DEFAULT_METRICS = {
     ("CWAgent", "nvidia_smi_utilization_gpu"): 1,
     ("AWS/EC2", "NetworkIn"): 2,
     ("AWS/EC2", "NetworkOut"): 3,
+    ("CWAgent", "idle_reaper_minutes_since_input"): 4,  # the activity collector's minutes since input
 }
 
 
@@ -1023,6 +1025,10 @@ class CountingStateStore(InMemoryStateStore):
     def get_lookup(self, key: str, now: datetime) -> str | None:
         self._request("GetItem")
         return super().get_lookup(key, now)
+
+    def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
+        self._request("PutItem")  # conditional: the quiet-stops index
+        return super().replace_lookup(key, value, expires, expected=expected, now=now)
 
     def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None:
         self.counts["audit"] += 1

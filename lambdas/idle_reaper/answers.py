@@ -14,6 +14,7 @@ from idle_reaper.core import (
     Action,
     MachineRecord,
     State,
+    describe_human_signal,
     snooze,
     started_by_person,
     stopped_by_person,
@@ -62,6 +63,28 @@ class Effects:
         detail = f"<@{user}> kept {label} until {date_token(kept.snoozed_until or now)}."
         self.slack.update(kept, "Kept", detail)
         return None
+
+    def keep_all(self, user: str, chosen: list[tuple[MachineRecord, TeamPolicy, datetime]]) -> tuple[int, list[str]]:
+        """ "Keep all" on a shared message: keep each machine (core.snooze, a conditional write each), then
+        edit the message once. Returns how many were kept, and why each other one was not, by name."""
+        now = self.clock()
+        problems: list[str] = []
+        last: MachineRecord | None = None
+        for record, policy, until in chosen:
+            label = machine_label(record.name, record.instance_id)
+            kept = snooze(record, policy, user, until, now)
+            if isinstance(kept, str):
+                problems.append(f"{label}: {kept}")
+            elif not self.store.save(kept):
+                problems.append(f"{label}: someone else answered first, or idle-reaper is acting on it")
+            else:
+                self.slack.note_listed(
+                    kept, "Kept", f"<@{user}> kept {label} until {date_token(kept.snoozed_until or now)}."
+                )
+                last = kept
+        if last is not None:
+            self.slack.render_listed(last)
+        return len(chosen) - len(problems), problems
 
     def keep_command(self, user: str, record: MachineRecord, policy: TeamPolicy, until: datetime) -> Reply:
         """`/idle-reaper keep`: like the button, and says until when (the command has no message to update)."""
@@ -124,6 +147,7 @@ def status_reply(mine: Iterable[MachineRecord]) -> Reply:
     """`/idle-reaper status`: the caller's machines, their state and why."""
     lines = [
         f"• {machine_label(r.name, r.instance_id)} · {r.team} · *{r.state.value}*: {r.reason}"
+        + (f" · {human}" if (human := describe_human_signal(r.human_signal)) else "")
         for r in sorted(mine, key=lambda r: (r.team, r.name or r.instance_id))
     ]
     if not lines:

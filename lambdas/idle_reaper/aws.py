@@ -40,6 +40,10 @@ ASG_GROUPS_PER_CALL = 50  # DescribeAutoScalingGroups: names per call without Ma
 FILTER_VALUES = 200  # values in one DescribeInstances filter
 STOP_BATCH = 200  # StopInstances documents no limit; smaller batches fail smaller
 DATAPOINTS_PER_CALL = 100_800  # GetMetricData returns at most this many before paging
+# The on-machine activity collector's metric (agent/README.md), by InstanceId alone. Minimum: a hostile
+# local user's high values cannot hide a real low one (see the threat model there).
+HUMAN_METRIC_NAMESPACE = "CWAgent"
+HUMAN_METRIC_NAME = "idle_reaper_minutes_since_input"
 # Errors about the call, not about one machine: splitting the batch would only multiply them.
 CALL_WIDE_ERRORS = frozenset(
     {
@@ -474,6 +478,10 @@ def _bisect(ids: Sequence[str], call: Callable[[Sequence[str]], None]) -> list[A
 # Signals (CloudWatch GetMetricData)
 
 
+# Maximum of utilization (the busiest moment), Sum of bytes, Minimum of minutes since a person's input.
+_STATISTIC = {"network_in": "Sum", "network_out": "Sum", "user": "Minimum"}
+
+
 @dataclass(frozen=True)
 class MetricFetchStats:
     calls: int = 0
@@ -482,7 +490,9 @@ class MetricFetchStats:
 
 
 class MetricsReader:
-    """Packs every machine's CPU, GPU (and network) queries into as few GetMetricData calls as possible."""
+    """Packs every machine's CPU, GPU, human-activity (and network) queries into as few GetMetricData calls
+    as possible. Every query names one dimension, the machine's own InstanceId: datapoints published for
+    any other dimension set (another InstanceId, extra StatsD tags) are never read for this machine."""
 
     def __init__(self, cloudwatch: Any, workers: int = METRIC_WORKERS) -> None:
         self.cloudwatch = cloudwatch
@@ -509,6 +519,7 @@ class MetricsReader:
         kinds: list[tuple[str, str, str]] = [
             ("cpu", metrics.cpu.namespace, metrics.cpu.name),
             ("gpu", metrics.gpu.namespace, metrics.gpu.name),
+            ("user", HUMAN_METRIC_NAMESPACE, HUMAN_METRIC_NAME),
         ]
         if network:
             kinds += [
@@ -521,7 +532,7 @@ class MetricsReader:
             for kind, namespace, name in kinds:
                 query_id = f"{kind[0]}{kind[-1]}{index}"  # e.g. "cu12": unique, starts with a letter
                 owner[query_id] = (instance_id, kind)
-                stat = "Sum" if kind.startswith("network") else "Maximum"
+                stat = _STATISTIC.get(kind, "Maximum")
                 queries.append(
                     {
                         "Id": query_id,
@@ -563,6 +574,7 @@ class MetricsReader:
                 network_in=series.get("network_in", []),
                 network_out=series.get("network_out", []),
                 complete=instance_id not in incomplete,
+                user=series["user"],
             )
         return result
 
@@ -659,6 +671,11 @@ class StateStore(Protocol):
 
     def get_lookup(self, key: str, now: datetime) -> str | None: ...
 
+    def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
+        """put_lookup only if the value is still `expected` (None: absent or expired), for read-modify-write
+        of a value several sweeps (or shards of one) update at once; False when someone wrote it first."""
+        ...
+
     def claim_once(self, key: str, at: datetime) -> bool:
         """True for the first caller ever to claim `key` (a conditional write), False for every later one."""
         ...
@@ -680,6 +697,7 @@ _DATE_FIELDS = {
     "observed_at",
     "stop_not_before",
     "warning_post_started_at",
+    "quiet_stop_at",
 }
 
 
@@ -826,6 +844,27 @@ class DynamoStateStore:
             return None
         return str(item["value"])
 
+    def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
+        item = {"pk": f"lookup#{key}", "sk": "lookup", "value": value, "expires_at": int(expires.timestamp())}
+        values: dict[str, Any] = {":now": int(now.timestamp())}
+        if expected is None:
+            condition = "attribute_not_exists(pk) OR expires_at <= :now"
+        else:
+            condition, values[":expected"] = "#value = :expected AND expires_at > :now", expected
+        try:
+            self.dynamodb.put_item(
+                TableName=self.table,
+                Item=self._wire(item),
+                ConditionExpression=condition,
+                ExpressionAttributeValues=self._wire(values),
+                **({"ExpressionAttributeNames": {"#value": "value"}} if expected is not None else {}),
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
     def claim_once(self, key: str, at: datetime) -> bool:
         # Expires after CLAIM_TTL_DAYS, so something left broken that long is claimed (and alerted) again.
         item = {
@@ -928,11 +967,20 @@ class InMemoryStateStore:
         value, expires = self.lookups.get(key, ("", now))
         return value if expires > now else None
 
+    def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
+        with self._lock:  # shards swept on threads share this store: check-and-set must be atomic
+            stored, until = self.lookups.get(key, ("", now))
+            if (stored if until > now else None) != expected:
+                return False
+            self.lookups[key] = (value, expires)
+            return True
+
     def claim_once(self, key: str, at: datetime) -> bool:
-        if key in self.claims:
-            return False
-        self.claims[key] = at
-        return True
+        with self._lock:
+            if key in self.claims:
+                return False
+            self.claims[key] = at
+            return True
 
     def release_claim(self, key: str) -> None:
         self.claims.pop(key, None)

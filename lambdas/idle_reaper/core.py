@@ -7,6 +7,7 @@ the demo and trace replay. The invariant above all: never reap a busy machine; m
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -426,6 +427,14 @@ class MachineRecord:
     # How the machine's last quiet stretches ended: their lengths in minutes, oldest first, comma-separated
     # (format_history); the learned wait reads it. Bounded: HISTORY_SIZE stretches, each at most a week.
     quiet_history: str = ""
+    # The human-activity signal the last sweep saw, for `status` (human_signal_note): "" when the policy
+    # ignores it, "missing", or "active"/"quiet" with the newest input seen ("active 2026-11-23T12:03Z").
+    human_signal: str = ""
+    # The "Keep all" reference of the one message that lists this machine with its owner's other machines
+    # (owner_message_groups); later updates of this machine edit that shared message. None: its own message.
+    group_ref: str | None = None
+    # When the sweep stopped it during its team's quiet hours, until its owner is told (quiet_hours_reports).
+    quiet_stop_at: datetime | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1245,3 +1254,76 @@ class SweepSummary:
                 totals.reaped += 1
                 totals.hourly_savings += d.hourly_cost or 0.0
         return summary
+
+
+# ---------------------------------------------------------------------------------------------
+# The human-activity signal as `status` shows it
+
+
+def human_signal_note(assessment: Assessment | None, signals: Signals | None, now: datetime) -> str:
+    """What a record keeps of the human-activity signal (MachineRecord.human_signal): "" when the policy
+    ignores it or the machine was not judged, "missing" when the collector sent nothing usable, else
+    "active" or "quiet" and the newest human input seen, to the minute."""
+    if assessment is None or assessment.human_signal == "off":
+        return ""
+    if assessment.human_signal == "missing":
+        return "missing"
+    last, _ = last_human_input(signals.user if signals else (), now)
+    return assessment.human_signal + (f" {last:%Y-%m-%dT%H:%MZ}" if last else "")
+
+
+def describe_human_signal(note: str) -> str:
+    """A record's human_signal in words ("person active 12:03 UTC", "no activity collector data"); "" when
+    there is nothing to say. A value it cannot read (a corrupted item) says nothing rather than fail."""
+    kind, _, at = note.partition(" ")
+    when = ""
+    with contextlib.suppress(ValueError):
+        when = f"{datetime.fromisoformat(at.replace('Z', '+00:00')):%H:%M} UTC" if at else ""
+    if kind == "missing":
+        return "no activity collector data (judged on CPU/GPU alone)"
+    if kind == "active":
+        return f"person active {when}".rstrip()
+    if kind == "quiet":
+        return f"no person active (last input {when})" if when else "no person active"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# One message per owner
+
+
+def owner_message_groups(decisions: Sequence[Decision]) -> list[list[Decision]]:
+    """The warnings due in one sweep, one list per message. An owner's machines whose warnings go to the
+    same places (the owner's DM, and the same team channel when the policy posts there) share a message,
+    across teams; a channel so only ever lists its own team's machines. A machine without an Owner tag or
+    a policy is alone, and so is every decision that posts no warning. Order: first appearance."""
+    groups: dict[tuple[str, str, str | None], list[Decision]] = {}
+    alone: list[list[Decision]] = []
+    for d in decisions:
+        policy = d.policy.policy if d.policy else None
+        owner = (d.machine.owner or "").strip().lower()
+        if not d.deliver_warning or not owner or policy is None:
+            alone.append([d])
+            continue
+        channel = policy.slack_channel if policy.notify != "owner" else None
+        groups.setdefault((owner, policy.notify, channel), []).append(d)
+    return [*groups.values(), *alone]
+
+
+# ---------------------------------------------------------------------------------------------
+# Quiet hours: what was stopped while nobody was told, said once they end
+
+QUIET_REPORT_GIVE_UP = timedelta(hours=24)  # a summary that could not be posted for this long is dropped
+
+
+def quiet_hours_reports(records: Iterable[MachineRecord]) -> list[list[MachineRecord]]:
+    """The machines stopped during quiet hours that are still stopped, one list per owner (the owner's Slack
+    id, else the Owner tag, else the machine alone), oldest stop first. A machine started again meanwhile has
+    nothing left to report."""
+    owners: dict[str, list[MachineRecord]] = {}
+    for r in records:
+        if r.quiet_stop_at is None or r.state is not State.REAPED or r.last_action not in ("stop", "hibernate"):
+            continue
+        owner = r.owner_slack_id or (r.owner or "").strip().lower() or r.instance_id
+        owners.setdefault(owner, []).append(r)
+    return [sorted(group, key=lambda r: (r.quiet_stop_at or datetime.min, r.instance_id)) for group in owners.values()]

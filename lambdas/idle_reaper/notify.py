@@ -6,11 +6,11 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from aws_lambda_powertools import Logger
 
-from idle_reaper.core import Decision
+from idle_reaper.core import Decision, MachineRecord
 
 # The one logger of the package. stderr: the CLI prints its table or JSON on stdout; in Lambda both
 # streams reach CloudWatch. Defined here because every entry point imports this module.
@@ -27,6 +27,8 @@ class Delivery:
     # Targets the message did not reach for a reason retrying will not fix (what an admin must do). The
     # warning still counts as delivered when another target got it: a person can read and answer it.
     undelivered: tuple[str, ...] = ()
+    # The shared message's "Keep all" reference when the machine is listed with its owner's other machines.
+    group_ref: str | None = None
 
 
 class PermanentDeliveryFailure(Exception):
@@ -59,6 +61,23 @@ class Notifier(Protocol):
         ...
 
 
+@runtime_checkable
+class OwnerNotifier(Protocol):
+    """A notifier that can list several of one owner's machines in one message (core.owner_message_groups)."""
+
+    def warn_owner(self, decisions: Sequence[Decision]) -> list[Delivery | PermanentDeliveryFailure | None]:
+        """One message (split only past Slack's limits) warning about every machine of `decisions`; for
+        each machine, in order, what `Notifier.warn` would return for it, a PermanentDeliveryFailure
+        returned rather than raised. A message that failed leaves every machine it lists undelivered."""
+        ...
+
+    def quiet_summary(self, stopped: Sequence[MachineRecord]) -> list[Delivery] | None:
+        """Tell one owner, once their quiet hours are over, which of their machines were stopped meanwhile,
+        each with "Start it again" (Delivery.ref, and group_ref for later edits). None: not delivered, try
+        again later; PermanentDeliveryFailure: nobody can be told."""
+        ...
+
+
 class LoggingNotifier:
     """Records notifications as structured log lines. A log line is not a warning a person could
     answer, so by default warnings stay pending (and the stop waits, up to the policy's
@@ -84,6 +103,18 @@ class LoggingNotifier:
     def warn(self, decision: Decision) -> Delivery | None:
         self._log("warning", decision)
         return Delivery() if self.delivers else None
+
+    def warn_owner(self, decisions: Sequence[Decision]) -> list[Delivery | PermanentDeliveryFailure | None]:
+        """Like warn, once per message: `sent` gets one ("owner_warning", ids) entry per message."""
+        self.sent.append(("owner_warning", ",".join(d.machine.instance_id for d in decisions)))
+        for d in decisions:
+            self._log("warning", d)
+        return [Delivery() if self.delivers else None for _ in decisions]
+
+    def quiet_summary(self, stopped: Sequence[MachineRecord]) -> list[Delivery] | None:
+        self.sent.append(("quiet_summary", ",".join(r.instance_id for r in stopped)))
+        self.logger.info("notification: quiet hours summary", extra={"instance_ids": [r.instance_id for r in stopped]})
+        return [Delivery() for _ in stopped] if self.delivers else None
 
     def resolved(self, decision: Decision) -> None:
         self._log("resolved", decision)

@@ -144,6 +144,8 @@ class Router:
         if action is None:
             return Reply("That is not an idle-reaper action; nothing was changed.")
         ref = value.partition("|")[0]
+        if action == "keep_all":
+            return self.keep_all(user, ref)
         found = next(((r, rec) for r in self.regions if (rec := r.record_of_ref(ref))), None)
         if found is None:
             return Reply(NOT_CURRENT)
@@ -158,6 +160,38 @@ class Router:
         until = keep_until(action, policy, region.clock())
         assert until is not None  # every other action is a keep
         return region.effects.keep(user, record, policy, until)
+
+    def keep_all(self, user: str, group_ref: str) -> Reply | None:
+        """ "Keep all 2 h" on an owner's shared message: every listed machine whose warning still stands and
+        that `user` may answer for is kept; the others are named. The machines come from the message's
+        server-side record, never from the payload: an unknown, forged or fully answered reference changes
+        nothing. A second click finds nothing current (a keep uses up each machine's reference)."""
+        found = next(((r, g) for r in self.regions if (g := r.effects.slack.listed_group(group_ref))), None)
+        if found is None:
+            return Reply(NOT_CURRENT)
+        region, listed = found
+        records = region.store.load(list(listed.ids))
+        current = [records[i] for i in listed.ids if listed.is_current(records.get(i))]
+        if not current:
+            return Reply(NOT_CURRENT)
+        allowed, refused = [], []
+        for record in current:
+            policy, refusal = region.authorize(user, record)
+            until = keep_until("keep_2h", policy, region.clock())
+            if refusal or until is None:
+                refused.append(machine_label(record.name, record.instance_id))
+            else:
+                allowed.append((record, policy, until))
+        kept, problems = region.effects.keep_all(user, allowed) if allowed else (0, [])
+        if refused:
+            problems.append(
+                f"you can't change {', '.join(refused)}: only the owner, the team's members and idle-reaper admins can"
+            )
+        if not problems:
+            return None
+        stale = len(listed.ids) - len(current)
+        gone = f" ({stale} other listed machine{'s' if stale > 1 else ''} no longer waiting)" if stale else ""
+        return Reply(f"Kept {kept} of {len(current)}{gone}. Not kept: {'; '.join(problems)}.")
 
     def command(self, user: str, command: str, text: str) -> Reply:
         words = text.split()

@@ -5,12 +5,13 @@ The bot token and signing secret never reach a log line."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -35,7 +36,7 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
-from idle_reaper.aws import StateStore
+from idle_reaper.aws import AwsError, StateStore
 from idle_reaper.core import KEEP_HOURS, Action, Decision, Machine, MachineRecord, keep_choices, next_morning
 from idle_reaper.notify import Delivery, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
@@ -480,18 +481,25 @@ class SlackNotifier:
             raise PermanentDeliveryFailure(self._failed("warning", m.instance_id, exc, m.instance_id).advice) from None
         label = machine_label(m.name, m.instance_id)
         text = fit(f"Idle machine {label} will be stopped unless someone keeps it", FALLBACK_CHARS, mrkdwn=True)
+        messages = self._post_to(targets, text, blocks, faults, m.instance_id)
+        if not messages:
+            self._raise_if_permanent(m, faults)
+            return None  # a failure that may pass: the next sweep tries again
+        undelivered = tuple(self._reason(m, f) for f in faults if f.permanent)
+        return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id, undelivered=undelivered)
+
+    def _post_to(
+        self, targets: list[str], text: str, blocks: list[dict[str, Any]], faults: list[SlackFault], subject: str
+    ) -> list[str]:
+        """Post to each target on its own: "channel|ts" of each copy delivered; each failure joins `faults`."""
         messages: list[str] = []
         for channel in targets:
             try:
                 out = self.client.chat_postMessage(channel=channel, text=text, blocks=blocks)
                 messages.append(f"{out['channel']}|{out['ts']}")
             except (SlackApiError, SlackClientError, OSError) as exc:
-                faults.append(self._failed("warning", m.instance_id, exc, channel))
-        if not messages:
-            self._raise_if_permanent(m, faults)
-            return None  # a failure that may pass: the next sweep tries again
-        undelivered = tuple(self._reason(m, f) for f in faults if f.permanent)
-        return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id, undelivered=undelivered)
+                faults.append(self._failed("warning", subject, exc, channel))
+        return messages
 
     def _warning_targets(self, decision: Decision) -> tuple[str | None, list[str], list[SlackFault]]:
         """(owner's user id, channels to post to, faults of targets that could not be opened)."""
@@ -522,8 +530,14 @@ class SlackNotifier:
 
     def _raise_if_permanent(self, m: Machine, faults: list[SlackFault]) -> None:
         """Nobody got the warning: give up on it only when every failure is permanent."""
+        given_up = self._given_up(m, faults)
+        if given_up:
+            raise given_up
+
+    def _given_up(self, m: Machine, faults: list[SlackFault]) -> PermanentDeliveryFailure | None:
         if faults and all(f.permanent for f in faults):
-            raise PermanentDeliveryFailure("; ".join(self._reason(m, f) for f in faults))
+            return PermanentDeliveryFailure("; ".join(self._reason(m, f) for f in faults))
+        return None
 
     def resolved(self, decision: Decision) -> None:
         detail = f"Busy again ({escape(decision.reason)}). Nothing will happen to it."
@@ -552,6 +566,15 @@ class SlackNotifier:
         `detail` is mrkdwn (see status_blocks). An update is best effort and never retried, so it does not
         raise: a permanent failure (a deleted message, an archived channel) is logged as an ERROR with
         what to do, a transient one as a WARNING."""
+        if record.group_ref:
+            try:
+                if self.note_listed(record, title, detail, start_ref=ref if start_button else None):
+                    return self.render_listed(record)
+            except AwsError as exc:  # best effort, like every update: the table is down, the message stays
+                self.logger.warning(
+                    "shared message not updated", extra={"subject": record.instance_id, "error": str(exc)}
+                )
+                return False
         text = fit(f"{escape(title)}: {detail}", FALLBACK_CHARS, mrkdwn=True)
         try:
             blocks = blocks_json(status_blocks(title, detail, ref=ref, start_button=start_button))
@@ -567,6 +590,166 @@ class SlackNotifier:
                 self._failed("update", record.instance_id, exc, channel)
                 ok = False
         return ok
+
+    # One message per owner ------------------------------------------------------------------
+
+    def warn_owner(self, decisions: Sequence[Decision]) -> list[Delivery | PermanentDeliveryFailure | None]:
+        """One message listing every machine of `decisions` (one owner, the same targets: see
+        core.owner_message_groups), split past OWNER_MESSAGE_MACHINES. Each machine gets its own buttons'
+        reference and its message's "Keep all" reference (Delivery.group_ref). What each machine gets is what
+        `warn` would return for it alone: a part no target received leaves its machines undelivered."""
+        first = decisions[0]
+        now = first.record.updated_at or self.clock()
+        try:
+            owner_id, targets, faults = self._warning_targets(first)
+        except PermanentDeliveryFailure as exc:
+            return [exc] * len(decisions)
+        except (SlackApiError, SlackClientError, OSError) as exc:
+            self._failed("warning", first.machine.instance_id, exc, first.machine.owner or "owner")
+            return [None] * len(decisions)
+        parts = [decisions[i : i + OWNER_MESSAGE_MACHINES] for i in range(0, len(decisions), OWNER_MESSAGE_MACHINES)]
+        outcomes: list[Delivery | PermanentDeliveryFailure | None] = []
+        for number, part in enumerate(parts, 1):
+            outcomes += self._post_listed(part, owner_id, targets, list(faults), now, (number, len(parts)))
+        return outcomes
+
+    def _post_listed(
+        self,
+        part: Sequence[Decision],
+        owner_id: str | None,
+        targets: list[str],
+        faults: list[SlackFault],
+        now: datetime,
+        numbering: tuple[int, int],
+    ) -> list[Delivery | PermanentDeliveryFailure | None]:
+        if not targets:
+            return [self._given_up(d.machine, faults) for d in part]
+        try:
+            listed = ListedGroup(
+                ids=tuple(d.machine.instance_id for d in part),
+                refs={d.machine.instance_id: self.new_ref(d.machine.instance_id, now) for d in part},
+                lines={d.machine.instance_id: owner_warning_line(d, now) for d in part},
+            )
+            group_ref = secrets.token_urlsafe(18)
+            self.store.put_lookup(f"group#{group_ref}", listed.to_json(), now + REF_TTL)
+        except (SlackApiError, SlackClientError, OSError) as exc:
+            self._failed("warning", part[0].machine.instance_id, exc, "state table")
+            return [None] * len(part)
+        try:
+            blocks = blocks_json(
+                owner_message_blocks(listed.entries({}, current=set(listed.ids)), group_ref, *numbering)
+            )
+        except (SlackObjectFormationError, ValueError) as exc:
+            fault = self._failed("warning", part[0].machine.instance_id, exc, part[0].machine.instance_id)
+            return [self._given_up(d.machine, [fault]) for d in part]
+        labels = ", ".join(machine_label(d.machine.name, d.machine.instance_id) for d in part)
+        text = fit(
+            f"{len(part)} idle machines of yours will be stopped unless kept: {labels}", FALLBACK_CHARS, mrkdwn=True
+        )
+        messages = self._post_to(targets, text, blocks, faults, ",".join(listed.ids))
+        if not messages:
+            return [self._given_up(d.machine, faults) for d in part]  # None: a failure that may pass
+        return [
+            Delivery(
+                messages=tuple(messages),
+                ref=listed.refs[d.machine.instance_id],
+                owner_slack_id=owner_id,
+                undelivered=tuple(self._reason(d.machine, f) for f in faults if f.permanent),
+                group_ref=group_ref,
+            )
+            for d in part
+        ]
+
+    def quiet_summary(self, stopped: Sequence[MachineRecord]) -> list[Delivery] | None:
+        """One DM to the owner after quiet hours: each machine stopped meanwhile, when and why, and its own
+        "Start it again" (the start-again answer path). Later answers edit this message like a shared
+        warning. Past OWNER_MESSAGE_MACHINES machines only the oldest are listed (the rest are in `status`)."""
+        first = stopped[0]
+        now = self.clock()
+        try:
+            owner_id = first.owner_slack_id or self.resolve_owner(first.owner)
+            if not owner_id:
+                raise PermanentDeliveryFailure(f"nobody to tell: {first.instance_id} has no Slack owner")
+            channel = str(self.client.conversations_open(users=owner_id)["channel"]["id"])
+            shown = list(stopped[:OWNER_MESSAGE_MACHINES])
+            listed = ListedGroup(
+                ids=tuple(r.instance_id for r in shown),
+                refs={r.instance_id: self.new_ref(r.instance_id, now) for r in shown},
+                lines={r.instance_id: quiet_stop_line(r) for r in shown},
+                title=fit(f"During quiet hours, idle-reaper stopped {len(stopped)} of your machines", HEADER_CHARS),
+            )
+            group_ref = secrets.token_urlsafe(18)
+            self.store.put_lookup(f"group#{group_ref}", listed.to_json(), now + REF_TTL)
+            notes = {i: (listed.lines[i], listed.refs[i]) for i in listed.ids}
+            for i, (text, start_ref) in notes.items():
+                note = json.dumps({"text": text, "start": start_ref})
+                self.store.put_lookup(f"groupline#{group_ref}#{i}", note, now + REF_TTL)
+            blocks = blocks_json(
+                owner_message_blocks(listed.entries(notes, current=set()), group_ref, title=listed.title)
+            )
+            summary = f"{listed.title}: " + ", ".join(machine_label(r.name, r.instance_id) for r in stopped)
+            out = self.client.chat_postMessage(
+                channel=channel, text=fit(summary, FALLBACK_CHARS, mrkdwn=True), blocks=blocks
+            )
+        except (SlackApiError, SlackClientError, OSError, SlackObjectFormationError, ValueError) as exc:
+            fault = self._failed("quiet hours summary", first.instance_id, exc, first.owner or "owner")
+            if fault.permanent:
+                raise PermanentDeliveryFailure(fault.advice) from None
+            return None
+        message = (f"{out['channel']}|{out['ts']}",)
+        return [
+            Delivery(messages=message, ref=listed.refs.get(r.instance_id), owner_slack_id=owner_id, group_ref=group_ref)
+            for r in stopped
+        ]
+
+    def note_listed(self, record: MachineRecord, title: str, detail: str, *, start_ref: str | None = None) -> bool:
+        """Remember what happened to a machine listed in a shared message (its line in later edits). False
+        when the shared message is no longer known (its references expired): then it is edited alone."""
+        if not record.group_ref:
+            return False
+        now = self.clock()
+        if self.listed_group(record.group_ref) is None:
+            return False
+        line = {"text": f"*{escape(title)}*: {detail}", "start": start_ref}
+        self.store.put_lookup(f"groupline#{record.group_ref}#{record.instance_id}", json.dumps(line), now + REF_TTL)
+        return True
+
+    def render_listed(self, record: MachineRecord) -> bool:
+        """Edit the shared message `record` is listed in: every machine's line as it stands now (its warning
+        and buttons while the warning is current, else what happened), and "Keep all" while any waits."""
+        group_ref = record.group_ref or ""
+        listed = self.listed_group(group_ref)
+        if listed is None:
+            return False
+        now = self.clock()
+        notes: dict[str, tuple[str, str | None]] = {}
+        for instance_id in listed.ids:
+            raw = self.store.get_lookup(f"groupline#{group_ref}#{instance_id}", now)
+            note = _json_object(raw)
+            if note and isinstance(note.get("text"), str):
+                start = note.get("start")
+                notes[instance_id] = (note["text"], start if isinstance(start, str) else None)
+        records = self.store.load(list(listed.ids))
+        records[record.instance_id] = record
+        current = {i for i, r in records.items() if listed.is_current(r)}
+        blocks = owner_message_blocks(listed.entries(notes, current=current), group_ref, title=listed.title)
+        waiting = len([i for i in listed.ids if i in current and i not in notes])
+        text = fit(f"{waiting} of your idle machines still wait for an answer", FALLBACK_CHARS)
+        ok = True
+        for message in record.messages:
+            channel, _, ts = message.partition("|")
+            try:
+                self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks_json(blocks))
+            except (SlackApiError, SlackClientError, OSError) as exc:
+                self._failed("update", record.instance_id, exc, channel)
+                ok = False
+        return ok
+
+    def listed_group(self, group_ref: str) -> ListedGroup | None:
+        """The machines a shared message lists, by its "Keep all" reference; None when unknown or unreadable."""
+        if not group_ref:
+            return None
+        return ListedGroup.from_json(self.store.get_lookup(f"group#{group_ref}", self.clock()))
 
     def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
         """DM every admin and post to the admin channel. Raises when nobody received it, so the caller
@@ -593,3 +776,146 @@ class SlackNotifier:
             # WARNING, not ERROR: Slack being down is expected now and then; the warning stays pending.
             self.logger.warning(f"slack {what} failed", extra=extra)
         return fault
+
+
+# ---------------------------------------------------------------------------------------------
+# One message per owner: several machines, one message, edited in place as each one is answered
+
+MESSAGE_BLOCKS = 50  # Slack's limit of blocks per message
+ACTIONS_ELEMENTS = 25  # Slack's limit of elements per actions block
+# A header, the "Keep all" actions block and a context, then per machine a section and an actions block
+# (each machine has its own actions block of at most 2 buttons, so ACTIONS_ELEMENTS never binds).
+OWNER_MESSAGE_MACHINES = (MESSAGE_BLOCKS - 3) // 2
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One machine's lines in a shared message."""
+
+    instance_id: str
+    text: str  # mrkdwn: its warning, or what happened since
+    ref: str | None = None  # its buttons' reference while its warning stands
+    start_ref: str | None = None  # "Start it again" after a stop
+
+
+@dataclass(frozen=True)
+class ListedGroup:
+    """What a shared message listed when it was posted (kept under its "Keep all" reference)."""
+
+    ids: tuple[str, ...]
+    refs: dict[str, str]
+    lines: dict[str, str]
+    title: str = ""  # the header, when not the warning's
+
+    def to_json(self) -> str:
+        return json.dumps({"ids": list(self.ids), "refs": self.refs, "lines": self.lines, "title": self.title})
+
+    @classmethod
+    def from_json(cls, raw: str | None) -> ListedGroup | None:
+        data = _json_object(raw)
+        if data is None:
+            return None
+        ids, refs, lines = data.get("ids"), data.get("refs"), data.get("lines")
+        if not (isinstance(ids, list) and isinstance(refs, dict) and isinstance(lines, dict)):
+            return None
+        if not all(isinstance(i, str) and isinstance(refs.get(i), str) and isinstance(lines.get(i), str) for i in ids):
+            return None
+        title = data.get("title")
+        return cls(
+            tuple(ids), {i: refs[i] for i in ids}, {i: lines[i] for i in ids}, title if isinstance(title, str) else ""
+        )
+
+    def is_current(self, record: MachineRecord | None) -> bool:
+        """Whether the machine's warning from this message still stands (its buttons would act)."""
+        if record is None or not record.warning_ref or record.instance_id not in self.refs:
+            return False
+        return secrets.compare_digest(record.warning_ref, self.refs[record.instance_id])
+
+    def entries(self, notes: Mapping[str, tuple[str, str | None]], *, current: set[str]) -> list[Listed]:
+        out = []
+        for i in self.ids:
+            if i in notes:
+                out.append(Listed(i, notes[i][0], start_ref=notes[i][1]))
+            else:
+                out.append(Listed(i, self.lines[i], ref=self.refs[i] if i in current else None))
+        return out
+
+
+def _json_object(raw: str | None) -> dict[str, Any] | None:
+    try:
+        data = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def owner_warning_line(decision: Decision, now: datetime) -> str:
+    """A machine's line in its owner's shared message: name, id, team, why it counts as idle, and when it
+    will be stopped."""
+    m = decision.machine
+    name = f"*{escape(fit(m.name, NAME_CHARS))}* · " if m.name else ""
+    verb = "released to its Auto Scaling group" if m.asg_name else "stopped"
+    why = decision.assessment.why_quiet if decision.assessment else decision.reason
+    return fit(
+        f"{name}`{m.instance_id}` · {escape(m.instance_type)} · team {escape(m.team)}\n"
+        f"*{verb.capitalize()} at {date_token(planned_stop(decision, now))}* unless kept. {escape(why)}",
+        SECTION_CHARS,
+        mrkdwn=True,
+    )
+
+
+def owner_message_blocks(
+    listed: Sequence[Listed], group_ref: str, part: int = 1, parts: int = 1, *, title: str = ""
+) -> list[Block]:
+    """The shared message: a line and buttons per machine still waiting, what happened to the others, and
+    "Keep all 2 h" while any waits. At most OWNER_MESSAGE_MACHINES machines (the caller splits)."""
+    if not 0 < len(listed) <= OWNER_MESSAGE_MACHINES:
+        raise ValueError(f"a shared message lists 1 to {OWNER_MESSAGE_MACHINES} machines, not {len(listed)}")
+    waiting = [x for x in listed if x.ref]
+    if not title:
+        title = (
+            f"Idle machines: {len(waiting)} of yours will be stopped unless kept" if waiting else "Your idle machines"
+        )
+    blocks: list[Block] = [HeaderBlock(text=fit(title, HEADER_CHARS))]
+    for n, x in enumerate(listed):
+        blocks.append(SectionBlock(block_id=f"machine_{n}", text=_mrkdwn(x.text, SECTION_CHARS)))
+        if x.ref:
+            stop = ConfirmObject(
+                title=fit("Stop it now?", CONFIRM_TITLE_CHARS),
+                text=fit(f"{x.instance_id} will be stopped or released to its group.", CONFIRM_TEXT_CHARS),
+            )
+            buttons = [
+                _button("Keep 2 h", "keep_2h", x.ref, style="primary"),
+                _button("Stop now", "stop_now", x.ref, style="danger", confirm=stop),
+            ]
+            blocks.append(ActionsBlock(block_id=f"answer_{n}", elements=buttons))
+        elif x.start_ref:
+            blocks.append(
+                ActionsBlock(block_id=f"start_{n}", elements=[_button("Start it again", "start_again", x.start_ref)])
+            )
+    if waiting:
+        keep_all = _button(f"Keep all {len(waiting)} for 2 h", "keep_all", group_ref, style="primary")
+        blocks.append(ActionsBlock(block_id="idle_reaper_keep_all", elements=[keep_all]))
+    note = "idle-reaper · your machines that became idle together, in one message"
+    if parts > 1:
+        note += f" · part {part} of {parts}: Slack allows {OWNER_MESSAGE_MACHINES} machines per message"
+    blocks.append(ContextBlock(elements=[_mrkdwn(note, CONTEXT_CHARS)]))
+    return blocks
+
+
+def quiet_stop_line(record: MachineRecord) -> str:
+    """A machine's line in the quiet hours summary: which, when it was stopped, and why."""
+    name = f"*{escape(fit(record.name, NAME_CHARS))}* · " if record.name else ""
+    what = (
+        _PAST.get(Action(record.last_action or "stop"), "stopped")
+        if record.last_action in ("stop", "hibernate")
+        else "stopped"
+    )
+    when = date_token(record.last_action_at or record.quiet_stop_at or datetime.now(UTC))
+    kind = f" · {escape(record.instance_type)}" if record.instance_type else ""
+    return fit(
+        f"{name}`{record.instance_id}`{kind} · team {escape(record.team)}\n*{what.capitalize()} at {when}*. "
+        f"{escape(record.reason)}",
+        SECTION_CHARS,
+        mrkdwn=True,
+    )

@@ -5,6 +5,7 @@ moto, or in-memory fakes."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import heapq
 import json
 import time
@@ -47,6 +48,7 @@ from idle_reaper.aws import (
 )
 from idle_reaper.core import (
     MACHINE_ACTIONS,
+    QUIET_REPORT_GIVE_UP,
     Action,
     Decision,
     Machine,
@@ -57,10 +59,13 @@ from idle_reaper.core import (
     TeamTotals,
     assess,
     decide,
+    human_signal_note,
     limit_terminations,
+    owner_message_groups,
     parse_exemption,
+    quiet_hours_reports,
 )
-from idle_reaper.notify import Delivery, LoggingNotifier, Notifier, PermanentDeliveryFailure
+from idle_reaper.notify import Delivery, LoggingNotifier, Notifier, OwnerNotifier, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
@@ -210,6 +215,7 @@ def run_sweep(
                 gpu_families=settings.gpu_instance_families,
             )
         d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run)
+        d = _with_status_notes(d, signals.get(m.instance_id), now)
         decisions.append(replace(d, hourly_cost=hourly_price(m.instance_type, prices)))
 
     terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
@@ -223,6 +229,7 @@ def run_sweep(
     written: set[str] = set()
     if not dry_run:
         decisions, written = _apply(adapters, decisions, records, settings, sweep_id, now, time_left)
+        _report_quiet_hours(adapters, decisions, refs, settings, now)
     # One log line per machine something happened to (an action, an error, a lifecycle change); the others'
     # explanation is their record (`idle-reaper status`), refreshed at least hourly. A dry run logs all.
     unchanged = 0
@@ -386,11 +393,16 @@ def _apply(
     # Out of time, nothing more is posted: a machine acted on still has its outcome recorded (unposted),
     # one only to be warned or told goes back to its record from before this sweep, claim released.
     told, untold = [], []
-    for d in by_id.values():
-        if d.machine.instance_id not in claimed or outcomes.get(d.machine.instance_id):
-            continue
+    # One message per owner: posted at the first machine there is time for, then recorded per machine.
+    to_post = [d for i, d in by_id.items() if i in claimed and not outcomes.get(i)]
+    owner_posts: dict[str, Delivery | PermanentDeliveryFailure | None] | None = None
+    for d in to_post:
         if not out_of_time():
-            told.append(_post(adapters, d, settings, now))
+            if owner_posts is None:
+                owner_posts = _post_owner_messages(adapters, [w for w in to_post if w.deliver_warning])
+            told.append(_post(adapters, d, settings, now, owner_posts))
+        elif owner_posts and d.machine.instance_id in owner_posts:  # already in its owner's message
+            told.append(_post(adapters, d, settings, now, owner_posts))
         elif d.machine.instance_id in outcomes:
             told.append(replace(d, record=replace(d.record, version=d.record.version + 1)))
         else:
@@ -449,7 +461,9 @@ def _act(fleet: Fleet, acting: list[Decision]) -> dict[str, str | None]:
 # window) is refreshed the same way every half idle window instead, when that is shorter.
 REFRESH_EVERY = timedelta(hours=1)
 WATCHED_REFRESH_SHARE = 2
-_BOOKKEEPING = frozenset({"version", "updated_at", "observed_at", "reason"})
+# human_signal is for `status` only ("person active 12:03"): it changes every sweep a person types, so it
+# is refreshed with the rest, not written on every change.
+_BOOKKEEPING = frozenset({"version", "updated_at", "observed_at", "reason", "human_signal"})
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
@@ -596,12 +610,21 @@ def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, n
     return replace(d, error=reason, record=record, state=state)
 
 
-def _post(adapters: Adapters, d: Decision, settings: Settings, now: datetime) -> Decision:
-    """Post what the decision calls for; the decision's record then carries the outcome (not yet written)."""
+def _post(
+    adapters: Adapters,
+    d: Decision,
+    settings: Settings,
+    now: datetime,
+    owner_posts: Mapping[str, Delivery | PermanentDeliveryFailure | None] | None = None,
+) -> Decision:
+    """Post what the decision calls for; the decision's record then carries the outcome (not yet written).
+    A warning already posted in its owner's shared message (`owner_posts`) is recorded as that post went."""
     record, reason = d.record, d.reason
     delivery: Delivery | None = None
     try:
-        if d.deliver_warning:
+        if d.deliver_warning and owner_posts and d.machine.instance_id in owner_posts:
+            delivery = _owner_post(owner_posts[d.machine.instance_id])
+        elif d.deliver_warning:
             delivery = adapters.notifier.warn(d)
         elif d.notify == "resolved":
             adapters.notifier.resolved(d)
@@ -629,6 +652,7 @@ def _post(adapters: Adapters, d: Decision, settings: Settings, now: datetime) ->
             messages=delivery.messages or record.messages,
             warning_ref=delivery.ref,
             owner_slack_id=delivery.owner_slack_id or record.owner_slack_id,
+            group_ref=delivery.group_ref if d.deliver_warning else record.group_ref,
         )
     if delivery is not None and delivery.undelivered and d.deliver_warning and record.warned_at:
         _alert_partly_delivered(adapters, d, delivery.undelivered, settings, now)
@@ -842,13 +866,29 @@ def result_key(sweep_id: str, index: int) -> str:
     return f"shard-result#{sweep_id}#{index}"
 
 
+OWNER_UNIT_MAX = 100  # an owner's standalone machines kept in one shard, at most
+
+
 def split_into_shards(machines: Sequence[Machine], shards: int) -> list[list[str]]:
     """Instance ids per shard: every machine in exactly one, an Auto Scaling group's members always together
-    (its termination limit is counted in one place), the shards as even as the groups allow (the largest
-    group first, each to the shard with the fewest machines so far)."""
+    (its termination limit is counted in one place), an owner's other machines together (up to
+    OWNER_UNIT_MAX), the shards as even as these units allow (the largest unit first, each to the shard with
+    the fewest machines so far)."""
     units: dict[str, list[str]] = defaultdict(list)
+    by_owner: dict[str, list[str]] = defaultdict(list)
     for m in machines:
-        units[f"asg:{m.asg_name}" if m.asg_name else m.instance_id].append(m.instance_id)
+        if m.asg_name:
+            units[f"asg:{m.asg_name}"].append(m.instance_id)
+        elif owner := (m.owner or "").strip().lower():
+            by_owner[owner].append(m.instance_id)
+        else:
+            units[m.instance_id].append(m.instance_id)
+    # An owner's standalone machines share a shard, so one sweep's warnings to them share one message
+    # (sweep._post_owner_messages); an owner with very many is split in bounded chunks, to keep shards even.
+    for owner, ids in by_owner.items():
+        ids.sort()
+        for start in range(0, len(ids), OWNER_UNIT_MAX):
+            units[f"owner:{owner}#{start}"] = ids[start : start + OWNER_UNIT_MAX]
     loads = [(0, index) for index in range(shards)]
     manifests: list[list[str]] = [[] for _ in range(shards)]
     for _, ids in sorted(units.items(), key=lambda unit: (-len(unit[1]), unit[0])):
@@ -1077,3 +1117,162 @@ def run_sharded(
     )
     reports = [r for r in results if isinstance(r, SweepReport)]
     return ShardedReport(plan, reports, gather_sweep(adapters, task))
+
+
+def _with_status_notes(d: Decision, signals: Signals | None, now: datetime) -> Decision:
+    """Keep on the record what the human-activity signal said, so `status` can show it without CloudWatch,
+    and mark a stop made during quiet hours, so its owner hears of it when they end (_report_quiet_hours)."""
+    record = replace(d.record, human_signal=human_signal_note(d.assessment, signals, now))
+    policy = d.policy.policy if d.policy else None
+    if policy is not None and policy.quiet_hours and d.applied and d.action in (Action.STOP, Action.HIBERNATE):
+        record = replace(record, quiet_stop_at=now)
+    return replace(d, record=record)
+
+
+def _post_owner_messages(
+    adapters: Adapters, warnings: list[Decision]
+) -> dict[str, Delivery | PermanentDeliveryFailure | None]:
+    """One message per owner: the warnings of this sweep that share an owner and targets
+    (core.owner_message_groups) are posted together, before each machine's outcome is recorded by
+    _post as for a warning of its own. A lone warning, or a notifier that cannot group, posts as before.
+    A message that fails leaves each machine it lists undelivered (pending, or its permanent fault)."""
+    notifier = adapters.notifier
+    if not isinstance(notifier, OwnerNotifier):
+        return {}
+    posts: dict[str, Delivery | PermanentDeliveryFailure | None] = {}
+    for group in owner_message_groups(warnings):
+        if len(group) < 2:
+            continue
+        ids = [d.machine.instance_id for d in group]
+        try:
+            outcomes = notifier.warn_owner(group)
+        except Exception as exc:  # a notifier must never break the sweep; the warnings stay pending
+            logger.warning("owner message failed", extra={"instance_ids": ids, "error": str(exc)})
+            outcomes = [None] * len(group)
+        posts.update(zip(ids, outcomes, strict=True))
+    return posts
+
+
+def _owner_post(outcome: Delivery | PermanentDeliveryFailure | None) -> Delivery | None:
+    if isinstance(outcome, PermanentDeliveryFailure):
+        raise outcome
+    return outcome
+
+
+QUIET_INDEX = "quiet-stops"  # lookup: JSON {team: [instance ids stopped during quiet hours, not yet reported]}
+QUIET_INDEX_TTL = timedelta(days=7)
+
+
+def _report_quiet_hours(
+    adapters: Adapters, decisions: list[Decision], refs: Mapping[str, TeamPolicyRef], settings: Settings, now: datetime
+) -> None:
+    """Quiet hours are not lost: the machines this sweep stopped during their team's quiet hours join an
+    index in the state table; at the first sweep after a team's quiet hours end, each owner gets ONE
+    summary of what was stopped (core.quiet_hours_reports), with "Start it again" per machine. Sent once: a
+    claim per summary (claim_once), released when the post fails so the next sweep tries again, for at
+    most core.QUIET_REPORT_GIVE_UP. The index is updated conditionally (shards of one sweep and overlapping
+    sweeps update it at once: none loses another's entries). Never fails the sweep."""
+    notifier, store = adapters.notifier, adapters.store
+    if not isinstance(notifier, OwnerNotifier):
+        return
+    stopped: dict[str, list[str]] = defaultdict(list)
+    for d in decisions:
+        if d.record.quiet_stop_at == now and d.error is None and d.record.state is State.REAPED:
+            stopped[d.machine.team].append(d.machine.instance_id)
+
+    def add_stopped(index: dict[str, list[str]]) -> dict[str, list[str]]:
+        for team, ids in stopped.items():
+            index.setdefault(team, []).extend(i for i in ids if i not in index.get(team, []))
+        return index
+
+    try:
+        pending = _update_quiet_index(store, now, add_stopped)
+        awake = {t for t in pending if (p := policy_for(t, refs, settings).at(now).policy) and not p.quiet_hours}
+        if not awake:
+            return
+        due = [i for t in sorted(awake) for i in pending[t]]
+        done = set(due) - set(_send_quiet_summaries(adapters, notifier, due, now))  # sent, or given up
+
+        def remove_done(index: dict[str, list[str]]) -> dict[str, list[str]]:
+            left = {team: [i for i in ids if i not in done] for team, ids in index.items()}
+            return {team: ids for team, ids in left.items() if ids}
+
+        if done:
+            _update_quiet_index(store, now, remove_done)
+    except Exception as exc:  # the summary must never fail the sweep; the index stays for the next one
+        logger.warning("quiet hours summary failed", extra={"error": str(exc)})
+
+
+QUIET_INDEX_ATTEMPTS = 5
+
+
+def _update_quiet_index(
+    store: StateStore, now: datetime, change: Callable[[dict[str, list[str]]], dict[str, list[str]]]
+) -> dict[str, list[str]]:
+    """Read, change and write back the quiet-stops index, conditionally on what was read; again when another
+    sweep wrote it first. Returns the index as written (or as read, when the change changes nothing)."""
+    for _ in range(QUIET_INDEX_ATTEMPTS):
+        raw = store.get_lookup(QUIET_INDEX, now)
+        before = _quiet_index(raw)
+        after = change({team: list(ids) for team, ids in before.items()})
+        if after == before:
+            return before
+        if store.replace_lookup(
+            QUIET_INDEX, json.dumps(after, sort_keys=True), now + QUIET_INDEX_TTL, expected=raw, now=now
+        ):
+            return after
+    raise RuntimeError(f"the quiet hours index changed under this sweep {QUIET_INDEX_ATTEMPTS} times in a row")
+
+
+def _quiet_index(raw: str | None) -> dict[str, list[str]]:
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        logger.warning("quiet hours index unreadable; reset", extra={"value": (raw or "")[:200]})
+        return {}
+    return {str(team): [str(i) for i in ids] for team, ids in data.items()}
+
+
+def _send_quiet_summaries(adapters: Adapters, notifier: OwnerNotifier, ids: list[str], now: datetime) -> list[str]:
+    """One summary per owner of the stopped machines `ids`; returns the ids to try again next sweep."""
+    store = adapters.store
+    retry: list[str] = []
+    for group in quiet_hours_reports(store.load(ids).values()):
+        oldest = min(r.quiet_stop_at or now for r in group)
+        listed = ",".join(f"{r.instance_id}@{(r.quiet_stop_at or now).isoformat()}" for r in group)
+        key = f"quiet-summary#{hashlib.sha256(listed.encode()).hexdigest()[:32]}"
+        if not store.claim_once(key, now):
+            continue  # this summary was sent already (a re-run sweep)
+        try:
+            deliveries = notifier.quiet_summary(group)
+        except PermanentDeliveryFailure as exc:
+            logger.warning("quiet hours summary cannot be delivered", extra={"why": exc.reason})
+            continue
+        except Exception as exc:
+            logger.warning("quiet hours summary failed", extra={"error": str(exc)})
+            deliveries = None
+        if deliveries is None:
+            store.release_claim(key)
+            if now - oldest < QUIET_REPORT_GIVE_UP:
+                retry += [r.instance_id for r in group]
+            else:
+                logger.warning("quiet hours summary given up", extra={"instance_ids": [r.instance_id for r in group]})
+            continue
+        for r, delivery in zip(group, deliveries, strict=True):
+            told = replace(
+                r,
+                version=r.version + 1,
+                quiet_stop_at=None,
+                warning_ref=delivery.ref or r.warning_ref,
+                group_ref=delivery.group_ref,
+                messages=delivery.messages or r.messages,
+                owner_slack_id=delivery.owner_slack_id or r.owner_slack_id,
+            )
+            with contextlib.suppress(*AwsError):
+                if not store.save(told):
+                    logger.warning(
+                        "machine changed while its quiet hours summary was sent", extra={"id": r.instance_id}
+                    )
+    return retry

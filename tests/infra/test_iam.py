@@ -99,9 +99,6 @@ SWEEP_CALLS = [
     call("dynamodb:GetItem", table(HOME)),  # get_lookup (a shard worker: its manifest)
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#policy:/idle-reaper/teams/ml",)}),
     call("secretsmanager:GetSecretValue", secret(HOME)),
-    # The daily count of running instances in regions without a stack (HOME is the first listed region).
-    call("ec2:DescribeRegions", "*"),
-    call("ec2:DescribeInstances", "*", "ap-south-1"),
 ]
 # The daily count of running instances in regions without a stack (HOME is the first listed region).
 COUNT_UNWATCHED = [call("ec2:DescribeRegions", "*"), call("ec2:DescribeInstances", "*", "ap-south-1")]

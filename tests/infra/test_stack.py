@@ -425,7 +425,13 @@ def test_gpu_agent_config_is_the_repo_file_rolled_out_by_tag(template: dict[str,
 
     [document_id] = resources(template, "AWS::SSM::Document")
     steps = template["Resources"][document_id]["Properties"]["Content"]["mainSteps"]
-    assert [s["inputs"]["documentPath"] for s in steps] == ["AWS-ConfigureAWSPackage", "AmazonCloudWatch-ManageAgent"]
+    # Install, configure (fetch-config replaces appended configs), then the activity collector (append-config).
+    assert [s.get("inputs", {}).get("documentPath") for s in steps] == [
+        "AWS-ConfigureAWSPackage",
+        "AmazonCloudWatch-ManageAgent",
+        None,
+    ]
+    assert (steps[2]["action"], steps[2]["name"]) == ("aws:runShellScript", GpuAgentRollout.COLLECTOR_STEP)
     assert steps[0]["inputs"]["documentParameters"] == {"action": "Install", "name": "AmazonCloudWatchAgent"}
     assert steps[1]["inputs"]["documentParameters"]["optionalConfigurationLocation"] == GpuAgentRollout.PARAMETER_NAME
     assertions.has_resource_properties(

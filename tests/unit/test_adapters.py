@@ -271,13 +271,14 @@ def fetch(aws: FakeAws, ids: list[str]):
 
 
 class TestMetrics:
-    @pytest.mark.parametrize("machines", [1, 250, 251, 1000])
-    def test_two_queries_per_machine_packed_500_per_call(self, aws, machines):
+    @pytest.mark.parametrize("machines", [1, 166, 167, 1000])
+    def test_three_queries_per_machine_packed_500_per_call(self, aws, machines):
+        # CPU, GPU and the human-activity collector's minutes since input, in the same calls.
         ids = launch_many(aws, machines, "g5.xlarge", profile=steady(2.0, 90.0))
         reader, signals = fetch(aws, ids)
 
         requests = aws.cloudwatch.requests_of("GetMetricData")
-        assert len(requests) == math.ceil(2 * machines / 500)
+        assert len(requests) == math.ceil(3 * machines / 500)
         assert all(len(r["MetricDataQueries"]) <= 500 for r in requests)
         assert reader.stats.calls == len(requests)
         assert set(signals) == set(ids)
@@ -323,14 +324,14 @@ class TestMetrics:
         assert verdict.signal == "unknown"
 
     def test_a_batch_throttled_after_retries_marks_only_its_machines_incomplete(self, aws):
-        ids = launch_many(aws, 400)  # 800 queries: two calls
+        ids = launch_many(aws, 300)  # 900 queries (CPU, GPU, human activity): two calls
         aws.cloudwatch.inject("GetMetricData", "Throttling", on_calls={2})
         reader, signals = fetch(aws, ids)
 
         first, second = aws.cloudwatch.requests_of("GetMetricData")
         in_second = {q["MetricStat"]["Metric"]["Dimensions"][0]["Value"] for q in second["MetricDataQueries"]}
         in_first = {q["MetricStat"]["Metric"]["Dimensions"][0]["Value"] for q in first["MetricDataQueries"]}
-        assert len(in_second) == 150
+        assert len(in_second) == 134  # the machine whose queries straddle the calls is in both
         assert {i for i in ids if not signals[i].complete} == in_second
         assert all(len(signals[i].cpu) == POINTS for i in in_first - in_second)
         assert reader.stats.failed_calls == 1

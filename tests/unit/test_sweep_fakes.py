@@ -161,7 +161,7 @@ def test_machine_gone_between_discovery_and_stop_is_recorded_without_crashing():
 
 def test_failing_cloudwatch_batch_leaves_its_machines_unknown_and_the_rest_are_acted_on():
     aws = account()
-    boxes = [box(aws) for _ in range(300)]  # 600 queries: two GetMetricData calls
+    boxes = [box(aws) for _ in range(300)]  # 900 queries (CPU, GPU, human activity): two GetMetricData calls
     store = CountingStateStore()
     warned = sweep(aws, store, WARN_SWEEP)
     assert all(d.action is Action.WARN for d in warned.decisions)
@@ -172,7 +172,8 @@ def test_failing_cloudwatch_batch_leaves_its_machines_unknown_and_the_rest_are_a
 
     throttled_request = aws.cloudwatch.requests_of("GetMetricData")[-1]
     lost = {q["MetricStat"]["Metric"]["Dimensions"][0]["Value"] for q in throttled_request["MetricDataQueries"]}
-    assert len(lost) == 50  # 600 queries: 500 in the first call (250 machines), 100 in the second
+    # 900 queries: 500 in the first call, 400 in the second (134 machines, one of them straddling both calls)
+    assert len(lost) == 134
     decisions = by_id(report)
     for i in boxes:
         if i in lost:
@@ -297,7 +298,7 @@ def test_a_team_with_a_24_hour_window_does_not_make_the_whole_fleet_pay_twice_fo
         box(aws, "overnight" if n % 10 == 0 else "ml", steady(1.0, 0.0), "g5.xlarge")
     sweep(aws, CountingStateStore(), NOW)
     requested = aws.cloudwatch.metrics_requested
-    assert requested == 2 * 300, (
-        f"{requested} metrics requested for 300 machines x 2 metrics: NextToken pages re-requested "
-        f"{requested - 600}; GetMetricData calls {aws.cloudwatch.calls['GetMetricData']}"
+    assert requested == 3 * 300, (  # CPU, GPU and the human-activity metric
+        f"{requested} metrics requested for 300 machines x 3 metrics: NextToken pages re-requested "
+        f"{requested - 900}; GetMetricData calls {aws.cloudwatch.calls['GetMetricData']}"
     )

@@ -249,3 +249,21 @@ def test_a_shard_worker_out_of_time_touches_nothing_more_and_the_gather_step_cou
     shard_1 = set(json.loads(store.get_lookup(manifest_key(plan.sweep_id, 1), WARN_SWEEP) or "[]"))
     assert set(idle) & shard_1
     assert {i for i, r in store.records.items() if r.warned_at} == set(idle) & shard_1, "shard 1 went on"
+
+
+def test_an_owners_machines_share_a_shard_so_their_warnings_share_a_message():
+    from dataclasses import replace as with_
+
+    from idle_reaper.sweep import OWNER_UNIT_MAX
+
+    ann = [with_(machine(f"i-ann{i:03d}"), owner="ann@example.com") for i in range(5)]
+    ann[0] = with_(ann[0], owner=" ANN@example.com")  # the same person, as core.owner_message_groups reads it
+    bob = [with_(machine(f"i-bob{i:04d}"), owner="U0BOB") for i in range(OWNER_UNIT_MAX * 2 + 10)]
+    others = [machine(f"i-s{i:04d}") for i in range(300)]
+    manifests = split_into_shards([*ann, *bob, *others], 6)
+
+    homes = {n for n, ids in enumerate(manifests) for i in ids if i.startswith("i-ann")}
+    assert len(homes) == 1, "one owner's machines in one shard"
+    bob_homes = [sum(i.startswith("i-bob") for i in ids) for ids in manifests]
+    assert sum(1 for n in bob_homes if n) >= 2, "an owner with very many machines is split in chunks"
+    assert sorted(i for ids in manifests for i in ids) == sorted(m.instance_id for m in [*ann, *bob, *others])

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from idle_reaper import aws
-from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State
+from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import (
     PolicyError,
@@ -600,6 +600,8 @@ def status_rows(
                 "updated_at": record.updated_at.isoformat() if record.updated_at else None,
                 # Why the current warning was not (or may not have been) delivered; the sweep does not retry it.
                 "delivery_error": record.delivery_error if record.state is State.WARNED else None,
+                # The human-activity signal the last sweep saw, when the team's policy uses it.
+                "human_signal": describe_human_signal(record.human_signal) or None,
             }
         )
     for machine in machines.values():
@@ -620,6 +622,7 @@ def status_rows(
                     "policy": None,
                     "updated_at": None,
                     "delivery_error": None,
+                    "human_signal": None,
                 }
             )
     return sorted(rows, key=lambda r: (r["team"], r["instance_id"]))
@@ -634,7 +637,7 @@ def _when(text: str | None, now: datetime) -> str:
 
 def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
     table = _table(
-        ("INSTANCE", "NAME", "TEAM", "OWNER", "STATE", "IDLE SINCE", "KEPT UNTIL (BY)", "NEXT", "REASON"),
+        ("INSTANCE", "NAME", "TEAM", "OWNER", "STATE", "IDLE SINCE", "KEPT UNTIL (BY)", "NEXT", "PERSON", "REASON"),
         (
             (
                 r["instance_id"],
@@ -647,6 +650,7 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
                 if r["snoozed_until"]
                 else "-",
                 f"{r['next_action']}" + (f" at {_when(r['next_at'], now)}" if r["next_at"] else ""),
+                r["human_signal"] or "-",
                 f"WARNING UNDELIVERABLE: {r['delivery_error']}. {r['reason']}" if r["delivery_error"] else r["reason"],
             )
             for r in rows

@@ -1,0 +1,65 @@
+"""The human-activity signal end to end against moto: the collector's datapoints (put_metric_data, as the
+CloudWatch agent publishes them) read in the sweep's GetMetricData calls, and `idle-reaper status`."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+import pytest
+
+from idle_reaper import aws
+from idle_reaper.core import Action
+from idle_reaper.notify import LoggingNotifier
+from idle_reaper.sweep import Adapters, logger, run_sweep
+from idle_reaper_tools import cli, local
+from idle_reaper_tools.demo import at
+
+pytestmark = pytest.mark.integration
+
+NOW = at(15)
+
+
+def put_minutes(instance_id: str, values: list[tuple[datetime, float]], extra_dimensions: list | None = None) -> None:
+    dims = [{"Name": "InstanceId", "Value": instance_id}, *(extra_dimensions or [])]
+    aws.client("cloudwatch").put_metric_data(
+        Namespace="CWAgent",
+        MetricData=[
+            {"MetricName": "idle_reaper_minutes_since_input", "Dimensions": dims, "Timestamp": t, "Value": v}
+            for t, v in values
+        ],
+    )
+
+
+def test_person_at_one_percent_cpu_is_busy_missing_collector_is_judged_on_cpu(aws, capsys):
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    ids = {name: local.launch(name, "m5.large", team="ml", launch_time=at(8)) for name in ("person", "none", "junk")}
+    for instance_id in ids.values():
+        local.write_metrics(instance_id, lambda _t: (1.0, None), at(12), NOW)
+    recent = [NOW - timedelta(minutes=m) for m in (15, 10)]
+    put_minutes(ids["person"], [(t, 2.0) for t in recent])  # typing at 14:43 and 14:48
+    put_minutes(ids["junk"], [(t, v) for t, v in zip(recent, (-5.0, 99999.0), strict=True)])
+    # A hostile local user on another machine cannot name this one: a series with any other dimension set
+    # (the agent's per-packet series, or a forged tag) is not the InstanceId rollup the sweep reads.
+    put_minutes(ids["none"], [(t, 0.0) for t in recent], [{"Name": "metric_type", "Value": "gauge"}])
+
+    adapters = Adapters.from_environment(notifier=LoggingNotifier(logger, delivers=True))
+    report = run_sweep(adapters, now=NOW)
+    by_name = {d.machine.name: d for d in report.decisions}
+    assert report.metric_calls == 1
+    assert by_name["person"].signal == "busy" and by_name["person"].action is Action.NONE
+    assert "a person was active at 14:48 UTC" in by_name["person"].reason
+    assert by_name["none"].action is Action.WARN and by_name["none"].assessment.human_signal == "missing"
+    assert (
+        by_name["junk"].action is Action.WARN and "ignored 2 unusable human-activity values" in by_name["junk"].reason
+    )
+
+    code = cli.main(["status", "--json", "--now", NOW.isoformat()])
+    rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert code == 0
+    assert rows["person"]["human_signal"] == "person active 14:48 UTC"
+    assert (
+        rows["none"]["human_signal"]
+        == rows["junk"]["human_signal"]
+        == ("no activity collector data (judged on CPU/GPU alone)")
+    )
