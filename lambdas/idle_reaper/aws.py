@@ -779,12 +779,17 @@ class DynamoStateStore:
                 item.update(claim_owner=holder, claim_until=int((now + SWEEP_LEASE).timestamp()))
         else:
             condition += " AND (attribute_not_exists(claim_until) OR claim_until <= :now)"
+        return self._put_if(item, condition, values)
+
+    def _put_if(self, item: dict[str, Any], condition: str, values: dict[str, Any], **names: str) -> bool:
+        """A conditional PutItem: False when the condition does not hold (someone wrote first)."""
         try:
             self.dynamodb.put_item(
                 TableName=self.table,
                 Item=self._wire(item),
                 ConditionExpression=condition,
                 ExpressionAttributeValues=self._wire(values),
+                **({"ExpressionAttributeNames": {f"#{k}": v for k, v in names.items()}} if names else {}),
             )
         except ClientError as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
@@ -851,19 +856,7 @@ class DynamoStateStore:
             condition = "attribute_not_exists(pk) OR expires_at <= :now"
         else:
             condition, values[":expected"] = "#value = :expected AND expires_at > :now", expected
-        try:
-            self.dynamodb.put_item(
-                TableName=self.table,
-                Item=self._wire(item),
-                ConditionExpression=condition,
-                ExpressionAttributeValues=self._wire(values),
-                **({"ExpressionAttributeNames": {"#value": "value"}} if expected is not None else {}),
-            )
-        except ClientError as exc:
-            if error_code(exc) == "ConditionalCheckFailedException":
-                return False
-            raise
-        return True
+        return self._put_if(item, condition, values, **({"value": "value"} if expected is not None else {}))
 
     def claim_once(self, key: str, at: datetime) -> bool:
         # Expires after CLAIM_TTL_DAYS, so something left broken that long is claimed (and alerted) again.
