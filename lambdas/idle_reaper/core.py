@@ -437,7 +437,7 @@ HISTORY_CAP_MINUTES = 10080  # a stretch longer than a week is kept as a week
 _HISTORY_MAX_CHARS = HISTORY_SIZE * len(f"23:{HISTORY_CAP_MINUTES},")
 UNWANTED_WITHIN_MINUTES = 60  # activity this soon after a stop means the stop was unwanted
 LEARN_MIN_STRETCHES = 3  # fewer stretches of a length than this teach nothing about it
-LEARN_SOON_SHARE = 0.25  # wait longer while more than this share of such stretches ended soon
+LEARN_SOON_SHARE = 0.4  # wait longer while more than this share of such stretches ended soon
 LEARN_STEP_MINUTES = 15
 LEARN_HOURS_AROUND = 1  # stretches that began within this many hours of the time of day count as alike
 
@@ -509,13 +509,14 @@ def _alike(hour: int, began: int) -> bool:
 
 
 def learned_wait(history: Sequence[Stretch], policy: TeamPolicy, began: datetime) -> LearnedWait:
-    """Deterministic and explainable. Only past stretches that began at about the same time of day as this
-    one (within LEARN_HOURS_AROUND hours, UTC) count: a lunch break is not a night. Warned at W minutes of
-    quiet, a stretch that then ends before the stop plus UNWANTED_WITHIN_MINUTES was a nudge (or a stop)
-    for nothing. While more than LEARN_SOON_SHARE of the stretches that reached W ended that soon, try
-    W + LEARN_STEP_MINUTES, up to the policy's adaptive_wait_max_minutes; with fewer than
-    LEARN_MIN_STRETCHES reaching W nothing is known and the search stops there. When none ended soon and
-    every one went on for hours, warn at the team's earliest."""
+    """Deterministic and explainable. The evidence: the past stretches that began at about the same time
+    of day as this one (within LEARN_HOURS_AROUND hours, UTC: a lunch break is not a night), or, when
+    fewer than LEARN_MIN_STRETCHES of those reached the warning point, all of the machine's stretches.
+    Warned at W minutes of quiet, a stretch that then ends before the stop plus UNWANTED_WITHIN_MINUTES
+    was a nudge (or a stop) for nothing. While more than LEARN_SOON_SHARE of the stretches that reached W
+    ended that soon, try W + LEARN_STEP_MINUTES, up to the policy's adaptive_wait_max_minutes; with fewer
+    than LEARN_MIN_STRETCHES reaching W nothing is known and the search stops there. When none ended soon
+    and every one went on for hours, warn at the team's earliest."""
     most = policy.adaptive_wait_max_minutes or 0
     if not most or not history:
         return LearnedWait()
@@ -529,8 +530,9 @@ def _learned(
 ) -> LearnedWait:
     """learned_wait in plain values."""
     alike = [m for h, m in history if _alike(h, hour)]
-    if not alike:
-        return LearnedWait()
+    scope = " begun about this time of day"
+    if sum(m >= usual for m in alike) < LEARN_MIN_STRETCHES:
+        alike, scope = [m for _, m in history], ""
     soon_span = warn_minutes + UNWANTED_WITHIN_MINUTES
 
     def tally(point: int) -> tuple[int, int]:
@@ -547,8 +549,8 @@ def _learned(
     if extra:
         return LearnedWait(
             extra,
-            f"waits {extra} more min: {soon} of its last {reached} quiet stretches of {usual} min or more "
-            f"begun about this time of day ended within {soon_span} min",
+            f"waits {extra} more min: {soon} of its last {reached} quiet stretches of {usual} min or more"
+            f"{scope} ended within {soon_span} min",
         )
     hours = usual + 2 * soon_span
     long_ones = [m for m in alike if m >= earliest]
@@ -556,7 +558,7 @@ def _learned(
         return LearnedWait(
             earliest - usual,
             f"warned {usual - earliest} min sooner: its last {len(long_ones)} quiet stretches of {earliest} min "
-            f"or more begun about this time of day all went on for {hours} min or more",
+            f"or more{scope} all went on for {hours} min or more",
         )
     return LearnedWait()
 
