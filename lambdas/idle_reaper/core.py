@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from functools import lru_cache
 from typing import Literal
 from zoneinfo import ZoneInfo
 
@@ -445,13 +446,14 @@ HISTORY_CAP_MINUTES = 10080  # a stretch longer than a week is kept as a week
 _HISTORY_MAX_CHARS = HISTORY_SIZE * len(f"23:{HISTORY_CAP_MINUTES},")
 UNWANTED_WITHIN_MINUTES = 60  # activity this soon after a stop means the stop was unwanted
 LEARN_MIN_STRETCHES = 3  # fewer stretches of a length than this teach nothing about it
-LEARN_SOON_SHARE = 0.25  # wait longer while more than this share of such stretches ended soon
+LEARN_SOON_SHARE = 0.4  # wait longer while more than this share of such stretches ended soon
 LEARN_STEP_MINUTES = 15
 LEARN_HOURS_AROUND = 1  # stretches that began within this many hours of the time of day count as alike
 
 Stretch = tuple[int, int]  # (UTC hour the quiet stretch began, its length in minutes)
 
 
+@lru_cache(maxsize=4096)  # pure, and read on every sweep of every machine (the replay: millions of times)
 def parse_history(text: str) -> tuple[tuple[Stretch, ...], str]:
     """The stretches a record's quiet_history holds ("hour:minutes,..." oldest first), and a note for the
     log when it had to be reset (unreadable, out of range or oversized: a corrupted item must never fail
@@ -516,20 +518,31 @@ def _alike(hour: int, began: int) -> bool:
 
 
 def learned_wait(history: Sequence[Stretch], policy: TeamPolicy, began: datetime) -> LearnedWait:
-    """Deterministic and explainable. Only past stretches that began at about the same time of day as this
-    one (within LEARN_HOURS_AROUND hours, UTC) count: a lunch break is not a night. Warned at W minutes of
-    quiet, a stretch that then ends before the stop plus UNWANTED_WITHIN_MINUTES was a nudge (or a stop)
-    for nothing. While more than LEARN_SOON_SHARE of the stretches that reached W ended that soon, try
-    W + LEARN_STEP_MINUTES, up to the policy's adaptive_wait_max_minutes; with fewer than
-    LEARN_MIN_STRETCHES reaching W nothing is known and the search stops there. When none ended soon and
-    every one went on for hours, warn at the team's earliest."""
+    """Deterministic and explainable. The evidence: the past stretches that began at about the same time
+    of day as this one (within LEARN_HOURS_AROUND hours, UTC: a lunch break is not a night), or, when
+    fewer than LEARN_MIN_STRETCHES of those reached the warning point, all of the machine's stretches.
+    Warned at W minutes of quiet, a stretch that then ends before the stop plus UNWANTED_WITHIN_MINUTES
+    was a nudge (or a stop) for nothing. While more than LEARN_SOON_SHARE of the stretches that reached W
+    ended that soon, try W + LEARN_STEP_MINUTES, up to the policy's adaptive_wait_max_minutes; with fewer
+    than LEARN_MIN_STRETCHES reaching W nothing is known and the search stops there. When none ended soon
+    and every one went on for hours, warn at the team's earliest."""
     most = policy.adaptive_wait_max_minutes or 0
-    hour = began.astimezone(UTC).hour
-    alike = [m for h, m in history if _alike(h, hour)]
-    if not most or not alike:
+    if not most or not history:
         return LearnedWait()
-    usual = _warn_point(policy)
-    soon_span = policy.warn_minutes + UNWANTED_WITHIN_MINUTES
+    hour = began.astimezone(UTC).hour
+    return _learned(tuple(history), hour, _warn_point(policy), policy.warn_minutes, most, earliest_warn_minutes(policy))
+
+
+@lru_cache(maxsize=4096)  # pure in plain values: a machine's sweeps within one stretch share the answer
+def _learned(
+    history: tuple[Stretch, ...], hour: int, usual: int, warn_minutes: int, most: int, earliest: int
+) -> LearnedWait:
+    """learned_wait in plain values."""
+    alike = [m for h, m in history if _alike(h, hour)]
+    scope = " begun about this time of day"
+    if sum(m >= usual for m in alike) < LEARN_MIN_STRETCHES:
+        alike, scope = [m for _, m in history], ""
+    soon_span = warn_minutes + UNWANTED_WITHIN_MINUTES
 
     def tally(point: int) -> tuple[int, int]:
         reached = [m for m in alike if m >= point]
@@ -545,17 +558,16 @@ def learned_wait(history: Sequence[Stretch], policy: TeamPolicy, began: datetime
     if extra:
         return LearnedWait(
             extra,
-            f"waits {extra} more min: {soon} of its last {reached} quiet stretches of {usual} min or more "
-            f"begun about this time of day ended within {soon_span} min",
+            f"waits {extra} more min: {soon} of its last {reached} quiet stretches of {usual} min or more"
+            f"{scope} ended within {soon_span} min",
         )
-    earliest = earliest_warn_minutes(policy)
     hours = usual + 2 * soon_span
     long_ones = [m for m in alike if m >= earliest]
     if earliest < usual and len(long_ones) >= LEARN_MIN_STRETCHES and min(long_ones) >= hours:
         return LearnedWait(
             earliest - usual,
             f"warned {usual - earliest} min sooner: its last {len(long_ones)} quiet stretches of {earliest} min "
-            f"or more begun about this time of day all went on for {hours} min or more",
+            f"or more{scope} all went on for {hours} min or more",
         )
     return LearnedWait()
 
@@ -855,7 +867,7 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stret
         ended = (record.observed_at - record.idle_since).total_seconds() / 60
         base = _with_stretch(base, record.idle_since, ended, earliest_warn_minutes(policy))
         history, _ = parse_history(base.quiet_history)
-    if not warned:
+    if not warned and (base.warned_at or base.warning_delivered_at or base.warning_ref or base.stop_not_before):
         base = replace(base, warned_at=None, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
     learned = learned_wait(history, policy, idle_since) if idle_since else LearnedWait()
     return _Stretch(

@@ -12,6 +12,7 @@ from test_core import NOW, POLICY, REF, machine, run_assess, series
 from idle_reaper.core import (
     HISTORY_CAP_MINUTES,
     HISTORY_SIZE,
+    LearnedWait,
     MachineRecord,
     Signals,
     State,
@@ -63,10 +64,22 @@ def test_stretches_that_usually_ended_soon_make_it_wait_longer_and_say_why() -> 
     assert wait.why.startswith(f"waits {wait.extra_minutes} more min")
 
 
-def test_only_stretches_begun_about_this_time_of_day_count() -> None:
-    # The same short stretches, but they all began at night: nothing is learned for a 14:00 stretch.
+def test_stretches_begun_about_this_time_of_day_win_when_there_are_enough_of_them() -> None:
+    # Short stretches at night, three long ones about 14:00: a 14:00 stretch learns from the long ones.
+    history = [(2, 100)] * 6 + [(14, 600)] * 3
+    assert learned_wait(history, POLICY, BEGAN) == LearnedWait()
+
+
+def test_with_too_few_stretches_about_this_time_of_day_all_of_them_count_and_the_reason_says_so() -> None:
+    # Only two stretches about 14:00 reached the warning point: the machine's whole history is the evidence.
     history = [(2, 100)] * 6 + [(14, 600)] * 2
-    assert learned_wait(history, POLICY, BEGAN).extra_minutes == 0
+    wait = learned_wait(history, POLICY, BEGAN)
+    assert wait.extra_minutes == 45
+    assert wait.why == "waits 45 more min: 6 of its last 8 quiet stretches of 60 min or more ended within 90 min"
+    assert "time of day" not in wait.why
+    # Up to LEARN_SOON_SHARE of the stretches ending soon is a risk worth taking: no wait.
+    assert learned_wait([(2, 100)] * 2 + [(2, 600)] * 3, POLICY, BEGAN) == LearnedWait()  # 2 of 5
+    assert learned_wait([(2, 100)] * 3 + [(2, 600)] * 2, POLICY, BEGAN).extra_minutes > 0  # 3 of 5
 
 
 def test_no_learning_without_evidence_or_when_the_policy_turns_it_off() -> None:

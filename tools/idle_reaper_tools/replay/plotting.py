@@ -121,8 +121,27 @@ def draw_sweep(points: Sequence[SweepPoint], title: str) -> Figure:
     nudges = [100 * (p.summary["warnings_without_stop_share"] or 0.0) for p in shown]
     dots = ax.scatter(xs, ys, c=nudges, cmap="viridis_r", s=60, zorder=3)
     fig.colorbar(dots, ax=ax, label="warnings that led to no stop (%)")
+    # Settings that land on the same dot (e.g. a bound the rule never reaches) share one label.
+    labels: dict[tuple[float, float], list[str]] = {}
     for x, y, p in zip(xs, ys, shown, strict=True):
-        ax.annotate(p.label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7)
+        labels.setdefault((round(x, 2), round(y, 2)), []).append(p.label)
+    # Labels stay inside the axes (to the left of dots in the right half) and step below a close neighbour's.
+    middle = (min(xs) + max(xs)) / 2 if xs else 0.0
+    placed: list[tuple[float, float]] = []
+    y_span = (max(ys) - min(ys)) if ys else 0.0
+    x_span = (max(xs) - min(xs)) if xs else 0.0
+    for (x, y), names in sorted(labels.items(), key=lambda item: -item[0][1]):
+        crowded = any(abs(y - py) < 0.04 * y_span and abs(x - px) < 0.25 * x_span for px, py in placed)
+        right = x > middle
+        ax.annotate(
+            " = ".join(names),
+            (x, y),
+            textcoords="offset points",
+            xytext=(-6 if right else 6, -11 if crowded else 4),
+            ha="right" if right else "left",
+            fontsize=7,
+        )
+        placed.append((x, y))
     ax.set_xlabel("unwanted stops: activity within the hour, % of stops (lower is better)")
     ax.set_ylabel("recovered hours, % of the ideal of the first setting (higher is better)")
     ax.set_title(title)
