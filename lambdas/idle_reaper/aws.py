@@ -513,14 +513,16 @@ class MetricsReader:
         start: datetime,
         end: datetime,
         network: bool = False,
+        human: bool = True,
     ) -> dict[str, Signals]:
         period = metrics.period_seconds
         start = datetime.fromtimestamp(int(start.timestamp()) // period * period, tz=UTC)
         kinds: list[tuple[str, str, str]] = [
             ("cpu", metrics.cpu.namespace, metrics.cpu.name),
             ("gpu", metrics.gpu.namespace, metrics.gpu.name),
-            ("user", HUMAN_METRIC_NAMESPACE, HUMAN_METRIC_NAME),
         ]
+        if human:  # only for policies that read it (human_active_minutes): each query is billed
+            kinds.append(("user", HUMAN_METRIC_NAMESPACE, HUMAN_METRIC_NAME))
         if network:
             kinds += [
                 ("network_in", metrics.network_in.namespace, metrics.network_in.name),
@@ -574,7 +576,7 @@ class MetricsReader:
                 network_in=series.get("network_in", []),
                 network_out=series.get("network_out", []),
                 complete=instance_id not in incomplete,
-                user=series["user"],
+                user=series.get("user", []),
             )
         return result
 

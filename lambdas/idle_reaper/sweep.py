@@ -292,11 +292,12 @@ def _fetch_signals(
     """Pack machines into as few GetMetricData calls as possible. Every window short enough that 500
     queries fit under the datapoint limit shares one range (the longest of them), so the whole fleet
     usually takes ceil(metrics x machines / 500) calls. A longer window gets its own range, and so do
-    teams with a network threshold, so neither makes every other machine fetch more. Exempt machines
-    and teams in safe mode are not fetched at all."""
+    teams with a network threshold, so neither makes every other machine fetch more; the human-activity
+    metric is fetched only for teams whose policy reads it. Exempt machines and teams in safe mode are not
+    fetched at all."""
     period = settings.metrics.period_seconds
     shared_points = DATAPOINTS_PER_CALL // METRIC_QUERIES_PER_CALL
-    groups: dict[tuple[int, bool], list[str]] = defaultdict(list)
+    groups: dict[tuple[int, bool, bool], list[str]] = defaultdict(list)
     short_lookback = 0  # the longest window among those that share a range
     for m in machines:
         policy = team_refs[m.team].policy
@@ -304,15 +305,16 @@ def _fetch_signals(
             continue
         lookback = policy.idle_minutes + policy.max_gap_minutes
         network = policy.network_threshold_bytes_per_second is not None
+        human = bool(policy.human_active_minutes)
         if lookback * 60 // period + 2 > shared_points:
-            groups[(lookback, network)].append(m.instance_id)
+            groups[(lookback, network, human)].append(m.instance_id)
         else:
             short_lookback = max(short_lookback, lookback)
-            groups[(0, network)].append(m.instance_id)
+            groups[(0, network, human)].append(m.instance_id)
     signals: dict[str, Signals] = {}
-    for (lookback, network), ids in groups.items():
+    for (lookback, network, human), ids in groups.items():
         start = now - timedelta(minutes=lookback or short_lookback, seconds=period)
-        signals.update(reader.fetch(ids, settings.metrics, start=start, end=now, network=network))
+        signals.update(reader.fetch(ids, settings.metrics, start=start, end=now, network=network, human=human))
     return signals
 
 

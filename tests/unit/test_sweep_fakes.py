@@ -302,3 +302,12 @@ def test_a_team_with_a_24_hour_window_does_not_make_the_whole_fleet_pay_twice_fo
         f"{requested} metrics requested for 300 machines x 3 metrics: NextToken pages re-requested "
         f"{requested - 900}; GetMetricData calls {aws.cloudwatch.calls['GetMetricData']}"
     )
+
+
+def test_the_person_signal_is_fetched_only_for_teams_whose_policy_reads_it():
+    # Each metric query is billed: a team with human_active_minutes 0 must not pay for the collector's metric.
+    aws = account({"ml": ML, "cpu-only": '{"human_active_minutes": 0}'})
+    for n in range(100):
+        box(aws, "cpu-only" if n % 2 else "ml", steady(1.0, 0.0), "g5.xlarge")
+    sweep(aws, CountingStateStore(), NOW)
+    assert aws.cloudwatch.metrics_requested == 3 * 50 + 2 * 50, "CPU, GPU and person for ml; CPU and GPU alone"
