@@ -21,7 +21,7 @@ from idle_reaper.core import (
 )
 from idle_reaper.policy import TeamPolicy
 from idle_reaper.pricing import hourly_price
-from idle_reaper.slack import SlackNotifier, date_token, machine_label
+from idle_reaper.slack import SlackNotifier, date_token, escape, machine_label
 
 HELP = (
     "*idle-reaper* keeps idle machines from running up the bill.\n"
@@ -144,9 +144,9 @@ class Effects:
 
 
 def status_reply(mine: Iterable[MachineRecord]) -> Reply:
-    """`/idle-reaper status`: the caller's machines, their state and why."""
+    """`/idle-reaper status`: the caller's machines, their state and why (team and reason quote tags: escaped)."""
     lines = [
-        f"• {machine_label(r.name, r.instance_id)} · {r.team} · *{r.state.value}*: {r.reason}"
+        f"• {machine_label(r.name, r.instance_id)} · {escape(r.team)} · *{r.state.value}*: {escape(r.reason)}"
         + (f" · {human}" if (human := describe_human_signal(r.human_signal)) else "")
         for r in sorted(mine, key=lambda r: (r.team, r.name or r.instance_id))
     ]

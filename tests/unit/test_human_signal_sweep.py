@@ -129,3 +129,13 @@ def test_the_slack_status_reply_says_the_signal_is_missing() -> None:
     assert lines[1] == "• dev (i-2) · ml · *active*: busy · person active 12:03 UTC"
     assert lines[2] == "• nb (i-1) · ml · *warned*: quiet · no activity collector data (judged on CPU/GPU alone)"
     assert lines[3] == "• old (i-3) · ml · *active*: busy"  # the policy ignores the signal: nothing said
+
+
+def test_the_slack_status_reply_makes_tag_text_inert() -> None:
+    """Team and reason quote tags a machine's user may set: no mention or link may reach Slack from them."""
+    from idle_reaper.answers import status_reply
+
+    record = MachineRecord("i-1", "<!channel>", State.WARNED, name="<!here>", reason="quiet on <https://x|tag>")
+    (line,) = status_reply([record]).text.splitlines()[1:]
+    assert "<" not in line and ">" not in line
+    assert "&lt;!channel&gt;" in line and "&lt;https://x|tag&gt;" in line
