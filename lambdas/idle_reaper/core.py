@@ -794,10 +794,11 @@ def decide(
     Read it top to bottom: the first rule that applies decides."""
     record = previous or MachineRecord(instance_id=machine.instance_id, team=machine.team)
     seen = _Sweep(machine, ref, assessment, record, _carried_over(record, machine, ref, now), now, dry_run)
-    # An exemption is read before the policy: it holds in safe mode too (quiet hours do not apply to it).
+    # An exemption is read before the policy: it holds in safe mode too. Its "resolved" notice (a warned
+    # machine exempted since) keeps quiet hours like any other message to owners.
     exempt, why = parse_exemption(machine.exempt_tag, now)
     if exempt:
-        return seen.decision(_exempted(seen, why))
+        return seen.decision(_exempted(seen, why), quiet_hours=bool(ref.policy and ref.policy.quiet_hours))
     policy = ref.policy
     if policy is None:
         return seen.decision(_Outcome(Event.POLICY_INVALID, Action.NONE, seen.base, {"error": ref.error}))

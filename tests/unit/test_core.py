@@ -317,6 +317,15 @@ class TestLifecycle:
         d = decide(m, REF, run_assess(m, Signals(cpu=series(1.0))), warned, now=NOW)
         assert (d.state, d.action) == (State.EXEMPT, Action.NONE)
 
+    def test_an_exempted_warning_is_resolved_aloud_except_in_quiet_hours(self):
+        m = machine(exempt_tag="true")
+        warned = warned_record(timedelta(hours=2))
+        loud = decide(m, REF, run_assess(m, Signals(cpu=series(1.0))), warned, now=NOW)
+        quiet_ref = REF.model_copy(update={"policy": POLICY.model_copy(update={"quiet_hours": True})})
+        quiet = decide(m, quiet_ref, run_assess(m, Signals(cpu=series(1.0))), warned, now=NOW)
+        assert loud.notify == "resolved" and quiet.notify is None
+        assert quiet.state is State.EXEMPT and quiet.action is Action.NONE
+
     def test_expired_exemption_no_longer_protects(self):
         exempt, why = parse_exemption("2026-11-20T14:00:00+00:00", NOW)
         assert not exempt and "expired" in why
