@@ -632,7 +632,7 @@ class SlackNotifier:
             )
             group_ref = secrets.token_urlsafe(18)
             self.store.put_lookup(f"group#{group_ref}", listed.to_json(), now + REF_TTL)
-        except (SlackApiError, SlackClientError, OSError) as exc:
+        except (SlackApiError, SlackClientError, OSError, *AwsError) as exc:
             self._failed("warning", part[0].machine.instance_id, exc, "state table")
             return [None] * len(part)
         try:

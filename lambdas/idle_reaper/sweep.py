@@ -5,9 +5,9 @@ moto, or in-memory fakes."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import heapq
 import json
+import random
 import time
 import uuid
 import zlib
@@ -1170,10 +1170,12 @@ def _report_quiet_hours(
 ) -> None:
     """Quiet hours are not lost: the machines this sweep stopped during their team's quiet hours join an
     index in the state table; at the first sweep after a team's quiet hours end, each owner gets ONE
-    summary of what was stopped (core.quiet_hours_reports), with "Start it again" per machine. Sent once: a
-    claim per summary (claim_once), released when the post fails so the next sweep tries again, for at
-    most core.QUIET_REPORT_GIVE_UP. The index is updated conditionally (shards of one sweep and overlapping
-    sweeps update it at once: none loses another's entries). Never fails the sweep."""
+    summary of what was stopped (core.quiet_hours_reports), with "Start it again" per machine. Every shard
+    of a sweep runs this: each stop is claimed once (claim_once per machine and stop), so no stop is told
+    twice; a post that fails releases its claims and the next sweep tries again, for at most
+    core.QUIET_REPORT_GIVE_UP. The index is updated conditionally (shards of one sweep and overlapping
+    sweeps update it at once: none loses another's entries); stops that cannot be added are reported to the
+    admins. Never fails the sweep."""
     notifier, store = adapters.notifier, adapters.store
     if not isinstance(notifier, OwnerNotifier):
         return
@@ -1189,6 +1191,17 @@ def _report_quiet_hours(
 
     try:
         pending = _update_quiet_index(store, now, add_stopped)
+    except Exception as exc:
+        lost = sorted(i for ids in stopped.values() for i in ids)
+        logger.warning("quiet hours index not updated", extra={"error": str(exc), "instance_ids": lost})
+        if lost:
+            text = (
+                f"{len(lost)} machines stopped during quiet hours will not be in their owners' morning summary "
+                f"(the state table refused the update: {exc}): {', '.join(lost[:20])}"
+            )
+            _alert_once(adapters, f"quiet-index#{now.isoformat()}", text, settings, now)
+        return
+    try:
         awake = {t for t in pending if (p := policy_for(t, refs, settings).at(now).policy) and not p.quiet_hours}
         if not awake:
             return
@@ -1205,7 +1218,7 @@ def _report_quiet_hours(
         logger.warning("quiet hours summary failed", extra={"error": str(exc)})
 
 
-QUIET_INDEX_ATTEMPTS = 5
+QUIET_INDEX_ATTEMPTS = 6
 
 
 def _update_quiet_index(
@@ -1213,17 +1226,23 @@ def _update_quiet_index(
 ) -> dict[str, list[str]]:
     """Read, change and write back the quiet-stops index, conditionally on what was read; again when another
     sweep wrote it first. Returns the index as written (or as read, when the change changes nothing)."""
-    for _ in range(QUIET_INDEX_ATTEMPTS):
-        raw = store.get_lookup(QUIET_INDEX, now)
-        before = _quiet_index(raw)
-        after = change({team: list(ids) for team, ids in before.items()})
-        if after == before:
-            return before
-        if store.replace_lookup(
-            QUIET_INDEX, json.dumps(after, sort_keys=True), now + QUIET_INDEX_TTL, expected=raw, now=now
-        ):
-            return after
-    raise RuntimeError(f"the quiet hours index changed under this sweep {QUIET_INDEX_ATTEMPTS} times in a row")
+    failure = "it changed under this sweep every time"
+    for attempt in range(QUIET_INDEX_ATTEMPTS):
+        if attempt:  # shards of one sweep write it at once: back off, jittered, before reading again
+            time.sleep(random.uniform(0, 0.02 * 2**attempt))
+        try:
+            raw = store.get_lookup(QUIET_INDEX, now)
+            before = _quiet_index(raw)
+            after = change({team: list(ids) for team, ids in before.items()})
+            if after == before:
+                return before
+            if store.replace_lookup(
+                QUIET_INDEX, json.dumps(after, sort_keys=True), now + QUIET_INDEX_TTL, expected=raw, now=now
+            ):
+                return after
+        except AwsError as exc:  # a throttle or a transient fault: try again
+            failure = f"{error_code(exc)}: {exc}"
+    raise RuntimeError(f"quiet hours index not written in {QUIET_INDEX_ATTEMPTS} attempts ({failure})")
 
 
 def _quiet_index(raw: str | None) -> dict[str, list[str]]:
@@ -1241,12 +1260,17 @@ def _send_quiet_summaries(adapters: Adapters, notifier: OwnerNotifier, ids: list
     """One summary per owner of the stopped machines `ids`; returns the ids to try again next sweep."""
     store = adapters.store
     retry: list[str] = []
-    for group in quiet_hours_reports(store.load(ids).values()):
-        oldest = min(r.quiet_stop_at or now for r in group)
-        listed = ",".join(f"{r.instance_id}@{(r.quiet_stop_at or now).isoformat()}" for r in group)
-        key = f"quiet-summary#{hashlib.sha256(listed.encode()).hexdigest()[:32]}"
-        if not store.claim_once(key, now):
-            continue  # this summary was sent already (a re-run sweep)
+    for stopped in quiet_hours_reports(store.load(ids).values()):
+        oldest = min(r.quiet_stop_at or now for r in stopped)
+        keys = {r.instance_id: f"quiet-summary#{r.instance_id}@{(r.quiet_stop_at or now).isoformat()}" for r in stopped}
+        group = [r for r in stopped if store.claim_once(keys[r.instance_id], now)]
+        # A stop claimed elsewhere is being told by another shard or sweep (or was): kept in the index until
+        # its record says it was told, in case that post fails.
+        held = [r.instance_id for r in stopped if r not in group]
+        if held and now - oldest < QUIET_REPORT_GIVE_UP:
+            retry += held
+        if not group:
+            continue
         try:
             deliveries = notifier.quiet_summary(group)
         except PermanentDeliveryFailure as exc:
@@ -1256,7 +1280,8 @@ def _send_quiet_summaries(adapters: Adapters, notifier: OwnerNotifier, ids: list
             logger.warning("quiet hours summary failed", extra={"error": str(exc)})
             deliveries = None
         if deliveries is None:
-            store.release_claim(key)
+            for r in group:
+                store.release_claim(keys[r.instance_id])
             if now - oldest < QUIET_REPORT_GIVE_UP:
                 retry += [r.instance_id for r in group]
             else:

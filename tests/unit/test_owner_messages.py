@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 from test_slack_blocks import (
     INJECTION,
     UNICODE_NAME,
+    RecordingClient,
     assert_within_limits,
     decision,
     machine,
@@ -17,6 +19,7 @@ from test_slack_blocks import (
     posted,
     slack_error,
 )
+from test_sweep_fakes import NOW, WARN_SWEEP, account, box, sweep
 
 from idle_reaper.core import owner_message_groups
 from idle_reaper.notify import Delivery, PermanentDeliveryFailure
@@ -27,9 +30,11 @@ from idle_reaper.slack import (
     OWNER_MESSAGE_MACHINES,
     Listed,
     ListedGroup,
+    SlackNotifier,
     blocks_json,
     owner_message_blocks,
 )
+from testkit.fake_aws import CountingStateStore
 
 
 def warning(n: int, owner: str | None = "U0BOB", team: str = "ml", policy: TeamPolicy | None = None, **kw: Any):
@@ -198,3 +203,36 @@ def test_a_state_table_fault_while_editing_a_shared_message_never_raises() -> No
     slack.store.get_lookup = down  # type: ignore[method-assign]
     assert slack.update(record, "Kept", "by bob") is False
     assert not [m for m, _ in client.calls if m == "chat.update"]
+
+
+class GroupWriteFailsOnce(CountingStateStore):
+    """The state table throttles the 2nd shared message's "group#" lookup write (part 2 of 2)."""
+
+    groups = 0
+
+    def put_lookup(self, key, value, expires):
+        if key.startswith("group#"):
+            self.groups += 1
+            if self.groups == 2:
+                raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException"}}, "PutItem")
+        super().put_lookup(key, value, expires)
+
+
+def test_a_part_already_posted_is_recorded_delivered_and_never_posted_again() -> None:
+    """Part 2 of an owner's message fails on the state table: part 1, already posted, counts as delivered."""
+    aws = account()
+    bobs = [box(aws, owner="U0BOB") for _ in range(OWNER_MESSAGE_MACHINES + 2)]
+    store = GroupWriteFailsOnce()
+    client = RecordingClient({})
+    slack = SlackNotifier(client, store, clock=lambda: WARN_SWEEP)  # type: ignore[arg-type]
+    sweep(aws, store, WARN_SWEEP, notifier=slack)
+    first = posted(client)
+    assert len(first) == 1, "part 1 reached the owner"
+    in_part_1 = [i for i in bobs if i in str(first[0]["blocks"])]
+    slack.clock = lambda: NOW
+    sweep(aws, store, NOW, notifier=slack)
+    again = [i for i in in_part_1 if any(i in str(p["blocks"]) for p in posted(client)[1:])]
+    assert again == [], (
+        f"{len(again)} machines warned twice; records say delivered="
+        f"{[store.records[i].warning_delivered_at for i in in_part_1[:2]]}"
+    )
