@@ -959,13 +959,16 @@ class InMemoryStateStore:
         self.lookups[key] = (value, expires)
 
     def get_lookup(self, key: str, now: datetime) -> str | None:
+        return self._live_lookup(key, now)
+
+    def _live_lookup(self, key: str, now: datetime) -> str | None:
+        # Not get_lookup: a subclass that counts calls would count this internal read as a request.
         value, expires = self.lookups.get(key, ("", now))
         return value if expires > now else None
 
     def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
         with self._lock:  # shards swept on threads share this store: check-and-set must be atomic
-            stored, until = self.lookups.get(key, ("", now))
-            if (stored if until > now else None) != expected:
+            if self._live_lookup(key, now) != expected:
                 return False
             self.lookups[key] = (value, expires)
             return True

@@ -1305,6 +1305,11 @@ def describe_human_signal(note: str) -> str:
 # One message per owner
 
 
+def owner_key(owner: str | None) -> str:
+    """The Owner tag as one person: case and surrounding spaces do not make another owner; "" when none."""
+    return (owner or "").strip().lower()
+
+
 def owner_message_groups(decisions: Sequence[Decision]) -> list[list[Decision]]:
     """The warnings due in one sweep, one list per message. An owner's machines whose warnings go to the
     same places (the owner's DM, and the same team channel when the policy posts there) share a message,
@@ -1314,7 +1319,7 @@ def owner_message_groups(decisions: Sequence[Decision]) -> list[list[Decision]]:
     alone: list[list[Decision]] = []
     for d in decisions:
         policy = d.policy.policy if d.policy else None
-        owner = (d.machine.owner or "").strip().lower()
+        owner = owner_key(d.machine.owner)
         if not d.deliver_warning or not owner or policy is None:
             alone.append([d])
             continue
@@ -1337,6 +1342,6 @@ def quiet_hours_reports(records: Iterable[MachineRecord]) -> list[list[MachineRe
     for r in records:
         if r.quiet_stop_at is None or r.state is not State.REAPED or r.last_action not in ("stop", "hibernate"):
             continue
-        owner = r.owner_slack_id or (r.owner or "").strip().lower() or r.instance_id
+        owner = r.owner_slack_id or owner_key(r.owner) or r.instance_id
         owners.setdefault(owner, []).append(r)
     return [sorted(group, key=lambda r: (r.quiet_stop_at or datetime.min, r.instance_id)) for group in owners.values()]

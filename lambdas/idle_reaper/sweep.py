@@ -61,6 +61,7 @@ from idle_reaper.core import (
     decide,
     human_signal_note,
     limit_terminations,
+    owner_key,
     owner_message_groups,
     parse_exemption,
     quiet_hours_reports,
@@ -399,11 +400,10 @@ def _apply(
     to_post = [d for i, d in by_id.items() if i in claimed and not outcomes.get(i)]
     owner_posts: dict[str, Delivery | PermanentDeliveryFailure | None] | None = None
     for d in to_post:
-        if not out_of_time():
-            if owner_posts is None:
-                owner_posts = _post_owner_messages(adapters, [w for w in to_post if w.deliver_warning])
-            told.append(_post(adapters, d, settings, now, owner_posts))
-        elif owner_posts and d.machine.instance_id in owner_posts:  # already in its owner's message
+        in_time = not out_of_time()
+        if in_time and owner_posts is None:
+            owner_posts = _post_owner_messages(adapters, [w for w in to_post if w.deliver_warning])
+        if in_time or (owner_posts and d.machine.instance_id in owner_posts):  # out of time: already posted
             told.append(_post(adapters, d, settings, now, owner_posts))
         elif d.machine.instance_id in outcomes:
             told.append(replace(d, record=replace(d.record, version=d.record.version + 1)))
@@ -724,8 +724,8 @@ def report_unwatched_regions(adapters: Adapters, ec2_in: Callable[[str], Any], h
     stack, keep the count for `status`, tell the admins (weekly per region) when some of them are tagged
     for idle-reaper and so expect a reaper that is not there. Returns the lines for the sweep's summary;
     nothing on the other sweeps of the day. A failed count is tried again by the next sweep."""
-    watched = watched_regions(here)
-    if here != home_region(here) or not adapters.store.claim_once(f"unwatched-regions#{now:%Y-%m-%d}", now):
+    watched, claim = watched_regions(here), f"unwatched-regions#{now:%Y-%m-%d}"
+    if here != home_region(here) or not adapters.store.claim_once(claim, now):
         return []
     try:
         settings, _ = adapters.policies.load_settings()
@@ -733,7 +733,7 @@ def report_unwatched_regions(adapters: Adapters, ec2_in: Callable[[str], Any], h
         save_unwatched(adapters.store, counts, now)
     except (*AwsError, PolicyError) as exc:
         with contextlib.suppress(Exception):
-            adapters.store.release_claim(f"unwatched-regions#{now:%Y-%m-%d}")
+            adapters.store.release_claim(claim)
         return [f"could not count instances in regions without a stack: {exc}"]
     lines = [
         f"{c.region} has no idle-reaper stack: {c.running} running instances, {c.opted_in} tagged for idle-reaper"
@@ -881,7 +881,7 @@ def split_into_shards(machines: Sequence[Machine], shards: int) -> list[list[str
     for m in machines:
         if m.asg_name:
             units[f"asg:{m.asg_name}"].append(m.instance_id)
-        elif owner := (m.owner or "").strip().lower():
+        elif owner := owner_key(m.owner):
             by_owner[owner].append(m.instance_id)
         else:
             units[m.instance_id].append(m.instance_id)
@@ -1266,7 +1266,8 @@ def _send_quiet_summaries(adapters: Adapters, notifier: OwnerNotifier, ids: list
         group = [r for r in stopped if store.claim_once(keys[r.instance_id], now)]
         # A stop claimed elsewhere is being told by another shard or sweep (or was): kept in the index until
         # its record says it was told, in case that post fails.
-        held = [r.instance_id for r in stopped if r not in group]
+        claimed = {r.instance_id for r in group}
+        held = [r.instance_id for r in stopped if r.instance_id not in claimed]
         if held and now - oldest < QUIET_REPORT_GIVE_UP:
             retry += held
         if not group:

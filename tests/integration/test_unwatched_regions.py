@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from test_sweep_faults import adapters, admin_alerts
 
 from idle_reaper import aws as aws_module
 from idle_reaper.policy import TagKeys
@@ -74,21 +75,7 @@ def test_status_shows_the_last_daily_count(aws: object, capsys: pytest.CaptureFi
 
 
 def sweep_adapters() -> Any:
-    from idle_reaper.slack import SlackNotifier, make_client
-    from idle_reaper.sweep import Adapters
-
-    store = aws_module.DynamoStateStore(aws_module.client("dynamodb"), aws_module.table_name())
-    return Adapters(
-        policies=aws_module.PolicyStore(aws_module.client("ssm"), aws_module.ssm_prefix()),
-        fleet=aws_module.Fleet(aws_module.client("ec2"), aws_module.client("autoscaling")),
-        metrics=aws_module.MetricsReader(aws_module.client("cloudwatch")),
-        store=store,
-        notifier=SlackNotifier(make_client("xoxb-test", 5), store),
-    )
-
-
-def admin_alerts(slack: Any) -> list[str]:
-    return [c.params["text"] for c in slack.calls_to("chat.postMessage") if "admin alert" in c.params["text"]]
+    return adapters(aws_module.DynamoStateStore(aws_module.client("dynamodb"), aws_module.table_name()))
 
 
 def test_the_first_listed_region_counts_once_a_day_and_tells_the_admins(

@@ -114,6 +114,15 @@ def load_settings(store: aws.PolicyStore) -> StoredSettings:
     return StoredSettings(settings, param)
 
 
+def _settings_or_default(store: aws.PolicyStore, instead: str) -> Settings:
+    """The stored settings, or the defaults (saying so, and why) when they are invalid: for read-only views."""
+    try:
+        return load_settings(store).settings
+    except PolicyError as exc:
+        _err(f"{exc}; {instead}")
+        return Settings()
+
+
 def _settings_or_fail(store: aws.PolicyStore) -> StoredSettings:
     try:
         return load_settings(store)
@@ -453,11 +462,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     def body() -> int:
         store = _policy_store()
-        try:
-            settings = load_settings(store).settings
-        except PolicyError as exc:
-            _err(f"{exc}; counting machines with the default tag keys")
-            settings = Settings()
+        settings = _settings_or_default(store, "counting machines with the default tag keys")
         params = store.stored_teams()
         fleet = aws.Fleet(aws.client("ec2"), aws.client("autoscaling"))
         counts = Counter(m.team for m in fleet.discover(settings.tags))
@@ -672,11 +677,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     def body() -> int:
         now: datetime = args.now or datetime.now(UTC)
         store = _policy_store()
-        try:
-            settings = load_settings(store).settings
-        except PolicyError as exc:
-            _err(f"{exc}; using default settings to read the fleet")
-            settings = Settings()
+        settings = _settings_or_default(store, "using default settings to read the fleet")
         refs: Mapping[str, TeamPolicyRef] | None
         try:
             refs = store.load_teams(settings)
