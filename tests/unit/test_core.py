@@ -447,7 +447,7 @@ class TestReviewRegressions:
 def test_unauthorized_machine_does_not_block_the_rest_of_its_batch():
     from botocore.exceptions import ClientError
 
-    from idle_reaper.aws import _bisect
+    from idle_reaper.aws.fleet import _bisect
 
     calls = []
 

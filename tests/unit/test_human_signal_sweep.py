@@ -114,7 +114,7 @@ def test_note_and_description_round_trip_and_tolerate_corruption() -> None:
 
 
 def test_the_slack_status_reply_says_the_signal_is_missing() -> None:
-    from idle_reaper.answers import status_reply
+    from idle_reaper.slack.answers import status_reply
 
     reply = status_reply(
         [
@@ -133,7 +133,7 @@ def test_the_slack_status_reply_says_the_signal_is_missing() -> None:
 
 def test_the_slack_status_reply_makes_tag_text_inert() -> None:
     """Team and reason quote tags a machine's user may set: no mention or link may reach Slack from them."""
-    from idle_reaper.answers import status_reply
+    from idle_reaper.slack.answers import status_reply
 
     record = MachineRecord("i-1", "<!channel>", State.WARNED, name="<!here>", reason="quiet on <https://x|tag>")
     (line,) = status_reply([record]).text.splitlines()[1:]

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from slack_sdk.errors import SlackApiError, SlackObjectFormationError
 from slack_sdk.web import SlackResponse
 
-from idle_reaper import slack as slack_module
 from idle_reaper.aws import InMemoryStateStore
 from idle_reaper.core import Action, Assessment, Decision, Machine, MachineRecord, State
 from idle_reaper.notify import Delivery, PermanentDeliveryFailure
@@ -32,6 +31,7 @@ from idle_reaper.slack import (
     status_blocks,
     warning_blocks,
 )
+from idle_reaper.slack import notifier as slack_notifier_module
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
 # EC2's longest Name tag: 256 characters, here CJK, astral emoji, combining accents and ZWJ sequences.
@@ -336,7 +336,7 @@ def test_a_message_that_cannot_be_built_is_permanent(monkeypatch):
     def broken(*_args: Any) -> list[Any]:
         raise SlackObjectFormationError("text attribute cannot exceed 3000 characters")
 
-    monkeypatch.setattr(slack_module, "warning_blocks", broken)
+    monkeypatch.setattr(slack_notifier_module, "warning_blocks", broken)  # where the notifier looks it up
     slack, client = notifier()
     with pytest.raises(PermanentDeliveryFailure, match=r"could not be built .*3000 characters.*a bug in idle-reaper"):
         slack.warn(decision())

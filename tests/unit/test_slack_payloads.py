@@ -9,7 +9,7 @@ import urllib.parse
 
 import pytest
 
-from idle_reaper.payloads import (
+from idle_reaper.slack.requests import (
     ButtonWork,
     Malformed,
     WorkEvent,

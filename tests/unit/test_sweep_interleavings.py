@@ -232,7 +232,7 @@ def test_a_crashed_sweeps_claim_blocks_the_machine_until_its_lease_ends():
 def keep_while_sweeping(world: World, pause_a: str, *, read_before: bool) -> tuple[Any, list[str]]:
     """Sweep A runs to `pause_a`; then the owner's "Keep 2 h" is applied through the real answer code,
     with the record as read before the sweep started (`read_before`) or as it is at that moment."""
-    from idle_reaper.answers import Effects
+    from idle_reaper.slack.answers import Effects
 
     updates: list[str] = []
 
@@ -271,7 +271,7 @@ def test_a_keep_clicked_while_a_sweep_is_stopping_the_machine_is_refused(pause_a
 def test_a_keep_clicked_while_a_sweep_holds_the_machine_waits_for_the_claim(pause_a: str):
     """Even with the record read after the sweep's claim (same version), a person's write never lands over
     a live claim: the sweep's own outcome is recorded, and the person is asked to try again."""
-    from idle_reaper.answers import ANSWERED_ALREADY
+    from idle_reaper.slack.answers import ANSWERED_ALREADY
 
     world = warn()
     reply, updates = keep_while_sweeping(world, pause_a, read_before=False)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from idle_reaper.core import KEEP_HOURS
+from idle_reaper.core.answers import KEEP_HOURS
 
 BUTTON_ACTIONS = frozenset({*KEEP_HOURS, "keep_morning", "keep_other", "stop_now", "start_again", "keep_all"})
 # Slack's own hosts for response_url; SLACK_API_URL's host is allowed too (GovSlack, the local fake).

@@ -18,12 +18,17 @@ from typing import Any
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-from idle_reaper.answers import Effects, Reply, help_reply, status_reply
-from idle_reaper.aws import AwsError, DynamoStateStore, Fleet, PolicyStore, StateStore
-from idle_reaper.core import MachineRecord, keep_until, may_answer, parse_duration
-from idle_reaper.payloads import ButtonWork, CommandWork, chosen_action
+from idle_reaper.aws.clients import AwsError
+from idle_reaper.aws.fleet import Fleet
+from idle_reaper.aws.policies import PolicyStore
+from idle_reaper.aws.state import DynamoStateStore, StateStore
+from idle_reaper.core.answers import keep_until, may_answer, parse_duration
+from idle_reaper.core.records import MachineRecord
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy, parse_team_policy
-from idle_reaper.slack import SlackNotifier, machine_label
+from idle_reaper.slack.answers import Effects, Reply, help_reply, status_reply
+from idle_reaper.slack.blocks import machine_label
+from idle_reaper.slack.notifier import SlackNotifier
+from idle_reaper.slack.requests import ButtonWork, CommandWork, chosen_action
 
 NOT_CURRENT = "This message is no longer current (it was answered already, or replaced); nothing changed."
 

@@ -9,19 +9,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from idle_reaper.aws import Fleet, StateStore
-from idle_reaper.core import (
-    Action,
-    MachineRecord,
-    State,
-    describe_human_signal,
-    snooze,
-    started_by_person,
-    stopped_by_person,
-)
+from idle_reaper.aws.fleet import Fleet
+from idle_reaper.aws.state import StateStore
+from idle_reaper.core.answers import snooze, started_by_person, stopped_by_person
+from idle_reaper.core.records import Action, MachineRecord, State
+from idle_reaper.core.signals import describe_human_signal
 from idle_reaper.policy import TeamPolicy
 from idle_reaper.pricing import hourly_price
-from idle_reaper.slack import SlackNotifier, date_token, escape, machine_label
+from idle_reaper.slack.blocks import date_token, escape, machine_label
+from idle_reaper.slack.notifier import SlackNotifier
 
 HELP = (
     "*idle-reaper* keeps idle machines from running up the bill.\n"
