@@ -14,7 +14,7 @@ CHAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
 def references() -> tuple[set[str], set[str]]:
-    """Backticked code chains (`sweep._apply`, `Fleet.stop`) and paths (`lambdas/idle_reaper/core.py`),
+    """Backticked code chains (`sweep.apply_decisions`, `Fleet.stop`) and paths (`lambdas/idle_reaper/core.py`),
     also the `participant X as a.b` names of the diagrams."""
     text = DOC.read_text()
     tokens = set(re.findall(r"`([^`\s]+)`", text))

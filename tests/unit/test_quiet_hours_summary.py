@@ -121,7 +121,7 @@ def test_replace_lookup_writes_only_over_what_was_read() -> None:
 
 class FlakyWhileOtherShardRuns(LoggingNotifier):
     """Shard A's summary post: while it is in flight shard B (same sweep, another shard) runs its
-    _report_quiet_hours; then A's post fails transiently (None: 'try again later')."""
+    report_quiet_hours; then A's post fails transiently (None: 'try again later')."""
 
     def __init__(self, other):
         super().__init__(logger, delivers=True)

@@ -57,11 +57,11 @@ def error_code(exc: Exception) -> str:
 AwsError = (ClientError, BotoCoreError)
 
 
-def _wall_clock() -> datetime:
+def wall_clock() -> datetime:
     return datetime.now(UTC)
 
 
-def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from idle_reaper.aws.clients import CALL_WIDE_ERRORS, AwsError, _chunks, error_code, run_concurrently
+from idle_reaper.aws.clients import CALL_WIDE_ERRORS, AwsError, chunks, error_code, run_concurrently
 from idle_reaper.core.reports import GroupCapacity
 from idle_reaper.core.signals import Machine
 from idle_reaper.policy import (
@@ -60,7 +60,7 @@ class Fleet:
 
         machines: list[Machine] = []
         asg_tagged: dict[str, str] = {}
-        batches = list(_chunks(sorted(set(instance_ids)), FILTER_VALUES))
+        batches = list(chunks(sorted(set(instance_ids)), FILTER_VALUES))
         for found, tagged in run_concurrently(describe, batches, ACTION_WORKERS):
             machines += found
             asg_tagged.update(tagged)
@@ -137,14 +137,14 @@ class Fleet:
             return found
 
         membership: dict[str, tuple[str, bool]] = {}
-        batches = list(_chunks(sorted(set(asg_tagged.values())), ASG_GROUPS_PER_CALL))
+        batches = list(chunks(sorted(set(asg_tagged.values())), ASG_GROUPS_PER_CALL))
         for found in run_concurrently(describe, batches, ACTION_WORKERS):
             membership.update(found)
         return membership
 
     def group_capacity(self, names: Iterable[str]) -> dict[str, GroupCapacity]:
         result: dict[str, GroupCapacity] = {}
-        for batch in _chunks(sorted(set(names)), ASG_GROUPS_PER_CALL):
+        for batch in chunks(sorted(set(names)), ASG_GROUPS_PER_CALL):
             for page in self.autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
                 AutoScalingGroupNames=list(batch)
             ):
@@ -202,7 +202,7 @@ class Fleet:
 def _batched(ids: Sequence[str], size: int, call: Callable[[Sequence[str]], None]) -> list[ActionOutcome]:
     """Batches of `size` run concurrently; each bisects on failure on its own."""
     outcomes: list[ActionOutcome] = []
-    for done in run_concurrently(lambda batch: _bisect(batch, call), list(_chunks(ids, size)), ACTION_WORKERS):
+    for done in run_concurrently(lambda batch: _bisect(batch, call), list(chunks(ids, size)), ACTION_WORKERS):
         outcomes += done
     return outcomes
 

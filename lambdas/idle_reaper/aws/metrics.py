@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from idle_reaper.aws.clients import AwsError, _chunks, run_concurrently
+from idle_reaper.aws.clients import AwsError, chunks, run_concurrently
 from idle_reaper.core.signals import Point, Signals
 from idle_reaper.policy import (
     MetricSettings,
@@ -123,7 +123,7 @@ class MetricsReader:
                 incomplete.update(owner[q["Id"]][0] for q in batch)
                 self._count(failed_calls=1)
 
-        run_concurrently(read, list(_chunks(queries, per_call)), self.workers)
+        run_concurrently(read, list(chunks(queries, per_call)), self.workers)
         result: dict[str, Signals] = {}
         for instance_id in instance_ids:
             series = {kind: sorted(points.get((instance_id, kind), [])) for kind, _, _ in kinds}

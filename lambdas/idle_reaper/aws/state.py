@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
 
-from idle_reaper.aws.clients import DDB_WORKERS, AwsError, _chunks, _wall_clock, error_code, run_concurrently
+from idle_reaper.aws.clients import DDB_WORKERS, AwsError, chunks, error_code, run_concurrently, wall_clock
 from idle_reaper.core.records import MachineRecord, State
 
 DDB_BATCH_GET = 100
@@ -149,7 +149,7 @@ class DynamoStateStore:
         self.dynamodb = dynamodb
         self.table = table
         # Wall time, not the sweep's (possibly simulated) clock: leases and TTLs are about real processes.
-        self.clock = clock or _wall_clock
+        self.clock = clock or wall_clock
         self._ser = TypeSerializer()
         self._de = TypeDeserializer()
 
@@ -169,7 +169,7 @@ class DynamoStateStore:
                 request = out.get("UnprocessedKeys") or {}
             return found
 
-        batches = list(_chunks(sorted(set(instance_ids)), DDB_BATCH_GET))
+        batches = list(chunks(sorted(set(instance_ids)), DDB_BATCH_GET))
         return {r.instance_id: r for found in run_concurrently(get, batches, DDB_WORKERS) for r in found}
 
     def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
@@ -316,7 +316,7 @@ class InMemoryStateStore:
         self.claims: dict[str, datetime] = {}
         self.leases: dict[str, tuple[str, datetime]] = {}  # instance id -> (sweep holding it, until)
         self.expires: dict[str, datetime] = {}  # instance id -> when its record's TTL ends
-        self.clock = clock or _wall_clock
+        self.clock = clock or wall_clock
         self._lock = threading.RLock()  # a sweep saves from several threads; check-and-set must be atomic
 
     def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from idle_reaper.core.lifecycle import TRANSITIONS, Event, allowed
-from idle_reaper.core.records import Action, MachineRecord, _with_stretch
+from idle_reaper.core.records import Action, MachineRecord, with_stretch
 from idle_reaper.policy import TeamPolicy
 
 # ---------------------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def started_by_person(record: MachineRecord, user: str, now: datetime) -> Machin
     the stop ended goes into the machine's history: it lasted until now."""
     start_again = TRANSITIONS[Event.START_AGAIN]
     if record.idle_since is not None:
-        record = _with_stretch(record, record.idle_since, (now - record.idle_since).total_seconds() / 60, 0)
+        record = with_stretch(record, record.idle_since, (now - record.idle_since).total_seconds() / 60, 0)
     return replace(
         record,
         version=record.version + 1,

@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
-from idle_reaper.core.records import Action, MachineRecord, State, _with_stretch, parse_history
+from idle_reaper.core.records import Action, MachineRecord, State, parse_history, with_stretch
 from idle_reaper.core.signals import Assessment, Machine, Signal, parse_exemption
-from idle_reaper.core.waiting import LearnedWait, _warn_point, earliest_warn_minutes, learned_wait
+from idle_reaper.core.waiting import LearnedWait, earliest_warn_minutes, learned_wait, warn_point
 from idle_reaper.policy import TeamPolicy, TeamPolicyRef
 
 
@@ -309,14 +309,14 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stret
         # The last stretch ended in activity seen by watching sweeps: it lasted until the last sweep that
         # saw it quiet.
         ended = (record.observed_at - record.idle_since).total_seconds() / 60
-        base = _with_stretch(base, record.idle_since, ended, earliest_warn_minutes(policy))
+        base = with_stretch(base, record.idle_since, ended, earliest_warn_minutes(policy))
         history, _ = parse_history(base.quiet_history)
     if not warned and (base.warned_at or base.warning_delivered_at or base.warning_ref or base.stop_not_before):
         base = replace(base, warned_at=None, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
     learned = learned_wait(history, policy, idle_since) if idle_since else LearnedWait()
     return _Stretch(
         quiet=assessment.quiet_minutes(now),
-        warn_at=_warn_point(policy) + learned.extra_minutes,
+        warn_at=warn_point(policy) + learned.extra_minutes,
         warned=warned,
         resolved="resolved" if seen.was_warned and not warned else None,
         record=base,

@@ -129,7 +129,7 @@ def format_history(stretches: Iterable[Stretch]) -> str:
     return ",".join(f"{hour}:{m}" for hour, m in kept)
 
 
-def _with_stretch(record: MachineRecord, began: datetime, minutes: float, shortest: int) -> MachineRecord:
+def with_stretch(record: MachineRecord, began: datetime, minutes: float, shortest: int) -> MachineRecord:
     """The record with one more ended quiet stretch; ones too short to ever be warned teach nothing."""
     if minutes < shortest:
         return record

@@ -25,13 +25,13 @@ class LearnedWait:
     why: str = ""
 
 
-def _warn_point(policy: TeamPolicy) -> int:
+def warn_point(policy: TeamPolicy) -> int:
     return policy.idle_minutes - policy.warn_minutes
 
 
 def earliest_warn_minutes(policy: TeamPolicy) -> int:
     """The team's minimum: the learned wait never warns before this much quiet."""
-    usual = _warn_point(policy)
+    usual = warn_point(policy)
     earliest = policy.adaptive_earliest_warn_minutes
     return usual if earliest is None else min(usual, earliest)
 
@@ -54,7 +54,7 @@ def learned_wait(history: Sequence[Stretch], policy: TeamPolicy, began: datetime
     if not most or not history:
         return LearnedWait()
     hour = began.astimezone(UTC).hour
-    return _learned(tuple(history), hour, _warn_point(policy), policy.warn_minutes, most, earliest_warn_minutes(policy))
+    return _learned(tuple(history), hour, warn_point(policy), policy.warn_minutes, most, earliest_warn_minutes(policy))
 
 
 @lru_cache(maxsize=4096)  # pure in plain values: a machine's sweeps within one stretch share the answer

@@ -30,7 +30,7 @@ from idle_reaper.core.records import Action, MachineRecord
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.policy import TeamPolicy
 
-_PAST = {Action.STOP: "stopped", Action.HIBERNATE: "hibernated"}
+PAST_TENSE = {Action.STOP: "stopped", Action.HIBERNATE: "hibernated"}
 
 
 def date_token(when: datetime, fmt: str = "{time} on {date_short_pretty}") -> str:
@@ -39,7 +39,7 @@ def date_token(when: datetime, fmt: str = "{time} on {date_short_pretty}") -> st
     return f"<!date^{ts}^{fmt}|{when.astimezone(UTC):%Y-%m-%d %H:%M} UTC>"
 
 
-def _money(value: float | None) -> str:
+def money(value: float | None) -> str:
     return f"${value:,.2f}" if value is not None else "unknown"
 
 
@@ -191,7 +191,7 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
             fields=[
                 _field("Instance", f"`{m.instance_id}` · {escape(m.instance_type)}"),
                 _field("Team", escape(m.team)),
-                _field("Cost", f"{_money(decision.hourly_cost)} per hour"),
+                _field("Cost", f"{money(decision.hourly_cost)} per hour"),
                 _field("Idle for", f"{idle_minutes:.0f} min"),
             ],
         ),
@@ -300,7 +300,7 @@ class ListedGroup:
 
     @classmethod
     def from_json(cls, raw: str | None) -> ListedGroup | None:
-        data = _json_object(raw)
+        data = json_object(raw)
         if data is None:
             return None
         ids, refs, lines = data.get("ids"), data.get("refs"), data.get("lines")
@@ -329,7 +329,7 @@ class ListedGroup:
         return out
 
 
-def _json_object(raw: str | None) -> dict[str, Any] | None:
+def json_object(raw: str | None) -> dict[str, Any] | None:
     try:
         data = json.loads(raw) if raw else None
     except ValueError:
@@ -395,7 +395,7 @@ def quiet_stop_line(record: MachineRecord) -> str:
     """A machine's line in the quiet hours summary: which, when it was stopped, and why."""
     name = f"*{escape(fit(record.name, NAME_CHARS))}* · " if record.name else ""
     what = (
-        _PAST.get(Action(record.last_action or "stop"), "stopped")
+        PAST_TENSE.get(Action(record.last_action or "stop"), "stopped")
         if record.last_action in ("stop", "hibernate")
         else "stopped"
     )

@@ -30,18 +30,18 @@ from idle_reaper.core.signals import Machine
 from idle_reaper.notify import Delivery, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.slack.blocks import (
-    _PAST,
     FALLBACK_CHARS,
     HEADER_CHARS,
     OWNER_MESSAGE_MACHINES,
+    PAST_TENSE,
     ListedGroup,
-    _json_object,
-    _money,
     blocks_json,
     date_token,
     escape,
     fit,
+    json_object,
     machine_label,
+    money,
     owner_message_blocks,
     owner_warning_line,
     quiet_stop_line,
@@ -323,8 +323,8 @@ class SlackNotifier:
         if decision.action in (Action.STOP, Action.HIBERNATE):
             ref = self.new_ref(m.instance_id, now)
             detail = (
-                f"{machine_label(m.name, m.instance_id)} was {_PAST[decision.action]} at {date_token(now)}"
-                + f"; it saves ~{_money(decision.hourly_cost)} per hour while stopped. {reason}"
+                f"{machine_label(m.name, m.instance_id)} was {PAST_TENSE[decision.action]} at {date_token(now)}"
+                + f"; it saves ~{money(decision.hourly_cost)} per hour while stopped. {reason}"
             )
             self.update(record, "Stopped", detail, ref=ref, start_button=True)
             return Delivery(ref=ref)
@@ -498,7 +498,7 @@ class SlackNotifier:
         notes: dict[str, tuple[str, str | None]] = {}
         for instance_id in listed.ids:
             raw = self.store.get_lookup(f"groupline#{group_ref}#{instance_id}", now)
-            note = _json_object(raw)
+            note = json_object(raw)
             if note and isinstance(note.get("text"), str):
                 start = note.get("start")
                 notes[instance_id] = (note["text"], start if isinstance(start, str) else None)

@@ -85,7 +85,7 @@ class Adapters:
         )
 
 
-def _alert_invalid_policies(adapters: Adapters, refs: list[TeamPolicyRef], settings: Settings, now: datetime) -> None:
+def alert_invalid_policies(adapters: Adapters, refs: list[TeamPolicyRef], settings: Settings, now: datetime) -> None:
     """Tell the admins about an invalid stored team policy once per bad parameter version, not every sweep."""
     for ref in refs:
         if ref.policy is not None or ref.version is None:
@@ -94,10 +94,10 @@ def _alert_invalid_policies(adapters: Adapters, refs: list[TeamPolicyRef], setti
             f"team {ref.team} is in safe mode (nothing is stopped or unprotected) because its policy is invalid: "
             f"{ref.error}. Fix it with `idle-reaper policy validate` and `idle-reaper policy put {ref.team} FILE`."
         )
-        _alert_once(adapters, f"policy-alert#{ref.source}@v{ref.version}", text, settings, now)
+        alert_once(adapters, f"policy-alert#{ref.source}@v{ref.version}", text, settings, now)
 
 
-def _alert_once(adapters: Adapters, key: str, text: str, settings: Settings, now: datetime) -> None:
+def alert_once(adapters: Adapters, key: str, text: str, settings: Settings, now: datetime) -> None:
     """Tell the admins once per `key`: a conditional write lets only the first sweep that sees it alert.
     An alert nobody received is released, so the next sweep tries again."""
     try:
@@ -117,7 +117,7 @@ def _alert_once(adapters: Adapters, key: str, text: str, settings: Settings, now
 DEFERRED = "deferred: this sweep ran short of time before reaching it; nothing done, the next sweep takes it"
 
 
-def _load_settings(adapters: Adapters) -> tuple[Settings, int | None]:
+def load_sweep_settings(adapters: Adapters) -> tuple[Settings, int | None]:
     try:
         return adapters.policies.load_settings()
     except PolicyError as exc:

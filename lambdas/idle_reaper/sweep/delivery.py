@@ -21,10 +21,10 @@ from idle_reaper.core.reports import (
 from idle_reaper.notify import Delivery, OwnerNotifier, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings
-from idle_reaper.sweep.adapters import DEFERRED, Adapters, _alert_once
+from idle_reaper.sweep.adapters import DEFERRED, Adapters, alert_once
 
 
-def _apply(
+def apply_decisions(
     adapters: Adapters,
     decisions: list[Decision],
     previous: Mapping[str, MachineRecord],
@@ -125,7 +125,7 @@ def _apply(
         if instance_id in written and d.record.delivery_error and d.record.warned_at:
             _alert_undeliverable(adapters, d, settings, now)
         if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
-            audits.append(AuditEntry(instance_id, now, _explain(d)))
+            audits.append(AuditEntry(instance_id, now, explain(d)))
     _audit(store, audits)
     return list(by_id.values()), written
 
@@ -276,7 +276,7 @@ def _alert_undeliverable(adapters: Adapters, d: Decision, settings: Settings, no
         f"was not delivered and is not retried: {record.delivery_error}.{held} "
         "Fix the cause (the Owner tag, the team's slack_channel, the bot's membership); `idle-reaper status` shows it."
     )
-    _alert_once(adapters, f"undeliverable#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
+    alert_once(adapters, f"undeliverable#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
 
 
 def _alert_partly_delivered(
@@ -290,7 +290,7 @@ def _alert_partly_delivered(
         f"the idle warning for {m.name or m.instance_id} ({m.instance_id}, team {m.team}) was delivered, "
         f"but not to every target: {'; '.join(undelivered)}"
     )
-    _alert_once(adapters, f"partly-undelivered#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
+    alert_once(adapters, f"partly-undelivered#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
 
 
 def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, now: datetime) -> Decision:
@@ -378,7 +378,7 @@ def _record_outcome(store: StateStore, d: Decision, sweep_id: str) -> Decision:
     return d
 
 
-def _explain(d: Decision) -> dict[str, Any]:
+def explain(d: Decision) -> dict[str, Any]:
     a = d.assessment
     return {
         "instance_id": d.machine.instance_id,

@@ -27,7 +27,7 @@ from idle_reaper.core.reports import (
 )
 from idle_reaper.core.signals import Machine
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
-from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, _load_settings
+from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, load_sweep_settings
 from idle_reaper.sweep.run import run_sweep
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def plan_sweep(
         raise ValueError("shard_size must be at least 1")
     sweep_id = sweep_id or uuid.uuid4().hex
     now = now.astimezone(UTC)
-    settings, _ = _load_settings(adapters)
+    settings, _ = load_sweep_settings(adapters)
     try:
         machines = adapters.fleet.discover(settings.tags)
     except AwsError as exc:

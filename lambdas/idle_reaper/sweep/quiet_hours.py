@@ -23,13 +23,13 @@ from idle_reaper.core.reports import (
 from idle_reaper.notify import OwnerNotifier, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings, TeamPolicyRef
-from idle_reaper.sweep.adapters import Adapters, _alert_once
+from idle_reaper.sweep.adapters import Adapters, alert_once
 
 QUIET_INDEX = "quiet-stops"  # lookup: JSON {team: [instance ids stopped during quiet hours, not yet reported]}
 QUIET_INDEX_TTL = timedelta(days=7)
 
 
-def _report_quiet_hours(
+def report_quiet_hours(
     adapters: Adapters, decisions: list[Decision], refs: Mapping[str, TeamPolicyRef], settings: Settings, now: datetime
 ) -> None:
     """Quiet hours are not lost: the machines this sweep stopped during their team's quiet hours join an
@@ -63,7 +63,7 @@ def _report_quiet_hours(
                 f"{len(lost)} machines stopped during quiet hours will not be in their owners' morning summary "
                 f"(the state table refused the update: {exc}): {', '.join(lost[:20])}"
             )
-            _alert_once(adapters, f"quiet-index#{now.isoformat()}", text, settings, now)
+            alert_once(adapters, f"quiet-index#{now.isoformat()}", text, settings, now)
         return
     try:
         awake = {t for t in pending if (p := policy_for(t, refs, settings).at(now).policy) and not p.quiet_hours}

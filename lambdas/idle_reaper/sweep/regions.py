@@ -11,7 +11,7 @@ from idle_reaper.aws.clients import AwsError
 from idle_reaper.aws.regions import count_unwatched, home_region, save_unwatched, watched_regions
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import PolicyError
-from idle_reaper.sweep.adapters import Adapters, _alert_once
+from idle_reaper.sweep.adapters import Adapters, alert_once
 
 
 def report_unwatched_regions(adapters: Adapters, ec2_in: Callable[[str], Any], here: str, now: datetime) -> list[str]:
@@ -41,5 +41,5 @@ def report_unwatched_regions(adapters: Adapters, ec2_in: Callable[[str], Any], h
                 f"{c.opted_in} running instances in {c.region} are tagged for idle-reaper, but no idle-reaper stack "
                 f"watches {c.region}: they are never looked at. Add the region to the app's `regions` and deploy."
             )
-            _alert_once(adapters, f"unwatched#{c.region}#{week}", text, settings, now)
+            alert_once(adapters, f"unwatched#{c.region}#{week}", text, settings, now)
     return lines

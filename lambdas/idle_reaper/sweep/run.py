@@ -28,9 +28,15 @@ from idle_reaper.core.signals import Machine, Signals, assess, human_signal_note
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
-from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, _alert_invalid_policies, _load_settings
-from idle_reaper.sweep.delivery import _apply, _explain
-from idle_reaper.sweep.quiet_hours import _report_quiet_hours
+from idle_reaper.sweep.adapters import (
+    Adapters,
+    SweepCannotRun,
+    SweepReport,
+    alert_invalid_policies,
+    load_sweep_settings,
+)
+from idle_reaper.sweep.delivery import apply_decisions, explain
+from idle_reaper.sweep.quiet_hours import report_quiet_hours
 
 
 def run_sweep(
@@ -54,7 +60,7 @@ def run_sweep(
     started = time.perf_counter()
     sweep_id = sweep_id or uuid.uuid4().hex
     now = now.astimezone(UTC)  # CloudWatch speaks UTC, and so do reasons and records
-    settings, settings_version = _load_settings(adapters)
+    settings, settings_version = load_sweep_settings(adapters)
     dry_run = dry_run or settings.dry_run
     warnings: list[str] = []
 
@@ -65,7 +71,7 @@ def run_sweep(
         refs, teams_readable = {}, False
         warnings.append(f"cannot read team policies ({error_code(exc)}); every team is in safe mode")
     if not dry_run:
-        _alert_invalid_policies(adapters, list(refs.values()), settings, now)
+        alert_invalid_policies(adapters, list(refs.values()), settings, now)
     refs.update(policy_overrides or {})
     for ref in refs.values():
         if ref.policy is None:
@@ -127,8 +133,8 @@ def run_sweep(
 
     written: set[str] = set()
     if not dry_run:
-        decisions, written = _apply(adapters, decisions, records, settings, sweep_id, now, time_left)
-        _report_quiet_hours(adapters, decisions, refs, settings, now)
+        decisions, written = apply_decisions(adapters, decisions, records, settings, sweep_id, now, time_left)
+        report_quiet_hours(adapters, decisions, refs, settings, now)
     # One log line per machine something happened to (an action, an error, a lifecycle change); the others'
     # explanation is their record (`idle-reaper status`), refreshed at least hourly. A dry run logs all.
     unchanged = 0
@@ -189,17 +195,17 @@ def _fetch_signals(
 
 
 def _log_decision(d: Decision, dry_run: bool) -> None:
-    logger.info("decision", extra={**_explain(d), "dry_run": dry_run})
+    logger.info("decision", extra={**explain(d), "dry_run": dry_run})
 
 
 def decision_row(d: Decision) -> dict[str, Any]:
     """The stable per-machine JSON of `idle-reaper sweep --json`."""
-    return _explain(d)
+    return explain(d)
 
 
 def _with_status_notes(d: Decision, signals: Signals | None, now: datetime) -> Decision:
     """Keep on the record what the human-activity signal said, so `status` can show it without CloudWatch,
-    and mark a stop made during quiet hours, so its owner hears of it when they end (_report_quiet_hours)."""
+    and mark a stop made during quiet hours, so its owner hears of it when they end (report_quiet_hours)."""
     record = replace(d.record, human_signal=human_signal_note(d.assessment, signals, now))
     policy = d.policy.policy if d.policy else None
     if policy is not None and policy.quiet_hours and d.applied and d.action in (Action.STOP, Action.HIBERNATE):
