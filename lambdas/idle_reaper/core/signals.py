@@ -172,6 +172,55 @@ def last_human_input(points: Sequence[Point], now: datetime) -> tuple[datetime |
     return latest, bad
 
 
+def _tracks(
+    machine: Machine,
+    signals: Signals,
+    policy: TeamPolicy,
+    period: timedelta,
+    gpu_families: Iterable[str],
+    notes: list[str],
+) -> list[_Track] | Assessment:
+    """The series a machine is judged on (CPU, GPU, network), or at once "unknown" for a GPU machine
+    without GPU metrics when the policy never treats such a machine as idle."""
+    tracks = [_Track("CPU", policy.cpu_threshold_percent, sorted(signals.cpu))]
+    if signals.gpu:
+        tracks.append(_Track("GPU", policy.gpu_threshold_percent, sorted(signals.gpu)))
+    elif is_gpu_type(machine.instance_type, gpu_families):
+        if policy.missing_gpu_metrics == "busy":
+            return Assessment(
+                "unknown",
+                f"GPU instance {machine.instance_type} reports no GPU metrics; "
+                "policy missing_gpu_metrics=busy never treats it as idle",
+                uses_gpu=True,
+            )
+        notes.append("no GPU metrics, judged on CPU alone (missing_gpu_metrics=cpu_only)")
+    if policy.network_threshold_bytes_per_second is not None:
+        network = sorted(_combine_network(signals.network_in, signals.network_out, period))
+        tracks.append(_Track("network", policy.network_threshold_bytes_per_second, network, "B/s"))
+    return tracks
+
+
+HumanSignal = Literal["active", "quiet", "missing", "off"]
+
+
+def _human_activity(
+    user: Sequence[Point], policy: TeamPolicy, now: datetime, window_start: datetime, notes: list[str]
+) -> tuple[HumanSignal, datetime | None, datetime | None]:
+    """A person at the keyboard is active from their last input for human_active_minutes, like a busy
+    bucket: (the signal, the last input, the end of the newest human activity)."""
+    if not policy.human_active_minutes:
+        return "off", None, None
+    last_input, bad = last_human_input(user, now)
+    if bad:
+        notes.append(f"ignored {bad} unusable human-activity value{'s' if bad > 1 else ''}")
+    if len(user) == bad:  # said on the Assessment (status shows it), not in every reason
+        return "missing", None, None
+    if last_input is None:
+        return "quiet", None, None
+    human_until = min(now, last_input + timedelta(minutes=policy.human_active_minutes))
+    return ("active" if human_until > window_start else "quiet"), last_input, human_until
+
+
 def assess(
     machine: Machine,
     signals: Signals,
@@ -191,47 +240,19 @@ def assess(
     if not signals.complete:
         return Assessment("unknown", "CloudWatch did not return complete metrics for this machine")
 
-    tracks = [_Track("CPU", policy.cpu_threshold_percent, sorted(signals.cpu))]
     notes: list[str] = []
-    gpu_type = is_gpu_type(machine.instance_type, gpu_families)
-    uses_gpu = bool(signals.gpu) or gpu_type
-    if signals.gpu:
-        tracks.append(_Track("GPU", policy.gpu_threshold_percent, sorted(signals.gpu)))
-    elif gpu_type:
-        if policy.missing_gpu_metrics == "busy":
-            return Assessment(
-                "unknown",
-                f"GPU instance {machine.instance_type} reports no GPU metrics; "
-                "policy missing_gpu_metrics=busy never treats it as idle",
-                uses_gpu=True,
-            )
-        notes.append("no GPU metrics, judged on CPU alone (missing_gpu_metrics=cpu_only)")
-    if policy.network_threshold_bytes_per_second is not None:
-        network = sorted(_combine_network(signals.network_in, signals.network_out, period))
-        tracks.append(_Track("network", policy.network_threshold_bytes_per_second, network, "B/s"))
+    tracks = _tracks(machine, signals, policy, period, gpu_families, notes)
+    if isinstance(tracks, Assessment):
+        return tracks
+    uses_gpu = bool(signals.gpu) or is_gpu_type(machine.instance_type, gpu_families)
 
     def in_window(points: Sequence[Point]) -> list[Point]:
         return [(t, v) for t, v in points if t + period > window_start and t <= now]
 
     maxima: dict[str, float | None] = {}
     latest_high: tuple[datetime, _Track, float] | None = None
-    interrupted_at: datetime | None = None  # end of the newest activity or data hole seen
-    # A person at the keyboard: active from their last input for human_active_minutes, like a busy bucket.
-    human: Literal["active", "quiet", "missing", "off"] = "off"
-    human_until: datetime | None = None  # the end of the newest human activity
-    last_input: datetime | None = None
-    if policy.human_active_minutes:
-        last_input, bad = last_human_input(signals.user, now)
-        if bad:
-            notes.append(f"ignored {bad} unusable human-activity value{'s' if bad > 1 else ''}")
-        if len(signals.user) == bad:  # said on the Assessment (status shows it), not in every reason
-            human = "missing"
-        elif last_input is None:
-            human = "quiet"
-        else:
-            human_until = min(now, last_input + timedelta(minutes=policy.human_active_minutes))
-            interrupted_at = human_until
-            human = "active" if human_until > window_start else "quiet"
+    human, last_input, human_until = _human_activity(signals.user, policy, now, window_start, notes)
+    interrupted_at: datetime | None = human_until  # end of the newest activity or data hole seen
     for track in tracks:
         windowed = in_window(track.points)
         maxima[track.label] = max((v for _, v in windowed), default=None)

@@ -198,8 +198,9 @@ def classify(exc: Exception, target: str) -> SlackFault:
     return SlackFault(code, False, f"Slack answered {code}; retried")
 
 
-class SlackNotifier:
-    """Posts warnings to the owner (DM) and/or the team channel, and updates them in place later."""
+class SlackDelivery:
+    """Slack plumbing: who an owner is, posting to each target on its own, editing messages in place
+    (shared ones line by line), admin alerts, and what a failure means."""
 
     def __init__(self, client: WebClient, store: StateStore, clock: Any = None) -> None:
         self.client = client
@@ -232,34 +233,6 @@ class SlackNotifier:
         ref = secrets.token_urlsafe(18)
         self.store.put_lookup(f"ref#{ref}", instance_id, (now or self.clock()) + REF_TTL)
         return ref
-
-    def warn(self, decision: Decision) -> Delivery | None:
-        """Post the warning to each target on its own. Delivered when any target got it (the others'
-        permanent faults ride along in Delivery.undelivered); None when a failure may pass (retried
-        next sweep); PermanentDeliveryFailure when every target failed for a reason that will not pass."""
-        m = decision.machine
-        now = decision.record.updated_at or self.clock()  # the sweep's (possibly simulated) clock
-        try:
-            owner_id, targets, faults = self._warning_targets(decision)
-            if not targets:
-                self._raise_if_permanent(m, faults)
-                return None
-            ref = self.new_ref(m.instance_id, now)
-        except (SlackApiError, SlackClientError, OSError) as exc:
-            self._failed("warning", m.instance_id, exc, m.owner or "owner")
-            return None
-        try:
-            blocks = blocks_json(warning_blocks(decision, ref, now))
-        except (SlackObjectFormationError, ValueError) as exc:
-            raise PermanentDeliveryFailure(self._failed("warning", m.instance_id, exc, m.instance_id).advice) from None
-        label = machine_label(m.name, m.instance_id)
-        text = fit(f"Idle machine {label} will be stopped unless someone keeps it", FALLBACK_CHARS, mrkdwn=True)
-        messages = self._post_to(targets, text, blocks, faults, m.instance_id)
-        if not messages:
-            self._raise_if_permanent(m, faults)
-            return None  # a failure that may pass: the next sweep tries again
-        undelivered = tuple(self._reason(m, f) for f in faults if f.permanent)
-        return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id, undelivered=undelivered)
 
     def _post_to(
         self, targets: list[str], text: str, blocks: list[dict[str, Any]], faults: list[SlackFault], subject: str
@@ -312,25 +285,6 @@ class SlackNotifier:
             return PermanentDeliveryFailure("; ".join(self._reason(m, f) for f in faults))
         return None
 
-    def resolved(self, decision: Decision) -> None:
-        detail = f"Busy again ({escape(decision.reason)}). Nothing will happen to it."
-        self.update(decision.record, "Warning withdrawn", detail)
-
-    def reaped(self, decision: Decision) -> Delivery | None:
-        record, m = decision.record, decision.machine
-        now = record.updated_at or self.clock()
-        reason = escape(decision.reason)
-        if decision.action in (Action.STOP, Action.HIBERNATE):
-            ref = self.new_ref(m.instance_id, now)
-            detail = (
-                f"{machine_label(m.name, m.instance_id)} was {PAST_TENSE[decision.action]} at {date_token(now)}"
-                + f"; it saves ~{money(decision.hourly_cost)} per hour while stopped. {reason}"
-            )
-            self.update(record, "Stopped", detail, ref=ref, start_button=True)
-            return Delivery(ref=ref)
-        self.update(record, "Released to its group", f"{reason} ({date_token(now)})")
-        return None
-
     def update(
         self, record: MachineRecord, title: str, detail: str, *, ref: str | None = None, start_button: bool = False
     ) -> bool:
@@ -363,6 +317,133 @@ class SlackNotifier:
                 self._failed("update", record.instance_id, exc, channel)
                 ok = False
         return ok
+
+    def note_listed(self, record: MachineRecord, title: str, detail: str, *, start_ref: str | None = None) -> bool:
+        """Remember what happened to a machine listed in a shared message (its line in later edits). False
+        when the shared message is no longer known (its references expired): then it is edited alone."""
+        if not record.group_ref:
+            return False
+        now = self.clock()
+        if self.listed_group(record.group_ref) is None:
+            return False
+        line = {"text": f"*{escape(title)}*: {detail}", "start": start_ref}
+        self.store.put_lookup(f"groupline#{record.group_ref}#{record.instance_id}", json.dumps(line), now + REF_TTL)
+        return True
+
+    def render_listed(self, record: MachineRecord) -> bool:
+        """Edit the shared message `record` is listed in: every machine's line as it stands now (its warning
+        and buttons while the warning is current, else what happened), and "Keep all" while any waits."""
+        group_ref = record.group_ref or ""
+        listed = self.listed_group(group_ref)
+        if listed is None:
+            return False
+        now = self.clock()
+        notes: dict[str, tuple[str, str | None]] = {}
+        for instance_id in listed.ids:
+            raw = self.store.get_lookup(f"groupline#{group_ref}#{instance_id}", now)
+            note = json_object(raw)
+            if note and isinstance(note.get("text"), str):
+                start = note.get("start")
+                notes[instance_id] = (note["text"], start if isinstance(start, str) else None)
+        records = self.store.load(list(listed.ids))
+        records[record.instance_id] = record
+        current = {i for i, r in records.items() if listed.is_current(r)}
+        blocks = owner_message_blocks(listed.entries(notes, current=current), group_ref, title=listed.title)
+        waiting = len([i for i in listed.ids if i in current and i not in notes])
+        text = fit(f"{waiting} of your idle machines still wait for an answer", FALLBACK_CHARS)
+        ok = True
+        for message in record.messages:
+            channel, _, ts = message.partition("|")
+            try:
+                self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks_json(blocks))
+            except (SlackApiError, SlackClientError, OSError) as exc:
+                self._failed("update", record.instance_id, exc, channel)
+                ok = False
+        return ok
+
+    def listed_group(self, group_ref: str) -> ListedGroup | None:
+        """The machines a shared message lists, by its "Keep all" reference; None when unknown or unreadable."""
+        if not group_ref:
+            return None
+        return ListedGroup.from_json(self.store.get_lookup(f"group#{group_ref}", self.clock()))
+
+    def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
+        """DM every admin and post to the admin channel. Raises when nobody received it, so the caller
+        keeps the alert pending. `text` is plain: it quotes policies and tags, so it is escaped here."""
+        body = fit(f"idle-reaper admin alert: {escape(text)}", FALLBACK_CHARS, mrkdwn=True)
+        delivered = 0
+        targets = [("admin", admin) for admin in admins] + ([("channel", channel)] if channel else [])
+        for kind, target in targets:
+            try:
+                where = self.client.conversations_open(users=target)["channel"]["id"] if kind == "admin" else target
+                self.client.chat_postMessage(channel=where, text=body)
+                delivered += 1
+            except (SlackApiError, SlackClientError, OSError) as exc:
+                self._failed("admin alert", target, exc, target)
+        if targets and not delivered:
+            raise SlackUndelivered(f"no admin received the alert ({len(targets)} tried)")
+
+    def _failed(self, what: str, subject: str, exc: Exception, target: str) -> SlackFault:
+        fault = classify(exc, target)
+        extra = {"subject": subject, "target": target, "error": fault.code, "advice": fault.advice}
+        if fault.permanent or fault.code in _CONFIG_FAULTS:
+            self.logger.error(f"slack {what} failed and will fail again until fixed", extra=extra)
+        else:
+            # WARNING, not ERROR: Slack being down is expected now and then; the warning stays pending.
+            self.logger.warning(f"slack {what} failed", extra=extra)
+        return fault
+
+
+class SlackNotifier(SlackDelivery):
+    """What the sweep tells people: warnings to the owner (DM) and/or the team channel, one message per
+    owner, stop notices and quiet-hours summaries; later updates edit them in place."""
+
+    def warn(self, decision: Decision) -> Delivery | None:
+        """Post the warning to each target on its own. Delivered when any target got it (the others'
+        permanent faults ride along in Delivery.undelivered); None when a failure may pass (retried
+        next sweep); PermanentDeliveryFailure when every target failed for a reason that will not pass."""
+        m = decision.machine
+        now = decision.record.updated_at or self.clock()  # the sweep's (possibly simulated) clock
+        try:
+            owner_id, targets, faults = self._warning_targets(decision)
+            if not targets:
+                self._raise_if_permanent(m, faults)
+                return None
+            ref = self.new_ref(m.instance_id, now)
+        except (SlackApiError, SlackClientError, OSError) as exc:
+            self._failed("warning", m.instance_id, exc, m.owner or "owner")
+            return None
+        try:
+            blocks = blocks_json(warning_blocks(decision, ref, now))
+        except (SlackObjectFormationError, ValueError) as exc:
+            raise PermanentDeliveryFailure(self._failed("warning", m.instance_id, exc, m.instance_id).advice) from None
+        label = machine_label(m.name, m.instance_id)
+        text = fit(f"Idle machine {label} will be stopped unless someone keeps it", FALLBACK_CHARS, mrkdwn=True)
+        messages = self._post_to(targets, text, blocks, faults, m.instance_id)
+        if not messages:
+            self._raise_if_permanent(m, faults)
+            return None  # a failure that may pass: the next sweep tries again
+        undelivered = tuple(self._reason(m, f) for f in faults if f.permanent)
+        return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id, undelivered=undelivered)
+
+    def resolved(self, decision: Decision) -> None:
+        detail = f"Busy again ({escape(decision.reason)}). Nothing will happen to it."
+        self.update(decision.record, "Warning withdrawn", detail)
+
+    def reaped(self, decision: Decision) -> Delivery | None:
+        record, m = decision.record, decision.machine
+        now = record.updated_at or self.clock()
+        reason = escape(decision.reason)
+        if decision.action in (Action.STOP, Action.HIBERNATE):
+            ref = self.new_ref(m.instance_id, now)
+            detail = (
+                f"{machine_label(m.name, m.instance_id)} was {PAST_TENSE[decision.action]} at {date_token(now)}"
+                + f"; it saves ~{money(decision.hourly_cost)} per hour while stopped. {reason}"
+            )
+            self.update(record, "Stopped", detail, ref=ref, start_button=True)
+            return Delivery(ref=ref)
+        self.update(record, "Released to its group", f"{reason} ({date_token(now)})")
+        return None
 
     # One message per owner ------------------------------------------------------------------
 
@@ -474,78 +555,3 @@ class SlackNotifier:
             Delivery(messages=message, ref=listed.refs.get(r.instance_id), owner_slack_id=owner_id, group_ref=group_ref)
             for r in stopped
         ]
-
-    def note_listed(self, record: MachineRecord, title: str, detail: str, *, start_ref: str | None = None) -> bool:
-        """Remember what happened to a machine listed in a shared message (its line in later edits). False
-        when the shared message is no longer known (its references expired): then it is edited alone."""
-        if not record.group_ref:
-            return False
-        now = self.clock()
-        if self.listed_group(record.group_ref) is None:
-            return False
-        line = {"text": f"*{escape(title)}*: {detail}", "start": start_ref}
-        self.store.put_lookup(f"groupline#{record.group_ref}#{record.instance_id}", json.dumps(line), now + REF_TTL)
-        return True
-
-    def render_listed(self, record: MachineRecord) -> bool:
-        """Edit the shared message `record` is listed in: every machine's line as it stands now (its warning
-        and buttons while the warning is current, else what happened), and "Keep all" while any waits."""
-        group_ref = record.group_ref or ""
-        listed = self.listed_group(group_ref)
-        if listed is None:
-            return False
-        now = self.clock()
-        notes: dict[str, tuple[str, str | None]] = {}
-        for instance_id in listed.ids:
-            raw = self.store.get_lookup(f"groupline#{group_ref}#{instance_id}", now)
-            note = json_object(raw)
-            if note and isinstance(note.get("text"), str):
-                start = note.get("start")
-                notes[instance_id] = (note["text"], start if isinstance(start, str) else None)
-        records = self.store.load(list(listed.ids))
-        records[record.instance_id] = record
-        current = {i for i, r in records.items() if listed.is_current(r)}
-        blocks = owner_message_blocks(listed.entries(notes, current=current), group_ref, title=listed.title)
-        waiting = len([i for i in listed.ids if i in current and i not in notes])
-        text = fit(f"{waiting} of your idle machines still wait for an answer", FALLBACK_CHARS)
-        ok = True
-        for message in record.messages:
-            channel, _, ts = message.partition("|")
-            try:
-                self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks_json(blocks))
-            except (SlackApiError, SlackClientError, OSError) as exc:
-                self._failed("update", record.instance_id, exc, channel)
-                ok = False
-        return ok
-
-    def listed_group(self, group_ref: str) -> ListedGroup | None:
-        """The machines a shared message lists, by its "Keep all" reference; None when unknown or unreadable."""
-        if not group_ref:
-            return None
-        return ListedGroup.from_json(self.store.get_lookup(f"group#{group_ref}", self.clock()))
-
-    def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
-        """DM every admin and post to the admin channel. Raises when nobody received it, so the caller
-        keeps the alert pending. `text` is plain: it quotes policies and tags, so it is escaped here."""
-        body = fit(f"idle-reaper admin alert: {escape(text)}", FALLBACK_CHARS, mrkdwn=True)
-        delivered = 0
-        targets = [("admin", admin) for admin in admins] + ([("channel", channel)] if channel else [])
-        for kind, target in targets:
-            try:
-                where = self.client.conversations_open(users=target)["channel"]["id"] if kind == "admin" else target
-                self.client.chat_postMessage(channel=where, text=body)
-                delivered += 1
-            except (SlackApiError, SlackClientError, OSError) as exc:
-                self._failed("admin alert", target, exc, target)
-        if targets and not delivered:
-            raise SlackUndelivered(f"no admin received the alert ({len(targets)} tried)")
-
-    def _failed(self, what: str, subject: str, exc: Exception, target: str) -> SlackFault:
-        fault = classify(exc, target)
-        extra = {"subject": subject, "target": target, "error": fault.code, "advice": fault.advice}
-        if fault.permanent or fault.code in _CONFIG_FAULTS:
-            self.logger.error(f"slack {what} failed and will fail again until fixed", extra=extra)
-        else:
-            # WARNING, not ERROR: Slack being down is expected now and then; the warning stays pending.
-            self.logger.warning(f"slack {what} failed", extra=extra)
-        return fault
