@@ -79,7 +79,7 @@ def _on_threads(fn: Callable[[Item], Result], items: Sequence[Item], workers: in
 
 class Concurrency:
     """Where independent calls run: on a bounded thread pool. The latency-model benchmark swaps in a
-    runner that schedules the same tasks on virtual lanes (testkit/fake_aws.py LatencyModel)."""
+    runner that schedules the same tasks on virtual lanes (testkit/aws/ LatencyModel)."""
 
     runner: Callable[[Callable[[Any], Any], Sequence[Any], int], list[Any]] = staticmethod(_on_threads)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 AGENT_FILE = REPO_ROOT / "agent" / "idle_reaper_activity.py"
 DATA = REPO_ROOT / "tests" / "data" / "activity"
 

@@ -16,7 +16,7 @@ from idle_reaper.core import Action, State
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import Settings
 from idle_reaper.sweep import SweepReport, logger, run_sharded, run_sweep
-from testkit.fake_aws import FakeAws, quiet_after, steady
+from testkit.aws import FakeAws, quiet_after, steady
 from testkit.interleave import STEPS, Gate, counts_by_machine, interleave, stepped
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)

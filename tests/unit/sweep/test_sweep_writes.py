@@ -13,7 +13,7 @@ import pytest
 from idle_reaper.core import Action
 from idle_reaper.policy import Settings
 from idle_reaper.sweep import REFRESH_EVERY, SweepReport, run_sweep
-from testkit.fake_aws import CountingStateStore, FakeAws, quiet_after, steady
+from testkit.aws import CountingStateStore, FakeAws, quiet_after, steady
 
 T = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
 PREFIX = "/idle-reaper"

@@ -20,7 +20,7 @@ from idle_reaper.core import (
 from idle_reaper.policy import Settings
 from idle_reaper.sweep import run_sweep
 from idle_reaper_tools.admin import format_status, status_rows
-from testkit.fake_aws import CountingStateStore, FakeAws
+from testkit.aws import CountingStateStore, FakeAws
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
 PREFIX = "/idle-reaper"

@@ -20,8 +20,8 @@ from idle_reaper_tools.cli import main
 from idle_reaper_tools.replay import PolicySet, Trace, parse_trace
 from testkit.generate_trace import fleet, write_trace
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-SAMPLE = Path(__file__).resolve().parents[2] / "testkit" / "sample-trace.csv.gz"
+DATA = Path(__file__).resolve().parents[2] / "data"
+SAMPLE = Path(__file__).resolve().parents[3] / "testkit" / "sample-trace.csv.gz"
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 SHORT = {"idle_minutes": 30, "warn_minutes": 10}
 SHORT_POLICY = PolicySet(default=TeamPolicy(**SHORT))  # type: ignore[arg-type]

@@ -34,7 +34,7 @@ from idle_reaper.slack import (
     blocks_json,
     owner_message_blocks,
 )
-from testkit.fake_aws import CountingStateStore
+from testkit.aws import CountingStateStore
 
 
 def warning(n: int, owner: str | None = "U0BOB", team: str = "ml", policy: TeamPolicy | None = None, **kw: Any):
@@ -159,7 +159,7 @@ def test_the_sweep_posts_one_message_per_owner_and_a_failed_one_holds_each_stop(
 
     from idle_reaper.core import Action
     from idle_reaper.slack import SlackNotifier
-    from testkit.fake_aws import CountingStateStore
+    from testkit.aws import CountingStateStore
 
     aws = account()
     bobs = [box(aws, owner="U0BOB") for _ in range(3)]

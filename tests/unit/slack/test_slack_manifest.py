@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-MANIFEST = Path(__file__).parents[2] / "slack" / "manifest.yml"
+MANIFEST = Path(__file__).parents[3] / "slack" / "manifest.yml"
 
 
 def test_manifest_has_the_scopes_and_urls_the_handler_serves():

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from idle_reaper.core import MachineRecord, State, quiet_hours_reports
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.sweep import QUIET_INDEX, logger, run_sweep
-from testkit.fake_aws import CountingStateStore, FakeAws, steady
+from testkit.aws import CountingStateStore, FakeAws, steady
 
 NIGHT = datetime(2026, 11, 20, 23, 0, tzinfo=UTC)
 PREFIX = "/idle-reaper"

@@ -14,7 +14,7 @@ from idle_reaper.core import Action, Decision, Machine, MachineRecord, State
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import Settings, TagKeys
 from idle_reaper.sweep import SweepReport, logger, run_sweep
-from testkit.fake_aws import CountingStateStore, FakeAws, steady
+from testkit.aws import CountingStateStore, FakeAws, steady
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
 WARN_SWEEP = NOW - timedelta(minutes=30)  # ml policy: warn at 60 quiet minutes, stop at 90, 30 min after the warning

@@ -21,7 +21,7 @@ from idle_reaper.policy import (
     parse_team_policy,
 )
 from idle_reaper.sweep import run_sweep
-from testkit.fake_aws import FakeAws, steady
+from testkit.aws import FakeAws, steady
 
 PARAM = "/idle-reaper/teams/ml"
 SETTINGS = "/idle-reaper/settings"

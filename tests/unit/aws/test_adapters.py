@@ -12,7 +12,7 @@ from botocore.exceptions import ClientError
 from idle_reaper.aws import Fleet, MetricsReader, PolicyStore
 from idle_reaper.core import assess
 from idle_reaper.policy import DEFAULT_GPU_FAMILIES, MetricSettings, PolicyError, Settings, TagKeys
-from testkit.fake_aws import FakeAws, steady
+from testkit.aws import FakeAws, steady
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
 DAY_AGO = NOW - timedelta(days=1)

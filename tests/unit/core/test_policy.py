@@ -30,7 +30,7 @@ from idle_reaper.policy import (
     parse_team_policy,
 )
 from idle_reaper.sweep import logger, run_sweep
-from testkit.fake_aws import FakeAws, steady
+from testkit.aws import FakeAws, steady
 
 PARAM = "/idle-reaper/teams/ml"
 UTC_NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)  # a Friday

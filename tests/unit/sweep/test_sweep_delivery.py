@@ -12,7 +12,7 @@ from idle_reaper.core import Action, Decision, State
 from idle_reaper.notify import Delivery, PermanentDeliveryFailure
 from idle_reaper.policy import Settings
 from idle_reaper.sweep import SweepReport, run_sweep
-from testkit.fake_aws import FakeAws, quiet_after, steady
+from testkit.aws import FakeAws, quiet_after, steady
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
 WARN_SWEEP = NOW - timedelta(minutes=30)

@@ -31,7 +31,7 @@ from idle_reaper.sweep import (
     run_sweep,
     split_into_shards,
 )
-from testkit.fake_aws import CountingStateStore, FakeAws, client_error, steady
+from testkit.aws import CountingStateStore, FakeAws, client_error, steady
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
 WARN_SWEEP = NOW - timedelta(minutes=30)

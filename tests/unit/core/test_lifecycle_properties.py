@@ -53,7 +53,7 @@ from idle_reaper.core import (
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import DEFAULT_GPU_FAMILIES, Settings, TeamPolicy, TeamPolicyRef
 from idle_reaper.sweep import logger, run_sweep
-from testkit.fake_aws import FakeAws
+from testkit.aws import FakeAws
 
 PERIOD = timedelta(minutes=5)
 START = datetime(2026, 11, 20, 6, 0, tzinfo=UTC)  # the machine starts, and its metrics begin
