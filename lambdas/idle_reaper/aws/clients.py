@@ -1,4 +1,5 @@
-"""clients"""
+"""What every AWS adapter shares: boto3 clients with bounded adaptive retries, the table and SSM names,
+error codes, and bounded concurrency for independent calls."""
 
 from __future__ import annotations
 

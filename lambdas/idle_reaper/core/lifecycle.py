@@ -1,4 +1,6 @@
-"""lifecycle"""
+"""The decision: what happens to one machine now, as one transition of the lifecycle table (TRANSITIONS).
+
+Pure: no boto3, no Slack, no clock. Read `decide` top to bottom: the first rule that applies decides."""
 
 from __future__ import annotations
 
