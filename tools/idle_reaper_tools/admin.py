@@ -20,6 +20,7 @@ from typing import Any
 
 from idle_reaper import aws
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
+from idle_reaper.core.reading import parse_next_read
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import (
     PolicyError,
@@ -607,6 +608,10 @@ def status_rows(
                 "delivery_error": record.delivery_error if record.state is State.WARNED else None,
                 # The human-activity signal the last sweep saw, when the team's policy uses it.
                 "human_signal": describe_human_signal(record.human_signal) or None,
+                # When a sweep last read its metrics, and when the next one must (core/reading.py).
+                "last_read": record.observed_at.isoformat() if record.observed_at else None,
+                "next_read": next_read.isoformat() if (next_read := parse_next_read(record.next_read_at)) else None,
+                "next_read_why": record.next_read_why if next_read else "read at every sweep",
             }
         )
     for machine in machines.values():
@@ -628,6 +633,9 @@ def status_rows(
                     "updated_at": None,
                     "delivery_error": None,
                     "human_signal": None,
+                    "last_read": None,
+                    "next_read": None,
+                    "next_read_why": "read at the next sweep",
                 }
             )
     return sorted(rows, key=lambda r: (r["team"], r["instance_id"]))
@@ -640,9 +648,26 @@ def _when(text: str | None, now: datetime) -> str:
     return "next sweep" if when <= now else _fmt_time(when)
 
 
+def _reads(row: dict[str, Any], now: datetime) -> str:
+    last = _fmt_time(datetime.fromisoformat(row["last_read"])) if row["last_read"] else "never"
+    return f"{last}, {_when(row['next_read'], now) if row['next_read'] else 'every sweep'}"
+
+
 def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
     table = _table(
-        ("INSTANCE", "NAME", "TEAM", "OWNER", "STATE", "IDLE SINCE", "KEPT UNTIL (BY)", "NEXT", "PERSON", "REASON"),
+        (
+            "INSTANCE",
+            "NAME",
+            "TEAM",
+            "OWNER",
+            "STATE",
+            "IDLE SINCE",
+            "KEPT UNTIL (BY)",
+            "NEXT",
+            "PERSON",
+            "READ (LAST, NEXT)",
+            "REASON",
+        ),
         (
             (
                 r["instance_id"],
@@ -656,6 +681,7 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
                 else "-",
                 f"{r['next_action']}" + (f" at {_when(r['next_at'], now)}" if r["next_at"] else ""),
                 r["human_signal"] or "-",
+                _reads(r, now),
                 f"WARNING UNDELIVERABLE: {r['delivery_error']}. {r['reason']}" if r["delivery_error"] else r["reason"],
             )
             for r in rows

@@ -31,6 +31,7 @@ class Decision:
     policy: TeamPolicyRef | None = None
     hourly_cost: float | None = None
     error: str | None = None
+    read: bool = True  # False: not read this sweep (core/reading.py); nothing happens, the record stays
 
     @property
     def action_label(self) -> str:

@@ -48,6 +48,8 @@ def apply_decisions(
 
     def claim(d: Decision) -> tuple[Decision, bool, bool]:
         """The decision, whether its record was written, whether this sweep now holds the machine."""
+        if not d.read:
+            return d, False, False  # not read this sweep: nothing happened to it, its record stays
         if out_of_time():
             return replace(d, error=DEFERRED), False, False
         before = previous.get(d.machine.instance_id)
