@@ -513,10 +513,29 @@ class SlackNotifier(SlackDelivery):
                 f"{machine_label(m.name, m.instance_id)} was {PAST_TENSE[decision.action]} at {date_token(now)}"
                 + f"; it saves ~{money(decision.hourly_cost)} per hour while stopped. {reason}"
             )
-            self.update(record, "Stopped", detail, ref=ref, start_button=True)
-            return Delivery(ref=ref)
+            if record.messages or record.group_ref:
+                self.update(record, "Stopped", detail, ref=ref, start_button=True)
+                return Delivery(ref=ref)
+            return self._tell(decision, "Stopped", detail, ref)  # nothing to edit: every stop is told
         self.update(record, "Released to its group", f"{reason} ({date_token(now)})")
         return None
+
+    def _tell(self, decision: Decision, title: str, detail: str, ref: str) -> Delivery | None:
+        """A message of its own, to the machine's owner (or the team channel, as its warnings go), when
+        there is no earlier message to edit: what happened, why, what it saves, and "Start it again"."""
+        m = decision.machine
+        try:
+            owner_id, targets, faults = self._warning_targets(decision, decision.record.owner_slack_id)
+            blocks = blocks_json(status_blocks(title, detail, ref=ref, start_button=True))
+        except PermanentDeliveryFailure as exc:
+            self.logger.warning("stop not told: nobody to tell", extra={"subject": m.instance_id, "why": exc.reason})
+            return Delivery(ref=ref)
+        except (SlackApiError, SlackClientError, OSError, SlackObjectFormationError, ValueError) as exc:
+            self._failed("stop notice", m.instance_id, exc, m.owner or "owner")
+            return Delivery(ref=ref)
+        text = fit(f"{escape(title)}: {detail}", FALLBACK_CHARS, mrkdwn=True)
+        messages = self._post_to(targets, text, blocks, faults, m.instance_id)
+        return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id)
 
     # One message per owner ------------------------------------------------------------------
 
