@@ -690,13 +690,19 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
     return f"status at {_fmt_time(now)} UTC (times in UTC)\n{table}"
 
 
-def format_unwatched(counted_at: datetime, counts: Sequence[aws.RegionCount]) -> str:
+def format_unwatched(counted_at: datetime, counts: Sequence[aws.RegionCount], denied: Sequence[str] = ()) -> str:
     """Regions no stack watches: their running machines are never looked at."""
+    skipped = (
+        f"\n  not counted, this account may not look there (a service control policy?): {', '.join(denied)}"
+        if denied
+        else ""
+    )
     if not counts:
-        return f"Every region with running machines has an idle-reaper stack (counted {counted_at:%Y-%m-%d %H:%M} UTC)."
+        when = f"counted {counted_at:%Y-%m-%d %H:%M} UTC"
+        return f"Every region with running machines has an idle-reaper stack ({when}).{skipped}"
     lines = [f"Regions without an idle-reaper stack (counted {counted_at:%Y-%m-%d %H:%M} UTC), never swept:"]
     lines += [f"  {c.region}: {c.running} running, {c.opted_in} tagged for idle-reaper" for c in counts]
-    return "\n".join(lines)
+    return "\n".join(lines) + skipped
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -723,10 +729,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             for row in rows:
                 print(json.dumps(row, sort_keys=True))
             if unwatched:
-                counted_at, counts = unwatched
+                counted_at, counts, denied = unwatched
+                regions = [c.__dict__ for c in counts]
                 print(
                     json.dumps(
-                        {"unwatched_regions": [c.__dict__ for c in counts], "counted_at": counted_at.isoformat()}
+                        {"unwatched_regions": regions, "denied_regions": denied, "counted_at": counted_at.isoformat()}
                     )
                 )
         else:
