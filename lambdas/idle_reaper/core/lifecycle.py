@@ -317,8 +317,14 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stret
     if not warned and (base.warned_at or base.warning_delivered_at or base.warning_ref or base.stop_not_before):
         base = replace(base, warned_at=None, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
     learned = learned_wait(history, policy, idle_since) if idle_since else LearnedWait()
+    # Quiet is measured from the start of the stretch the record knows (sweeps watched it throughout), not
+    # only over what this sweep fetched: a wait longer than the fetched window is still reached.
+    quiet = assessment.quiet_minutes(now)
+    if continuous and idle_since is not None and assessment.quiet_since is not None:
+        observed = min(now, assessment.observed_until or now)
+        quiet = max(quiet, (observed - idle_since).total_seconds() / 60)
     return _Stretch(
-        quiet=assessment.quiet_minutes(now),
+        quiet=quiet,
         warn_at=warn_point(policy) + learned.extra_minutes,
         warned=warned,
         resolved="resolved" if seen.was_warned and not warned else None,
