@@ -422,6 +422,10 @@ def _post(
     return replace(d, record=replace(record, version=record.version + 1), reason=reason)
 
 
+# The error of a decision carried out whose outcome could not be written: what it did still happened.
+OUTCOME_NOT_RECORDED = "outcome not recorded"
+
+
 def _record_outcome(store: StateStore, d: Decision, sweep_id: str) -> Decision:
     """Record what was posted and release the claim. The write is conditional: an answer a person gave
     meanwhile wins, and a late sweep never overwrites newer truth."""
@@ -431,7 +435,7 @@ def _record_outcome(store: StateStore, d: Decision, sweep_id: str) -> Decision:
             logger.warning("the machine changed while claimed (a person answered); outcome not recorded")
     except AwsError as exc:
         # The claim lapses after SWEEP_LEASE; a warning whose outcome is lost is not posted again.
-        return replace(d, error=f"outcome not recorded: state table write failed ({error_code(exc)})")
+        return replace(d, error=f"{OUTCOME_NOT_RECORDED}: state table write failed ({error_code(exc)})")
     return d
 
 
