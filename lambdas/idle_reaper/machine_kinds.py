@@ -294,6 +294,24 @@ def stop_saves(kind: MachineKind, on_demand_price: float | None) -> Saving:
     return Saving(on_demand_price)
 
 
+def recorded_saving(machine_kind: str, on_demand_price: float | None) -> Saving:
+    """What a stop saves, from the kind a machine's record keeps (answers have no look-ups): nothing for
+    reserved capacity, at most the on-demand price for Spot, the price for the rest."""
+    if machine_kind in (Kind.RESERVED, Kind.CAPACITY_BLOCK):
+        return Saving(0.0)
+    if machine_kind == Kind.SPOT:
+        return Saving(on_demand_price, upper_bound=on_demand_price is not None)
+    return Saving(on_demand_price)
+
+
+# Kinds a person's "Stop now" must not stop: EC2 refuses, or something launches a replacement.
+NEVER_STOPPED = frozenset(
+    {Kind.SPOT_ONE_TIME, Kind.SPOT_RELAUNCHING, Kind.SPOT_REQUEST_GONE, Kind.INSTANCE_STORE, Kind.FLEET}
+)
+# Kinds terminating ends for good (nothing relaunches them): the owner's "Terminate now" applies.
+TERMINABLE = frozenset({Kind.SPOT_ONE_TIME, Kind.INSTANCE_STORE})
+
+
 # ---------------------------------------------------------------------------------------------
 # What the reaper does with it under a team's policy
 

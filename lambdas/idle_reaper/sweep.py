@@ -21,6 +21,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from idle_reaper.aws import (
     ACTION_WORKERS,
+    CALL_WIDE_ERRORS,
     DATAPOINTS_PER_CALL,
     DDB_WORKERS,
     GET_METRIC_DATA_SECONDS,
@@ -60,12 +61,14 @@ from idle_reaper.core import (
     assess,
     decide,
     human_signal_note,
+    kind_policy,
     limit_terminations,
     owner_key,
     owner_message_groups,
     parse_exemption,
     quiet_hours_reports,
 )
+from idle_reaper.machine_kinds import Lookups, MachineKind, classify, stop_saves
 from idle_reaper.notify import Delivery, LoggingNotifier, Notifier, OwnerNotifier, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
@@ -199,12 +202,15 @@ def run_sweep(
     team_refs = {m.team: ref_for(m.team).at(now) for m in machines}
     safe_mode = {ref.team for ref in refs.values() if ref.policy is None}
     safe_mode.update(team for team, ref in team_refs.items() if ref.policy is None)
-    signals = _fetch_signals(adapters.metrics, machines, team_refs, settings, now)
+    kinds = _machine_kinds(adapters, machines, settings, now, warnings, alert=not dry_run)
+    # Each machine's own policy: its team's, with the window its kind gets (machine_kinds.Handling).
+    refs_of = {m.instance_id: kind_policy(team_refs[m.team], kinds[m.instance_id], m) for m in machines}
+    signals = _fetch_signals(adapters.metrics, machines, refs_of, settings, now)
     period = timedelta(seconds=settings.metrics.period_seconds)
 
     decisions = []
     for m in machines:
-        ref = team_refs[m.team]
+        ref = refs_of[m.instance_id]
         assessment = None
         if ref.policy is not None and m.instance_id in signals:
             assessment = assess(
@@ -215,9 +221,11 @@ def run_sweep(
                 period=period,
                 gpu_families=settings.gpu_instance_families,
             )
-        d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run)
+        kind = kinds[m.instance_id]
+        d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run, kind=kind)
         d = _with_status_notes(d, signals.get(m.instance_id), now)
-        decisions.append(replace(d, hourly_cost=hourly_price(m.instance_type, prices)))
+        price = hourly_price(m.instance_type, prices)
+        decisions.append(replace(d, hourly_cost=price, saving=stop_saves(kind, price)))
 
     terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
     if terminating:
@@ -283,10 +291,43 @@ def _alert_once(adapters: Adapters, key: str, text: str, settings: Settings, now
             adapters.store.release_claim(key)  # the next sweep tries again
 
 
+def _machine_kinds(
+    adapters: Adapters,
+    machines: Sequence[Machine],
+    settings: Settings,
+    now: datetime,
+    warnings: list[str],
+    *,
+    alert: bool,
+) -> dict[str, MachineKind]:
+    """What kind each machine is (machine_kinds.classify), from one batched look-up per kind of question. A
+    look-up that failed leaves its machines unknown (never stopped, nothing said to their owners) for this
+    sweep; the admins hear of it once a day per error, and the next sweep asks again."""
+    try:
+        lookups = adapters.fleet.kind_lookups(machines)
+    except AwsError as exc:  # a look-up the adapter did not catch: every machine that needed one is unknown
+        needed = {m.facts.spot_request_id or "" for m in machines if m.facts.needs_spot_request}
+        needed |= {m.facts.reservation_id or "" for m in machines if m.facts.reservation_id}
+        lookups = Lookups(failed=dict.fromkeys(needed - {""}, error_code(exc)))
+    kinds = {m.instance_id: classify(m.facts, lookups, now) for m in machines}
+    if lookups.failed:
+        errors = sorted(set(lookups.failed.values()))
+        unknown = sum(1 for k in kinds.values() if k.kind.value == "unknown")
+        text = (
+            f"idle-reaper could not read what kind of machine {unknown} machine(s) are (Spot requests or capacity "
+            f"reservations: {', '.join(errors)}); they are not stopped and their owners are not told until it can. "
+            "Check the sweep role's ec2:DescribeSpotInstanceRequests and ec2:DescribeCapacityReservations."
+        )
+        warnings.append(text)
+        if alert:
+            _alert_once(adapters, f"kind-lookup#{now:%Y-%m-%d}#{'+'.join(errors)}", text, settings, now)
+    return kinds
+
+
 def _fetch_signals(
     reader: MetricsReader,
     machines: list[Machine],
-    team_refs: Mapping[str, TeamPolicyRef],
+    refs_of: Mapping[str, TeamPolicyRef],
     settings: Settings,
     now: datetime,
 ) -> dict[str, Signals]:
@@ -301,7 +342,7 @@ def _fetch_signals(
     groups: dict[tuple[int, bool, bool], list[str]] = defaultdict(list)
     short_lookback = 0  # the longest window among those that share a range
     for m in machines:
-        policy = team_refs[m.team].policy
+        policy = refs_of[m.instance_id].policy
         if policy is None or parse_exemption(m.exempt_tag, now)[0]:
             continue
         lookback = policy.idle_minutes + policy.max_gap_minutes
@@ -427,7 +468,7 @@ def _apply(
 
 def _act(fleet: Fleet, acting: list[Decision]) -> dict[str, str | None]:
     """Carry out the machine actions: instance id -> error. Stops, hibernations, protection changes and
-    terminations are different APIs with their own rate limits, so the four run at once, each in batches
+    terminations are different APIs with their own rate limits, so they run at once, each in batches
     (and groups) on its own bounded pool."""
     groups: dict[tuple[str, bool], list[str]] = defaultdict(list)
     for d in acting:
@@ -448,6 +489,7 @@ def _act(fleet: Fleet, acting: list[Decision]) -> dict[str, str | None]:
         lambda: fleet.stop(ids(Action.HIBERNATE), hibernate=True),
         protect_all,
         lambda: fleet.terminate_in_groups(ids(Action.TERMINATE)),
+        lambda: fleet.terminate(ids(Action.TERMINATE_INSTANCE)),
     ]
     outcomes: dict[str, str | None] = {}
     for done in run_concurrently(lambda kind: kind(), kinds, len(kinds)):
@@ -589,14 +631,37 @@ def _alert_partly_delivered(
     _alert_once(adapters, f"partly-undelivered#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
 
 
+# Errors a later call may not meet (throttling, an outage, the network); every other refusal is EC2's answer
+# about this machine, and asking again would get the same one.
+TRANSIENT_ERRORS = CALL_WIDE_ERRORS | {
+    "InternalServerError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+}
+
+
 def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, now: datetime) -> Decision:
-    # A machine already stopped or gone is recorded, not retried; anything else stays warned so the
-    # next sweep tries again.
-    gone = any(code in error for code in ("InvalidInstanceID.NotFound", "IncorrectInstanceState"))
+    # A machine already stopped or gone is recorded, not retried. One EC2 refuses for a reason a retry does not
+    # change (UnsupportedOperation: a one-time Spot or instance-store machine it could not be told from) stays
+    # warned and is not asked again this quiet stretch. Anything else (throttling, an outage) stays warned so
+    # the next sweep tries again.
+    code = error.split(":", 1)[0]
+    gone = code in ("InvalidInstanceID.NotFound", "IncorrectInstanceState")
+    refused = not gone and code not in TRANSIENT_ERRORS
     state = State.REAPED if gone and d.action in (Action.STOP, Action.HIBERNATE) else d.record.state
-    if not gone and d.action in (Action.STOP, Action.HIBERNATE, Action.UNPROTECT, Action.TERMINATE):
+    if not gone and d.action in (
+        Action.STOP,
+        Action.HIBERNATE,
+        Action.UNPROTECT,
+        Action.TERMINATE,
+        Action.TERMINATE_INSTANCE,
+    ):
         state = State.WARNED
     reason = f"{d.action.value} failed: {error}"
+    if refused and state is State.WARNED:
+        reason += "; not tried again until the machine is busy again"
     record = replace(
         d.record,
         version=d.record.version + 1,
@@ -604,6 +669,7 @@ def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, n
         reason=reason,
         last_action=f"{d.action.value}_failed",
         last_action_at=now,
+        action_refused_at=now if refused and state is State.WARNED else d.record.action_refused_at,
     )
     # If this write fails too, the decision still carries the error; the claim lapses after SWEEP_LEASE
     # and a later sweep re-reads the truth.
@@ -697,6 +763,11 @@ def _explain(d: Decision) -> dict[str, Any]:
         "snoozed_until": d.record.snoozed_until.isoformat() if d.record.snoozed_until else None,
         "snoozed_by": d.record.snoozed_by,
         "hourly_cost": d.hourly_cost,
+        # What a stop saves an hour (0 for reserved capacity; for Spot the most it can be), and the kind why.
+        "hourly_savings": d.saving.hourly if d.saving else d.hourly_cost,
+        "savings_upper_bound": bool(d.saving and d.saving.upper_bound),
+        "kind": d.kind.kind.value,
+        "kind_note": d.record.kind_note or None,
     }
 
 
@@ -1014,7 +1085,8 @@ def gather_sweep(adapters: Adapters, task: GatherTask) -> Gathered:
         for team, t in totals.teams.items():
             into = teams[team]
             for f in fields(TeamTotals):
-                setattr(into, f.name, getattr(into, f.name) + getattr(t, f.name))
+                mine, theirs = getattr(into, f.name), getattr(t, f.name)
+                setattr(into, f.name, (mine or theirs) if isinstance(mine, bool) else mine + theirs)
     shard_warnings = [
         f"shard {i} failed, its machines are untouched until the next sweep: {why}" for i, why in failed.items()
     ]
