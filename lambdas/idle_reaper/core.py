@@ -1318,6 +1318,21 @@ def stopped_by_person(
     )
 
 
+def terminated_by_person(record: MachineRecord, user: str, now: datetime) -> MachineRecord:
+    """Terminated at its owner's confirmed request (a machine EC2 cannot stop): nothing to start again."""
+    terminate_now = TRANSITIONS[Event.TERMINATE_NOW]
+    return replace(
+        record,
+        version=record.version + 1,
+        state=terminate_now.target,
+        last_action=Action.TERMINATE_INSTANCE.value,
+        last_action_at=now,
+        warning_ref=None,
+        reason=terminate_now.explain({"user": user}),
+        updated_at=now,
+    )
+
+
 def started_by_person(record: MachineRecord, user: str, now: datetime) -> MachineRecord:
     """Started again: a fresh grace window (the launch time resets the idle clock too). The quiet stretch
     the stop ended goes into the machine's history: it lasted until now."""
@@ -1482,7 +1497,9 @@ def owner_message_groups(decisions: Sequence[Decision]) -> list[list[Decision]]:
     for d in decisions:
         policy = d.policy.policy if d.policy else None
         owner = owner_key(d.machine.owner)
-        if not d.deliver_warning or not owner or policy is None:
+        # A notice or a termination warning says other things and carries other buttons: a message of its own.
+        other_kind = d.handling is not None and d.handling.mode != "stop"
+        if not d.deliver_warning or not owner or policy is None or other_kind:
             alone.append([d])
             continue
         channel = policy.slack_channel if policy.notify != "owner" else None

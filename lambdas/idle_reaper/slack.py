@@ -38,6 +38,7 @@ from slack_sdk.models.blocks import (
 
 from idle_reaper.aws import AwsError, StateStore
 from idle_reaper.core import KEEP_HOURS, Action, Decision, Machine, MachineRecord, keep_choices, next_morning
+from idle_reaper.machine_kinds import TERMINABLE, warning_sentence
 from idle_reaper.notify import Delivery, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.policy import TeamPolicy
@@ -244,20 +245,43 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
     others = [c for c in keep_choices(policy) if c not in ("keep_2h", longest)]
     # Every text that carries a tag, a policy value or a reason is escaped and fitted to its element.
     label = machine_label(m.name, m.instance_id)
+    kind, how = decision.kind, decision.handling
+    mode = how.mode if how else "stop"
     buttons: list[Any] = [
         _button("Keep 2 h", "keep_2h", ref, style="primary"),
         _button(_choice_label("keep_morning", policy, now), "keep_morning", ref),
-        _button(
-            "Stop now",
-            "stop_now",
-            ref,
-            style="danger",
-            confirm=ConfirmObject(
-                title=fit("Stop it now?", CONFIRM_TITLE_CHARS),
-                text=fit(f"{label} will be {verb}.", CONFIRM_TEXT_CHARS, mrkdwn=True),
-            ),
-        ),
     ]
+    if mode == "stop":
+        buttons.append(
+            _button(
+                "Stop now",
+                "stop_now",
+                ref,
+                style="danger",
+                confirm=ConfirmObject(
+                    title=fit("Stop it now?", CONFIRM_TITLE_CHARS),
+                    text=fit(f"{label} will be {verb}.", CONFIRM_TEXT_CHARS, mrkdwn=True),
+                ),
+            )
+        )
+    elif kind.kind in TERMINABLE:
+        # Only its owner may (routing.Router), and only after confirming what is lost.
+        buttons.append(
+            _button(
+                "Terminate now",
+                "terminate_now",
+                ref,
+                style="danger",
+                confirm=ConfirmObject(
+                    title=fit("Terminate it now?", CONFIRM_TITLE_CHARS),
+                    text=fit(f"{label} will be terminated: this {kind.loses}.", CONFIRM_TEXT_CHARS, mrkdwn=True),
+                ),
+            )
+        )
+    if how is not None:
+        sentence = escape(warning_sentence(kind, how, m.instance_type, date_token(stop_at), reaped_verb=verb))
+    else:
+        sentence = f"It will be *{verb}* at {date_token(stop_at)} unless someone keeps it."
     if others:
         buttons.append(
             OverflowMenuElement(
@@ -271,12 +295,13 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
     return [
         HeaderBlock(text=fit(f"Idle machine: {machine_label(m.name, m.instance_id, mrkdwn=False)}", HEADER_CHARS)),
         SectionBlock(
-            text=MarkdownTextObject(text=f"It will be *{verb}* at {date_token(stop_at)} unless someone keeps it."),
+            text=_mrkdwn(sentence, SECTION_CHARS),
             fields=[
                 _field("Instance", f"`{m.instance_id}` · {escape(m.instance_type)}"),
                 _field("Team", escape(m.team)),
                 _field("Cost", f"{_money(decision.hourly_cost)} per hour"),
                 _field("Idle for", f"{idle_minutes:.0f} min"),
+                *([_field("A stop saves", decision.saving.text())] if decision.saving and mode == "stop" else []),
             ],
         ),
         SectionBlock(
@@ -309,14 +334,16 @@ def _button(text: str, action_id: str, ref: str, **kw: Any) -> ButtonElement:
     return ButtonElement(text=fit(text, BUTTON_CHARS), action_id=action_id, value=ref, **kw)
 
 
-def status_blocks(title: str, detail: str, *, ref: str | None = None, start_button: bool = False) -> list[Block]:
+def status_blocks(
+    title: str, detail: str, *, ref: str | None = None, start_button: bool = False, start_label: str = "Start it again"
+) -> list[Block]:
     """`detail` is mrkdwn its caller composed (labels from machine_label, reasons through escape)."""
     blocks: list[Block] = [SectionBlock(text=_mrkdwn(f"*{escape(title)}*\n{detail}", SECTION_CHARS))]
     if start_button and ref:
         blocks.append(
             ActionsBlock(
                 block_id="idle_reaper_start",
-                elements=[_button("Start it again", "start_again", ref)],
+                elements=[_button(start_label, "start_again", ref)],
             )
         )
     return blocks
@@ -480,7 +507,16 @@ class SlackNotifier:
         except (SlackObjectFormationError, ValueError) as exc:
             raise PermanentDeliveryFailure(self._failed("warning", m.instance_id, exc, m.instance_id).advice) from None
         label = machine_label(m.name, m.instance_id)
-        text = fit(f"Idle machine {label} will be stopped unless someone keeps it", FALLBACK_CHARS, mrkdwn=True)
+        mode = decision.handling.mode if decision.handling else "stop"
+        will = {
+            "notify": "is idle; idle-reaper will not stop it",
+            "terminate": "will be terminated unless someone keeps it",
+        }
+        text = fit(
+            f"Idle machine {label} {will.get(mode, 'will be stopped unless someone keeps it')}",
+            FALLBACK_CHARS,
+            mrkdwn=True,
+        )
         messages = self._post_to(targets, text, blocks, faults, m.instance_id)
         if not messages:
             self._raise_if_permanent(m, faults)
@@ -549,17 +585,34 @@ class SlackNotifier:
         reason = escape(decision.reason)
         if decision.action in (Action.STOP, Action.HIBERNATE):
             ref = self.new_ref(m.instance_id, now)
+            saving = decision.saving.text() if decision.saving else f"~{_money(decision.hourly_cost)}"
+            if decision.kind.reservation is not None:
+                saving = f"nothing (its {decision.kind.reservation.label} is billed either way)"
             detail = (
                 f"{machine_label(m.name, m.instance_id)} was {_PAST[decision.action]} at {date_token(now)}"
-                + f"; it saves ~{_money(decision.hourly_cost)} per hour while stopped. {reason}"
+                + f"; it saves {saving} per hour while stopped. {reason}"
             )
             self.update(record, "Stopped", detail, ref=ref, start_button=True)
             return Delivery(ref=ref)
+        if decision.action is Action.TERMINATE_INSTANCE:
+            detail = (
+                f"{machine_label(m.name, m.instance_id)} was terminated at {date_token(now)}: it cannot be started "
+                f"again. {reason}"
+            )
+            self.update(record, "Terminated", detail)
+            return None
         self.update(record, "Released to its group", f"{reason} ({date_token(now)})")
         return None
 
     def update(
-        self, record: MachineRecord, title: str, detail: str, *, ref: str | None = None, start_button: bool = False
+        self,
+        record: MachineRecord,
+        title: str,
+        detail: str,
+        *,
+        ref: str | None = None,
+        start_button: bool = False,
+        start_label: str = "Start it again",
     ) -> bool:
         """Rewrite every copy of the machine's message in place. True if all copies were updated.
 
@@ -577,7 +630,9 @@ class SlackNotifier:
                 return False
         text = fit(f"{escape(title)}: {detail}", FALLBACK_CHARS, mrkdwn=True)
         try:
-            blocks = blocks_json(status_blocks(title, detail, ref=ref, start_button=start_button))
+            blocks = blocks_json(
+                status_blocks(title, detail, ref=ref, start_button=start_button, start_label=start_label)
+            )
         except (SlackObjectFormationError, ValueError) as exc:
             self._failed("update", record.instance_id, exc, record.instance_id)
             return False

@@ -68,7 +68,7 @@ from idle_reaper.core import (
     parse_exemption,
     quiet_hours_reports,
 )
-from idle_reaper.machine_kinds import Lookups, MachineKind, classify, stop_saves
+from idle_reaper.machine_kinds import Lookups, MachineKind, classify, notice_sentence, stop_saves
 from idle_reaper.notify import Delivery, LoggingNotifier, Notifier, OwnerNotifier, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
@@ -460,6 +460,8 @@ def _apply(
         instance_id = d.machine.instance_id
         if instance_id in written and d.record.delivery_error and d.record.warned_at:
             _alert_undeliverable(adapters, d, settings, now)
+        if instance_id in written and d.action is Action.WARN and d.applied and d.handling and d.handling.tell_admins:
+            _alert_kind_notice(adapters, d, settings, now)
         if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
             audits.append(AuditEntry(instance_id, now, _explain(d)))
     _audit(store, audits)
@@ -615,6 +617,19 @@ def _alert_undeliverable(adapters: Adapters, d: Decision, settings: Settings, no
         "Fix the cause (the Owner tag, the team's slack_channel, the bot's membership); `idle-reaper status` shows it."
     )
     _alert_once(adapters, f"undeliverable#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
+
+
+def _alert_kind_notice(adapters: Adapters, d: Decision, settings: Settings, now: datetime) -> None:
+    """Once per machine per quiet stretch: the admins learn of an idle machine the reaper does not stop because
+    its fleet would replace it or a reservation bills it either way (their decision: shrink or release)."""
+    m, how = d.machine, d.handling
+    assert how is not None and d.record.warned_at is not None
+    cost = f"; it costs about ${d.hourly_cost:,.2f} an hour at the on-demand rate" if d.hourly_cost is not None else ""
+    text = (
+        f"idle: {m.name or m.instance_id} ({m.instance_id}, {m.instance_type}, team {m.team}, owner "
+        f"{m.owner or 'none'}). {notice_sentence(d.kind, how, m.instance_type)}{cost}. Its owner was told too."
+    )
+    _alert_once(adapters, f"kind-notice#{m.instance_id}@{d.record.warned_at.isoformat()}", text, settings, now)
 
 
 def _alert_partly_delivered(

@@ -298,7 +298,9 @@ def summary(seeded: Seeded, reports: list[SweepReport]) -> list[tuple[str, str, 
             snoozes = sum(1 for d in steps if d.state is State.SNOOZED)
             if snoozes:
                 what += " (after a 2 h keep)"
-            rows.append((name, what, hours, hours * (reaped.hourly_cost or 0.0)))
+            # What the stop saves (nothing for reserved capacity), never the machine's price.
+            saved = reaped.saving.hourly if reaped.saving and reaped.saving.hourly is not None else 0.0
+            rows.append((name, what, hours, hours * saved))
         else:
             final = steps[-1].state.value if steps else "not seen"
             rows.append((name, f"left running ({final})", 0.0, 0.0))
