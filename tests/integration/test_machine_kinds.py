@@ -310,7 +310,7 @@ def test_start_again_without_capacity_says_what_happened_and_offers_try_again(
     clock["t"] = T0 + timedelta(hours=3)
     assert click(slack, "U0BIGTRAIN", "start_again", start["value"]) == []
     assert local.instance_states([big])[big] == "running"
-    assert answers.calls_naming("StartInstances", big) == 4  # one per click, no retries behind the person's back
+    assert answers.calls_naming("StartInstances", big) == 4  # one StartInstances a click
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOC = REPO_ROOT / "docs" / "architecture.md"
-RUNTIME = ("core", "policy", "aws", "slack", "notify", "sweep", "payloads", "routing", "answers")
+RUNTIME = ("core", "policy", "aws", "slack", "notify", "sweep", "payloads", "routing", "answers", "machine_kinds")
 CHAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
