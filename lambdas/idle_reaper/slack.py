@@ -279,7 +279,10 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
             )
         )
     if how is not None:
-        sentence = escape(warning_sentence(kind, how, m.instance_type, date_token(stop_at), reaped_verb=verb))
+        # Escaped before the date token goes in: the token is Slack markup, not text from outside.
+        mark = "\x00"
+        sentence = escape(warning_sentence(kind, how, m.instance_type, mark, reaped_verb=verb))
+        sentence = sentence.replace(mark, date_token(stop_at))
     else:
         sentence = f"It will be *{verb}* at {date_token(stop_at)} unless someone keeps it."
     if others:

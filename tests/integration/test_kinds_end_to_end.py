@@ -135,7 +135,7 @@ def test_each_kind_is_told_what_happens_and_only_a_stoppable_machine_is_stopped(
     [ordinary] = posted_to(slack, fleet["ordinary"])
     assert "will be *stopped*" in words(ordinary) and "stop_now" in buttons(ordinary)
     [big] = posted_to(slack, fleet["bigtrain"])
-    assert "will be *stopped*" in words(big) and "may not start again for hours or days" in words(big)
+    assert "will be *stopped* at <!date^" in words(big) and "may not start again for hours or days" in words(big)
     for name in ("spot", "scratch", "member", "reserved"):
         [notice] = posted_to(slack, fleet[name])
         assert "will be *stopped*" not in words(notice) and "stop_now" not in buttons(notice), name
@@ -273,7 +273,7 @@ def test_opted_in_termination_warns_terminated_and_terminates_after_the_longer_w
     assert not posted_to(slack, scratch)
     sweep(at(10))
     [warning] = posted_to(slack, scratch)
-    assert "will be *terminated*" in words(warning) and "can never be started again" in words(warning)
+    assert "will be *terminated* at <!date^" in words(warning) and "can never be started again" in words(warning)
     assert "terminate_now" in buttons(warning) and "stop_now" not in buttons(warning)
     report = sweep(at(10, 25))
     assert local.instance_states([scratch])[scratch] == "terminated"
