@@ -639,6 +639,8 @@ class Decision:
 #                                                   stopped; machine_kinds.Handling)       for a fleet or a reservation)
 #   notice_given         any             warned     none: the owner was told               the notice, if undelivered
 #   kind_unknown         any             unknown    none: a kind look-up failed            -
+#   waits_for_people     any             idle       none: a notice or a termination        -
+#                                                   warning waits for quiet hours to end
 #   would_warn           any             warned     warn, not applied (dry run)        -
 #   warning_undelivered  any             warned     none: no stop until delivered      the warning, retried
 #   answer_time          any             warned     none: the owner has warn_minutes   the warning, if undelivered
@@ -694,6 +696,7 @@ class Event(StrEnum):
     NOTICE_DUE = "notice_due"
     NOTICE_GIVEN = "notice_given"
     KIND_UNKNOWN = "kind_unknown"
+    WAITS_FOR_PEOPLE = "waits_for_people"
     TERMINATE_NOW = "terminate_now"
 
 
@@ -746,6 +749,9 @@ TRANSITIONS: dict[Event, Transition] = {
     ),
     Event.NOTICE_GIVEN: Transition(ANY_STATE, State.WARNED, "told at {warned_at:%H:%M} UTC; {what}: {why_quiet}"),
     Event.KIND_UNKNOWN: Transition(ANY_STATE, State.UNKNOWN, _QUIET_FOR + "; not stopped this sweep: {why}"),
+    Event.WAITS_FOR_PEOPLE: Transition(
+        ANY_STATE, State.IDLE, _QUIET_FOR + "; {what} waits until quiet hours end (nobody would read it)"
+    ),
     Event.TERMINATE_NOW: Transition(ANY_STATE - {State.REAPED}, State.REAPED, "terminated now, asked by {user}"),
 }
 # Prefixed to the reason of whatever follows when the runtime cap overrides a keep.
@@ -886,6 +892,11 @@ def decide(
     elif seen.mode == "hold":
         why = seen.how.why_not_stop if seen.how else ""
         outcome = _Outcome(Event.KIND_UNKNOWN, Action.NONE, stretch.record, {"quiet": stretch.quiet, "why": why})
+    elif seen.mode in ("notify", "terminate") and quiet_hours and not stretch.warned and not dry_run:
+        # A notice recorded unsent would never be sent, and a termination cannot be undone: both wait for a
+        # person who can read them.
+        what = "the notice" if seen.mode == "notify" else "the termination warning"
+        outcome = _Outcome(Event.WAITS_FOR_PEOPLE, Action.NONE, stretch.record, {"quiet": stretch.quiet, "what": what})
     elif seen.mode == "notify":
         outcome = _notice(seen, assessment, stretch)
     elif not stretch.warned and not dry_run:
@@ -1185,11 +1196,8 @@ def _notice(seen: _Sweep, assessment: Assessment, stretch: _Stretch) -> _Outcome
     if not stretch.warned:
         if seen.dry_run:
             return _Outcome(Event.NOTICE_DUE, Action.WARN, stretch.record, fields, applied=False)
+        # (Never under quiet hours: decide holds a notice until they end.)
         told = replace(stretch.record, warned_at=now, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
-        policy = seen.ref.policy
-        if policy is not None and policy.quiet_hours:
-            told = replace(told, warning_delivered_at=now)
-            fields["notes"] = f"{fields['notes']} (quiet hours: recorded, not sent)"
         return _Outcome(Event.NOTICE_DUE, Action.WARN, told, fields, notify="warning", deliver_warning=True)
     fields["warned_at"] = record.warned_at
     deliver = record.warning_delivered_at is None and not seen.dry_run

@@ -4,11 +4,15 @@ makes of it. Pure: no AWS."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from test_core import NOW as CORE_NOW
+from test_core import machine, quiet_assessment
 
+from idle_reaper.core import Action, MachineRecord, State, decide, kind_policy
 from idle_reaper.machine_kinds import (
     InstanceFacts,
     Kind,
@@ -21,7 +25,7 @@ from idle_reaper.machine_kinds import (
     stop_saves,
     warning_sentence,
 )
-from idle_reaper.policy import PolicyError, TeamPolicy, parse_team_policy
+from idle_reaper.policy import PolicyError, TeamPolicy, TeamPolicyRef, parse_team_policy
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 
@@ -280,3 +284,87 @@ class TestPolicyFields:
         assert policy.terminate_unstoppable_after_minutes is None
         assert policy.reserved_capacity_action == "notify"
         assert "p5" in policy.scarce_families and "g5" not in policy.scarce_families
+
+
+class TestDecideByKind:
+    """core.decide with a kind: a notice instead of a stop, termination on opt-in, a failed look-up holds, a
+    kind change warns afresh, quiet hours hold what nobody would read, a refused action is asked once."""
+
+    @staticmethod
+    def one_time():
+        return kind_of(instance(InstanceLifecycle="spot", SpotInstanceRequestId="sir-1"), spot=[spot_request()])
+
+    @staticmethod
+    def ref(**fields: Any) -> TeamPolicyRef:
+        return TeamPolicyRef(team="ml", policy=TeamPolicy(**fields), source="/idle-reaper/teams/ml", version=3)
+
+    def test_a_machine_ec2_cannot_stop_is_told_once_and_never_stopped(self):
+        kind = self.one_time()
+        d = decide(machine(), self.ref(), quiet_assessment(65), None, now=CORE_NOW, kind=kind)
+        assert (d.state, d.action, d.notify) == (State.WARNED, Action.WARN, "warning")
+        assert "not stopped: a one-time Spot instance" in d.reason and d.record.stop_not_before is None
+        assert d.record.machine_kind == "spot-one-time"
+        record = replace(d.record, warning_delivered_at=CORE_NOW)
+        for minutes in (30, 60, 120, 180, 240):
+            later = decide(
+                machine(),
+                self.ref(),
+                quiet_assessment(65 + minutes),
+                record,
+                now=CORE_NOW + timedelta(minutes=minutes),
+                kind=kind,
+            )
+            assert (later.state, later.action, later.deliver_warning) == (State.WARNED, Action.NONE, False), (
+                later.reason
+            )
+            assert later.reason.startswith("told at")
+            record = later.record
+
+    def test_opted_in_termination_uses_the_longer_window_and_terminates(self):
+        kind = self.one_time()
+        ref = kind_policy(self.ref(terminate_unstoppable_after_minutes=180), kind, machine())
+        assert ref.policy is not None and ref.policy.idle_minutes == 180
+        d = decide(machine(), ref, quiet_assessment(65), None, now=CORE_NOW, kind=kind)
+        assert (d.state, d.action) == (State.IDLE, Action.NONE) and "warning at 150 min" in d.reason
+        warned = decide(machine(), ref, quiet_assessment(155), None, now=CORE_NOW, kind=kind)
+        assert warned.action is Action.WARN and "will terminate it" in warned.reason and "root volume" in warned.reason
+
+    def test_a_failed_look_up_holds_without_a_message(self):
+        kind = kind_of(instance(CapacityReservationId="cr-1"), failed={"cr-1": "Throttling"})
+        d = decide(machine(), self.ref(), quiet_assessment(120), None, now=CORE_NOW, kind=kind)
+        assert (d.state, d.action, d.notify, d.deliver_warning) == (State.UNKNOWN, Action.NONE, None, False)
+        assert d.record.machine_kind == ""  # the last kind known stays (none yet)
+
+    def test_a_kind_change_after_a_warning_warns_afresh(self):
+        reserved = kind_of(instance(CapacityReservationId="cr-1"), reservations=[reservation()])
+        d = decide(machine(), self.ref(), quiet_assessment(65), None, now=CORE_NOW, kind=reserved)
+        assert d.action is Action.WARN and d.record.machine_kind == "capacity-reservation"
+        later = CORE_NOW + timedelta(minutes=10)
+        record = replace(d.record, warning_delivered_at=CORE_NOW)
+        d2 = decide(machine(), self.ref(), quiet_assessment(75), record, now=later, kind=kind_of(instance()))
+        assert d2.action is Action.WARN and "will stop it" in d2.reason and d2.record.warned_at == later
+
+    def test_quiet_hours_hold_a_notice_until_someone_can_read_it(self):
+        d = decide(
+            machine(), self.ref(quiet_hours=True), quiet_assessment(65), None, now=CORE_NOW, kind=self.one_time()
+        )
+        assert (d.state, d.action, d.record.warned_at) == (State.IDLE, Action.NONE, None)
+        assert "waits until quiet hours end" in d.reason
+
+    def test_an_action_ec2_refused_is_not_asked_again_this_stretch(self):
+        record = MachineRecord(
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=CORE_NOW - timedelta(minutes=60),
+            warning_delivered_at=CORE_NOW - timedelta(minutes=60),
+            observed_at=CORE_NOW - timedelta(minutes=5),
+            machine_kind="on-demand",
+            last_action="stop_failed",
+            action_refused_at=CORE_NOW - timedelta(minutes=30),
+        )
+        d = decide(machine(), self.ref(), quiet_assessment(150), record, now=CORE_NOW)
+        assert (d.state, d.action) == (State.WARNED, Action.NONE)
+        assert "EC2 refused it" in d.reason and "not tried again" in d.reason
+        fresh = replace(record, action_refused_at=None)
+        assert decide(machine(), self.ref(), quiet_assessment(150), fresh, now=CORE_NOW).action is Action.STOP
