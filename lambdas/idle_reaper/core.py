@@ -25,8 +25,8 @@ from idle_reaper.machine_kinds import (
     Kind,
     MachineKind,
     Saving,
+    caveats,
     handling,
-    scarce_note,
 )
 from idle_reaper.policy import TeamPolicy, TeamPolicyRef
 
@@ -1167,16 +1167,9 @@ def _verb(machine: Machine, policy: TeamPolicy, how: Handling | None = None) -> 
 def _kind_notes(seen: _Sweep) -> str:
     """What the kind adds to a warning's reason: why termination, a reservation a stop does not save, scarce
     capacity."""
-    kind, how, notes = seen.kind, seen.how, ""
-    if how is None:
+    if seen.how is None:
         return ""
-    if how.mode == "terminate":
-        notes += f"; {kind.why}; terminating {kind.loses}"
-    if kind.reservation is not None:
-        notes += f"; a stop frees its reserved slot but saves nothing: it {kind.why}"
-    if how.scarce:
-        notes += f"; {scarce_note(seen.machine.instance_type)}"
-    return notes
+    return "".join(f"; {note}" for note in caveats(seen.kind, seen.how, seen.machine.instance_type))
 
 
 def _notice(seen: _Sweep, assessment: Assessment, stretch: _Stretch) -> _Outcome:

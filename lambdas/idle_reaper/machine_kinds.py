@@ -174,22 +174,11 @@ def classify(facts: InstanceFacts, lookups: Lookups, now: datetime) -> MachineKi
     """The kind of one machine. A fleet comes first (whatever else it is, the fleet replaces it), then a
     look-up that failed, then a reservation that bills it now, then what EC2 lets a stop do."""
     if facts.fleet:
-        return MachineKind(
-            Kind.FLEET,
-            can_stop=False,
-            can_terminate=False,
-            saves="nothing",
-            why=f"a member of {facts.fleet}, which would launch a replacement for it",
-        )
+        return _untouchable(Kind.FLEET, f"a member of {facts.fleet}, which would launch a replacement for it")
     for needed in (facts.spot_request_id if facts.lifecycle == "spot" else None, facts.reservation_id):
         if needed and needed in lookups.failed:
-            return MachineKind(
-                Kind.UNKNOWN,
-                can_stop=False,
-                can_terminate=False,
-                saves="nothing",
-                why=f"{needed} could not be read ({lookups.failed[needed]}); not stopped until it can be",
-            )
+            why = f"{needed} could not be read ({lookups.failed[needed]}); not stopped until it can be"
+            return _untouchable(Kind.UNKNOWN, why)
     reservation = lookups.reservations.get(facts.reservation_id or "")
     billed = reservation if reservation is not None and reservation.holds_at(now) else None
     storage = _by_purchase(facts, lookups)
@@ -214,13 +203,10 @@ def _by_purchase(facts: InstanceFacts, lookups: Lookups) -> MachineKind:
     if facts.lifecycle == "spot":
         request = lookups.spot_requests.get(facts.spot_request_id or "")
         if request is None:
-            return MachineKind(
+            return _untouchable(
                 Kind.SPOT_REQUEST_GONE,
-                can_stop=False,
-                can_terminate=False,
-                saves="nothing",
-                why=f"a Spot instance whose request {facts.spot_request_id or '(none)'} cannot be found, so "
-                "whether EC2 would stop it is unknown",
+                f"a Spot instance whose request {facts.spot_request_id or '(none)'} cannot be found, so whether "
+                "EC2 would stop it is unknown",
             )
         live = request.state in _LIVE_REQUEST
         if request.request_type == "persistent" and live and request.interruption in ("stop", "hibernate"):
@@ -230,14 +216,10 @@ def _by_purchase(facts: InstanceFacts, lookups: Lookups) -> MachineKind:
                 Kind.SPOT, can_stop=True, can_terminate=False, saves="spot", spot_max_price=request.max_price
             )
         if request.request_type == "persistent" and live:
-            return MachineKind(
+            return _untouchable(
                 Kind.SPOT_RELAUNCHING,
-                can_stop=False,
-                can_terminate=False,
-                saves="nothing",
-                why=f"a Spot instance of persistent request {request.request_id}, which would launch a replacement "
-                "if it ended; cancel the request to end it",
-                spot_max_price=request.max_price,
+                f"a Spot instance of persistent request {request.request_id}, which would launch a replacement if "
+                "it ended; cancel the request to end it",
             )
         return MachineKind(
             Kind.SPOT_ONE_TIME,
@@ -251,6 +233,11 @@ def _by_purchase(facts: InstanceFacts, lookups: Lookups) -> MachineKind:
     if instance_store:
         return _instance_store(None)
     return ON_DEMAND
+
+
+def _untouchable(kind: Kind, why: str) -> MachineKind:
+    """Neither stopped nor terminated by idle-reaper, and no savings counted."""
+    return MachineKind(kind, can_stop=False, can_terminate=False, saves="nothing", why=why)
 
 
 def _instance_store(request: SpotRequest | None) -> MachineKind:
@@ -374,19 +361,26 @@ def scarce_note(instance_type: str) -> str:
     )
 
 
+def caveats(kind: MachineKind, how: Handling, instance_type: str) -> list[str]:
+    """What the kind adds to a stop or termination warning (and to its decision's reason)."""
+    found = []
+    if how.mode == "terminate":
+        found.append(f"{kind.why}; terminating {kind.loses}")
+    if kind.reservation is not None:
+        found.append(f"a stop frees its reserved slot but saves nothing: it {kind.why}")
+    if how.scarce:
+        found.append(scarce_note(instance_type))
+    return found
+
+
 def warning_sentence(kind: MachineKind, how: Handling, instance_type: str, at: str, *, reaped_verb: str) -> str:
     """The warning's first sentence (Slack mrkdwn, ids as written). `at` is when the action is due,
     `reaped_verb` what a stop does here ("stopped", "hibernated", "released to its Auto Scaling group")."""
     if how.mode in ("notify", "hold"):
         return notice_sentence(kind, how, instance_type)
-    if how.mode == "terminate":
-        return f"It will be *terminated* at {at} unless someone keeps it: {kind.why}. Terminating {kind.loses}."
-    sentence = f"It will be *{reaped_verb}* at {at} unless someone keeps it."
-    if kind.reservation is not None:
-        sentence += f" Stopping it frees its reserved slot but saves nothing: it {kind.why}."
-    if how.scarce:
-        sentence += f" {scarce_note(instance_type)}."
-    return sentence
+    verb = "terminated" if how.mode == "terminate" else reaped_verb
+    more = caveats(kind, how, instance_type)
+    return f"It will be *{verb}* at {at} unless someone keeps it" + (f": {'; '.join(more)}." if more else ".")
 
 
 def notice_sentence(kind: MachineKind, how: Handling, instance_type: str) -> str:

@@ -252,32 +252,11 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
         _button(_choice_label("keep_morning", policy, now), "keep_morning", ref),
     ]
     if mode == "stop":
-        buttons.append(
-            _button(
-                "Stop now",
-                "stop_now",
-                ref,
-                style="danger",
-                confirm=ConfirmObject(
-                    title=fit("Stop it now?", CONFIRM_TITLE_CHARS),
-                    text=fit(f"{label} will be {verb}.", CONFIRM_TEXT_CHARS, mrkdwn=True),
-                ),
-            )
-        )
+        buttons.append(_confirmed("Stop now", "stop_now", ref, "Stop it now?", f"{label} will be {verb}."))
     elif kind.kind in TERMINABLE:
-        # Only its owner may (routing.Router), and only after confirming what is lost.
-        buttons.append(
-            _button(
-                "Terminate now",
-                "terminate_now",
-                ref,
-                style="danger",
-                confirm=ConfirmObject(
-                    title=fit("Terminate it now?", CONFIRM_TITLE_CHARS),
-                    text=fit(f"{label} will be terminated: this {kind.loses}.", CONFIRM_TEXT_CHARS, mrkdwn=True),
-                ),
-            )
-        )
+        # Only its owner may (answers.Effects.terminate_now), and only after confirming what is lost.
+        lost = f"{label} will be terminated: this {kind.loses}."
+        buttons.append(_confirmed("Terminate now", "terminate_now", ref, "Terminate it now?", lost))
     if how is not None:
         # Escaped before the date token goes in: the token is Slack markup, not text from outside.
         mark = "\x00"
@@ -323,6 +302,12 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
             ]
         ),
     ]
+
+
+def _confirmed(text: str, action_id: str, ref: str, title: str, question: str) -> ButtonElement:
+    """A danger button that asks first (`question` is mrkdwn its caller escaped)."""
+    confirm = ConfirmObject(title=fit(title, CONFIRM_TITLE_CHARS), text=fit(question, CONFIRM_TEXT_CHARS, mrkdwn=True))
+    return _button(text, action_id, ref, style="danger", confirm=confirm)
 
 
 def _mrkdwn(text: str, limit: int) -> MarkdownTextObject:
