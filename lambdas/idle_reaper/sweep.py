@@ -627,7 +627,8 @@ def _alert_kind_notice(adapters: Adapters, d: Decision, settings: Settings, now:
     cost = f"; it costs about ${d.hourly_cost:,.2f} an hour at the on-demand rate" if d.hourly_cost is not None else ""
     text = (
         f"idle: {m.name or m.instance_id} ({m.instance_id}, {m.instance_type}, team {m.team}, owner "
-        f"{m.owner or 'none'}). {notice_sentence(d.kind, how, m.instance_type)}{cost}. Its owner was told too."
+        f"{m.owner or 'none'}). {notice_sentence(d.kind, how, m.instance_type).rstrip('.')}{cost}. Its owner was told "
+        "too."
     )
     _alert_once(adapters, f"kind-notice#{m.instance_id}@{d.record.warned_at.isoformat()}", text, settings, now)
 
