@@ -26,6 +26,7 @@ from idle_reaper.machine_kinds import (
     MachineKind,
     Saving,
     caveats,
+    describe,
     handling,
 )
 from idle_reaper.policy import TeamPolicy, TeamPolicyRef
@@ -915,7 +916,7 @@ def _carried_over(
     return replace(
         record,
         machine_kind=kind.kind.value if known else record.machine_kind,
-        kind_note=kind_note(kind) if known else record.kind_note,
+        kind_note=describe(kind) if known else record.kind_note,
         team=machine.team,
         version=record.version + 1,
         policy_version=ref.label,
@@ -1074,8 +1075,11 @@ def _after_warning(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, str
     if stretch.warned:
         assert record.warned_at is not None
         pending = now - record.warned_at
-        undelivered_ok = record.warning_delivered_at is None and pending >= timedelta(
-            minutes=policy.undelivered_warning_max_minutes
+        # A termination cannot be undone: it never follows a warning nobody received.
+        undelivered_ok = (
+            seen.mode != "terminate"
+            and record.warning_delivered_at is None
+            and pending >= timedelta(minutes=policy.undelivered_warning_max_minutes)
         )
         # The owner's time to answer runs from delivery; an undelivered warning holds the stop.
         clock_from = record.warning_delivered_at or (record.warned_at if undelivered_ok else None)
@@ -1195,11 +1199,6 @@ def _notice(seen: _Sweep, assessment: Assessment, stretch: _Stretch) -> _Outcome
     fields["warned_at"] = record.warned_at
     deliver = record.warning_delivered_at is None and not seen.dry_run
     return _Outcome(Event.NOTICE_GIVEN, Action.NONE, stretch.record, fields, deliver_warning=deliver)
-
-
-def kind_note(kind: MachineKind) -> str:
-    """The kind in words, as `status` and the audit show it."""
-    return kind.kind.value if kind.ordinary else f"{kind.kind.value}: {kind.why}"
 
 
 def kind_policy(ref: TeamPolicyRef, kind: MachineKind, machine: Machine) -> TeamPolicyRef:

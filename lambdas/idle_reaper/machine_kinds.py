@@ -332,7 +332,7 @@ def handling(kind: MachineKind, instance_type: str, policy: TeamPolicy) -> Handl
         return Handling("hold", idle_minutes, scarce, why_not_stop=kind.why)
     if kind.reservation is not None:
         if policy.reserved_capacity_action == "stop" and kind.can_stop:
-            return Handling("stop", idle_minutes, scarce, tell_admins=True)
+            return Handling("stop", idle_minutes, scarce)  # the warning says the stop saves nothing
         return Handling("notify", idle_minutes, scarce, tell_admins=True, why_not_stop=kind.why)
     if kind.kind is Kind.FLEET:
         return Handling("notify", idle_minutes, scarce, tell_admins=True, why_not_stop=kind.why)

@@ -198,7 +198,8 @@ class TestHandling:
             "notify",
             True,
         )
-        assert handling(k, "p5.48xlarge", TeamPolicy(reserved_capacity_action="stop")).mode == "stop"
+        stopped = handling(k, "p5.48xlarge", TeamPolicy(reserved_capacity_action="stop"))
+        assert (stopped.mode, stopped.tell_admins) == ("stop", False)
 
     def test_an_unstoppable_reserved_machine_is_not_stopped_even_when_the_policy_says_stop(self):
         k = kind_of(
@@ -368,3 +369,20 @@ class TestDecideByKind:
         assert "EC2 refused it" in d.reason and "not tried again" in d.reason
         fresh = replace(record, action_refused_at=None)
         assert decide(machine(), self.ref(), quiet_assessment(150), fresh, now=CORE_NOW).action is Action.STOP
+
+    def test_termination_never_follows_a_warning_nobody_received(self):
+        kind = kind_of(instance(RootDeviceType="instance-store"))
+        ref = kind_policy(self.ref(terminate_unstoppable_after_minutes=180), kind, machine())
+        undelivered = MachineRecord(
+            instance_id="i-1",
+            team="ml",
+            state=State.WARNED,
+            warned_at=CORE_NOW - timedelta(minutes=300),
+            observed_at=CORE_NOW - timedelta(minutes=5),
+            machine_kind="instance-store",
+        )
+        d = decide(machine(), ref, quiet_assessment(480), undelivered, now=CORE_NOW, kind=kind)
+        assert d.action is Action.NONE and "not delivered yet" in d.reason
+        # An ordinary machine's stop does follow after undelivered_warning_max_minutes (240).
+        ordinary = replace(undelivered, machine_kind="on-demand")
+        assert decide(machine(), self.ref(), quiet_assessment(480), ordinary, now=CORE_NOW).action is Action.STOP
