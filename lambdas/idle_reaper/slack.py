@@ -38,7 +38,7 @@ from slack_sdk.models.blocks import (
 
 from idle_reaper.aws import AwsError, StateStore
 from idle_reaper.core import KEEP_HOURS, Action, Decision, Machine, MachineRecord, keep_choices, next_morning
-from idle_reaper.machine_kinds import TERMINABLE, warning_sentence
+from idle_reaper.machine_kinds import TERMINABLE, caveats, warning_sentence
 from idle_reaper.notify import Delivery, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.policy import TeamPolicy
@@ -899,9 +899,13 @@ def owner_warning_line(decision: Decision, now: datetime) -> str:
     name = f"*{escape(fit(m.name, NAME_CHARS))}* · " if m.name else ""
     verb = "released to its Auto Scaling group" if m.asg_name else "stopped"
     why = decision.assessment.why_quiet if decision.assessment else decision.reason
+    # What its kind adds (scarce capacity, a reservation a stop does not save): only stops share a message.
+    more = caveats(decision.kind, decision.handling, m.instance_type) if decision.handling else []
+    joined = escape("; ".join(more))
+    note = f" {joined[:1].upper()}{joined[1:]}." if more else ""
     return fit(
         f"{name}`{m.instance_id}` · {escape(m.instance_type)} · team {escape(m.team)}\n"
-        f"*{verb.capitalize()} at {date_token(planned_stop(decision, now))}* unless kept. {escape(why)}",
+        f"*{verb.capitalize()} at {date_token(planned_stop(decision, now))}* unless kept.{note} {escape(why)}",
         SECTION_CHARS,
         mrkdwn=True,
     )

@@ -386,3 +386,21 @@ class TestDecideByKind:
         # An ordinary machine's stop does follow after undelivered_warning_max_minutes (240).
         ordinary = replace(undelivered, machine_kind="on-demand")
         assert decide(machine(), self.ref(), quiet_assessment(480), ordinary, now=CORE_NOW).action is Action.STOP
+
+    def test_a_scarce_machine_in_its_owners_shared_message_keeps_its_capacity_note(self):
+        from idle_reaper.core import owner_message_groups
+        from idle_reaper.slack import owner_warning_line
+
+        kind = kind_of(instance(InstanceType="p5.48xlarge"))
+        p5 = machine(instance_type="p5.48xlarge", owner="U0BOB")
+        other = machine(instance_id="i-2", owner="U0BOB")
+        decisions = [
+            decide(p5, self.ref(), quiet_assessment(65), None, now=CORE_NOW, kind=kind),
+            decide(other, self.ref(), quiet_assessment(65), None, now=CORE_NOW),
+        ]
+        [group] = owner_message_groups(decisions)  # both are stops: one message
+        line = owner_warning_line(group[0], CORE_NOW)
+        assert "P5 capacity is scarce" in line and "InsufficientInstanceCapacity" in line
+        assert "scarce" not in owner_warning_line(group[1], CORE_NOW)
+        notice = decide(other, self.ref(), quiet_assessment(65), None, now=CORE_NOW, kind=self.one_time())
+        assert len(owner_message_groups([decisions[0], notice])) == 2  # a notice has a message of its own
