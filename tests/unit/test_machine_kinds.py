@@ -12,7 +12,7 @@ import pytest
 from test_core import NOW as CORE_NOW
 from test_core import machine, quiet_assessment
 
-from idle_reaper.core import Action, MachineRecord, State, decide, kind_policy
+from idle_reaper.core import Action, MachineRecord, State, decide, kind_policy, owner_message_groups
 from idle_reaper.machine_kinds import (
     InstanceFacts,
     Kind,
@@ -26,6 +26,7 @@ from idle_reaper.machine_kinds import (
     warning_sentence,
 )
 from idle_reaper.policy import PolicyError, TeamPolicy, TeamPolicyRef, parse_team_policy
+from idle_reaper.slack import owner_warning_line
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 
@@ -388,9 +389,6 @@ class TestDecideByKind:
         assert decide(machine(), self.ref(), quiet_assessment(480), ordinary, now=CORE_NOW).action is Action.STOP
 
     def test_a_scarce_machine_in_its_owners_shared_message_keeps_its_capacity_note(self):
-        from idle_reaper.core import owner_message_groups
-        from idle_reaper.slack import owner_warning_line
-
         kind = kind_of(instance(InstanceType="p5.48xlarge"))
         p5 = machine(instance_type="p5.48xlarge", owner="U0BOB")
         other = machine(instance_id="i-2", owner="U0BOB")
