@@ -1,7 +1,7 @@
 """What knowing each machine's kind costs a sweep: the same 10,000-machine fleet as benchmarks/sweep_cost.py,
 once as it is and once with a tenth of its standalone machines Spot (half one-time, half persistent) and a
 twentieth in capacity reservations (four machines a reservation). The real `run_sweep` over the counting
-fakes, every call charged its in-region latency (testkit/fake_aws.py LATENCY) on the modelled thread pools
+fakes, every call charged its in-region latency (testkit/aws/clients.py LATENCY) on the modelled thread pools
 of benchmarks/sweep_latency.py. Prints the look-up calls, what they charged and the steady sweep's modelled
 wall both ways.
 
@@ -27,8 +27,8 @@ from sweep_latency import Segments  # noqa: E402
 from idle_reaper import sweep as sweep_module  # noqa: E402
 from idle_reaper.notify import LoggingNotifier  # noqa: E402
 from idle_reaper.sweep import run_sweep  # noqa: E402
+from testkit.aws import CountingStateStore, FakeAws, LatencyModel  # noqa: E402
 from testkit.ec2_answers import capacity_reservation  # noqa: E402
-from testkit.fake_aws import CountingStateStore, FakeAws, LatencyModel  # noqa: E402
 
 LOOKUPS = ("ec2:DescribeSpotInstanceRequests", "ec2:DescribeCapacityReservations")
 

@@ -4,7 +4,7 @@ moto stops a one-time Spot instance, reports every root device as EBS, always st
 no DescribeCapacityReservations. Real EC2 answers with the codes and messages below (as EC2 words them; the ids
 and types are filled in). `Ec2Answers` registers on boto3's default session, so every EC2 client the code
 under test creates afterwards (a sweep's, a Slack answer's) meets them before moto does; the in-memory
-FakeEC2 (testkit/fake_aws.py) answers the same way.
+FakeEC2 (testkit/aws/fleet.py) answers the same way.
 """
 
 from __future__ import annotations

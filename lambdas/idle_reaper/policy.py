@@ -323,7 +323,7 @@ class TeamPolicy(_Strict):
         description="A machine up longer than this since its last start is warned and stopped even if kept "
         "(snoozed); never while busy or unknown, never when exempt.",
     )
-    # Machines a stop cannot reach or does not save (machine_kinds.py; docs/policy.md has the table).
+    # Machines a stop cannot reach or does not save (core/kinds.py; docs/policy.md has the table).
     terminate_unstoppable_after_minutes: int | None = Field(
         None,
         ge=60,

@@ -20,7 +20,7 @@ from typing import Any
 
 from idle_reaper import aws
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
-from idle_reaper.machine_kinds import NEVER_STOPPED, TERMINABLE, Kind, recorded_saving
+from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE, Kind, recorded_saving
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import (
     PolicyError,
@@ -530,7 +530,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _reap_word(machine: Machine | None, policy: TeamPolicy, kind: str = "") -> str:
     if machine is not None and machine.asg_name:
         return "terminate" if policy.asg_action == "terminate" else "release to its group"
-    # What the kind a record keeps makes of the end of the window (machine_kinds.handling, from the record).
+    # What the kind a record keeps makes of the end of the window (core.kinds.handling, from the record).
     if kind in TERMINABLE and policy.terminate_unstoppable_after_minutes is not None:
         return "terminate" if policy.action != "notify_only" else "report (notify_only)"
     if kind in NEVER_STOPPED:
