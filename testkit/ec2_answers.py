@@ -95,6 +95,27 @@ def denied(action: str) -> Answer:
     )
 
 
+def spot_request(
+    request_id: str,
+    instance_id: str,
+    *,
+    request_type: str = "one-time",
+    interruption: str = "terminate",
+    price: str = "0.500000",
+    state: str = "active",
+) -> dict[str, Any]:
+    """A DescribeSpotInstanceRequests item as botocore parses it."""
+    return {
+        "SpotInstanceRequestId": request_id,
+        "InstanceId": instance_id,
+        "Type": request_type,
+        "InstanceInterruptionBehavior": interruption,
+        "State": state,
+        "SpotPrice": price,
+        "Status": {"Code": "fulfilled", "Message": "Your spot request is fulfilled."},
+    }
+
+
 def capacity_reservation(
     reservation_id: str,
     instance_type: str,

@@ -106,15 +106,9 @@ class FakeEC2(FakeClient):
     ) -> str:
         """Make the machine a Spot instance of a new request of that type; the request's id."""
         request_id = f"sir-{instance_id[2:]}"
-        self.spot_requests[request_id] = {
-            "SpotInstanceRequestId": request_id,
-            "InstanceId": instance_id,
-            "Type": request_type,
-            "InstanceInterruptionBehavior": interruption,
-            "State": "active",
-            "SpotPrice": price,
-            "Status": {"Code": "fulfilled", "Message": "Your spot request is fulfilled."},
-        }
+        self.spot_requests[request_id] = ec2_answers.spot_request(
+            request_id, instance_id, request_type=request_type, interruption=interruption, price=price
+        )
         inst = self.instances[instance_id]
         inst.lifecycle, inst.spot_request_id = "spot", request_id
         inst.set_kind()

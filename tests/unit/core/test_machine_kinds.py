@@ -27,6 +27,7 @@ from idle_reaper.core.kinds import (
 )
 from idle_reaper.policy import PolicyError, TeamPolicy, TeamPolicyRef, parse_team_policy
 from idle_reaper.slack import owner_warning_line
+from testkit import ec2_answers
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 
@@ -37,30 +38,13 @@ def instance(**item: Any) -> dict[str, Any]:
 
 
 def spot_request(request_id: str = "sir-1", **item: Any) -> dict[str, Any]:
-    """A DescribeSpotInstanceRequests item."""
-    return {
-        "SpotInstanceRequestId": request_id,
-        "Type": "one-time",
-        "State": "active",
-        "InstanceInterruptionBehavior": "terminate",
-        "SpotPrice": "0.500000",
-        "InstanceId": "i-0abc",
-        **item,
-    }
+    """A DescribeSpotInstanceRequests item (a one-time request by default)."""
+    return {**ec2_answers.spot_request(request_id, "i-0abc"), **item}
 
 
 def reservation(reservation_id: str = "cr-1", **item: Any) -> dict[str, Any]:
-    """A DescribeCapacityReservations item."""
-    return {
-        "CapacityReservationId": reservation_id,
-        "InstanceType": "p5.48xlarge",
-        "State": "active",
-        "ReservationType": "default",
-        "EndDateType": "unlimited",
-        "TotalInstanceCount": 2,
-        "AvailableInstanceCount": 1,
-        **item,
-    }
+    """A DescribeCapacityReservations item (an open-ended p5 reservation by default)."""
+    return {**ec2_answers.capacity_reservation(reservation_id, "p5.48xlarge", total=2, available=1), **item}
 
 
 def kind_of(item: dict[str, Any], tags: dict[str, str] | None = None, *, spot=(), reservations=(), failed=None):
