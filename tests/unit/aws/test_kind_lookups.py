@@ -104,3 +104,21 @@ def test_a_mixed_fleet_sweep_never_asks_ec2_to_stop_what_it_cannot_and_terminate
     assert round(saved, 2) == round(40 * 0.096 + 40 * 0.02, 2)
     kinds = {d.kind.kind for r in reports for d in r.decisions}
     assert kinds == {Kind.ON_DEMAND, Kind.SPOT, Kind.SPOT_ONE_TIME, Kind.FLEET}
+
+
+def test_persistent_spot_hibernates_where_the_policy_asks_and_the_machine_can_and_one_time_spot_never() -> None:
+    aws = account('{"idle_minutes": 90, "warn_minutes": 30, "action": "hibernate"}')
+    configured, plain, one_time = (
+        aws.launch("m5.large", team="ml", profile=steady(1.0), launch_time=DAY_AGO, owner=f"U0{n}", hibernation=h)
+        for n, h in ((1, True), (2, False), (3, True))
+    )
+    aws.ec2.make_spot(configured, request_type="persistent", interruption="hibernate")
+    aws.ec2.make_spot(plain, request_type="persistent", interruption="stop")
+    aws.ec2.make_spot(one_time)
+    store = CountingStateStore()
+    for minutes in range(0, 121, 10):
+        run_sweep(aws.adapters(store=store), now=NOW + timedelta(minutes=minutes))
+    calls = aws.ec2.requests_of("StopInstances")
+    assert {(tuple(c["InstanceIds"]), c["Hibernate"]) for c in calls} == {((configured,), True), ((plain,), False)}
+    assert aws.ec2.hibernated == {configured} and aws.ec2.state_of(one_time) == "running"
+    assert not aws.ec2.errors  # nothing EC2 would refuse (UnsupportedOperation) was asked

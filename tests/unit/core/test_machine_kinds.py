@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from test_core import NOW as CORE_NOW
-from test_core import machine, quiet_assessment
+from test_core import machine, quiet_assessment, warned_record
 
-from idle_reaper.core import Action, MachineRecord, State, decide, kind_policy, owner_message_groups
+from idle_reaper.core import Action, State, decide, kind_policy, owner_message_groups
 from idle_reaper.core.kinds import (
     InstanceFacts,
     Kind,
@@ -338,13 +338,8 @@ class TestDecideByKind:
         assert "waits until quiet hours end" in d.reason
 
     def test_an_action_ec2_refused_is_not_asked_again_this_stretch(self):
-        record = MachineRecord(
-            instance_id="i-1",
-            team="ml",
-            state=State.WARNED,
-            warned_at=CORE_NOW - timedelta(minutes=60),
-            warning_delivered_at=CORE_NOW - timedelta(minutes=60),
-            observed_at=CORE_NOW - timedelta(minutes=5),
+        record = warned_record(
+            timedelta(minutes=60),
             machine_kind="on-demand",
             last_action="stop_failed",
             action_refused_at=CORE_NOW - timedelta(minutes=30),
@@ -358,14 +353,7 @@ class TestDecideByKind:
     def test_termination_never_follows_a_warning_nobody_received(self):
         kind = kind_of(instance(RootDeviceType="instance-store"))
         ref = kind_policy(self.ref(terminate_unstoppable_after_minutes=180), kind, machine())
-        undelivered = MachineRecord(
-            instance_id="i-1",
-            team="ml",
-            state=State.WARNED,
-            warned_at=CORE_NOW - timedelta(minutes=300),
-            observed_at=CORE_NOW - timedelta(minutes=5),
-            machine_kind="instance-store",
-        )
+        undelivered = warned_record(timedelta(minutes=300), warning_delivered_at=None, machine_kind="instance-store")
         d = decide(machine(), ref, quiet_assessment(480), undelivered, now=CORE_NOW, kind=kind)
         assert d.action is Action.NONE and "not delivered yet" in d.reason
         # An ordinary machine's stop does follow after undelivered_warning_max_minutes (240).
