@@ -165,6 +165,9 @@ def test_each_kind_is_told_what_happens_and_only_a_stoppable_machine_is_stopped(
         assert len(posted_to(slack, fleet[name])) == 1, name  # told once, not again
     assert len(admin_alerts(slack)) == 2
 
+    # The "Stopped" messages say what each stop saves: the price, or at most it for Spot.
+    updates = json.dumps([c.params for c in slack.calls_to("chat.update")])
+    assert "it saves $0.10/h while stopped" in updates and "it saves at most $0.10/h while stopped" in updates
     # Savings: only what a stop saves (m5.large $0.096 + p5.48xlarge $98.32, and the persistent Spot machine at
     # most its on-demand $0.096, so the total is marked an upper bound), never a reservation or a notice.
     totals = stopped.summary.teams["ml"]

@@ -454,12 +454,12 @@ class SlackNotifier(SlackDelivery):
         reason = escape(decision.reason)
         if decision.action in (Action.STOP, Action.HIBERNATE):
             ref = self.new_ref(m.instance_id, now)
-            saving = decision.saving.text() if decision.saving else f"~{money(decision.hourly_cost)}"
+            saving = decision.saving.text() if decision.saving else f"~{money(decision.hourly_cost)}/h"
             if decision.kind.reservation is not None:
                 saving = f"nothing (its {decision.kind.reservation.label} is billed either way)"
             detail = (
                 f"{machine_label(m.name, m.instance_id)} was {PAST_TENSE[decision.action]} at {date_token(now)}"
-                + f"; it saves {saving} per hour while stopped. {reason}"
+                + f"; it saves {saving} while stopped. {reason}"
             )
             self.update(record, "Stopped", detail, ref=ref, start_button=True)
             return Delivery(ref=ref)
