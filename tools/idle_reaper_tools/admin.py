@@ -21,6 +21,7 @@ from typing import Any
 from idle_reaper import aws
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
 from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE, Kind, recorded_saving
+from idle_reaper.core.reading import parse_next_read
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import (
     PolicyError,
@@ -621,6 +622,10 @@ def status_rows(
                 "kind": record.machine_kind or None,
                 "kind_note": record.kind_note or None,
                 "stop_saves": recorded_saving(record.machine_kind, hourly_price(record.instance_type or "")).text(),
+                # When a sweep last read its metrics, and when the next one must (core/reading.py).
+                "last_read": record.observed_at.isoformat() if record.observed_at else None,
+                "next_read": next_read.isoformat() if (next_read := parse_next_read(record.next_read_at)) else None,
+                "next_read_why": record.next_read_why if next_read else "read at every sweep",
             }
         )
     for machine in machines.values():
@@ -645,6 +650,9 @@ def status_rows(
                     "kind": None,
                     "kind_note": None,
                     "stop_saves": recorded_saving("", hourly_price(machine.instance_type)).text(),
+                    "last_read": None,
+                    "next_read": None,
+                    "next_read_why": "read at the next sweep",
                 }
             )
     return sorted(rows, key=lambda r: (r["team"], r["instance_id"]))
@@ -655,6 +663,11 @@ def _when(text: str | None, now: datetime) -> str:
         return ""
     when = datetime.fromisoformat(text)
     return "next sweep" if when <= now else _fmt_time(when)
+
+
+def _reads(row: dict[str, Any], now: datetime) -> str:
+    last = _fmt_time(datetime.fromisoformat(row["last_read"])) if row["last_read"] else "never"
+    return f"{last}, {_when(row['next_read'], now) if row['next_read'] else 'every sweep'}"
 
 
 def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
@@ -671,6 +684,7 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
             "KEPT UNTIL (BY)",
             "NEXT",
             "PERSON",
+            "READ (LAST, NEXT)",
             "REASON",
         ),
         (
@@ -688,6 +702,7 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
                 else "-",
                 f"{r['next_action']}" + (f" at {_when(r['next_at'], now)}" if r["next_at"] else ""),
                 r["human_signal"] or "-",
+                _reads(r, now),
                 f"WARNING UNDELIVERABLE: {r['delivery_error']}. {r['reason']}" if r["delivery_error"] else r["reason"],
             )
             for r in rows

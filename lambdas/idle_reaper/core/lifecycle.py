@@ -44,6 +44,7 @@ class Decision:
     kind: MachineKind = ON_DEMAND
     handling: Handling | None = None  # what the end of the window brings for it (None: no policy, or a group member)
     saving: Saving | None = None  # what stopping it saves an hour: the figure every savings total adds up
+    read: bool = True  # False: not read this sweep (core/reading.py); nothing happens, the record stays
 
     @property
     def action_label(self) -> str:

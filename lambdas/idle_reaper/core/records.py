@@ -98,6 +98,10 @@ class MachineRecord:
     # When EC2 refused this quiet stretch's action for a reason a retry does not change (UnsupportedOperation,
     # ...): the action is not tried again until the machine is busy again (one refused call per stretch).
     action_refused_at: datetime | None = None
+    # When the sweep must next read this machine (ISO-8601 UTC; "": at the next sweep) and why not before
+    # (core/reading.py). Text, not a date: a corrupt value means "read now", never an unreadable record.
+    next_read_at: str = ""
+    next_read_why: str = ""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,6 +75,10 @@ class Assessment:
     # The human-activity signal: a person active within human_active_minutes, none, no usable data,
     # or "off" (the policy ignores it).
     human_signal: Literal["active", "quiet", "missing", "off"] = "off"
+    # A series the machine is judged on that has no datapoint at all in the fetched range (say, a GPU
+    # machine without the agent): unknown until it reports, and no warning before it has reported quiet
+    # for a warning point (core/reading.py reads such a machine less often).
+    missing_series: bool = False
 
     @property
     def why_quiet(self) -> str:
@@ -194,6 +198,7 @@ def _tracks(
                 f"GPU instance {machine.instance_type} reports no GPU metrics; "
                 "policy missing_gpu_metrics=busy never treats it as idle",
                 uses_gpu=True,
+                missing_series=True,
             )
         notes.append("no GPU metrics, judged on CPU alone (missing_gpu_metrics=cpu_only)")
     if policy.network_threshold_bytes_per_second is not None:
@@ -265,7 +270,7 @@ def assess(
             if t_high + period > window_start and (latest_high is None or t_high > latest_high[0]):
                 latest_high = (t_high, track, v_high)
 
-    def result(signal: Signal, reason: str, since: datetime | None) -> Assessment:
+    def result(signal: Signal, reason: str, since: datetime | None, *, missing: bool = False) -> Assessment:
         if notes:
             reason = f"{reason} ({'; '.join(notes)})"
         summary = ""
@@ -289,6 +294,7 @@ def assess(
             observed_until=observed_until,
             quiet_summary=summary,
             human_signal=human,
+            missing_series=missing,
         )
 
     observed_until = (
@@ -331,7 +337,7 @@ def assess(
     for track, since in zip(tracks, covered, strict=True):
         if since is None:
             if not track.points:
-                return result("unknown", f"no {track.label} datapoints", None)
+                return result("unknown", f"no {track.label} datapoints", None, missing=True)
             last = track.points[-1][0] + period
             return result(
                 "unknown", f"no {track.label} data since {last:%H:%M} UTC (gap over {policy.max_gap_minutes} min)", None

@@ -49,6 +49,8 @@ def apply_decisions(
 
     def claim(d: Decision) -> tuple[Decision, bool, bool]:
         """The decision, whether its record was written, whether this sweep now holds the machine."""
+        if not d.read:
+            return d, False, False  # not read this sweep: nothing happened to it, its record stays
         if out_of_time():
             return replace(d, error=DEFERRED), False, False
         before = previous.get(d.machine.instance_id)
@@ -446,7 +448,7 @@ def explain(d: Decision) -> dict[str, Any]:
         # What a stop saves an hour (0 for reserved capacity; for Spot the most it can be), and the kind why.
         "hourly_savings": d.saving.hourly if d.saving else d.hourly_cost,
         "savings_upper_bound": bool(d.saving and d.saving.upper_bound),
-        "kind": d.kind.kind.value,
+        "kind": d.kind.kind.value if d.read else (d.record.machine_kind or None),
         "kind_note": d.record.kind_note or None,
     }
 

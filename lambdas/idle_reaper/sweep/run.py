@@ -21,7 +21,8 @@ from idle_reaper.aws.metrics import (
 from idle_reaper.aws.policies import policy_for
 from idle_reaper.core.kinds import Lookups, MachineKind, classify, stop_saves
 from idle_reaper.core.lifecycle import Decision, decide, kind_policy
-from idle_reaper.core.records import Action
+from idle_reaper.core.reading import not_due, plan_next_read, unread
+from idle_reaper.core.records import Action, MachineRecord
 from idle_reaper.core.reports import (
     limit_terminations,
 )
@@ -105,14 +106,20 @@ def run_sweep(
     team_refs = {m.team: ref_for(m.team).at(now) for m in machines}
     safe_mode = {ref.team for ref in refs.values() if ref.policy is None}
     safe_mode.update(team for team, ref in team_refs.items() if ref.policy is None)
-    kinds = _machine_kinds(adapters, machines, settings, now, warnings, alert=not dry_run)
-    # Each machine's own policy: its team's, with the window its kind gets (kinds.Handling).
-    refs_of = {m.instance_id: kind_policy(team_refs[m.team], kinds[m.instance_id], m) for m in machines}
-    signals = _fetch_signals(adapters.metrics, machines, refs_of, settings, now)
+    skipped = _not_due(machines, team_refs, records, settings, now)
+    to_read = [m for m in machines if m.instance_id not in skipped]
+    # What kind each machine read is, and so its own policy: its team's, with the window its kind gets.
+    kinds = _machine_kinds(adapters, to_read, settings, now, warnings, alert=not dry_run)
+    refs_of = {m.instance_id: kind_policy(team_refs[m.team], kinds[m.instance_id], m) for m in to_read}
+    signals = _fetch_signals(adapters.metrics, to_read, refs_of, settings, now)
     period = timedelta(seconds=settings.metrics.period_seconds)
 
     decisions = []
     for m in machines:
+        if m.instance_id in skipped:
+            kept = unread(m, team_refs[m.team], records[m.instance_id], skipped[m.instance_id])
+            decisions.append(replace(kept, hourly_cost=hourly_price(m.instance_type, prices)))
+            continue
         ref = refs_of[m.instance_id]
         assessment = None
         if ref.policy is not None and m.instance_id in signals:
@@ -127,6 +134,7 @@ def run_sweep(
         kind = kinds[m.instance_id]
         d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run, kind=kind)
         d = _with_status_notes(d, signals.get(m.instance_id), now)
+        d = replace(d, record=plan_next_read(d, now))
         price = hourly_price(m.instance_type, prices)
         decisions.append(replace(d, hourly_cost=price, saving=stop_saves(kind, price)))
 
@@ -163,6 +171,22 @@ def run_sweep(
         sweep_id=sweep_id,
         teams_in_safe_mode=sorted(safe_mode),
     )
+
+
+def _not_due(
+    machines: Sequence[Machine],
+    team_refs: Mapping[str, TeamPolicyRef],
+    records: Mapping[str, MachineRecord],
+    settings: Settings,
+    now: datetime,
+) -> dict[str, str]:
+    """The machines whose decision cannot change before their next-read time, and why: not read this sweep
+    (core/reading.py)."""
+    if not settings.read_when_due:
+        return {}
+    return {
+        m.instance_id: why for m in machines if (why := not_due(m, team_refs[m.team], records.get(m.instance_id), now))
+    }
 
 
 def _machine_kinds(
