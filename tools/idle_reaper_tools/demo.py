@@ -114,6 +114,15 @@ FLEET = [
         "frank@example.com",
         "idle, but its team policy is invalid",
     ),
+    Box(
+        "fleet-worker",
+        "m5.large",
+        "ml",
+        _steady(1.0, None),
+        "ivan@example.com",
+        "idle member of an EC2 Fleet: never stopped (the fleet would replace it), reported",
+        tags={"aws:ec2:fleet-id": "fleet-0demo"},
+    ),
 ]
 SLACK_USERS = {
     "alice@example.com": "U0ALICE",
@@ -124,6 +133,7 @@ SLACK_USERS = {
     "frank@example.com": "U0FRANK",
     "grace@example.com": "U0GRACE",
     "heidi@example.com": "U0HEIDI",
+    "ivan@example.com": "U0IVAN",
     "ops@example.com": "U0OPS",
 }
 GROUP = "workers"
