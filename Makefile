@@ -34,6 +34,7 @@ test: sync lint
 bench: sync
 	$(RUN) python benchmarks/sweep_cost.py
 	$(RUN) python benchmarks/sweep_latency.py --sizes 1000,10000
+	$(RUN) python benchmarks/kind_lookups.py
 	$(RUN) python benchmarks/savings.py
 	$(RUN) python benchmarks/slack_latency.py
 

@@ -42,9 +42,12 @@ FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # handlers/sweep.py: hand a fleet larger 
 # 1,769 MB is one full vCPU: the sweep's own CPU time (benchmarks/sweep_latency.py) is measured on one core.
 SWEEP_MEMORY_MB = 1769
 
-# The sweep's read-only calls; none has resource-level permissions in IAM.
+# The sweep's read-only calls; none has resource-level permissions in IAM. The Spot requests and capacity
+# reservations say what kind of machine each is (machine_kinds.py).
 SWEEP_READS = (
     "ec2:DescribeInstances",
+    "ec2:DescribeSpotInstanceRequests",
+    "ec2:DescribeCapacityReservations",
     "autoscaling:DescribeAutoScalingGroups",
     "cloudwatch:GetMetricData",
 )
@@ -438,9 +441,11 @@ class IdleReaperStack(Stack):
         here = self._in_regions([self.region])
         statements = [
             iam.PolicyStatement(sid="FleetReads", actions=list(SWEEP_READS), resources=["*"], conditions=here),
+            # TerminateInstances only for machines EC2 cannot stop, on a team's opt-in
+            # (terminate_unstoppable_after_minutes); like every write, only on opted-in machines.
             iam.PolicyStatement(
                 sid="StopManagedInstances",
-                actions=["ec2:StopInstances"],
+                actions=["ec2:StopInstances", "ec2:TerminateInstances"],
                 resources=[self._instances(self.region)],
                 conditions=self._managed(props),
             ),
@@ -500,7 +505,8 @@ class IdleReaperStack(Stack):
         statements = [
             iam.PolicyStatement(
                 sid="StartStopManagedInstances",
-                actions=["ec2:StartInstances", "ec2:StopInstances"],
+                # TerminateInstances: an owner's confirmed "Terminate now" on a machine EC2 cannot stop.
+                actions=["ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"],
                 resources=[self._instances(r) for r in regions],
                 conditions=self._managed(props),
             ),

@@ -27,6 +27,21 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 # Instance families that carry NVIDIA GPUs. A machine of these families without GPU metrics is
 # "unknown" under `missing_gpu_metrics: busy`: we cannot see what the GPU does, so we never call it idle.
+# The largest GPU and accelerator families: a stopped one may not start again for hours or days
+# (InsufficientInstanceCapacity), so by default their warning says so (TeamPolicy.scarce_families).
+DEFAULT_SCARCE_FAMILIES: tuple[str, ...] = (
+    "p4d",
+    "p4de",
+    "p5",
+    "p5e",
+    "p5en",
+    "p6-b200",
+    "p6-b300",
+    "p6e-gb200",
+    "trn1",
+    "trn1n",
+    "trn2",
+)
 DEFAULT_GPU_FAMILIES = (
     "p2",
     "p3",
@@ -308,6 +323,32 @@ class TeamPolicy(_Strict):
         description="A machine up longer than this since its last start is warned and stopped even if kept "
         "(snoozed); never while busy or unknown, never when exempt.",
     )
+    # Machines a stop cannot reach or does not save (core/kinds.py; docs/policy.md has the table).
+    terminate_unstoppable_after_minutes: int | None = Field(
+        None,
+        ge=60,
+        le=10080,
+        description="One-time Spot instances and instance-store roots cannot be stopped, only terminated. "
+        "null (the default): their owner is told once per idle stretch, with buttons to keep or terminate. "
+        "A number: quiet this long (minutes, longer than idle_minutes), they are warned and terminated.",
+    )
+    reserved_capacity_action: Literal["notify", "stop"] = Field(
+        "notify",
+        description="A machine in an active capacity reservation or Capacity Block: a stop saves nothing. "
+        "notify: the owner and the admins are told the reservation is idle; stop: it is stopped as usual "
+        "(freeing the slot for someone else), never counted as savings.",
+    )
+    scarce_families: tuple[InstanceFamily, ...] = Field(
+        DEFAULT_SCARCE_FAMILIES,
+        max_length=200,
+        description="Instance families whose capacity is hard to get back once stopped: their warning says so.",
+    )
+    scarce_action: Literal["stop", "notify_only"] = Field(
+        "stop", description="For scarce_families: stop as usual, or only tell the owner (notify_only)."
+    )
+    scarce_idle_minutes: int | None = Field(
+        None, ge=15, le=10080, description="For scarce_families: their own idle window (null: idle_minutes)."
+    )
     schedules: tuple[Schedule, ...] = Field(
         (),
         max_length=50,
@@ -351,6 +392,25 @@ class TeamPolicy(_Strict):
     @model_validator(mode="after")
     def _warn_before_stop(self) -> TeamPolicy:
         problems: list[tuple[tuple[str | int, ...], str, Any]] = []
+        terminate_after = self.terminate_unstoppable_after_minutes
+        if terminate_after is not None and terminate_after <= self.idle_minutes:
+            problems.append(
+                (
+                    ("terminate_unstoppable_after_minutes",),
+                    f"terminate_unstoppable_after_minutes ({terminate_after}) must be longer than idle_minutes "
+                    f"({self.idle_minutes}): termination loses the machine's disks, so it waits longer than a stop",
+                    terminate_after,
+                )
+            )
+        if self.scarce_idle_minutes is not None and self.warn_minutes >= self.scarce_idle_minutes:
+            problems.append(
+                (
+                    ("scarce_idle_minutes",),
+                    f"warn_minutes ({self.warn_minutes}) must be shorter than scarce_idle_minutes "
+                    f"({self.scarce_idle_minutes})",
+                    self.scarce_idle_minutes,
+                )
+            )
         if self.warn_minutes >= self.idle_minutes:
             problems.append(
                 (

@@ -10,7 +10,9 @@ from typing import Any, ClassVar
 
 from botocore.exceptions import ClientError
 
+from testkit import ec2_answers
 from testkit.aws.clients import ACCOUNT, REGION, FakeClient, api
+from testkit.ec2_answers import Answer
 
 # ---------------------------------------------------------------------------------------------
 # EC2
@@ -28,6 +30,11 @@ class FakeInstance:
     hibernation_configured: bool = False
     state: str = "running"
     api: dict[str, Any] = field(default_factory=dict)  # the DescribeInstances item, built once
+    # What makes a machine another kind (kinds.py): set with FakeEC2.make_* before a sweep lists it.
+    lifecycle: str | None = None  # InstanceLifecycle
+    root_device: str = "ebs"
+    spot_request_id: str | None = None
+    reservation_id: str | None = None
 
     def __post_init__(self) -> None:
         self.api = {
@@ -41,15 +48,32 @@ class FakeInstance:
             "Tags": [{"Key": k, "Value": v} for k, v in self.tags.items()],
         }
         self.set_state(self.state)
+        self.set_kind()
 
     def set_state(self, state: str) -> None:
         self.state = state
         self.api["State"] = {"Code": _STATE_CODES[state], "Name": state}
 
+    def set_kind(self) -> None:
+        self.api["RootDeviceType"] = self.root_device
+        for key, value in (
+            ("InstanceLifecycle", self.lifecycle),
+            ("SpotInstanceRequestId", self.spot_request_id),
+            ("CapacityReservationId", self.reservation_id),
+        ):
+            if value:
+                self.api[key] = value
+            else:
+                self.api.pop(key, None)
+
 
 class FakeEC2(FakeClient):
     service = "ec2"
-    paginators: ClassVar[dict[str, tuple[str, str]]] = {"describe_instances": ("describe_instances", "MaxResults")}
+    paginators: ClassVar[dict[str, tuple[str, str]]] = {
+        "describe_instances": ("describe_instances", "MaxResults"),
+        "describe_spot_instance_requests": ("describe_spot_instance_requests", "MaxResults"),
+        "describe_capacity_reservations": ("describe_capacity_reservations", "MaxResults"),
+    }
     _invalid_token_code = "InvalidParameterValue"
 
     def __init__(self) -> None:
@@ -58,6 +82,9 @@ class FakeEC2(FakeClient):
         self.fail_stop: dict[str, str] = {}  # instance id -> error code for any StopInstances naming it
         self.unhibernatable: set[str] = set()  # configured, but hibernation fails (UnsupportedHibernationConfiguration)
         self.hibernated: set[str] = set()
+        self.spot_requests: dict[str, dict[str, Any]] = {}  # DescribeSpotInstanceRequests items by request id
+        self.reservations: dict[str, dict[str, Any]] = {}  # DescribeCapacityReservations items by reservation id
+        self.refuse_start: dict[str, Answer] = {}  # instance id -> EC2's answer to StartInstances (no capacity...)
         self._ids = itertools.count(1)
 
     def add(
@@ -73,6 +100,26 @@ class FakeEC2(FakeClient):
         inst = FakeInstance(instance_id, instance_type, launch_time, dict(tags), hibernation, state)
         self.instances[instance_id] = inst
         return inst
+
+    def make_spot(
+        self, instance_id: str, *, request_type: str = "one-time", interruption: str = "terminate", price: str = "0.5"
+    ) -> str:
+        """Make the machine a Spot instance of a new request of that type; the request's id."""
+        request_id = f"sir-{instance_id[2:]}"
+        self.spot_requests[request_id] = ec2_answers.spot_request(
+            request_id, instance_id, request_type=request_type, interruption=interruption, price=price
+        )
+        inst = self.instances[instance_id]
+        inst.lifecycle, inst.spot_request_id = "spot", request_id
+        inst.set_kind()
+        return request_id
+
+    def make_kind(self, instance_id: str, **facts: Any) -> None:
+        """Set FakeInstance kind fields (root_device, reservation_id, lifecycle) as DescribeInstances shows them."""
+        inst = self.instances[instance_id]
+        for name, value in facts.items():
+            setattr(inst, name, value)
+        inst.set_kind()
 
     def forget(self, instance_id: str) -> None:
         """The instance is gone (terminated long enough ago that EC2 no longer knows it)."""
@@ -165,6 +212,9 @@ class FakeEC2(FakeClient):
         for i in InstanceIds:
             if i in self.fail_stop:
                 raise self._error(op, self.fail_stop[i], f"injected failure for {i}")
+            refusal = self._stop_refusal(self.instances[i])
+            if refusal is not None:
+                raise self._error(op, refusal.code, refusal.message)
             if self.instances[i].state in ("shutting-down", "terminated"):
                 raise self._error(
                     op, "IncorrectInstanceState", f"This instance '{i}' is not in a state from which it can be stopped."
@@ -172,11 +222,8 @@ class FakeEC2(FakeClient):
         if Hibernate:
             for i in InstanceIds:
                 if not self.instances[i].hibernation_configured or i in self.unhibernatable:
-                    raise self._error(
-                        op,
-                        "UnsupportedHibernationConfiguration",
-                        f"For hibernation, the instance {i} must have hibernation enabled and be ready to hibernate.",
-                    )
+                    answer = ec2_answers.hibernation_not_configured(i)
+                    raise self._error(op, answer.code, answer.message)
         out = []
         for i in InstanceIds:
             inst = self.instances[i]
@@ -188,6 +235,16 @@ class FakeEC2(FakeClient):
             out.append({"InstanceId": i, "PreviousState": previous, "CurrentState": dict(inst.api["State"])})
         return {"StoppingInstances": out}
 
+    def _stop_refusal(self, inst: FakeInstance) -> Answer | None:
+        """EC2's answer to stopping a one-time Spot instance or an instance-store root."""
+        if inst.root_device != "ebs":
+            return ec2_answers.instance_store_stop(inst.instance_id)
+        if inst.lifecycle == "spot":
+            request = self.spot_requests.get(inst.spot_request_id or "")
+            if request is None or request["Type"] != "persistent":
+                return ec2_answers.one_time_spot_stop(inst.instance_id)
+        return None
+
     @api
     def start_instances(self, InstanceIds: Sequence[str], DryRun: bool = False) -> dict[str, Any]:
         op = "StartInstances"
@@ -195,6 +252,9 @@ class FakeEC2(FakeClient):
         missing = [i for i in InstanceIds if i not in self.instances]
         if missing:
             raise self._error(op, "InvalidInstanceID.NotFound", f"The instance IDs '{', '.join(missing)}' do not exist")
+        for i in InstanceIds:
+            if i in self.refuse_start:
+                raise self._error(op, self.refuse_start[i].code, self.refuse_start[i].message)
         for i in InstanceIds:
             if self.instances[i].state not in ("stopped", "running", "pending"):
                 raise self._error(
@@ -208,6 +268,65 @@ class FakeEC2(FakeClient):
             self.hibernated.discard(i)
             out.append({"InstanceId": i, "PreviousState": previous, "CurrentState": dict(inst.api["State"])})
         return {"StartingInstances": out}
+
+    @api
+    def terminate_instances(self, InstanceIds: Sequence[str], DryRun: bool = False) -> dict[str, Any]:
+        op = "TerminateInstances"
+        self._call(op, {"InstanceIds": list(InstanceIds)})
+        missing = [i for i in InstanceIds if i not in self.instances]
+        if missing:
+            raise self._error(op, "InvalidInstanceID.NotFound", f"The instance IDs '{', '.join(missing)}' do not exist")
+        out = []
+        for i in InstanceIds:
+            inst = self.instances[i]
+            previous = dict(inst.api["State"])
+            inst.set_state("terminated")
+            request = self.spot_requests.get(inst.spot_request_id or "")
+            if request is not None and request["Type"] == "one-time":
+                request["State"] = "closed"
+            out.append({"InstanceId": i, "PreviousState": previous, "CurrentState": dict(inst.api["State"])})
+        return {"TerminatingInstances": out}
+
+    @api
+    def describe_spot_instance_requests(
+        self,
+        Filters: Sequence[dict[str, Any]] = (),
+        SpotInstanceRequestIds: Sequence[str] = (),
+        MaxResults: int | None = None,
+        NextToken: str | None = None,
+    ) -> dict[str, Any]:
+        op = "DescribeSpotInstanceRequests"
+        self._call(op, {"Filters": Filters, "SpotInstanceRequestIds": SpotInstanceRequestIds})
+        missing = [i for i in SpotInstanceRequestIds if i not in self.spot_requests]
+        if missing:
+            message = f"The spot instance request ID '{missing[0]}' does not exist"
+            raise self._error(op, "InvalidSpotInstanceRequestID.NotFound", message)
+        wanted = set(SpotInstanceRequestIds)
+        for f in Filters:
+            if f["Name"] != "spot-instance-request-id":
+                raise self._error(op, "InvalidParameterValue", f"The filter '{f['Name']}' is invalid")
+            wanted |= set(f["Values"])
+        items = [r for key, r in self.spot_requests.items() if not wanted or key in wanted]
+        page, token = self._page(op, NextToken, MaxResults or 1000, lambda: items)
+        return {"SpotInstanceRequests": page, **({"NextToken": token} if token else {})}
+
+    @api
+    def describe_capacity_reservations(
+        self,
+        CapacityReservationIds: Sequence[str] = (),
+        MaxResults: int | None = None,
+        NextToken: str | None = None,
+    ) -> dict[str, Any]:
+        op = "DescribeCapacityReservations"
+        self._call(op, {"CapacityReservationIds": CapacityReservationIds})
+        missing = [i for i in CapacityReservationIds if i not in self.reservations]
+        if missing:
+            message = f"The capacity reservation ID '{missing[0]}' does not exist"
+            raise self._error(op, "InvalidCapacityReservationId.NotFound", message)
+        wanted = set(CapacityReservationIds)
+        items = [r for key, r in self.reservations.items() if not wanted or key in wanted]
+        page, token = self._page(op, NextToken, MaxResults or 1000, lambda: items)
+        return {"CapacityReservations": page, **({"NextToken": token} if token else {})}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from testkit.aws.state import CountingStateStore
 WRITE_OPERATIONS = frozenset(
     {
         "ec2:StopInstances",
+        "ec2:TerminateInstances",
         "autoscaling:SetInstanceProtection",
         "autoscaling:TerminateInstanceInAutoScalingGroup",
         "ssm:PutParameter",

@@ -74,6 +74,8 @@ def on_managed(action: str, resource: str, region: str = HOME) -> Request:
 def fleet_reads(region: str) -> list[Request]:
     return [
         call("ec2:DescribeInstances", "*", region),
+        call("ec2:DescribeSpotInstanceRequests", "*", region),
+        call("ec2:DescribeCapacityReservations", "*", region),
         call("autoscaling:DescribeAutoScalingGroups", "*", region),
         call("cloudwatch:GetMetricData", "*", region),
     ]
@@ -91,6 +93,7 @@ def policy_reads(region: str) -> list[Request]:
 SWEEP_CALLS = [
     *fleet_reads(HOME),
     on_managed("ec2:StopInstances", instance(HOME)),
+    on_managed("ec2:TerminateInstances", instance(HOME)),  # machines EC2 cannot stop, on the team's opt-in
     on_managed("autoscaling:SetInstanceProtection", group(HOME)),
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
     *policy_reads(HOME),
@@ -117,6 +120,7 @@ SLACK_CALLS = [
         for request in (
             on_managed("ec2:StartInstances", instance(region), region),
             on_managed("ec2:StopInstances", instance(region), region),
+            on_managed("ec2:TerminateInstances", instance(region), region),  # "Terminate now"
             on_managed("autoscaling:SetInstanceProtection", group(region), region),
             *policy_reads(region),
             call("dynamodb:BatchGetItem", table(region), region),
@@ -142,7 +146,9 @@ NEVER = [
     call("ec2:StopInstances", instance(HOME), **{MANAGED_TAG: "false"}),
     call("autoscaling:SetInstanceProtection", group(HOME), **UNMANAGED),
     call("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME), **UNMANAGED),
-    on_managed("ec2:TerminateInstances", instance(HOME)),
+    # TerminateInstances (machines EC2 cannot stop) only ever on opted-in machines.
+    call("ec2:TerminateInstances", instance(HOME), **UNMANAGED),
+    call("ec2:TerminateInstances", instance(HOME), **{MANAGED_TAG: "false"}),
     on_managed("autoscaling:UpdateAutoScalingGroup", group(HOME)),
     call("ssm:PutParameter", parameter(HOME, "settings")),
     call("ssm:GetParameter", f"arn:aws:ssm:{HOME}:{ACCOUNT}:parameter/prod/db-password"),
@@ -162,6 +168,7 @@ SWEEP_NEVER = [
     *(r for r in fleet_reads(OTHER) if r.action != "ec2:DescribeInstances"),
     call("cloudwatch:GetMetricData", "*", "ap-south-1"),
     on_managed("ec2:StopInstances", instance(OTHER), OTHER),
+    on_managed("ec2:TerminateInstances", instance(OTHER), OTHER),
     call("lambda:InvokeFunction", function(HOME, "idle-reaper-slack")),
 ]
 SLACK_NEVER = [
@@ -183,6 +190,7 @@ GATHER_NEVER = [
     *NEVER,
     *fleet_reads(HOME),
     on_managed("ec2:StopInstances", instance(HOME)),
+    on_managed("ec2:TerminateInstances", instance(HOME)),
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
     call("ssm:GetParameter", parameter(HOME, "teams/ml")),
     call("dynamodb:BatchGetItem", table(HOME)),
@@ -194,6 +202,7 @@ ALARM_RELAY_NEVER = [
     call("ssm:GetParameter", parameter(HOME, "teams/ml")),
     call("dynamodb:GetItem", table(HOME)),
     on_managed("ec2:StopInstances", instance(HOME)),
+    on_managed("ec2:TerminateInstances", instance(HOME)),
 ]
 
 

@@ -307,6 +307,8 @@ def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[
             assert set(actions) <= {
                 "ec2:DescribeInstances",
                 "ec2:DescribeRegions",
+                "ec2:DescribeSpotInstanceRequests",
+                "ec2:DescribeCapacityReservations",
                 "autoscaling:DescribeAutoScalingGroups",
                 "cloudwatch:GetMetricData",
                 "xray:PutTraceSegments",

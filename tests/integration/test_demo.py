@@ -35,10 +35,16 @@ def test_busy_machines_are_left_running(demo_output, name):
 
 
 @pytest.mark.parametrize(
-    "name,state", [("exempt-box", "exempt"), ("research-box", "safe_mode"), ("young-box", "unknown")]
+    "name,state",
+    [("exempt-box", "exempt"), ("research-box", "safe_mode"), ("young-box", "unknown"), ("fleet-worker", "warned")],
 )
 def test_untouchable_machines_are_left_running(demo_output, name, state):
     assert f"left running ({state})" in summary_row(demo_output, name)
+
+
+def test_a_fleet_member_is_told_not_stopped_and_saves_nothing(demo_output):
+    assert "idle-reaper cannot stop it: it is a member of EC2 Fleet fleet-0demo" in demo_output
+    assert summary_row(demo_output, "fleet-worker").split()[-1] in ("$0.00", "0.00")
 
 
 def test_scripted_keep_click_goes_through_the_signed_handler_and_delays_the_stop(demo_output):

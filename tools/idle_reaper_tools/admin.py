@@ -20,6 +20,7 @@ from typing import Any
 
 from idle_reaper import aws
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
+from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE, Kind, recorded_saving
 from idle_reaper.core.reading import parse_next_read
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import (
@@ -34,6 +35,7 @@ from idle_reaper.policy import (
     parse_team_policy,
     schedule_zone,
 )
+from idle_reaper.pricing import hourly_price
 from idle_reaper.sweep import Adapters, SweepCannotRun, logger, run_sweep
 
 EXIT_INVALID = 1  # invalid input, refused, or nothing written
@@ -526,9 +528,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 # status
 
 
-def _reap_word(machine: Machine | None, policy: TeamPolicy) -> str:
+def _reap_word(machine: Machine | None, policy: TeamPolicy, kind: str = "") -> str:
     if machine is not None and machine.asg_name:
         return "terminate" if policy.asg_action == "terminate" else "release to its group"
+    # What the kind a record keeps makes of the end of the window (core.kinds.handling, from the record).
+    if kind in TERMINABLE and policy.terminate_unstoppable_after_minutes is not None:
+        return "terminate" if policy.action != "notify_only" else "report (notify_only)"
+    if kind in NEVER_STOPPED:
+        return "none: told once, not stopped"
+    if kind in (Kind.RESERVED, Kind.CAPACITY_BLOCK) and policy.reserved_capacity_action == "notify":
+        return "none: owner and admins told, not stopped (reserved capacity)"
     return {"stop": "stop", "hibernate": "hibernate", "notify_only": "report (notify_only)"}[policy.action]
 
 
@@ -549,7 +558,7 @@ def next_step(
         return "re-check at the next sweep", None
     warn_at = timedelta(minutes=policy.idle_minutes - policy.warn_minutes)
     idle = timedelta(minutes=policy.idle_minutes)
-    reap = _reap_word(machine, policy)
+    reap = _reap_word(machine, policy, record.machine_kind)
     cap_at = machine.launch_time + timedelta(hours=policy.max_runtime_hours) if policy.max_runtime_hours else None
     if record.state is State.SNOOZED and record.snoozed_until:
         if cap_at is not None and cap_at < record.snoozed_until:
@@ -608,6 +617,11 @@ def status_rows(
                 "delivery_error": record.delivery_error if record.state is State.WARNED else None,
                 # The human-activity signal the last sweep saw, when the team's policy uses it.
                 "human_signal": describe_human_signal(record.human_signal) or None,
+                # What kind of machine it is, and what stopping it saves an hour (0 for reserved capacity, for
+                # Spot the most it can be: the reaper does not read Spot prices).
+                "kind": record.machine_kind or None,
+                "kind_note": record.kind_note or None,
+                "stop_saves": recorded_saving(record.machine_kind, hourly_price(record.instance_type or "")).text(),
                 # When a sweep last read its metrics, and when the next one must (core/reading.py).
                 "last_read": record.observed_at.isoformat() if record.observed_at else None,
                 "next_read": next_read.isoformat() if (next_read := parse_next_read(record.next_read_at)) else None,
@@ -633,6 +647,9 @@ def status_rows(
                     "updated_at": None,
                     "delivery_error": None,
                     "human_signal": None,
+                    "kind": None,
+                    "kind_note": None,
+                    "stop_saves": recorded_saving("", hourly_price(machine.instance_type)).text(),
                     "last_read": None,
                     "next_read": None,
                     "next_read_why": "read at the next sweep",
@@ -661,6 +678,8 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
             "TEAM",
             "OWNER",
             "STATE",
+            "KIND",
+            "STOP SAVES",
             "IDLE SINCE",
             "KEPT UNTIL (BY)",
             "NEXT",
@@ -675,6 +694,8 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
                 r["team"],
                 r["owner"] or "-",
                 r["state"],
+                r["kind"] or "-",
+                r["stop_saves"],
                 _fmt_time(datetime.fromisoformat(r["idle_since"])) if r["idle_since"] else "-",
                 f"{_fmt_time(datetime.fromisoformat(r['snoozed_until']))} ({r['snoozed_by'] or '?'})"
                 if r["snoozed_until"]

@@ -114,6 +114,15 @@ FLEET = [
         "frank@example.com",
         "idle, but its team policy is invalid",
     ),
+    Box(
+        "fleet-worker",
+        "m5.large",
+        "ml",
+        _steady(1.0, None),
+        "ivan@example.com",
+        "idle member of an EC2 Fleet: never stopped (the fleet would replace it), reported",
+        tags={"aws:ec2:fleet-id": "fleet-0demo"},
+    ),
 ]
 SLACK_USERS = {
     "alice@example.com": "U0ALICE",
@@ -124,6 +133,7 @@ SLACK_USERS = {
     "frank@example.com": "U0FRANK",
     "grace@example.com": "U0GRACE",
     "heidi@example.com": "U0HEIDI",
+    "ivan@example.com": "U0IVAN",
     "ops@example.com": "U0OPS",
 }
 GROUP = "workers"
@@ -298,7 +308,9 @@ def summary(seeded: Seeded, reports: list[SweepReport]) -> list[tuple[str, str, 
             snoozes = sum(1 for d in steps if d.state is State.SNOOZED)
             if snoozes:
                 what += " (after a 2 h keep)"
-            rows.append((name, what, hours, hours * (reaped.hourly_cost or 0.0)))
+            # What the stop saves (nothing for reserved capacity), never the machine's price.
+            saved = reaped.saving.hourly if reaped.saving and reaped.saving.hourly is not None else 0.0
+            rows.append((name, what, hours, hours * saved))
         else:
             final = steps[-1].state.value if steps else "not seen"
             rows.append((name, f"left running ({final})", 0.0, 0.0))

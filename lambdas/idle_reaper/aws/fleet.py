@@ -10,6 +10,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from idle_reaper.aws.clients import CALL_WIDE_ERRORS, AwsError, chunks, error_code, run_concurrently
+from idle_reaper.core.kinds import InstanceFacts, Lookups, Reservation, SpotRequest
 from idle_reaper.core.reports import GroupCapacity
 from idle_reaper.core.signals import Machine
 from idle_reaper.policy import (
@@ -20,6 +21,8 @@ ASG_INSTANCES_PER_CALL = 50  # DescribeAutoScalingInstances and SetInstanceProte
 ASG_GROUPS_PER_CALL = 50  # DescribeAutoScalingGroups: names per call without MaxRecords
 FILTER_VALUES = 200  # values in one DescribeInstances filter
 STOP_BATCH = 200  # StopInstances documents no limit; smaller batches fail smaller
+SPOT_REQUEST_FILTER_VALUES = 200  # request ids in one DescribeSpotInstanceRequests filter
+RESERVATIONS_PER_CALL = 100  # capacity reservation ids in one DescribeCapacityReservations call
 ACTION_WORKERS = 8
 
 
@@ -99,6 +102,7 @@ class Fleet:
                             owner=tag.get(tags.owner),
                             exempt_tag=tag.get(tags.exempt),
                             hibernation_configured=bool(inst.get("HibernationOptions", {}).get("Configured")),
+                            facts=InstanceFacts.of(inst, tag),
                         )
                     )
                     # Only members carry this AWS-managed tag: ask the ASG API about their groups alone.
@@ -170,6 +174,58 @@ class Fleet:
 
         return _batched(instance_ids, STOP_BATCH, call)
 
+    def terminate(self, instance_ids: Sequence[str]) -> list[ActionOutcome]:
+        """TerminateInstances in batches that bisect on failure: only ever for machines EC2 cannot stop, on a
+        team's opt-in (terminate_unstoppable_after_minutes) or their owner's confirmed click."""
+
+        def call(ids: Sequence[str]) -> None:
+            self.ec2.terminate_instances(InstanceIds=list(ids))
+
+        return _batched(instance_ids, STOP_BATCH, call)
+
+    def kind_lookups(self, machines: Sequence[Machine]) -> Lookups:
+        """What says what kind each machine is beyond DescribeInstances: the Spot requests of its Spot machines
+        (DescribeSpotInstanceRequests filtered by request id, 200 a call) and the capacity reservations machines
+        run in (DescribeCapacityReservations, 100 ids a call), each asked only when a listed machine needs it,
+        the calls concurrently. A call that fails marks its ids failed: those machines are unknown (never
+        stopped) this sweep, and the next sweep asks again."""
+        spot_ids = sorted({m.facts.spot_request_id or "" for m in machines if m.facts.needs_spot_request})
+        reservation_ids = sorted({m.facts.reservation_id or "" for m in machines if m.facts.reservation_id})
+
+        def spot(batch: Sequence[str]) -> Lookups:
+            found: dict[str, SpotRequest] = {}
+            try:
+                pages = self.ec2.get_paginator("describe_spot_instance_requests").paginate(
+                    Filters=[{"Name": "spot-instance-request-id", "Values": list(batch)}]
+                )
+                for page in pages:
+                    for item in page["SpotInstanceRequests"]:
+                        request = SpotRequest.of(item)
+                        found[request.request_id] = request
+            except AwsError as exc:
+                return Lookups(failed={i: error_code(exc) for i in batch})
+            return Lookups(spot_requests=found)
+
+        def reservations(batch: Sequence[str]) -> Lookups:
+            try:
+                out = self.ec2.describe_capacity_reservations(CapacityReservationIds=list(batch))
+            except AwsError as exc:
+                # One id EC2 no longer knows fails the call: split until it stands alone (then: not billing).
+                if error_code(exc) == "InvalidCapacityReservationId.NotFound":
+                    if len(batch) == 1:
+                        return Lookups()
+                    half = len(batch) // 2
+                    return _merged([reservations(batch[:half]), reservations(batch[half:])])
+                return Lookups(failed={i: error_code(exc) for i in batch})
+            found = [Reservation.of(item) for item in out.get("CapacityReservations", [])]
+            return Lookups(reservations={r.reservation_id: r for r in found})
+
+        tasks: list[Callable[[], Lookups]] = [
+            *(lambda b=b: spot(b) for b in chunks(spot_ids, SPOT_REQUEST_FILTER_VALUES)),
+            *(lambda b=b: reservations(b) for b in chunks(reservation_ids, RESERVATIONS_PER_CALL)),
+        ]
+        return _merged(run_concurrently(lambda task: task(), tasks, ACTION_WORKERS))
+
     def start(self, instance_id: str) -> ActionOutcome:
         try:
             self.ec2.start_instances(InstanceIds=[instance_id])
@@ -197,6 +253,17 @@ class Fleet:
     def terminate_in_groups(self, instance_ids: Sequence[str]) -> list[ActionOutcome]:
         """TerminateInstanceInAutoScalingGroup takes one instance: the calls run concurrently instead."""
         return run_concurrently(self.terminate_in_group, list(instance_ids), ACTION_WORKERS)
+
+
+def _merged(parts: Iterable[Lookups]) -> Lookups:
+    spot: dict[str, SpotRequest] = {}
+    reserved: dict[str, Reservation] = {}
+    failed: dict[str, str] = {}
+    for part in parts:
+        spot.update(part.spot_requests)
+        reserved.update(part.reservations)
+        failed.update(part.failed)
+    return Lookups(spot, reserved, failed)
 
 
 def _batched(ids: Sequence[str], size: int, call: Callable[[Sequence[str]], None]) -> list[ActionOutcome]:

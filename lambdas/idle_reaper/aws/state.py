@@ -105,6 +105,7 @@ _DATE_FIELDS = {
     "stop_not_before",
     "warning_post_started_at",
     "quiet_stop_at",
+    "action_refused_at",
 }
 
 

@@ -15,6 +15,7 @@ from idle_reaper.core.answers import (
     snooze,
     started_by_person,
     stopped_by_person,
+    terminated_by_person,
 )
 from idle_reaper.core.lifecycle import (
     ANY_STATE,
@@ -26,6 +27,7 @@ from idle_reaper.core.lifecycle import (
     Transition,
     allowed,
     decide,
+    kind_policy,
 )
 from idle_reaper.core.records import (
     HISTORY_CAP_MINUTES,
@@ -117,6 +119,7 @@ __all__ = [
     "is_gpu_type",
     "keep_choices",
     "keep_until",
+    "kind_policy",
     "last_human_input",
     "learned_wait",
     "limit_terminations",
@@ -131,4 +134,5 @@ __all__ = [
     "snooze",
     "started_by_person",
     "stopped_by_person",
+    "terminated_by_person",
 ]

@@ -119,6 +119,21 @@ def stopped_by_person(
     )
 
 
+def terminated_by_person(record: MachineRecord, user: str, now: datetime) -> MachineRecord:
+    """Terminated at its owner's confirmed request (a machine EC2 cannot stop): nothing to start again."""
+    terminate_now = TRANSITIONS[Event.TERMINATE_NOW]
+    return replace(
+        record,
+        version=record.version + 1,
+        state=terminate_now.target,
+        last_action=Action.TERMINATE_INSTANCE.value,
+        last_action_at=now,
+        warning_ref=None,
+        reason=terminate_now.explain({"user": user}),
+        updated_at=now,
+    )
+
+
 def started_by_person(record: MachineRecord, user: str, now: datetime) -> MachineRecord:
     """Started again: a fresh grace window (the launch time resets the idle clock too). The quiet stretch
     the stop ended goes into the machine's history: it lasted until now."""

@@ -10,6 +10,16 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
+from idle_reaper.core.kinds import (
+    ON_DEMAND,
+    Handling,
+    Kind,
+    MachineKind,
+    Saving,
+    caveats,
+    describe,
+    handling,
+)
 from idle_reaper.core.records import Action, MachineRecord, State, parse_history, with_stretch
 from idle_reaper.core.signals import Assessment, Machine, Signal, parse_exemption
 from idle_reaper.core.waiting import LearnedWait, earliest_warn_minutes, learned_wait, warn_point
@@ -29,8 +39,11 @@ class Decision:
     deliver_warning: bool = False  # a warning is due and not delivered yet
     assessment: Assessment | None = None
     policy: TeamPolicyRef | None = None
-    hourly_cost: float | None = None
+    hourly_cost: float | None = None  # what the machine costs an hour (its on-demand price), for messages
     error: str | None = None
+    kind: MachineKind = ON_DEMAND
+    handling: Handling | None = None  # what the end of the window brings for it (None: no policy, or a group member)
+    saving: Saving | None = None  # what stopping it saves an hour: the figure every savings total adds up
     read: bool = True  # False: not read this sweep (core/reading.py); nothing happens, the record stays
 
     @property
@@ -54,16 +67,27 @@ class Decision:
 #   kept                 any             snoozed    none                               resolved, if it was warned
 #   quiet                any             idle       none                               resolved, if it was warned
 #   warning_due          any             warned     warn                               the warning
+#   notice_due           any             warned     warn (a notice: nothing will be        the notice (and the admins,
+#                                                   stopped; kinds.Handling)       for a fleet or a reservation)
+#   notice_given         any             warned     none: the owner was told               the notice, if undelivered
+#   kind_unknown         any             unknown    none: a kind look-up failed            -
+#   waits_for_people     any             idle       none: a notice or a termination        -
+#                                                   warning waits for quiet hours to end
 #   would_warn           any             warned     warn, not applied (dry run)        -
 #   warning_undelivered  any             warned     none: no stop until delivered      the warning, retried
 #   answer_time          any             warned     none: the owner has warn_minutes   the warning, if undelivered
 #   stop_due             any             reaped     stop, hibernate, unprotect or      reaped
-#                                                   terminate (none: ASG member free)
+#                                                   terminate (none: ASG member free;
+#                                                   terminate_instance: opted in, a
+#                                                   machine EC2 cannot stop)
 #   stop_reported        any             warned     the same, not applied (dry run     -
 #                                                   or a notify_only policy)
 #   keep                 all but reaped  snoozed    none (snooze)                      the message is updated
 #   stop_now             any             reaped     stop, or unprotect an ASG member   the message is updated
 #   start_again          reaped          active     start: a fresh grace window        the message is updated
+#   terminate_now        all but reaped  reaped     terminate_instance (the owner,     the message is updated
+#                                                   confirmed; a machine EC2 cannot
+#                                                   stop)
 #
 # busy and quiet_after_busy apply while the last activity is less than the warning point ago (quiet for
 # under idle_minutes - warn_minutes); every later event needs the machine quiet (covered, every track
@@ -72,6 +96,10 @@ class Decision:
 #   cap reached  up max_runtime_hours or longer: a keep no longer holds (kept is skipped) and the reason
 #                starts with why; a busy machine is still never stopped, an exempt one never touched
 #   quiet hours  policy.quiet_hours: nothing is posted to owners; a new warning counts as delivered at once
+# What kind of machine it is (kinds.py: one-time Spot, instance-store root, fleet member, reserved
+# capacity, scarce family, or a kind look-up that failed) decides what the end of the window brings: a stop,
+# a notice (nothing is stopped), or, opted in, termination after a longer window. A machine whose kind changed
+# since its warning is warned afresh: the old warning promised something else.
 # A policy change shows at the next sweep: an invalid policy means safe mode, and a schedule that shortens
 # the window never brings a stop before the time its warning announced (stop_not_before). The sweep
 # records what happens after a decision: a delivered warning (warning_delivered_at; the owner's
@@ -97,6 +125,11 @@ class Event(StrEnum):
     KEEP = "keep"
     STOP_NOW = "stop_now"
     START_AGAIN = "start_again"
+    NOTICE_DUE = "notice_due"
+    NOTICE_GIVEN = "notice_given"
+    KIND_UNKNOWN = "kind_unknown"
+    WAITS_FOR_PEOPLE = "waits_for_people"
+    TERMINATE_NOW = "terminate_now"
 
 
 @dataclass(frozen=True)
@@ -143,6 +176,15 @@ TRANSITIONS: dict[Event, Transition] = {
     Event.KEEP: Transition(ANY_STATE - {State.REAPED}, State.SNOOZED, "kept by {user} until {until}"),
     Event.STOP_NOW: Transition(ANY_STATE, State.REAPED, "{action} now, asked by {user}"),
     Event.START_AGAIN: Transition(frozenset({State.REAPED}), State.ACTIVE, "started again by {user}"),
+    Event.NOTICE_DUE: Transition(
+        ANY_STATE, State.WARNED, _QUIET_FOR + "; {what}; the owner is told{notes}{learned}: {why_quiet}"
+    ),
+    Event.NOTICE_GIVEN: Transition(ANY_STATE, State.WARNED, "told at {warned_at:%H:%M} UTC; {what}: {why_quiet}"),
+    Event.KIND_UNKNOWN: Transition(ANY_STATE, State.UNKNOWN, _QUIET_FOR + "; not stopped this sweep: {why}"),
+    Event.WAITS_FOR_PEOPLE: Transition(
+        ANY_STATE, State.IDLE, _QUIET_FOR + "; {what} waits until quiet hours end (nobody would read it)"
+    ),
+    Event.TERMINATE_NOW: Transition(ANY_STATE - {State.REAPED}, State.REAPED, "terminated now, asked by {user}"),
 }
 # Prefixed to the reason of whatever follows when the runtime cap overrides a keep.
 CAP_OVERRIDES_KEEP = "{cap}: the keep by {by} no longer holds; "
@@ -180,6 +222,12 @@ class _Sweep:
     base: MachineRecord  # the record to write, before this sweep's rule changes it
     now: datetime
     dry_run: bool
+    kind: MachineKind = ON_DEMAND
+    how: Handling | None = None  # None: no policy, or an Auto Scaling group member (the group decides)
+
+    @property
+    def mode(self) -> str:
+        return self.how.mode if self.how else "stop"
 
     @property
     def was_warned(self) -> bool:
@@ -206,6 +254,8 @@ class _Sweep:
             deliver_warning=outcome.deliver_warning and not quiet_hours,
             assessment=self.assessment,
             policy=self.ref,
+            kind=self.kind,
+            handling=self.how,
         )
 
 
@@ -235,11 +285,15 @@ def decide(
     *,
     now: datetime,
     dry_run: bool = False,
+    kind: MachineKind = ON_DEMAND,
 ) -> Decision:
     """The per-machine lifecycle: the event this sweep sees and the transition it makes (TRANSITIONS).
-    Read it top to bottom: the first rule that applies decides."""
+    Read it top to bottom: the first rule that applies decides. `kind`: what kind of machine it is
+    (kinds.classify); `ref` is already the machine's own (kind_policy)."""
     record = previous or MachineRecord(instance_id=machine.instance_id, team=machine.team)
-    seen = _Sweep(machine, ref, assessment, record, _carried_over(record, machine, ref, now), now, dry_run)
+    how = handling(kind, machine.instance_type, ref.policy) if ref.policy is not None and not machine.asg_name else None
+    base = _carried_over(record, machine, ref, now, kind)
+    seen = _Sweep(machine, ref, assessment, record, base, now, dry_run, kind, how)
     # An exemption is read before the policy: it holds in safe mode too. Its "resolved" notice (a warned
     # machine exempted since) keeps quiet hours like any other message to owners.
     exempt, why = parse_exemption(machine.exempt_tag, now)
@@ -257,7 +311,8 @@ def decide(
 
     stretch = _stretch(seen, policy, assessment)
     cap = _over_runtime_cap(machine, policy, now)
-    if assessment.signal == "busy" and stretch.quiet < stretch.warn_at:
+    # Busy with no quiet stretch at all is busy whatever the warning point (a learned one may be 0).
+    if assessment.signal == "busy" and (stretch.quiet < stretch.warn_at or assessment.quiet_since is None):
         return seen.decision(_busy(seen, assessment, stretch, cap), quiet_hours=quiet_hours, note=stretch.note)
     # Quiet from here on: covered, and every track below its threshold since quiet_since, at least the
     # warning point ago when the window still holds activity.
@@ -268,6 +323,16 @@ def decide(
     prefix = CAP_OVERRIDES_KEEP.format(cap=cap, by=record.snoozed_by or "someone") if kept else ""
     if stretch.quiet < stretch.warn_at:
         outcome = _quiet(policy, assessment, stretch)
+    elif seen.mode == "hold":
+        why = seen.how.why_not_stop if seen.how else ""
+        outcome = _Outcome(Event.KIND_UNKNOWN, Action.NONE, stretch.record, {"quiet": stretch.quiet, "why": why})
+    elif seen.mode in ("notify", "terminate") and quiet_hours and not stretch.warned and not dry_run:
+        # A notice recorded unsent would never be sent, and a termination cannot be undone: both wait for a
+        # person who can read them.
+        what = "the notice" if seen.mode == "notify" else "the termination warning"
+        outcome = _Outcome(Event.WAITS_FOR_PEOPLE, Action.NONE, stretch.record, {"quiet": stretch.quiet, "what": what})
+    elif seen.mode == "notify":
+        outcome = _notice(seen, assessment, stretch)
     elif not stretch.warned and not dry_run:
         outcome = _warning_due(seen, policy, assessment, stretch)
     else:
@@ -275,10 +340,16 @@ def decide(
     return seen.decision(outcome, quiet_hours=quiet_hours, prefix=prefix, note=stretch.note)
 
 
-def _carried_over(record: MachineRecord, machine: Machine, ref: TeamPolicyRef, now: datetime) -> MachineRecord:
-    """The previous record with this sweep's facts about the machine and its policy, version bumped."""
+def _carried_over(
+    record: MachineRecord, machine: Machine, ref: TeamPolicyRef, now: datetime, kind: MachineKind
+) -> MachineRecord:
+    """The previous record with this sweep's facts about the machine and its policy, version bumped. A kind
+    look-up that failed leaves the kind as the last sweep that could tell saw it."""
+    known = kind.kind is not Kind.UNKNOWN
     return replace(
         record,
+        machine_kind=kind.kind.value if known else record.machine_kind,
+        kind_note=describe(kind) if known else record.kind_note,
         team=machine.team,
         version=record.version + 1,
         policy_version=ref.label,
@@ -301,6 +372,8 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stret
     # ...and only if sweeps kept watching: after a stretch of unknown data, safe mode or no sweeps at all,
     # use in between may have fallen out of the fetched data, so the machine must be warned afresh.
     watched = record.observed_at is not None and now - record.observed_at <= timedelta(minutes=policy.idle_minutes)
+    # A warning given while the machine was another kind promised something else: it is warned afresh.
+    watched = watched and (record.machine_kind or Kind.ON_DEMAND) == (seen.base.machine_kind or Kind.ON_DEMAND)
     warned = watched and record.warned_at is not None and (interrupted is None or interrupted <= record.warned_at)
     continuous = watched and record.idle_since is not None and (interrupted is None or interrupted <= record.idle_since)
     idle_since = record.idle_since if continuous else assessment.quiet_since
@@ -314,8 +387,22 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stret
         ended = (record.observed_at - record.idle_since).total_seconds() / 60
         base = with_stretch(base, record.idle_since, ended, earliest_warn_minutes(policy))
         history, _ = parse_history(base.quiet_history)
-    if not warned and (base.warned_at or base.warning_delivered_at or base.warning_ref or base.stop_not_before):
-        base = replace(base, warned_at=None, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
+    if not warned and (
+        base.warned_at
+        or base.warning_delivered_at
+        or base.warning_ref
+        or base.stop_not_before
+        or base.action_refused_at
+    ):
+        base = replace(
+            base,
+            warned_at=None,
+            warning_delivered_at=None,
+            warning_ref=None,
+            stop_not_before=None,
+            action_refused_at=None,
+            warning_held=False,
+        )
     learned = learned_wait(history, policy, idle_since) if idle_since else LearnedWait()
     # Quiet is measured from the start of the stretch the record knows (sweeps watched it throughout), not
     # only over what this sweep fetched: a wait longer than the fetched window is still reached.
@@ -400,17 +487,22 @@ def _warning_due(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, stret
         now + timedelta(minutes=policy.warn_minutes), assessment.quiet_since + timedelta(minutes=policy.idle_minutes)
     )
     record = replace(
-        stretch.record, warned_at=now, warning_delivered_at=None, warning_ref=None, stop_not_before=stop_at
+        stretch.record,
+        warned_at=now,
+        warning_delivered_at=None,
+        warning_ref=None,
+        stop_not_before=stop_at,
+        warning_held=False,
     )
-    notes = ""
+    notes = _kind_notes(seen)
     if policy.quiet_hours:
         # Recorded, not sent; counted as delivered while quiet hours last, so the stop follows warn_minutes
         # later as usual (and is summarised when they end). Still ahead when they end: sent then.
         record = replace(record, warning_delivered_at=now, warning_held=True)
-        notes = " (quiet hours: warning recorded, not sent)"
+        notes += " (quiet hours: warning recorded, not sent)"
     fields = {
         "quiet": stretch.quiet,
-        "verb": _verb(seen.machine, policy),
+        "verb": _verb(seen.machine, policy, seen.how),
         "stop_at": stop_at,
         "notes": notes,
         "learned": stretch.learned_text,
@@ -435,8 +527,11 @@ def _after_warning(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, str
     if stretch.warned:
         assert record.warned_at is not None
         pending = now - record.warned_at
-        undelivered_ok = record.warning_delivered_at is None and pending >= timedelta(
-            minutes=policy.undelivered_warning_max_minutes
+        # A termination cannot be undone: it never follows a warning nobody received.
+        undelivered_ok = (
+            seen.mode != "terminate"
+            and record.warning_delivered_at is None
+            and pending >= timedelta(minutes=policy.undelivered_warning_max_minutes)
         )
         # The owner's time to answer runs from delivery; an undelivered warning holds the stop.
         clock_from = record.warning_delivered_at or (record.warned_at if undelivered_ok else None)
@@ -452,9 +547,16 @@ def _after_warning(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, str
     )
     fields: dict[str, object] = {
         "quiet": stretch.quiet,
-        "verb": _verb(seen.machine, policy),
+        "verb": _verb(seen.machine, policy, seen.how),
         "why_quiet": assessment.why_quiet,
     }
+    if due and stretch.warned and record.action_refused_at is not None:
+        # EC2 refused it once this stretch for a reason a retry does not change: say so, do not ask again.
+        fields["why"] = (
+            f"EC2 refused it at {record.action_refused_at:%H:%M} UTC ({record.last_action}); not tried again "
+            "until the machine is busy again"
+        )
+        return _Outcome(Event.STOP_REPORTED, Action.NONE, stretch.record, fields, applied=False)
     if due:
         return _stop_due(seen, policy, stretch, undelivered_ok, fields)
     if not stretch.warned:
@@ -476,7 +578,7 @@ def _stop_due(
 ) -> _Outcome:
     """Reap: stop, hibernate, release or terminate; reported only under dry_run or a notify_only policy."""
     machine = seen.machine
-    action, why = _reap_action(machine, policy)
+    action, why = _reap_action(machine, policy, seen.how)
     notify_only = policy.action == "notify_only" and not machine.asg_name
     if undelivered_ok:
         why += f" (the warning was never delivered; stopping after {policy.undelivered_warning_max_minutes} min)"
@@ -493,13 +595,16 @@ def _stop_due(
     return _Outcome(Event.STOP_DUE, action, replace(stretch.record, warning_ref=None), fields, notify="reaped")
 
 
-def _reap_action(machine: Machine, policy: TeamPolicy) -> tuple[Action, str]:
+def _reap_action(machine: Machine, policy: TeamPolicy, how: Handling | None = None) -> tuple[Action, str]:
     if machine.asg_name:
         if policy.asg_action == "terminate":
             return Action.TERMINATE, f"idle member of {machine.asg_name}: terminate and shrink the group"
         if machine.asg_protected:
             return Action.UNPROTECT, f"idle member of {machine.asg_name}: scale-in protection released"
         return Action.NONE, f"idle member of {machine.asg_name}: already unprotected, the group may scale it in"
+    if how is not None and how.mode == "terminate":
+        why = f"idle past its {how.idle_minutes}-min window and EC2 cannot stop it: terminate"
+        return Action.TERMINATE_INSTANCE, why
     if policy.action == "hibernate":
         if machine.hibernation_configured:
             return Action.HIBERNATE, "idle past its window: hibernate"
@@ -507,7 +612,54 @@ def _reap_action(machine: Machine, policy: TeamPolicy) -> tuple[Action, str]:
     return Action.STOP, "idle past its window: stop"
 
 
-def _verb(machine: Machine, policy: TeamPolicy) -> str:
+def _verb(machine: Machine, policy: TeamPolicy, how: Handling | None = None) -> str:
     if machine.asg_name:
         return "terminate it" if policy.asg_action == "terminate" else "release it to its group"
+    if how is not None and how.mode == "terminate":
+        return "terminate it" if policy.action != "notify_only" else "report it (notify only)"
     return {"stop": "stop it", "hibernate": "hibernate it", "notify_only": "report it (notify only)"}[policy.action]
+
+
+def _kind_notes(seen: _Sweep) -> str:
+    """What the kind adds to a warning's reason: why termination, a reservation a stop does not save, scarce
+    capacity."""
+    if seen.how is None:
+        return ""
+    return "".join(f"; {note}" for note in caveats(seen.kind, seen.how, seen.machine.instance_type))
+
+
+def _notice(seen: _Sweep, assessment: Assessment, stretch: _Stretch) -> _Outcome:
+    """Past the warning point of a machine the reaper does not stop (kinds.Handling "notify"): its
+    owner (and, for a fleet or a reservation, the admins) is told once per quiet stretch; nothing more."""
+    record, now = seen.record, seen.now
+    how = seen.how
+    assert how is not None
+    what = f"not stopped: {how.why_not_stop}" if how.why_not_stop else "not stopped"
+    fields: dict[str, object] = {
+        "quiet": stretch.quiet,
+        "what": what,
+        "why_quiet": assessment.why_quiet,
+        "learned": stretch.learned_text,
+        "notes": "; the admins are told too" if how.tell_admins else "",
+    }
+    if not stretch.warned:
+        if seen.dry_run:
+            return _Outcome(Event.NOTICE_DUE, Action.WARN, stretch.record, fields, applied=False)
+        # (Never under quiet hours: decide holds a notice until they end.)
+        told = replace(stretch.record, warned_at=now, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
+        return _Outcome(Event.NOTICE_DUE, Action.WARN, told, fields, notify="warning", deliver_warning=True)
+    fields["warned_at"] = record.warned_at
+    deliver = record.warning_delivered_at is None and not seen.dry_run
+    return _Outcome(Event.NOTICE_GIVEN, Action.NONE, stretch.record, fields, deliver_warning=deliver)
+
+
+def kind_policy(ref: TeamPolicyRef, kind: MachineKind, machine: Machine) -> TeamPolicyRef:
+    """The machine's own policy: its team's, with the idle window its kind gets (a scarce family's own window,
+    or the longer one termination waits for). The sweep fetches signals and decides with it."""
+    policy = ref.policy
+    if policy is None or machine.asg_name:
+        return ref
+    window = handling(kind, machine.instance_type, policy).idle_minutes
+    if window == policy.idle_minutes:
+        return ref
+    return ref.model_copy(update={"policy": policy.model_copy(update={"idle_minutes": window})})

@@ -30,11 +30,16 @@ class Action(StrEnum):
     PROTECT = "protect"  # ASG member: set scale-in protection
     UNPROTECT = "unprotect"  # ASG member: drop scale-in protection so the group may shrink
     TERMINATE = "terminate"  # ASG member: terminate and decrement desired capacity
+    # A machine EC2 cannot stop (one-time Spot, instance-store root): TerminateInstances, only on a team's opt-in
+    # (terminate_unstoppable_after_minutes) or its owner's confirmed click.
+    TERMINATE_INSTANCE = "terminate_instance"
 
 
 # Actions that change a machine (as opposed to a warning, which only talks to people).
-MACHINE_ACTIONS = frozenset({Action.STOP, Action.HIBERNATE, Action.PROTECT, Action.UNPROTECT, Action.TERMINATE})
-REAP_ACTIONS = frozenset({Action.STOP, Action.HIBERNATE, Action.UNPROTECT, Action.TERMINATE})
+MACHINE_ACTIONS = frozenset(
+    {Action.STOP, Action.HIBERNATE, Action.PROTECT, Action.UNPROTECT, Action.TERMINATE, Action.TERMINATE_INSTANCE}
+)
+REAP_ACTIONS = frozenset({Action.STOP, Action.HIBERNATE, Action.UNPROTECT, Action.TERMINATE, Action.TERMINATE_INSTANCE})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,6 +94,13 @@ class MachineRecord:
     # The current warning was recorded silently under quiet hours (counted as delivered while they last);
     # if its stop is still ahead when they end, it is sent then and the stop waits warn_minutes from that.
     warning_held: bool = False
+    # What kind of machine the last sweep that could tell saw (kinds.Kind; "" before kinds were kept),
+    # and the kind in words with what a stop saves, for `status` and answers.
+    machine_kind: str = ""
+    kind_note: str = ""
+    # When EC2 refused this quiet stretch's action for a reason a retry does not change (UnsupportedOperation,
+    # ...): the action is not tried again until the machine is busy again (one refused call per stretch).
+    action_refused_at: datetime | None = None
     # When the sweep must next read this machine (ISO-8601 UTC; "": at the next sweep) and why not before
     # (core/reading.py). Text, not a date: a corrupt value means "read now", never an unreadable record.
     next_read_at: str = ""

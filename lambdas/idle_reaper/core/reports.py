@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
+from idle_reaper.core.kinds import Saving
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import REAP_ACTIONS, Action, MachineRecord, State
 
@@ -75,7 +76,8 @@ class TeamTotals:
     protected: int = 0
     unknown: int = 0
     snoozed: int = 0
-    hourly_savings: float = 0.0
+    hourly_savings: float = 0.0  # what the machines reaped save an hour: their stop's saving, never more
+    savings_upper_bound: bool = False  # a Spot machine's saving counted at the most it can be
 
 
 @dataclass
@@ -95,7 +97,9 @@ class SweepSummary:
             totals.protected += d.action is Action.PROTECT and d.applied and d.error is None
             if d.action in REAP_ACTIONS and d.applied and d.error is None:
                 totals.reaped += 1
-                totals.hourly_savings += d.hourly_cost or 0.0
+                saving = d.saving or Saving(d.hourly_cost)
+                totals.hourly_savings += saving.hourly or 0.0
+                totals.savings_upper_bound |= saving.upper_bound
         return summary
 
 
@@ -123,7 +127,9 @@ def owner_message_groups(
     for d in decisions:
         policy = d.policy.policy if d.policy else None
         owner = owner_key(d.machine.owner) if owners is None else (owners.get(d.machine.instance_id) or "")
-        if not d.deliver_warning or not owner or policy is None:
+        # A notice or a termination warning says other things and carries other buttons: a message of its own.
+        other_kind = d.handling is not None and d.handling.mode != "stop"
+        if not d.deliver_warning or not owner or policy is None or other_kind:
             alone.append([d])
             continue
         channel = policy.slack_channel if policy.notify != "owner" else None

@@ -7,10 +7,11 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
+from idle_reaper.core.kinds import InstanceFacts
 from idle_reaper.policy import TeamPolicy
 
 Signal = Literal["busy", "idle", "unknown"]
@@ -32,6 +33,7 @@ class Machine:
     asg_name: str | None = None
     asg_protected: bool = False
     hibernation_configured: bool = False
+    facts: InstanceFacts = field(default_factory=InstanceFacts)  # what DescribeInstances says of its kind
 
     @property
     def family(self) -> str:

@@ -6,12 +6,13 @@ acts, and updates the original message in place."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.state import StateStore
-from idle_reaper.core.answers import snooze, started_by_person, stopped_by_person
+from idle_reaper.core.answers import snooze, started_by_person, stopped_by_person, terminated_by_person
+from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE, recorded_saving
 from idle_reaper.core.records import Action, MachineRecord, State
 from idle_reaper.core.signals import describe_human_signal
 from idle_reaper.policy import TeamPolicy
@@ -26,6 +27,12 @@ HELP = (
     " (someone else's machine, if you may answer for it: by its instance id)\n"
     "• `{cmd} help`: this message"
 )
+# What EC2 means when a machine does not start again, in words (StartInstances error codes).
+NOT_STARTED = {
+    "InsufficientInstanceCapacity": "EC2 has no {type} capacity in its Availability Zone right now",
+    "InsufficientCapacityOnHost": "its Dedicated Host has no room for it right now",
+    "Unsupported": "EC2 does not offer {type} in its Availability Zone right now",
+}
 ANSWERED_ALREADY = (
     "Someone else answered first, or idle-reaper is acting on this machine right now; nothing changed. "
     "Try again in a minute."
@@ -92,6 +99,10 @@ class Effects:
         return Reply(f"Kept {machine_label(record.name, record.instance_id)} until {when}.")
 
     def stop_now(self, user: str, record: MachineRecord) -> Reply | None:
+        if record.machine_kind in NEVER_STOPPED:
+            # EC2 would refuse, or something would launch a replacement: never asked.
+            label = machine_label(record.name, record.instance_id)
+            return Reply(f"idle-reaper cannot stop {label}: {escape(record.kind_note)}. Nothing changed.")
         now = self.clock()
         action = Action.UNPROTECT if record.asg_name else Action.STOP
         # A stopped machine's message offers "Start it again"; a released group member's does not.
@@ -111,10 +122,10 @@ class Effects:
                 stopped, "Released", f"<@{user}> released {label} to {record.asg_name} at {date_token(now)}."
             )
             return None
-        cost = hourly_price(record.instance_type or "")
+        saving = recorded_saving(record.machine_kind, hourly_price(record.instance_type or ""))
         detail = f"<@{user}> stopped {label} at {date_token(now)}"
-        if cost is not None:
-            detail += f"; it saves ~${cost:,.2f} per hour while stopped"
+        if saving.hourly is not None:
+            detail += f"; it saves {saving.text()} while stopped"
         self.slack.update(stopped, "Stopped", detail + ".", ref=stopped.warning_ref, start_button=True)
         return None
 
@@ -126,16 +137,53 @@ class Effects:
         label = machine_label(record.name, record.instance_id)
         outcome = self.fleet.start(record.instance_id)
         if outcome.error:
-            return Reply(f"Could not start {label} ({_code(outcome.error)}); nothing changed, try again.")
+            code = _code(outcome.error)
+            if code in NOT_STARTED:
+                # Capacity, not a fault: say what happened where the button was, and offer it again.
+                what = NOT_STARTED[code].format(type=escape(record.instance_type or "this instance type"))
+                detail = (
+                    f"<@{user}> tried to start {label} at {date_token(now)}, but it did not start: {what} ({code}). "
+                    "It is still stopped, and nothing else changed. Capacity of large GPU types can take hours "
+                    "to return; try again later."
+                )
+                self.slack.update(
+                    record, "Not started", detail, ref=record.warning_ref, start_button=True, start_label="Try again"
+                )
+                return Reply(f"{label} did not start: {what} ({code}). It is still stopped; try again later.")
+            return Reply(f"Could not start {label} ({code}); nothing changed, try again.")
         started = started_by_person(record, user, now)
         if not self.store.save(started):
             return Reply(ANSWERED_ALREADY)
         detail = f"<@{user}> started {label} again at {date_token(now)}."
-        stopped_at, cost = record.last_action_at, hourly_price(record.instance_type or "")
-        if stopped_at and cost is not None:
+        stopped_at = record.last_action_at
+        saving = recorded_saving(record.machine_kind, hourly_price(record.instance_type or ""))
+        if stopped_at and saving.hourly is not None:
             hours = (now - stopped_at).total_seconds() / 3600
-            detail += f" It was stopped for {hours:.1f} h and saved ~${hours * cost:,.2f}."
+            saved = f"${hours * saving.hourly:,.2f}"
+            detail += f" It was stopped for {hours:.1f} h and saved {'at most ' if saving.upper_bound else '~'}{saved}."
         self.slack.update(started, "Started again", detail)
+        return None
+
+    def terminate_now(self, user: str, record: MachineRecord) -> Reply | None:
+        """A machine EC2 cannot stop, terminated at its owner's confirmed click (the button asks to confirm and
+        says what is lost). Only its owner: termination cannot be undone."""
+        label = machine_label(record.name, record.instance_id)
+        if record.machine_kind not in TERMINABLE:
+            return Reply(f"idle-reaper does not terminate {label}; nothing changed.")
+        if not record.owner_slack_id or user != record.owner_slack_id:
+            return Reply(f"Only the owner of {label} can terminate it; nothing changed.")
+        now = self.clock()
+        terminated = terminated_by_person(record, user, now)
+        if not self.store.save(terminated):
+            return Reply(ANSWERED_ALREADY)
+        outcome = self.fleet.terminate([record.instance_id])[0]
+        if outcome.error:
+            # Put the record back as it was: the machine still runs, and its buttons still apply.
+            self.store.save(replace(record, version=terminated.version + 1))
+            return Reply(f"Could not terminate {label} ({_code(outcome.error)}); nothing changed.")
+        self.slack.update(
+            terminated, "Terminated", f"<@{user}> terminated {label} at {date_token(now)}; it cannot be started again."
+        )
         return None
 
 

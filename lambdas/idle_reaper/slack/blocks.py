@@ -25,6 +25,7 @@ from slack_sdk.models.blocks import (
 )
 
 from idle_reaper.core.answers import KEEP_HOURS, keep_choices, next_morning
+from idle_reaper.core.kinds import TERMINABLE, caveats, warning_sentence
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import Action, MachineRecord
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
@@ -160,20 +161,25 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
     others = [c for c in keep_choices(policy) if c not in ("keep_2h", longest)]
     # Every text that carries a tag, a policy value or a reason is escaped and fitted to its element.
     label = machine_label(m.name, m.instance_id)
+    kind, how = decision.kind, decision.handling
+    mode = how.mode if how else "stop"
     buttons: list[Any] = [
         _button("Keep 2 h", "keep_2h", ref, style="primary"),
         _button(_choice_label("keep_morning", policy, now), "keep_morning", ref),
-        _button(
-            "Stop now",
-            "stop_now",
-            ref,
-            style="danger",
-            confirm=ConfirmObject(
-                title=fit("Stop it now?", CONFIRM_TITLE_CHARS),
-                text=fit(f"{label} will be {verb}.", CONFIRM_TEXT_CHARS, mrkdwn=True),
-            ),
-        ),
     ]
+    if mode == "stop":
+        buttons.append(_confirmed("Stop now", "stop_now", ref, "Stop it now?", f"{label} will be {verb}."))
+    elif kind.kind in TERMINABLE:
+        # Only its owner may (answers.Effects.terminate_now), and only after confirming what is lost.
+        lost = f"{label} will be terminated: this {kind.loses}."
+        buttons.append(_confirmed("Terminate now", "terminate_now", ref, "Terminate it now?", lost))
+    if how is not None:
+        # Escaped before the date token goes in: the token is Slack markup, not text from outside.
+        mark = "\x00"
+        sentence = escape(warning_sentence(kind, how, m.instance_type, mark, reaped_verb=verb))
+        sentence = sentence.replace(mark, date_token(stop_at))
+    else:
+        sentence = f"It will be *{verb}* at {date_token(stop_at)} unless someone keeps it."
     if others:
         buttons.append(
             OverflowMenuElement(
@@ -187,12 +193,13 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
     return [
         HeaderBlock(text=fit(f"Idle machine: {machine_label(m.name, m.instance_id, mrkdwn=False)}", HEADER_CHARS)),
         SectionBlock(
-            text=MarkdownTextObject(text=f"It will be *{verb}* at {date_token(stop_at)} unless someone keeps it."),
+            text=_mrkdwn(sentence, SECTION_CHARS),
             fields=[
                 _field("Instance", f"`{m.instance_id}` · {escape(m.instance_type)}"),
                 _field("Team", escape(m.team)),
                 _field("Cost", f"{money(decision.hourly_cost)} per hour"),
                 _field("Idle for", f"{idle_minutes:.0f} min"),
+                *([_field("A stop saves", decision.saving.text())] if decision.saving and mode == "stop" else []),
             ],
         ),
         SectionBlock(
@@ -213,6 +220,12 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
     ]
 
 
+def _confirmed(text: str, action_id: str, ref: str, title: str, question: str) -> ButtonElement:
+    """A danger button that asks first (`question` is mrkdwn its caller escaped)."""
+    confirm = ConfirmObject(title=fit(title, CONFIRM_TITLE_CHARS), text=fit(question, CONFIRM_TEXT_CHARS, mrkdwn=True))
+    return _button(text, action_id, ref, style="danger", confirm=confirm)
+
+
 def _mrkdwn(text: str, limit: int) -> MarkdownTextObject:
     return MarkdownTextObject(text=fit(text, limit, mrkdwn=True))
 
@@ -225,14 +238,16 @@ def _button(text: str, action_id: str, ref: str, **kw: Any) -> ButtonElement:
     return ButtonElement(text=fit(text, BUTTON_CHARS), action_id=action_id, value=ref, **kw)
 
 
-def status_blocks(title: str, detail: str, *, ref: str | None = None, start_button: bool = False) -> list[Block]:
+def status_blocks(
+    title: str, detail: str, *, ref: str | None = None, start_button: bool = False, start_label: str = "Start it again"
+) -> list[Block]:
     """`detail` is mrkdwn its caller composed (labels from machine_label, reasons through escape)."""
     blocks: list[Block] = [SectionBlock(text=_mrkdwn(f"*{escape(title)}*\n{detail}", SECTION_CHARS))]
     if start_button and ref:
         blocks.append(
             ActionsBlock(
                 block_id="idle_reaper_start",
-                elements=[_button("Start it again", "start_again", ref)],
+                elements=[_button(start_label, "start_again", ref)],
             )
         )
     return blocks
@@ -344,9 +359,13 @@ def owner_warning_line(decision: Decision, now: datetime) -> str:
     name = f"*{escape(fit(m.name, NAME_CHARS))}* · " if m.name else ""
     verb = "released to its Auto Scaling group" if m.asg_name else "stopped"
     why = decision.assessment.why_quiet if decision.assessment else decision.reason
+    # What its kind adds (scarce capacity, a reservation a stop does not save): only stops share a message.
+    more = caveats(decision.kind, decision.handling, m.instance_type) if decision.handling else []
+    joined = escape("; ".join(more))
+    note = f" {joined[:1].upper()}{joined[1:]}." if more else ""
     return fit(
         f"{name}`{m.instance_id}` · {escape(m.instance_type)} · team {escape(m.team)}\n"
-        f"*{verb.capitalize()} at {date_token(planned_stop(decision, now))}* unless kept. {escape(why)}",
+        f"*{verb.capitalize()} at {date_token(planned_stop(decision, now))}* unless kept.{note} {escape(why)}",
         SECTION_CHARS,
         mrkdwn=True,
     )

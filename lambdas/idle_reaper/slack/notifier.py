@@ -358,7 +358,14 @@ class SlackDelivery:
         return None
 
     def update(
-        self, record: MachineRecord, title: str, detail: str, *, ref: str | None = None, start_button: bool = False
+        self,
+        record: MachineRecord,
+        title: str,
+        detail: str,
+        *,
+        ref: str | None = None,
+        start_button: bool = False,
+        start_label: str = "Start it again",
     ) -> bool:
         """Rewrite every copy of the machine's message in place. True if all copies were updated.
 
@@ -376,7 +383,9 @@ class SlackDelivery:
                 return False
         text = fit(f"{escape(title)}: {detail}", FALLBACK_CHARS, mrkdwn=True)
         try:
-            blocks = blocks_json(status_blocks(title, detail, ref=ref, start_button=start_button))
+            blocks = blocks_json(
+                status_blocks(title, detail, ref=ref, start_button=start_button, start_label=start_label)
+            )
         except (SlackObjectFormationError, ValueError) as exc:
             self._failed("update", record.instance_id, exc, record.instance_id)
             return False
@@ -490,7 +499,16 @@ class SlackNotifier(SlackDelivery):
         except (SlackObjectFormationError, ValueError) as exc:
             raise PermanentDeliveryFailure(self._failed("warning", m.instance_id, exc, m.instance_id).advice) from None
         label = machine_label(m.name, m.instance_id)
-        text = fit(f"Idle machine {label} will be stopped unless someone keeps it", FALLBACK_CHARS, mrkdwn=True)
+        mode = decision.handling.mode if decision.handling else "stop"
+        will = {
+            "notify": "is idle; idle-reaper will not stop it",
+            "terminate": "will be terminated unless someone keeps it",
+        }
+        text = fit(
+            f"Idle machine {label} {will.get(mode, 'will be stopped unless someone keeps it')}",
+            FALLBACK_CHARS,
+            mrkdwn=True,
+        )
         metadata = warning_metadata([m.instance_id], [ref])
         messages = self._post_to(targets, text, blocks, faults, m.instance_id, metadata)
         if not messages:
@@ -509,14 +527,24 @@ class SlackNotifier(SlackDelivery):
         reason = escape(decision.reason)
         if decision.action in (Action.STOP, Action.HIBERNATE):
             ref = self.new_ref(m.instance_id, now)
+            saving = decision.saving.text() if decision.saving else f"~{money(decision.hourly_cost)}/h"
+            if decision.kind.reservation is not None:
+                saving = f"nothing (its {decision.kind.reservation.label} is billed either way)"
             detail = (
                 f"{machine_label(m.name, m.instance_id)} was {PAST_TENSE[decision.action]} at {date_token(now)}"
-                + f"; it saves ~{money(decision.hourly_cost)} per hour while stopped. {reason}"
+                + f"; it saves {saving} while stopped. {reason}"
             )
             if record.messages or record.group_ref:
                 self.update(record, "Stopped", detail, ref=ref, start_button=True)
                 return Delivery(ref=ref)
             return self._tell(decision, "Stopped", detail, ref)  # nothing to edit: every stop is told
+        if decision.action is Action.TERMINATE_INSTANCE:
+            detail = (
+                f"{machine_label(m.name, m.instance_id)} was terminated at {date_token(now)}: it cannot be started "
+                f"again. {reason}"
+            )
+            self.update(record, "Terminated", detail)
+            return None
         self.update(record, "Released to its group", f"{reason} ({date_token(now)})")
         return None
 

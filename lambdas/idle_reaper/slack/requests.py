@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from idle_reaper.core.answers import KEEP_HOURS
 
-BUTTON_ACTIONS = frozenset({*KEEP_HOURS, "keep_morning", "keep_other", "stop_now", "start_again", "keep_all"})
+BUTTON_ACTIONS = frozenset(
+    {*KEEP_HOURS, "keep_morning", "keep_other", "stop_now", "start_again", "keep_all", "terminate_now"}
+)
 # Slack's own hosts for response_url; SLACK_API_URL's host is allowed too (GovSlack, the local fake).
 SLACK_RESPONSE_HOSTS = ("hooks.slack.com", "hooks.slack-gov.com")
 WORK_KEY = "idle_reaper_slack_work"

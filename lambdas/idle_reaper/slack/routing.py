@@ -162,6 +162,8 @@ class Router:
             return region.effects.stop_now(user, record)
         if action == "start_again":
             return region.effects.start_again(user, record)
+        if action == "terminate_now":
+            return region.effects.terminate_now(user, record)
         until = keep_until(action, policy, region.clock())
         assert until is not None  # every other action is a keep
         return region.effects.keep(user, record, policy, until)

@@ -11,9 +11,10 @@ from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
+from idle_reaper.aws.clients import CALL_WIDE_ERRORS, DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.fleet import ACTION_WORKERS, ActionOutcome, Fleet
 from idle_reaper.aws.state import AuditEntry, StateStore
+from idle_reaper.core.kinds import notice_sentence
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MACHINE_ACTIONS, Action, MachineRecord, State
 from idle_reaper.core.reports import (
@@ -127,6 +128,8 @@ def apply_decisions(
         instance_id = d.machine.instance_id
         if instance_id in written and d.record.delivery_error and d.record.warned_at:
             _alert_undeliverable(adapters, d, settings, now)
+        if instance_id in written and d.action is Action.WARN and d.applied and d.handling and d.handling.tell_admins:
+            _alert_kind_notice(adapters, d, settings, now)
         if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
             audits.append(AuditEntry(instance_id, now, explain(d)))
     _audit(store, audits)
@@ -135,7 +138,7 @@ def apply_decisions(
 
 def _act(fleet: Fleet, acting: list[Decision]) -> dict[str, str | None]:
     """Carry out the machine actions: instance id -> error. Stops, hibernations, protection changes and
-    terminations are different APIs with their own rate limits, so the four run at once, each in batches
+    terminations are different APIs with their own rate limits, so they run at once, each in batches
     (and groups) on its own bounded pool."""
     groups: dict[tuple[str, bool], list[str]] = defaultdict(list)
     for d in acting:
@@ -156,6 +159,7 @@ def _act(fleet: Fleet, acting: list[Decision]) -> dict[str, str | None]:
         lambda: fleet.stop(ids(Action.HIBERNATE), hibernate=True),
         protect_all,
         lambda: fleet.terminate_in_groups(ids(Action.TERMINATE)),
+        lambda: fleet.terminate(ids(Action.TERMINATE_INSTANCE)),
     ]
     outcomes: dict[str, str | None] = {}
     for done in run_concurrently(lambda kind: kind(), kinds, len(kinds)):
@@ -336,6 +340,20 @@ def _alert_undeliverable(adapters: Adapters, d: Decision, settings: Settings, no
     alert_once(adapters, f"undeliverable#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
 
 
+def _alert_kind_notice(adapters: Adapters, d: Decision, settings: Settings, now: datetime) -> None:
+    """Once per machine per quiet stretch: the admins learn of an idle machine the reaper does not stop because
+    its fleet would replace it or a reservation bills it either way (their decision: shrink or release)."""
+    m, how = d.machine, d.handling
+    assert how is not None and d.record.warned_at is not None
+    cost = f"; it costs about ${d.hourly_cost:,.2f} an hour at the on-demand rate" if d.hourly_cost is not None else ""
+    text = (
+        f"idle: {m.name or m.instance_id} ({m.instance_id}, {m.instance_type}, team {m.team}, owner "
+        f"{m.owner or 'none'}). {notice_sentence(d.kind, how, m.instance_type).rstrip('.')}{cost}. Its owner was told "
+        "too."
+    )
+    alert_once(adapters, f"kind-notice#{m.instance_id}@{d.record.warned_at.isoformat()}", text, settings, now)
+
+
 def _alert_partly_delivered(
     adapters: Adapters, d: Decision, undelivered: tuple[str, ...], settings: Settings, now: datetime
 ) -> None:
@@ -350,14 +368,37 @@ def _alert_partly_delivered(
     alert_once(adapters, f"partly-undelivered#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
 
 
+# Errors a later call may not meet (throttling, an outage, the network); every other refusal is EC2's answer
+# about this machine, and asking again would get the same one.
+TRANSIENT_ERRORS = CALL_WIDE_ERRORS | {
+    "InternalServerError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+}
+
+
 def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, now: datetime) -> Decision:
-    # A machine already stopped or gone is recorded, not retried; anything else stays warned so the
-    # next sweep tries again.
-    gone = any(code in error for code in ("InvalidInstanceID.NotFound", "IncorrectInstanceState"))
+    # A machine already stopped or gone is recorded, not retried. One EC2 refuses for a reason a retry does not
+    # change (UnsupportedOperation: a one-time Spot or instance-store machine it could not be told from) stays
+    # warned and is not asked again this quiet stretch. Anything else (throttling, an outage) stays warned so
+    # the next sweep tries again.
+    code = error.split(":", 1)[0]
+    gone = code in ("InvalidInstanceID.NotFound", "IncorrectInstanceState")
+    refused = not gone and code not in TRANSIENT_ERRORS
     state = State.REAPED if gone and d.action in (Action.STOP, Action.HIBERNATE) else d.record.state
-    if not gone and d.action in (Action.STOP, Action.HIBERNATE, Action.UNPROTECT, Action.TERMINATE):
+    if not gone and d.action in (
+        Action.STOP,
+        Action.HIBERNATE,
+        Action.UNPROTECT,
+        Action.TERMINATE,
+        Action.TERMINATE_INSTANCE,
+    ):
         state = State.WARNED
     reason = f"{d.action.value} failed: {error}"
+    if refused and state is State.WARNED:
+        reason += "; not tried again until the machine is busy again"
     record = replace(
         d.record,
         version=d.record.version + 1,
@@ -365,6 +406,7 @@ def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, n
         reason=reason,
         last_action=f"{d.action.value}_failed",
         last_action_at=now,
+        action_refused_at=now if refused and state is State.WARNED else d.record.action_refused_at,
     )
     # If this write fails too, the decision still carries the error; the claim lapses after SWEEP_LEASE
     # and a later sweep re-reads the truth.
@@ -462,6 +504,11 @@ def explain(d: Decision) -> dict[str, Any]:
         "snoozed_until": d.record.snoozed_until.isoformat() if d.record.snoozed_until else None,
         "snoozed_by": d.record.snoozed_by,
         "hourly_cost": d.hourly_cost,
+        # What a stop saves an hour (0 for reserved capacity; for Spot the most it can be), and the kind why.
+        "hourly_savings": d.saving.hourly if d.saving else d.hourly_cost,
+        "savings_upper_bound": bool(d.saving and d.saving.upper_bound),
+        "kind": d.kind.kind.value if d.read else (d.record.machine_kind or None),
+        "kind_note": d.record.kind_note or None,
     }
 
 

@@ -285,7 +285,8 @@ def gather_sweep(adapters: Adapters, task: GatherTask) -> Gathered:
         for team, t in totals.teams.items():
             into = teams[team]
             for f in fields(TeamTotals):
-                setattr(into, f.name, getattr(into, f.name) + getattr(t, f.name))
+                mine, theirs = getattr(into, f.name), getattr(t, f.name)
+                setattr(into, f.name, (mine or theirs) if isinstance(mine, bool) else mine + theirs)
     shard_warnings = [
         f"shard {i} failed, its machines are untouched until the next sweep: {why}" for i, why in failed.items()
     ]

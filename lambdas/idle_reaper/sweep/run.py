@@ -19,9 +19,10 @@ from idle_reaper.aws.metrics import (
     MetricsReader,
 )
 from idle_reaper.aws.policies import policy_for
-from idle_reaper.core.lifecycle import Decision, decide
+from idle_reaper.core.kinds import Lookups, MachineKind, classify, stop_saves
+from idle_reaper.core.lifecycle import Decision, decide, kind_policy
 from idle_reaper.core.reading import not_due, plan_next_read, unread
-from idle_reaper.core.records import Action
+from idle_reaper.core.records import Action, MachineRecord
 from idle_reaper.core.reports import (
     limit_terminations,
 )
@@ -34,6 +35,7 @@ from idle_reaper.sweep.adapters import (
     SweepCannotRun,
     SweepReport,
     alert_invalid_policies,
+    alert_once,
     load_sweep_settings,
 )
 from idle_reaper.sweep.delivery import apply_decisions, explain
@@ -104,23 +106,21 @@ def run_sweep(
     team_refs = {m.team: ref_for(m.team).at(now) for m in machines}
     safe_mode = {ref.team for ref in refs.values() if ref.policy is None}
     safe_mode.update(team for team, ref in team_refs.items() if ref.policy is None)
-    # A machine whose decision cannot change before its next-read time is not read (core/reading.py).
-    skipped: dict[str, str] = {}
-    if settings.read_when_due:
-        for m in machines:
-            if why := not_due(m, team_refs[m.team], records.get(m.instance_id), now):
-                skipped[m.instance_id] = why
+    skipped = _not_due(machines, team_refs, records, settings, now)
     to_read = [m for m in machines if m.instance_id not in skipped]
-    signals = _fetch_signals(adapters.metrics, to_read, team_refs, settings, now)
+    # What kind each machine read is, and so its own policy: its team's, with the window its kind gets.
+    kinds = _machine_kinds(adapters, to_read, settings, now, warnings, alert=not dry_run)
+    refs_of = {m.instance_id: kind_policy(team_refs[m.team], kinds[m.instance_id], m) for m in to_read}
+    signals = _fetch_signals(adapters.metrics, to_read, refs_of, settings, now)
     period = timedelta(seconds=settings.metrics.period_seconds)
 
     decisions = []
     for m in machines:
-        ref = team_refs[m.team]
         if m.instance_id in skipped:
-            kept = unread(m, ref, records[m.instance_id], skipped[m.instance_id])
+            kept = unread(m, team_refs[m.team], records[m.instance_id], skipped[m.instance_id])
             decisions.append(replace(kept, hourly_cost=hourly_price(m.instance_type, prices)))
             continue
+        ref = refs_of[m.instance_id]
         assessment = None
         if ref.policy is not None and m.instance_id in signals:
             assessment = assess(
@@ -131,10 +131,12 @@ def run_sweep(
                 period=period,
                 gpu_families=settings.gpu_instance_families,
             )
-        d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run)
+        kind = kinds[m.instance_id]
+        d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run, kind=kind)
         d = _with_status_notes(d, signals.get(m.instance_id), now)
         d = replace(d, record=plan_next_read(d, now))
-        decisions.append(replace(d, hourly_cost=hourly_price(m.instance_type, prices)))
+        price = hourly_price(m.instance_type, prices)
+        decisions.append(replace(d, hourly_cost=price, saving=stop_saves(kind, price)))
 
     terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
     if terminating:
@@ -171,10 +173,59 @@ def run_sweep(
     )
 
 
+def _not_due(
+    machines: Sequence[Machine],
+    team_refs: Mapping[str, TeamPolicyRef],
+    records: Mapping[str, MachineRecord],
+    settings: Settings,
+    now: datetime,
+) -> dict[str, str]:
+    """The machines whose decision cannot change before their next-read time, and why: not read this sweep
+    (core/reading.py)."""
+    if not settings.read_when_due:
+        return {}
+    return {
+        m.instance_id: why for m in machines if (why := not_due(m, team_refs[m.team], records.get(m.instance_id), now))
+    }
+
+
+def _machine_kinds(
+    adapters: Adapters,
+    machines: Sequence[Machine],
+    settings: Settings,
+    now: datetime,
+    warnings: list[str],
+    *,
+    alert: bool,
+) -> dict[str, MachineKind]:
+    """What kind each machine is (kinds.classify), from one batched look-up per kind of question. A
+    look-up that failed leaves its machines unknown (never stopped, nothing said to their owners) for this
+    sweep; the admins hear of it once a day per error, and the next sweep asks again."""
+    try:
+        lookups = adapters.fleet.kind_lookups(machines)
+    except AwsError as exc:  # a look-up the adapter did not catch: every machine that needed one is unknown
+        needed = {m.facts.spot_request_id or "" for m in machines if m.facts.needs_spot_request}
+        needed |= {m.facts.reservation_id or "" for m in machines if m.facts.reservation_id}
+        lookups = Lookups(failed=dict.fromkeys(needed - {""}, error_code(exc)))
+    kinds = {m.instance_id: classify(m.facts, lookups, now) for m in machines}
+    if lookups.failed:
+        errors = sorted(set(lookups.failed.values()))
+        unknown = sum(1 for k in kinds.values() if k.kind.value == "unknown")
+        text = (
+            f"idle-reaper could not read what kind of machine {unknown} machine(s) are (Spot requests or capacity "
+            f"reservations: {', '.join(errors)}); they are not stopped and their owners are not told until it can. "
+            "Check the sweep role's ec2:DescribeSpotInstanceRequests and ec2:DescribeCapacityReservations."
+        )
+        warnings.append(text)
+        if alert:
+            alert_once(adapters, f"kind-lookup#{now:%Y-%m-%d}#{'+'.join(errors)}", text, settings, now)
+    return kinds
+
+
 def _fetch_signals(
     reader: MetricsReader,
     machines: list[Machine],
-    team_refs: Mapping[str, TeamPolicyRef],
+    refs_of: Mapping[str, TeamPolicyRef],
     settings: Settings,
     now: datetime,
 ) -> dict[str, Signals]:
@@ -189,7 +240,7 @@ def _fetch_signals(
     groups: dict[tuple[int, bool, bool], list[str]] = defaultdict(list)
     short_lookback = 0  # the longest window among those that share a range
     for m in machines:
-        policy = team_refs[m.team].policy
+        policy = refs_of[m.instance_id].policy
         if policy is None or parse_exemption(m.exempt_tag, now)[0]:
             continue
         lookback = policy.idle_minutes + policy.max_gap_minutes
