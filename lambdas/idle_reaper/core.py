@@ -19,6 +19,7 @@ from typing import Literal
 from zoneinfo import ZoneInfo
 
 from idle_reaper.policy import TeamPolicy, TeamPolicyRef
+from idle_reaper.time_of_day import epoch_day, epoch_hours, observe_text, parse_profile, time_of_day_wait
 
 Signal = Literal["busy", "idle", "unknown"]
 
@@ -108,6 +109,10 @@ class Assessment:
     # The human-activity signal: a person active within human_active_minutes, none, no usable data,
     # or "off" (the policy ignores it).
     human_signal: Literal["active", "quiet", "missing", "off"] = "off"
+    # For the machine's usage profile (time_of_day.py): the UTC hours (since the epoch) of the busy
+    # datapoints fetched, and the UTC day of the newest datapoint (None: no data).
+    busy_hours: tuple[int, ...] = ()
+    seen_day: int | None = None
 
     @property
     def why_quiet(self) -> str:
@@ -249,6 +254,7 @@ def assess(
         return [(t, v) for t, v in points if t + period > window_start and t <= now]
 
     maxima: dict[str, float | None] = {}
+    busy_times: list[datetime] = []  # for the usage profile: every busy datapoint fetched
     latest_high: tuple[datetime, _Track, float] | None = None
     interrupted_at: datetime | None = None  # end of the newest activity or data hole seen
     # A person at the keyboard: active from their last input for human_active_minutes, like a busy bucket.
@@ -267,10 +273,13 @@ def assess(
             human_until = min(now, last_input + timedelta(minutes=policy.human_active_minutes))
             interrupted_at = human_until
             human = "active" if human_until > window_start else "quiet"
+        # A person's input within the datapoint's own period makes its hour a busy one (as the replay's truth).
+        busy_times.extend(t for t, v in signals.user if 0 <= v < period.total_seconds() / 60 and t <= now)
     for track in tracks:
         windowed = in_window(track.points)
         maxima[track.label] = max((v for _, v in windowed), default=None)
         highs = [(t, v) for t, v in track.points if v >= track.threshold and t <= now]
+        busy_times.extend(t for t, _ in highs)
         if highs:
             t_high, v_high = highs[-1]
             interrupted_at = max(interrupted_at or t_high, t_high + period)
@@ -301,11 +310,14 @@ def assess(
             observed_until=observed_until,
             quiet_summary=summary,
             human_signal=human,
+            busy_hours=epoch_hours(busy_times),
+            seen_day=epoch_day(newest_point) if newest_point else None,
         )
 
     observed_until = (
         min(track.points[-1][0] for track in tracks) + period if all(track.points for track in tracks) else None
     )
+    newest_point = max((track.points[-1][0] for track in tracks if track.points), default=None)
     coverage = [_coverage(track.points, period, max_gap, now) for track in tracks]
     covered = [c[0] if c else None for c in coverage]
     for c in coverage:
@@ -428,6 +440,9 @@ class MachineRecord:
     # How the machine's last quiet stretches ended: their lengths in minutes, oldest first, comma-separated
     # (format_history); the learned wait reads it. Bounded: HISTORY_SIZE stretches, each at most a week.
     quiet_history: str = ""
+    # When the machine was busy over its last two weeks, by UTC hour (time_of_day.py, at most
+    # PROFILE_MAX_CHARS characters); the time-of-day wait reads it. Kept from the datapoints each sweep reads.
+    usage_profile: str = ""
     # The human-activity signal the last sweep saw, for `status` (human_signal_note): "" when the policy
     # ignores it, "missing", or "active"/"quiet" with the newest input seen ("active 2026-11-23T12:03Z").
     human_signal: str = ""
@@ -587,6 +602,13 @@ class Decision:
     policy: TeamPolicyRef | None = None
     hourly_cost: float | None = None
     error: str | None = None
+    waited: str = ""  # a warning held past the usual point: why (the warning's text says it too)
+
+    @property
+    def why_warned(self) -> str:
+        """Why the machine counts as idle, and why its warning came when it did: for the warning's text."""
+        why = self.assessment.why_quiet if self.assessment else self.reason
+        return f"{why}; {self.waited}" if self.waited else why
 
     @property
     def action_label(self) -> str:
@@ -722,6 +744,7 @@ class _Outcome:
     applied: bool = True
     notify: Notice | None = None
     deliver_warning: bool = False
+    waited: str = ""  # why the warning came later than the team's usual point
 
 
 @dataclass(frozen=True)
@@ -761,6 +784,7 @@ class _Sweep:
             deliver_warning=outcome.deliver_warning and not quiet_hours,
             assessment=self.assessment,
             policy=self.ref,
+            waited=outcome.waited,
         )
 
 
@@ -793,7 +817,7 @@ def decide(
     """The per-machine lifecycle: the event this sweep sees and the transition it makes (TRANSITIONS).
     Read it top to bottom: the first rule that applies decides."""
     record = previous or MachineRecord(instance_id=machine.instance_id, team=machine.team)
-    seen = _Sweep(machine, ref, assessment, record, _carried_over(record, machine, ref, now), now, dry_run)
+    seen = _Sweep(machine, ref, assessment, record, _carried_over(record, machine, ref, assessment, now), now, dry_run)
     # An exemption is read before the policy: it holds in safe mode too. Its "resolved" notice (a warned
     # machine exempted since) keeps quiet hours like any other message to owners.
     exempt, why = parse_exemption(machine.exempt_tag, now)
@@ -829,8 +853,15 @@ def decide(
     return seen.decision(outcome, quiet_hours=quiet_hours, prefix=prefix, note=stretch.note)
 
 
-def _carried_over(record: MachineRecord, machine: Machine, ref: TeamPolicyRef, now: datetime) -> MachineRecord:
-    """The previous record with this sweep's facts about the machine and its policy, version bumped."""
+def _carried_over(
+    record: MachineRecord, machine: Machine, ref: TeamPolicyRef, assessment: Assessment | None, now: datetime
+) -> MachineRecord:
+    """The previous record with this sweep's facts about the machine and its policy, version bumped, and
+    its usage profile updated from the datapoints this sweep read (a machine moved to another team
+    starts its profile again)."""
+    profile = record.usage_profile if record.team == machine.team else ""
+    if assessment is not None:
+        profile, _ = observe_text(profile, assessment.seen_day, assessment.busy_hours)
     return replace(
         record,
         team=machine.team,
@@ -842,6 +873,7 @@ def _carried_over(record: MachineRecord, machine: Machine, ref: TeamPolicyRef, n
         owner=machine.owner,
         asg_name=machine.asg_name,
         owner_slack_id=record.owner_slack_id if record.owner == machine.owner else None,
+        usage_profile=profile,
     )
 
 
@@ -870,9 +902,15 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stret
         history, _ = parse_history(base.quiet_history)
     if not warned and (base.warned_at or base.warning_delivered_at or base.warning_ref or base.stop_not_before):
         base = replace(base, warned_at=None, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
-    learned = learned_wait(history, policy, idle_since) if idle_since else LearnedWait()
+    learned = _wait(history, base.usage_profile, policy, idle_since) if idle_since else LearnedWait()
+    quiet = assessment.quiet_minutes(now)
+    if continuous and idle_since is not None and assessment.quiet_since is not None:
+        # Measured from the start of the stretch the record keeps, not only what this sweep fetched: a
+        # warning point later than idle_minutes + max_gap_minutes is still reached (and so the stop).
+        observed = min(now, assessment.observed_until or now)
+        quiet = max(quiet, (observed - idle_since).total_seconds() / 60)
     return _Stretch(
-        quiet=assessment.quiet_minutes(now),
+        quiet=quiet,
         warn_at=_warn_point(policy) + learned.extra_minutes,
         warned=warned,
         resolved="resolved" if seen.was_warned and not warned else None,
@@ -880,6 +918,24 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stret
         learned=learned,
         note=note,
     )
+
+
+def _wait(history: Sequence[Stretch], profile_text: str, policy: TeamPolicy, began: datetime) -> LearnedWait:
+    """The time-of-day wait when the policy turns it on and the machine has a usage profile; else (a new
+    machine, a profile started again, an unreadable one) what its past quiet stretches teach."""
+    if policy.time_of_day_wait_percent:
+        profile, _ = parse_profile(profile_text)
+        wait = time_of_day_wait(
+            profile,
+            began,
+            _warn_point(policy),
+            policy.adaptive_wait_max_minutes or 0,
+            policy.time_of_day_wait_percent,
+            policy.time_of_day_horizon_minutes,
+        )
+        if wait is not None:
+            return LearnedWait(wait.extra_minutes, wait.why)
+    return learned_wait(history, policy, began)
 
 
 def _over_runtime_cap(machine: Machine, policy: TeamPolicy, now: datetime) -> str:
@@ -963,7 +1019,10 @@ def _warning_due(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, stret
         "learned": stretch.learned_text,
         "why_quiet": assessment.why_quiet,
     }
-    return _Outcome(Event.WARNING_DUE, Action.WARN, record, fields, notify="warning", deliver_warning=True)
+    waited = stretch.learned.why if stretch.learned.extra_minutes > 0 else ""
+    return _Outcome(
+        Event.WARNING_DUE, Action.WARN, record, fields, notify="warning", deliver_warning=True, waited=waited
+    )
 
 
 def _after_warning(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, stretch: _Stretch) -> _Outcome:
