@@ -47,11 +47,11 @@ os.environ.update(ENV)
 from idle_reaper.aws import Fleet, InMemoryStateStore  # noqa: E402
 from idle_reaper.core import MachineRecord, State  # noqa: E402
 from idle_reaper.handlers import slack as handler  # noqa: E402
-from idle_reaper.payloads import ButtonWork, CommandWork  # noqa: E402
-from idle_reaper.routing import Region, Router  # noqa: E402
 from idle_reaper.slack import SlackNotifier  # noqa: E402
+from idle_reaper.slack.requests import ButtonWork, CommandWork  # noqa: E402
+from idle_reaper.slack.routing import Region, Router  # noqa: E402
 from idle_reaper_tools.fake_slack import LambdaContextStub, signed_request  # noqa: E402
-from testkit.fake_aws import FakeAutoScaling, FakeEC2, FakeSSM  # noqa: E402
+from testkit.aws import FakeAutoScaling, FakeEC2, FakeSSM  # noqa: E402
 
 DYNAMODB, SSM, EC2, SLACK, INVOKE = 0.004, 0.030, 0.300, 0.250, 0.020
 SLACK_GIVES_UP = 3.0

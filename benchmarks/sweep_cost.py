@@ -1,7 +1,7 @@
 """What one sweep costs: API calls per operation, GetMetricData packing, the core's CPU time, wall time.
 
 Runs the REAL `run_sweep` with the REAL adapters (PolicyStore, Fleet, MetricsReader) over counting
-in-memory fakes of the boto3 clients (testkit/fake_aws.py; moto is far too slow at this scale),
+in-memory fakes of the boto3 clients (testkit/aws/; moto is far too slow at this scale),
 for a realistic ML fleet, three sweeps 15 minutes apart:
 
     #1 first look   warnings for long-idle machines, scale-in protection for busy ASG members
@@ -40,7 +40,7 @@ from idle_reaper.core import Action, Machine, MachineRecord, Signals, assess, de
 from idle_reaper.notify import LoggingNotifier  # noqa: E402
 from idle_reaper.policy import MetricSettings, Settings, TagKeys  # noqa: E402
 from idle_reaper.sweep import Adapters, SweepReport, run_sweep  # noqa: E402
-from testkit.fake_aws import CountingStateStore, FakeAws, quiet_after, steady  # noqa: E402
+from testkit.aws import CountingStateStore, FakeAws, quiet_after, steady  # noqa: E402
 
 T0 = datetime(2026, 11, 20, 14, 0, tzinfo=UTC)
 SWEEPS = (T0, T0 + timedelta(minutes=15), T0 + timedelta(minutes=30))

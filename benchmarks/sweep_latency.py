@@ -1,5 +1,5 @@
 """Where a sweep's time goes at fleet scale: the real `run_sweep` over the counting fakes, every AWS call
-charged its in-region latency (testkit/fake_aws.py LATENCY, as issue 13 states them).
+charged its in-region latency (testkit/aws/ LATENCY, as issue 13 states them).
 
 The projection models what the code really overlaps: the sweep's thread pools (aws.run_concurrently) are
 replaced by a scheduler that puts each task on the virtual lane that frees first, so a pool of N threads
@@ -50,7 +50,7 @@ from idle_reaper.sweep import (  # noqa: E402
     run_shard,
     run_sweep,
 )
-from testkit.fake_aws import CountingStateStore, FakeAws, LatencyModel  # noqa: E402
+from testkit.aws import CountingStateStore, FakeAws, LatencyModel  # noqa: E402
 
 # First look; the steady sweep 5 minutes later (the stack's default schedule: what most sweeps are);
 # reaping when the first look's warnings fall due.

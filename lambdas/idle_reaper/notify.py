@@ -10,7 +10,8 @@ from typing import Protocol, runtime_checkable
 
 from aws_lambda_powertools import Logger
 
-from idle_reaper.core import Decision, MachineRecord
+from idle_reaper.core.lifecycle import Decision
+from idle_reaper.core.records import MachineRecord
 
 # The one logger of the package. stderr: the CLI prints its table or JSON on stdout; in Lambda both
 # streams reach CloudWatch. Defined here because every entry point imports this module.

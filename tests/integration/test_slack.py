@@ -18,8 +18,8 @@ import pytest
 from idle_reaper import aws
 from idle_reaper.core import State
 from idle_reaper.handlers import slack as slack_handler
-from idle_reaper.payloads import ButtonWork, WorkEvent
-from idle_reaper.routing import Region
+from idle_reaper.slack.requests import ButtonWork, WorkEvent
+from idle_reaper.slack.routing import Region
 from idle_reaper.sweep import Adapters, run_sweep
 from idle_reaper_tools import local
 from idle_reaper_tools.demo import at

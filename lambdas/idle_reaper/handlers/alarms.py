@@ -13,8 +13,11 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from idle_reaper.aws import InMemoryStateStore, PolicyStore, client, ssm_prefix
-from idle_reaper.slack import SlackNotConfigured, SlackNotifier, load_secrets, logger, make_client
+from idle_reaper.aws.clients import client, ssm_prefix
+from idle_reaper.aws.policies import PolicyStore
+from idle_reaper.aws.state import InMemoryStateStore
+from idle_reaper.notify import logger
+from idle_reaper.slack.notifier import SlackNotConfigured, SlackNotifier, load_secrets, make_client
 
 # An alarm relay has no 3 s deadline; leave room for a Retry-After or two.
 SLACK_BUDGET_SECONDS = 10.0

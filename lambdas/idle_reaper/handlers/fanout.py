@@ -10,7 +10,9 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from idle_reaper.handlers.sweep import emit_sweep_metrics
-from idle_reaper.sweep import Adapters, GatherTask, ShardTask, gather_sweep, logger, run_shard
+from idle_reaper.notify import logger
+from idle_reaper.sweep.adapters import Adapters
+from idle_reaper.sweep.fanout import GatherTask, ShardTask, gather_sweep, run_shard
 
 metrics = Metrics(namespace="IdleReaper", service="idle-reaper")
 

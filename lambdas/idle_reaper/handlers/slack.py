@@ -26,8 +26,11 @@ from pydantic import ValidationError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.webhook import WebhookClient
 
-from idle_reaper.aws import client, current_region, ssm_prefix, table_name, watched_regions
-from idle_reaper.payloads import (
+from idle_reaper.aws.clients import client, ssm_prefix, table_name
+from idle_reaper.aws.regions import current_region, watched_regions
+from idle_reaper.notify import logger
+from idle_reaper.slack.notifier import SlackNotConfigured, load_secrets, make_client
+from idle_reaper.slack.requests import (
     ButtonWork,
     CommandWork,
     Malformed,
@@ -41,8 +44,7 @@ from idle_reaper.payloads import (
     request_text,
     response_url_allowed,
 )
-from idle_reaper.routing import Region, Router
-from idle_reaper.slack import SlackNotConfigured, load_secrets, logger, make_client
+from idle_reaper.slack.routing import Region, Router
 
 app = LambdaFunctionUrlResolver()
 metrics = Metrics(namespace="IdleReaper", service="idle-reaper")

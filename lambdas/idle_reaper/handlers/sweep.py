@@ -13,17 +13,13 @@ from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from idle_reaper.aws import client, current_region
-from idle_reaper.sweep import (
-    SHARD_SIZE,
-    Adapters,
-    SweepCannotRun,
-    SweepTotals,
-    logger,
-    plan_sweep,
-    report_unwatched_regions,
-    run_sweep,
-)
+from idle_reaper.aws.clients import client
+from idle_reaper.aws.regions import current_region
+from idle_reaper.notify import logger
+from idle_reaper.sweep.adapters import Adapters, SweepCannotRun
+from idle_reaper.sweep.fanout import SHARD_SIZE, SweepTotals, plan_sweep
+from idle_reaper.sweep.regions import report_unwatched_regions
+from idle_reaper.sweep.run import run_sweep
 
 metrics = Metrics(namespace="IdleReaper", service="idle-reaper")
 FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # the state machine that sweeps a fleet shard by shard

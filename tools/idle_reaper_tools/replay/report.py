@@ -213,7 +213,7 @@ def replay(
     return out
 
 
-def _money(value: float | None) -> str:
+def money(value: float | None) -> str:
     return "unknown" if value is None else f"${value:,.2f}"
 
 
@@ -247,7 +247,7 @@ def format_report(r: Replay, max_events: int = 8) -> str:
         ("warnings per machine-day", lambda s: _num(s["warnings_per_machine_day"], "{:.2f}")),
         ("messages per owner-day", lambda s: _num(s["messages_per_owner_day"], "{:.2f}")),
         (f"snoozes (assumed rate {r.options.snooze_rate:.0%})", lambda s: f"{s['snoozes']:,}"),
-        ("dollars saved", lambda s: _money(s["dollars_saved"])),
+        ("dollars saved", lambda s: money(s["dollars_saved"])),
         ("unpriced recovered hours", lambda s: _num(s["unpriced_hours"])),
     ]
     label_w = max(len(label) for label, _ in rows)
@@ -279,7 +279,7 @@ def format_report(r: Replay, max_events: int = 8) -> str:
                 str(s["machines"]),
                 _num(s["idle_hours"]),
                 _num(s["recovered_hours"]),
-                _money(s["dollars_saved"]),
+                money(s["dollars_saved"]),
                 str(s["warnings"]),
                 str(s["stops"]),
                 str(s["false_stops"]),

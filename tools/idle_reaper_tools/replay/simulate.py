@@ -38,8 +38,8 @@ from idle_reaper.core import (
     snooze,
     started_by_person,
 )
+from idle_reaper.core.time_of_day import observe_text
 from idle_reaper.policy import TeamPolicy
-from idle_reaper.time_of_day import observe_text
 from idle_reaper_tools.replay.policies import PolicySet
 from idle_reaper_tools.replay.trace import Series, Trace
 from idle_reaper_tools.replay.truth import Truth, classify, ideal_buckets

@@ -1,0 +1,221 @@
+"""The machines: EC2 instances and their Auto Scaling groups, discovered in bulk and acted on in batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from idle_reaper.aws.clients import CALL_WIDE_ERRORS, AwsError, chunks, error_code, run_concurrently
+from idle_reaper.core.reports import GroupCapacity
+from idle_reaper.core.signals import Machine
+from idle_reaper.policy import (
+    TagKeys,
+)
+
+ASG_INSTANCES_PER_CALL = 50  # DescribeAutoScalingInstances and SetInstanceProtection limit
+ASG_GROUPS_PER_CALL = 50  # DescribeAutoScalingGroups: names per call without MaxRecords
+FILTER_VALUES = 200  # values in one DescribeInstances filter
+STOP_BATCH = 200  # StopInstances documents no limit; smaller batches fail smaller
+ACTION_WORKERS = 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Fleet (EC2 + Auto Scaling)
+
+
+@dataclass(frozen=True)
+class ActionOutcome:
+    instance_id: str
+    error: str | None = None  # None: done
+
+
+class Fleet:
+    def __init__(self, ec2: Any, autoscaling: Any) -> None:
+        self.ec2 = ec2
+        self.autoscaling = autoscaling
+
+    def discover(self, tags: TagKeys) -> list[Machine]:
+        """Running machines carrying the team tag (and the opt-in tag, when one is set), joined with their
+        ASG membership and protection."""
+        return self._describe(tags, [])
+
+    def still_as_listed(self, machines: Sequence[Machine], tags: TagKeys) -> set[str]:
+        """Those of `machines` that are still as discovery described them: running, same launch, same group
+        and protection. A sweep that listed its machines before another sweep (or a person) acted on them
+        must not act again on what it saw then."""
+        current = {m.instance_id: m for m in self.describe_ids([m.instance_id for m in machines], tags)}
+        return {m.instance_id for m in machines if current.get(m.instance_id) == m}
+
+    def describe_ids(self, instance_ids: Sequence[str], tags: TagKeys) -> list[Machine]:
+        """Those of the given machines that discovery would list now (running, tagged), described afresh:
+        200 ids a DescribeInstances call, the calls concurrently, then their groups in one go. A shard
+        worker's discovery."""
+
+        def describe(batch: Sequence[str]) -> tuple[list[Machine], dict[str, str]]:
+            return self._list(tags, [{"Name": "instance-id", "Values": list(batch)}])
+
+        machines: list[Machine] = []
+        asg_tagged: dict[str, str] = {}
+        batches = list(chunks(sorted(set(instance_ids)), FILTER_VALUES))
+        for found, tagged in run_concurrently(describe, batches, ACTION_WORKERS):
+            machines += found
+            asg_tagged.update(tagged)
+        return self._with_membership(machines, asg_tagged)
+
+    def _describe(self, tags: TagKeys, only: list[dict[str, Any]]) -> list[Machine]:
+        return self._with_membership(*self._list(tags, only))
+
+    def _list(self, tags: TagKeys, only: list[dict[str, Any]]) -> tuple[list[Machine], dict[str, str]]:
+        """The machines DescribeInstances lists, and the group each member's tag names (instance id -> group)."""
+        machines: list[Machine] = []
+        asg_tagged: dict[str, str] = {}
+        filters = [
+            {"Name": "instance-state-name", "Values": ["running"]},
+            {"Name": "tag-key", "Values": [tags.team]},
+            *only,
+        ]
+        if tags.managed:
+            # The reaper's own opt-in: a cost-allocation `Team` tag alone never makes a machine reapable.
+            filters.append({"Name": f"tag:{tags.managed}", "Values": ["true"]})
+        for page in self.ec2.get_paginator("describe_instances").paginate(
+            Filters=filters, PaginationConfig={"PageSize": 1000}
+        ):
+            for reservation in page["Reservations"]:
+                for inst in reservation["Instances"]:
+                    tag = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                    if not tag.get(tags.team, "").strip():
+                        continue  # an empty team tag names no team (and IAM lets us act only on "?*")
+                    machines.append(
+                        Machine(
+                            instance_id=inst["InstanceId"],
+                            instance_type=inst["InstanceType"],
+                            team=tag[tags.team],
+                            launch_time=inst["LaunchTime"].astimezone(UTC),
+                            name=tag.get("Name"),
+                            owner=tag.get(tags.owner),
+                            exempt_tag=tag.get(tags.exempt),
+                            hibernation_configured=bool(inst.get("HibernationOptions", {}).get("Configured")),
+                        )
+                    )
+                    # Only members carry this AWS-managed tag: ask the ASG API about their groups alone.
+                    if tag.get("aws:autoscaling:groupName"):
+                        asg_tagged[inst["InstanceId"]] = tag["aws:autoscaling:groupName"]
+        return machines, asg_tagged
+
+    def _with_membership(self, machines: list[Machine], asg_tagged: Mapping[str, str]) -> list[Machine]:
+        membership = self._membership(asg_tagged)
+        return [
+            replace(m, asg_name=membership[m.instance_id][0], asg_protected=membership[m.instance_id][1])
+            if m.instance_id in membership
+            else m
+            for m in machines
+        ]
+
+    def _membership(self, asg_tagged: Mapping[str, str]) -> dict[str, tuple[str, bool]]:
+        """Group and scale-in protection of the tagged members, from DescribeAutoScalingGroups on the groups
+        their tags name (50 groups a call, each with every member), not 50 instances a call. A tagged
+        machine its group does not list (detached) stays standalone, as DescribeAutoScalingInstances said."""
+        wanted = set(asg_tagged)
+
+        def describe(names: Sequence[str]) -> dict[str, tuple[str, bool]]:
+            found: dict[str, tuple[str, bool]] = {}
+            pages = self.autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
+                AutoScalingGroupNames=list(names)
+            )
+            for page in pages:
+                for group in page["AutoScalingGroups"]:
+                    for item in group.get("Instances", []):
+                        if item["InstanceId"] in wanted:
+                            found[item["InstanceId"]] = (
+                                group["AutoScalingGroupName"],
+                                bool(item["ProtectedFromScaleIn"]),
+                            )
+            return found
+
+        membership: dict[str, tuple[str, bool]] = {}
+        batches = list(chunks(sorted(set(asg_tagged.values())), ASG_GROUPS_PER_CALL))
+        for found in run_concurrently(describe, batches, ACTION_WORKERS):
+            membership.update(found)
+        return membership
+
+    def group_capacity(self, names: Iterable[str]) -> dict[str, GroupCapacity]:
+        result: dict[str, GroupCapacity] = {}
+        for batch in chunks(sorted(set(names)), ASG_GROUPS_PER_CALL):
+            for page in self.autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
+                AutoScalingGroupNames=list(batch)
+            ):
+                for g in page["AutoScalingGroups"]:
+                    result[g["AutoScalingGroupName"]] = GroupCapacity(
+                        g["AutoScalingGroupName"], int(g["MinSize"]), int(g["DesiredCapacity"])
+                    )
+        return result
+
+    def stop(self, instance_ids: Sequence[str], *, hibernate: bool) -> list[ActionOutcome]:
+        """StopInstances in batches that bisect on failure, so one bad machine does not block the rest.
+        A machine that cannot hibernate falls back to a plain stop alone: the batch bisects down to it
+        first, so the others still hibernate (and keep their notebook kernels)."""
+
+        def call(ids: Sequence[str]) -> None:
+            try:
+                self.ec2.stop_instances(InstanceIds=list(ids), Hibernate=hibernate)
+            except ClientError as exc:
+                if hibernate and len(ids) == 1 and error_code(exc) == "UnsupportedHibernationConfiguration":
+                    self.ec2.stop_instances(InstanceIds=list(ids), Hibernate=False)
+                else:
+                    raise
+
+        return _batched(instance_ids, STOP_BATCH, call)
+
+    def start(self, instance_id: str) -> ActionOutcome:
+        try:
+            self.ec2.start_instances(InstanceIds=[instance_id])
+        except AwsError as exc:
+            return ActionOutcome(instance_id, f"{error_code(exc)}: {exc}")
+        return ActionOutcome(instance_id)
+
+    def set_protection(self, group: str, instance_ids: Sequence[str], *, protected: bool) -> list[ActionOutcome]:
+        def call(ids: Sequence[str]) -> None:
+            self.autoscaling.set_instance_protection(
+                AutoScalingGroupName=group, InstanceIds=list(ids), ProtectedFromScaleIn=protected
+            )
+
+        return _batched(instance_ids, ASG_INSTANCES_PER_CALL, call)
+
+    def terminate_in_group(self, instance_id: str) -> ActionOutcome:
+        try:
+            self.autoscaling.terminate_instance_in_auto_scaling_group(
+                InstanceId=instance_id, ShouldDecrementDesiredCapacity=True
+            )
+        except AwsError as exc:
+            return ActionOutcome(instance_id, f"{error_code(exc)}: {exc}")
+        return ActionOutcome(instance_id)
+
+    def terminate_in_groups(self, instance_ids: Sequence[str]) -> list[ActionOutcome]:
+        """TerminateInstanceInAutoScalingGroup takes one instance: the calls run concurrently instead."""
+        return run_concurrently(self.terminate_in_group, list(instance_ids), ACTION_WORKERS)
+
+
+def _batched(ids: Sequence[str], size: int, call: Callable[[Sequence[str]], None]) -> list[ActionOutcome]:
+    """Batches of `size` run concurrently; each bisects on failure on its own."""
+    outcomes: list[ActionOutcome] = []
+    for done in run_concurrently(lambda batch: _bisect(batch, call), list(chunks(ids, size)), ACTION_WORKERS):
+        outcomes += done
+    return outcomes
+
+
+def _bisect(ids: Sequence[str], call: Callable[[Sequence[str]], None]) -> list[ActionOutcome]:
+    if not ids:
+        return []
+    try:
+        call(ids)
+    except AwsError as exc:
+        if len(ids) == 1 or error_code(exc) in CALL_WIDE_ERRORS or not isinstance(exc, ClientError):
+            return [ActionOutcome(i, f"{error_code(exc)}: {exc}") for i in ids]
+        half = len(ids) // 2
+        halves = run_concurrently(lambda part: _bisect(part, call), [ids[:half], ids[half:]], 2)
+        return halves[0] + halves[1]
+    return [ActionOutcome(i) for i in ids]

@@ -1,0 +1,176 @@
+"""CloudWatch: every machine's CPU, GPU, network and human-activity datapoints in few GetMetricData calls."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from idle_reaper.aws.clients import AwsError, chunks, run_concurrently
+from idle_reaper.core.signals import Point, Signals
+from idle_reaper.policy import (
+    MetricSettings,
+)
+
+METRIC_QUERIES_PER_CALL = 500  # GetMetricData's limit
+DATAPOINTS_PER_CALL = 100_800  # GetMetricData returns at most this many before paging
+# The on-machine activity collector's metric (agent/README.md), by InstanceId alone. Minimum: a hostile
+# local user's high values cannot hide a real low one (see the threat model there).
+HUMAN_METRIC_NAMESPACE = "CWAgent"
+HUMAN_METRIC_NAME = "idle_reaper_minutes_since_input"
+# Threads per kind of call. GetMetricData allows 50 transactions/s per account and region: 20 threads at
+# ~0.6 s a call stay near 33/s. DynamoDB on-demand absorbs 32 threads of small writes (a new table starts
+# at 4,000 writes/s). EC2 and Auto Scaling calls run on 8 threads per kind of action (at 0.2-0.3 s a call,
+# 25-40 calls/s); the adaptive retry mode slows a client down when a bucket runs dry (docs/deploying.md).
+METRIC_WORKERS = 20
+# GetMetricData's default quota, transactions per second per account and region (adjustable), and what one
+# call takes in-region: how many calls the shards of one sweep may make at once together.
+GET_METRIC_DATA_TPS = 50
+GET_METRIC_DATA_SECONDS = 0.6
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals (CloudWatch GetMetricData)
+
+
+# Maximum of utilization (the busiest moment), Sum of bytes, Minimum of minutes since a person's input.
+_STATISTIC = {"network_in": "Sum", "network_out": "Sum", "user": "Minimum"}
+
+
+@dataclass(frozen=True)
+class MetricFetchStats:
+    calls: int = 0
+    queries: int = 0
+    failed_calls: int = 0
+
+
+class MetricsReader:
+    """Packs every machine's CPU, GPU, human-activity (and network) queries into as few GetMetricData calls
+    as possible. Every query names one dimension, the machine's own InstanceId: datapoints published for
+    any other dimension set (another InstanceId, extra StatsD tags) are never read for this machine."""
+
+    def __init__(self, cloudwatch: Any, workers: int = METRIC_WORKERS) -> None:
+        self.cloudwatch = cloudwatch
+        self.workers = workers  # GetMetricData calls at once (fewer when shards of one sweep share the quota)
+        self.stats = MetricFetchStats()
+        self._stats_lock = threading.Lock()  # batches run on several threads
+
+    def _count(self, calls: int = 0, queries: int = 0, failed_calls: int = 0) -> None:
+        with self._stats_lock:
+            s = self.stats
+            self.stats = MetricFetchStats(s.calls + calls, s.queries + queries, s.failed_calls + failed_calls)
+
+    def fetch(
+        self,
+        instance_ids: Sequence[str],
+        metrics: MetricSettings,
+        *,
+        start: datetime,
+        end: datetime,
+        network: bool = False,
+        human: bool = True,
+    ) -> dict[str, Signals]:
+        period = metrics.period_seconds
+        start = datetime.fromtimestamp(int(start.timestamp()) // period * period, tz=UTC)
+        kinds: list[tuple[str, str, str]] = [
+            ("cpu", metrics.cpu.namespace, metrics.cpu.name),
+            ("gpu", metrics.gpu.namespace, metrics.gpu.name),
+        ]
+        if human:  # only for policies that read it (human_active_minutes): each query is billed
+            kinds.append(("user", HUMAN_METRIC_NAMESPACE, HUMAN_METRIC_NAME))
+        if network:
+            kinds += [
+                ("network_in", metrics.network_in.namespace, metrics.network_in.name),
+                ("network_out", metrics.network_out.namespace, metrics.network_out.name),
+            ]
+        queries: list[dict[str, Any]] = []
+        owner: dict[str, tuple[str, str]] = {}
+        for index, instance_id in enumerate(instance_ids):
+            for kind, namespace, name in kinds:
+                query_id = f"{kind[0]}{kind[-1]}{index}"  # e.g. "cu12": unique, starts with a letter
+                owner[query_id] = (instance_id, kind)
+                stat = _STATISTIC.get(kind, "Maximum")
+                queries.append(
+                    {
+                        "Id": query_id,
+                        "MetricStat": {
+                            "Metric": {
+                                "Namespace": namespace,
+                                "MetricName": name,
+                                "Dimensions": [{"Name": "InstanceId", "Value": instance_id}],
+                            },
+                            "Period": period,
+                            "Stat": stat,
+                        },
+                        "ReturnData": True,
+                    }
+                )
+        points: dict[tuple[str, str], list[Point]] = {}
+        incomplete: set[str] = set()
+        # A long window returns many points per query; keep one call under GetMetricData's datapoint
+        # limit so no batch needs a second (re-billed) NextToken page.
+        points_per_query = int((end - start).total_seconds()) // period + 1
+        per_call = max(1, min(METRIC_QUERIES_PER_CALL, DATAPOINTS_PER_CALL // points_per_query))
+
+        def read(batch: Sequence[dict[str, Any]]) -> None:
+            # Each batch fills its own keys of `points`; the set and dict updates are atomic under the GIL.
+            try:
+                self._fetch_batch(batch, start, end, owner, points, incomplete)
+            except AwsError:
+                # A batch we could not read: those machines are unknown, the rest go on.
+                incomplete.update(owner[q["Id"]][0] for q in batch)
+                self._count(failed_calls=1)
+
+        run_concurrently(read, list(chunks(queries, per_call)), self.workers)
+        result: dict[str, Signals] = {}
+        for instance_id in instance_ids:
+            series = {kind: sorted(points.get((instance_id, kind), [])) for kind, _, _ in kinds}
+            result[instance_id] = Signals(
+                cpu=series["cpu"],
+                gpu=series["gpu"],
+                network_in=series.get("network_in", []),
+                network_out=series.get("network_out", []),
+                complete=instance_id not in incomplete,
+                user=series.get("user", []),
+            )
+        return result
+
+    def _fetch_batch(
+        self,
+        batch: Sequence[dict[str, Any]],
+        start: datetime,
+        end: datetime,
+        owner: Mapping[str, tuple[str, str]],
+        points: dict[tuple[str, str], list[Point]],
+        incomplete: set[str],
+    ) -> None:
+        status: dict[str, str] = {}
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {
+                "MetricDataQueries": list(batch),
+                "StartTime": start,
+                "EndTime": end,
+                "ScanBy": "TimestampAscending",
+            }
+            if token:
+                kwargs["NextToken"] = token
+            response = self.cloudwatch.get_metric_data(**kwargs)
+            self._count(calls=1, queries=len(batch))
+            for res in response["MetricDataResults"]:
+                key = owner[res["Id"]]
+                points.setdefault(key, []).extend(
+                    (ts.astimezone(UTC), float(v)) for ts, v in zip(res["Timestamps"], res["Values"], strict=True)
+                )
+                status[res["Id"]] = res.get("StatusCode", "Complete")
+            token = response.get("NextToken")
+            if not token:
+                break
+        for query_id, code in status.items():
+            if code != "Complete":  # PartialData left after the last page, InternalError, Forbidden
+                incomplete.add(owner[query_id][0])
+        for q in batch:
+            if q["Id"] not in status:
+                incomplete.add(owner[q["Id"]][0])

@@ -1,0 +1,420 @@
+"""The state table (DynamoDB): machine records, claims, lookups and the audit trail; and its in-memory twin."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from botocore.exceptions import ClientError
+
+from idle_reaper.aws.clients import DDB_WORKERS, AwsError, chunks, error_code, run_concurrently, wall_clock
+from idle_reaper.core.records import MachineRecord, State
+
+DDB_BATCH_GET = 100
+OWNER_INDEX = "owner-index"  # the state table's GSI on owner_slack_id (the Slack status and keep commands)
+AUDIT_TTL_DAYS = 90
+CLAIM_TTL_DAYS = 30  # an admin alert for a policy still broken after this long is sent again
+RECORD_TTL = timedelta(days=30)  # a machine's record expires this long after its last write (machine gone)
+# How long a sweep's claim on a machine lasts: longer than a sweep Lambda may run (15 min at most), so a
+# live sweep never loses its claim, and a crashed sweep's claim blocks that machine for one lease at most.
+SWEEP_LEASE = timedelta(minutes=15)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle state (DynamoDB) and its in-memory twin
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    instance_id: str
+    at: datetime
+    entry: Mapping[str, Any]
+
+
+def _audit_item(a: AuditEntry) -> dict[str, Any]:
+    return {
+        "pk": f"machine#{a.instance_id}",
+        "sk": f"audit#{a.at.isoformat()}#{a.entry.get('action', '')}",
+        "expires_at": int((a.at + timedelta(days=AUDIT_TTL_DAYS)).timestamp()),
+        "entry": json.dumps(a.entry, default=str, sort_keys=True),
+    }
+
+
+class StateStore(Protocol):
+    """The state table. A sweep that posts or acts on a machine first claims it: the claim rides on the
+    conditional write of the machine's record, so claiming costs no extra call, and every later write by
+    another sweep fails until the claim is released or its lease (SWEEP_LEASE, on the store's clock) ends."""
+
+    def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]: ...
+
+    def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
+        """Write `record` if the stored version is record.version - 1 (or absent for version 1).
+        False when another writer got there first.
+
+        With `holder` (a sweep's id) the write also needs that no other sweep holds a live claim on the
+        machine; `hold=True` leaves `holder`'s claim on it for SWEEP_LEASE, `hold=False` releases it.
+        Without a holder (a person's answer) the write also needs that no sweep holds a live claim: a sweep
+        that claimed the machine may be stopping it right now, and a "keep" recorded in that moment would
+        be a promise the machine breaks. The person is asked to try again. Every write sets the TTL."""
+        ...
+
+    def claim_of(self, instance_id: str) -> tuple[str, datetime] | None:
+        """The sweep holding a live claim on the machine, and until when; None when free."""
+        ...
+
+    def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None: ...
+
+    def audit_many(self, entries: Sequence[AuditEntry]) -> list[str]:
+        """Write audit items concurrently; the instance ids whose item could not be written."""
+        ...
+
+    def all_records(self) -> list[MachineRecord]: ...
+
+    def put_lookup(self, key: str, value: str, expires: datetime) -> None: ...
+
+    def get_lookup(self, key: str, now: datetime) -> str | None: ...
+
+    def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
+        """put_lookup only if the value is still `expected` (None: absent or expired), for read-modify-write
+        of a value several sweeps (or shards of one) update at once; False when someone wrote it first."""
+        ...
+
+    def claim_once(self, key: str, at: datetime) -> bool:
+        """True for the first caller ever to claim `key` (a conditional write), False for every later one."""
+        ...
+
+    def release_claim(self, key: str) -> None: ...
+
+    def records_of_owner(self, slack_user_id: str) -> list[MachineRecord]:
+        """The machines whose owner is this Slack user (the table's owner-index; never a scan)."""
+        ...
+
+
+_DATE_FIELDS = {
+    "idle_since",
+    "warned_at",
+    "warning_delivered_at",
+    "snoozed_until",
+    "last_action_at",
+    "updated_at",
+    "observed_at",
+    "stop_not_before",
+    "warning_post_started_at",
+    "quiet_stop_at",
+}
+
+
+def record_to_item(record: MachineRecord) -> dict[str, Any]:
+    item: dict[str, Any] = {"pk": f"machine#{record.instance_id}", "sk": "state"}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if value is None:
+            continue
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, State):
+            value = value.value
+        elif isinstance(value, tuple):
+            value = list(value)
+        item[f.name] = value
+    return item
+
+
+def item_to_record(item: Mapping[str, Any]) -> MachineRecord:
+    values: dict[str, Any] = {}
+    for f in fields(MachineRecord):
+        if f.name not in item:
+            continue
+        value = item[f.name]
+        if f.name in _DATE_FIELDS:
+            value = datetime.fromisoformat(value)
+        elif f.name == "state":
+            value = State(value)
+        elif f.name in ("version", "snoozes_today"):
+            value = int(value)
+        elif f.name == "messages":
+            value = tuple(value)
+        values[f.name] = value
+    return MachineRecord(**values)
+
+
+class DynamoStateStore:
+    def __init__(self, dynamodb: Any, table: str, clock: Callable[[], datetime] | None = None) -> None:
+        from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+        self.dynamodb = dynamodb
+        self.table = table
+        # Wall time, not the sweep's (possibly simulated) clock: leases and TTLs are about real processes.
+        self.clock = clock or wall_clock
+        self._ser = TypeSerializer()
+        self._de = TypeDeserializer()
+
+    def _wire(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: self._ser.serialize(v) for k, v in item.items()}
+
+    def _plain(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: self._de.deserialize(v) for k, v in item.items()}
+
+    def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
+        def get(batch: Sequence[str]) -> list[MachineRecord]:
+            found: list[MachineRecord] = []
+            request = {self.table: {"Keys": [self._wire({"pk": f"machine#{i}", "sk": "state"}) for i in batch]}}
+            while request:
+                out = self.dynamodb.batch_get_item(RequestItems=request)
+                found += [item_to_record(self._plain(raw)) for raw in out["Responses"].get(self.table, [])]
+                request = out.get("UnprocessedKeys") or {}
+            return found
+
+        batches = list(chunks(sorted(set(instance_ids)), DDB_BATCH_GET))
+        return {r.instance_id: r for found in run_concurrently(get, batches, DDB_WORKERS) for r in found}
+
+    def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
+        now = self.clock()
+        item = {**record_to_item(record), "expires_at": int((now + RECORD_TTL).timestamp())}
+        condition = "(attribute_not_exists(pk) OR version = :previous)"
+        values: dict[str, Any] = {":previous": record.version - 1}
+        # Free, lapsed, or (for a sweep) ours. claim_until is epoch seconds: DynamoDB compares numbers.
+        values[":now"] = int(now.timestamp())
+        if holder is not None:
+            condition += " AND (attribute_not_exists(claim_until) OR claim_until <= :now OR claim_owner = :holder)"
+            values[":holder"] = holder
+            if hold:
+                item.update(claim_owner=holder, claim_until=int((now + SWEEP_LEASE).timestamp()))
+        else:
+            condition += " AND (attribute_not_exists(claim_until) OR claim_until <= :now)"
+        return self._put_if(item, condition, values)
+
+    def _put_if(self, item: dict[str, Any], condition: str, values: dict[str, Any], **names: str) -> bool:
+        """A conditional PutItem: False when the condition does not hold (someone wrote first)."""
+        try:
+            self.dynamodb.put_item(
+                TableName=self.table,
+                Item=self._wire(item),
+                ConditionExpression=condition,
+                ExpressionAttributeValues=self._wire(values),
+                **({"ExpressionAttributeNames": {f"#{k}": v for k, v in names.items()}} if names else {}),
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def claim_of(self, instance_id: str) -> tuple[str, datetime] | None:
+        """The sweep holding a live claim on the machine, and until when; None when free."""
+        out = self.dynamodb.get_item(
+            TableName=self.table, Key=self._wire({"pk": f"machine#{instance_id}", "sk": "state"}), ConsistentRead=True
+        )
+        item = self._plain(out.get("Item", {}))
+        if "claim_until" not in item:
+            return None
+        until = datetime.fromtimestamp(int(item["claim_until"]), tz=UTC)
+        return (str(item["claim_owner"]), until) if until > self.clock() else None
+
+    def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None:
+        self.dynamodb.put_item(TableName=self.table, Item=self._wire(_audit_item(AuditEntry(instance_id, at, entry))))
+
+    def audit_many(self, entries: Sequence[AuditEntry]) -> list[str]:
+        """PutItem per entry, concurrently. Not BatchWriteItem: it can delete any item, and IAM cannot
+        tell its puts from its deletes, so the sweep is not granted it (tests/infra/test_iam.py)."""
+
+        def write(a: AuditEntry) -> str | None:
+            try:
+                self.audit(a.instance_id, a.at, a.entry)
+            except AwsError:
+                return a.instance_id
+            return None
+
+        return [i for i in run_concurrently(write, list(entries), DDB_WORKERS) if i is not None]
+
+    def all_records(self) -> list[MachineRecord]:
+        records = []
+        for page in self.dynamodb.get_paginator("scan").paginate(
+            TableName=self.table,
+            FilterExpression="sk = :state",
+            ExpressionAttributeValues=self._wire({":state": "state"}),
+        ):
+            records += [item_to_record(self._plain(raw)) for raw in page["Items"]]
+        return records
+
+    def put_lookup(self, key: str, value: str, expires: datetime) -> None:
+        """A small keyed value with a TTL: Slack button references, owner email -> Slack id."""
+        item = {"pk": f"lookup#{key}", "sk": "lookup", "value": value, "expires_at": int(expires.timestamp())}
+        self.dynamodb.put_item(TableName=self.table, Item=self._wire(item))
+
+    def get_lookup(self, key: str, now: datetime) -> str | None:
+        out = self.dynamodb.get_item(
+            TableName=self.table, Key=self._wire({"pk": f"lookup#{key}", "sk": "lookup"}), ConsistentRead=True
+        )
+        item = self._plain(out.get("Item", {}))
+        # DynamoDB's TTL deletes lazily: an expired item may still be read.
+        if not item or int(item["expires_at"]) <= now.timestamp():
+            return None
+        return str(item["value"])
+
+    def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
+        item = {"pk": f"lookup#{key}", "sk": "lookup", "value": value, "expires_at": int(expires.timestamp())}
+        values: dict[str, Any] = {":now": int(now.timestamp())}
+        if expected is None:
+            condition = "attribute_not_exists(pk) OR expires_at <= :now"
+        else:
+            condition, values[":expected"] = "#value = :expected AND expires_at > :now", expected
+        return self._put_if(item, condition, values, **({"value": "value"} if expected is not None else {}))
+
+    def claim_once(self, key: str, at: datetime) -> bool:
+        # Expires after CLAIM_TTL_DAYS, so something left broken that long is claimed (and alerted) again.
+        item = {
+            "pk": f"once#{key}",
+            "sk": "once",
+            "claimed_at": at.isoformat(),
+            "expires_at": int((at + timedelta(days=CLAIM_TTL_DAYS)).timestamp()),
+        }
+        try:
+            self.dynamodb.put_item(
+                TableName=self.table, Item=self._wire(item), ConditionExpression="attribute_not_exists(pk)"
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def release_claim(self, key: str) -> None:
+        self.dynamodb.delete_item(TableName=self.table, Key=self._wire({"pk": f"once#{key}", "sk": "once"}))
+
+    def history(self, instance_id: str) -> list[dict[str, Any]]:
+        out = self.dynamodb.query(
+            TableName=self.table,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :audit)",
+            ExpressionAttributeValues=self._wire({":pk": f"machine#{instance_id}", ":audit": "audit#"}),
+        )
+        return [json.loads(self._plain(raw)["entry"]) for raw in out["Items"]]
+
+    def records_of_owner(self, slack_user_id: str) -> list[MachineRecord]:
+        records = []
+        for page in self.dynamodb.get_paginator("query").paginate(
+            TableName=self.table,
+            IndexName=OWNER_INDEX,
+            KeyConditionExpression="owner_slack_id = :owner",
+            ExpressionAttributeValues=self._wire({":owner": slack_user_id}),
+        ):
+            records += [item_to_record(self._plain(raw)) for raw in page["Items"] if raw["sk"]["S"] == "state"]
+        return records
+
+
+class InMemoryStateStore:
+    """The state table's twin for replay, benchmarks and unit tests: same conditional semantics."""
+
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
+        self.records: dict[str, MachineRecord] = {}
+        self.audits: list[tuple[str, datetime, dict[str, Any]]] = []
+        self.lookups: dict[str, tuple[str, datetime]] = {}
+        self.claims: dict[str, datetime] = {}
+        self.leases: dict[str, tuple[str, datetime]] = {}  # instance id -> (sweep holding it, until)
+        self.expires: dict[str, datetime] = {}  # instance id -> when its record's TTL ends
+        self.clock = clock or wall_clock
+        self._lock = threading.RLock()  # a sweep saves from several threads; check-and-set must be atomic
+
+    def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
+        return {i: self.records[i] for i in instance_ids if i in self.records}
+
+    def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
+        with self._lock:
+            return self._save(record, holder, hold=hold)
+
+    def _save(self, record: MachineRecord, holder: str | None, *, hold: bool) -> bool:
+        now, instance_id = self.clock(), record.instance_id
+        stored = self.records.get(instance_id)
+        if stored is not None and stored.version != record.version - 1:
+            return False
+        claim = self.claim_of(instance_id)
+        if claim is not None and claim[0] != holder:  # a person (holder None) never writes over a live claim
+            return False
+        self.records[instance_id] = record
+        self.expires[instance_id] = now + RECORD_TTL
+        if holder is not None and hold:
+            self.leases[instance_id] = (holder, now + SWEEP_LEASE)
+        else:
+            self.leases.pop(instance_id, None)
+        return True
+
+    def claim_of(self, instance_id: str) -> tuple[str, datetime] | None:
+        lease = self.leases.get(instance_id)
+        return lease if lease is not None and lease[1] > self.clock() else None
+
+    def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None:
+        self.audits.append((instance_id, at, dict(entry)))
+
+    def audit_many(self, entries: Sequence[AuditEntry]) -> list[str]:
+        for a in entries:
+            self.audit(a.instance_id, a.at, a.entry)
+        return []
+
+    def all_records(self) -> list[MachineRecord]:
+        return list(self.records.values())
+
+    def history(self, instance_id: str) -> list[dict[str, Any]]:
+        return [entry for i, _, entry in self.audits if i == instance_id]
+
+    def put_lookup(self, key: str, value: str, expires: datetime) -> None:
+        self.lookups[key] = (value, expires)
+
+    def get_lookup(self, key: str, now: datetime) -> str | None:
+        return self._live_lookup(key, now)
+
+    def _live_lookup(self, key: str, now: datetime) -> str | None:
+        # Not get_lookup: a subclass that counts calls would count this internal read as a request.
+        value, expires = self.lookups.get(key, ("", now))
+        return value if expires > now else None
+
+    def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
+        with self._lock:  # shards swept on threads share this store: check-and-set must be atomic
+            if self._live_lookup(key, now) != expected:
+                return False
+            self.lookups[key] = (value, expires)
+            return True
+
+    def claim_once(self, key: str, at: datetime) -> bool:
+        with self._lock:
+            if key in self.claims:
+                return False
+            self.claims[key] = at
+            return True
+
+    def release_claim(self, key: str) -> None:
+        self.claims.pop(key, None)
+
+    def records_of_owner(self, slack_user_id: str) -> list[MachineRecord]:
+        return [r for r in self.records.values() if r.owner_slack_id == slack_user_id]
+
+
+def create_table(dynamodb: Any, table: str) -> bool:
+    """For `idle-reaper init` and local use; the CDK stack creates the table in AWS. True if created."""
+    try:
+        dynamodb.create_table(
+            TableName=table,
+            AttributeDefinitions=[
+                {"AttributeName": "pk", "AttributeType": "S"},
+                {"AttributeName": "sk", "AttributeType": "S"},
+                {"AttributeName": "owner_slack_id", "AttributeType": "S"},
+            ],
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            GlobalSecondaryIndexes=[
+                {
+                    "IndexName": OWNER_INDEX,
+                    "KeySchema": [{"AttributeName": "owner_slack_id", "KeyType": "HASH"}],
+                    "Projection": {"ProjectionType": "ALL"},
+                }
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        )
+    except ClientError as exc:
+        if error_code(exc) == "ResourceInUseException":
+            return False
+        raise
+    dynamodb.get_waiter("table_exists").wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+    return True

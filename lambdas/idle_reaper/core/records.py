@@ -1,0 +1,141 @@
+"""A machine's record in the state table: its lifecycle state, and the compact history of its quiet stretches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from functools import lru_cache
+
+
+class State(StrEnum):
+    """Where a machine is in its lifecycle, as kept in the state table."""
+
+    ACTIVE = "active"  # busy, or quiet for less than the warning point
+    IDLE = "idle"  # quiet, not yet at the warning point
+    WARNED = "warned"  # the owner was (or is being) warned; the stop follows unless answered
+    SNOOZED = "snoozed"  # someone asked to keep it
+    REAPED = "reaped"  # stopped, hibernated, terminated or released to its group
+    UNKNOWN = "unknown"  # not enough data to say; nothing happens
+    EXEMPT = "exempt"  # tagged exempt; reported, never touched
+    SAFE_MODE = "safe_mode"  # the team's policy is invalid; nothing happens
+
+
+class Action(StrEnum):
+    NONE = "none"
+    WARN = "warn"
+    STOP = "stop"
+    HIBERNATE = "hibernate"
+    PROTECT = "protect"  # ASG member: set scale-in protection
+    UNPROTECT = "unprotect"  # ASG member: drop scale-in protection so the group may shrink
+    TERMINATE = "terminate"  # ASG member: terminate and decrement desired capacity
+
+
+# Actions that change a machine (as opposed to a warning, which only talks to people).
+MACHINE_ACTIONS = frozenset({Action.STOP, Action.HIBERNATE, Action.PROTECT, Action.UNPROTECT, Action.TERMINATE})
+REAP_ACTIONS = frozenset({Action.STOP, Action.HIBERNATE, Action.UNPROTECT, Action.TERMINATE})
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle
+
+
+@dataclass(frozen=True)
+class MachineRecord:
+    """One machine's lifecycle as kept in the state table. `version` guards conditional writes."""
+
+    instance_id: str
+    team: str
+    state: State = State.ACTIVE
+    version: int = 0
+    idle_since: datetime | None = None
+    warned_at: datetime | None = None
+    warning_delivered_at: datetime | None = None
+    snoozed_until: datetime | None = None
+    snoozed_by: str | None = None
+    last_action: str | None = None
+    last_action_at: datetime | None = None
+    policy_version: str | None = None
+    reason: str = ""
+    updated_at: datetime | None = None
+    # Facts about the machine, kept so Slack answers and `status` need no EC2 call.
+    name: str | None = None
+    instance_type: str | None = None
+    owner: str | None = None  # the Owner tag: a Slack user id or an email
+    asg_name: str | None = None
+    owner_slack_id: str | None = None  # the owner resolved to a Slack user id
+    # The current Slack message: its buttons carry `warning_ref`, an opaque single-use reference.
+    warning_ref: str | None = None
+    messages: tuple[str, ...] = ()  # "channel|ts" of every copy, for chat.update
+    snooze_day: str | None = None  # the team-local date snoozes_today counts for
+    snoozes_today: int = 0
+    observed_at: datetime | None = None  # the last sweep that could tell busy from idle
+    stop_not_before: datetime | None = None  # the stop time the current warning announced
+    # Delivery of the current warning, kept by the sweep (decide() carries them along untouched):
+    warning_post_started_at: datetime | None = None  # a sweep began posting it and has not recorded the outcome
+    delivery_error: str | None = None  # why it cannot be delivered, or that delivery is unknown: not posted again
+    # How the machine's last quiet stretches ended: their lengths in minutes, oldest first, comma-separated
+    # (format_history); the learned wait reads it. Bounded: HISTORY_SIZE stretches, each at most a week.
+    quiet_history: str = ""
+    # When the machine was busy over its last two weeks, by UTC hour (core/time_of_day.py, at most
+    # PROFILE_MAX_CHARS characters); the time-of-day wait reads it. Kept from the datapoints each sweep reads.
+    usage_profile: str = ""
+    # The human-activity signal the last sweep saw, for `status` (human_signal_note): "" when the policy
+    # ignores it, "missing", or "active"/"quiet" with the newest input seen ("active 2026-11-23T12:03Z").
+    human_signal: str = ""
+    # The "Keep all" reference of the one message that lists this machine with its owner's other machines
+    # (owner_message_groups); later updates of this machine edit that shared message. None: its own message.
+    group_ref: str | None = None
+    # When the sweep stopped it during its team's quiet hours, until its owner is told (quiet_hours_reports).
+    quiet_stop_at: datetime | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Learned waiting: each machine's quiet stretches, and what they say about the current one
+
+HISTORY_SIZE = 24  # stretches kept per machine
+HISTORY_CAP_MINUTES = 10080  # a stretch longer than a week is kept as a week
+_HISTORY_MAX_CHARS = HISTORY_SIZE * len(f"23:{HISTORY_CAP_MINUTES},")
+UNWANTED_WITHIN_MINUTES = 60  # activity this soon after a stop means the stop was unwanted
+
+Stretch = tuple[int, int]  # (UTC hour the quiet stretch began, its length in minutes)
+
+
+@lru_cache(maxsize=4096)  # pure, and read on every sweep of every machine (the replay: millions of times)
+def parse_history(text: str) -> tuple[tuple[Stretch, ...], str]:
+    """The stretches a record's quiet_history holds ("hour:minutes,..." oldest first), and a note for the
+    log when it had to be reset (unreadable, out of range or oversized: a corrupted item must never fail
+    a sweep)."""
+    if not text:
+        return (), ""
+    parts = text.split(",")
+    if len(text) > _HISTORY_MAX_CHARS or len(parts) > HISTORY_SIZE:
+        return (), f"quiet history of {len(parts)} entries ({len(text)} characters) is oversized; reset to empty"
+    stretches: list[Stretch] = []
+    for part in parts:
+        hour, _, minutes = part.partition(":")
+        if not (hour.isascii() and hour.isdigit() and minutes.isascii() and minutes.isdigit()):
+            break
+        if int(hour) > 23 or int(minutes) > HISTORY_CAP_MINUTES:
+            break
+        stretches.append((int(hour), int(minutes)))
+    else:
+        return tuple(stretches), ""
+    shown = text if len(text) <= 40 else text[:39] + "…"
+    return (), f"quiet history {shown!r} is unreadable; reset to empty"
+
+
+def format_history(stretches: Iterable[Stretch]) -> str:
+    """The newest HISTORY_SIZE stretches, each capped at a week: what parse_history reads back."""
+    kept = [(hour % 24, min(HISTORY_CAP_MINUTES, max(0, int(m)))) for hour, m in stretches][-HISTORY_SIZE:]
+    return ",".join(f"{hour}:{m}" for hour, m in kept)
+
+
+def with_stretch(record: MachineRecord, began: datetime, minutes: float, shortest: int) -> MachineRecord:
+    """The record with one more ended quiet stretch; ones too short to ever be warned teach nothing."""
+    if minutes < shortest:
+        return record
+    history, _ = parse_history(record.quiet_history)
+    hour = began.astimezone(UTC).hour
+    return replace(record, quiet_history=format_history([*history, (hour, round(minutes))]))

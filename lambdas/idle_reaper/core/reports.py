@@ -1,0 +1,145 @@
+"""Across machines: how many a group may lose at once, the sweep's totals, which warnings share a
+message, and what quiet hours report."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from idle_reaper.core.lifecycle import Decision
+from idle_reaper.core.records import REAP_ACTIONS, Action, MachineRecord, State
+
+# ---------------------------------------------------------------------------------------------
+# Fleet-level planning
+
+
+@dataclass(frozen=True)
+class GroupCapacity:
+    name: str
+    min_size: int
+    desired: int
+
+
+def limit_terminations(decisions: list[Decision], groups: dict[str, GroupCapacity]) -> list[Decision]:
+    """Never terminate a group below its MinSize: terminations beyond the headroom become unprotect."""
+    headroom = {name: max(0, g.desired - g.min_size) for name, g in groups.items()}
+    limited: list[Decision] = []
+    for d in decisions:
+        if d.action is Action.TERMINATE and d.applied:
+            group = d.machine.asg_name or ""
+            if headroom.get(group, 0) > 0:
+                headroom[group] -= 1
+            else:
+                known = group in groups
+                why = f"{group} is at its MinSize" if known else f"the capacity of {group} could not be read"
+                if d.machine.asg_protected:
+                    reason = f"{why}; not terminated, protection released instead. {d.reason}"
+                    d = replace(
+                        d,
+                        action=Action.UNPROTECT,
+                        reason=reason,
+                        record=replace(d.record, reason=reason, last_action=Action.UNPROTECT.value),
+                    )
+                else:
+                    # Nothing changes: say so, keep the warning's state, and send no "reaped" notice.
+                    reason = f"{why}; not terminated, nothing changed. {d.reason}"
+                    d = replace(
+                        d,
+                        action=Action.NONE,
+                        state=State.WARNED,
+                        reason=reason,
+                        notify=None,
+                        record=replace(
+                            d.record,
+                            state=State.WARNED,
+                            reason=reason,
+                            last_action=d.record.last_action if d.record.last_action != "terminate" else None,
+                        ),
+                    )
+        limited.append(d)
+    return limited
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries
+
+
+@dataclass
+class TeamTotals:
+    scanned: int = 0
+    idle: int = 0
+    warned: int = 0
+    reaped: int = 0
+    protected: int = 0
+    unknown: int = 0
+    snoozed: int = 0
+    hourly_savings: float = 0.0
+
+
+@dataclass
+class SweepSummary:
+    teams: dict[str, TeamTotals] = field(default_factory=lambda: defaultdict(TeamTotals))
+
+    @classmethod
+    def of(cls, decisions: Iterable[Decision]) -> SweepSummary:
+        summary = cls()
+        for d in decisions:
+            totals = summary.teams[d.machine.team]
+            totals.scanned += 1
+            totals.idle += d.state in (State.IDLE, State.WARNED, State.SNOOZED, State.REAPED)
+            totals.warned += d.action is Action.WARN
+            totals.unknown += d.state is State.UNKNOWN
+            totals.snoozed += d.state is State.SNOOZED
+            totals.protected += d.action is Action.PROTECT and d.applied and d.error is None
+            if d.action in REAP_ACTIONS and d.applied and d.error is None:
+                totals.reaped += 1
+                totals.hourly_savings += d.hourly_cost or 0.0
+        return summary
+
+
+# ---------------------------------------------------------------------------------------------
+# One message per owner
+
+
+def owner_key(owner: str | None) -> str:
+    """The Owner tag as one person: case and surrounding spaces do not make another owner; "" when none."""
+    return (owner or "").strip().lower()
+
+
+def owner_message_groups(decisions: Sequence[Decision]) -> list[list[Decision]]:
+    """The warnings due in one sweep, one list per message. An owner's machines whose warnings go to the
+    same places (the owner's DM, and the same team channel when the policy posts there) share a message,
+    across teams; a channel so only ever lists its own team's machines. A machine without an Owner tag or
+    a policy is alone, and so is every decision that posts no warning. Order: first appearance."""
+    groups: dict[tuple[str, str, str | None], list[Decision]] = {}
+    alone: list[list[Decision]] = []
+    for d in decisions:
+        policy = d.policy.policy if d.policy else None
+        owner = owner_key(d.machine.owner)
+        if not d.deliver_warning or not owner or policy is None:
+            alone.append([d])
+            continue
+        channel = policy.slack_channel if policy.notify != "owner" else None
+        groups.setdefault((owner, policy.notify, channel), []).append(d)
+    return [*groups.values(), *alone]
+
+
+# ---------------------------------------------------------------------------------------------
+# Quiet hours: what was stopped while nobody was told, said once they end
+
+QUIET_REPORT_GIVE_UP = timedelta(hours=24)  # a summary that could not be posted for this long is dropped
+
+
+def quiet_hours_reports(records: Iterable[MachineRecord]) -> list[list[MachineRecord]]:
+    """The machines stopped during quiet hours that are still stopped, one list per owner (the owner's Slack
+    id, else the Owner tag, else the machine alone), oldest stop first. A machine started again meanwhile has
+    nothing left to report."""
+    owners: dict[str, list[MachineRecord]] = {}
+    for r in records:
+        if r.quiet_stop_at is None or r.state is not State.REAPED or r.last_action not in ("stop", "hibernate"):
+            continue
+        owner = r.owner_slack_id or owner_key(r.owner) or r.instance_id
+        owners.setdefault(owner, []).append(r)
+    return [sorted(group, key=lambda r: (r.quiet_stop_at or datetime.min, r.instance_id)) for group in owners.values()]

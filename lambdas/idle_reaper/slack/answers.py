@@ -1,0 +1,161 @@
+"""What a person's answer in Slack does once routing has found the record and authorized the person
+(routing.py): keep, stop now, start again, and what `status` and `keep` say. The effect on the lifecycle
+is decided in core; this module writes conditionally (so a double click or a Slack retry acts once),
+acts, and updates the original message in place."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from idle_reaper.aws.fleet import Fleet
+from idle_reaper.aws.state import StateStore
+from idle_reaper.core.answers import snooze, started_by_person, stopped_by_person
+from idle_reaper.core.records import Action, MachineRecord, State
+from idle_reaper.core.signals import describe_human_signal
+from idle_reaper.policy import TeamPolicy
+from idle_reaper.pricing import hourly_price
+from idle_reaper.slack.blocks import date_token, escape, machine_label
+from idle_reaper.slack.notifier import SlackNotifier
+
+HELP = (
+    "*idle-reaper* keeps idle machines from running up the bill.\n"
+    "• `{cmd} status`: your machines, their state and why\n"
+    "• `{cmd} keep <instance-id-or-name> <duration>`: keep a machine, e.g. `keep i-0abc 2h` or `keep notebook 90m`"
+    " (someone else's machine, if you may answer for it: by its instance id)\n"
+    "• `{cmd} help`: this message"
+)
+ANSWERED_ALREADY = (
+    "Someone else answered first, or idle-reaper is acting on this machine right now; nothing changed. "
+    "Try again in a minute."
+)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An ephemeral answer to the person who clicked or typed (None: the message itself was updated)."""
+
+    text: str
+
+
+@dataclass
+class Effects:
+    """One region's effects of an authorized answer on one machine."""
+
+    store: StateStore
+    fleet: Fleet
+    slack: SlackNotifier
+    clock: Callable[[], datetime]
+
+    def keep(self, user: str, record: MachineRecord, policy: TeamPolicy, until: datetime) -> Reply | None:
+        now = self.clock()
+        kept = snooze(record, policy, user, until, now)
+        if isinstance(kept, str):
+            return Reply(f"Not kept: {kept}.")
+        if not self.store.save(kept):
+            return Reply(ANSWERED_ALREADY)
+        label = machine_label(record.name, record.instance_id)
+        detail = f"<@{user}> kept {label} until {date_token(kept.snoozed_until or now)}."
+        self.slack.update(kept, "Kept", detail)
+        return None
+
+    def keep_all(self, user: str, chosen: list[tuple[MachineRecord, TeamPolicy, datetime]]) -> tuple[int, list[str]]:
+        """ "Keep all" on a shared message: keep each machine (core.snooze, a conditional write each), then
+        edit the message once. Returns how many were kept, and why each other one was not, by name."""
+        now = self.clock()
+        problems: list[str] = []
+        last: MachineRecord | None = None
+        for record, policy, until in chosen:
+            label = machine_label(record.name, record.instance_id)
+            kept = snooze(record, policy, user, until, now)
+            if isinstance(kept, str):
+                problems.append(f"{label}: {kept}")
+            elif not self.store.save(kept):
+                problems.append(f"{label}: someone else answered first, or idle-reaper is acting on it")
+            else:
+                self.slack.note_listed(
+                    kept, "Kept", f"<@{user}> kept {label} until {date_token(kept.snoozed_until or now)}."
+                )
+                last = kept
+        if last is not None:
+            self.slack.render_listed(last)
+        return len(chosen) - len(problems), problems
+
+    def keep_command(self, user: str, record: MachineRecord, policy: TeamPolicy, until: datetime) -> Reply:
+        """`/idle-reaper keep`: like the button, and says until when (the command has no message to update)."""
+        refused = self.keep(user, record, policy, until)
+        if refused:
+            return refused
+        kept = self.store.load([record.instance_id]).get(record.instance_id, record)
+        when = date_token(kept.snoozed_until or until)
+        return Reply(f"Kept {machine_label(record.name, record.instance_id)} until {when}.")
+
+    def stop_now(self, user: str, record: MachineRecord) -> Reply | None:
+        now = self.clock()
+        action = Action.UNPROTECT if record.asg_name else Action.STOP
+        # A stopped machine's message offers "Start it again"; a released group member's does not.
+        start_ref = None if record.asg_name else self.slack.new_ref(record.instance_id, now)
+        stopped = stopped_by_person(record, user, action, now, start_ref)
+        if not self.store.save(stopped):
+            return Reply(ANSWERED_ALREADY)
+        if record.asg_name:
+            outcome = self.fleet.set_protection(record.asg_name, [record.instance_id], protected=False)[0]
+        else:
+            outcome = self.fleet.stop([record.instance_id], hibernate=False)[0]
+        label = machine_label(record.name, record.instance_id)
+        if outcome.error:
+            return Reply(f"Could not {action.value} {label} ({_code(outcome.error)}).")
+        if record.asg_name:
+            self.slack.update(
+                stopped, "Released", f"<@{user}> released {label} to {record.asg_name} at {date_token(now)}."
+            )
+            return None
+        cost = hourly_price(record.instance_type or "")
+        detail = f"<@{user}> stopped {label} at {date_token(now)}"
+        if cost is not None:
+            detail += f"; it saves ~${cost:,.2f} per hour while stopped"
+        self.slack.update(stopped, "Stopped", detail + ".", ref=stopped.warning_ref, start_button=True)
+        return None
+
+    def start_again(self, user: str, record: MachineRecord) -> Reply | None:
+        now = self.clock()
+        if record.state is not State.REAPED or record.last_action not in ("stop", "hibernate"):
+            return Reply("That machine is not stopped by idle-reaper; nothing changed.")
+        # Start first: StartInstances is idempotent, and a failed start must leave the button usable.
+        label = machine_label(record.name, record.instance_id)
+        outcome = self.fleet.start(record.instance_id)
+        if outcome.error:
+            return Reply(f"Could not start {label} ({_code(outcome.error)}); nothing changed, try again.")
+        started = started_by_person(record, user, now)
+        if not self.store.save(started):
+            return Reply(ANSWERED_ALREADY)
+        detail = f"<@{user}> started {label} again at {date_token(now)}."
+        stopped_at, cost = record.last_action_at, hourly_price(record.instance_type or "")
+        if stopped_at and cost is not None:
+            hours = (now - stopped_at).total_seconds() / 3600
+            detail += f" It was stopped for {hours:.1f} h and saved ~${hours * cost:,.2f}."
+        self.slack.update(started, "Started again", detail)
+        return None
+
+
+def status_reply(mine: Iterable[MachineRecord]) -> Reply:
+    """`/idle-reaper status`: the caller's machines, their state and why (team and reason quote tags: escaped)."""
+    lines = [
+        f"• {machine_label(r.name, r.instance_id)} · {escape(r.team)} · *{r.state.value}*: {escape(r.reason)}"
+        + (f" · {human}" if (human := describe_human_signal(r.human_signal)) else "")
+        for r in sorted(mine, key=lambda r: (r.team, r.name or r.instance_id))
+    ]
+    if not lines:
+        return Reply("You own no machines idle-reaper knows of (owners come from the `Owner` tag).")
+    return Reply("Your machines:\n" + "\n".join(lines))
+
+
+def help_reply(command: str, unknown_verb: str | None = None) -> Reply:
+    text = HELP.format(cmd=command)
+    return Reply(f"Unknown command `{unknown_verb}`.\n{text}" if unknown_verb else text)
+
+
+def _code(error: str) -> str:
+    """Only the AWS error code reaches Slack: messages may carry ARNs or encoded authorization details."""
+    return error.split(":", 1)[0]

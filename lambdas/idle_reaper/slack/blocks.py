@@ -1,0 +1,409 @@
+"""What people read in Slack: Block Kit messages fitted to Slack's limits (warnings, owner messages, notes)."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from slack_sdk.models.blocks import (
+    ActionsBlock,
+    Block,
+    ButtonElement,
+    ConfirmObject,
+    ContextBlock,
+    HeaderBlock,
+    MarkdownTextObject,
+    Option,
+    OverflowMenuElement,
+    SectionBlock,
+)
+
+from idle_reaper.core.answers import KEEP_HOURS, keep_choices, next_morning
+from idle_reaper.core.lifecycle import Decision
+from idle_reaper.core.records import Action, MachineRecord
+from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
+from idle_reaper.policy import TeamPolicy
+
+PAST_TENSE = {Action.STOP: "stopped", Action.HIBERNATE: "hibernated"}
+
+
+def date_token(when: datetime, fmt: str = "{time} on {date_short_pretty}") -> str:
+    """A Slack date token: every reader sees it in their own time zone."""
+    ts = int(when.timestamp())
+    return f"<!date^{ts}^{fmt}|{when.astimezone(UTC):%Y-%m-%d %H:%M} UTC>"
+
+
+def money(value: float | None) -> str:
+    return f"${value:,.2f}" if value is not None else "unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# Block Kit limits, in characters, of the elements idle-reaper builds. slack-sdk's block models check
+# the same numbers and refuse to build a message over them (SlackObjectFormationError).
+HEADER_CHARS = 150  # header plain_text
+SECTION_CHARS = 3000  # section text
+FIELD_CHARS = 2000  # each section field (at most 10 fields)
+CONTEXT_CHARS = 2000  # each context element (at most 10 elements)
+BUTTON_CHARS = 75  # button text; its value may be 2000, ours is a 24-character reference
+OPTION_CHARS = 75  # overflow option text
+CONFIRM_TITLE_CHARS = 100
+CONFIRM_TEXT_CHARS = 300
+FALLBACK_CHARS = 3000  # top-level `text`: notifications and screen readers; Slack truncates at 40,000
+NAME_CHARS = 100  # a Name tag in a label (EC2 allows 256); the element's own limit applies after
+_JOINERS = ("\u200d",)  # zero-width joiner: the emoji on either side are one character to a reader
+
+
+def _utf16_units(char: str) -> int:
+    return 2 if ord(char) > 0xFFFF else 1
+
+
+def _attaches(char: str) -> bool:
+    """Whether `char` belongs to the character before it: a combining mark, a variation selector, an
+    emoji skin tone, or a zero-width joiner."""
+    code = ord(char)
+    return (
+        unicodedata.category(char) in ("Mn", "Mc", "Me")
+        or char in _JOINERS
+        or 0xFE00 <= code <= 0xFE0F
+        or 0x1F3FB <= code <= 0x1F3FF
+        or 0xE0100 <= code <= 0xE01EF
+    )
+
+
+def fit(text: str, limit: int, *, mrkdwn: bool = False) -> str:
+    """`text` cut to at most `limit` characters, ending in "…" when cut.
+
+    Counts UTF-16 code units (an emoji counts two), never fewer than slack-sdk's count of code points,
+    so the result fits however Slack counts. Never cuts inside a character or between a letter and its
+    combining marks or an emoji sequence. With `mrkdwn`, never cuts inside an escape (`&amp;`) or a
+    `<...>` token (a mention or date), which would otherwise render as garbage."""
+    if sum(map(_utf16_units, text)) <= limit:
+        return text
+    cut, used = 0, 0
+    for char in text:
+        used += _utf16_units(char)
+        if used > limit - 1:  # room for the ellipsis
+            break
+        cut += 1
+    while cut > 0 and (_attaches(text[cut]) or text[cut - 1] in _JOINERS):
+        cut -= 1
+    kept = text[:cut]
+    if mrkdwn:
+        opened = kept.rfind("<")
+        if opened > kept.rfind(">"):
+            kept = kept[:opened]
+        entity = kept.rfind("&")
+        if entity > kept.rfind(";"):
+            kept = kept[:entity]
+    return kept + "…"
+
+
+def escape(text: str) -> str:
+    """User text (a tag, a policy value, a reason quoting them) made inert in mrkdwn: no links,
+    mentions (`<!channel>`) or dates can be injected. Slack asks for exactly these three."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def machine_label(name: str | None, instance_id: str, *, mrkdwn: bool = True) -> str:
+    """ "name (i-0123...)" for a message: the Name tag cut to NAME_CHARS, and escaped for mrkdwn (every
+    caller's text is mrkdwn except plain_text elements: the header)."""
+    if not name:
+        return instance_id
+    shown = fit(name, NAME_CHARS)
+    return f"{escape(shown) if mrkdwn else shown} ({instance_id})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages
+
+
+def planned_stop(decision: Decision, now: datetime) -> datetime:
+    """What the message announces; the lifecycle never stops before it (record.stop_not_before)."""
+    policy = decision.policy.policy if decision.policy else None
+    assessment = decision.assessment
+    if policy is None or assessment is None or assessment.quiet_since is None:
+        return decision.record.stop_not_before or now
+    return max(
+        now + timedelta(minutes=policy.warn_minutes),
+        assessment.quiet_since + timedelta(minutes=policy.idle_minutes),
+        decision.record.stop_not_before or now,
+    )
+
+
+def _choice_label(choice: str, policy: TeamPolicy, now: datetime) -> str:
+    if choice == "keep_morning":
+        morning = next_morning(policy, now)
+        if morning - now > timedelta(hours=policy.max_snooze_hours):
+            return f"Keep {policy.max_snooze_hours} h (max)"
+        return "Keep until tomorrow morning"
+    return f"Keep {KEEP_HOURS[choice]} h"
+
+
+def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
+    m, a = decision.machine, decision.assessment
+    policy = decision.policy.policy if decision.policy and decision.policy.policy else TeamPolicy()
+    stop_at = planned_stop(decision, now)
+    verb = "released to its Auto Scaling group" if m.asg_name else "stopped"
+    idle_minutes = a.quiet_minutes(now) if a else 0
+    thresholds = f"CPU < {policy.cpu_threshold_percent:g}%"
+    if a and a.uses_gpu:
+        thresholds += f", GPU < {policy.gpu_threshold_percent:g}%"
+    why = decision.why_warned
+    morning_capped = next_morning(policy, now) - now > timedelta(hours=policy.max_snooze_hours)
+    longest = f"keep_{policy.max_snooze_hours}h" if morning_capped else None  # already the morning button
+    others = [c for c in keep_choices(policy) if c not in ("keep_2h", longest)]
+    # Every text that carries a tag, a policy value or a reason is escaped and fitted to its element.
+    label = machine_label(m.name, m.instance_id)
+    buttons: list[Any] = [
+        _button("Keep 2 h", "keep_2h", ref, style="primary"),
+        _button(_choice_label("keep_morning", policy, now), "keep_morning", ref),
+        _button(
+            "Stop now",
+            "stop_now",
+            ref,
+            style="danger",
+            confirm=ConfirmObject(
+                title=fit("Stop it now?", CONFIRM_TITLE_CHARS),
+                text=fit(f"{label} will be {verb}.", CONFIRM_TEXT_CHARS, mrkdwn=True),
+            ),
+        ),
+    ]
+    if others:
+        buttons.append(
+            OverflowMenuElement(
+                action_id="keep_other",
+                options=[
+                    Option(value=f"{ref}|{c}", text=fit(_choice_label(c, policy, now), OPTION_CHARS)) for c in others
+                ],
+            )
+        )
+    policy_label = escape(decision.policy.label) if decision.policy else "?"
+    return [
+        HeaderBlock(text=fit(f"Idle machine: {machine_label(m.name, m.instance_id, mrkdwn=False)}", HEADER_CHARS)),
+        SectionBlock(
+            text=MarkdownTextObject(text=f"It will be *{verb}* at {date_token(stop_at)} unless someone keeps it."),
+            fields=[
+                _field("Instance", f"`{m.instance_id}` · {escape(m.instance_type)}"),
+                _field("Team", escape(m.team)),
+                _field("Cost", f"{money(decision.hourly_cost)} per hour"),
+                _field("Idle for", f"{idle_minutes:.0f} min"),
+            ],
+        ),
+        SectionBlock(
+            text=_mrkdwn(
+                f"*Why it counts as idle:* {escape(why)} (busy means {thresholds.replace('<', '≥')})", SECTION_CHARS
+            )
+        ),
+        ActionsBlock(block_id="idle_reaper_answer", elements=buttons),
+        ContextBlock(
+            elements=[
+                _mrkdwn(
+                    f"idle-reaper · policy {policy_label} · "
+                    f"keep at most {policy.max_snooze_hours} h, {policy.max_snoozes_per_day} times a day",
+                    CONTEXT_CHARS,
+                )
+            ]
+        ),
+    ]
+
+
+def _mrkdwn(text: str, limit: int) -> MarkdownTextObject:
+    return MarkdownTextObject(text=fit(text, limit, mrkdwn=True))
+
+
+def _field(title: str, value: str) -> MarkdownTextObject:
+    return _mrkdwn(f"*{title}*\n{value}", FIELD_CHARS)
+
+
+def _button(text: str, action_id: str, ref: str, **kw: Any) -> ButtonElement:
+    return ButtonElement(text=fit(text, BUTTON_CHARS), action_id=action_id, value=ref, **kw)
+
+
+def status_blocks(title: str, detail: str, *, ref: str | None = None, start_button: bool = False) -> list[Block]:
+    """`detail` is mrkdwn its caller composed (labels from machine_label, reasons through escape)."""
+    blocks: list[Block] = [SectionBlock(text=_mrkdwn(f"*{escape(title)}*\n{detail}", SECTION_CHARS))]
+    if start_button and ref:
+        blocks.append(
+            ActionsBlock(
+                block_id="idle_reaper_start",
+                elements=[_button("Start it again", "start_again", ref)],
+            )
+        )
+    return blocks
+
+
+def blocks_json(blocks: Sequence[Block]) -> list[dict[str, Any]]:
+    return [b.to_dict() for b in blocks]
+
+
+def blocks_text(blocks: Sequence[dict[str, Any]]) -> str:
+    """A plain rendering of Block Kit JSON, for the demo's timeline and for tests."""
+    lines: list[str] = []
+    for block in blocks:
+        if block["type"] == "header":
+            lines.append(block["text"]["text"])
+        elif block["type"] == "section":
+            if "text" in block:
+                lines.append(block["text"]["text"])
+            lines += [f["text"].replace("\n", ": ") for f in block.get("fields", [])]
+        elif block["type"] == "actions":
+            labels = []
+            for element in block["elements"]:
+                if element["type"] == "button":
+                    labels.append(f"[{element['text']['text']}]")
+                elif element["type"] == "overflow":
+                    labels.append("[... " + ", ".join(o["text"]["text"] for o in element["options"]) + "]")
+            lines.append(" ".join(labels))
+        elif block["type"] == "context":
+            lines.append(" ".join(e.get("text", "") for e in block["elements"]))
+    text = "\n".join(re.sub(r"<!date\^\d+\^[^|]*\|([^>]*)>", r"\1", line) for line in lines)
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+# ---------------------------------------------------------------------------------------------
+# One message per owner: several machines, one message, edited in place as each one is answered
+
+MESSAGE_BLOCKS = 50  # Slack's limit of blocks per message
+ACTIONS_ELEMENTS = 25  # Slack's limit of elements per actions block
+# A header, the "Keep all" actions block and a context, then per machine a section and an actions block
+# (each machine has its own actions block of at most 2 buttons, so ACTIONS_ELEMENTS never binds).
+OWNER_MESSAGE_MACHINES = (MESSAGE_BLOCKS - 3) // 2
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One machine's lines in a shared message."""
+
+    instance_id: str
+    text: str  # mrkdwn: its warning, or what happened since
+    ref: str | None = None  # its buttons' reference while its warning stands
+    start_ref: str | None = None  # "Start it again" after a stop
+
+
+@dataclass(frozen=True)
+class ListedGroup:
+    """What a shared message listed when it was posted (kept under its "Keep all" reference)."""
+
+    ids: tuple[str, ...]
+    refs: dict[str, str]
+    lines: dict[str, str]
+    title: str = ""  # the header, when not the warning's
+
+    def to_json(self) -> str:
+        return json.dumps({"ids": list(self.ids), "refs": self.refs, "lines": self.lines, "title": self.title})
+
+    @classmethod
+    def from_json(cls, raw: str | None) -> ListedGroup | None:
+        data = json_object(raw)
+        if data is None:
+            return None
+        ids, refs, lines = data.get("ids"), data.get("refs"), data.get("lines")
+        if not (isinstance(ids, list) and isinstance(refs, dict) and isinstance(lines, dict)):
+            return None
+        if not all(isinstance(i, str) and isinstance(refs.get(i), str) and isinstance(lines.get(i), str) for i in ids):
+            return None
+        title = data.get("title")
+        return cls(
+            tuple(ids), {i: refs[i] for i in ids}, {i: lines[i] for i in ids}, title if isinstance(title, str) else ""
+        )
+
+    def is_current(self, record: MachineRecord | None) -> bool:
+        """Whether the machine's warning from this message still stands (its buttons would act)."""
+        if record is None or not record.warning_ref or record.instance_id not in self.refs:
+            return False
+        return secrets.compare_digest(record.warning_ref, self.refs[record.instance_id])
+
+    def entries(self, notes: Mapping[str, tuple[str, str | None]], *, current: set[str]) -> list[Listed]:
+        out = []
+        for i in self.ids:
+            if i in notes:
+                out.append(Listed(i, notes[i][0], start_ref=notes[i][1]))
+            else:
+                out.append(Listed(i, self.lines[i], ref=self.refs[i] if i in current else None))
+        return out
+
+
+def json_object(raw: str | None) -> dict[str, Any] | None:
+    try:
+        data = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def owner_warning_line(decision: Decision, now: datetime) -> str:
+    """A machine's line in its owner's shared message: name, id, team, why it counts as idle, and when it
+    will be stopped."""
+    m = decision.machine
+    name = f"*{escape(fit(m.name, NAME_CHARS))}* · " if m.name else ""
+    verb = "released to its Auto Scaling group" if m.asg_name else "stopped"
+    why = decision.why_warned
+    return fit(
+        f"{name}`{m.instance_id}` · {escape(m.instance_type)} · team {escape(m.team)}\n"
+        f"*{verb.capitalize()} at {date_token(planned_stop(decision, now))}* unless kept. {escape(why)}",
+        SECTION_CHARS,
+        mrkdwn=True,
+    )
+
+
+def owner_message_blocks(
+    listed: Sequence[Listed], group_ref: str, part: int = 1, parts: int = 1, *, title: str = ""
+) -> list[Block]:
+    """The shared message: a line and buttons per machine still waiting, what happened to the others, and
+    "Keep all 2 h" while any waits. At most OWNER_MESSAGE_MACHINES machines (the caller splits)."""
+    if not 0 < len(listed) <= OWNER_MESSAGE_MACHINES:
+        raise ValueError(f"a shared message lists 1 to {OWNER_MESSAGE_MACHINES} machines, not {len(listed)}")
+    waiting = [x for x in listed if x.ref]
+    if not title:
+        title = (
+            f"Idle machines: {len(waiting)} of yours will be stopped unless kept" if waiting else "Your idle machines"
+        )
+    blocks: list[Block] = [HeaderBlock(text=fit(title, HEADER_CHARS))]
+    for n, x in enumerate(listed):
+        blocks.append(SectionBlock(block_id=f"machine_{n}", text=_mrkdwn(x.text, SECTION_CHARS)))
+        if x.ref:
+            stop = ConfirmObject(
+                title=fit("Stop it now?", CONFIRM_TITLE_CHARS),
+                text=fit(f"{x.instance_id} will be stopped or released to its group.", CONFIRM_TEXT_CHARS),
+            )
+            buttons = [
+                _button("Keep 2 h", "keep_2h", x.ref, style="primary"),
+                _button("Stop now", "stop_now", x.ref, style="danger", confirm=stop),
+            ]
+            blocks.append(ActionsBlock(block_id=f"answer_{n}", elements=buttons))
+        elif x.start_ref:
+            blocks.append(
+                ActionsBlock(block_id=f"start_{n}", elements=[_button("Start it again", "start_again", x.start_ref)])
+            )
+    if waiting:
+        keep_all = _button(f"Keep all {len(waiting)} for 2 h", "keep_all", group_ref, style="primary")
+        blocks.append(ActionsBlock(block_id="idle_reaper_keep_all", elements=[keep_all]))
+    note = "idle-reaper · your machines that became idle together, in one message"
+    if parts > 1:
+        note += f" · part {part} of {parts}: Slack allows {OWNER_MESSAGE_MACHINES} machines per message"
+    blocks.append(ContextBlock(elements=[_mrkdwn(note, CONTEXT_CHARS)]))
+    return blocks
+
+
+def quiet_stop_line(record: MachineRecord) -> str:
+    """A machine's line in the quiet hours summary: which, when it was stopped, and why."""
+    name = f"*{escape(fit(record.name, NAME_CHARS))}* · " if record.name else ""
+    what = (
+        PAST_TENSE.get(Action(record.last_action or "stop"), "stopped")
+        if record.last_action in ("stop", "hibernate")
+        else "stopped"
+    )
+    when = date_token(record.last_action_at or record.quiet_stop_at or datetime.now(UTC))
+    kind = f" · {escape(record.instance_type)}" if record.instance_type else ""
+    return fit(
+        f"{name}`{record.instance_id}`{kind} · team {escape(record.team)}\n*{what.capitalize()} at {when}*. "
+        f"{escape(record.reason)}",
+        SECTION_CHARS,
+        mrkdwn=True,
+    )

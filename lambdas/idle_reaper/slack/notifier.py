@@ -1,0 +1,557 @@
+"""Talking to Slack: the client and its secrets, posting and updating messages, classifying failures.
+
+Every post is recorded by the sweep as a Delivery; a failure that will not heal is a PermanentDeliveryFailure."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError, SlackClientError, SlackObjectFormationError
+from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
+from slack_sdk.http_retry.handler import RetryHandler
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
+
+from idle_reaper.aws.clients import AwsError
+from idle_reaper.aws.state import StateStore
+from idle_reaper.core.lifecycle import Decision
+from idle_reaper.core.records import Action, MachineRecord
+from idle_reaper.core.signals import Machine
+from idle_reaper.notify import Delivery, PermanentDeliveryFailure
+from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
+from idle_reaper.slack.blocks import (
+    FALLBACK_CHARS,
+    HEADER_CHARS,
+    OWNER_MESSAGE_MACHINES,
+    PAST_TENSE,
+    ListedGroup,
+    blocks_json,
+    date_token,
+    escape,
+    fit,
+    json_object,
+    machine_label,
+    money,
+    owner_message_blocks,
+    owner_warning_line,
+    quiet_stop_line,
+    status_blocks,
+    warning_blocks,
+)
+
+DEFAULT_API_URL = "https://slack.com/api/"
+REF_TTL = timedelta(days=7)
+OWNER_CACHE_TTL = timedelta(days=7)
+SLACK_USER_ID = re.compile(r"^[UW][A-Z0-9]{2,31}$")
+EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
+MAX_EMAIL_CHARS = 254  # RFC 5321's longest address; a longer Owner tag is no email
+
+
+class SlackNotConfigured(Exception):
+    pass
+
+
+class SlackUndelivered(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class SlackSecrets:
+    bot_token: str
+    signing_secret: str
+
+    def __repr__(self) -> str:  # never print secrets, even by accident
+        return "SlackSecrets(<redacted>)"
+
+
+def load_secrets() -> SlackSecrets:
+    """Locally from SLACK_BOT_TOKEN / SLACK_SIGNING_SECRET; in AWS from the Secrets Manager secret named by
+    IDLE_REAPER_SLACK_SECRET (JSON with bot_token and signing_secret), cached for five minutes."""
+    token, signing = os.environ.get("SLACK_BOT_TOKEN"), os.environ.get("SLACK_SIGNING_SECRET")
+    if token and signing:
+        return SlackSecrets(token, signing)
+    secret_id = os.environ.get("IDLE_REAPER_SLACK_SECRET")
+    if not secret_id:
+        raise SlackNotConfigured("set IDLE_REAPER_SLACK_SECRET, or SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET")
+    from aws_lambda_powertools.utilities import parameters
+
+    value = parameters.get_secret(secret_id, transform="json", max_age=300)
+    if not isinstance(value, dict) or not value.get("bot_token") or not value.get("signing_secret"):
+        raise SlackNotConfigured(f"secret {secret_id} must hold JSON with bot_token and signing_secret")
+    return SlackSecrets(str(value["bot_token"]), str(value["signing_secret"]))
+
+
+class BudgetedRateLimitRetryHandler(RateLimitErrorRetryHandler):
+    """Honours Retry-After on 429, but only while the wait fits the caller's time budget (a Lambda
+    must answer Slack within 3 s, and a sweep has its own timeout)."""
+
+    def __init__(self, deadline: float, max_retry_count: int = 2) -> None:
+        super().__init__(max_retry_count=max_retry_count)
+        self.deadline = deadline  # time.monotonic() value
+
+    def _can_retry(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> bool:
+        if response is None or response.status_code != 429:
+            return False
+        header = next((v for k, v in response.headers.items() if k.lower() == "retry-after"), ["1"])
+        try:
+            wait = float(header[0] if isinstance(header, list) else header)
+        except ValueError:
+            wait = 1.0
+        return time.monotonic() + wait + 1 < self.deadline
+
+
+def make_client(token: str, budget_seconds: float) -> WebClient:
+    base_url = os.environ.get("SLACK_API_URL", DEFAULT_API_URL)
+    handlers: list[RetryHandler] = [BudgetedRateLimitRetryHandler(time.monotonic() + budget_seconds)]
+    return WebClient(token=token, base_url=base_url.rstrip("/") + "/", timeout=10, retry_handlers=handlers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Delivery
+#
+# A failure is either transient (Slack down, 5xx, 429 beyond the time budget, a timeout: the warning
+# stays pending and the next sweep tries again) or permanent: it fails the same way until a person
+# changes something, so it is raised as PermanentDeliveryFailure with what an admin must do, instead of
+# being retried in silence. A rejected token or a missing scope is a configuration fault: transient for
+# the warning (every pending warning goes out once the admin fixes the secret, so none is given up), but
+# logged as an ERROR, since an admin alert through Slack would fail the same way.
+
+# Error code -> what an admin must do; {target} is the channel or user.
+_TARGET_FAULTS = {
+    "not_in_channel": "the bot is not in channel {target}: invite it there (/invite @idle-reaper). A private "
+    "channel always needs the invite; a public one only if the app lacks the chat:write.public scope "
+    "(reinstall it from slack/manifest.yml)",
+    "channel_not_found": "channel {target} does not exist or the bot cannot see it (a private channel needs "
+    "an invite): check the channel id (slack_channel in the team policy, admin_channel in settings)",
+    "is_archived": "channel {target} is archived: unarchive it or set another channel in the policy",
+    "restricted_action": "the workspace does not let the bot post in {target}: ask a Slack admin",
+    "user_not_found": "Slack user {target} does not exist: fix the machine's Owner tag",
+    "user_disabled": "Slack user {target} is deactivated: fix the machine's Owner tag",
+    "cannot_dm_bot": "Slack user {target} is a bot and cannot get a DM: fix the machine's Owner tag",
+    "message_not_found": "the message in {target} was deleted; it cannot be updated",
+    "cant_update_message": "the message in {target} cannot be updated by the bot",
+    "edit_window_closed": "the message in {target} is too old to be edited",
+}
+# Slack refused the message itself: fitting should make this impossible, so it is a bug to report.
+_MESSAGE_FAULTS = frozenset(
+    {"msg_too_long", "invalid_blocks", "invalid_blocks_format", "no_text", "too_many_attachments", "invalid_arguments"}
+)
+_CONFIG_FAULTS = frozenset(
+    {
+        "invalid_auth",
+        "not_authed",
+        "token_revoked",
+        "token_expired",
+        "account_inactive",
+        "missing_scope",
+        "not_allowed_token_type",
+        "team_access_not_granted",
+        "ekm_access_denied",
+    }
+)
+
+
+@dataclass(frozen=True)
+class SlackFault:
+    """Why a Slack call failed, and whether retrying can help."""
+
+    code: str
+    permanent: bool
+    advice: str
+
+
+def classify(exc: Exception, target: str) -> SlackFault:
+    """Sort a failed Slack call (to `target`, a channel or user id) into permanent or transient."""
+    if isinstance(exc, SlackObjectFormationError | ValueError):
+        return SlackFault(
+            "unbuildable", True, f"the message could not be built ({fit(str(exc), 300)}): a bug in idle-reaper"
+        )
+    if not isinstance(exc, SlackApiError):
+        return SlackFault(type(exc).__name__, False, f"Slack unreachable ({type(exc).__name__}); retried")
+    code = str(exc.response.get("error") or f"http_{exc.response.status_code}")
+    if code in _TARGET_FAULTS:
+        return SlackFault(code, True, _TARGET_FAULTS[code].format(target=target))
+    if code in _MESSAGE_FAULTS:
+        return SlackFault(code, True, f"Slack refused the message for {target} ({code}): a bug in idle-reaper")
+    if code in _CONFIG_FAULTS:
+        advice = f"Slack rejects the bot token ({code}): fix the Slack secret or reinstall the app"
+        return SlackFault(code, False, advice + " (with the scopes of slack/manifest.yml)")
+    # 5xx, 429 beyond the time budget, ratelimited, internal_error, and codes we do not know: retrying is
+    # the safe side, and the stop waits for the warning (up to undelivered_warning_max_minutes).
+    return SlackFault(code, False, f"Slack answered {code}; retried")
+
+
+class SlackDelivery:
+    """Slack plumbing: who an owner is, posting to each target on its own, editing messages in place
+    (shared ones line by line), admin alerts, and what a failure means."""
+
+    def __init__(self, client: WebClient, store: StateStore, clock: Any = None) -> None:
+        self.client = client
+        self.store = store
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self.logger = logger
+
+    # Owner lookup: the Owner tag holds a Slack user id or an email (resolved once, cached in the table).
+    def resolve_owner(self, owner: str | None) -> str | None:
+        if not owner:
+            return None
+        if SLACK_USER_ID.match(owner):
+            return owner
+        if len(owner) > MAX_EMAIL_CHARS or not EMAIL.match(owner):
+            return None
+        now = self.clock()
+        cached = self.store.get_lookup(f"owner#{owner.lower()}", now)
+        if cached:
+            return cached
+        try:
+            user_id = str(self.client.users_lookupByEmail(email=owner)["user"]["id"])
+        except SlackApiError as exc:
+            if exc.response.get("error") == "users_not_found":
+                return None
+            raise
+        self.store.put_lookup(f"owner#{owner.lower()}", user_id, now + OWNER_CACHE_TTL)
+        return user_id
+
+    def new_ref(self, instance_id: str, now: datetime | None = None) -> str:
+        ref = secrets.token_urlsafe(18)
+        self.store.put_lookup(f"ref#{ref}", instance_id, (now or self.clock()) + REF_TTL)
+        return ref
+
+    def _post_to(
+        self, targets: list[str], text: str, blocks: list[dict[str, Any]], faults: list[SlackFault], subject: str
+    ) -> list[str]:
+        """Post to each target on its own: "channel|ts" of each copy delivered; each failure joins `faults`."""
+        messages: list[str] = []
+        for channel in targets:
+            try:
+                out = self.client.chat_postMessage(channel=channel, text=text, blocks=blocks)
+                messages.append(f"{out['channel']}|{out['ts']}")
+            except (SlackApiError, SlackClientError, OSError) as exc:
+                faults.append(self._failed("warning", subject, exc, channel))
+        return messages
+
+    def _warning_targets(self, decision: Decision) -> tuple[str | None, list[str], list[SlackFault]]:
+        """(owner's user id, channels to post to, faults of targets that could not be opened)."""
+        m, policy = decision.machine, decision.policy.policy if decision.policy else None
+        notify = policy.notify if policy else "owner"
+        owner_id = self.resolve_owner(m.owner) if notify != "channel" else None
+        targets: list[str] = []
+        faults: list[SlackFault] = []
+        if owner_id:
+            try:
+                targets.append(str(self.client.conversations_open(users=owner_id)["channel"]["id"]))
+            except SlackApiError as exc:
+                faults.append(self._failed("warning", m.instance_id, exc, owner_id))
+        if policy and policy.slack_channel and notify in ("channel", "both"):
+            targets.append(policy.slack_channel)
+        if not targets and not faults:
+            owner = f"the Owner tag {fit(m.owner, 80)!r} is not a Slack user" if m.owner else "it has no Owner tag"
+            channel = "the team policy names no slack_channel" if notify != "owner" else "notify is 'owner'"
+            raise PermanentDeliveryFailure(
+                f"nobody to warn about {m.instance_id} (team {fit(m.team, 80)}): {owner}, and {channel}. Tag its "
+                "Owner with a Slack user id or email, or set slack_channel in the team policy"
+            )
+        return owner_id, targets, faults
+
+    @staticmethod
+    def _reason(m: Machine, fault: SlackFault) -> str:
+        return f"warning for {m.instance_id} (team {fit(m.team, 80)}): {fault.advice}"
+
+    def _raise_if_permanent(self, m: Machine, faults: list[SlackFault]) -> None:
+        """Nobody got the warning: give up on it only when every failure is permanent."""
+        given_up = self._given_up(m, faults)
+        if given_up:
+            raise given_up
+
+    def _given_up(self, m: Machine, faults: list[SlackFault]) -> PermanentDeliveryFailure | None:
+        if faults and all(f.permanent for f in faults):
+            return PermanentDeliveryFailure("; ".join(self._reason(m, f) for f in faults))
+        return None
+
+    def update(
+        self, record: MachineRecord, title: str, detail: str, *, ref: str | None = None, start_button: bool = False
+    ) -> bool:
+        """Rewrite every copy of the machine's message in place. True if all copies were updated.
+
+        `detail` is mrkdwn (see status_blocks). An update is best effort and never retried, so it does not
+        raise: a permanent failure (a deleted message, an archived channel) is logged as an ERROR with
+        what to do, a transient one as a WARNING."""
+        if record.group_ref:
+            try:
+                if self.note_listed(record, title, detail, start_ref=ref if start_button else None):
+                    return self.render_listed(record)
+            except AwsError as exc:  # best effort, like every update: the table is down, the message stays
+                self.logger.warning(
+                    "shared message not updated", extra={"subject": record.instance_id, "error": str(exc)}
+                )
+                return False
+        text = fit(f"{escape(title)}: {detail}", FALLBACK_CHARS, mrkdwn=True)
+        try:
+            blocks = blocks_json(status_blocks(title, detail, ref=ref, start_button=start_button))
+        except (SlackObjectFormationError, ValueError) as exc:
+            self._failed("update", record.instance_id, exc, record.instance_id)
+            return False
+        ok = True
+        for message in record.messages:
+            channel, _, ts = message.partition("|")
+            try:
+                self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks)
+            except (SlackApiError, SlackClientError, OSError) as exc:
+                self._failed("update", record.instance_id, exc, channel)
+                ok = False
+        return ok
+
+    def note_listed(self, record: MachineRecord, title: str, detail: str, *, start_ref: str | None = None) -> bool:
+        """Remember what happened to a machine listed in a shared message (its line in later edits). False
+        when the shared message is no longer known (its references expired): then it is edited alone."""
+        if not record.group_ref:
+            return False
+        now = self.clock()
+        if self.listed_group(record.group_ref) is None:
+            return False
+        line = {"text": f"*{escape(title)}*: {detail}", "start": start_ref}
+        self.store.put_lookup(f"groupline#{record.group_ref}#{record.instance_id}", json.dumps(line), now + REF_TTL)
+        return True
+
+    def render_listed(self, record: MachineRecord) -> bool:
+        """Edit the shared message `record` is listed in: every machine's line as it stands now (its warning
+        and buttons while the warning is current, else what happened), and "Keep all" while any waits."""
+        group_ref = record.group_ref or ""
+        listed = self.listed_group(group_ref)
+        if listed is None:
+            return False
+        now = self.clock()
+        notes: dict[str, tuple[str, str | None]] = {}
+        for instance_id in listed.ids:
+            raw = self.store.get_lookup(f"groupline#{group_ref}#{instance_id}", now)
+            note = json_object(raw)
+            if note and isinstance(note.get("text"), str):
+                start = note.get("start")
+                notes[instance_id] = (note["text"], start if isinstance(start, str) else None)
+        records = self.store.load(list(listed.ids))
+        records[record.instance_id] = record
+        current = {i for i, r in records.items() if listed.is_current(r)}
+        blocks = owner_message_blocks(listed.entries(notes, current=current), group_ref, title=listed.title)
+        waiting = len([i for i in listed.ids if i in current and i not in notes])
+        text = fit(f"{waiting} of your idle machines still wait for an answer", FALLBACK_CHARS)
+        ok = True
+        for message in record.messages:
+            channel, _, ts = message.partition("|")
+            try:
+                self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks_json(blocks))
+            except (SlackApiError, SlackClientError, OSError) as exc:
+                self._failed("update", record.instance_id, exc, channel)
+                ok = False
+        return ok
+
+    def listed_group(self, group_ref: str) -> ListedGroup | None:
+        """The machines a shared message lists, by its "Keep all" reference; None when unknown or unreadable."""
+        if not group_ref:
+            return None
+        return ListedGroup.from_json(self.store.get_lookup(f"group#{group_ref}", self.clock()))
+
+    def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
+        """DM every admin and post to the admin channel. Raises when nobody received it, so the caller
+        keeps the alert pending. `text` is plain: it quotes policies and tags, so it is escaped here."""
+        body = fit(f"idle-reaper admin alert: {escape(text)}", FALLBACK_CHARS, mrkdwn=True)
+        delivered = 0
+        targets = [("admin", admin) for admin in admins] + ([("channel", channel)] if channel else [])
+        for kind, target in targets:
+            try:
+                where = self.client.conversations_open(users=target)["channel"]["id"] if kind == "admin" else target
+                self.client.chat_postMessage(channel=where, text=body)
+                delivered += 1
+            except (SlackApiError, SlackClientError, OSError) as exc:
+                self._failed("admin alert", target, exc, target)
+        if targets and not delivered:
+            raise SlackUndelivered(f"no admin received the alert ({len(targets)} tried)")
+
+    def _failed(self, what: str, subject: str, exc: Exception, target: str) -> SlackFault:
+        fault = classify(exc, target)
+        extra = {"subject": subject, "target": target, "error": fault.code, "advice": fault.advice}
+        if fault.permanent or fault.code in _CONFIG_FAULTS:
+            self.logger.error(f"slack {what} failed and will fail again until fixed", extra=extra)
+        else:
+            # WARNING, not ERROR: Slack being down is expected now and then; the warning stays pending.
+            self.logger.warning(f"slack {what} failed", extra=extra)
+        return fault
+
+
+class SlackNotifier(SlackDelivery):
+    """What the sweep tells people: warnings to the owner (DM) and/or the team channel, one message per
+    owner, stop notices and quiet-hours summaries; later updates edit them in place."""
+
+    def warn(self, decision: Decision) -> Delivery | None:
+        """Post the warning to each target on its own. Delivered when any target got it (the others'
+        permanent faults ride along in Delivery.undelivered); None when a failure may pass (retried
+        next sweep); PermanentDeliveryFailure when every target failed for a reason that will not pass."""
+        m = decision.machine
+        now = decision.record.updated_at or self.clock()  # the sweep's (possibly simulated) clock
+        try:
+            owner_id, targets, faults = self._warning_targets(decision)
+            if not targets:
+                self._raise_if_permanent(m, faults)
+                return None
+            ref = self.new_ref(m.instance_id, now)
+        except (SlackApiError, SlackClientError, OSError) as exc:
+            self._failed("warning", m.instance_id, exc, m.owner or "owner")
+            return None
+        try:
+            blocks = blocks_json(warning_blocks(decision, ref, now))
+        except (SlackObjectFormationError, ValueError) as exc:
+            raise PermanentDeliveryFailure(self._failed("warning", m.instance_id, exc, m.instance_id).advice) from None
+        label = machine_label(m.name, m.instance_id)
+        text = fit(f"Idle machine {label} will be stopped unless someone keeps it", FALLBACK_CHARS, mrkdwn=True)
+        messages = self._post_to(targets, text, blocks, faults, m.instance_id)
+        if not messages:
+            self._raise_if_permanent(m, faults)
+            return None  # a failure that may pass: the next sweep tries again
+        undelivered = tuple(self._reason(m, f) for f in faults if f.permanent)
+        return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id, undelivered=undelivered)
+
+    def resolved(self, decision: Decision) -> None:
+        detail = f"Busy again ({escape(decision.reason)}). Nothing will happen to it."
+        self.update(decision.record, "Warning withdrawn", detail)
+
+    def reaped(self, decision: Decision) -> Delivery | None:
+        record, m = decision.record, decision.machine
+        now = record.updated_at or self.clock()
+        reason = escape(decision.reason)
+        if decision.action in (Action.STOP, Action.HIBERNATE):
+            ref = self.new_ref(m.instance_id, now)
+            detail = (
+                f"{machine_label(m.name, m.instance_id)} was {PAST_TENSE[decision.action]} at {date_token(now)}"
+                + f"; it saves ~{money(decision.hourly_cost)} per hour while stopped. {reason}"
+            )
+            self.update(record, "Stopped", detail, ref=ref, start_button=True)
+            return Delivery(ref=ref)
+        self.update(record, "Released to its group", f"{reason} ({date_token(now)})")
+        return None
+
+    # One message per owner ------------------------------------------------------------------
+
+    def warn_owner(self, decisions: Sequence[Decision]) -> list[Delivery | PermanentDeliveryFailure | None]:
+        """One message listing every machine of `decisions` (one owner, the same targets: see
+        core.owner_message_groups), split past OWNER_MESSAGE_MACHINES. Each machine gets its own buttons'
+        reference and its message's "Keep all" reference (Delivery.group_ref). What each machine gets is what
+        `warn` would return for it alone: a part no target received leaves its machines undelivered."""
+        first = decisions[0]
+        now = first.record.updated_at or self.clock()
+        try:
+            owner_id, targets, faults = self._warning_targets(first)
+        except PermanentDeliveryFailure as exc:
+            return [exc] * len(decisions)
+        except (SlackApiError, SlackClientError, OSError) as exc:
+            self._failed("warning", first.machine.instance_id, exc, first.machine.owner or "owner")
+            return [None] * len(decisions)
+        parts = [decisions[i : i + OWNER_MESSAGE_MACHINES] for i in range(0, len(decisions), OWNER_MESSAGE_MACHINES)]
+        outcomes: list[Delivery | PermanentDeliveryFailure | None] = []
+        for number, part in enumerate(parts, 1):
+            outcomes += self._post_listed(part, owner_id, targets, list(faults), now, (number, len(parts)))
+        return outcomes
+
+    def _post_listed(
+        self,
+        part: Sequence[Decision],
+        owner_id: str | None,
+        targets: list[str],
+        faults: list[SlackFault],
+        now: datetime,
+        numbering: tuple[int, int],
+    ) -> list[Delivery | PermanentDeliveryFailure | None]:
+        if not targets:
+            return [self._given_up(d.machine, faults) for d in part]
+        try:
+            listed = ListedGroup(
+                ids=tuple(d.machine.instance_id for d in part),
+                refs={d.machine.instance_id: self.new_ref(d.machine.instance_id, now) for d in part},
+                lines={d.machine.instance_id: owner_warning_line(d, now) for d in part},
+            )
+            group_ref = secrets.token_urlsafe(18)
+            self.store.put_lookup(f"group#{group_ref}", listed.to_json(), now + REF_TTL)
+        except (SlackApiError, SlackClientError, OSError, *AwsError) as exc:
+            self._failed("warning", part[0].machine.instance_id, exc, "state table")
+            return [None] * len(part)
+        try:
+            blocks = blocks_json(
+                owner_message_blocks(listed.entries({}, current=set(listed.ids)), group_ref, *numbering)
+            )
+        except (SlackObjectFormationError, ValueError) as exc:
+            fault = self._failed("warning", part[0].machine.instance_id, exc, part[0].machine.instance_id)
+            return [self._given_up(d.machine, [fault]) for d in part]
+        labels = ", ".join(machine_label(d.machine.name, d.machine.instance_id) for d in part)
+        text = fit(
+            f"{len(part)} idle machines of yours will be stopped unless kept: {labels}", FALLBACK_CHARS, mrkdwn=True
+        )
+        messages = self._post_to(targets, text, blocks, faults, ",".join(listed.ids))
+        if not messages:
+            return [self._given_up(d.machine, faults) for d in part]  # None: a failure that may pass
+        return [
+            Delivery(
+                messages=tuple(messages),
+                ref=listed.refs[d.machine.instance_id],
+                owner_slack_id=owner_id,
+                undelivered=tuple(self._reason(d.machine, f) for f in faults if f.permanent),
+                group_ref=group_ref,
+            )
+            for d in part
+        ]
+
+    def quiet_summary(self, stopped: Sequence[MachineRecord]) -> list[Delivery] | None:
+        """One DM to the owner after quiet hours: each machine stopped meanwhile, when and why, and its own
+        "Start it again" (the start-again answer path). Later answers edit this message like a shared
+        warning. Past OWNER_MESSAGE_MACHINES machines only the oldest are listed (the rest are in `status`)."""
+        first = stopped[0]
+        now = self.clock()
+        try:
+            owner_id = first.owner_slack_id or self.resolve_owner(first.owner)
+            if not owner_id:
+                raise PermanentDeliveryFailure(f"nobody to tell: {first.instance_id} has no Slack owner")
+            channel = str(self.client.conversations_open(users=owner_id)["channel"]["id"])
+            shown = list(stopped[:OWNER_MESSAGE_MACHINES])
+            listed = ListedGroup(
+                ids=tuple(r.instance_id for r in shown),
+                refs={r.instance_id: self.new_ref(r.instance_id, now) for r in shown},
+                lines={r.instance_id: quiet_stop_line(r) for r in shown},
+                title=fit(f"During quiet hours, idle-reaper stopped {len(stopped)} of your machines", HEADER_CHARS),
+            )
+            group_ref = secrets.token_urlsafe(18)
+            self.store.put_lookup(f"group#{group_ref}", listed.to_json(), now + REF_TTL)
+            notes = {i: (listed.lines[i], listed.refs[i]) for i in listed.ids}
+            for i, (text, start_ref) in notes.items():
+                note = json.dumps({"text": text, "start": start_ref})
+                self.store.put_lookup(f"groupline#{group_ref}#{i}", note, now + REF_TTL)
+            blocks = blocks_json(
+                owner_message_blocks(listed.entries(notes, current=set()), group_ref, title=listed.title)
+            )
+            summary = f"{listed.title}: " + ", ".join(machine_label(r.name, r.instance_id) for r in stopped)
+            out = self.client.chat_postMessage(
+                channel=channel, text=fit(summary, FALLBACK_CHARS, mrkdwn=True), blocks=blocks
+            )
+        except (SlackApiError, SlackClientError, OSError, SlackObjectFormationError, ValueError) as exc:
+            fault = self._failed("quiet hours summary", first.instance_id, exc, first.owner or "owner")
+            if fault.permanent:
+                raise PermanentDeliveryFailure(fault.advice) from None
+            return None
+        message = (f"{out['channel']}|{out['ts']}",)
+        return [
+            Delivery(messages=message, ref=listed.refs.get(r.instance_id), owner_slack_id=owner_id, group_ref=group_ref)
+            for r in stopped
+        ]

@@ -1,0 +1,228 @@
+"""Who may answer, which region and which record an answer is about: the routing and authorization of
+a validated Slack request (payloads.py) before answers.py applies it.
+
+One Slack app serves several regions: every region's sweep posts with the same app, so any click or
+command may reach any region's handler. A button's opaque reference says which region's table holds
+it; a command is answered from every listed region, the local one first. A region's clients are built
+only when that region is consulted, and an owner's machines are found through the `owner-index` of the
+state table, never by a scan."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError, SlackClientError
+
+from idle_reaper.aws.clients import AwsError
+from idle_reaper.aws.fleet import Fleet
+from idle_reaper.aws.policies import PolicyStore
+from idle_reaper.aws.state import DynamoStateStore, StateStore
+from idle_reaper.core.answers import keep_until, may_answer, parse_duration
+from idle_reaper.core.records import MachineRecord
+from idle_reaper.policy import PolicyError, Settings, TeamPolicy, parse_team_policy
+from idle_reaper.slack.answers import Effects, Reply, help_reply, status_reply
+from idle_reaper.slack.blocks import machine_label
+from idle_reaper.slack.notifier import SlackNotifier
+from idle_reaper.slack.requests import ButtonWork, CommandWork, chosen_action
+
+NOT_CURRENT = "This message is no longer current (it was answered already, or replaced); nothing changed."
+
+
+class Region:
+    """One region's state table, policies, fleet and effects, each built on first use."""
+
+    def __init__(
+        self,
+        connect: Callable[[str], Any],
+        table: str,
+        ssm_prefix: str,
+        slack_client: WebClient,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.connect, self.table, self.ssm_prefix = connect, table, ssm_prefix
+        self.slack_client, self.clock = slack_client, clock
+
+    @cached_property
+    def store(self) -> StateStore:
+        return DynamoStateStore(self.connect("dynamodb"), self.table)
+
+    @cached_property
+    def policies(self) -> PolicyStore:
+        return PolicyStore(self.connect("ssm"), self.ssm_prefix)
+
+    @cached_property
+    def fleet(self) -> Fleet:
+        return Fleet(self.connect("ec2"), self.connect("autoscaling"))
+
+    @cached_property
+    def effects(self) -> Effects:
+        return Effects(self.store, self.fleet, SlackNotifier(self.slack_client, self.store, self.clock), self.clock)
+
+    # -----------------------------------------------------------------------------------------
+    # Records
+
+    def record_of_ref(self, ref: str) -> MachineRecord | None:
+        """The record a button's reference names, if it is still this record's current reference."""
+        instance_id = self.store.get_lookup(f"ref#{ref}", self.clock()) if ref else None
+        record = self.store.load([instance_id]).get(instance_id) if instance_id else None
+        if record is None or not hmac.compare_digest(record.warning_ref or "", ref):
+            return None
+        return record
+
+    def records_of_owner(self, user: str) -> list[MachineRecord]:
+        return self.store.records_of_owner(user)
+
+    def find(self, user: str, target: str) -> list[MachineRecord]:
+        """`keep <target>`: the caller's own machines by name or id; anyone's by instance id."""
+        mine = [r for r in self.records_of_owner(user) if target in (r.instance_id, r.name)]
+        if mine or not target.startswith("i-"):
+            return mine
+        return list(self.store.load([target]).values())
+
+    # -----------------------------------------------------------------------------------------
+    # Authorization
+
+    def _settings(self) -> Settings:
+        try:
+            return self.policies.load_settings()[0]
+        except (PolicyError, *AwsError):
+            return Settings()  # admins unknown: only owners and team members may answer
+
+    def _policy(self, team: str, settings: Settings) -> TeamPolicy | None:
+        """This team's policy alone (one GetParameter, however many teams there are); the default policy
+        when the team has none. None: unreadable or invalid (safe mode), so only the owner and admins may
+        answer."""
+        try:
+            stored = self.policies.read(self.policies.team_name(team))
+            return (
+                parse_team_policy(stored.name, stored.value, settings.default_policy)
+                if stored
+                else settings.default_policy
+            )
+        except (PolicyError, *AwsError):
+            return None
+
+    def _group_members(self, policy: TeamPolicy | None) -> set[str]:
+        members: set[str] = set()
+        for group in (m for m in (policy.members if policy else ()) if m.startswith("S")):
+            try:
+                members.update(self.slack_client.usergroups_users_list(usergroup=group)["users"])
+            except (SlackApiError, SlackClientError):
+                continue  # an unreadable group grants nothing
+        return members
+
+    def authorize(self, user: str, record: MachineRecord) -> tuple[TeamPolicy, str | None]:
+        """The policy that governs the answer, and a refusal when `user` may not answer for `record`."""
+        settings = self._settings()
+        policy = self._policy(record.team, settings)
+        # User groups cost a Slack call each: asked only when the owner, members and admins did not match.
+        if may_answer(user, record, policy, settings.admins) or may_answer(
+            user, record, policy, settings.admins, self._group_members(policy)
+        ):
+            return policy or settings.default_policy, None
+        return policy or settings.default_policy, (
+            f"You can't change {machine_label(record.name, record.instance_id)}: only its owner, "
+            f"the {record.team} team's members and idle-reaper admins can."
+        )
+
+
+class Router:
+    """Runs one validated request against the region that holds its record."""
+
+    def __init__(self, regions: list[Region]) -> None:
+        if not regions:
+            raise ValueError("at least one region")
+        self.regions = regions
+
+    def run(self, work: ButtonWork | CommandWork) -> Reply | None:
+        if isinstance(work, ButtonWork):
+            return self.button(work.user, work.action_id, work.value)
+        return self.command(work.user, work.command, work.text)
+
+    def button(self, user: str, action_id: str, value: str) -> Reply | None:
+        action = chosen_action(action_id, value)
+        if action is None:
+            return Reply("That is not an idle-reaper action; nothing was changed.")
+        ref = value.partition("|")[0]
+        if action == "keep_all":
+            return self.keep_all(user, ref)
+        found = next(((r, rec) for r in self.regions if (rec := r.record_of_ref(ref))), None)
+        if found is None:
+            return Reply(NOT_CURRENT)
+        region, record = found
+        policy, refusal = region.authorize(user, record)
+        if refusal:
+            return Reply(refusal)
+        if action == "stop_now":
+            return region.effects.stop_now(user, record)
+        if action == "start_again":
+            return region.effects.start_again(user, record)
+        until = keep_until(action, policy, region.clock())
+        assert until is not None  # every other action is a keep
+        return region.effects.keep(user, record, policy, until)
+
+    def keep_all(self, user: str, group_ref: str) -> Reply | None:
+        """ "Keep all 2 h" on an owner's shared message: every listed machine whose warning still stands and
+        that `user` may answer for is kept; the others are named. The machines come from the message's
+        server-side record, never from the payload: an unknown, forged or fully answered reference changes
+        nothing. A second click finds nothing current (a keep uses up each machine's reference)."""
+        found = next(((r, g) for r in self.regions if (g := r.effects.slack.listed_group(group_ref))), None)
+        if found is None:
+            return Reply(NOT_CURRENT)
+        region, listed = found
+        records = region.store.load(list(listed.ids))
+        current = [records[i] for i in listed.ids if listed.is_current(records.get(i))]
+        if not current:
+            return Reply(NOT_CURRENT)
+        allowed, refused = [], []
+        for record in current:
+            policy, refusal = region.authorize(user, record)
+            until = keep_until("keep_2h", policy, region.clock())
+            if refusal or until is None:
+                refused.append(machine_label(record.name, record.instance_id))
+            else:
+                allowed.append((record, policy, until))
+        kept, problems = region.effects.keep_all(user, allowed) if allowed else (0, [])
+        if refused:
+            problems.append(
+                f"you can't change {', '.join(refused)}: only the owner, the team's members and idle-reaper admins can"
+            )
+        if not problems:
+            return None
+        stale = len(listed.ids) - len(current)
+        gone = f" ({stale} other listed machine{'s' if stale > 1 else ''} no longer waiting)" if stale else ""
+        return Reply(f"Kept {kept} of {len(current)}{gone}. Not kept: {'; '.join(problems)}.")
+
+    def command(self, user: str, command: str, text: str) -> Reply:
+        words = text.split()
+        verb = words[0].lower() if words else "help"
+        if verb == "status":
+            return status_reply(r for region in self.regions for r in region.records_of_owner(user))
+        if verb == "keep":
+            if len(words) != 3:
+                return Reply(
+                    f"Usage: `{command} keep <instance-id-or-name> <duration>`, e.g. `{command} keep i-0abc 2h`"
+                )
+            return self._keep(user, words[1], words[2])
+        return help_reply(command, None if verb == "help" else verb)
+
+    def _keep(self, user: str, target: str, duration_text: str) -> Reply:
+        duration = parse_duration(duration_text)
+        if duration is None:
+            return Reply(f"Not a duration: `{duration_text}` (try `2h`, `90m` or `1h30m`).")
+        for region in self.regions:
+            matches = region.find(user, target)
+            if len(matches) > 1:
+                return Reply(f"{len(matches)} of your machines are named `{target}`; use the instance id.")
+            if matches:
+                record = matches[0]
+                policy, refusal = region.authorize(user, record)
+                if refusal:
+                    return Reply(refusal)
+                return region.effects.keep_command(user, record, policy, region.clock() + duration)
+        return Reply(f"No machine named `{target}` among yours; someone else's machine is kept by its instance id.")

@@ -1,0 +1,126 @@
+"""What a sweep works with: its adapters (real AWS, moto or in-memory), its report, and admin alerts sent once."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from idle_reaper.aws.clients import AwsError, client, error_code, ssm_prefix, table_name
+from idle_reaper.aws.fleet import Fleet
+from idle_reaper.aws.metrics import (
+    MetricsReader,
+)
+from idle_reaper.aws.policies import PolicyStore
+from idle_reaper.aws.state import DynamoStateStore, StateStore
+from idle_reaper.core.lifecycle import Decision
+from idle_reaper.core.reports import (
+    SweepSummary,
+)
+from idle_reaper.notify import LoggingNotifier, Notifier
+from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
+from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
+
+
+class SweepCannotRun(Exception):
+    """The sweep could not run at all (invalid settings, no EC2 or state table access)."""
+
+
+@dataclass
+class SweepReport:
+    now: datetime
+    dry_run: bool
+    decisions: list[Decision]
+    settings_version: int | None
+    metric_calls: int = 0
+    duration_ms: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+    sweep_id: str = ""  # the owner of this sweep's claims in the state table
+    teams_in_safe_mode: list[str] = field(default_factory=list)  # invalid or unreadable policy: nothing acted
+
+    @property
+    def summary(self) -> SweepSummary:
+        return SweepSummary.of(self.decisions)
+
+    @property
+    def errors(self) -> list[Decision]:
+        return [d for d in self.decisions if d.error and d.error != DEFERRED]
+
+    @property
+    def deferred(self) -> list[Decision]:
+        """Machines this sweep ran out of time for: untouched, left to the next sweep."""
+        return [d for d in self.decisions if d.error == DEFERRED]
+
+
+@dataclass
+class Adapters:
+    policies: PolicyStore
+    fleet: Fleet
+    metrics: MetricsReader
+    store: StateStore
+    notifier: Notifier
+
+    @classmethod
+    def from_environment(cls, notifier: Notifier | None = None, slack_budget_seconds: float = 60.0) -> Adapters:
+        """Real AWS clients; Slack when a bot token is configured, else warnings are only logged."""
+        store = DynamoStateStore(client("dynamodb"), table_name())
+        if notifier is None:
+            from idle_reaper.slack import SlackNotConfigured, SlackNotifier, load_secrets, make_client
+
+            try:
+                secrets = load_secrets()
+                notifier = SlackNotifier(make_client(secrets.bot_token, slack_budget_seconds), store)
+            except Exception as exc:  # not configured, or the secret cannot be read: warnings stay pending
+                logger.warning(
+                    "Slack unavailable: warnings stay pending, stops wait for undelivered_warning_max_minutes",
+                    extra={"why": str(exc) if isinstance(exc, SlackNotConfigured) else type(exc).__name__},
+                )
+                notifier = LoggingNotifier(logger)
+        return cls(
+            policies=PolicyStore(client("ssm"), ssm_prefix()),
+            fleet=Fleet(client("ec2"), client("autoscaling")),
+            metrics=MetricsReader(client("cloudwatch")),
+            store=store,
+            notifier=notifier,
+        )
+
+
+def alert_invalid_policies(adapters: Adapters, refs: list[TeamPolicyRef], settings: Settings, now: datetime) -> None:
+    """Tell the admins about an invalid stored team policy once per bad parameter version, not every sweep."""
+    for ref in refs:
+        if ref.policy is not None or ref.version is None:
+            continue
+        text = (
+            f"team {ref.team} is in safe mode (nothing is stopped or unprotected) because its policy is invalid: "
+            f"{ref.error}. Fix it with `idle-reaper policy validate` and `idle-reaper policy put {ref.team} FILE`."
+        )
+        alert_once(adapters, f"policy-alert#{ref.source}@v{ref.version}", text, settings, now)
+
+
+def alert_once(adapters: Adapters, key: str, text: str, settings: Settings, now: datetime) -> None:
+    """Tell the admins once per `key`: a conditional write lets only the first sweep that sees it alert.
+    An alert nobody received is released, so the next sweep tries again."""
+    try:
+        if not adapters.store.claim_once(key, now):
+            return
+    except Exception as exc:  # an alert must never stop the sweep; the log still says it
+        logger.warning("could not record the admin alert", extra={"key": key, "error": str(exc)})
+        return
+    try:
+        adapters.notifier.admin_alert(text, settings.admins, settings.admin_channel)
+    except Exception as exc:
+        logger.warning("admin alert failed", extra={"key": key, "error": str(exc)})
+        with contextlib.suppress(Exception):
+            adapters.store.release_claim(key)  # the next sweep tries again
+
+
+DEFERRED = "deferred: this sweep ran short of time before reaching it; nothing done, the next sweep takes it"
+
+
+def load_sweep_settings(adapters: Adapters) -> tuple[Settings, int | None]:
+    try:
+        return adapters.policies.load_settings()
+    except PolicyError as exc:
+        raise SweepCannotRun(f"settings are invalid, nothing was changed: {exc}") from None
+    except AwsError as exc:
+        raise SweepCannotRun(f"cannot read settings ({error_code(exc)}): {exc}") from None

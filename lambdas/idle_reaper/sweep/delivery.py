@@ -1,0 +1,444 @@
+"""Carrying out a sweep's decisions: claim each machine, act, post, and record what happened."""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import fields, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
+from idle_reaper.aws.fleet import ACTION_WORKERS, ActionOutcome, Fleet
+from idle_reaper.aws.state import AuditEntry, StateStore
+from idle_reaper.core.lifecycle import Decision
+from idle_reaper.core.records import MACHINE_ACTIONS, Action, MachineRecord, State
+from idle_reaper.core.reports import (
+    owner_message_groups,
+)
+from idle_reaper.notify import Delivery, OwnerNotifier, PermanentDeliveryFailure
+from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
+from idle_reaper.policy import Settings
+from idle_reaper.sweep.adapters import DEFERRED, Adapters, alert_once
+
+
+def apply_decisions(
+    adapters: Adapters,
+    decisions: list[Decision],
+    previous: Mapping[str, MachineRecord],
+    settings: Settings,
+    sweep_id: str,
+    now: datetime,
+    time_left: Callable[[], float] | None = None,
+) -> tuple[list[Decision], set[str]]:
+    """Claim, act, tell, record; returns the decisions and the machines whose record this sweep wrote.
+
+    Before a machine is posted about or acted on, its record (the intent: warning, stopping, ...) is
+    written together with this sweep's claim, conditionally on the version this sweep read and on no other
+    sweep holding a live claim. So of two overlapping sweeps only one gets past this write, and the other
+    does nothing to the machine until the outcome is recorded and the claim released. Machines nothing
+    happens to are written under the same conditions, unclaimed, when their record changed (record_changed).
+    Per-machine failures are recorded on the decision, never raised."""
+    store = adapters.store
+
+    def out_of_time() -> bool:
+        return time_left is not None and time_left() < FINISH_RESERVE
+
+    def claim(d: Decision) -> tuple[Decision, bool, bool]:
+        """The decision, whether its record was written, whether this sweep now holds the machine."""
+        if out_of_time():
+            return replace(d, error=DEFERRED), False, False
+        before = previous.get(d.machine.instance_id)
+        d = _delivery_intent(d, before, now)
+        hold = _posts_or_acts(d)
+        if not hold and before is not None and not record_changed(before, d, now):
+            return d, False, False  # nothing new to say: the stored record stays (see record_changed)
+        try:
+            saved = store.save(d.record, sweep_id, hold=hold)
+        except AwsError as exc:
+            saved = False
+            d = replace(d, error=f"state table write failed ({error_code(exc)}); nothing done")
+        if not saved and d.error is None:
+            d = replace(d, error="another sweep is handling this machine, or changed it first; nothing done")
+        return d, saved, saved and hold
+
+    by_id: dict[str, Decision] = {d.machine.instance_id: d for d in decisions}  # keeps the listing's order
+    written: set[str] = set()
+    claimed: set[str] = set()
+    # What posts or acts first, so a sweep short of time spends it on what matters.
+    ordered = sorted(decisions, key=lambda d: not _posts_or_acts(d))
+    for d, saved, held in run_concurrently(claim, ordered, DDB_WORKERS):
+        by_id[d.machine.instance_id] = d
+        if saved:
+            written.add(d.machine.instance_id)
+        if held:
+            claimed.add(d.machine.instance_id)
+
+    acting = [d for d in by_id.values() if d.machine.instance_id in claimed and d.action in MACHINE_ACTIONS]
+    acting = [d for d in acting if d.applied]
+    if acting:
+        # Another sweep may have acted between our listing and our loading the records (its record then
+        # looks current to us): look again, now that we hold the claims, and act only on what is unchanged.
+        try:
+            unchanged = adapters.fleet.still_as_listed([d.machine for d in acting], settings.tags)
+        except AwsError:
+            unchanged = set()  # cannot tell: act on none of them
+        changed = [d for d in acting if d.machine.instance_id not in unchanged]
+        for d in run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id), changed, DDB_WORKERS):
+            by_id[d.machine.instance_id] = d
+            claimed.discard(d.machine.instance_id)
+        acting = [d for d in acting if d.machine.instance_id in unchanged]
+    outcomes = _act(adapters.fleet, acting)
+
+    failed = [d for d in by_id.values() if outcomes.get(d.machine.instance_id)]
+    for d in run_concurrently(
+        lambda d: _record_failure(store, d, outcomes[d.machine.instance_id] or "", sweep_id, now), failed, DDB_WORKERS
+    ):
+        by_id[d.machine.instance_id] = d
+    # Posting stays one at a time (Slack's own rate limits); the outcomes are then recorded concurrently.
+    # Out of time, nothing more is posted: a machine acted on still has its outcome recorded (unposted),
+    # one only to be warned or told goes back to its record from before this sweep, claim released.
+    told, untold = [], []
+    # One message per owner: posted at the first machine there is time for, then recorded per machine.
+    to_post = [d for i, d in by_id.items() if i in claimed and not outcomes.get(i)]
+    owner_posts: dict[str, Delivery | PermanentDeliveryFailure | None] | None = None
+    for d in to_post:
+        in_time = not out_of_time()
+        if in_time and owner_posts is None:
+            owner_posts = _post_owner_messages(adapters, [w for w in to_post if w.deliver_warning])
+        if in_time or (owner_posts and d.machine.instance_id in owner_posts):  # out of time: already posted
+            told.append(_post(adapters, d, settings, now, owner_posts))
+        elif d.machine.instance_id in outcomes:
+            told.append(replace(d, record=replace(d.record, version=d.record.version + 1)))
+        else:
+            untold.append(d)
+    for d in run_concurrently(lambda d: _record_outcome(store, d, sweep_id), told, DDB_WORKERS):
+        by_id[d.machine.instance_id] = d
+    for d in run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id, DEFERRED), untold, DDB_WORKERS):
+        by_id[d.machine.instance_id] = d
+
+    audits: list[AuditEntry] = []
+    for d in by_id.values():
+        instance_id = d.machine.instance_id
+        if instance_id in written and d.record.delivery_error and d.record.warned_at:
+            _alert_undeliverable(adapters, d, settings, now)
+        if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
+            audits.append(AuditEntry(instance_id, now, explain(d)))
+    _audit(store, audits)
+    return list(by_id.values()), written
+
+
+def _act(fleet: Fleet, acting: list[Decision]) -> dict[str, str | None]:
+    """Carry out the machine actions: instance id -> error. Stops, hibernations, protection changes and
+    terminations are different APIs with their own rate limits, so the four run at once, each in batches
+    (and groups) on its own bounded pool."""
+    groups: dict[tuple[str, bool], list[str]] = defaultdict(list)
+    for d in acting:
+        if d.action in (Action.PROTECT, Action.UNPROTECT):
+            groups[(d.machine.asg_name or "", d.action is Action.PROTECT)].append(d.machine.instance_id)
+
+    def ids(action: Action) -> list[str]:
+        return [d.machine.instance_id for d in acting if d.action is action]
+
+    def protect(group: tuple[str, bool]) -> list[ActionOutcome]:
+        return fleet.set_protection(group[0], groups[group], protected=group[1])
+
+    def protect_all() -> list[ActionOutcome]:
+        return [o for done in run_concurrently(protect, list(groups), ACTION_WORKERS) for o in done]
+
+    kinds: list[Callable[[], list[ActionOutcome]]] = [
+        lambda: fleet.stop(ids(Action.STOP), hibernate=False),
+        lambda: fleet.stop(ids(Action.HIBERNATE), hibernate=True),
+        protect_all,
+        lambda: fleet.terminate_in_groups(ids(Action.TERMINATE)),
+    ]
+    outcomes: dict[str, str | None] = {}
+    for done in run_concurrently(lambda kind: kind(), kinds, len(kinds)):
+        outcomes.update((o.instance_id, o.error) for o in done)
+    return outcomes
+
+
+# A record whose lifecycle did not change is not rewritten, except to keep what readers see fresh:
+# `status` and explanations show data at most REFRESH_EVERY (plus one sweep) old. Each machine is refreshed
+# by the first sweep after its own point in the hour (a hash of its id), so refreshes spread evenly over
+# sweeps: at 5-minute sweeps, 1/12 of the fleet a sweep. A machine whose lifecycle depends on being watched
+# (idle_since or a warning: core.decide counts them only if a sweep observed the machine within one idle
+# window) is refreshed the same way every half idle window instead, when that is shorter.
+REFRESH_EVERY = timedelta(hours=1)
+WATCHED_REFRESH_SHARE = 2
+# human_signal is for `status` only ("person active 12:03"): it changes every sweep a person types, so it
+# is refreshed with the rest, not written on every change.
+_BOOKKEEPING = frozenset({"version", "updated_at", "observed_at", "reason", "human_signal"})
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def record_changed(stored: MachineRecord, d: Decision, now: datetime) -> bool:
+    """Whether `d.record` must be written over `stored`: its lifecycle changed (state, idle-since, warning,
+    delivery, snooze, action, policy version, facts about the machine), or a refresh is due.
+
+    The stored observed_at then lags the last observation by up to idle_minutes / 2 plus one sweep
+    interval. A lag only ever makes core.decide see the machine as unwatched (a fresh warning, a later
+    stop), never as watched when it was not: a stop never comes early. With sweeps at most half the
+    shortest idle window apart (the default 5-minute schedule and 15-minute policies) it never happens."""
+    new = d.record
+    lifecycle = (f.name for f in fields(MachineRecord) if f.name not in _BOOKKEEPING)
+    if any(getattr(stored, name) != getattr(new, name) for name in lifecycle):
+        return True
+    period, last_written = REFRESH_EVERY, stored.updated_at
+    policy = d.policy.policy if d.policy else None
+    watched = policy is not None and (new.idle_since is not None or new.warned_at is not None)
+    if watched and policy is not None and new.observed_at is not None and new.observed_at != stored.observed_at:
+        # Its lifecycle depends on being watched: keep the stored observation at most half a window old.
+        period = min(period, timedelta(minutes=policy.idle_minutes) / WATCHED_REFRESH_SHARE)
+        last_written = min(last_written, stored.observed_at) if last_written and stored.observed_at else None
+    return last_written is None or last_written <= _last_refresh_point(new.instance_id, now, period)
+
+
+def _last_refresh_point(instance_id: str, now: datetime, every: timedelta) -> datetime:
+    """The machine's latest refresh point at or before `now`: one each `every`, at the machine's own phase,
+    so a fleet's refreshes spread evenly over the sweeps in between."""
+    period = int(every.total_seconds())
+    phase = zlib.crc32(instance_id.encode()) % period
+    since = int((now - _EPOCH).total_seconds()) - phase
+    return _EPOCH + timedelta(seconds=since // period * period + phase)
+
+
+CHANGED_SINCE_LISTED = (
+    "the machine changed since this sweep listed it (another sweep or a person acted first); nothing done"
+)
+# Seconds a time-aware sweep keeps for finishing what it began (acting on claimed machines, recording).
+FINISH_RESERVE = 30.0
+
+
+def _stand_down(
+    store: StateStore,
+    d: Decision,
+    previous: Mapping[str, MachineRecord],
+    sweep_id: str,
+    error: str = CHANGED_SINCE_LISTED,
+) -> Decision:
+    """Put back the record as it was before this sweep claimed the machine, and release the claim."""
+    before = previous.get(d.machine.instance_id) or MachineRecord(d.machine.instance_id, d.machine.team)
+    record = replace(before, version=d.record.version + 1)
+    with contextlib.suppress(*AwsError):
+        store.save(record, sweep_id)  # if this fails, the claim lapses after SWEEP_LEASE
+    return replace(d, record=record, error=error)
+
+
+def _posts_or_acts(d: Decision) -> bool:
+    """Whether applying `d` talks to people or changes the machine: then it must hold the claim."""
+    acts = d.applied and d.action in MACHINE_ACTIONS
+    return acts or d.deliver_warning or d.notify in ("resolved", "reaped")
+
+
+def _delivery_intent(d: Decision, previous: MachineRecord | None, now: datetime) -> Decision:
+    """Carry the warning's delivery state from sweep to sweep, and mark the intent to post before posting.
+
+    A new warning (a new quiet stretch) starts clean. A mark left by a sweep that began posting and never
+    recorded the outcome (the table failed, or the sweep died) means the owner may have the warning
+    already: it is not posted again (told at most once), and because it is not known as delivered the
+    stop waits as for an undelivered warning. A warning that cannot be delivered is not retried."""
+    record = d.record
+    same_warning = previous is not None and record.warned_at is not None and record.warned_at == previous.warned_at
+    if not same_warning:
+        if record.warning_post_started_at or record.delivery_error:
+            record = replace(record, warning_post_started_at=None, delivery_error=None)
+    elif d.deliver_warning and record.delivery_error is None and record.warning_post_started_at is not None:
+        record = replace(
+            record,
+            warning_post_started_at=None,
+            delivery_error=(
+                f"delivery unknown: a sweep began posting this warning at {record.warning_post_started_at:%H:%M} "
+                "UTC and could not record whether it was delivered"
+            ),
+        )
+    if d.deliver_warning and record.delivery_error:
+        reason = f"{d.reason}; not sent again: {record.delivery_error}"
+        return replace(d, deliver_warning=False, reason=reason, record=replace(record, reason=reason))
+    if d.deliver_warning:
+        record = replace(record, warning_post_started_at=now)
+    return replace(d, record=record)
+
+
+def _alert_undeliverable(adapters: Adapters, d: Decision, settings: Settings, now: datetime) -> None:
+    """Once per machine per warning: the admins learn that its owner cannot be (or may not have been) told."""
+    record, m = d.record, d.machine
+    assert record.warned_at is not None
+    policy = d.policy.policy if d.policy else None
+    held = ""
+    if policy is not None:
+        until = record.warned_at + timedelta(minutes=policy.undelivered_warning_max_minutes)
+        held = f" It is not stopped before {until:%Y-%m-%d %H:%M} UTC (undelivered_warning_max_minutes) unless kept."
+    text = (
+        f"the idle warning for {m.name or m.instance_id} ({m.instance_id}, team {m.team}, owner {m.owner or 'none'}) "
+        f"was not delivered and is not retried: {record.delivery_error}.{held} "
+        "Fix the cause (the Owner tag, the team's slack_channel, the bot's membership); `idle-reaper status` shows it."
+    )
+    alert_once(adapters, f"undeliverable#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
+
+
+def _alert_partly_delivered(
+    adapters: Adapters, d: Decision, undelivered: tuple[str, ...], settings: Settings, now: datetime
+) -> None:
+    """The warning reached someone (so it counts), but not every target: e.g. the owner's DM went out and
+    the team channel refused it. Said once per machine per warning, so the channel gets fixed."""
+    m, record = d.machine, d.record
+    assert record.warned_at is not None
+    text = (
+        f"the idle warning for {m.name or m.instance_id} ({m.instance_id}, team {m.team}) was delivered, "
+        f"but not to every target: {'; '.join(undelivered)}"
+    )
+    alert_once(adapters, f"partly-undelivered#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
+
+
+def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, now: datetime) -> Decision:
+    # A machine already stopped or gone is recorded, not retried; anything else stays warned so the
+    # next sweep tries again.
+    gone = any(code in error for code in ("InvalidInstanceID.NotFound", "IncorrectInstanceState"))
+    state = State.REAPED if gone and d.action in (Action.STOP, Action.HIBERNATE) else d.record.state
+    if not gone and d.action in (Action.STOP, Action.HIBERNATE, Action.UNPROTECT, Action.TERMINATE):
+        state = State.WARNED
+    reason = f"{d.action.value} failed: {error}"
+    record = replace(
+        d.record,
+        version=d.record.version + 1,
+        state=state,
+        reason=reason,
+        last_action=f"{d.action.value}_failed",
+        last_action_at=now,
+    )
+    # If this write fails too, the decision still carries the error; the claim lapses after SWEEP_LEASE
+    # and a later sweep re-reads the truth.
+    with contextlib.suppress(*AwsError):
+        store.save(record, sweep_id)
+    return replace(d, error=reason, record=record, state=state)
+
+
+def _post(
+    adapters: Adapters,
+    d: Decision,
+    settings: Settings,
+    now: datetime,
+    owner_posts: Mapping[str, Delivery | PermanentDeliveryFailure | None] | None = None,
+) -> Decision:
+    """Post what the decision calls for; the decision's record then carries the outcome (not yet written).
+    A warning already posted in its owner's shared message (`owner_posts`) is recorded as that post went."""
+    record, reason = d.record, d.reason
+    delivery: Delivery | None = None
+    try:
+        if d.deliver_warning and owner_posts and d.machine.instance_id in owner_posts:
+            delivery = _owner_post(owner_posts[d.machine.instance_id])
+        elif d.deliver_warning:
+            delivery = adapters.notifier.warn(d)
+        elif d.notify == "resolved":
+            adapters.notifier.resolved(d)
+        elif d.notify == "reaped":
+            delivery = adapters.notifier.reaped(d)
+    except PermanentDeliveryFailure as exc:
+        logger.warning("message cannot be delivered", extra={"instance_id": d.machine.instance_id, "why": exc.reason})
+        if d.deliver_warning:
+            reason = f"{reason}; the warning cannot be delivered: {exc.reason}"
+            record = replace(record, delivery_error=exc.reason, reason=reason)
+    except Exception as exc:  # a notifier must never break the sweep; the warning stays pending
+        logger.warning("notification failed", extra={"instance_id": d.machine.instance_id, "error": str(exc)})
+    if d.deliver_warning:
+        record = replace(record, warning_post_started_at=None)  # the outcome is known: delivered or not
+    if delivery is not None:
+        stop_not_before = record.stop_not_before
+        policy = d.policy.policy if d.policy else None
+        if d.deliver_warning and policy is not None:
+            # Delivered late: the owner still gets warn_minutes from now, and the message says so.
+            stop_not_before = max(stop_not_before or now, now + timedelta(minutes=policy.warn_minutes))
+        record = replace(
+            record,
+            stop_not_before=stop_not_before,
+            warning_delivered_at=now if d.deliver_warning else record.warning_delivered_at,
+            messages=delivery.messages or record.messages,
+            warning_ref=delivery.ref,
+            owner_slack_id=delivery.owner_slack_id or record.owner_slack_id,
+            group_ref=delivery.group_ref if d.deliver_warning else record.group_ref,
+        )
+    if delivery is not None and delivery.undelivered and d.deliver_warning and record.warned_at:
+        _alert_partly_delivered(adapters, d, delivery.undelivered, settings, now)
+    return replace(d, record=replace(record, version=record.version + 1), reason=reason)
+
+
+def _record_outcome(store: StateStore, d: Decision, sweep_id: str) -> Decision:
+    """Record what was posted and release the claim. The write is conditional: an answer a person gave
+    meanwhile wins, and a late sweep never overwrites newer truth."""
+    record = d.record
+    try:
+        if not store.save(record, sweep_id):
+            logger.warning("the machine changed while claimed (a person answered); outcome not recorded")
+    except AwsError as exc:
+        # The claim lapses after SWEEP_LEASE; a warning whose outcome is lost is not posted again.
+        return replace(d, error=f"outcome not recorded: state table write failed ({error_code(exc)})")
+    return d
+
+
+def explain(d: Decision) -> dict[str, Any]:
+    a = d.assessment
+    return {
+        "instance_id": d.machine.instance_id,
+        "team": d.machine.team,
+        "owner": d.machine.owner,
+        "instance_type": d.machine.instance_type,
+        "asg": d.machine.asg_name,
+        "state": d.state.value,
+        "signal": d.signal,
+        "action": d.action_label,
+        "reason": d.reason,
+        "error": d.error,
+        "policy": d.policy.label if d.policy else None,
+        "window_minutes": d.policy.policy.idle_minutes if d.policy and d.policy.policy else None,
+        "max_cpu": a.max_cpu if a else None,
+        "max_gpu": a.max_gpu if a else None,
+        "quiet_since": a.quiet_since.isoformat() if a and a.quiet_since else None,
+        "idle_since": d.record.idle_since.isoformat() if d.record.idle_since else None,
+        "warned_at": d.record.warned_at.isoformat() if d.record.warned_at else None,
+        "snoozed_until": d.record.snoozed_until.isoformat() if d.record.snoozed_until else None,
+        "snoozed_by": d.record.snoozed_by,
+        "hourly_cost": d.hourly_cost,
+    }
+
+
+def _audit(store: StateStore, entries: list[AuditEntry]) -> None:
+    try:
+        failed = store.audit_many(entries)
+    except AwsError as exc:
+        failed = [a.instance_id for a in entries]
+        logger.warning("audit write failed", extra={"error": error_code(exc)})
+    for instance_id in failed:
+        logger.warning("audit write failed", extra={"instance_id": instance_id})
+
+
+def _post_owner_messages(
+    adapters: Adapters, warnings: list[Decision]
+) -> dict[str, Delivery | PermanentDeliveryFailure | None]:
+    """One message per owner: the warnings of this sweep that share an owner and targets
+    (core.owner_message_groups) are posted together, before each machine's outcome is recorded by
+    _post as for a warning of its own. A lone warning, or a notifier that cannot group, posts as before.
+    A message that fails leaves each machine it lists undelivered (pending, or its permanent fault)."""
+    notifier = adapters.notifier
+    if not isinstance(notifier, OwnerNotifier):
+        return {}
+    posts: dict[str, Delivery | PermanentDeliveryFailure | None] = {}
+    for group in owner_message_groups(warnings):
+        if len(group) < 2:
+            continue
+        ids = [d.machine.instance_id for d in group]
+        try:
+            outcomes = notifier.warn_owner(group)
+        except Exception as exc:  # a notifier must never break the sweep; the warnings stay pending
+            logger.warning("owner message failed", extra={"instance_ids": ids, "error": str(exc)})
+            outcomes = [None] * len(group)
+        posts.update(zip(ids, outcomes, strict=True))
+    return posts
+
+
+def _owner_post(outcome: Delivery | PermanentDeliveryFailure | None) -> Delivery | None:
+    if isinstance(outcome, PermanentDeliveryFailure):
+        raise outcome
+    return outcome

@@ -1,0 +1,392 @@
+"""A large fleet's sweep: the planner splits it into shards, a worker sweeps each shard, the gather step sums up."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
+from idle_reaper.aws.metrics import (
+    GET_METRIC_DATA_SECONDS,
+    GET_METRIC_DATA_TPS,
+    METRIC_WORKERS,
+    MetricsReader,
+)
+from idle_reaper.core.records import State
+from idle_reaper.core.reports import (
+    TeamTotals,
+    owner_key,
+)
+from idle_reaper.core.signals import Machine
+from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
+from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, load_sweep_settings
+from idle_reaper.sweep.run import run_sweep
+
+# ---------------------------------------------------------------------------------------------
+# Fan-out: a planner lists the fleet once and splits it into shards; shard workers sweep them in parallel
+# (Step Functions in AWS, threads locally); a gather step makes one summary of the shards' results.
+
+# Machines per shard. benchmarks/sweep_latency.py measures a reaping sweep at about 1.5 ms of modelled wall
+# per machine in one invocation (metric reads and state writes dominate), so a 10,000-machine shard takes
+# ~15-20 s: well inside half of a worker's timeout, and its manifest (~22 bytes an id) inside DynamoDB's
+# 400 KB item limit.
+SHARD_SIZE = 10_000
+# Shards the state machine's Map sweeps at once: 20 x SHARD_SIZE is 200,000 machines in one wave. Together
+# they keep GetMetricData under its quota (metric_workers), the one that binds at that size.
+SHARDS_AT_ONCE = 20
+MANIFEST_TTL = timedelta(days=1)
+FAILED_SHARDS_ALERT_AFTER = 3  # consecutive sweeps with a failed shard before the admins are told
+_FAILED_SWEEPS_KEY = "fanout#consecutive-failed-sweeps"
+_WARNINGS_KEPT = 20  # per shard result: the first few say what went wrong; the log has them all
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One sweep's shards. Step Functions passes at most 256 KB between states and 200,000 instance ids do
+    not fit: only the sweep id, its time and the shard indices travel; each worker reads its own manifest."""
+
+    sweep_id: str
+    now: datetime
+    shards: int
+    machines: int
+    dry_run: bool
+    listed: tuple[Machine, ...] = field(default=(), repr=False, compare=False)  # for a sweep in place
+
+    def execution_input(self) -> dict[str, Any]:
+        """The state machine's input: the Map runs one worker per entry of `shards`."""
+        return {
+            "sweep_id": self.sweep_id,
+            "now": self.now.isoformat(),
+            "dry_run": self.dry_run,
+            "shards": list(range(self.shards)),
+            "concurrent_shards": min(self.shards, SHARDS_AT_ONCE),
+        }
+
+
+class ShardTask(BaseModel):
+    """A shard worker's event (one Map iteration)."""
+
+    model_config = ConfigDict(extra="forbid")
+    sweep_id: str = Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9_-]+$")
+    now: AwareDatetime
+    dry_run: bool = False
+    shard: int = Field(ge=0)
+    concurrent_shards: int = Field(default=1, ge=1, le=1000)  # shards of this sweep running at once
+
+
+class ShardDone(BaseModel):
+    """One Map iteration's output: the shard, and its error when the worker failed (caught by the Map)."""
+
+    shard: int = Field(ge=0)
+    error: str | None = None
+
+
+class GatherTask(BaseModel):
+    """The gather step's event: the plan, and what the Map made of each shard."""
+
+    sweep_id: str = Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9_-]+$")
+    now: AwareDatetime
+    dry_run: bool = False
+    shards: list[int]
+    results: list[ShardDone] = Field(default_factory=list)
+
+
+class SweepTotals(BaseModel):
+    """What a sweep (or a shard of one) did, in numbers: what metrics and the gather step need."""
+
+    machines: int = 0
+    errors: int = 0
+    deferred: int = 0
+    undelivered: int = 0  # warnings nobody has received yet: their stops are held
+    duration_ms: float = 0.0
+    teams: dict[str, TeamTotals] = Field(default_factory=dict)
+    teams_in_safe_mode: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    dry_run: bool = False
+
+    @classmethod
+    def of(cls, report: SweepReport) -> SweepTotals:
+        undelivered = [d for d in report.decisions if d.state is State.WARNED and d.record.warning_delivered_at is None]
+        return cls(
+            machines=len(report.decisions),
+            errors=len(report.errors),
+            deferred=len(report.deferred),
+            undelivered=len(undelivered),
+            duration_ms=report.duration_ms,
+            teams=dict(report.summary.teams),
+            teams_in_safe_mode=report.teams_in_safe_mode,
+            warnings=report.warnings[:_WARNINGS_KEPT],
+            dry_run=report.dry_run,
+        )
+
+    @property
+    def hourly_savings(self) -> float:
+        return sum(t.hourly_savings for t in self.teams.values())
+
+
+class Gathered(SweepTotals):
+    """The shards of one sweep summed: one summary, one set of metrics, one savings figure."""
+
+    sweep_id: str
+    shards: int
+    failed: dict[int, str] = Field(default_factory=dict)  # shard -> why (its machines untouched)
+
+
+def manifest_key(sweep_id: str, index: int) -> str:
+    return f"shard#{sweep_id}#{index}"
+
+
+def result_key(sweep_id: str, index: int) -> str:
+    return f"shard-result#{sweep_id}#{index}"
+
+
+OWNER_UNIT_MAX = 100  # an owner's standalone machines kept in one shard, at most
+
+
+def split_into_shards(machines: Sequence[Machine], shards: int) -> list[list[str]]:
+    """Instance ids per shard: every machine in exactly one, an Auto Scaling group's members always together
+    (its termination limit is counted in one place), an owner's other machines together (up to
+    OWNER_UNIT_MAX), the shards as even as these units allow (the largest unit first, each to the shard with
+    the fewest machines so far)."""
+    units: dict[str, list[str]] = defaultdict(list)
+    by_owner: dict[str, list[str]] = defaultdict(list)
+    for m in machines:
+        if m.asg_name:
+            units[f"asg:{m.asg_name}"].append(m.instance_id)
+        elif owner := owner_key(m.owner):
+            by_owner[owner].append(m.instance_id)
+        else:
+            units[m.instance_id].append(m.instance_id)
+    # An owner's standalone machines share a shard, so one sweep's warnings to them share one message
+    # (sweep._post_owner_messages); an owner with very many is split in bounded chunks, to keep shards even.
+    for owner, ids in by_owner.items():
+        ids.sort()
+        for start in range(0, len(ids), OWNER_UNIT_MAX):
+            units[f"owner:{owner}#{start}"] = ids[start : start + OWNER_UNIT_MAX]
+    loads = [(0, index) for index in range(shards)]
+    manifests: list[list[str]] = [[] for _ in range(shards)]
+    for _, ids in sorted(units.items(), key=lambda unit: (-len(unit[1]), unit[0])):
+        size, index = heapq.heappop(loads)
+        manifests[index].extend(ids)
+        heapq.heappush(loads, (size + len(ids), index))
+    return manifests
+
+
+def plan_sweep(
+    adapters: Adapters,
+    *,
+    now: datetime,
+    dry_run: bool = False,
+    sweep_id: str | None = None,
+    shard_size: int = SHARD_SIZE,
+    in_place: bool = False,
+) -> Plan:
+    """List the fleet once and write one manifest (its instance ids) per shard to the state table.
+    `in_place`: a fleet that fits one shard is swept by the caller from `Plan.listed`, no manifest written."""
+    if shard_size < 1:
+        raise ValueError("shard_size must be at least 1")
+    sweep_id = sweep_id or uuid.uuid4().hex
+    now = now.astimezone(UTC)
+    settings, _ = load_sweep_settings(adapters)
+    try:
+        machines = adapters.fleet.discover(settings.tags)
+    except AwsError as exc:
+        raise SweepCannotRun(f"cannot list machines ({error_code(exc)}): {exc}") from None
+    shards = max(1, -(-len(machines) // shard_size))
+    plan = Plan(sweep_id, now, shards, len(machines), dry_run or settings.dry_run, tuple(machines))
+    if in_place and shards == 1:
+        return plan
+    manifests = split_into_shards(machines, shards)
+    expires = now + MANIFEST_TTL
+
+    def write(index: int) -> None:
+        adapters.store.put_lookup(manifest_key(sweep_id, index), json.dumps(manifests[index]), expires)
+
+    try:
+        run_concurrently(write, list(range(shards)), DDB_WORKERS)
+    except AwsError as exc:
+        raise SweepCannotRun(f"cannot write the shard manifests ({error_code(exc)}): {exc}") from None
+    logger.info("sweep planned", extra={"sweep_id": sweep_id, "shards": shards, "machines": len(machines)})
+    return replace(plan, listed=())
+
+
+def metric_workers(concurrent_shards: int) -> int:
+    """GetMetricData threads of one shard worker, so that the shards running at once together stay under
+    the account's GetMetricData quota (about GET_METRIC_DATA_TPS x GET_METRIC_DATA_SECONDS calls in flight)."""
+    in_flight = int(GET_METRIC_DATA_TPS * GET_METRIC_DATA_SECONDS)
+    return max(1, min(METRIC_WORKERS, in_flight // concurrent_shards))
+
+
+def run_shard(
+    adapters: Adapters, task: ShardTask, *, time_left: Callable[[], float] | None = None
+) -> tuple[SweepReport, SweepTotals]:
+    """Sweep one shard of a plan and record its totals for the gather step. A missing manifest (expired,
+    or the plan failed) sweeps nothing and fails the shard."""
+    sweep_id, index = task.sweep_id, task.shard
+    try:
+        manifest = adapters.store.get_lookup(manifest_key(sweep_id, index), task.now)
+    except AwsError as exc:
+        raise SweepCannotRun(f"cannot read shard {index}'s manifest ({error_code(exc)}): {exc}") from None
+    if manifest is None:
+        raise SweepCannotRun(f"shard {index} of sweep {sweep_id} has no manifest; nothing was changed")
+    ids = [str(i) for i in json.loads(manifest)]
+    workers = metric_workers(task.concurrent_shards)
+    if workers != adapters.metrics.workers:
+        adapters = replace(adapters, metrics=MetricsReader(adapters.metrics.cloudwatch, workers=workers))
+    report = run_sweep(
+        adapters,
+        now=task.now,
+        dry_run=task.dry_run,
+        sweep_id=f"{sweep_id}-{index}",
+        time_left=time_left,
+        instance_ids=ids,
+    )
+    totals = SweepTotals.of(report)
+    try:
+        adapters.store.put_lookup(result_key(sweep_id, index), totals.model_dump_json(), task.now + MANIFEST_TTL)
+    except AwsError as exc:  # what it did is recorded per machine; only the summary is lost
+        raise SweepCannotRun(f"shard {index} swept, but its totals were not recorded ({error_code(exc)})") from None
+    return report, totals
+
+
+def gather_sweep(adapters: Adapters, task: GatherTask) -> Gathered:
+    """One summary of a sweep's shards. A shard without a recorded result failed (its worker crashed, timed
+    out or was throttled throughout): it is reported, counted towards the admin alert, and its machines
+    wait for the next sweep, which plans them again."""
+    errors = {r.shard: r.error for r in task.results if r.error}
+
+    def read(index: int) -> SweepTotals | str:
+        if index in errors:
+            return errors[index] or "failed"
+        try:
+            stored = adapters.store.get_lookup(result_key(task.sweep_id, index), task.now)
+        except AwsError as exc:
+            return f"its result could not be read ({error_code(exc)})"
+        return SweepTotals.model_validate_json(stored) if stored else "no result recorded"
+
+    shards = sorted(set(task.shards))
+    done: list[SweepTotals] = []
+    failed: dict[int, str] = {}
+    for index, result in zip(shards, run_concurrently(read, shards, DDB_WORKERS), strict=True):
+        if isinstance(result, str):
+            failed[index] = result
+        else:
+            done.append(result)
+    teams: dict[str, TeamTotals] = defaultdict(TeamTotals)
+    for totals in done:
+        for team, t in totals.teams.items():
+            into = teams[team]
+            for f in fields(TeamTotals):
+                setattr(into, f.name, getattr(into, f.name) + getattr(t, f.name))
+    shard_warnings = [
+        f"shard {i} failed, its machines are untouched until the next sweep: {why}" for i, why in failed.items()
+    ]
+    gathered = Gathered(
+        sweep_id=task.sweep_id,
+        shards=len(shards),
+        failed=failed,
+        machines=sum(t.machines for t in done),
+        errors=sum(t.errors for t in done),
+        deferred=sum(t.deferred for t in done),
+        undelivered=sum(t.undelivered for t in done),
+        duration_ms=max((t.duration_ms for t in done), default=0.0),
+        teams=dict(teams),
+        teams_in_safe_mode=sorted({team for t in done for team in t.teams_in_safe_mode}),
+        warnings=[w for t in done for w in t.warnings] + shard_warnings,
+        dry_run=task.dry_run or any(t.dry_run for t in done),
+    )
+    for warning in shard_warnings:
+        logger.warning(warning, extra={"sweep_id": task.sweep_id})
+    if not gathered.dry_run:
+        note_failed_shards(adapters, len(failed), task.now)
+    return gathered
+
+
+def note_failed_shards(adapters: Adapters, failed: int, now: datetime) -> int:
+    """Count consecutive sweeps with a failed shard (in the state table); tell the admins when the count
+    reaches FAILED_SHARDS_ALERT_AFTER (once per run of failures). Returns the count."""
+    try:
+        count = int(adapters.store.get_lookup(_FAILED_SWEEPS_KEY, now) or 0) + 1 if failed else 0
+        adapters.store.put_lookup(_FAILED_SWEEPS_KEY, str(count), now + MANIFEST_TTL)
+    except AwsError as exc:
+        logger.warning("could not count the sweeps with a failed shard", extra={"error": error_code(exc)})
+        return 0
+    if count == FAILED_SHARDS_ALERT_AFTER:
+        text = (
+            f"{count} sweeps in a row had a failed shard ({failed} in the last): their machines were left "
+            "untouched and are retried every sweep. See the ShardsFailed metric and the shard worker's logs."
+        )
+        try:
+            settings, _ = adapters.policies.load_settings()
+            adapters.notifier.admin_alert(text, settings.admins, settings.admin_channel)
+        except Exception as exc:  # an alert must never break the gather step; the log still says it
+            logger.warning("admin alert failed", extra={"error": str(exc), "alert": text})
+    return count
+
+
+@dataclass
+class ShardedReport:
+    """A sharded sweep run locally: each shard's report (the CLI's rows) and the gathered summary."""
+
+    plan: Plan
+    reports: list[SweepReport]
+    gathered: Gathered
+
+    def merged(self) -> SweepReport:
+        """The shards' decisions as one report, in the shape of a single sweep's."""
+        return SweepReport(
+            now=self.plan.now,
+            dry_run=self.gathered.dry_run,
+            decisions=[d for r in self.reports for d in r.decisions],
+            settings_version=self.reports[0].settings_version if self.reports else None,
+            metric_calls=sum(r.metric_calls for r in self.reports),
+            duration_ms=self.gathered.duration_ms,
+            warnings=self.gathered.warnings,
+            sweep_id=self.plan.sweep_id,
+            teams_in_safe_mode=self.gathered.teams_in_safe_mode,
+        )
+
+
+def run_sharded(
+    adapters: Adapters,
+    *,
+    now: datetime,
+    dry_run: bool = False,
+    shard_size: int = SHARD_SIZE,
+    workers: int = 4,
+    sweep_id: str | None = None,
+) -> ShardedReport:
+    """The fan-out run locally: the planner, the shard workers on threads, the gather step. The same
+    functions the state machine runs; what the CLI and the demo run."""
+    plan = plan_sweep(adapters, now=now, dry_run=dry_run, sweep_id=sweep_id, shard_size=shard_size)
+
+    concurrent = min(plan.shards, workers)
+
+    def work(index: int) -> SweepReport | str:
+        task = ShardTask(
+            sweep_id=plan.sweep_id, now=plan.now, dry_run=plan.dry_run, shard=index, concurrent_shards=concurrent
+        )
+        try:
+            return run_shard(adapters, task)[0]
+        except Exception as exc:  # a failed shard is reported; the others go on
+            logger.warning("shard failed", extra={"shard": index, "error": str(exc)})
+            return f"{type(exc).__name__}: {exc}"
+
+    results = run_concurrently(work, list(range(plan.shards)), workers)
+    task = GatherTask(
+        sweep_id=plan.sweep_id,
+        now=plan.now,
+        dry_run=plan.dry_run,
+        shards=list(range(plan.shards)),
+        results=[ShardDone(shard=i, error=r if isinstance(r, str) else None) for i, r in enumerate(results)],
+    )
+    reports = [r for r in results if isinstance(r, SweepReport)]
+    return ShardedReport(plan, reports, gather_sweep(adapters, task))

@@ -1,0 +1,213 @@
+"""One sweep: load policies -> discover machines -> fetch signals in batches -> decide (pure) ->
+apply actions in batches -> record. Adapters are passed in, so the same sweep runs against AWS,
+moto, or in-memory fakes."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from idle_reaper.aws.clients import AwsError, error_code
+from idle_reaper.aws.metrics import (
+    DATAPOINTS_PER_CALL,
+    METRIC_QUERIES_PER_CALL,
+    MetricsReader,
+)
+from idle_reaper.aws.policies import policy_for
+from idle_reaper.core.lifecycle import Decision, decide
+from idle_reaper.core.records import Action
+from idle_reaper.core.reports import (
+    limit_terminations,
+)
+from idle_reaper.core.signals import Machine, Signals, assess, human_signal_note, parse_exemption
+from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
+from idle_reaper.policy import Settings, TeamPolicyRef
+from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
+from idle_reaper.sweep.adapters import (
+    Adapters,
+    SweepCannotRun,
+    SweepReport,
+    alert_invalid_policies,
+    load_sweep_settings,
+)
+from idle_reaper.sweep.delivery import apply_decisions, explain
+from idle_reaper.sweep.quiet_hours import report_quiet_hours
+
+
+def run_sweep(
+    adapters: Adapters,
+    *,
+    now: datetime,
+    dry_run: bool = False,
+    prices: Mapping[str, float] = DEFAULT_PRICES,
+    policy_overrides: Mapping[str, TeamPolicyRef] | None = None,
+    sweep_id: str | None = None,
+    time_left: Callable[[], float] | None = None,
+    instance_ids: Sequence[str] | None = None,
+    listed: Sequence[Machine] | None = None,
+) -> SweepReport:
+    """One sweep: of the machines `instance_ids` alone, described afresh, when given (a shard); of the
+    machines the planner `listed` moments ago, when given (a fleet that fits one invocation); else of all.
+
+    `time_left` (seconds left in the invocation, e.g. from the Lambda context): once it falls under
+    FINISH_RESERVE the sweep starts no new work (no claim, no post) and finishes what it began, so it never
+    ends mid-action without a record; the machines it did not reach are left to the next sweep."""
+    started = time.perf_counter()
+    sweep_id = sweep_id or uuid.uuid4().hex
+    now = now.astimezone(UTC)  # CloudWatch speaks UTC, and so do reasons and records
+    settings, settings_version = load_sweep_settings(adapters)
+    dry_run = dry_run or settings.dry_run
+    warnings: list[str] = []
+
+    try:
+        refs = adapters.policies.load_teams(settings)
+        teams_readable = True
+    except AwsError as exc:
+        refs, teams_readable = {}, False
+        warnings.append(f"cannot read team policies ({error_code(exc)}); every team is in safe mode")
+    if not dry_run:
+        alert_invalid_policies(adapters, list(refs.values()), settings, now)
+    refs.update(policy_overrides or {})
+    for ref in refs.values():
+        if ref.policy is None:
+            warnings.append(f"invalid team policy, team in safe mode: {ref.error}")
+
+    try:
+        if instance_ids is not None:
+            machines = adapters.fleet.describe_ids(instance_ids, settings.tags)
+        elif listed is not None:
+            machines = list(listed)
+        else:
+            machines = adapters.fleet.discover(settings.tags)
+        records = adapters.store.load([m.instance_id for m in machines])
+    except AwsError as exc:
+        raise SweepCannotRun(f"cannot list machines or read the state table ({error_code(exc)}): {exc}") from None
+
+    def ref_for(team: str) -> TeamPolicyRef:
+        if not teams_readable:
+            return TeamPolicyRef(
+                team=team,
+                policy=None,
+                source=f"{adapters.policies.prefix}/teams/{team}",
+                version=None,
+                error="team policies could not be read",
+            )
+        return policy_for(team, refs, settings)
+
+    # Schedules apply by the team's local time at `now`; the label records which one was in force.
+    team_refs = {m.team: ref_for(m.team).at(now) for m in machines}
+    safe_mode = {ref.team for ref in refs.values() if ref.policy is None}
+    safe_mode.update(team for team, ref in team_refs.items() if ref.policy is None)
+    signals = _fetch_signals(adapters.metrics, machines, team_refs, settings, now)
+    period = timedelta(seconds=settings.metrics.period_seconds)
+
+    decisions = []
+    for m in machines:
+        ref = team_refs[m.team]
+        assessment = None
+        if ref.policy is not None and m.instance_id in signals:
+            assessment = assess(
+                m,
+                signals[m.instance_id],
+                ref.policy,
+                now=now,
+                period=period,
+                gpu_families=settings.gpu_instance_families,
+            )
+        d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run)
+        d = _with_status_notes(d, signals.get(m.instance_id), now)
+        decisions.append(replace(d, hourly_cost=hourly_price(m.instance_type, prices)))
+
+    terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
+    if terminating:
+        try:
+            capacity = adapters.fleet.group_capacity(name for name in terminating if name)
+        except AwsError:
+            capacity = {}  # unknown capacity: limit_terminations allows none
+        decisions = limit_terminations(decisions, capacity)
+
+    written: set[str] = set()
+    if not dry_run:
+        decisions, written = apply_decisions(adapters, decisions, records, settings, sweep_id, now, time_left)
+        report_quiet_hours(adapters, decisions, refs, settings, now)
+    # One log line per machine something happened to (an action, an error, a lifecycle change); the others'
+    # explanation is their record (`idle-reaper status`), refreshed at least hourly. A dry run logs all.
+    unchanged = 0
+    for d in decisions:
+        if dry_run or d.action is not Action.NONE or d.error or d.machine.instance_id in written:
+            _log_decision(d, dry_run)
+        else:
+            unchanged += 1
+    if unchanged:
+        logger.info("machines with nothing new, not logged one by one", extra={"machines": unchanged})
+    return SweepReport(
+        now=now,
+        dry_run=dry_run,
+        decisions=decisions,
+        settings_version=settings_version,
+        metric_calls=adapters.metrics.stats.calls,
+        duration_ms=(time.perf_counter() - started) * 1000,
+        warnings=warnings,
+        sweep_id=sweep_id,
+        teams_in_safe_mode=sorted(safe_mode),
+    )
+
+
+def _fetch_signals(
+    reader: MetricsReader,
+    machines: list[Machine],
+    team_refs: Mapping[str, TeamPolicyRef],
+    settings: Settings,
+    now: datetime,
+) -> dict[str, Signals]:
+    """Pack machines into as few GetMetricData calls as possible. Every window short enough that 500
+    queries fit under the datapoint limit shares one range (the longest of them), so the whole fleet
+    usually takes ceil(metrics x machines / 500) calls. A longer window gets its own range, and so do
+    teams with a network threshold, so neither makes every other machine fetch more; the human-activity
+    metric is fetched only for teams whose policy reads it. Exempt machines and teams in safe mode are not
+    fetched at all."""
+    period = settings.metrics.period_seconds
+    shared_points = DATAPOINTS_PER_CALL // METRIC_QUERIES_PER_CALL
+    groups: dict[tuple[int, bool, bool], list[str]] = defaultdict(list)
+    short_lookback = 0  # the longest window among those that share a range
+    for m in machines:
+        policy = team_refs[m.team].policy
+        if policy is None or parse_exemption(m.exempt_tag, now)[0]:
+            continue
+        lookback = policy.idle_minutes + policy.max_gap_minutes
+        network = policy.network_threshold_bytes_per_second is not None
+        human = bool(policy.human_active_minutes)
+        if lookback * 60 // period + 2 > shared_points:
+            groups[(lookback, network, human)].append(m.instance_id)
+        else:
+            short_lookback = max(short_lookback, lookback)
+            groups[(0, network, human)].append(m.instance_id)
+    signals: dict[str, Signals] = {}
+    for (lookback, network, human), ids in groups.items():
+        start = now - timedelta(minutes=lookback or short_lookback, seconds=period)
+        signals.update(reader.fetch(ids, settings.metrics, start=start, end=now, network=network, human=human))
+    return signals
+
+
+def _log_decision(d: Decision, dry_run: bool) -> None:
+    logger.info("decision", extra={**explain(d), "dry_run": dry_run})
+
+
+def decision_row(d: Decision) -> dict[str, Any]:
+    """The stable per-machine JSON of `idle-reaper sweep --json`."""
+    return explain(d)
+
+
+def _with_status_notes(d: Decision, signals: Signals | None, now: datetime) -> Decision:
+    """Keep on the record what the human-activity signal said, so `status` can show it without CloudWatch,
+    and mark a stop made during quiet hours, so its owner hears of it when they end (report_quiet_hours)."""
+    record = replace(d.record, human_signal=human_signal_note(d.assessment, signals, now))
+    policy = d.policy.policy if d.policy else None
+    if policy is not None and policy.quiet_hours and d.applied and d.action in (Action.STOP, Action.HIBERNATE):
+        record = replace(record, quiet_stop_at=now)
+    return replace(d, record=record)

@@ -1,0 +1,215 @@
+"""The fake boto3 client machinery: call counting, pagination, botocore errors, and the latency model
+the benchmarks schedule calls on."""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+from botocore.exceptions import ClientError
+
+from idle_reaper.aws import (
+    Concurrency,
+)
+
+ACCOUNT = "123456789012"
+REGION = "us-east-1"
+
+
+def client_error(operation: str, code: str, message: str = "", status: int = 400) -> ClientError:
+    response: Any = {
+        "Error": {"Code": code, "Message": message or code},
+        "ResponseMetadata": {"HTTPStatusCode": status, "RequestId": "fake-request", "RetryAttempts": 0},
+    }
+    return ClientError(response, operation)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared machinery: call counting, fault injection, NextToken cursors, paginators
+
+
+# In-region latency of one call (seconds), as issue 13 states them. A DynamoDB "page" is one BatchGetItem,
+# BatchWriteItem or Query response.
+LATENCY: dict[str, float] = {
+    "dynamodb:PutItem": 0.004,
+    "dynamodb:GetItem": 0.004,
+    "dynamodb:DeleteItem": 0.004,
+    "dynamodb:BatchGetItem": 0.010,
+    "dynamodb:BatchWriteItem": 0.010,
+    "dynamodb:Query": 0.010,
+    "cloudwatch:GetMetricData": 0.6,
+    "ec2:DescribeInstances": 0.25,
+    "autoscaling:DescribeAutoScalingGroups": 0.2,
+    "autoscaling:DescribeAutoScalingInstances": 0.2,
+    "autoscaling:SetInstanceProtection": 0.2,
+    "autoscaling:TerminateInstanceInAutoScalingGroup": 0.2,
+    "ec2:StopInstances": 0.3,
+    "ec2:StartInstances": 0.3,
+    "ssm:GetParameter": 0.03,
+    "ssm:GetParametersByPath": 0.03,
+    "ssm:PutParameter": 0.03,
+    "states:StartExecution": 0.02,
+    "states:InvokeLambda": 0.02,  # the state machine starting a shard worker or the gather step
+    "sqs:SendMessageBatch": 0.02,
+}
+
+
+class LatencyModel:
+    """Charges every fake call its in-region latency (LATENCY), in one of two ways:
+
+    sleep=True   really sleeps it on the calling thread, and the code's own thread pools overlap the sleeps:
+                 wall time is then measured, not modelled (the check of the model, at small sizes);
+    sleep=False  adds it to a virtual clock. `install()` replaces the pools (aws.Concurrency.runner) by a
+                 runner that runs the tasks one after another but schedules them on as many virtual lanes
+                 as the pool has threads (each task starts on the lane that frees first), so the virtual
+                 clock advances by what the real pool would overlap. Modelled wall = virtual latency plus
+                 the code's own CPU time (serial, as under the GIL).
+    """
+
+    def __init__(self, *, sleep: bool = False, latency: Mapping[str, float] = LATENCY) -> None:
+        self.sleep = sleep
+        self.latency = dict(latency)
+        self.virtual = 0.0  # seconds of modelled latency on the current lane
+        self.charged: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._saved: Any = None
+
+    def charge(self, operation: str, times: int = 1) -> None:
+        seconds = self.latency.get(operation, 0.0) * times
+        with self._lock:
+            self.charged[operation] += times
+        if self.sleep:
+            time.sleep(seconds)
+        else:
+            self.virtual += seconds
+
+    def lanes(self, fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> list[Any]:
+        start = self.virtual
+        free = [start] * max(1, min(workers, len(items)))
+        results = []
+        for item in items:
+            lane = heapq.heappop(free)
+            self.virtual = lane
+            results.append(fn(item))
+            heapq.heappush(free, self.virtual)
+        self.virtual = max(free)
+        return results
+
+    def install(self) -> None:
+        """Model the pools (sleep=False only; with sleep=True the real thread pools run)."""
+        if not self.sleep:
+            self._saved = Concurrency.runner
+            Concurrency.runner = self.lanes  # type: ignore[assignment]
+
+    def uninstall(self) -> None:
+        if self._saved is not None:
+            Concurrency.runner = self._saved
+            self._saved = None
+
+
+def api(method: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """Marks an API operation: the time spent inside it is the fake's, not the code under test's. With a
+    latency model, the call is charged its latency first (outside the fake's lock, so sleeps overlap)."""
+
+    @functools.wraps(method)
+    def timed(self: FakeClient, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if self.latency is not None:
+            self.latency.charge(f"{self.service}:{_operation_name(method.__name__)}")
+        with self._lock:
+            started = time.thread_time()  # CPU, so other processes on the machine do not inflate it
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self.seconds += time.thread_time() - started
+
+    return timed
+
+
+def _operation_name(method: str) -> str:
+    return "".join(part.capitalize() for part in method.split("_"))
+
+
+class FakeClient:
+    service = ""
+    # boto3 paginator name -> (method, parameter that PaginationConfig.PageSize sets)
+    paginators: ClassVar[dict[str, tuple[str, str]]] = {}
+    _invalid_token_code = "InvalidNextToken"  # what this service answers to a token it did not issue
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.seconds = 0.0  # CPU time spent inside this fake's operations
+        self.latency: LatencyModel | None = None
+        self._lock = threading.RLock()  # the adapters call from several threads
+        self.errors: Counter[tuple[str, str]] = Counter()  # (operation, error code) raised
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self._faults: dict[str, tuple[set[int] | None, str, str]] = {}
+        self._cursors: dict[str, Any] = {}
+        self._tokens = itertools.count(1)
+
+    def inject(self, operation: str, code: str, *, on_calls: Iterable[int] | None = None, message: str = "") -> None:
+        """Make `operation` raise `code` on the given 1-based call numbers (every call when None)."""
+        self._faults[operation] = (set(on_calls) if on_calls is not None else None, code, message)
+
+    def clear_faults(self) -> None:
+        self._faults.clear()
+
+    def requests_of(self, operation: str) -> list[dict[str, Any]]:
+        return [kw for op, kw in self.requests if op == operation]
+
+    def _call(self, operation: str, kwargs: dict[str, Any]) -> None:
+        self.calls[operation] += 1
+        self.requests.append((operation, kwargs))
+        fault = self._faults.get(operation)
+        if fault and (fault[0] is None or self.calls[operation] in fault[0]):
+            raise self._error(operation, fault[1], fault[2] or ("Rate exceeded" if "Throttl" in fault[1] else ""))
+
+    def _error(self, operation: str, code: str, message: str = "") -> ClientError:
+        self.errors[(operation, code)] += 1
+        return client_error(operation, code, message)
+
+    def _page(
+        self, operation: str, token: str | None, limit: int, items: Callable[[], list[Any]]
+    ) -> tuple[list[Any], str | None]:
+        """One page of `items()` (computed once, on the first call) and the token for the next."""
+        if token:
+            if token not in self._cursors:
+                raise self._error(operation, self._invalid_token_code, f"Invalid NextToken: {token}")
+            everything, offset = self._cursors.pop(token)
+        else:
+            everything, offset = items(), 0
+        page = everything[offset : offset + limit]
+        offset += limit
+        if offset >= len(everything):
+            return page, None
+        next_token = f"{operation}-{next(self._tokens)}"
+        self._cursors[next_token] = (everything, offset)
+        return page, next_token
+
+    def get_paginator(self, name: str) -> _Paginator:
+        if name not in self.paginators:
+            raise NotImplementedError(f"fake {self.service} has no paginator {name!r}")
+        method, limit_key = self.paginators[name]
+        return _Paginator(getattr(self, method), limit_key)
+
+
+class _Paginator:
+    def __init__(self, method: Callable[..., dict[str, Any]], limit_key: str) -> None:
+        self.method = method
+        self.limit_key = limit_key
+
+    def paginate(self, PaginationConfig: dict[str, Any] | None = None, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        if PaginationConfig and "PageSize" in PaginationConfig:
+            kwargs[self.limit_key] = PaginationConfig["PageSize"]
+        token = None
+        while True:
+            page = self.method(**kwargs, **({"NextToken": token} if token else {}))
+            yield page
+            token = page.get("NextToken")
+            if not token:
+                return

@@ -1,0 +1,380 @@
+"""Fake EC2 and Auto Scaling: instances, groups, tags and the per-call limits of the real APIs."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar
+
+from botocore.exceptions import ClientError
+
+from testkit.aws.clients import ACCOUNT, REGION, FakeClient, api
+
+# ---------------------------------------------------------------------------------------------
+# EC2
+
+
+_STATE_CODES = {"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}
+
+
+@dataclass
+class FakeInstance:
+    instance_id: str
+    instance_type: str
+    launch_time: datetime
+    tags: dict[str, str]
+    hibernation_configured: bool = False
+    state: str = "running"
+    api: dict[str, Any] = field(default_factory=dict)  # the DescribeInstances item, built once
+
+    def __post_init__(self) -> None:
+        self.api = {
+            "InstanceId": self.instance_id,
+            "InstanceType": self.instance_type,
+            "ImageId": "ami-12345678",
+            "LaunchTime": self.launch_time,
+            "Placement": {"AvailabilityZone": f"{REGION}a", "Tenancy": "default"},
+            "PrivateIpAddress": "10.0.0.1",
+            "HibernationOptions": {"Configured": self.hibernation_configured},
+            "Tags": [{"Key": k, "Value": v} for k, v in self.tags.items()],
+        }
+        self.set_state(self.state)
+
+    def set_state(self, state: str) -> None:
+        self.state = state
+        self.api["State"] = {"Code": _STATE_CODES[state], "Name": state}
+
+
+class FakeEC2(FakeClient):
+    service = "ec2"
+    paginators: ClassVar[dict[str, tuple[str, str]]] = {"describe_instances": ("describe_instances", "MaxResults")}
+    _invalid_token_code = "InvalidParameterValue"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.instances: dict[str, FakeInstance] = {}
+        self.fail_stop: dict[str, str] = {}  # instance id -> error code for any StopInstances naming it
+        self.unhibernatable: set[str] = set()  # configured, but hibernation fails (UnsupportedHibernationConfiguration)
+        self.hibernated: set[str] = set()
+        self._ids = itertools.count(1)
+
+    def add(
+        self,
+        instance_type: str,
+        *,
+        launch_time: datetime,
+        tags: dict[str, str],
+        hibernation: bool = False,
+        state: str = "running",
+    ) -> FakeInstance:
+        instance_id = f"i-{next(self._ids):017x}"
+        inst = FakeInstance(instance_id, instance_type, launch_time, dict(tags), hibernation, state)
+        self.instances[instance_id] = inst
+        return inst
+
+    def forget(self, instance_id: str) -> None:
+        """The instance is gone (terminated long enough ago that EC2 no longer knows it)."""
+        del self.instances[instance_id]
+
+    def state_of(self, instance_id: str) -> str:
+        inst = self.instances.get(instance_id)
+        return inst.state if inst else "gone"
+
+    # -- API ---------------------------------------------------------------------------------
+
+    def _matcher(self, filters: Sequence[dict[str, Any]]) -> Callable[[FakeInstance], bool]:
+        """DescribeInstances filters: AND across filters, OR across one filter's values."""
+        wanted: list[tuple[str, set[str]]] = []
+        for f in filters:
+            name = f["Name"]
+            if name not in ("instance-state-name", "tag-key", "instance-id") and not name.startswith("tag:"):
+                raise self._error("DescribeInstances", "InvalidParameterValue", f"The filter '{name}' is invalid")
+            wanted.append((name, set(f["Values"])))
+
+        def matches(inst: FakeInstance) -> bool:
+            for name, values in wanted:
+                if name == "instance-state-name":
+                    ok = inst.state in values
+                elif name == "tag-key":
+                    ok = not values.isdisjoint(inst.tags)
+                elif name == "instance-id":
+                    ok = inst.instance_id in values
+                else:
+                    ok = inst.tags.get(name[4:]) in values
+                if not ok:
+                    return False
+            return True
+
+        return matches
+
+    @api
+    def describe_instances(
+        self,
+        Filters: Sequence[dict[str, Any]] = (),
+        InstanceIds: Sequence[str] = (),
+        MaxResults: int | None = None,
+        NextToken: str | None = None,
+    ) -> dict[str, Any]:
+        self._call("DescribeInstances", {"Filters": Filters, "InstanceIds": InstanceIds, "MaxResults": MaxResults})
+        if MaxResults is not None and not 5 <= MaxResults <= 1000:
+            raise self._error(
+                "DescribeInstances", "InvalidParameterValue", f"MaxResults must be between 5 and 1000: {MaxResults}"
+            )
+        if MaxResults is not None and InstanceIds:
+            raise self._error(
+                "DescribeInstances", "InvalidParameterCombination", "MaxResults cannot be used with InstanceIds"
+            )
+        missing = [i for i in InstanceIds if i not in self.instances]
+        if missing:
+            ids = ", ".join(missing)
+            raise self._error(
+                "DescribeInstances", "InvalidInstanceID.NotFound", f"The instance IDs '{ids}' do not exist"
+            )
+        match = self._matcher(Filters)
+
+        def everything() -> list[FakeInstance]:
+            pool = [self.instances[i] for i in InstanceIds] if InstanceIds else self.instances.values()
+            return [inst for inst in pool if match(inst)]
+
+        page, token = self._page("DescribeInstances", NextToken, MaxResults or 1000, everything)
+        reservations = [
+            {"ReservationId": f"r-{inst.instance_id[2:]}", "OwnerId": ACCOUNT, "Instances": [inst.api]} for inst in page
+        ]
+        return {"Reservations": reservations, **({"NextToken": token} if token else {})}
+
+    @api
+    def stop_instances(
+        self,
+        InstanceIds: Sequence[str],
+        Hibernate: bool = False,
+        Force: bool = False,
+        DryRun: bool = False,
+    ) -> dict[str, Any]:
+        """All or nothing, like the real call: one bad id fails the whole request."""
+        op = "StopInstances"
+        self._call(op, {"InstanceIds": list(InstanceIds), "Hibernate": Hibernate})
+        if not InstanceIds:
+            raise self._error(op, "MissingParameter", "The request must contain the parameter InstanceId")
+        missing = [i for i in InstanceIds if i not in self.instances]
+        if missing:
+            verb = "does not exist" if len(missing) == 1 else "do not exist"
+            noun = "ID" if len(missing) == 1 else "IDs"
+            raise self._error(op, "InvalidInstanceID.NotFound", f"The instance {noun} '{', '.join(missing)}' {verb}")
+        for i in InstanceIds:
+            if i in self.fail_stop:
+                raise self._error(op, self.fail_stop[i], f"injected failure for {i}")
+            if self.instances[i].state in ("shutting-down", "terminated"):
+                raise self._error(
+                    op, "IncorrectInstanceState", f"This instance '{i}' is not in a state from which it can be stopped."
+                )
+        if Hibernate:
+            for i in InstanceIds:
+                if not self.instances[i].hibernation_configured or i in self.unhibernatable:
+                    raise self._error(
+                        op,
+                        "UnsupportedHibernationConfiguration",
+                        f"For hibernation, the instance {i} must have hibernation enabled and be ready to hibernate.",
+                    )
+        out = []
+        for i in InstanceIds:
+            inst = self.instances[i]
+            previous = dict(inst.api["State"])
+            if inst.state in ("running", "pending"):
+                inst.set_state("stopped")
+                if Hibernate:
+                    self.hibernated.add(i)
+            out.append({"InstanceId": i, "PreviousState": previous, "CurrentState": dict(inst.api["State"])})
+        return {"StoppingInstances": out}
+
+    @api
+    def start_instances(self, InstanceIds: Sequence[str], DryRun: bool = False) -> dict[str, Any]:
+        op = "StartInstances"
+        self._call(op, {"InstanceIds": list(InstanceIds)})
+        missing = [i for i in InstanceIds if i not in self.instances]
+        if missing:
+            raise self._error(op, "InvalidInstanceID.NotFound", f"The instance IDs '{', '.join(missing)}' do not exist")
+        for i in InstanceIds:
+            if self.instances[i].state not in ("stopped", "running", "pending"):
+                raise self._error(
+                    op, "IncorrectInstanceState", f"The instance '{i}' is not in a state from which it can be started."
+                )
+        out = []
+        for i in InstanceIds:
+            inst = self.instances[i]
+            previous = dict(inst.api["State"])
+            inst.set_state("running")
+            self.hibernated.discard(i)
+            out.append({"InstanceId": i, "PreviousState": previous, "CurrentState": dict(inst.api["State"])})
+        return {"StartingInstances": out}
+
+
+# ---------------------------------------------------------------------------------------------
+# Auto Scaling
+
+
+@dataclass
+class FakeGroup:
+    name: str
+    min_size: int
+    max_size: int
+    members: dict[str, bool] = field(default_factory=dict)  # instance id -> protected from scale-in
+    desired: int = 0
+
+
+class FakeAutoScaling(FakeClient):
+    service = "autoscaling"
+    paginators: ClassVar[dict[str, tuple[str, str]]] = {
+        "describe_auto_scaling_instances": ("describe_auto_scaling_instances", "MaxRecords"),
+        "describe_auto_scaling_groups": ("describe_auto_scaling_groups", "MaxRecords"),
+    }
+
+    def __init__(self, ec2: FakeEC2) -> None:
+        super().__init__()
+        self.ec2 = ec2
+        self.groups: dict[str, FakeGroup] = {}
+        self.group_of: dict[str, str] = {}
+
+    def add_group(self, name: str, *, min_size: int = 0, max_size: int = 1000) -> FakeGroup:
+        self.groups[name] = FakeGroup(name, min_size, max_size)
+        return self.groups[name]
+
+    def attach(self, group: str, instance_id: str, *, protected: bool = False) -> None:
+        g = self.groups[group]
+        g.members[instance_id] = protected
+        g.desired = len(g.members)
+        self.group_of[instance_id] = group
+
+    def protected(self, instance_id: str) -> bool:
+        return self.groups[self.group_of[instance_id]].members[instance_id]
+
+    def _validation(self, operation: str, message: str) -> ClientError:
+        return self._error(operation, "ValidationError", message)
+
+    @api
+    def describe_auto_scaling_instances(
+        self,
+        InstanceIds: Sequence[str] | None = None,
+        MaxRecords: int | None = None,
+        NextToken: str | None = None,
+    ) -> dict[str, Any]:
+        op = "DescribeAutoScalingInstances"
+        self._call(op, {"InstanceIds": list(InstanceIds or []), "MaxRecords": MaxRecords})
+        if InstanceIds is not None and len(InstanceIds) > 50:
+            raise self._validation(op, "The number of instance IDs must not exceed 50.")
+        if MaxRecords is not None and not 1 <= MaxRecords <= 50:
+            raise self._validation(op, "MaxRecords must be between 1 and 50.")
+
+        def everything() -> list[dict[str, Any]]:
+            ids = InstanceIds if InstanceIds is not None else list(self.group_of)
+            return [self._describe_member(i) for i in ids if i in self.group_of]  # unknown ids are ignored
+
+        page, token = self._page(op, NextToken, MaxRecords or 50, everything)
+        return {"AutoScalingInstances": page, **({"NextToken": token} if token else {})}
+
+    def _describe_member(self, instance_id: str) -> dict[str, Any]:
+        group = self.group_of[instance_id]
+        return {
+            "InstanceId": instance_id,
+            "InstanceType": self.ec2.instances[instance_id].instance_type if instance_id in self.ec2.instances else "",
+            "AutoScalingGroupName": group,
+            "AvailabilityZone": f"{REGION}a",
+            "LifecycleState": "InService",
+            "HealthStatus": "HEALTHY",
+            "ProtectedFromScaleIn": self.groups[group].members[instance_id],
+        }
+
+    @api
+    def describe_auto_scaling_groups(
+        self,
+        AutoScalingGroupNames: Sequence[str] | None = None,
+        MaxRecords: int | None = None,
+        NextToken: str | None = None,
+    ) -> dict[str, Any]:
+        op = "DescribeAutoScalingGroups"
+        self._call(op, {"AutoScalingGroupNames": list(AutoScalingGroupNames or []), "MaxRecords": MaxRecords})
+        if MaxRecords is not None and not 1 <= MaxRecords <= 100:
+            raise self._validation(op, "MaxRecords must be between 1 and 100.")
+        # "By default, you can only specify up to 50 names. You can optionally increase this limit
+        # using the MaxRecords property." (AutoScaling API reference)
+        if AutoScalingGroupNames is not None and len(AutoScalingGroupNames) > (MaxRecords or 50):
+            raise self._validation(
+                op, f"The number of group names ({len(AutoScalingGroupNames)}) exceeds MaxRecords ({MaxRecords or 50})."
+            )
+
+        def everything() -> list[dict[str, Any]]:
+            names = AutoScalingGroupNames if AutoScalingGroupNames is not None else sorted(self.groups)
+            return [self._describe_group(self.groups[n]) for n in names if n in self.groups]
+
+        page, token = self._page(op, NextToken, MaxRecords or 50, everything)
+        return {"AutoScalingGroups": page, **({"NextToken": token} if token else {})}
+
+    def _describe_group(self, g: FakeGroup) -> dict[str, Any]:
+        return {
+            "AutoScalingGroupName": g.name,
+            "MinSize": g.min_size,
+            "MaxSize": g.max_size,
+            "DesiredCapacity": g.desired,
+            "Instances": [
+                {"InstanceId": i, "LifecycleState": "InService", "ProtectedFromScaleIn": p}
+                for i, p in g.members.items()
+            ],
+        }
+
+    @api
+    def set_instance_protection(
+        self,
+        InstanceIds: Sequence[str],
+        AutoScalingGroupName: str,
+        ProtectedFromScaleIn: bool,
+    ) -> dict[str, Any]:
+        op = "SetInstanceProtection"
+        self._call(
+            op,
+            {
+                "InstanceIds": list(InstanceIds),
+                "AutoScalingGroupName": AutoScalingGroupName,
+                "ProtectedFromScaleIn": ProtectedFromScaleIn,
+            },
+        )
+        if len(InstanceIds) > 50:
+            raise self._validation(op, "The number of instance IDs must not exceed 50.")
+        group = self.groups.get(AutoScalingGroupName)
+        if group is None:
+            raise self._validation(op, f"AutoScalingGroup name not found - {AutoScalingGroupName}")
+        for i in InstanceIds:
+            if i not in group.members:
+                message = f"The instance {i} is not part of Auto Scaling group {AutoScalingGroupName}."
+                raise self._validation(op, message)
+        for i in InstanceIds:
+            group.members[i] = ProtectedFromScaleIn
+        return {}
+
+    @api
+    def terminate_instance_in_auto_scaling_group(
+        self,
+        InstanceId: str,
+        ShouldDecrementDesiredCapacity: bool,
+    ) -> dict[str, Any]:
+        op = "TerminateInstanceInAutoScalingGroup"
+        self._call(op, {"InstanceId": InstanceId, "ShouldDecrementDesiredCapacity": ShouldDecrementDesiredCapacity})
+        name = self.group_of.get(InstanceId)
+        if name is None:
+            message = f"Instance Id not found - No managed instance found for instance ID: {InstanceId}"
+            raise self._validation(op, message)
+        group = self.groups[name]
+        if ShouldDecrementDesiredCapacity and group.desired - 1 < group.min_size:
+            raise self._validation(
+                op,
+                f"Currently, desiredSize equals minSize ({group.min_size}). Terminating instance without replacement "
+                "will violate group's min size constraint.",
+            )
+        del group.members[InstanceId]
+        del self.group_of[InstanceId]
+        if ShouldDecrementDesiredCapacity:
+            group.desired -= 1
+        if InstanceId in self.ec2.instances:
+            self.ec2.instances[InstanceId].set_state("shutting-down")
+        activity = {"ActivityId": f"act-{InstanceId}", "AutoScalingGroupName": name, "StatusCode": "InProgress"}
+        return {"Activity": activity}

@@ -1,0 +1,807 @@
+"""The on-machine human-activity collector (agent/idle_reaper_activity.py), against real input formats.
+
+The agent is a single stdlib-only file for the machines' system python3, not a package module: it is
+imported by path here and is never part of the Lambda asset."""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import importlib.util
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+AGENT_FILE = REPO_ROOT / "agent" / "idle_reaper_activity.py"
+DATA = REPO_ROOT / "tests" / "data" / "activity"
+
+
+def _load_agent() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("idle_reaper_activity", AGENT_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # NamedTuple and dataclass machinery look the module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+agent = _load_agent()
+
+# The fixtures' Jupyter timestamps are on 2024-05-01; the collector's clock is injected.
+NOW = datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC).timestamp()
+BOOT = datetime(2024, 5, 1, 8, 0, 0, tzinfo=UTC).timestamp()
+
+
+@pytest.fixture(autouse=True)
+def x86_64_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The utmp fixtures hold x86_64 records: read them as such on any machine running the tests."""
+    monkeypatch.setattr(agent.platform, "machine", lambda: "x86_64")
+
+
+def minutes_before_now(minutes: float) -> float:
+    return NOW - minutes * 60
+
+
+def make_dev(tmp_path: Path, atimes: dict[str, float]) -> Path:
+    """A stand-in for /dev: one file per tty with the given access time (what the kernel sets on input)."""
+    dev = tmp_path / "dev"
+    for line, atime in atimes.items():
+        device = dev / line
+        device.parent.mkdir(parents=True, exist_ok=True)
+        device.touch()
+        os.utime(device, (atime, atime - 3600))
+    return dev
+
+
+def fake_proc(tmp_path: Path, processes: dict[int, tuple[bytes, str]] | None = None) -> Path:
+    """A stand-in for /proc: our own pid (a running Jupyter server) and the given (cmdline, stat) pairs."""
+    proc = tmp_path / "proc"
+    (proc / str(os.getpid())).mkdir(parents=True, exist_ok=True)
+    for pid, (cmdline, stat_line) in (processes or {}).items():
+        (proc / str(pid)).mkdir()
+        (proc / str(pid) / "cmdline").write_bytes(cmdline)
+        (proc / str(pid) / "stat").write_text(stat_line)
+    return proc
+
+
+def nobody_here_args(tmp_path: Path) -> list[str]:
+    """Command-line arguments that point every source at an empty stand-in, never at this machine."""
+    return [
+        "--utmp",
+        str(DATA / "utmp-no-sessions.bin"),
+        "--home",
+        str(tmp_path),
+        "--proc-root",
+        str(fake_proc(tmp_path)),
+        "--dev-root",
+        str(tmp_path / "dev"),
+    ]
+
+
+# --- the file itself ----------------------------------------------------------------------------------------
+
+
+def test_agent_uses_python_3_9_syntax_and_only_the_standard_library() -> None:
+    source = AGENT_FILE.read_text()
+    tree = ast.parse(source, feature_version=(3, 9))  # a `match` or a parenthesised with would fail here
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+    }
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+    # `X | Y` is fine in annotations (postponed by the __future__ import), never evaluated at run time.
+    assert "from __future__ import annotations" in source
+    runtime_unions = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "isinstance"
+        and any(isinstance(arg, ast.BinOp) for arg in node.args)
+    ]
+    assert not runtime_unions
+
+
+# --- utmp ---------------------------------------------------------------------------------------------------
+
+
+class GlibcExitStatus(ctypes.Structure):
+    _fields_ = (("e_termination", ctypes.c_short), ("e_exit", ctypes.c_short))
+
+
+class GlibcTimeval32(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_int32), ("tv_usec", ctypes.c_int32))
+
+
+class GlibcUtmp(ctypes.Structure):
+    """glibc's struct utmp (bits/utmp.h) as a C compiler lays it out: an independent check of the offsets."""
+
+    _fields_ = (
+        ("ut_type", ctypes.c_short),
+        ("ut_pid", ctypes.c_int32),
+        ("ut_line", ctypes.c_char * 32),
+        ("ut_id", ctypes.c_char * 4),
+        ("ut_user", ctypes.c_char * 32),
+        ("ut_host", ctypes.c_char * 256),
+        ("ut_exit", GlibcExitStatus),
+        ("ut_session", ctypes.c_int32),
+        ("ut_tv", GlibcTimeval32),
+        ("ut_addr_v6", ctypes.c_int32 * 4),
+        ("__glibc_reserved", ctypes.c_char * 20),
+    )
+
+
+class GlibcTimeval64(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_int64), ("tv_usec", ctypes.c_int64))
+
+
+class GlibcUtmpAarch64(ctypes.Structure):
+    """The same struct where glibc does not keep 32-bit times (aarch64): `long` session, `struct timeval`."""
+
+    _fields_ = (
+        *GlibcUtmp._fields_[:7],
+        ("ut_session", ctypes.c_int64),
+        ("ut_tv", GlibcTimeval64),
+        *GlibcUtmp._fields_[9:],
+    )
+
+
+@pytest.mark.parametrize(
+    ("c_struct", "layout", "size"),
+    [(GlibcUtmp, agent.UTMP_RECORD, 384), (GlibcUtmpAarch64, agent.UTMP_RECORD_AARCH64, 400)],
+)
+def test_utmp_layout_matches_the_c_struct(c_struct: type[ctypes.Structure], layout: Any, size: int) -> None:
+    assert ctypes.sizeof(c_struct) == layout.size == size
+    record = c_struct(ut_type=7, ut_pid=31337, ut_line=b"pts/9", ut_id=b"ts/9", ut_user=b"zoe", ut_host=b"192.0.2.9")
+    record.ut_tv.tv_sec, record.ut_tv.tv_usec = 1714557600, 500000
+    [entry] = agent.parse_utmp(bytes(record), layout)
+    assert entry == agent.UtmpEntry(7, 31337, "pts/9", "zoe", "192.0.2.9", 1714557600.5)
+
+
+def test_utmp_layout_follows_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    record = GlibcUtmpAarch64(ut_type=7, ut_pid=1, ut_line=b"pts/1", ut_user=b"zoe")
+    monkeypatch.setattr(agent.platform, "machine", lambda: "aarch64")
+    assert [e.user for e in agent.parse_utmp(bytes(record) * 2)] == ["zoe", "zoe"]
+    monkeypatch.setattr(agent.platform, "machine", lambda: "x86_64")
+    assert len(agent.parse_utmp(bytes(record) * 2)) == 2 * 400 // 384  # read with the wrong layout
+
+
+def test_utmp_fixture_parses_every_record_and_ignores_a_partial_one() -> None:
+    data = (DATA / "utmp-sessions.bin").read_bytes()
+    entries = agent.parse_utmp(data + data[:100], agent.UTMP_RECORD)
+    assert len(entries) == 10
+    assert [(e.type, e.user, e.line) for e in entries[:4]] == [
+        (2, "reboot", "~"),
+        (1, "runlevel", "~"),
+        (6, "LOGIN", "tty1"),
+        (7, "alice", "pts/0"),
+    ]
+    assert entries[3].host == "203.0.113.7"
+    assert entries[3].login_at == pytest.approx(BOOT + 600.123456)
+
+
+def test_only_interactive_sessions_on_a_tty_count() -> None:
+    entries = agent.parse_utmp((DATA / "utmp-sessions.bin").read_bytes(), agent.UTMP_RECORD)
+    # Not: boot/run-level/getty/dead records, carol's X display, mallory's path, the automation account.
+    assert agent.human_tty_lines(entries, ignore_users=("ci-runner",)) == [
+        ("alice", "pts/0"),
+        ("bob", "pts/1"),
+        ("dave", "pts/4"),
+    ]
+
+
+def test_tty_input_time_is_the_device_access_time(tmp_path: Path) -> None:
+    # dave's pts/4 has no device any more (a stale record): skipped, not an error.
+    dev = make_dev(tmp_path, {"pts/0": minutes_before_now(42), "pts/1": minutes_before_now(7), "pts/2": NOW})
+    sightings = agent.tty_sightings(str(DATA / "utmp-sessions.bin"), str(dev), ignore_users=("ci-runner",))
+    assert sorted(sightings) == sorted(
+        [
+            agent.Sighting("tty pts/0 (alice)", minutes_before_now(42)),
+            agent.Sighting("tty pts/1 (bob)", minutes_before_now(7)),
+        ]
+    )
+    assert agent.minutes_since_input(sightings, NOW) == pytest.approx(7)
+
+
+# --- who -u -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fixture", "expected"),
+    [
+        # ".": input within the last minute; "old": idle for more than 24 h; "?": an X display, no tty.
+        (
+            "who-u-c-locale.txt",
+            {"who pts/0 (alice)": 0, "who pts/1 (bob)": 5, "who pts/5 (erin)": 1440, "who tty1 (frank)": 77},
+        ),
+        ("who-u-en-locale.txt", {"who pts/0 (alice)": 0, "who pts/1 (bob)": 5, "who pts/5 (erin)": 1440}),
+    ],
+)
+def test_who_u_outputs(fixture: str, expected: dict[str, int]) -> None:
+    sightings = agent.parse_who_u((DATA / fixture).read_text(), NOW)
+    assert {s.source: round((NOW - s.at) / 60) for s in sightings} == expected
+    assert agent.minutes_since_input(sightings, NOW) == 0
+
+
+def test_who_u_garbage_lines_are_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    text = "this is not who output\n" + (DATA / "who-u-c-locale.txt").read_text().splitlines()[1] + "\n"
+    with caplog.at_level(logging.WARNING):
+        sightings = agent.parse_who_u(text, NOW, ignore_users=())
+    assert [s.source for s in sightings] == ["who pts/1 (bob)"]
+    assert "does not parse" in caplog.text
+
+
+# --- the decision -------------------------------------------------------------------------------------------
+
+
+def test_minimum_over_sources_clamped_to_the_cap() -> None:
+    sightings = [
+        agent.Sighting("tty", minutes_before_now(30)),
+        agent.Sighting("jupyter", minutes_before_now(12.5)),
+        agent.Sighting("vscode", minutes_before_now(20_000)),
+    ]
+    assert agent.minutes_since_input(sightings, NOW) == pytest.approx(12.5)
+    assert agent.minutes_since_input(sightings[2:], NOW) == agent.CAP_MINUTES == 10080
+    assert agent.minutes_since_input([], NOW) == agent.CAP_MINUTES
+
+
+@pytest.mark.parametrize("garbage", [NOW + 3600, NOW + 60, float("nan"), float("inf"), float("-inf"), "12"])
+def test_future_or_garbage_times_are_ignored_with_a_log_line(garbage: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # A skewed clock must not read as "active now" (0) nor as "active forever"; the other source decides.
+    sightings = [agent.Sighting("skewed", garbage), agent.Sighting("tty", minutes_before_now(50))]
+    with caplog.at_level(logging.WARNING):
+        assert agent.minutes_since_input(sightings, NOW) == pytest.approx(50)
+    assert "ignoring skewed" in caplog.text
+
+
+def test_a_few_seconds_ahead_is_rounding_not_skew() -> None:
+    assert agent.minutes_since_input([agent.Sighting("tty", NOW + 2)], NOW) == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2024-05-01T09:41:07.123456Z", datetime(2024, 5, 1, 9, 41, 7, 123456, tzinfo=UTC).timestamp()),
+        ("2024-05-01T09:41:07Z", datetime(2024, 5, 1, 9, 41, 7, tzinfo=UTC).timestamp()),
+        ("2024-05-01T11:41:07.5+02:00", datetime(2024, 5, 1, 9, 41, 7, 500000, tzinfo=UTC).timestamp()),
+        ("2024-05-01T09:41:07.123456789", datetime(2024, 5, 1, 9, 41, 7, 123457, tzinfo=UTC).timestamp()),
+    ],
+)
+def test_jupyter_timestamps(text: str, expected: float) -> None:
+    assert agent.parse_jupyter_time(text) == pytest.approx(expected, abs=1e-3)
+
+
+@pytest.mark.parametrize("garbage", ["yesterday", "", "2024-13-01T00:00:00Z", 1714557600, None, ["2024-05-01"]])
+def test_unparsable_jupyter_timestamps_raise_value_error(garbage: object) -> None:
+    with pytest.raises(ValueError):
+        agent.parse_jupyter_time(garbage)
+
+
+# --- Jupyter, served by a tiny local server that checks the token --------------------------------------------
+
+
+class FakeJupyter:
+    """One HTTP server on 127.0.0.1 hosting several Jupyter servers, one per base URL, each with its token."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, tuple[str, int, bytes, dict[str, str]]] = {}
+        self.requests: list[str] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                fake.requests.append(self.path)
+                path = self.path.partition("?")[0]
+                route = fake.routes.get(path)
+                if route is None:
+                    self.send_error(404)
+                    return
+                token, status, body, headers = route
+                if self.headers.get("Authorization") != "token " + token:
+                    self.send_error(403)
+                    return
+                self.send_response(status)
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def serve(self, base: str, token: str, status: bytes, kernels: bytes) -> None:
+        self.routes[base + "api/status"] = (token, 200, status, {})
+        self.routes[base + "api/kernels"] = (token, 200, kernels, {})
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def jupyter() -> Iterator[FakeJupyter]:
+    fake = FakeJupyter()
+    yield fake
+    fake.close()
+
+
+def write_runtime(runtime_dir: Path, name: str, fixture: str, url: str, **changes: Any) -> dict[str, Any]:
+    info: dict[str, Any] = json.loads((DATA / fixture).read_text())
+    info.update(url=url, pid=os.getpid(), **changes)  # our own pid: a server that is running
+    runtime_dir.mkdir(parents=True, exist_ok=True)
+    (runtime_dir / name).write_text(json.dumps(info))
+    return info
+
+
+def run_fixture_server(jupyter: FakeJupyter, runtime_dir: Path, flavour: str, url: str) -> None:
+    """A runtime file and the API answers of one recorded server: "lab4" (jupyter_server 2) or "notebook6"."""
+    name, fixture = {
+        "lab4": ("jpserver-4242.json", "runtime-jpserver-lab4.json"),
+        "notebook6": ("nbserver-1717.json", "runtime-nbserver-notebook6.json"),
+    }[flavour]
+    info = write_runtime(runtime_dir, name, fixture, url.format(port=jupyter.port))
+    jupyter.serve(
+        urllib.parse.urlsplit(url).path,
+        info["token"],
+        (DATA / f"api-status-{flavour}.json").read_bytes(),
+        (DATA / f"api-kernels-{flavour}.json").read_bytes(),
+    )
+
+
+def alice_home(tmp_path: Path) -> Path:
+    return tmp_path / "home" / "alice"
+
+
+def runtime_dir_of(home: Path) -> Path:
+    return home / ".local" / "share" / "jupyter" / "runtime"
+
+
+def test_jupyterlab4_busy_kernel_is_input_now(tmp_path: Path, jupyter: FakeJupyter) -> None:
+    run_fixture_server(jupyter, runtime_dir_of(alice_home(tmp_path)), "lab4", "http://localhost:{port}/user/alice/")
+    sightings = agent.jupyter_sightings(agent.jupyter_runtime_dirs([str(alice_home(tmp_path))], {}), NOW)
+    by_source = {s.source: round((NOW - s.at) / 60, 2) for s in sightings}
+    assert by_source == {
+        "jupyter jpserver-4242.json last_activity": 18.88,  # 09:41:07.12
+        "jupyter jpserver-4242.json kernel 3c9f8b62-6d0e-4f3b-9a51-0d8c2f7e1a44": 21.13,  # 09:38:52
+        "jupyter jpserver-4242.json kernel a07e51d9-2b6c-4e88-8f3d-5c1b9e0f7d22 busy": 0,  # executing now
+    }
+    assert agent.minutes_since_input(sightings, NOW) == 0
+    # Our own polls must not count as activity: every request says so.
+    assert jupyter.requests and all(path.endswith("?no_track_activity=1") for path in jupyter.requests)
+
+
+def test_notebook6_runtime_file_from_jupyter_runtime_dir(tmp_path: Path, jupyter: FakeJupyter) -> None:
+    runtime = tmp_path / "custom-runtime"
+    run_fixture_server(jupyter, runtime, "notebook6", "http://127.0.0.1:{port}/")
+    dirs = agent.jupyter_runtime_dirs([str(tmp_path / "nobody")], {"JUPYTER_RUNTIME_DIR": str(runtime)})
+    sightings = agent.jupyter_sightings(dirs, NOW)
+    assert agent.minutes_since_input(sightings, NOW) == pytest.approx(39.5, abs=0.01)  # the kernel at 09:20:30.25
+
+
+def test_wrong_token_is_no_information(tmp_path: Path, jupyter: FakeJupyter, caplog: pytest.LogCaptureFixture) -> None:
+    write_runtime(tmp_path / "rt", "jpserver-1.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/")
+    jupyter.serve("/", "another-token", b'{"last_activity": "2024-05-01T09:59:00Z"}', b"[]")
+    with caplog.at_level(logging.WARNING):
+        assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW) == []
+    assert "403" in caplog.text
+
+
+def test_garbage_json_and_future_kernels_are_ignored(
+    tmp_path: Path, jupyter: FakeJupyter, caplog: pytest.LogCaptureFixture
+) -> None:
+    rt = tmp_path / "rt"
+    one = write_runtime(rt, "jpserver-1.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/one/")
+    two = write_runtime(rt, "jpserver-2.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/two/")
+    three = write_runtime(
+        rt, "jpserver-3.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/three/"
+    )
+    (rt / "jpserver-4.json").write_text("{ not json")
+    jupyter.serve("/one/", one["token"], b"<html>login</html>", b'{"kernels": "no"}')
+    jupyter.serve("/two/", two["token"], b'{"last_activity": "soon"}', (DATA / "api-kernels-future.json").read_bytes())
+    jupyter.serve("/three/", three["token"], b'{"last_activity": "2024-05-01T09:15:00Z"}', b'[42, {"id": "k"}]')
+    with caplog.at_level(logging.WARNING):
+        sightings = agent.jupyter_sightings([str(rt)], NOW)
+        minutes = agent.minutes_since_input(sightings, NOW)
+    assert minutes == pytest.approx(45)  # only server three's status; everything else is garbage or skew
+    for expected in (
+        "jpserver-4.json",
+        "no answer from jupyter jpserver-1.json",
+        "not an ISO-8601 time",
+        "in the future",
+    ):
+        assert expected in caplog.text
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.3.7:{port}/",
+        "http://jupyter.internal.example:{port}/",
+        "http://127.0.0.1.nip.io:{port}/",
+        "http://[2001:db8::1]:{port}/",
+        "ftp://127.0.0.1:{port}/",
+    ],
+)
+def test_a_runtime_file_never_leads_off_this_machine(
+    url: str, tmp_path: Path, jupyter: FakeJupyter, caplog: pytest.LogCaptureFixture
+) -> None:
+    info = write_runtime(
+        tmp_path / "rt", "jpserver-9.json", "runtime-jpserver-lab4.json", url.format(port=jupyter.port)
+    )
+    jupyter.serve("/", info["token"], b'{"last_activity": "2024-05-01T09:59:00Z"}', b"[]")
+    with caplog.at_level(logging.WARNING):
+        assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW) == []
+    assert jupyter.requests == []
+    assert "ignoring jupyter jpserver-9.json" in caplog.text
+
+
+def test_a_redirect_off_this_machine_is_refused(tmp_path: Path, jupyter: FakeJupyter) -> None:
+    info = write_runtime(
+        tmp_path / "rt", "jpserver-9.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/"
+    )
+    jupyter.routes["/api/status"] = (info["token"], 302, b"", {"Location": "http://198.51.100.1/api/status"})
+    assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW) == []
+    assert jupyter.requests == ["/api/status?no_track_activity=1"]
+
+
+def test_runtime_file_of_a_server_that_exited_is_skipped(tmp_path: Path, jupyter: FakeJupyter) -> None:
+    proc = tmp_path / "proc"
+    proc.mkdir()  # a /proc without our pid: the server is gone, its port may be someone else's now
+    write_runtime(tmp_path / "rt", "jpserver-9.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/")
+    assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW, proc_root=str(proc)) == []
+    assert jupyter.requests == []
+
+
+# --- VS Code ------------------------------------------------------------------------------------------------
+
+
+def test_vscode_saves_count_an_open_untouched_window_does_not(tmp_path: Path) -> None:
+    alice, bob = tmp_path / "alice", tmp_path / "bob"
+    for directory, minutes in (("3f2a1b", 95), ("-7c6d5e", 7)):
+        entries = alice / ".vscode-server" / "data" / "User" / "History" / directory / "entries.json"
+        entries.parent.mkdir(parents=True)
+        entries.write_text(
+            '{"version":1,"resource":"vscode-remote://ssh-remote%2Bgpu/home/alice/train.py","entries":[]}'
+        )
+        os.utime(entries, (minutes_before_now(minutes), minutes_before_now(minutes)))
+    # bob is connected (server installed, logs written) but never saved anything.
+    (bob / ".vscode-server" / "data" / "logs" / "20240501T080000").mkdir(parents=True)
+    sightings = agent.vscode_sightings([str(alice), str(bob)])
+    assert [s.source for s in sightings] == ["vscode save (alice)"]
+    assert agent.minutes_since_input(sightings, NOW) == pytest.approx(7)
+
+
+def pty(index: int) -> int:
+    """The tty_nr of /dev/pts/<index> as /proc/<pid>/stat shows it (major 136 + index / 256)."""
+    major, minor = 136 + index // 256, index % 256
+    return (major << 8) | (minor & 0xFF) | ((minor & ~0xFF) << 12)
+
+
+def stat_line(pid: int, comm: str, ppid: int, tty_nr: int) -> str:
+    return f"{pid} ({comm}) S {ppid} {pid} {pid} {tty_nr} {pid} 4194560 1234 0 0 0 12 3 0 0 20 0 1 0 8123 0 0\n"
+
+
+def test_vscode_integrated_terminals_count_by_their_pty(tmp_path: Path) -> None:
+    server = b"/home/alice/.vscode-server/cli/servers/Stable-f1e16e1e/server"
+    pty_host = server + b"/node\0" + server + b"/out/bootstrap-fork\0--type=ptyHost\0--logsPath\0/tmp/logs\0"
+    proc = fake_proc(
+        tmp_path,
+        {
+            100: (pty_host, stat_line(100, "node", 90, 0)),
+            101: (b"/bin/bash\0--init-file\0x\0", stat_line(101, "bash", 100, pty(7))),
+            102: (b"-bash\0", stat_line(102, "bash", 1, pty(8))),  # an SSH shell: utmp's business
+            103: (b"/usr/bin/htop\0", stat_line(103, "tmux: (client) S 1", 100, pty(9))),  # ")" in comm
+            104: (b"/bin/sh\0", stat_line(104, "sh", 100, 0)),  # no terminal
+            105: (b"python\0--type=ptyHost\0", stat_line(105, "python", 1, 0)),  # not VS Code's
+            106: (b"/bin/zsh\0", stat_line(106, "zsh", 105, pty(10))),
+        },
+    )
+    dev = make_dev(
+        tmp_path,
+        {f"pts/{n}": minutes_before_now(m) for n, m in ((7, 4), (8, 1), (9, 30), (10, 0))},
+    )
+    sightings = agent.vscode_terminal_sightings(str(proc), str(dev))
+    assert {s.source: round((NOW - s.at) / 60) for s in sightings} == {
+        "vscode terminal pts/7": 4,
+        "vscode terminal pts/9": 30,
+    }
+
+
+@pytest.mark.parametrize(("index", "tty_nr"), [(0, 34816), (7, 34823), (255, 35071), (256, 35072), (300, pty(300))])
+def test_pts_index_from_tty_nr(index: int, tty_nr: int) -> None:
+    assert agent._pts_index(tty_nr) == index
+
+
+@pytest.mark.parametrize("tty_nr", [0, (4 << 8) | 1, (5 << 8) | 0])  # none, tty1, /dev/tty
+def test_only_pseudo_terminals_have_a_pts_index(tty_nr: int) -> None:
+    assert agent._pts_index(tty_nr) is None
+
+
+def test_runtime_files_that_are_not_small_regular_files_are_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    os.mkfifo(rt / "jpserver-1.json")  # reading would block forever
+    (rt / "jpserver-2.json").symlink_to("/dev/zero")  # reading would never end
+    (rt / "jpserver-3.json").write_text(json.dumps({"url": "http://127.0.0.1:1/", "pad": "x" * 70_000}))
+    with caplog.at_level(logging.WARNING):
+        assert agent.jupyter_sightings([str(rt)], NOW) == []
+    assert caplog.text.count("not a regular file") == 2
+    assert "larger than 65536 bytes" in caplog.text
+
+
+def test_jupyter_budget_stops_asking(tmp_path: Path, jupyter: FakeJupyter, caplog: pytest.LogCaptureFixture) -> None:
+    info = write_runtime(
+        tmp_path / "rt", "jpserver-1.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/"
+    )
+    jupyter.serve("/", info["token"], b'{"last_activity": "2024-05-01T09:59:00Z"}', b"[]")
+    with caplog.at_level(logging.WARNING):
+        assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW, budget_seconds=-1) == []
+    assert jupyter.requests == []
+    assert "budget" in caplog.text
+
+
+# --- the whole collector ------------------------------------------------------------------------------------
+
+
+def test_collect_takes_the_minimum_over_every_source(tmp_path: Path, jupyter: FakeJupyter) -> None:
+    home = alice_home(tmp_path)
+    run_fixture_server(jupyter, runtime_dir_of(home), "notebook6", "http://127.0.0.1:{port}/")
+    dev = make_dev(tmp_path, {"pts/0": minutes_before_now(64), "pts/1": minutes_before_now(300)})
+    settings = agent.Settings(
+        utmp_path=str(DATA / "utmp-sessions.bin"),
+        dev_root=str(dev),
+        proc_root=str(fake_proc(tmp_path)),
+        homes=[str(home)],
+        environ={},
+        use_who=False,
+    )
+    minutes, sightings = agent.collect(NOW, settings)
+    assert minutes == pytest.approx(39.5, abs=0.01)  # the Jupyter kernel beats alice's terminal (64) and bob's (300)
+    assert {s.source.split()[0] for s in sightings} == {"tty", "jupyter"}
+
+
+def test_no_human_session_publishes_the_cap(tmp_path: Path) -> None:
+    settings = agent.Settings(
+        utmp_path=str(DATA / "utmp-no-sessions.bin"),
+        proc_root=str(fake_proc(tmp_path)),
+        homes=[str(tmp_path)],
+        environ={},
+        use_who=False,
+    )
+    assert agent.collect(NOW, settings) == (10080, [])
+
+
+def test_a_crashing_source_leaves_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: object, **kwargs: object) -> list[Any]:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(agent, "jupyter_sightings", broken)
+    monkeypatch.setattr(agent, "vscode_sightings", broken)
+    dev = make_dev(tmp_path, {"pts/1": minutes_before_now(3)})
+    settings = agent.Settings(
+        utmp_path=str(DATA / "utmp-sessions.bin"),
+        dev_root=str(dev),
+        proc_root=str(fake_proc(tmp_path)),
+        homes=[],
+        environ={},
+    )
+    with caplog.at_level(logging.ERROR):
+        minutes, _ = agent.collect(NOW, settings)
+    assert minutes == pytest.approx(3)
+    assert "source jupyter failed" in caplog.text and "source vscode failed" in caplog.text
+
+
+def test_unreadable_utmp_without_who_is_no_terminal_information(tmp_path: Path) -> None:
+    settings = agent.Settings(
+        utmp_path=str(tmp_path / "missing"), proc_root=str(fake_proc(tmp_path)), homes=[], environ={}, use_who=False
+    )
+    assert agent.collect(NOW, settings) == (10080, [])
+
+
+# --- publishing ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("minutes", "packet"),
+    [
+        (0.0, b"idle_reaper_minutes_since_input:0|g"),
+        (12.5, b"idle_reaper_minutes_since_input:12.5|g"),
+        (7.04, b"idle_reaper_minutes_since_input:7|g"),
+        (10080.0, b"idle_reaper_minutes_since_input:10080|g"),
+        (99999.0, b"idle_reaper_minutes_since_input:10080|g"),  # clamped to the cap
+        (-3.0, b"idle_reaper_minutes_since_input:0|g"),  # never signed: "-3|g" would be a StatsD decrement
+    ],
+)
+def test_statsd_gauge_packet(minutes: float, packet: bytes) -> None:
+    assert agent.statsd_packet(minutes) == packet
+
+
+@pytest.fixture
+def statsd() -> Iterator[socket.socket]:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.settimeout(5)
+    yield listener
+    listener.close()
+
+
+def test_main_sends_one_gauge_to_the_agent(
+    tmp_path: Path, statsd: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("JUPYTER_RUNTIME_DIR", raising=False)
+    port = statsd.getsockname()[1]
+    argv = ["--statsd", f"127.0.0.1:{port}", *nobody_here_args(tmp_path)]
+    assert agent.main(argv, clock=lambda: NOW) == 0
+    assert statsd.recv(1024) == b"idle_reaper_minutes_since_input:10080|g"
+
+
+def test_print_mode_prints_and_sends_nothing(
+    tmp_path: Path, statsd: socket.socket, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("JUPYTER_RUNTIME_DIR", raising=False)
+    port = statsd.getsockname()[1]
+    argv = ["--print", "--statsd", f"127.0.0.1:{port}", *nobody_here_args(tmp_path)]
+    assert agent.main(argv, clock=lambda: NOW) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "idle_reaper_minutes_since_input 10080"
+    statsd.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        statsd.recv(1024)
+
+
+@pytest.mark.parametrize(
+    ("address", "error"),
+    [
+        ("10.0.0.5:8125", "must be a loopback address"),
+        ("0.0.0.0:8125", "must be a loopback address"),
+        ("metrics.example:8125", "must be a loopback address"),
+        ("127.0.0.1", "expected host:port"),
+        ("127.0.0.1:0", "expected host:port"),
+    ],
+)
+def test_statsd_address_must_be_loopback(address: str, error: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        agent.main(["--statsd", address])
+    assert exit_info.value.code == 2
+    assert error in capsys.readouterr().err
+
+
+def test_agent_runs_as_a_script(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-I", str(AGENT_FILE), "--print", *nobody_here_args(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    assert out.stdout.strip() == "idle_reaper_minutes_since_input 10080"
+
+
+# --- agent configuration, systemd units, install script ----------------------------------------------------
+
+AGENT_DIR = REPO_ROOT / "agent"
+
+
+def test_agent_config_listens_on_loopback_and_merges_with_the_gpu_config() -> None:
+    activity = json.loads((AGENT_DIR / "cloudwatch-agent-activity.json").read_text())
+    gpu = json.loads((REPO_ROOT / "infra" / "cloudwatch-agent-gpu.json").read_text())
+    statsd = activity["metrics"]["metrics_collected"]["statsd"]
+    assert statsd["service_address"] == "127.0.0.1:8125"  # the agent's default listens on every interface
+    assert statsd["metrics_collection_interval"] in (60, 300)
+    assert statsd["metrics_aggregation_interval"] == 60
+    # append-config merges both files: shared keys must agree, and InstanceId must come from the agent.
+    for key in ("namespace", "append_dimensions", "aggregation_dimensions"):
+        assert activity["metrics"][key] == gpu["metrics"][key]
+    assert activity["metrics"]["append_dimensions"] == {"InstanceId": "${aws:InstanceId}"}
+    assert activity["metrics"]["aggregation_dimensions"] == [["InstanceId"]]
+
+
+def test_units_run_the_installed_collector_every_minute_as_the_service_user() -> None:
+    service = (AGENT_DIR / "idle-reaper-activity.service").read_text()
+    timer = (AGENT_DIR / "idle-reaper-activity.timer").read_text()
+    install = (AGENT_DIR / "install.sh").read_text()
+    settings = dict(line.split("=", 1) for line in service.splitlines() if "=" in line and not line.startswith("#"))
+    assert settings["ExecStart"] == "/usr/bin/python3 -I /opt/idle-reaper/idle_reaper_activity.py"
+    assert "PREFIX=${IDLE_REAPER_PREFIX:-/opt/idle-reaper}" in install
+    assert settings["User"] == "idle-reaper-activity" and "SERVICE_USER=idle-reaper-activity" in install
+    assert settings["CapabilityBoundingSet"] == settings["AmbientCapabilities"] == "CAP_DAC_READ_SEARCH"
+    assert (settings["IPAddressDeny"], settings["IPAddressAllow"]) == ("any", "localhost")
+    assert "OnCalendar=minutely" in timer.splitlines()
+
+
+FAKE_COMMAND = """#!/bin/sh
+echo "$(basename "$0") $*" >> "{log}"
+{body}
+"""
+
+
+def fake_commands(tmp_path: Path, **bodies: str) -> tuple[Path, Path]:
+    """A directory of stand-ins for the system commands install.sh calls; each logs its arguments."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    defaults = {
+        "getent": f'[ -e "{tmp_path}/user-created" ]',
+        "useradd": f'touch "{tmp_path}/user-created"',
+        "systemctl": "true",
+        "amazon-cloudwatch-agent-ctl": "true",
+    }
+    for name, body in {**defaults, **bodies}.items():
+        command = bin_dir / name
+        command.write_text(FAKE_COMMAND.format(log=log, body=body))
+        command.chmod(0o755)
+    return bin_dir, log
+
+
+def run_install(tmp_path: Path, bin_dir: Path, ctl: Path) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "IDLE_REAPER_PREFIX": str(tmp_path / "opt"),
+        "IDLE_REAPER_UNIT_DIR": str(tmp_path / "units"),
+        "CWAGENT_CTL": str(ctl),
+    }
+    return subprocess.run(
+        ["/bin/sh", str(AGENT_DIR / "install.sh")], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def test_install_is_idempotent(tmp_path: Path) -> None:
+    bin_dir, log = fake_commands(tmp_path)
+    ctl = bin_dir / "amazon-cloudwatch-agent-ctl"
+    for _ in range(2):
+        result = run_install(tmp_path, bin_dir, ctl)
+        assert result.returncode == 0, result.stderr
+    for name in ("idle_reaper_activity.py", "cloudwatch-agent-activity.json", "README.md"):
+        assert (tmp_path / "opt" / name).read_bytes() == (AGENT_DIR / name).read_bytes()
+    for name in ("idle-reaper-activity.service", "idle-reaper-activity.timer"):
+        assert (tmp_path / "units" / name).read_bytes() == (AGENT_DIR / name).read_bytes()
+    calls = log.read_text().splitlines()
+    assert sum(call.startswith("useradd") for call in calls) == 1  # the second run finds the user
+    assert calls.count("systemctl enable --now idle-reaper-activity.timer") == 2
+    append = (
+        f"amazon-cloudwatch-agent-ctl -a append-config -m ec2 -s -c file:{tmp_path}/opt/cloudwatch-agent-activity.json"
+    )
+    assert calls.count(append) == 2
+
+
+def test_install_without_the_cloudwatch_agent_says_so(tmp_path: Path) -> None:
+    bin_dir, _ = fake_commands(tmp_path)
+    result = run_install(tmp_path, bin_dir, tmp_path / "no-agent-here")
+    assert result.returncode == 0
+    assert "no CloudWatch agent" in result.stderr
+    assert (tmp_path / "units" / "idle-reaper-activity.timer").exists()
+
+
+def test_install_refuses_an_old_python_and_installs_nothing(tmp_path: Path) -> None:
+    bin_dir, log = fake_commands(tmp_path, python3="exit 1")
+    result = run_install(tmp_path, bin_dir, bin_dir / "amazon-cloudwatch-agent-ctl")
+    assert result.returncode == 1
+    assert "python3 3.9 or newer is required" in result.stderr
+    assert not (tmp_path / "opt").exists()
+    assert [call.split()[0] for call in log.read_text().splitlines()] == ["python3"]

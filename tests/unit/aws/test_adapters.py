@@ -1,0 +1,443 @@
+"""The AWS adapters (idle_reaper.aws) over the in-memory fakes: batching, bisection, pagination and
+the failure modes a sweep must survive. Fast, no network."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from botocore.exceptions import ClientError
+
+from idle_reaper.aws import Fleet, MetricsReader, PolicyStore
+from idle_reaper.core import assess
+from idle_reaper.policy import DEFAULT_GPU_FAMILIES, MetricSettings, PolicyError, Settings, TagKeys
+from testkit.aws import FakeAws, steady
+
+NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
+DAY_AGO = NOW - timedelta(days=1)
+PREFIX = "/idle-reaper"
+
+
+@pytest.fixture
+def aws() -> FakeAws:
+    return FakeAws()
+
+
+def launch_many(aws: FakeAws, n: int, instance_type: str = "m5.large", **kw) -> list[str]:
+    kw.setdefault("team", "ml")
+    kw.setdefault("profile", steady(1.0))
+    return [aws.launch(instance_type, launch_time=DAY_AGO, **kw) for _ in range(n)]
+
+
+def fleet(aws: FakeAws) -> Fleet:
+    return Fleet(aws.ec2, aws.autoscaling)
+
+
+def stop_sizes(aws: FakeAws) -> list[int]:
+    return [len(r["InstanceIds"]) for r in aws.ec2.requests_of("StopInstances")]
+
+
+# ---------------------------------------------------------------------------------------------
+# StopInstances: bisect on failure, hibernate with fallback
+
+
+class TestStop:
+    def test_one_good_batch_is_one_call(self, aws):
+        ids = launch_many(aws, 10)
+        outcomes = fleet(aws).stop(ids, hibernate=False)
+        assert [o.error for o in outcomes] == [None] * 10
+        assert stop_sizes(aws) == [10]
+        assert {aws.ec2.state_of(i) for i in ids} == {"stopped"}
+
+    def test_one_bad_id_among_ten_is_bisected_out(self, aws):
+        ids = launch_many(aws, 10)
+        bad = ids[7]
+        aws.ec2.instances[bad].set_state("shutting-down")  # terminated by its owner after discovery
+
+        outcomes = {o.instance_id: o.error for o in fleet(aws).stop(ids, hibernate=False)}
+
+        assert set(outcomes) == set(ids)
+        assert outcomes[bad] is not None and outcomes[bad].startswith("IncorrectInstanceState")
+        assert all(outcomes[i] is None for i in ids if i != bad)
+        assert all(aws.ec2.state_of(i) == "stopped" for i in ids if i != bad)
+        # 10 fails -> [0:5] ok, [5:10] fails -> [5:7] ok, [7:10] fails -> [7] fails, [8:10] ok
+        assert sorted(stop_sizes(aws)) == sorted([10, 5, 5, 2, 3, 1, 2])  # halves run concurrently
+        assert aws.ec2.calls["StopInstances"] == 7
+
+    @pytest.mark.parametrize("position", range(10))
+    def test_bisection_is_logarithmic_wherever_the_bad_id_is(self, aws, position):
+        ids = launch_many(aws, 10)
+        aws.ec2.fail_stop[ids[position]] = "UnsupportedOperation"
+        outcomes = {o.instance_id: o.error for o in fleet(aws).stop(ids, hibernate=False)}
+        assert [i for i, e in outcomes.items() if e] == [ids[position]]
+        assert "UnsupportedOperation" in (outcomes[ids[position]] or "")
+        assert sum(aws.ec2.state_of(i) == "stopped" for i in ids) == 9
+        assert aws.ec2.calls["StopInstances"] <= 1 + 2 * math.ceil(math.log2(10))
+
+    def test_two_bad_ids_do_not_block_the_other_eight(self, aws):
+        ids = launch_many(aws, 10)
+        aws.ec2.forget(ids[2])  # gone: InvalidInstanceID.NotFound
+        aws.ec2.fail_stop[ids[8]] = "IncorrectInstanceState"
+        outcomes = {o.instance_id: o.error for o in fleet(aws).stop(ids, hibernate=False)}
+        assert "InvalidInstanceID.NotFound" in (outcomes[ids[2]] or "")
+        assert "IncorrectInstanceState" in (outcomes[ids[8]] or "")
+        assert [i for i in ids if aws.ec2.state_of(i) == "stopped"] == [i for i in ids if i not in (ids[2], ids[8])]
+
+    def test_no_ids_no_call(self, aws):
+        assert fleet(aws).stop([], hibernate=True) == []
+        assert aws.ec2.calls["StopInstances"] == 0
+
+    def test_hibernate_when_supported(self, aws):
+        ids = launch_many(aws, 3, hibernation=True)
+        outcomes = fleet(aws).stop(ids, hibernate=True)
+        assert [o.error for o in outcomes] == [None] * 3
+        assert aws.ec2.hibernated == set(ids)
+        assert [r["Hibernate"] for r in aws.ec2.requests_of("StopInstances")] == [True]
+
+    def test_hibernate_falls_back_to_plain_stop_on_unsupported_configuration(self, aws):
+        [box] = launch_many(aws, 1, hibernation=True)
+        aws.ec2.unhibernatable.add(box)  # configured, but EC2 answers UnsupportedHibernationConfiguration
+        [outcome] = fleet(aws).stop([box], hibernate=True)
+        assert outcome.error is None
+        assert aws.ec2.state_of(box) == "stopped"
+        assert box not in aws.ec2.hibernated
+        assert [r["Hibernate"] for r in aws.ec2.requests_of("StopInstances")] == [True, False]
+
+    def test_hibernation_fallback_applies_only_to_the_machine_that_cannot_hibernate(self, aws):
+        # BUG (aws.py Fleet.stop): on UnsupportedHibernationConfiguration the WHOLE batch is retried
+        # with Hibernate=False, so one machine that cannot hibernate makes every other machine in the
+        # batch lose its memory (notebook kernels, in-RAM state) to a plain stop. The fallback should
+        # apply to the failing machine alone (bisect with hibernation first, plain stop at size 1).
+        ids = launch_many(aws, 4, hibernation=True)
+        aws.ec2.unhibernatable.add(ids[1])
+        outcomes = fleet(aws).stop(ids, hibernate=True)
+        assert [o.error for o in outcomes] == [None] * 4
+        assert {aws.ec2.state_of(i) for i in ids} == {"stopped"}
+        assert aws.ec2.hibernated == {ids[0], ids[2], ids[3]}, (
+            "3 machines that support hibernation were plain-stopped because another machine in the "
+            f"same StopInstances batch could not hibernate; hibernated={sorted(aws.ec2.hibernated)}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery: DescribeInstances pages, ASG membership only for tagged instances, 50 per call
+
+
+class TestDiscover:
+    def test_running_team_tagged_instances_in_pages_of_1000(self, aws):
+        wanted = launch_many(aws, 2100)
+        launch_many(aws, 40, state="stopped")
+        launch_many(aws, 30, team=None)  # no Team tag: not ours
+        launch_many(aws, 20, managed=False)  # a cost-allocation Team tag without the opt-in: not ours
+
+        machines = fleet(aws).discover(TagKeys())
+
+        assert sorted(m.instance_id for m in machines) == sorted(wanted)
+        requests = aws.ec2.requests_of("DescribeInstances")
+        assert len(requests) == 3
+        assert all(r["MaxResults"] == 1000 for r in requests)
+        assert {f["Name"]: f["Values"] for f in requests[0]["Filters"]} == {
+            "instance-state-name": ["running"],
+            "tag-key": ["Team"],
+            "tag:idle-reaper:managed": ["true"],
+        }
+
+    def test_without_an_opt_in_tag_every_team_tagged_machine_is_swept(self, aws):
+        opted_in = launch_many(aws, 3)
+        plain = launch_many(aws, 2, managed=False)
+        machines = fleet(aws).discover(TagKeys(managed=None))
+        assert sorted(m.instance_id for m in machines) == sorted(opted_in + plain)
+
+    def test_machine_fields_come_from_tags_and_description(self, aws):
+        box = aws.launch(
+            "g5.xlarge",
+            team="cv",
+            profile=steady(1.0),
+            launch_time=DAY_AGO,
+            name="nb-1",
+            owner="ana@example.com",
+            tags={"idle-reaper:exempt": "true"},
+            hibernation=True,
+        )
+        [m] = fleet(aws).discover(TagKeys())
+        assert (m.instance_id, m.instance_type, m.team, m.owner, m.name) == (
+            box,
+            "g5.xlarge",
+            "cv",
+            "ana@example.com",
+            "nb-1",
+        )
+        assert m.exempt_tag == "true" and m.hibernation_configured and m.asg_name is None
+        assert m.launch_time == DAY_AGO
+
+    def test_asg_membership_comes_in_bulk_from_the_groups_the_tags_name(self, aws):
+        aws.autoscaling.add_group("workers-a")
+        aws.autoscaling.add_group("workers-b")
+        aws.autoscaling.add_group("unrelated")
+        protected_a = launch_many(aws, 70, group="workers-a", protected=True)
+        plain_b = launch_many(aws, 50, group="workers-b")
+        standalone = launch_many(aws, 30)
+
+        machines = {m.instance_id: m for m in fleet(aws).discover(TagKeys())}
+
+        # 120 members in 2 groups: one DescribeAutoScalingGroups call, not 3 DescribeAutoScalingInstances.
+        requests = aws.autoscaling.requests_of("DescribeAutoScalingGroups")
+        assert [sorted(r["AutoScalingGroupNames"]) for r in requests] == [["workers-a", "workers-b"]]
+        assert aws.autoscaling.calls["DescribeAutoScalingInstances"] == 0
+        assert all(machines[i].asg_name == "workers-a" and machines[i].asg_protected for i in protected_a)
+        assert all(machines[i].asg_name == "workers-b" and not machines[i].asg_protected for i in plain_b)
+        assert all(machines[i].asg_name is None for i in standalone)
+
+    def test_asg_membership_asks_50_groups_a_call(self, aws):
+        for n in range(120):
+            aws.autoscaling.add_group(f"g{n:03d}")
+            launch_many(aws, 1, group=f"g{n:03d}")
+        machines = fleet(aws).discover(TagKeys())
+        requests = aws.autoscaling.requests_of("DescribeAutoScalingGroups")
+        assert sorted(len(r["AutoScalingGroupNames"]) for r in requests) == [20, 50, 50]
+        assert {m.asg_name for m in machines} == {f"g{n:03d}" for n in range(120)}
+
+    def test_a_tagged_machine_its_group_does_not_list_stays_standalone(self, aws):
+        aws.autoscaling.add_group("workers")
+        (member,) = launch_many(aws, 1, group="workers")
+        (detached,) = launch_many(aws, 1, group="workers")
+        del aws.autoscaling.groups["workers"].members[detached]  # detached: the tag stays behind
+        machines = {m.instance_id: m for m in fleet(aws).discover(TagKeys())}
+        assert machines[member].asg_name == "workers"
+        assert machines[detached].asg_name is None
+
+    def test_no_asg_call_without_members(self, aws):
+        launch_many(aws, 5)
+        fleet(aws).discover(TagKeys())
+        assert aws.autoscaling.calls["DescribeAutoScalingInstances"] == 0
+        assert aws.autoscaling.calls["DescribeAutoScalingGroups"] == 0
+
+
+class TestGroups:
+    def test_set_protection_in_batches_of_50_bisecting_a_non_member(self, aws):
+        aws.autoscaling.add_group("workers")
+        members = launch_many(aws, 119, group="workers")
+        [stranger] = launch_many(aws, 1)  # not in the group: ValidationError for its whole batch
+        ids = [*members[:60], stranger, *members[60:]]
+
+        outcomes = {o.instance_id: o.error for o in fleet(aws).set_protection("workers", ids, protected=True)}
+
+        assert [i for i, e in outcomes.items() if e] == [stranger]
+        assert "ValidationError" in (outcomes[stranger] or "")
+        assert all(aws.autoscaling.protected(i) for i in members)
+        sizes = [len(r["InstanceIds"]) for r in aws.autoscaling.requests_of("SetInstanceProtection")]
+        assert max(sizes) <= 50
+        # 120 ids: 50 ok, 50 bisected around the stranger, 20 ok (the batches run concurrently: any order)
+        assert sorted(sizes) == sorted([50, 50, 25, 12, 6, 6, 3, 3, 1, 2, 1, 1, 13, 25, 20])
+
+    def test_group_capacity_of_many_groups(self, aws):
+        # BUG (aws.py Fleet.group_capacity): DescribeAutoScalingGroups accepts at most 50 names unless
+        # MaxRecords is raised (max 100); the adapter sends batches of 100 names without MaxRecords, so
+        # 51+ groups with terminations in one sweep raise ValidationError, run_sweep treats capacity as
+        # unknown and turns every termination into an unprotect. Fix: chunk names by 50, or pass
+        # PaginationConfig={"PageSize": 100} with batches of 100.
+        for n in range(60):
+            aws.autoscaling.add_group(f"g{n:02d}", min_size=n % 3)
+            launch_many(aws, 3, group=f"g{n:02d}")
+        try:
+            capacity = fleet(aws).group_capacity(f"g{n:02d}" for n in range(60))
+        except ClientError as exc:
+            pytest.fail(f"group_capacity sent more than 50 group names without MaxRecords: {exc}")
+        assert len(capacity) == 60
+        assert (capacity["g05"].min_size, capacity["g05"].desired) == (2, 3)
+
+    def test_terminate_in_group_reports_the_min_size_refusal(self, aws):
+        aws.autoscaling.add_group("workers", min_size=1)
+        a, b = launch_many(aws, 2, group="workers")
+        assert fleet(aws).terminate_in_group(a).error is None
+        refused = fleet(aws).terminate_in_group(b)
+        assert refused.error is not None and refused.error.startswith("ValidationError")
+        assert aws.autoscaling.groups["workers"].desired == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# GetMetricData: packing, NextToken, PartialData, a failing batch
+
+
+START = NOW - timedelta(hours=2)
+# 5-minute points from 13:00 whose period has been published by 15:00 (the fake's 2-minute delay): 13:00 .. 14:50
+POINTS = 23
+
+
+def fetch(aws: FakeAws, ids: list[str]):
+    reader = MetricsReader(aws.cloudwatch)
+    return reader, reader.fetch(ids, MetricSettings(), start=START, end=NOW)
+
+
+class TestMetrics:
+    @pytest.mark.parametrize("machines", [1, 166, 167, 1000])
+    def test_three_queries_per_machine_packed_500_per_call(self, aws, machines):
+        # CPU, GPU and the human-activity collector's minutes since input, in the same calls.
+        ids = launch_many(aws, machines, "g5.xlarge", profile=steady(2.0, 90.0))
+        reader, signals = fetch(aws, ids)
+
+        requests = aws.cloudwatch.requests_of("GetMetricData")
+        assert len(requests) == math.ceil(3 * machines / 500)
+        assert all(len(r["MetricDataQueries"]) <= 500 for r in requests)
+        assert reader.stats.calls == len(requests)
+        assert set(signals) == set(ids)
+        sample = signals[ids[-1]]
+        assert sample.complete
+        assert len(sample.cpu) == len(sample.gpu) == POINTS
+        assert sample.cpu[0][0] == START and sample.cpu[-1][0] == NOW - timedelta(minutes=10)
+        assert {v for _, v in sample.gpu} == {90.0}
+
+    def test_next_token_pages_are_followed(self, aws):
+        aws.cloudwatch.points_per_call = 50  # 10 machines x 2 metrics x 23 points = 460 points: 10 pages
+        ids = launch_many(aws, 10, "g5.xlarge", profile=lambda t: (2.0, 40.0 + t.minute))
+        _, signals = fetch(aws, ids)
+
+        assert aws.cloudwatch.calls["GetMetricData"] == math.ceil(10 * 2 * POINTS / 50)
+        tokens = [r["NextToken"] for r in aws.cloudwatch.requests_of("GetMetricData")]
+        assert tokens[0] is None and all(tokens[1:]) and len(set(tokens[1:])) == 9
+        for i in ids:
+            assert signals[i].complete
+            assert len(signals[i].cpu) == len(signals[i].gpu) == POINTS
+        # The last machine's GPU series only arrives on the last pages.
+        last = signals[ids[-1]].gpu
+        assert [v for _, v in last] == [40.0 + t.minute for t, _ in last]
+        assert last[-1][0] == NOW - timedelta(minutes=10)
+
+    def test_partial_data_left_after_the_last_page_marks_the_machine_incomplete(self, aws):
+        ids = launch_many(aws, 5, "g5.xlarge", profile=steady(1.0, 0.0))
+        aws.cloudwatch.partial_data.add(ids[3])
+        _, signals = fetch(aws, ids)
+
+        assert [signals[i].complete for i in ids] == [True, True, True, False, True]
+        machine = fleet(aws).discover(TagKeys())[3]
+        assert machine.instance_id == ids[3]
+        settings = Settings()
+        verdict = assess(
+            machine,
+            signals[ids[3]],
+            settings.default_policy,
+            now=NOW,
+            period=timedelta(minutes=5),
+            gpu_families=DEFAULT_GPU_FAMILIES,
+        )
+        assert verdict.signal == "unknown"
+
+    def test_a_batch_throttled_after_retries_marks_only_its_machines_incomplete(self, aws):
+        ids = launch_many(aws, 300)  # 900 queries (CPU, GPU, human activity): two calls
+        aws.cloudwatch.inject("GetMetricData", "Throttling", on_calls={2})
+        reader, signals = fetch(aws, ids)
+
+        first, second = aws.cloudwatch.requests_of("GetMetricData")
+        in_second = {q["MetricStat"]["Metric"]["Dimensions"][0]["Value"] for q in second["MetricDataQueries"]}
+        in_first = {q["MetricStat"]["Metric"]["Dimensions"][0]["Value"] for q in first["MetricDataQueries"]}
+        assert len(in_second) == 134  # the machine whose queries straddle the calls is in both
+        assert {i for i in ids if not signals[i].complete} == in_second
+        assert all(len(signals[i].cpu) == POINTS for i in in_first - in_second)
+        assert reader.stats.failed_calls == 1
+
+    def test_throttling_on_a_later_page_loses_the_whole_batch(self, aws):
+        aws.cloudwatch.points_per_call = 100
+        ids = launch_many(aws, 10)  # 10 x 23 CPU points: 3 pages
+        aws.cloudwatch.inject("GetMetricData", "Throttling", on_calls={2})
+        _, signals = fetch(aws, ids)
+        assert not any(signals[i].complete for i in ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies in SSM
+
+
+class TestPolicyStore:
+    @pytest.fixture
+    def store(self, aws) -> PolicyStore:
+        return PolicyStore(aws.ssm, PREFIX)
+
+    def test_missing_settings_parameter_means_defaults(self, aws, store):
+        settings, version = store.load_settings()
+        assert settings == Settings() and version is None
+        assert aws.ssm.calls["GetParameter"] == 1
+
+    def test_settings_parameter_is_read_with_its_version(self, aws, store):
+        aws.ssm.store(f"{PREFIX}/settings", '{"dry_run": true}')
+        aws.ssm.store(f"{PREFIX}/settings", '{"dry_run": true, "default_policy": {"idle_minutes": 120}}')
+        settings, version = store.load_settings()
+        assert settings.dry_run and settings.default_policy.idle_minutes == 120 and version == 2
+
+    def test_invalid_settings_raise_naming_the_parameter(self, aws, store):
+        aws.ssm.store(f"{PREFIX}/settings", '{"dry_rn": true}')
+        with pytest.raises(PolicyError) as err:
+            store.load_settings()
+        assert f"{PREFIX}/settings" in str(err.value) and "dry_rn" in str(err.value)
+
+    @pytest.mark.parametrize(
+        "text,field",
+        [
+            ('{"idle_minutes": 60', "JSON"),  # not JSON at all
+            ('{"idle_minutes": 60, "idle_minutse": 30}', "idle_minutse"),  # unknown field
+            ('{"idle_minutes": 5}', "idle_minutes"),  # out of range (15-1440)
+            ('{"action": "shutdown"}', "action"),  # not one of the choices
+        ],
+    )
+    def test_invalid_team_policy_is_a_ref_without_policy_naming_parameter_and_field(self, aws, store, text, field):
+        aws.ssm.store(f"{PREFIX}/teams/good", '{"idle_minutes": 60}')
+        aws.ssm.store(f"{PREFIX}/teams/bad", text)
+        refs = store.load_teams(Settings())
+
+        assert refs["good"].policy is not None and refs["good"].error is None
+        bad = refs["bad"]
+        assert bad.policy is None
+        assert bad.error and f"{PREFIX}/teams/bad" in bad.error and field in bad.error
+        assert bad.source == f"{PREFIX}/teams/bad" and bad.version == 1
+
+    def test_team_policy_overrides_the_default_field_by_field(self, aws, store):
+        aws.ssm.store(f"{PREFIX}/teams/ml", '{"idle_minutes": 60}')
+        aws.ssm.store(f"{PREFIX}/teams/ml", '{"idle_minutes": 45}')
+        default = Settings.model_validate({"default_policy": {"warn_minutes": 10, "cpu_threshold_percent": 8}})
+        ref = store.load_teams(default)["ml"]
+        assert ref.policy is not None
+        assert (ref.policy.idle_minutes, ref.policy.warn_minutes, ref.policy.cpu_threshold_percent) == (45, 10, 8)
+        assert ref.version == 2 and ref.label == f"{PREFIX}/teams/ml@v2"
+
+    def test_many_teams_are_read_10_per_call_and_nested_parameters_ignored(self, aws, store):
+        for n in range(23):
+            aws.ssm.store(f"{PREFIX}/teams/team{n:02d}", '{"idle_minutes": 60}')
+        aws.ssm.store(f"{PREFIX}/teams/team00/extra", '{"idle_minutes": 60}')
+        refs = store.load_teams(Settings())
+        assert sorted(refs) == [f"team{n:02d}" for n in range(23)]
+        assert aws.ssm.calls["GetParametersByPath"] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# The fakes enforce the limits the tests above rely on
+
+
+class TestFakesEnforceApiLimits:
+    def code(self, call) -> str:
+        with pytest.raises(ClientError) as err:
+            call()
+        return str(err.value.response["Error"]["Code"])
+
+    def test_limits(self, aws):
+        ids = launch_many(aws, 51)
+        aws.autoscaling.add_group("g")
+        query = {
+            "MetricStat": {
+                "Metric": {"Namespace": "AWS/EC2", "MetricName": "CPUUtilization", "Dimensions": []},
+                "Period": 300,
+                "Stat": "Maximum",
+            }
+        }
+        queries = [{"Id": f"q{n}", **query} for n in range(501)]
+        cw = aws.cloudwatch
+        assert self.code(lambda: cw.get_metric_data(MetricDataQueries=queries, StartTime=START, EndTime=NOW)) == (
+            "ValidationError"
+        )
+        asg = aws.autoscaling
+        assert self.code(lambda: asg.describe_auto_scaling_instances(InstanceIds=ids)) == "ValidationError"
+        assert self.code(
+            lambda: asg.set_instance_protection(InstanceIds=ids, AutoScalingGroupName="g", ProtectedFromScaleIn=True)
+        ) == ("ValidationError")
+        assert self.code(lambda: aws.ssm.get_parameters_by_path(Path="/x", MaxResults=11)) == "ValidationException"
+        assert self.code(lambda: aws.ec2.describe_instances(MaxResults=1001)) == "InvalidParameterValue"
+        assert self.code(lambda: aws.ssm.get_parameter(Name="/nope")) == "ParameterNotFound"
