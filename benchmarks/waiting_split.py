@@ -40,14 +40,14 @@ KEYS = (
     "warnings_without_stop_share",
 )
 GRID = {
-    "time_of_day_wait_percent": (20, 30, 45),
+    "time_of_day_wait_percent": (20, 30, 45, 60, 75),
     "time_of_day_horizon_minutes": (90, 120),
-    "adaptive_wait_max_minutes": (120, 180),
+    "adaptive_wait_max_minutes": (120, 180, 240),
 }
-FIXED = [{"idle_minutes": m, "adaptive_wait_max_minutes": 0} for m in (90, 120, 150, 180, 240)]
+FIXED = [{"idle_minutes": m, "adaptive_wait_max_minutes": 0} for m in (90, 120, 150, 180, 240, 360)]
 LEARNED = [{"time_of_day_wait_percent": 0, "adaptive_wait_max_minutes": m} for m in (60, 120, 240)]
 TIME_OF_DAY = [
-    {"time_of_day_wait_percent": p, "adaptive_wait_max_minutes": m} for p in (20, 30, 45) for m in (60, 120, 180)
+    {"time_of_day_wait_percent": p, "adaptive_wait_max_minutes": m} for p in (30, 45, 60) for m in (60, 120, 180, 240)
 ]
 
 
@@ -70,8 +70,8 @@ def choose(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
     return min(near, key=lambda r: (r[1]["unwanted_stop_share"] or 0) + (r[1]["warnings_without_stop_share"] or 0))[0]
 
 
-def tune(trace: Trace) -> dict[str, Any]:
-    settings = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
+def tune(trace: Trace, grid: dict[str, tuple[int, ...]] = GRID) -> dict[str, Any]:
+    settings = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
     halves = time_halves(trace)
     table = {label: [(s, figures(trace, s, span)) for s in settings] for label, span in halves}
     out: dict[str, Any] = {"grid": [], "choices": []}
@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bitbrains", type=Path, default=BITBRAINS)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--grid", type=json.loads, help="a JSON object of field: [values] instead of the grid above")
     args = parser.parse_args(argv)
     if not args.bitbrains.exists():
         print(f"{args.bitbrains} not found", file=sys.stderr)
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     bitbrains = read_trace(args.bitbrains, clamp_utilization=True, skip_duplicates=True)
     out: dict[str, Any] = {}
     if args.tune:
-        out["tune"] = tune(bitbrains)
+        out["tune"] = tune(bitbrains, {k: tuple(v) for k, v in args.grid.items()} if args.grid else GRID)
     if args.pareto:
         out["pareto"] = pareto({"Bitbrains": bitbrains, "sample with people": read_trace(PEOPLE)})
         if args.plot:
