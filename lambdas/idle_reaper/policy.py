@@ -267,11 +267,11 @@ class TeamPolicy(_Strict):
         "0 or null: ignore the signal. A machine without the collector is judged on CPU/GPU alone.",
     )
     adaptive_wait_max_minutes: int | None = Field(
-        120,
+        180,
         ge=0,
         le=1440,
-        description="Learned waiting: the most a machine's own history (how its past quiet stretches ended) may "
-        "delay its warning and stop. 0 or null: off, every machine waits idle_minutes.",
+        description="The most a machine's own past (its usage profile, or how its past quiet stretches ended) "
+        "may delay its warning and stop. 0 or null: off, every machine waits idle_minutes.",
     )
     adaptive_earliest_warn_minutes: int | None = Field(
         None,
@@ -282,7 +282,7 @@ class TeamPolicy(_Strict):
         "needs the whole idle window.",
     )
     time_of_day_wait_percent: int | None = Field(
-        30,
+        45,
         ge=0,
         le=100,
         description="Time-of-day waiting: hold the warning (up to adaptive_wait_max_minutes) while the chance "

@@ -333,9 +333,10 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stret
         history, _ = parse_history(base.quiet_history)
     if not warned and (base.warned_at or base.warning_delivered_at or base.warning_ref or base.stop_not_before):
         base = replace(base, warned_at=None, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
-    learned = wait_for(history, base.usage_profile, policy, idle_since) if idle_since else LearnedWait()
+    quiet = _quiet_minutes(assessment, idle_since if continuous else None, now)
+    learned = wait_for(history, base.usage_profile, policy, idle_since, quiet) if idle_since else LearnedWait()
     return _Stretch(
-        quiet=_quiet_minutes(assessment, idle_since if continuous else None, now),
+        quiet=quiet,
         warn_at=warn_point(policy) + learned.extra_minutes,
         warned=warned,
         resolved="resolved" if seen.was_warned and not warned else None,

@@ -32,7 +32,7 @@ _DAY_MASK = (1 << PROFILE_DAYS) - 1
 _PREFIX = "t1"  # encoding version: "t1.<newest UTC day>.<busy hours, base64>.<days seen, base64>"
 _HOUR_BYTES = HOURS // 8
 _DAY_BYTES = (PROFILE_DAYS + 7) // 8
-PROFILE_MAX_CHARS = 96  # "t1." + 5 digits + "." + 56 + "." + 4: the encoding's own size, never more
+PROFILE_MAX_CHARS = 96  # the encoding is 70 ("t1." + 5 digits + "." + 56 + "." + 4); 96 leaves room for the day number
 RESTART_AFTER_DAYS = 7  # no data for this many days (stopped, moved): the old days say little; start again
 MIN_DAYS_SEEN = 3  # fewer days of data than this: no profile yet, today's learned waiting applies
 WAIT_STEP_MINUTES = 15
@@ -149,24 +149,39 @@ def _weekend(day: int) -> bool:
 def chance_used(profile: Profile, at: datetime, horizon: int) -> tuple[float, int, int]:
     """The estimated chance the machine is used within `horizon` minutes of `at`: the mean of yesterday,
     a week ago and the share of the same kind of day (weekday, weekend) in the profile, each when known.
-    Also those days: used, and known (for the explanation)."""
-    kind = _weekend(int(at.timestamp()) // 86400)
-    same_kind = [
-        used
-        for back in range(1, PROFILE_DAYS + 1)
-        if _weekend(int(at.timestamp()) // 86400 - back) == kind
-        and (used := _used_between(profile, at, horizon, back)) is not None
-    ]
-    terms = [
-        float(v)
-        for v in (_used_between(profile, at, horizon, 1), _used_between(profile, at, horizon, 7))
-        if v is not None
-    ]
-    if same_kind:
-        terms.append(sum(same_kind) / len(same_kind))
+    Also those days: used, and known (for the explanation). Read on every sweep of a quiet machine past
+    its usual warning point, so in plain integer arithmetic (what _used_between does, day by day)."""
+    stamp = int(at.timestamp())
+    today, oldest = stamp // 86400, profile.newest_day - PROFILE_DAYS + 1
+    hour = (stamp % 86400) // 3600
+    span = ((stamp % 3600) + horizon * 60 - 1) // 3600 + 1
+    kind = _weekend(today)
+    yesterday = week = None
+    used_same = known_same = 0
+    for back in range(1, PROFILE_DAYS + 1):
+        day = today - back
+        if day < oldest or day > profile.newest_day or not profile.seen >> (day - oldest) & 1:
+            continue
+        first = (day - oldest) * 24 + hour
+        used = bool(profile.busy >> first & ((1 << min(span, HOURS - first)) - 1))
+        if back == 1:
+            yesterday = used
+        elif back == 7:
+            week = used
+        if _weekend(day) == kind:
+            known_same += 1
+            used_same += used
+    terms = [float(v) for v in (yesterday, week) if v is not None]
+    if known_same:
+        terms.append(used_same / known_same)
     if not terms:
         return 0.0, 0, 0
-    return sum(terms) / len(terms), sum(same_kind), len(same_kind)
+    return sum(terms) / len(terms), used_same, known_same
+
+
+def usable(profile: Profile | None) -> bool:
+    """Whether the profile holds enough days to go by (else the caller uses today's learned waiting)."""
+    return profile is not None and profile.days_seen >= MIN_DAYS_SEEN
 
 
 def time_of_day_wait(
@@ -176,8 +191,9 @@ def time_of_day_wait(
     caller uses today's learned waiting). The warning point moves from `usual` minutes of quiet in
     WAIT_STEP_MINUTES steps, at most `most` minutes, while the chance of use within `horizon` minutes
     is `percent` % or more at that point or at the step before it."""
-    if profile is None or profile.days_seen < MIN_DAYS_SEEN or most <= 0 or percent <= 0:
+    if not usable(profile) or most <= 0 or percent <= 0:
         return None
+    assert profile is not None
     return _wait(profile, began, usual, most, percent, horizon)
 
 

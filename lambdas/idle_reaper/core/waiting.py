@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, Stretch
-from idle_reaper.core.time_of_day import parse_profile, time_of_day_wait
+from idle_reaper.core.time_of_day import parse_profile, time_of_day_wait, usable
 from idle_reaper.policy import TeamPolicy
 
 LEARN_MIN_STRETCHES = 3  # fewer stretches of a length than this teach nothing about it
@@ -98,11 +98,17 @@ def _learned(
     return LearnedWait()
 
 
-def wait_for(history: Sequence[Stretch], profile_text: str, policy: TeamPolicy, began: datetime) -> LearnedWait:
+def wait_for(
+    history: Sequence[Stretch], profile_text: str, policy: TeamPolicy, began: datetime, quiet: float
+) -> LearnedWait:
     """The time-of-day wait (core/time_of_day.py) when the policy turns it on and the machine has a usage
-    profile; else (a new machine, a profile started again, an unreadable one) learned waiting."""
+    profile; else (a new machine, a profile started again, an unreadable one) learned waiting. The wait
+    is only worked out once the machine has been quiet for the usual warning point: before, it cannot
+    change a decision (and a busy machine's quiet start moves every sweep)."""
     if policy.time_of_day_wait_percent:
         profile, _ = parse_profile(profile_text)
+        if quiet < warn_point(policy) and usable(profile) and policy.adaptive_wait_max_minutes:
+            return LearnedWait()
         wait = time_of_day_wait(
             profile,
             began,

@@ -27,7 +27,7 @@ from testkit.aws import CountingStateStore, FakeAws
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)  # a Friday
 PREFIX = "/idle-reaper"
-POLICY = '{"idle_minutes": 60, "warn_minutes": 20, "human_active_minutes": 0'
+POLICY = '{"idle_minutes": 60, "warn_minutes": 20, "human_active_minutes": 0, "adaptive_wait_max_minutes": 120'
 
 
 def account(extra: str = "") -> FakeAws:
