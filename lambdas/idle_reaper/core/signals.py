@@ -227,16 +227,17 @@ def _human_activity(
 
 
 def _usage(
-    tracks: Sequence[_Track], user: Sequence[Point], now: datetime, period: timedelta
+    tracks: Sequence[_Track], highs: list[Point], user: Sequence[Point], now: datetime, period: timedelta
 ) -> tuple[tuple[int, ...], int | None]:
-    """What the usage profile learns from the datapoints fetched: the UTC hours of the busy ones (a
-    track at or above its threshold, or a person's input within the datapoint's own period, as the
+    """What the usage profile learns from the datapoints fetched: the UTC hours of the busy ones (`highs`:
+    a track at or above its threshold; or a person's input within the datapoint's own period, as the
     replay's truth counts it) and the UTC day of the newest datapoint."""
-    period_minutes = period.total_seconds() / 60
-    busy = [t for track in tracks for t, v in track.points if v >= track.threshold and t <= now]
-    busy.extend(t for t, v in user if 0 <= v < period_minutes and t <= now)
-    newest = max((track.points[-1][0] for track in tracks if track.points), default=None)
-    return epoch_hours(busy), None if newest is None else epoch_day(newest)
+    busy = [t for t, _ in highs]
+    if user:
+        period_minutes = period.total_seconds() / 60
+        busy.extend(t for t, v in user if 0 <= v < period_minutes and t <= now)
+    newest = max([track.points[-1][0] for track in tracks if track.points], default=None)
+    return epoch_hours(busy) if busy else (), None if newest is None else epoch_day(newest)
 
 
 def assess(
@@ -268,6 +269,7 @@ def assess(
         return [(t, v) for t, v in points if t + period > window_start and t <= now]
 
     maxima: dict[str, float | None] = {}
+    all_highs: list[Point] = []  # every busy datapoint fetched, for the usage profile
     latest_high: tuple[datetime, _Track, float] | None = None
     human, last_input, human_until = _human_activity(signals.user, policy, now, window_start, notes)
     interrupted_at: datetime | None = human_until  # end of the newest activity or data hole seen
@@ -275,6 +277,7 @@ def assess(
         windowed = in_window(track.points)
         maxima[track.label] = max((v for _, v in windowed), default=None)
         highs = [(t, v) for t, v in track.points if v >= track.threshold and t <= now]
+        all_highs += highs
         if highs:
             t_high, v_high = highs[-1]
             interrupted_at = max(interrupted_at or t_high, t_high + period)
@@ -312,7 +315,7 @@ def assess(
     observed_until = (
         min(track.points[-1][0] for track in tracks) + period if all(track.points for track in tracks) else None
     )
-    busy_hours, seen_day = _usage(tracks, signals.user, now, period)
+    busy_hours, seen_day = _usage(tracks, all_highs, signals.user, now, period)
     coverage = [_coverage(track.points, period, max_gap, now) for track in tracks]
     covered = [c[0] if c else None for c in coverage]
     for c in coverage:

@@ -246,8 +246,16 @@ def _usual_hour(profile: Profile, at: datetime, horizon: int) -> tuple[int, int,
 
 
 def epoch_hours(times: Iterable[datetime]) -> tuple[int, ...]:
-    """The distinct UTC hours since the epoch of these datapoints, oldest first (what observe() marks)."""
-    return tuple(sorted({int(t.timestamp()) // 3600 for t in times}))
+    """The distinct UTC hours since the epoch of these datapoints, oldest first (what observe() marks).
+    Read on every sweep: a datapoint in the same clock hour and day as the one before it (the usual case,
+    points come in time order) costs no timestamp."""
+    hours: set[int] = set()
+    last_hour = last_day = -1
+    for t in times:
+        if t.hour != last_hour or t.day != last_day:
+            hours.add(int(t.timestamp()) // 3600)
+            last_hour, last_day = t.hour, t.day
+    return tuple(sorted(hours))
 
 
 def epoch_day(at: datetime) -> int:
