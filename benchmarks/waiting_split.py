@@ -25,6 +25,8 @@ from typing import Any
 from idle_reaper.policy import TeamPolicy
 from idle_reaper_tools.replay import PolicySet, ReplayOptions, Trace, read_trace, replay
 from idle_reaper_tools.replay.report import time_halves
+from idle_reaper_tools.replay.simulate import STOPPED, simulate_fleet
+from idle_reaper_tools.replay.truth import classify
 
 ROOT = Path(__file__).resolve().parent.parent
 PEOPLE = ROOT / "testkit" / "sample-trace-people.csv.gz"
@@ -86,6 +88,29 @@ def tune(trace: Trace, grid: dict[str, tuple[int, ...]] = GRID) -> dict[str, Any
     return out
 
 
+def unstopped(trace: Trace, fields: dict[str, Any]) -> dict[str, int]:
+    """Quiet stretches (covered, below every threshold) that outlast the longest any wait may hold a stop
+    (idle_minutes + adaptive_wait_max_minutes, plus a period for the sweep) while the replayed machine is
+    never stopped in them: what a wait beyond what a sweep observes would leave. Should be 0."""
+    policy = TeamPolicy.model_validate({**TeamPolicy().model_dump(), **fields})
+    options = ReplayOptions(policies=PolicySet(default=policy), timeline=True)
+    bound = (policy.idle_minutes + (policy.adaptive_wait_max_minutes or 0)) * 60 // trace.period_seconds + 2
+    long_ones = left = 0
+    for series, (run, _) in zip(trace.series, simulate_fleet(trace, options, workers=None), strict=True):
+        quiet = classify(series, policy, trace.period_seconds, options.policies.gpu_families).quiet
+        timeline = run.timeline or bytearray()
+        start = None
+        for i in range(len(quiet) + 1):
+            if i < len(quiet) and quiet[i]:
+                start = i if start is None else start
+                continue
+            if start is not None and i - start > bound:
+                long_ones += 1
+                left += STOPPED not in timeline[start:i]
+            start = None
+    return {"stretches_longer_than_the_bound": long_ones, "left_unstopped": left}
+
+
 def fmt(f: dict[str, Any]) -> str:
     return (
         f"recovery {f['recovery_ratio']:.1%} stops {f['stops']} unwanted {f['unwanted_stop_share']:.1%} "
@@ -142,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tune", action="store_true")
     parser.add_argument("--pareto", action="store_true")
+    parser.add_argument("--unstopped", action="store_true", help="count long quiet stretches never stopped")
     parser.add_argument("--bitbrains", type=Path, default=BITBRAINS)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--json", type=Path)
@@ -158,6 +184,15 @@ def main(argv: list[str] | None = None) -> int:
         out["pareto"] = pareto({"Bitbrains": bitbrains, "sample with people": read_trace(PEOPLE)})
         if args.plot:
             plot(out["pareto"], args.plot)
+    if args.unstopped:
+        out["unstopped"] = {
+            name: unstopped(bitbrains, fields)
+            for name, fields in (
+                ("default policy", {}),
+                ("learned waiting, up to 240 min", {"time_of_day_wait_percent": 0, "adaptive_wait_max_minutes": 240}),
+            )
+        }
+        print(json.dumps(out["unstopped"]))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0
