@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +124,9 @@ def map_wall(durations: Sequence[float], lanes: int) -> float:
     return max(free)
 
 
-def run_size(size: int, seed: int, *, sleep: bool, shard_size: int = SHARD_SIZE) -> list[Measured]:
+def run_size(
+    size: int, seed: int, *, sleep: bool, shard_size: int = SHARD_SIZE, sweeps: Sequence[datetime] = SWEEPS
+) -> list[Measured]:
     """Each sweep as the stack runs it: the scheduled sweep plans; a fleet that fits one shard is swept in
     that invocation, a larger one goes to the state machine, whose Map runs a worker invocation per shard
     (SHARDS_AT_ONCE at a time) and then the gather step. Invocations are timed one by one (each is its own
@@ -140,7 +142,7 @@ def run_size(size: int, seed: int, *, sleep: bool, shard_size: int = SHARD_SIZE)
     model.install()
     results = []
     try:
-        for now in SWEEPS:
+        for now in sweeps:
             charged_before, requested_before, log_before = (
                 Counter(model.charged),
                 aws.cloudwatch.metrics_requested,
@@ -263,9 +265,36 @@ def state_transitions(shards: int) -> int:
     return 0 if shards == 1 else 3 + 2 * shards
 
 
+# The bill's steady state: an hour of 5-minute sweeps after the first look's warnings fell due. A machine is
+# read only when its decision can change (busy ones about hourly, each at its own point in the hour), so
+# one sweep is not every sweep: the bill averages the hour.
+STEADY_HOUR = tuple(T0 + timedelta(minutes=m) for m in range(35, 95, 5))
+
+
+def steady_hour(size: int, seed: int) -> Measured:
+    """One sweep as the average of the steady hour's sweeps (after the first look and the reaping)."""
+    runs = run_size(size, seed, sleep=False, sweeps=(*SWEEPS, *STEADY_HOUR))[len(SWEEPS) :]
+    n = len(runs)
+    return Measured(
+        calls=sum((r.calls for r in runs), Counter()),
+        charged_s={},
+        wall_s=sum(r.wall_s for r in runs) / n,
+        cpu_s=sum(r.cpu_s for r in runs) / n,
+        invocations=round(sum(r.invocations for r in runs) / n),
+        longest_s=max(r.longest_s for r in runs),
+        machines=size,
+        state_writes=round(sum(r.state_writes for r in runs) / n),
+        metrics_requested=round(sum(r.metrics_requested for r in runs) / n),
+        records_read=round(sum(r.records_read for r in runs) / n),
+        log_bytes=round(sum(r.log_bytes for r in runs) / n),
+        shards=max(r.shards for r in runs),
+        lambda_s=sum(r.lambda_s for r in runs) / n,
+    )
+
+
 def print_bill(steady: Measured) -> bool:
-    """The reaper's own monthly bill at the steady sweep's fleet size, 5-minute sweeps (every sweep priced as
-    the steady one, which most sweeps are), next to what the replay of the shipped sample trace saves there."""
+    """The reaper's own monthly bill at the steady hour's fleet size, 5-minute sweeps (every sweep priced as
+    the steady hour's average, which most sweeps are), next to what the replay of the sample trace saves."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import savings  # the replay benchmark: the real core over the sample trace
 
@@ -296,8 +325,11 @@ def print_bill(steady: Measured) -> bool:
         f" of the sample trace = ${per_machine_day:,.2f} a machine-day -> ${saved:,.0f} a month at {fleet:,}"
     )
     share = total / saved
+    per_machine = total / fleet
     print(f"  the reaper costs {share:.3%} of what it saves (target: under 1 %)")
-    return share < 0.01
+    print(f"  ${per_machine:.3f} per machine-month (target: at most $0.05 at 10,000 machines)")
+    print(f"  metrics read a sweep: {steady.metrics_requested:,} ({steady.metrics_requested / fleet:.2f} per machine)")
+    return share < 0.01 and (fleet != BILL_FLEET or per_machine <= 0.05)
 
 
 def check(size: int, seed: int) -> bool:
@@ -336,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         measured[size] = run_size(size, args.seed, sleep=False)
         ok = print_size(size, measured[size]) and ok
     for size in sorted({BILL_FLEET, max(measured, default=0)} & set(measured)):
-        ok = print_bill(measured[size][1]) and ok
+        ok = print_bill(steady_hour(size, args.seed)) and ok
     if args.check:
         ok = check(args.check, args.seed) and ok
     print("\nOK: every target met" if ok else "\nMISSED: see above")

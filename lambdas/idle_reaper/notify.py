@@ -32,6 +32,10 @@ class Delivery:
     group_ref: str | None = None
 
 
+class DeliveryUnknown(Exception):
+    """Whether a warning reached its owner cannot be told now (Slack could not be asked): the stop waits."""
+
+
 class PermanentDeliveryFailure(Exception):
     """A message that cannot be delivered for a reason that will not go away on its own (a channel the
     bot is not in, an archived channel, a message Slack refuses to build): retrying every sweep would
@@ -63,10 +67,27 @@ class Notifier(Protocol):
 
 
 @runtime_checkable
+class DeliveryFinder(Protocol):
+    """A notifier that can tell whether a warning whose outcome was lost reached its owner, and who an
+    Owner tag names (the sweep groups and addresses warnings by the person, not by the tag's spelling)."""
+
+    def find_warning(self, decision: Decision) -> Delivery | None:
+        """The warning's delivery as Slack shows it; None when it was never posted. Raises DeliveryUnknown
+        when that cannot be told now, PermanentDeliveryFailure when nobody can be warned."""
+        ...
+
+    def resolve_owner(self, owner: str | None) -> str | None:
+        """The Slack user an Owner tag names (a user id, or an email Slack knows); None when none."""
+        ...
+
+
+@runtime_checkable
 class OwnerNotifier(Protocol):
     """A notifier that can list several of one owner's machines in one message (core.owner_message_groups)."""
 
-    def warn_owner(self, decisions: Sequence[Decision]) -> list[Delivery | PermanentDeliveryFailure | None]:
+    def warn_owner(
+        self, decisions: Sequence[Decision], owner_id: str | None = None
+    ) -> list[Delivery | PermanentDeliveryFailure | None]:
         """One message (split only past Slack's limits) warning about every machine of `decisions`; for
         each machine, in order, what `Notifier.warn` would return for it, a PermanentDeliveryFailure
         returned rather than raised. A message that failed leaves every machine it lists undelivered."""
@@ -105,7 +126,9 @@ class LoggingNotifier:
         self._log("warning", decision)
         return Delivery() if self.delivers else None
 
-    def warn_owner(self, decisions: Sequence[Decision]) -> list[Delivery | PermanentDeliveryFailure | None]:
+    def warn_owner(
+        self, decisions: Sequence[Decision], owner_id: str | None = None
+    ) -> list[Delivery | PermanentDeliveryFailure | None]:
         """Like warn, once per message: `sent` gets one ("owner_warning", ids) entry per message."""
         self.sent.append(("owner_warning", ",".join(d.machine.instance_id for d in decisions)))
         for d in decisions:

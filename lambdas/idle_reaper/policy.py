@@ -442,6 +442,11 @@ class Settings(_Strict):
         None, description="Slack channel id where admin alerts (invalid policies, failed sweeps, alarms) are posted."
     )
     slack_command: SlashCommand = Field("/idle-reaper", description="The slash command.")
+    read_when_due: bool = Field(
+        True,
+        description="Read a machine only when its decision can change (busy machines about hourly); "
+        "false reads every machine at every sweep. Warnings and stops are the same either way.",
+    )
 
 
 class PolicyError(Exception):

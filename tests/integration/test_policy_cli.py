@@ -361,6 +361,14 @@ def test_status_shows_the_lifecycle_with_owner_snooze_and_next_action(quiet_flee
     assert short["snoozed_until"] == (NOW + timedelta(hours=2)).isoformat()
     assert short["next_at"] == short["snoozed_until"]
     assert busy["state"] == "active" and busy["next_action"] == "warn after 60 min quiet"
+    # When each machine was read and when it next must be: a busy one about hourly, a warned one every sweep.
+    assert busy["last_read"] == NOW.isoformat() and busy["next_read_why"].startswith("busy until")
+    assert NOW < datetime.fromisoformat(busy["next_read"]) <= NOW + timedelta(hours=1)
+    assert (long["last_read"], long["next_read"], long["next_read_why"]) == (
+        NOW.isoformat(),
+        None,
+        "read at every sweep",
+    )
 
     code, out, _ = run(capsys, "status", "--owner", "BOB@example.com", "--now", NOW.isoformat())
     lines = out.splitlines()

@@ -127,3 +127,47 @@ def test_later_answers_and_stops_edit_the_shared_message(bobs, slack, clock):  #
     assert silent(click("U0BOB", "start_again", record(bobs["nb2"]).warning_ref))
     assert local.instance_states([bobs["nb2"], bobs["nb3"]]) == {bobs["nb2"]: "running", bobs["nb3"]: "stopped"}
     assert "started" in json.dumps(message(slack)["blocks"]) and len(slack.calls_to("chat.postMessage")) == 1
+
+
+@pytest.mark.parametrize("first", [" bob@example.com ", "U0BOB", "BOB@example.com"])
+def test_one_person_spelled_two_ways_gets_one_message_and_no_machine_is_marked_undeliverable(
+    aws,
+    slack,
+    clock,  # noqa: F811
+    first,
+):
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    slack.users_by_email["bob@example.com"] = "U0BOB"
+    ids = [
+        local.launch(name, "g5.xlarge", team="ml", launch_time=at(8), owner=owner)
+        for name, owner in (("spelled", first), ("plain", "bob@example.com"))
+    ]
+    for instance_id in ids:
+        local.write_metrics(instance_id, idle, at(11), at(23))
+    report = sweep(T0)
+    assert {d.action for d in report.decisions} == {Action.WARN}
+    (post,) = slack.calls_to("chat.postMessage")
+    assert post.params["channel"] == "D0BOB" and all(i in json.dumps(post.params["blocks"]) for i in ids)
+    for instance_id in ids:
+        stored = record(instance_id)
+        assert stored.warning_delivered_at == T0 and stored.delivery_error is None
+        assert stored.owner_slack_id == "U0BOB"
+
+
+def test_a_machine_whose_owner_does_not_resolve_is_never_hidden_in_another_owners_message(
+    aws,
+    slack,
+    clock,  # noqa: F811
+):
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    slack.users_by_email["bob@example.com"] = "U0BOB"
+    bob = local.launch("bobs", "g5.xlarge", team="ml", launch_time=at(8), owner="bob@example.com")
+    ghost = local.launch("ghosts", "g5.xlarge", team="ml", launch_time=at(8), owner="bob@example.org")
+    other = local.launch("bobs2", "g5.xlarge", team="ml", launch_time=at(8), owner="Bob@Example.com")
+    for instance_id in (bob, ghost, other):
+        local.write_metrics(instance_id, idle, at(11), at(23))
+    sweep(T0)
+    (post,) = slack.calls_to("chat.postMessage")
+    assert ghost not in json.dumps(post.params["blocks"])
+    assert record(ghost).delivery_error and "not a Slack user" in record(ghost).delivery_error
+    assert record(bob).warning_delivered_at == T0 and record(other).warning_delivered_at == T0

@@ -116,3 +116,73 @@ def test_the_state_table_replaces_a_lookup_only_over_what_was_read(aws: object) 
     assert store.get_lookup("quiet-stops", now) == "b"
     assert not store.replace_lookup("quiet-stops", "c", later, expected="b", now=later), "expired: not 'b' any more"
     assert store.replace_lookup("quiet-stops", "c", later + timedelta(days=1), expected=None, now=later)
+
+
+def test_a_warning_recorded_in_quiet_hours_is_sent_when_they_end_and_the_stop_waits_for_it(
+    aws,
+    slack,
+    clock,  # noqa: F811
+):
+    """Quiet hours 22:00-07:00; the warning point falls at 06:50 (recorded silently), the stop would have
+    come at 07:10: no longer a quiet-hours stop, so nothing would ever have told the owner."""
+    nights = {"name": "nights", "days": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]}
+    nights |= {"start": "22:00", "end": "07:00", "quiet_hours": True}
+    policy = local.team_policy_json(idle_minutes=60, warn_minutes=20, timezone="UTC", schedules=[nights])
+    local.init_account(teams={"ml": policy})
+    slack.users_by_email["bob@example.com"] = "U0BOB"
+    morning = at(23) + timedelta(hours=8)  # 07:00 the next day
+    box = local.launch("nb", "g5.xlarge", team="ml", launch_time=at(8), owner="bob@example.com")
+    quiet_from = morning - timedelta(minutes=50)  # 06:10
+    local.write_metrics(
+        box, lambda t: (60.0, 90.0) if t < quiet_from else (1.0, 0.0), at(20), morning + timedelta(hours=1)
+    )
+
+    def at_minutes(minutes: int):
+        clock["t"] = morning + timedelta(minutes=minutes)
+        (d,) = sweep(clock["t"]).decisions
+        return d
+
+    assert at_minutes(-30).state is State.IDLE
+    held = at_minutes(-10)  # 06:50: the warning point, under quiet hours
+    assert held.action is Action.WARN and "quiet hours" in held.reason
+    assert not slack.calls_to("chat.postMessage") and record(box).warning_held
+    sent = at_minutes(0)  # 07:00: quiet hours are over, the stop is still ahead
+    assert sent.deliver_warning or record(box).warning_delivered_at == morning
+    posts = [c for c in slack.calls_to("chat.postMessage") if "Idle machine" in c.params["text"]]
+    assert [c.params["channel"] for c in posts] == ["D0BOB"]
+    assert record(box).warning_delivered_at == morning and not record(box).warning_held
+    assert at_minutes(10).action is Action.NONE, "not at 07:10: warn_minutes from the delivery at 07:00"
+    assert local.instance_states([box])[box] == "running"
+    stopped = at_minutes(20)
+    assert stopped.action is Action.STOP
+    updates = [c for c in slack.calls_to("chat.update") if c.params["text"].startswith("Stopped")]
+    assert [u.params["channel"] for u in updates] == ["D0BOB"], "the stop is told in the warning's message"
+
+
+def test_a_stop_with_no_message_to_edit_is_told_in_a_message_of_its_own_with_start_again(
+    aws,
+    slack,
+    clock,  # noqa: F811
+):
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    slack.users_by_email["bob@example.com"] = "U0BOB"
+    box = local.launch("nb", "g5.xlarge", team="ml", launch_time=at(8), owner="bob@example.com")
+    local.write_metrics(box, idle, at(11), at(23))
+    slack.errors["chat.postMessage"] = "internal_error"  # Slack refuses every post for hours
+    now = at(14)
+    while True:
+        clock["t"] = now
+        (d,) = sweep(now).decisions
+        if d.action is Action.STOP:
+            break
+        assert now < at(14) + timedelta(hours=5), d.reason
+        now += timedelta(minutes=55)
+        if now >= at(14) + timedelta(minutes=240):
+            slack.errors.clear()  # Slack is back just before the stop
+    assert "never delivered" in d.reason, "the documented Slack-unreachable exception, recorded as such"
+    told = [c for c in slack.calls_to("chat.postMessage") if c.params["text"].startswith("Stopped")]
+    assert [c.params["channel"] for c in told] == ["D0BOB"]
+    blocks = json.dumps(told[0].params["blocks"])
+    assert "start_again" in blocks and "saves" in blocks
+    stored = record(box)
+    assert stored.messages == (f"D0BOB|{told[0].params['_ts']}",), "later edits (Start it again) find it"

@@ -180,7 +180,7 @@ class TableDownAfterPosting(SlackNotifier):
         return delivery
 
 
-def test_a_warning_whose_outcome_was_lost_is_not_posted_again_and_still_holds_the_stop(
+def test_a_warning_whose_outcome_was_lost_is_found_delivered_and_stopped_on_time_with_its_notice(
     notebook: str, slack: Any
 ) -> None:
     clock = Clock()
@@ -194,26 +194,75 @@ def test_a_warning_whose_outcome_was_lost_is_not_posted_again_and_still_holds_th
     store = dynamo_store(clock)
     stored = store.load([notebook])[notebook]
     assert stored.warning_post_started_at == T0 and stored.warning_delivered_at is None, "the intent was recorded"
+    assert stored.warning_ref, "with the buttons' reference: they work the moment the message exists"
+    posted = [c for c in slack.calls_to("chat.postMessage") if "Idle machine" in c.params["text"]]
+    assert all(c.params["metadata"]["event_payload"]["refs"] == [stored.warning_ref] for c in posted)
 
     blocked = only(run_sweep(adapters(store), now=T0 + timedelta(minutes=5)))
     assert blocked.error and "another sweep is handling this machine" in blocked.error, "the claim still holds"
 
     clock.now += aws.SWEEP_LEASE  # the first sweep's claim lapses
-    later = only(run_sweep(adapters(store), now=T0 + timedelta(minutes=25)))
-    assert later.error is None and later.action.value == "none", "idle past its window, but no stop yet"
-    assert "not sent again" in later.reason and "delivery unknown" in later.reason
-    assert store.load([notebook])[notebook].delivery_error.startswith("delivery unknown")
-    run_sweep(adapters(store), now=T0 + timedelta(minutes=30))
+    found = only(run_sweep(adapters(store), now=T0 + timedelta(minutes=10)))
+    assert "the warning was found delivered at 14:00 UTC" in found.reason and found.error is None
+    resolved = store.load([notebook])[notebook]
+    assert resolved.warning_delivered_at == T0 and resolved.warning_post_started_at is None
+    assert sorted(m.split("|")[0] for m in resolved.messages) == ["C0MLTEAM", "D0BOB"]
+    assert len(slack.calls_to("conversations.history")) >= 1
 
-    assert sorted(warnings_posted(slack)) == ["C0MLTEAM", "D0BOB"], "never posted a second time"
-    (alert,) = admin_alerts(slack)
-    assert notebook in alert and "delivery unknown" in alert
-    assert local.instance_states([notebook]) == {notebook: "running"}, "the stop waits as for an undelivered warning"
-
-    reaped = hold_until_reaped(lambda now: only(run_sweep(adapters(store), now=now)), T0 + timedelta(minutes=30))
-    assert reaped.error is None and "never delivered" in reaped.reason
+    stop = only(run_sweep(adapters(store), now=T0 + timedelta(minutes=20)))  # warn_minutes after delivery
+    assert stop.action.value == "stop" and "never delivered" not in stop.reason
     assert local.instance_states([notebook]) == {notebook: "stopped"}
-    assert len(admin_alerts(slack)) == 1
+    assert sorted(warnings_posted(slack)) == ["C0MLTEAM", "D0BOB"], "never posted a second time"
+    assert sorted(stopped_updates(slack)) == ["C0MLTEAM", "D0BOB"], "the stop is told where the warning was"
+    assert admin_alerts(slack) == []
+
+
+class DiesAfterClaiming(SlackNotifier):
+    """The sweep claims the machine (the intent to post is written) and dies before posting anything."""
+
+    def warn(self, decision: Decision) -> Delivery | None:
+        raise SystemExit("the Lambda timed out")
+
+
+def test_a_warning_claimed_but_never_posted_is_posted_by_the_next_sweep_not_assumed_delivered(
+    notebook: str, slack: Any
+) -> None:
+    clock = Clock()
+    store = dynamo_store(clock)
+    with pytest.raises(SystemExit):
+        run_sweep(adapters(store, DiesAfterClaiming(make_client("xoxb-test", 5), store)), now=T0)
+    assert warnings_posted(slack) == []
+    assert store.load([notebook])[notebook].warning_post_started_at == T0
+    clock.now += aws.SWEEP_LEASE
+    later = only(run_sweep(adapters(store), now=T0 + timedelta(minutes=5)))
+    assert later.error is None and "delivery unknown" not in later.reason
+    assert sorted(warnings_posted(slack)) == ["C0MLTEAM", "D0BOB"], "Slack showed no such post: posted now"
+    record = store.load([notebook])[notebook]
+    assert record.warning_delivered_at == T0 + timedelta(minutes=5)
+    # The owner gets warn_minutes from this delivery, not from the claim.
+    assert only(run_sweep(adapters(store), now=T0 + timedelta(minutes=20))).action.value == "none"
+    assert only(run_sweep(adapters(store), now=T0 + timedelta(minutes=25))).action.value == "stop"
+
+
+def test_a_lost_outcome_that_slack_cannot_be_asked_about_holds_the_stop_and_is_never_posted_twice(
+    notebook: str, slack: Any
+) -> None:
+    clock = Clock()
+    table = FailingStateWrites(aws_client("dynamodb"))
+    failing = dynamo_store(clock, table)
+    run_sweep(adapters(failing, TableDownAfterPosting(failing, table)), now=T0)
+    table.failing = False
+    store = dynamo_store(clock)
+    clock.now += aws.SWEEP_LEASE
+    slack.errors["conversations.history"] = "internal_error"
+    later = only(run_sweep(adapters(store), now=T0 + timedelta(minutes=25)))
+    assert later.action.value == "none" and "delivery unknown" in later.reason and "no stop until" in later.reason
+    assert sorted(warnings_posted(slack)) == ["C0MLTEAM", "D0BOB"], "not posted again while it cannot be told"
+    assert local.instance_states([notebook]) == {notebook: "running"}
+    slack.errors.clear()
+    run_sweep(adapters(store), now=T0 + timedelta(minutes=30))
+    assert store.load([notebook])[notebook].warning_delivered_at == T0, "resolved once Slack answers"
+    assert sorted(warnings_posted(slack)) == ["C0MLTEAM", "D0BOB"]
 
 
 # ---------------------------------------------------------------------------------------------

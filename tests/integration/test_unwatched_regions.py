@@ -42,11 +42,11 @@ def test_running_instances_in_regions_without_a_stack_are_counted(aws: object) -
         lambda region: aws_module.client("ec2", region), ["us-east-1", "eu-west-1"], TagKeys()
     )
 
-    assert counts == [aws_module.RegionCount("eu-north-1", running=2, opted_in=1)]
+    assert counts == ([aws_module.RegionCount("eu-north-1", running=2, opted_in=1)], [])
     everything = aws_module.count_unwatched(
         lambda region: aws_module.client("ec2", region), ["us-east-1", "eu-west-1"], TagKeys(managed=None)
     )
-    assert everything == [aws_module.RegionCount("eu-north-1", running=2, opted_in=2)]
+    assert everything == ([aws_module.RegionCount("eu-north-1", running=2, opted_in=2)], [])
 
 
 def test_watched_regions_are_home_and_the_listed_ones(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,6 +102,7 @@ def test_the_first_listed_region_counts_once_a_day_and_tells_the_admins(
     assert aws_module.last_unwatched(adapters.store, morning) == (
         morning,
         [aws_module.RegionCount("eu-north-1", running=2, opted_in=1)],
+        [],
     )
     # Every later sweep of the day neither counts nor alerts again; the next day counts (the alert is weekly).
     assert report_unwatched_regions(adapters, ec2_in, "us-east-1", morning + timedelta(hours=6)) == []
@@ -128,5 +129,69 @@ def test_a_failed_count_changes_nothing_and_is_tried_again(
     (line,) = report_unwatched_regions(adapters, denied, "us-east-1", morning)
     assert "could not count" in line and "UnauthorizedOperation" in line
     assert aws_module.last_unwatched(adapters.store, morning) is None, "nothing saved"
-    retried = report_unwatched_regions(adapters, lambda r: aws_module.client("ec2", r), "us-east-1", morning)
+    ec2_in = lambda r: aws_module.client("ec2", r)  # noqa: E731
+    soon = morning + timedelta(minutes=5)
+    assert report_unwatched_regions(adapters, ec2_in, "us-east-1", soon) == [], "not retried every sweep"
+    retried = report_unwatched_regions(adapters, ec2_in, "us-east-1", morning + timedelta(hours=1))
     assert retried == ["eu-north-1 has no idle-reaper stack: 1 running instances, 1 tagged for idle-reaper"]
+
+
+def test_a_denied_region_is_skipped_and_named_and_the_rest_is_counted(
+    aws: object, slack: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from botocore.exceptions import ClientError
+
+    from idle_reaper.sweep import report_unwatched_regions
+    from idle_reaper_tools import cli
+
+    monkeypatch.delenv("IDLE_REAPER_REGIONS", raising=False)
+    local.init_account()
+    run_in("eu-north-1", {"Team": "ml", "idle-reaper:managed": "true"})
+    adapters = sweep_adapters()
+    morning = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
+    calls: list[str] = []
+
+    def scp_denies_eu_west_3(region: str) -> Any:
+        calls.append(region)
+        client = aws_module.client("ec2", region)
+        if region == "eu-west-3":  # EC2's answer under a service control policy that denies the region
+            message = "You are not authorized to perform this operation. User: ... with an explicit deny"
+            error = ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": message}}, "DescribeInstances")
+            client.meta.events.register("before-call.ec2.DescribeInstances", lambda **kw: (_ for _ in ()).throw(error))
+        return client
+
+    lines = report_unwatched_regions(adapters, scp_denies_eu_west_3, "us-east-1", morning)
+    assert "eu-north-1 has no idle-reaper stack: 1 running instances, 1 tagged for idle-reaper" in lines
+    assert any("eu-west-3" in line and "may not look there" in line for line in lines)
+    counted, counts, denied = aws_module.last_unwatched(adapters.store, morning)
+    assert counted == morning
+    assert denied == ["eu-west-3"] and [c.region for c in counts] == ["eu-north-1"]
+    before = len(calls)
+    assert report_unwatched_regions(adapters, scp_denies_eu_west_3, "us-east-1", morning + timedelta(hours=3)) == []
+    assert len(calls) == before, "counted today: no retry storm"
+    assert cli.main(["status", "--now", morning.isoformat()]) == 0
+    assert "may not look there (a service control policy?): eu-west-3" in capsys.readouterr().out
+
+
+def test_a_throttled_count_never_takes_the_sweep_down(aws: object, slack: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from botocore.exceptions import ClientError
+
+    from idle_reaper.handlers import sweep as sweep_handler
+    from idle_reaper_tools.fake_slack import LambdaContextStub
+
+    monkeypatch.delenv("IDLE_REAPER_REGIONS", raising=False)
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    box = run_in("us-east-1", {"Team": "ml", "idle-reaper:managed": "true"})
+    real = aws_module.DynamoStateStore.claim_once
+
+    def throttled(self: Any, key: str, at: datetime) -> bool:
+        if key.startswith("unwatched-regions#"):
+            error = {"Code": "ProvisionedThroughputExceededException", "Message": "Rate of requests exceeds"}
+            raise ClientError({"Error": error}, "PutItem")
+        return real(self, key, at)
+
+    monkeypatch.setattr(aws_module.DynamoStateStore, "claim_once", throttled)
+    result = sweep_handler.handler({}, LambdaContextStub())
+    assert result["machines"] == 1 and result["errors"] == 0
+    store = aws_module.DynamoStateStore(aws_module.client("dynamodb"), aws_module.table_name())
+    assert box in store.load([box]), "the machine was swept"

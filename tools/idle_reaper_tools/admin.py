@@ -20,6 +20,7 @@ from typing import Any
 
 from idle_reaper import aws
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
+from idle_reaper.core.reading import parse_next_read
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import (
     PolicyError,
@@ -607,6 +608,10 @@ def status_rows(
                 "delivery_error": record.delivery_error if record.state is State.WARNED else None,
                 # The human-activity signal the last sweep saw, when the team's policy uses it.
                 "human_signal": describe_human_signal(record.human_signal) or None,
+                # When a sweep last read its metrics, and when the next one must (core/reading.py).
+                "last_read": record.observed_at.isoformat() if record.observed_at else None,
+                "next_read": next_read.isoformat() if (next_read := parse_next_read(record.next_read_at)) else None,
+                "next_read_why": record.next_read_why if next_read else "read at every sweep",
             }
         )
     for machine in machines.values():
@@ -628,6 +633,9 @@ def status_rows(
                     "updated_at": None,
                     "delivery_error": None,
                     "human_signal": None,
+                    "last_read": None,
+                    "next_read": None,
+                    "next_read_why": "read at the next sweep",
                 }
             )
     return sorted(rows, key=lambda r: (r["team"], r["instance_id"]))
@@ -640,9 +648,26 @@ def _when(text: str | None, now: datetime) -> str:
     return "next sweep" if when <= now else _fmt_time(when)
 
 
+def _reads(row: dict[str, Any], now: datetime) -> str:
+    last = _fmt_time(datetime.fromisoformat(row["last_read"])) if row["last_read"] else "never"
+    return f"{last}, {_when(row['next_read'], now) if row['next_read'] else 'every sweep'}"
+
+
 def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
     table = _table(
-        ("INSTANCE", "NAME", "TEAM", "OWNER", "STATE", "IDLE SINCE", "KEPT UNTIL (BY)", "NEXT", "PERSON", "REASON"),
+        (
+            "INSTANCE",
+            "NAME",
+            "TEAM",
+            "OWNER",
+            "STATE",
+            "IDLE SINCE",
+            "KEPT UNTIL (BY)",
+            "NEXT",
+            "PERSON",
+            "READ (LAST, NEXT)",
+            "REASON",
+        ),
         (
             (
                 r["instance_id"],
@@ -656,6 +681,7 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
                 else "-",
                 f"{r['next_action']}" + (f" at {_when(r['next_at'], now)}" if r["next_at"] else ""),
                 r["human_signal"] or "-",
+                _reads(r, now),
                 f"WARNING UNDELIVERABLE: {r['delivery_error']}. {r['reason']}" if r["delivery_error"] else r["reason"],
             )
             for r in rows
@@ -664,13 +690,19 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
     return f"status at {_fmt_time(now)} UTC (times in UTC)\n{table}"
 
 
-def format_unwatched(counted_at: datetime, counts: Sequence[aws.RegionCount]) -> str:
+def format_unwatched(counted_at: datetime, counts: Sequence[aws.RegionCount], denied: Sequence[str] = ()) -> str:
     """Regions no stack watches: their running machines are never looked at."""
+    skipped = (
+        f"\n  not counted, this account may not look there (a service control policy?): {', '.join(denied)}"
+        if denied
+        else ""
+    )
     if not counts:
-        return f"Every region with running machines has an idle-reaper stack (counted {counted_at:%Y-%m-%d %H:%M} UTC)."
+        when = f"counted {counted_at:%Y-%m-%d %H:%M} UTC"
+        return f"Every region with running machines has an idle-reaper stack ({when}).{skipped}"
     lines = [f"Regions without an idle-reaper stack (counted {counted_at:%Y-%m-%d %H:%M} UTC), never swept:"]
     lines += [f"  {c.region}: {c.running} running, {c.opted_in} tagged for idle-reaper" for c in counts]
-    return "\n".join(lines)
+    return "\n".join(lines) + skipped
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -697,10 +729,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             for row in rows:
                 print(json.dumps(row, sort_keys=True))
             if unwatched:
-                counted_at, counts = unwatched
+                counted_at, counts, denied = unwatched
+                regions = [c.__dict__ for c in counts]
                 print(
                     json.dumps(
-                        {"unwatched_regions": [c.__dict__ for c in counts], "counted_at": counted_at.isoformat()}
+                        {"unwatched_regions": regions, "denied_regions": denied, "counted_at": counted_at.isoformat()}
                     )
                 )
         else:

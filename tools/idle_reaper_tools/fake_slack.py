@@ -38,7 +38,7 @@ class FakeSlack:
     # Slack error codes to answer, by "method" or "method target" (target: the channel, or the user of
     # conversations.open), e.g. {"chat.postMessage C0MLTEAM": "not_in_channel"}
     errors: dict[str, str] = field(default_factory=dict)
-    _ts: float = 1_700_000_000.0
+    _ts: float = field(default_factory=time.time)  # message ts are real times, as Slack's are
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
@@ -98,6 +98,8 @@ class FakeSlack:
             params["_ts"] = ts  # the recorded call shares this dict: tests can see which ts it got
             self.messages[(channel, ts)] = params
             return {"ok": True, "channel": channel, "ts": ts}
+        if method == "conversations.history":
+            return self._history(params)
         if method == "chat.update":
             key = (str(params.get("channel")), str(params.get("ts")))
             if key not in self.messages:
@@ -107,6 +109,38 @@ class FakeSlack:
         if method == "chat.postEphemeral":
             return {"ok": True, "message_ts": f"{time.time():.6f}"}
         return {"ok": False, "error": "unknown_method"}
+
+    def _history(self, params: dict[str, Any]) -> dict[str, Any]:
+        """conversations.history as Slack documents it: a channel's messages newest first, between `oldest`
+        and `latest` (exclusive), `limit` a page (at most 999) with a next_cursor, and each message's
+        `metadata` ({event_type, event_payload}) only when include_all_metadata is true."""
+        channel = str(params.get("channel", ""))
+        if not channel:
+            return {"ok": False, "error": "channel_not_found"}
+        oldest = float(params.get("oldest") or 0)
+        latest = float(params.get("latest") or "inf")
+        limit = max(1, min(999, int(params.get("limit") or 100)))
+        start = int(params.get("cursor") or 0)
+        with_metadata = str(params.get("include_all_metadata", "")).lower() in ("true", "1")
+        found = sorted(
+            ((ts, m) for (c, ts), m in self.messages.items() if c == channel and oldest < float(ts) < latest),
+            key=lambda pair: float(pair[0]),
+            reverse=True,
+        )
+        page = found[start : start + limit]
+        messages = []
+        for ts, m in page:
+            message: dict[str, Any] = {"type": "message", "ts": ts, "text": m.get("text", "")}
+            if with_metadata and isinstance(m.get("metadata"), dict):
+                message["metadata"] = m["metadata"]
+            messages.append(message)
+        more = start + limit < len(found)
+        return {
+            "ok": True,
+            "messages": messages,
+            "has_more": more,
+            "response_metadata": {"next_cursor": str(start + limit) if more else ""},
+        }
 
 
 def _handler(fake: FakeSlack) -> type[BaseHTTPRequestHandler]:
@@ -123,9 +157,16 @@ def _handler(fake: FakeSlack) -> type[BaseHTTPRequestHandler]:
                 params = json.loads(raw or "{}")
             else:
                 params = {k: v[-1] for k, v in urllib.parse.parse_qs(raw).items()}
-                for key in ("blocks", "attachments"):
+                for key in ("blocks", "attachments", "metadata"):
                     if isinstance(params.get(key), str):
                         params[key] = json.loads(params[key])
+            status, headers, body = fake.answer(method, params)
+            self._send(status, {"Content-Type": "application/json", **headers}, json.dumps(body).encode())
+
+        def do_GET(self) -> None:  # the read methods slack-sdk sends as GET (conversations.history)
+            path, _, query = self.path.partition("?")
+            method = path.rstrip("/").rsplit("/", 1)[-1]
+            params: dict[str, Any] = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
             status, headers, body = fake.answer(method, params)
             self._send(status, {"Content-Type": "application/json", **headers}, json.dumps(body).encode())
 

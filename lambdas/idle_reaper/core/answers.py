@@ -97,6 +97,7 @@ def snooze(record: MachineRecord, policy: TeamPolicy, user: str, until: datetime
         snoozes_today=used + 1,
         reason=keep.explain({"user": user, "until": until.isoformat()}),
         updated_at=now,
+        next_read_at="",  # an answer makes the machine due at once (core/reading.py)
     )
 
 
@@ -114,6 +115,7 @@ def stopped_by_person(
         warning_ref=start_ref,
         reason=stop_now.explain({"action": action.value, "user": user}),
         updated_at=now,
+        next_read_at="",
     )
 
 
@@ -136,4 +138,5 @@ def started_by_person(record: MachineRecord, user: str, now: datetime) -> Machin
         last_action_at=now,
         reason=start_again.explain({"user": user}),
         updated_at=now,
+        next_read_at="",
     )

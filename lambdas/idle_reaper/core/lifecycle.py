@@ -40,6 +40,8 @@ class Decision:
         why = self.assessment.why_quiet if self.assessment else self.reason
         return f"{why}; {self.waited}" if self.waited else why
 
+    read: bool = True  # False: not read this sweep (core/reading.py); nothing happens, the record stays
+
     @property
     def action_label(self) -> str:
         if self.action is Action.NONE:
@@ -292,7 +294,7 @@ def _carried_over(
     starts its profile again)."""
     profile = record.usage_profile if record.team == machine.team else ""
     if assessment is not None:
-        profile, _ = observe_text(profile, assessment.seen_day, assessment.busy_hours)
+        profile, _ = observe_text(profile, assessment.usage.seen_day, assessment.usage.busy_hours)
     return replace(
         record,
         team=machine.team,
@@ -427,8 +429,9 @@ def _warning_due(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, stret
     )
     notes = ""
     if policy.quiet_hours:
-        # Recorded, not sent; counted as delivered so the stop follows warn_minutes later as usual.
-        record = replace(record, warning_delivered_at=now)
+        # Recorded, not sent; counted as delivered while quiet hours last, so the stop follows warn_minutes
+        # later as usual (and is summarised when they end). Still ahead when they end: sent then.
+        record = replace(record, warning_delivered_at=now, warning_held=True)
         notes = " (quiet hours: warning recorded, not sent)"
     fields = {
         "quiet": stretch.quiet,
@@ -450,6 +453,12 @@ def _after_warning(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, str
     the time it announced. An undelivered warning holds the stop for undelivered_warning_max_minutes."""
     assert assessment.quiet_since is not None
     record, now = seen.record, seen.now
+    if stretch.warned and record.warning_held and not policy.quiet_hours:
+        # Quiet hours are over and the stop is still ahead: the warning recorded silently is sent now, as a
+        # warning of its own, and the stop waits warn_minutes from its delivery.
+        record = replace(record, warned_at=now, warning_delivered_at=None, warning_held=False)
+        base = replace(stretch.record, warned_at=now, warning_delivered_at=None, warning_held=False)
+        stretch = replace(stretch, record=base)
     undelivered_ok = False
     if stretch.warned:
         assert record.warned_at is not None

@@ -89,6 +89,13 @@ class MachineRecord:
     group_ref: str | None = None
     # When the sweep stopped it during its team's quiet hours, until its owner is told (quiet_hours_reports).
     quiet_stop_at: datetime | None = None
+    # The current warning was recorded silently under quiet hours (counted as delivered while they last);
+    # if its stop is still ahead when they end, it is sent then and the stop waits warn_minutes from that.
+    warning_held: bool = False
+    # When the sweep must next read this machine (ISO-8601 UTC; "": at the next sweep) and why not before
+    # (core/reading.py). Text, not a date: a corrupt value means "read now", never an unreadable record.
+    next_read_at: str = ""
+    next_read_why: str = ""
 
 
 # ---------------------------------------------------------------------------------------------

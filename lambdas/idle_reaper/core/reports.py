@@ -4,7 +4,7 @@ message, and what quiet hours report."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -108,16 +108,21 @@ def owner_key(owner: str | None) -> str:
     return (owner or "").strip().lower()
 
 
-def owner_message_groups(decisions: Sequence[Decision]) -> list[list[Decision]]:
+def owner_message_groups(
+    decisions: Sequence[Decision], owners: Mapping[str, str | None] | None = None
+) -> list[list[Decision]]:
     """The warnings due in one sweep, one list per message. An owner's machines whose warnings go to the
     same places (the owner's DM, and the same team channel when the policy posts there) share a message,
-    across teams; a channel so only ever lists its own team's machines. A machine without an Owner tag or
-    a policy is alone, and so is every decision that posts no warning. Order: first appearance."""
+    across teams; a channel so only ever lists its own team's machines. `owners`: each machine's owner as
+    resolved from its own tag (the person, whatever the tag's spelling); a machine whose owner does not
+    resolve is alone, never listed in another's message. Without it the tag, normalised, is the owner. A
+    machine without an owner or a policy is alone, and so is every decision that posts no warning. Order:
+    first appearance."""
     groups: dict[tuple[str, str, str | None], list[Decision]] = {}
     alone: list[list[Decision]] = []
     for d in decisions:
         policy = d.policy.policy if d.policy else None
-        owner = owner_key(d.machine.owner)
+        owner = owner_key(d.machine.owner) if owners is None else (owners.get(d.machine.instance_id) or "")
         if not d.deliver_warning or not owner or policy is None:
             alone.append([d])
             continue

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from idle_reaper.core.time_of_day import epoch_day, epoch_hours
+from idle_reaper.core.time_of_day import UsageMarks, epoch_day, epoch_hours
 from idle_reaper.policy import TeamPolicy
 
 Signal = Literal["busy", "idle", "unknown"]
@@ -74,10 +74,13 @@ class Assessment:
     # The human-activity signal: a person active within human_active_minutes, none, no usable data,
     # or "off" (the policy ignores it).
     human_signal: Literal["active", "quiet", "missing", "off"] = "off"
-    # For the machine's usage profile (core/time_of_day.py): the UTC hours (since the epoch) of the busy
-    # datapoints fetched, and the UTC day of the newest datapoint (None: no data).
-    busy_hours: tuple[int, ...] = ()
-    seen_day: int | None = None
+    # For the machine's usage profile (core/time_of_day.py): what the datapoints fetched say. Frozen: one
+    # default serves all.
+    usage: UsageMarks = UsageMarks()  # noqa: RUF009
+    # A series the machine is judged on that has no datapoint at all in the fetched range (say, a GPU
+    # machine without the agent): unknown until it reports, and no warning before it has reported quiet
+    # for a warning point (core/reading.py reads such a machine less often).
+    missing_series: bool = False
 
     @property
     def why_quiet(self) -> str:
@@ -197,6 +200,7 @@ def _tracks(
                 f"GPU instance {machine.instance_type} reports no GPU metrics; "
                 "policy missing_gpu_metrics=busy never treats it as idle",
                 uses_gpu=True,
+                missing_series=True,
             )
         notes.append("no GPU metrics, judged on CPU alone (missing_gpu_metrics=cpu_only)")
     if policy.network_threshold_bytes_per_second is not None:
@@ -228,7 +232,7 @@ def _human_activity(
 
 def _usage(
     tracks: Sequence[_Track], highs: list[Point], user: Sequence[Point], now: datetime, period: timedelta
-) -> tuple[tuple[int, ...], int | None]:
+) -> UsageMarks:
     """What the usage profile learns from the datapoints fetched: the UTC hours of the busy ones (`highs`:
     a track at or above its threshold; or a person's input within the datapoint's own period, as the
     replay's truth counts it) and the UTC day of the newest datapoint."""
@@ -237,7 +241,7 @@ def _usage(
         period_minutes = period.total_seconds() / 60
         busy.extend(t for t, v in user if 0 <= v < period_minutes and t <= now)
     newest = max([track.points[-1][0] for track in tracks if track.points], default=None)
-    return epoch_hours(busy) if busy else (), None if newest is None else epoch_day(newest)
+    return UsageMarks(epoch_hours(busy) if busy else (), None if newest is None else epoch_day(newest))
 
 
 def assess(
@@ -284,7 +288,7 @@ def assess(
             if t_high + period > window_start and (latest_high is None or t_high > latest_high[0]):
                 latest_high = (t_high, track, v_high)
 
-    def result(signal: Signal, reason: str, since: datetime | None) -> Assessment:
+    def result(signal: Signal, reason: str, since: datetime | None, *, missing: bool = False) -> Assessment:
         if notes:
             reason = f"{reason} ({'; '.join(notes)})"
         summary = ""
@@ -308,14 +312,13 @@ def assess(
             observed_until=observed_until,
             quiet_summary=summary,
             human_signal=human,
-            busy_hours=busy_hours,
-            seen_day=seen_day,
+            usage=_usage(tracks, all_highs, signals.user, now, period),
+            missing_series=missing,
         )
 
     observed_until = (
         min(track.points[-1][0] for track in tracks) + period if all(track.points for track in tracks) else None
     )
-    busy_hours, seen_day = _usage(tracks, all_highs, signals.user, now, period)
     coverage = [_coverage(track.points, period, max_gap, now) for track in tracks]
     covered = [c[0] if c else None for c in coverage]
     for c in coverage:
@@ -353,7 +356,7 @@ def assess(
     for track, since in zip(tracks, covered, strict=True):
         if since is None:
             if not track.points:
-                return result("unknown", f"no {track.label} datapoints", None)
+                return result("unknown", f"no {track.label} datapoints", None, missing=True)
             last = track.points[-1][0] + period
             return result(
                 "unknown", f"no {track.label} data since {last:%H:%M} UTC (gap over {policy.max_gap_minutes} min)", None

@@ -121,6 +121,15 @@ def observe_text(text: str, day: int | None, busy_hours: tuple[int, ...]) -> tup
 
 
 @dataclass(frozen=True)
+class UsageMarks:
+    """What one sweep's datapoints tell the profile: the UTC hours (since the epoch) of the busy ones, and
+    the UTC day (since the epoch) of the newest one (None: no data)."""
+
+    busy_hours: tuple[int, ...] = ()
+    seen_day: int | None = None
+
+
+@dataclass(frozen=True)
 class Wait:
     """How much later than usual the machine is warned, and why in words ("" when it is not held)."""
 

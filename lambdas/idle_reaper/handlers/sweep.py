@@ -62,6 +62,18 @@ def emit_sweep_metrics(metrics: Metrics, totals: SweepTotals, shards_failed: int
         logger.warning(warning)
 
 
+UNWATCHED_COUNT_SECONDS = 60.0  # the daily count of regions without a stack runs only with this much time left
+
+
+def count_unwatched_regions(adapters: Adapters, now: datetime, context: LambdaContext) -> None:
+    """Once a day, from the first listed region, after the sweep is started or done (a side job: it never
+    delays or fails the sweep): instances in regions no stack watches (see `status`)."""
+    if context.get_remaining_time_in_millis() / 1000 < UNWATCHED_COUNT_SECONDS:
+        return  # tried again by the next sweep
+    for line in report_unwatched_regions(adapters, lambda region: client("ec2", region), current_region(), now):
+        logger.warning(line)
+
+
 @logger.inject_lambda_context(log_event=False)
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
@@ -71,9 +83,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     try:
         # Without the state machine (a local run), one invocation sweeps everything, time-aware.
         plan = plan_sweep(adapters, now=now, in_place=True, shard_size=SHARD_SIZE if fanout else sys.maxsize)
-        # Once a day, from the first listed region: instances in regions no stack watches (see `status`).
-        for line in report_unwatched_regions(adapters, lambda region: client("ec2", region), current_region(), now):
-            logger.warning(line)
         if fanout and plan.shards > 1:
             # The execution is named after the sweep: a duplicate scheduled event cannot start it twice.
             client("stepfunctions").start_execution(
@@ -81,6 +90,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             )
             metrics.add_metric("SweepShards", MetricUnit.Count, plan.shards)
             logger.info("sweep fanned out", extra={"shards": plan.shards, "machines": plan.machines})
+            count_unwatched_regions(adapters, now, context)
             return {"machines": plan.machines, "shards": plan.shards, "dry_run": plan.dry_run}
         report = run_sweep(
             adapters,
@@ -89,6 +99,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             listed=plan.listed,
             time_left=lambda: context.get_remaining_time_in_millis() / 1000,
         )
+        count_unwatched_regions(adapters, now, context)
     except SweepCannotRun as exc:
         metrics.add_metric("SweepErrors", MetricUnit.Count, 1)
         logger.error("sweep could not run", extra={"error": str(exc)})

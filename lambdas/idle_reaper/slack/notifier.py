@@ -27,7 +27,7 @@ from idle_reaper.aws.state import StateStore
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import Action, MachineRecord
 from idle_reaper.core.signals import Machine
-from idle_reaper.notify import Delivery, PermanentDeliveryFailure
+from idle_reaper.notify import Delivery, DeliveryUnknown, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.slack.blocks import (
     FALLBACK_CHARS,
@@ -198,6 +198,17 @@ def classify(exc: Exception, target: str) -> SlackFault:
     return SlackFault(code, False, f"Slack answered {code}; retried")
 
 
+WARNING_EVENT = "idle_reaper_warning"  # the metadata event type every warning carries
+
+
+def warning_metadata(instance_ids: list[str], refs: list[str], group_ref: str | None = None) -> dict[str, Any]:
+    """Slack message metadata naming the machines and warnings a message carries (what find_warning reads)."""
+    payload: dict[str, Any] = {"instance_ids": instance_ids, "refs": refs}
+    if group_ref:
+        payload["group_ref"] = group_ref
+    return {"event_type": WARNING_EVENT, "event_payload": payload}
+
+
 class SlackDelivery:
     """Slack plumbing: who an owner is, posting to each target on its own, editing messages in place
     (shared ones line by line), admin alerts, and what a failure means."""
@@ -210,6 +221,7 @@ class SlackDelivery:
 
     # Owner lookup: the Owner tag holds a Slack user id or an email (resolved once, cached in the table).
     def resolve_owner(self, owner: str | None) -> str | None:
+        owner = (owner or "").strip()  # a tag's stray space must not make the same person someone else
         if not owner:
             return None
         if SLACK_USER_ID.match(owner):
@@ -229,29 +241,89 @@ class SlackDelivery:
         self.store.put_lookup(f"owner#{owner.lower()}", user_id, now + OWNER_CACHE_TTL)
         return user_id
 
-    def new_ref(self, instance_id: str, now: datetime | None = None) -> str:
-        ref = secrets.token_urlsafe(18)
+    def new_ref(self, instance_id: str, now: datetime | None = None, ref: str | None = None) -> str:
+        """A button reference that finds the machine: `ref` when the sweep made it already (it is on the
+        machine's record from the claim on, so the buttons work the moment the message exists), else new."""
+        ref = ref or secrets.token_urlsafe(18)
         self.store.put_lookup(f"ref#{ref}", instance_id, (now or self.clock()) + REF_TTL)
         return ref
 
+    def find_warning(self, decision: Decision) -> Delivery | None:
+        """A warning whose post was attempted and whose outcome was lost, looked for where it would be: in
+        each target conversation since the attempt, by the message metadata every warning carries. The
+        Delivery found (when posted), or None when Slack shows it was never posted. Raises
+        DeliveryUnknown when Slack cannot be asked, PermanentDeliveryFailure when nobody can be warned.
+        A found post counts as delivered from when the sweep began posting it."""
+        record, m = decision.record, decision.machine
+        ref, since = record.warning_ref, record.warning_post_started_at
+        if not ref or since is None:
+            return None
+        try:
+            owner_id, targets, _ = self._warning_targets(decision)
+            found: list[str] = []
+            group_ref: str | None = None
+            for channel in targets:
+                for message in self._history_since(channel, since):
+                    payload = (message.get("metadata") or {}).get("event_payload") or {}
+                    if (message.get("metadata") or {}).get("event_type") != WARNING_EVENT:
+                        continue
+                    if ref in (payload.get("refs") or ()):
+                        found.append(f"{channel}|{message['ts']}")
+                        group_ref = payload.get("group_ref") or group_ref
+                        break
+        except (SlackApiError, SlackClientError, OSError) as exc:
+            fault = self._failed("delivery check", m.instance_id, exc, m.owner or "owner")
+            raise DeliveryUnknown(fault.advice) from None
+        if not found:
+            return None
+        return Delivery(messages=tuple(found), ref=ref, owner_slack_id=owner_id, group_ref=group_ref)
+
+    def _history_since(self, channel: str, since: datetime) -> list[dict[str, Any]]:
+        """The conversation's messages since `since` (a minute of clock skew allowed), with their metadata."""
+        messages: list[dict[str, Any]] = []
+        cursor = None
+        for _ in range(10):  # a warning is recent: ten pages of 200 reach far enough back
+            page = self.client.conversations_history(
+                channel=channel,
+                oldest=f"{since.timestamp() - 60:.6f}",
+                include_all_metadata=True,
+                limit=200,
+                cursor=cursor,
+            )
+            messages += page.get("messages") or []
+            cursor = (page.get("response_metadata") or {}).get("next_cursor")
+            if not cursor:
+                break
+        return messages
+
     def _post_to(
-        self, targets: list[str], text: str, blocks: list[dict[str, Any]], faults: list[SlackFault], subject: str
+        self,
+        targets: list[str],
+        text: str,
+        blocks: list[dict[str, Any]],
+        faults: list[SlackFault],
+        subject: str,
+        metadata: dict[str, Any] | None = None,
     ) -> list[str]:
-        """Post to each target on its own: "channel|ts" of each copy delivered; each failure joins `faults`."""
+        """Post to each target on its own: "channel|ts" of each copy delivered; each failure joins `faults`.
+        `metadata` (Slack message metadata) lets a later sweep find a post whose outcome it lost."""
         messages: list[str] = []
         for channel in targets:
             try:
-                out = self.client.chat_postMessage(channel=channel, text=text, blocks=blocks)
+                out = self.client.chat_postMessage(channel=channel, text=text, blocks=blocks, metadata=metadata)
                 messages.append(f"{out['channel']}|{out['ts']}")
             except (SlackApiError, SlackClientError, OSError) as exc:
                 faults.append(self._failed("warning", subject, exc, channel))
         return messages
 
-    def _warning_targets(self, decision: Decision) -> tuple[str | None, list[str], list[SlackFault]]:
-        """(owner's user id, channels to post to, faults of targets that could not be opened)."""
+    def _warning_targets(
+        self, decision: Decision, owner_id: str | None = None
+    ) -> tuple[str | None, list[str], list[SlackFault]]:
+        """(owner's user id, channels to post to, faults of targets that could not be opened). `owner_id`:
+        the machine's owner as already resolved from its own tag."""
         m, policy = decision.machine, decision.policy.policy if decision.policy else None
         notify = policy.notify if policy else "owner"
-        owner_id = self.resolve_owner(m.owner) if notify != "channel" else None
+        owner_id = (owner_id or self.resolve_owner(m.owner)) if notify != "channel" else None
         targets: list[str] = []
         faults: list[SlackFault] = []
         if owner_id:
@@ -409,8 +481,8 @@ class SlackNotifier(SlackDelivery):
             if not targets:
                 self._raise_if_permanent(m, faults)
                 return None
-            ref = self.new_ref(m.instance_id, now)
-        except (SlackApiError, SlackClientError, OSError) as exc:
+            ref = self.new_ref(m.instance_id, now, decision.record.warning_ref)
+        except (SlackApiError, SlackClientError, OSError, *AwsError) as exc:
             self._failed("warning", m.instance_id, exc, m.owner or "owner")
             return None
         try:
@@ -419,7 +491,8 @@ class SlackNotifier(SlackDelivery):
             raise PermanentDeliveryFailure(self._failed("warning", m.instance_id, exc, m.instance_id).advice) from None
         label = machine_label(m.name, m.instance_id)
         text = fit(f"Idle machine {label} will be stopped unless someone keeps it", FALLBACK_CHARS, mrkdwn=True)
-        messages = self._post_to(targets, text, blocks, faults, m.instance_id)
+        metadata = warning_metadata([m.instance_id], [ref])
+        messages = self._post_to(targets, text, blocks, faults, m.instance_id, metadata)
         if not messages:
             self._raise_if_permanent(m, faults)
             return None  # a failure that may pass: the next sweep tries again
@@ -440,14 +513,35 @@ class SlackNotifier(SlackDelivery):
                 f"{machine_label(m.name, m.instance_id)} was {PAST_TENSE[decision.action]} at {date_token(now)}"
                 + f"; it saves ~{money(decision.hourly_cost)} per hour while stopped. {reason}"
             )
-            self.update(record, "Stopped", detail, ref=ref, start_button=True)
-            return Delivery(ref=ref)
+            if record.messages or record.group_ref:
+                self.update(record, "Stopped", detail, ref=ref, start_button=True)
+                return Delivery(ref=ref)
+            return self._tell(decision, "Stopped", detail, ref)  # nothing to edit: every stop is told
         self.update(record, "Released to its group", f"{reason} ({date_token(now)})")
         return None
 
+    def _tell(self, decision: Decision, title: str, detail: str, ref: str) -> Delivery | None:
+        """A message of its own, to the machine's owner (or the team channel, as its warnings go), when
+        there is no earlier message to edit: what happened, why, what it saves, and "Start it again"."""
+        m = decision.machine
+        try:
+            owner_id, targets, faults = self._warning_targets(decision, decision.record.owner_slack_id)
+            blocks = blocks_json(status_blocks(title, detail, ref=ref, start_button=True))
+        except PermanentDeliveryFailure as exc:
+            self.logger.warning("stop not told: nobody to tell", extra={"subject": m.instance_id, "why": exc.reason})
+            return Delivery(ref=ref)
+        except (SlackApiError, SlackClientError, OSError, SlackObjectFormationError, ValueError) as exc:
+            self._failed("stop notice", m.instance_id, exc, m.owner or "owner")
+            return Delivery(ref=ref)
+        text = fit(f"{escape(title)}: {detail}", FALLBACK_CHARS, mrkdwn=True)
+        messages = self._post_to(targets, text, blocks, faults, m.instance_id)
+        return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id)
+
     # One message per owner ------------------------------------------------------------------
 
-    def warn_owner(self, decisions: Sequence[Decision]) -> list[Delivery | PermanentDeliveryFailure | None]:
+    def warn_owner(
+        self, decisions: Sequence[Decision], owner_id: str | None = None
+    ) -> list[Delivery | PermanentDeliveryFailure | None]:
         """One message listing every machine of `decisions` (one owner, the same targets: see
         core.owner_message_groups), split past OWNER_MESSAGE_MACHINES. Each machine gets its own buttons'
         reference and its message's "Keep all" reference (Delivery.group_ref). What each machine gets is what
@@ -455,7 +549,7 @@ class SlackNotifier(SlackDelivery):
         first = decisions[0]
         now = first.record.updated_at or self.clock()
         try:
-            owner_id, targets, faults = self._warning_targets(first)
+            owner_id, targets, faults = self._warning_targets(first, owner_id)
         except PermanentDeliveryFailure as exc:
             return [exc] * len(decisions)
         except (SlackApiError, SlackClientError, OSError) as exc:
@@ -481,7 +575,9 @@ class SlackNotifier(SlackDelivery):
         try:
             listed = ListedGroup(
                 ids=tuple(d.machine.instance_id for d in part),
-                refs={d.machine.instance_id: self.new_ref(d.machine.instance_id, now) for d in part},
+                refs={
+                    d.machine.instance_id: self.new_ref(d.machine.instance_id, now, d.record.warning_ref) for d in part
+                },
                 lines={d.machine.instance_id: owner_warning_line(d, now) for d in part},
             )
             group_ref = secrets.token_urlsafe(18)
@@ -500,7 +596,8 @@ class SlackNotifier(SlackDelivery):
         text = fit(
             f"{len(part)} idle machines of yours will be stopped unless kept: {labels}", FALLBACK_CHARS, mrkdwn=True
         )
-        messages = self._post_to(targets, text, blocks, faults, ",".join(listed.ids))
+        metadata = warning_metadata(list(listed.ids), [listed.refs[i] for i in listed.ids], group_ref)
+        messages = self._post_to(targets, text, blocks, faults, ",".join(listed.ids), metadata)
         if not messages:
             return [self._given_up(d.machine, faults) for d in part]  # None: a failure that may pass
         return [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import secrets
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -18,7 +19,7 @@ from idle_reaper.core.records import MACHINE_ACTIONS, Action, MachineRecord, Sta
 from idle_reaper.core.reports import (
     owner_message_groups,
 )
-from idle_reaper.notify import Delivery, OwnerNotifier, PermanentDeliveryFailure
+from idle_reaper.notify import Delivery, DeliveryFinder, OwnerNotifier, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings
 from idle_reaper.sweep.adapters import DEFERRED, Adapters, alert_once
@@ -48,10 +49,12 @@ def apply_decisions(
 
     def claim(d: Decision) -> tuple[Decision, bool, bool]:
         """The decision, whether its record was written, whether this sweep now holds the machine."""
+        if not d.read:
+            return d, False, False  # not read this sweep: nothing happened to it, its record stays
         if out_of_time():
             return replace(d, error=DEFERRED), False, False
         before = previous.get(d.machine.instance_id)
-        d = _delivery_intent(d, before, now)
+        d = _delivery_intent(d, before, now, adapters.notifier)
         hold = _posts_or_acts(d)
         if not hold and before is not None and not record_changed(before, d, now):
             return d, False, False  # nothing new to say: the stored record stays (see record_changed)
@@ -107,7 +110,7 @@ def apply_decisions(
     for d in to_post:
         in_time = not out_of_time()
         if in_time and owner_posts is None:
-            owner_posts = _post_owner_messages(adapters, [w for w in to_post if w.deliver_warning])
+            owner_posts = _post_owner_messages(adapters, [w for w in to_post if w.deliver_warning], out_of_time)
         if in_time or (owner_posts and d.machine.instance_id in owner_posts):  # out of time: already posted
             told.append(_post(adapters, d, settings, now, owner_posts))
         elif d.machine.instance_id in outcomes:
@@ -235,33 +238,87 @@ def _posts_or_acts(d: Decision) -> bool:
     return acts or d.deliver_warning or d.notify in ("resolved", "reaped")
 
 
-def _delivery_intent(d: Decision, previous: MachineRecord | None, now: datetime) -> Decision:
-    """Carry the warning's delivery state from sweep to sweep, and mark the intent to post before posting.
+def _delivery_intent(d: Decision, previous: MachineRecord | None, now: datetime, notifier: object) -> Decision:
+    """Carry the warning's delivery from sweep to sweep, and write the intent to post before posting.
 
-    A new warning (a new quiet stretch) starts clean. A mark left by a sweep that began posting and never
-    recorded the outcome (the table failed, or the sweep died) means the owner may have the warning
-    already: it is not posted again (told at most once), and because it is not known as delivered the
-    stop waits as for an undelivered warning. A warning that cannot be delivered is not retried."""
+    A warning's delivery is explicit: pending (not posted: this sweep posts it), delivered (channel and ts
+    known), unknown (a post was attempted and its outcome lost), or undeliverable. Unknown is resolved, not
+    assumed: every warning carries Slack message metadata naming its machine and reference, so the post is
+    looked for where it would be (`find_warning`): found, it is delivered as of when it was posted; not
+    found, it is pending and posted now with the same buttons; when Slack cannot be asked it stays unknown
+    and the stop waits (up to undelivered_warning_max_minutes, the documented Slack-unreachable exception).
+    The intent carries the warning's button reference, so its buttons work from the moment the message
+    exists, whatever happens to this sweep afterwards. A warning that cannot be delivered is not retried."""
     record = d.record
     same_warning = previous is not None and record.warned_at is not None and record.warned_at == previous.warned_at
     if not same_warning:
         if record.warning_post_started_at or record.delivery_error:
             record = replace(record, warning_post_started_at=None, delivery_error=None)
     elif d.deliver_warning and record.delivery_error is None and record.warning_post_started_at is not None:
-        record = replace(
-            record,
-            warning_post_started_at=None,
-            delivery_error=(
-                f"delivery unknown: a sweep began posting this warning at {record.warning_post_started_at:%H:%M} "
-                "UTC and could not record whether it was delivered"
-            ),
-        )
+        d = _resolve_unknown(replace(d, record=record), notifier, now)
+        record = d.record
     if d.deliver_warning and record.delivery_error:
         reason = f"{d.reason}; not sent again: {record.delivery_error}"
         return replace(d, deliver_warning=False, reason=reason, record=replace(record, reason=reason))
     if d.deliver_warning:
-        record = replace(record, warning_post_started_at=now)
+        record = replace(
+            record,
+            warning_post_started_at=now,
+            warning_ref=record.warning_ref or secrets.token_urlsafe(18),
+            owner_slack_id=record.owner_slack_id or _owner_of(notifier, d),
+        )
     return replace(d, record=record)
+
+
+def _owner_of(notifier: object, d: Decision) -> str | None:
+    """The owner as a Slack user, on the record from the claim on, so the owner's click is recognised
+    before the sweep has recorded the outcome (None: unknown yet, recorded with the outcome)."""
+    if not isinstance(notifier, DeliveryFinder):
+        return None
+    try:
+        return notifier.resolve_owner(d.machine.owner)
+    except Exception:  # Slack or the table down: the post itself will say
+        return None
+
+
+def _resolve_unknown(d: Decision, notifier: object, now: datetime) -> Decision:
+    """A warning whose post was attempted and never recorded: delivered, pending, or still unknown."""
+    record = d.record
+    assert record.warning_post_started_at is not None
+    started = record.warning_post_started_at
+    try:
+        found = notifier.find_warning(d) if isinstance(notifier, DeliveryFinder) else None
+    except PermanentDeliveryFailure as exc:
+        return replace(d, record=replace(record, warning_post_started_at=None, delivery_error=exc.reason))
+    except Exception as exc:  # DeliveryUnknown, or any notifier fault: not posted twice, the stop waits
+        reason = (
+            f"{d.reason}; delivery unknown: a post began at {started:%H:%M} UTC and whether it reached the owner "
+            f"cannot be told now ({exc}); no stop until it is known"
+        )
+        return replace(d, deliver_warning=False, reason=reason, record=replace(record, reason=reason))
+    if found is None:
+        logger.info(
+            "a warning whose outcome was lost was never posted: posting it now",
+            extra={"instance_id": d.machine.instance_id},
+        )
+        return d  # pending: posted now, with the same reference
+    delivered_at = started  # the post began then: a person could read it from about then on
+    policy = d.policy.policy if d.policy else None
+    stop_not_before = record.stop_not_before
+    if policy is not None:
+        stop_not_before = max(stop_not_before or delivered_at, delivered_at + timedelta(minutes=policy.warn_minutes))
+    reason = f"{d.reason}; the warning was found delivered at {delivered_at:%H:%M} UTC"
+    record = replace(
+        record,
+        warning_post_started_at=None,
+        warning_delivered_at=delivered_at,
+        stop_not_before=stop_not_before,
+        messages=found.messages,
+        owner_slack_id=found.owner_slack_id or record.owner_slack_id,
+        group_ref=found.group_ref or record.group_ref,
+        reason=reason,
+    )
+    return replace(d, deliver_warning=False, reason=reason, record=record)
 
 
 def _alert_undeliverable(adapters: Adapters, d: Decision, settings: Settings, now: datetime) -> None:
@@ -367,6 +424,10 @@ def _post(
     return replace(d, record=replace(record, version=record.version + 1), reason=reason)
 
 
+# The error of a decision carried out whose outcome could not be written: what it did still happened.
+OUTCOME_NOT_RECORDED = "outcome not recorded"
+
+
 def _record_outcome(store: StateStore, d: Decision, sweep_id: str) -> Decision:
     """Record what was posted and release the claim. The write is conditional: an answer a person gave
     meanwhile wins, and a late sweep never overwrites newer truth."""
@@ -376,7 +437,7 @@ def _record_outcome(store: StateStore, d: Decision, sweep_id: str) -> Decision:
             logger.warning("the machine changed while claimed (a person answered); outcome not recorded")
     except AwsError as exc:
         # The claim lapses after SWEEP_LEASE; a warning whose outcome is lost is not posted again.
-        return replace(d, error=f"outcome not recorded: state table write failed ({error_code(exc)})")
+        return replace(d, error=f"{OUTCOME_NOT_RECORDED}: state table write failed ({error_code(exc)})")
     return d
 
 
@@ -417,22 +478,35 @@ def _audit(store: StateStore, entries: list[AuditEntry]) -> None:
 
 
 def _post_owner_messages(
-    adapters: Adapters, warnings: list[Decision]
+    adapters: Adapters, warnings: list[Decision], out_of_time: Callable[[], bool]
 ) -> dict[str, Delivery | PermanentDeliveryFailure | None]:
-    """One message per owner: the warnings of this sweep that share an owner and targets
-    (core.owner_message_groups) are posted together, before each machine's outcome is recorded by
-    _post as for a warning of its own. A lone warning, or a notifier that cannot group, posts as before.
+    """One message per owner: the warnings of this sweep whose owners are one person (each machine's own
+    Owner tag, resolved to a Slack user) and go to the same places share a message
+    (core.owner_message_groups), posted before each machine's outcome is recorded by _post as for a warning
+    of its own. A lone warning, a machine whose owner does not resolve, or a notifier that cannot group,
+    posts alone. Each message honours the sweep's time budget: one not posted leaves its machines pending.
     A message that fails leaves each machine it lists undelivered (pending, or its permanent fault)."""
     notifier = adapters.notifier
     if not isinstance(notifier, OwnerNotifier):
         return {}
+    owners: dict[str, str | None] | None = None
+    if len(warnings) > 1 and isinstance(notifier, DeliveryFinder):  # one warning shares no message
+        owners = {}
+        for d in warnings:
+            try:
+                owners[d.machine.instance_id] = notifier.resolve_owner(d.machine.owner)
+            except Exception:  # Slack or the table down: this machine is warned alone (pending if that fails)
+                owners[d.machine.instance_id] = None
     posts: dict[str, Delivery | PermanentDeliveryFailure | None] = {}
-    for group in owner_message_groups(warnings):
+    for group in owner_message_groups(warnings, owners):
         if len(group) < 2:
             continue
+        if out_of_time():
+            break  # the rest stay pending: posted alone if time allows, else by the next sweep
         ids = [d.machine.instance_id for d in group]
+        owner_id = owners.get(ids[0]) if owners else None
         try:
-            outcomes = notifier.warn_owner(group)
+            outcomes = notifier.warn_owner(group, owner_id)
         except Exception as exc:  # a notifier must never break the sweep; the warnings stay pending
             logger.warning("owner message failed", extra={"instance_ids": ids, "error": str(exc)})
             outcomes = [None] * len(group)

@@ -16,14 +16,12 @@ from idle_reaper.aws.policies import policy_for
 from idle_reaper.aws.state import StateStore
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import State
-from idle_reaper.core.reports import (
-    QUIET_REPORT_GIVE_UP,
-    quiet_hours_reports,
-)
+from idle_reaper.core.reports import QUIET_REPORT_GIVE_UP, owner_key, quiet_hours_reports
 from idle_reaper.notify import OwnerNotifier, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.sweep.adapters import Adapters, alert_once
+from idle_reaper.sweep.delivery import OUTCOME_NOT_RECORDED
 
 QUIET_INDEX = "quiet-stops"  # lookup: JSON {team: [instance ids stopped during quiet hours, not yet reported]}
 QUIET_INDEX_TTL = timedelta(days=7)
@@ -45,7 +43,10 @@ def report_quiet_hours(
         return
     stopped: dict[str, list[str]] = defaultdict(list)
     for d in decisions:
-        if d.record.quiet_stop_at == now and d.error is None and d.record.state is State.REAPED:
+        # Indexed from what the stop did: a stop whose outcome write failed still happened (its intent, with
+        # quiet_stop_at, was written with the claim); one refused or never attempted did not.
+        did_stop = d.error is None or d.error.startswith(OUTCOME_NOT_RECORDED)
+        if d.record.quiet_stop_at == now and did_stop and d.record.state is State.REAPED:
             stopped[d.machine.team].append(d.machine.instance_id)
 
     def add_stopped(index: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -126,6 +127,13 @@ def _send_quiet_summaries(adapters: Adapters, notifier: OwnerNotifier, ids: list
     retry: list[str] = []
     for stopped in quiet_hours_reports(store.load(ids).values()):
         oldest = min(r.quiet_stop_at or now for r in stopped)
+        # One summary per owner per sweep: the shards of a sweep share its time, and whichever claims the owner
+        # first tells all of the owner's stops; the others leave them to it.
+        owner = stopped[0].owner_slack_id or owner_key(stopped[0].owner) or stopped[0].instance_id
+        owner_claim = f"quiet-summary-owner#{owner}@{now.isoformat()}"
+        if not store.claim_once(owner_claim, now):
+            retry += [r.instance_id for r in stopped] if now - oldest < QUIET_REPORT_GIVE_UP else []
+            continue
         keys = {r.instance_id: f"quiet-summary#{r.instance_id}@{(r.quiet_stop_at or now).isoformat()}" for r in stopped}
         group = [r for r in stopped if store.claim_once(keys[r.instance_id], now)]
         # A stop claimed elsewhere is being told by another shard or sweep (or was): kept in the index until
@@ -145,6 +153,7 @@ def _send_quiet_summaries(adapters: Adapters, notifier: OwnerNotifier, ids: list
             logger.warning("quiet hours summary failed", extra={"error": str(exc)})
             deliveries = None
         if deliveries is None:
+            store.release_claim(owner_claim)
             for r in group:
                 store.release_claim(keys[r.instance_id])
             if now - oldest < QUIET_REPORT_GIVE_UP:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from idle_reaper.aws.clients import AwsError
-from idle_reaper.aws.regions import count_unwatched, home_region, save_unwatched, watched_regions
+from idle_reaper.aws.regions import count_unwatched, home_region, last_unwatched, save_unwatched, watched_regions
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
-from idle_reaper.policy import PolicyError
 from idle_reaper.sweep.adapters import Adapters, alert_once
 
 
@@ -18,22 +15,29 @@ def report_unwatched_regions(adapters: Adapters, ec2_in: Callable[[str], Any], h
     """Once a day, from the first region the stack lists: count running instances in regions with no
     stack, keep the count for `status`, tell the admins (weekly per region) when some of them are tagged
     for idle-reaper and so expect a reaper that is not there. Returns the lines for the sweep's summary;
-    nothing on the other sweeps of the day. A failed count is tried again by the next sweep."""
-    watched, claim = watched_regions(here), f"unwatched-regions#{now:%Y-%m-%d}"
-    if here != home_region(here) or not adapters.store.claim_once(claim, now):
+    nothing on the other sweeps of the day. A side job: it never takes the sweep down. A count that fails
+    (throttling, the table) is tried again the next hour, not every sweep; regions this account is denied
+    are skipped and named in `status`."""
+    if here != home_region(here):
         return []
     try:
+        last = last_unwatched(adapters.store, now)
+        if last is not None and last[0].date() == now.date():
+            return []  # counted today
+        if not adapters.store.claim_once(f"unwatched-regions#{now:%Y-%m-%dT%H}", now):
+            return []  # this hour's attempt is made (or being made) by another sweep
         settings, _ = adapters.policies.load_settings()
-        counts = count_unwatched(ec2_in, watched, settings.tags)
-        save_unwatched(adapters.store, counts, now)
-    except (*AwsError, PolicyError) as exc:
-        with contextlib.suppress(Exception):
-            adapters.store.release_claim(claim)
-        return [f"could not count instances in regions without a stack: {exc}"]
+        counts, denied = count_unwatched(ec2_in, watched_regions(here), settings.tags)
+        save_unwatched(adapters.store, counts, now, denied)
+    except Exception as exc:  # contained: the sweep goes on, the next hour tries again
+        logger.warning("regions without a stack not counted", extra={"error": str(exc)})
+        return [f"could not count instances in regions without a stack: {exc}; tried again next hour"]
     lines = [
         f"{c.region} has no idle-reaper stack: {c.running} running instances, {c.opted_in} tagged for idle-reaper"
         for c in counts
     ]
+    if denied:
+        lines.append(f"not counted, this account may not look there: {', '.join(denied)}")
     week = now.strftime("%G-W%V")
     for c in counts:
         if c.opted_in:

@@ -20,6 +20,7 @@ from idle_reaper.aws.metrics import (
 )
 from idle_reaper.aws.policies import policy_for
 from idle_reaper.core.lifecycle import Decision, decide
+from idle_reaper.core.reading import not_due, plan_next_read, unread
 from idle_reaper.core.records import Action
 from idle_reaper.core.reports import (
     limit_terminations,
@@ -103,12 +104,23 @@ def run_sweep(
     team_refs = {m.team: ref_for(m.team).at(now) for m in machines}
     safe_mode = {ref.team for ref in refs.values() if ref.policy is None}
     safe_mode.update(team for team, ref in team_refs.items() if ref.policy is None)
-    signals = _fetch_signals(adapters.metrics, machines, team_refs, settings, now)
+    # A machine whose decision cannot change before its next-read time is not read (core/reading.py).
+    skipped: dict[str, str] = {}
+    if settings.read_when_due:
+        for m in machines:
+            if why := not_due(m, team_refs[m.team], records.get(m.instance_id), now):
+                skipped[m.instance_id] = why
+    to_read = [m for m in machines if m.instance_id not in skipped]
+    signals = _fetch_signals(adapters.metrics, to_read, team_refs, settings, now)
     period = timedelta(seconds=settings.metrics.period_seconds)
 
     decisions = []
     for m in machines:
         ref = team_refs[m.team]
+        if m.instance_id in skipped:
+            kept = unread(m, ref, records[m.instance_id], skipped[m.instance_id])
+            decisions.append(replace(kept, hourly_cost=hourly_price(m.instance_type, prices)))
+            continue
         assessment = None
         if ref.policy is not None and m.instance_id in signals:
             assessment = assess(
@@ -121,6 +133,7 @@ def run_sweep(
             )
         d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run)
         d = _with_status_notes(d, signals.get(m.instance_id), now)
+        d = replace(d, record=plan_next_read(d, now))
         decisions.append(replace(d, hourly_cost=hourly_price(m.instance_type, prices)))
 
     terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}

@@ -244,3 +244,26 @@ def test_the_judged_halves_add_up_to_the_whole_and_change_no_decision(
     out = run_json(capsys, str(path), "--split", "time")
     assert [h["stops"] for h in out["halves"]] == [h.fleet.stops for h in halves]
     assert out["halves"][1]["judged"].startswith("second half judged")
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["replay-cpu-box.csv", "replay-gpu-training.csv", "replay-gap.csv", "nab-ec2-excerpt.csv", "generated"],
+)
+def test_reading_only_when_due_warns_and_stops_exactly_as_reading_every_period(source: str) -> None:
+    t = (
+        parse_trace(io.StringIO(small_fleet_text()), "generated")
+        if source == "generated"
+        else read_trace(DATA / source)
+    )
+    for policies in (PolicySet(), SHORT_POLICY):
+        every, due = (
+            replay(t, ReplayOptions(policies=policies, fast_path=False, read_when_due=when), workers=1)
+            for when in (False, True)
+        )
+        # The same stops, warnings and every outcome figure; only what a state timeline would show between
+        # reads differs (a machine not read is not seen go quiet until it is read).
+        assert due.reaper.stops == every.reaper.stops
+        strip = lambda s: {k: v for k, v in s.items() if k != "core_calls"}  # noqa: E731
+        assert strip(due.reaper.summary()) == strip(every.reaper.summary())
+        assert due.reaper.fleet.core_calls < every.reaper.fleet.core_calls, "fewer reads"

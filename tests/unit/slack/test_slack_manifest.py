@@ -16,6 +16,8 @@ def test_manifest_has_the_scopes_and_urls_the_handler_serves():
     # A public team channel works without inviting the bot; a private one still needs the invite, and
     # warnings that fail with not_in_channel say so (PermanentDeliveryFailure).
     assert "chat:write.public" in scopes
+    # conversations.history: a warning whose outcome was lost is looked for where it was posted
+    assert {"im:history", "channels:history", "groups:history"} <= scopes
     assert manifest["settings"]["interactivity"]["request_url"].endswith("/slack/interactions")
     (command,) = manifest["features"]["slash_commands"]
     assert command["command"] == "/idle-reaper" and command["url"].endswith("/slack/commands")

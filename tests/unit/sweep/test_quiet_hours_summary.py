@@ -222,3 +222,59 @@ def test_stops_the_index_cannot_take_are_reported_to_the_admins() -> None:
     assert aws.ec2.state_of(box) == "stopped" and store.records[box].quiet_stop_at, "stopped; no sweep failed"
     (alert,) = [text for kind, text in n.sent if kind == "admin_alert"]
     assert box in alert and "morning summary" in alert and "AccessDeniedException" in alert
+
+
+class OutcomeWriteFails(CountingStateStore):
+    """DynamoDB fails the one write that records a stop's outcome (the claim's intent was written)."""
+
+    fail_outcome_of: str | None = None
+
+    def save(self, record, holder=None, *, hold=False):
+        if record.instance_id == self.fail_outcome_of and not hold and record.state is State.REAPED:
+            self.fail_outcome_of = None
+            from botocore.exceptions import ClientError
+
+            raise ClientError({"Error": {"Code": "InternalServerError", "Message": "Internal error"}}, "PutItem")
+        return super().save(record, holder, hold=hold)
+
+
+def test_a_quiet_stop_whose_outcome_write_failed_is_still_in_the_morning_summary() -> None:
+    aws, (box,) = night_account(("U0BOB",))
+    store = OutcomeWriteFails()
+    n = LoggingNotifier(logger, delivers=True)
+    run_sweep(aws.adapters(store=store, notifier=n), now=NIGHT)
+    store.fail_outcome_of = box
+    report = run_sweep(aws.adapters(store=store, notifier=n), now=NIGHT + timedelta(minutes=40))
+    (d,) = report.decisions
+    assert d.error and d.error.startswith("outcome not recorded") and aws.ec2.state_of(box) == "stopped"
+    assert json.loads(store.get_lookup(QUIET_INDEX, NIGHT) or "{}") == {"ml": [box]}, "indexed from what it did"
+    morning = NIGHT + timedelta(hours=8, minutes=20)  # past the crashed claim's lease
+    run_sweep(aws.adapters(store=store, notifier=n), now=morning)
+    assert ("quiet_summary", box) in n.sent
+
+
+def test_shards_that_load_an_owners_stops_at_different_times_send_one_summary() -> None:
+    """Shard A of the morning sweep loads the index before shard B's late index entry (from the night)
+    lands; B then sees both stops. One summary, from whichever shard claimed the owner first."""
+    aws, boxes = night_account(("U0BOB", "U0BOB"))
+    store = CountingStateStore()
+    through_the_night(aws, store)
+    morning = NIGHT + timedelta(hours=8, minutes=5)
+    late = boxes[1]
+    index = json.loads(store.get_lookup(QUIET_INDEX, NIGHT) or "{}")
+    store.put_lookup(QUIET_INDEX, json.dumps({"ml": [boxes[0]]}), morning + timedelta(days=1))  # B's not yet in
+    b = LoggingNotifier(logger, delivers=True)
+
+    class IndexLandsMeanwhile(LoggingNotifier):
+        def quiet_summary(self, stopped):
+            store.put_lookup(QUIET_INDEX, json.dumps(index), morning + timedelta(days=1))  # B's entry lands
+            run_sweep(aws.adapters(store=store, notifier=b), now=morning, instance_ids=[])  # shard B runs
+            return super().quiet_summary(stopped)
+
+    a = IndexLandsMeanwhile(logger, delivers=True)
+    run_sweep(aws.adapters(store=store, notifier=a), now=morning, instance_ids=[])
+    told = [ids for kind, ids in a.sent + b.sent if kind == "quiet_summary"]
+    assert told == [boxes[0]], f"one summary for the owner in this sweep, got {told}"
+    later = LoggingNotifier(logger, delivers=True)
+    run_sweep(aws.adapters(store=store, notifier=later), now=morning + timedelta(minutes=5), instance_ids=[])
+    assert ("quiet_summary", late) in later.sent, "the late stop is told by the next sweep, never lost"

@@ -174,3 +174,35 @@ def test_out_of_time_after_acting_still_records_every_stop_and_posts_nothing_new
     assert actions[fresh].error is not None and "deferred" in actions[fresh].error
     assert store.claim_of(fresh) is None
     assert store.records[fresh].warned_at is None
+
+
+def test_a_learned_wait_longer_than_the_fetched_window_is_still_reached_and_the_machine_stopped() -> None:
+    """Issue 22, point 7: the machine's history moves its warning point past idle_minutes + max_gap_minutes
+    (what a sweep fetches); quiet is measured from the stretch the record knows, so it is warned and then
+    stopped, within idle_minutes + adaptive_wait_max_minutes of quiet plus the answer time."""
+    from dataclasses import replace as with_fields
+
+    from idle_reaper.core import MachineRecord, format_history
+
+    policy = {"idle_minutes": 60, "warn_minutes": 20, "adaptive_wait_max_minutes": 120}
+    aws = account(policy)
+    quiet_from = T - timedelta(minutes=5)
+    box = aws.launch("m5.large", team="ml", profile=quiet_since(quiet_from), launch_time=DAY_AGO)
+    store = CountingStateStore()
+    sweep(aws, store, T - timedelta(minutes=10))  # busy: the record exists
+    stretches = [(quiet_from.hour, m) for m in (45, 60, 75, 90, 105, 120, 135, 150, 165, 180)]
+    stored = store.records[box]
+    store.records[box] = with_fields(stored, quiet_history=format_history(stretches))
+    assert isinstance(store.records[box], MachineRecord)
+    warned_at = stopped_at = None
+    for n in range(0, 60):  # five hours of 5-minute sweeps
+        now = T + timedelta(minutes=5 * n)
+        d = sweep(aws, store, now).decisions[0]
+        if d.action is Action.WARN and warned_at is None:
+            warned_at = now
+            assert "waits" in d.reason, "the learned wait is said"
+        if d.action is Action.STOP:
+            stopped_at = now
+            break
+    assert warned_at is not None and warned_at - quiet_from > timedelta(minutes=60 + 15), "past the fetched window"
+    assert stopped_at is not None and stopped_at - quiet_from <= timedelta(minutes=60 + 120 + 20 + 5)

@@ -38,6 +38,7 @@ from idle_reaper.core import (
     snooze,
     started_by_person,
 )
+from idle_reaper.core.reading import not_due, plan_next_read
 from idle_reaper.core.time_of_day import observe_text
 from idle_reaper.policy import TeamPolicy
 from idle_reaper_tools.replay.policies import PolicySet
@@ -93,6 +94,7 @@ class MachineRun:
     warning_buckets: list[int] = field(default_factory=list)  # absolute buckets of delivered warnings
     owner: str = ""
     core_calls: int = 0  # sweeps that ran assess + decide (the rest took the fast path or were stopped)
+    skipped_reads: int = 0  # sweeps that did not read the machine: not due (read_when_due)
     stops: list[StopEvent] = field(default_factory=list)
     timeline: bytearray | None = None  # a state code per bucket
 
@@ -114,6 +116,9 @@ class ReplayOptions:
     # swept over the whole trace (its profile and history learn from the days before), but stops, warnings,
     # idle, ideal and recovered time outside the span are not counted.
     judged: tuple[int, int] | None = None
+    # Call the core only when the machine is due (core/reading.py), as the sweep reads only then. The same
+    # warnings and stops as calling it every period: benchmarks/read_when_due.py shows it on every trace.
+    read_when_due: bool = False
 
 
 class _Clock:
@@ -266,6 +271,16 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
         # it wrote last (only its version and timestamps would differ). Tests compare every trace they
         # replay with fast_path=False, which calls the core every period. Not with schedules: their
         # thresholds and windows may differ from the ones `busy` and `lookback` were computed with.
+        if (
+            opts.read_when_due
+            and record is not None
+            and not_due(machine, base_ref.at(now) if scheduled else base_ref, record, now)
+        ):
+            run.skipped_reads += 1
+            if timeline is not None and k < n:
+                timeline[k] = _STATE_CODE.get(record.state, UNKNOWN)
+            k += 1
+            continue
         if settled is not None and opts.fast_path and not scheduled:
             # The newest bucket is busy on a track the core judges: assess() can only say "busy, quiet
             # for 0 min" (its one earlier exit, a GPU type without GPU points, is excluded), and decide()
@@ -302,6 +317,8 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
         )
         assessment = assess(machine, signals, in_force, now=now, period=period, gpu_families=families)
         decision = decide(machine, ref, assessment, record, now=now)
+        if opts.read_when_due:
+            decision = replace(decision, record=plan_next_read(decision, now))
         record = decision.record
         run.core_calls += 1
 
