@@ -282,11 +282,11 @@ class TeamPolicy(_Strict):
         "0 or null: ignore the signal. A machine without the collector is judged on CPU/GPU alone.",
     )
     adaptive_wait_max_minutes: int | None = Field(
-        120,
+        180,
         ge=0,
         le=1440,
-        description="Learned waiting: the most a machine's own history (how its past quiet stretches ended) may "
-        "delay its warning and stop. 0 or null: off, every machine waits idle_minutes.",
+        description="The most a machine's own past (its usage profile, or how its past quiet stretches ended) "
+        "may delay its warning and stop. 0 or null: off, every machine waits idle_minutes.",
     )
     adaptive_earliest_warn_minutes: int | None = Field(
         None,
@@ -295,6 +295,21 @@ class TeamPolicy(_Strict):
         description="Learned waiting: the soonest (minutes of quiet) a machine whose quiet stretches usually go "
         "on for hours may be warned. null: never sooner than idle_minutes - warn_minutes. The stop still "
         "needs the whole idle window.",
+    )
+    time_of_day_wait_percent: int | None = Field(
+        45,
+        ge=0,
+        le=100,
+        description="Time-of-day waiting: hold the warning (up to adaptive_wait_max_minutes) while the chance "
+        "that this machine is used within time_of_day_horizon_minutes, estimated from when it was busy on its "
+        "past days at this time of day, is this many percent or more. 0 or null: off (learned waiting from "
+        "past quiet stretches only). A machine with fewer than 3 days of profile uses learned waiting.",
+    )
+    time_of_day_horizon_minutes: int = Field(
+        90,
+        ge=15,
+        le=480,
+        description="Time-of-day waiting: how far ahead 'used soon' looks.",
     )
     # Slack: who hears about a warning, who may answer it, and how long they may keep a machine.
     notify: Literal["owner", "channel", "both"] = Field(

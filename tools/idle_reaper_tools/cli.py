@@ -201,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
         "a table, and with --plot a Pareto PNG (recovery against unwanted stops)",
     )
     p.add_argument(
+        "--split",
+        choices=["time"],
+        help="score each half of the trace's days apart (the machines are still swept over all of it): tune a "
+        "setting on one half, judge it on the other",
+    )
+    p.add_argument(
         "--period-minutes", type=positive_minutes, default=5, help="metric period and sweep interval (default 5)"
     )
     p.add_argument("--instance-type", help="instance type assumed for machines the trace gives none (for prices)")

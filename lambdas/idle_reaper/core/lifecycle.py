@@ -22,7 +22,8 @@ from idle_reaper.core.kinds import (
 )
 from idle_reaper.core.records import Action, MachineRecord, State, parse_history, with_stretch
 from idle_reaper.core.signals import Assessment, Machine, Signal, parse_exemption
-from idle_reaper.core.waiting import LearnedWait, earliest_warn_minutes, learned_wait, warn_point
+from idle_reaper.core.time_of_day import observe_text
+from idle_reaper.core.waiting import LearnedWait, earliest_warn_minutes, wait_for, warn_point
 from idle_reaper.policy import TeamPolicy, TeamPolicyRef
 
 
@@ -44,6 +45,14 @@ class Decision:
     kind: MachineKind = ON_DEMAND
     handling: Handling | None = None  # what the end of the window brings for it (None: no policy, or a group member)
     saving: Saving | None = None  # what stopping it saves an hour: the figure every savings total adds up
+    waited: str = ""  # a warning held past the team's usual point: why (the warning's text says it too)
+
+    @property
+    def why_warned(self) -> str:
+        """Why the machine counts as idle, and why its warning came when it did: for the warning's text."""
+        why = self.assessment.why_quiet if self.assessment else self.reason
+        return f"{why}; {self.waited}" if self.waited else why
+
     read: bool = True  # False: not read this sweep (core/reading.py); nothing happens, the record stays
 
     @property
@@ -209,6 +218,7 @@ class _Outcome:
     applied: bool = True
     notify: Notice | None = None
     deliver_warning: bool = False
+    waited: str = ""  # why the warning came later than the team's usual point
 
 
 @dataclass(frozen=True)
@@ -256,6 +266,7 @@ class _Sweep:
             policy=self.ref,
             kind=self.kind,
             handling=self.how,
+            waited=outcome.waited,
         )
 
 
@@ -292,7 +303,7 @@ def decide(
     (kinds.classify); `ref` is already the machine's own (kind_policy)."""
     record = previous or MachineRecord(instance_id=machine.instance_id, team=machine.team)
     how = handling(kind, machine.instance_type, ref.policy) if ref.policy is not None and not machine.asg_name else None
-    base = _carried_over(record, machine, ref, now, kind)
+    base = _carried_over(record, machine, ref, assessment, now, kind)
     seen = _Sweep(machine, ref, assessment, record, base, now, dry_run, kind, how)
     # An exemption is read before the policy: it holds in safe mode too. Its "resolved" notice (a warned
     # machine exempted since) keeps quiet hours like any other message to owners.
@@ -341,11 +352,21 @@ def decide(
 
 
 def _carried_over(
-    record: MachineRecord, machine: Machine, ref: TeamPolicyRef, now: datetime, kind: MachineKind
+    record: MachineRecord,
+    machine: Machine,
+    ref: TeamPolicyRef,
+    assessment: Assessment | None,
+    now: datetime,
+    kind: MachineKind,
 ) -> MachineRecord:
-    """The previous record with this sweep's facts about the machine and its policy, version bumped. A kind
-    look-up that failed leaves the kind as the last sweep that could tell saw it."""
+    """The previous record with this sweep's facts about the machine and its policy, version bumped, and
+    its usage profile updated from the datapoints this sweep read (a machine moved to another team
+    starts its profile again). A kind look-up that failed leaves the kind as the last sweep that could
+    tell saw it."""
     known = kind.kind is not Kind.UNKNOWN
+    profile = record.usage_profile if record.team == machine.team else ""
+    if assessment is not None:
+        profile, _ = observe_text(profile, assessment.usage.seen_day, assessment.usage.busy_hours)
     return replace(
         record,
         machine_kind=kind.kind.value if known else record.machine_kind,
@@ -359,6 +380,7 @@ def _carried_over(
         owner=machine.owner,
         asg_name=machine.asg_name,
         owner_slack_id=record.owner_slack_id if record.owner == machine.owner else None,
+        usage_profile=profile,
     )
 
 
@@ -403,13 +425,8 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stret
             action_refused_at=None,
             warning_held=False,
         )
-    learned = learned_wait(history, policy, idle_since) if idle_since else LearnedWait()
-    # Quiet is measured from the start of the stretch the record knows (sweeps watched it throughout), not
-    # only over what this sweep fetched: a wait longer than the fetched window is still reached.
-    quiet = assessment.quiet_minutes(now)
-    if continuous and idle_since is not None and assessment.quiet_since is not None:
-        observed = min(now, assessment.observed_until or now)
-        quiet = max(quiet, (observed - idle_since).total_seconds() / 60)
+    quiet = _quiet_minutes(assessment, idle_since if continuous else None, now)
+    learned = wait_for(history, base.usage_profile, policy, idle_since, quiet) if idle_since else LearnedWait()
     return _Stretch(
         quiet=quiet,
         warn_at=warn_point(policy) + learned.extra_minutes,
@@ -419,6 +436,17 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stret
         learned=learned,
         note=note,
     )
+
+
+def _quiet_minutes(assessment: Assessment, recorded_since: datetime | None, now: datetime) -> float:
+    """Observed quiet, measured from the start of the stretch the record keeps when sweeps watched it
+    all along, not only from what this sweep fetched: a warning point later than idle_minutes +
+    max_gap_minutes is still reached, and so is the stop (the wait never leaves a machine unstopped)."""
+    quiet = assessment.quiet_minutes(now)
+    if recorded_since is None or assessment.quiet_since is None:
+        return quiet
+    observed = min(now, assessment.observed_until or now)
+    return max(quiet, (observed - recorded_since).total_seconds() / 60)
 
 
 def _over_runtime_cap(machine: Machine, policy: TeamPolicy, now: datetime) -> str:
@@ -508,7 +536,10 @@ def _warning_due(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, stret
         "learned": stretch.learned_text,
         "why_quiet": assessment.why_quiet,
     }
-    return _Outcome(Event.WARNING_DUE, Action.WARN, record, fields, notify="warning", deliver_warning=True)
+    waited = stretch.learned.why if stretch.learned.extra_minutes > 0 else ""
+    return _Outcome(
+        Event.WARNING_DUE, Action.WARN, record, fields, notify="warning", deliver_warning=True, waited=waited
+    )
 
 
 def _after_warning(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, stretch: _Stretch) -> _Outcome:

@@ -83,6 +83,9 @@ class MachineRecord:
     # How the machine's last quiet stretches ended: their lengths in minutes, oldest first, comma-separated
     # (format_history); the learned wait reads it. Bounded: HISTORY_SIZE stretches, each at most a week.
     quiet_history: str = ""
+    # When the machine was busy over its last two weeks, by UTC hour (core/time_of_day.py, at most
+    # PROFILE_MAX_CHARS characters); the time-of-day wait reads it. Kept from the datapoints each sweep reads.
+    usage_profile: str = ""
     # The human-activity signal the last sweep saw, for `status` (human_signal_note): "" when the policy
     # ignores it, "missing", or "active"/"quiet" with the newest input seen ("active 2026-11-23T12:03Z").
     human_signal: str = ""

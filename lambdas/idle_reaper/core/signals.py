@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from idle_reaper.core.kinds import InstanceFacts
+from idle_reaper.core.time_of_day import UsageMarks, epoch_day, epoch_hours
 from idle_reaper.policy import TeamPolicy
 
 Signal = Literal["busy", "idle", "unknown"]
@@ -75,6 +76,9 @@ class Assessment:
     # The human-activity signal: a person active within human_active_minutes, none, no usable data,
     # or "off" (the policy ignores it).
     human_signal: Literal["active", "quiet", "missing", "off"] = "off"
+    # For the machine's usage profile (core/time_of_day.py): what the datapoints fetched say. Frozen: one
+    # default serves all.
+    usage: UsageMarks = UsageMarks()  # noqa: RUF009
     # A series the machine is judged on that has no datapoint at all in the fetched range (say, a GPU
     # machine without the agent): unknown until it reports, and no warning before it has reported quiet
     # for a warning point (core/reading.py reads such a machine less often).
@@ -228,6 +232,20 @@ def _human_activity(
     return ("active" if human_until > window_start else "quiet"), last_input, human_until
 
 
+def _usage(
+    tracks: Sequence[_Track], highs: list[Point], user: Sequence[Point], now: datetime, period: timedelta
+) -> UsageMarks:
+    """What the usage profile learns from the datapoints fetched: the UTC hours of the busy ones (`highs`:
+    a track at or above its threshold; or a person's input within the datapoint's own period, as the
+    replay's truth counts it) and the UTC day of the newest datapoint."""
+    busy = [t for t, _ in highs]
+    if user:
+        period_minutes = period.total_seconds() / 60
+        busy.extend(t for t, v in user if 0 <= v < period_minutes and t <= now)
+    newest = max([track.points[-1][0] for track in tracks if track.points], default=None)
+    return UsageMarks(epoch_hours(busy) if busy else (), None if newest is None else epoch_day(newest))
+
+
 def assess(
     machine: Machine,
     signals: Signals,
@@ -257,6 +275,7 @@ def assess(
         return [(t, v) for t, v in points if t + period > window_start and t <= now]
 
     maxima: dict[str, float | None] = {}
+    all_highs: list[Point] = []  # every busy datapoint fetched, for the usage profile
     latest_high: tuple[datetime, _Track, float] | None = None
     human, last_input, human_until = _human_activity(signals.user, policy, now, window_start, notes)
     interrupted_at: datetime | None = human_until  # end of the newest activity or data hole seen
@@ -264,6 +283,7 @@ def assess(
         windowed = in_window(track.points)
         maxima[track.label] = max((v for _, v in windowed), default=None)
         highs = [(t, v) for t, v in track.points if v >= track.threshold and t <= now]
+        all_highs += highs
         if highs:
             t_high, v_high = highs[-1]
             interrupted_at = max(interrupted_at or t_high, t_high + period)
@@ -294,6 +314,7 @@ def assess(
             observed_until=observed_until,
             quiet_summary=summary,
             human_signal=human,
+            usage=_usage(tracks, all_highs, signals.user, now, period),
             missing_series=missing,
         )
 

@@ -1,4 +1,5 @@
-"""Learned waiting: when a machine's past quiet stretches say it is about to be used again, warn later."""
+"""When to warn a quiet machine later than usual: learned waiting (its past quiet stretches say it is about
+to be used again) or, once it has a usage profile, the time-of-day wait (core/time_of_day.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, Stretch
+from idle_reaper.core.time_of_day import parse_profile, time_of_day_wait, usable
 from idle_reaper.policy import TeamPolicy
 
 LEARN_MIN_STRETCHES = 3  # fewer stretches of a length than this teach nothing about it
@@ -94,3 +96,27 @@ def _learned(
             f"or more{scope} all went on for {hours} min or more",
         )
     return LearnedWait()
+
+
+def wait_for(
+    history: Sequence[Stretch], profile_text: str, policy: TeamPolicy, began: datetime, quiet: float
+) -> LearnedWait:
+    """The time-of-day wait (core/time_of_day.py) when the policy turns it on and the machine has a usage
+    profile; else (a new machine, a profile started again, an unreadable one) learned waiting. The wait
+    is only worked out once the machine has been quiet for the usual warning point: before, it cannot
+    change a decision (and a busy machine's quiet start moves every sweep)."""
+    if policy.time_of_day_wait_percent:
+        profile, _ = parse_profile(profile_text)
+        if quiet < warn_point(policy) and usable(profile) and policy.adaptive_wait_max_minutes:
+            return LearnedWait()
+        wait = time_of_day_wait(
+            profile,
+            began,
+            warn_point(policy),
+            policy.adaptive_wait_max_minutes or 0,
+            policy.time_of_day_wait_percent,
+            policy.time_of_day_horizon_minutes,
+        )
+        if wait is not None:
+            return LearnedWait(wait.extra_minutes, wait.why)
+    return learned_wait(history, policy, began)

@@ -155,7 +155,7 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
     thresholds = f"CPU < {policy.cpu_threshold_percent:g}%"
     if a and a.uses_gpu:
         thresholds += f", GPU < {policy.gpu_threshold_percent:g}%"
-    why = a.why_quiet if a else decision.reason
+    why = decision.why_warned
     morning_capped = next_morning(policy, now) - now > timedelta(hours=policy.max_snooze_hours)
     longest = f"keep_{policy.max_snooze_hours}h" if morning_capped else None  # already the morning button
     others = [c for c in keep_choices(policy) if c not in ("keep_2h", longest)]
@@ -358,7 +358,7 @@ def owner_warning_line(decision: Decision, now: datetime) -> str:
     m = decision.machine
     name = f"*{escape(fit(m.name, NAME_CHARS))}* · " if m.name else ""
     verb = "released to its Auto Scaling group" if m.asg_name else "stopped"
-    why = decision.assessment.why_quiet if decision.assessment else decision.reason
+    why = decision.why_warned
     # What its kind adds (scarce capacity, a reservation a stop does not save): only stops share a message.
     more = caveats(decision.kind, decision.handling, m.instance_type) if decision.handling else []
     joined = escape("; ".join(more))

@@ -176,8 +176,10 @@ def _act(fleet: Fleet, acting: list[Decision]) -> dict[str, str | None]:
 REFRESH_EVERY = timedelta(hours=1)
 WATCHED_REFRESH_SHARE = 2
 # human_signal is for `status` only ("person active 12:03"): it changes every sweep a person types, so it
-# is refreshed with the rest, not written on every change.
-_BOOKKEEPING = frozenset({"version", "updated_at", "observed_at", "reason", "human_signal"})
+# is refreshed with the rest, not written on every change. So is usage_profile (a new busy hour each hour
+# of use): each written sweep marks every busy hour it fetched (idle_minutes + max_gap_minutes back), so
+# an hourly refresh loses no hour of a window of 45 minutes or more; a lost one only warns sooner.
+_BOOKKEEPING = frozenset({"version", "updated_at", "observed_at", "reason", "human_signal", "usage_profile"})
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 

@@ -35,6 +35,7 @@ from idle_reaper_tools.replay import (
     replay,
     simulate_fleet,
 )
+from idle_reaper_tools.replay.report import time_halves
 
 # ---------------------------------------------------------------------------------------------
 # Hand-made traces, answers by hand
@@ -214,6 +215,35 @@ def test_generated_fleet_never_false_stops_and_the_alarm_does() -> None:
     assert reaper["false_stops"] == 0
     assert reaper["recovered_hours"] <= reaper["ideal_hours"] <= reaper["idle_hours"]
     assert alarm["false_stops"] > 0  # trainers and serving boxes: GPU busy, CPU low
+
+
+# ---------------------------------------------------------------------------------------------
+# --split time: each half of the days scored alone, the machines swept over the whole trace
+
+
+def test_the_judged_halves_add_up_to_the_whole_and_change_no_decision(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = small_fleet_text(days=4)
+    t = parse_trace(io.StringIO(text), "generated")
+    whole = replay(t, ReplayOptions(), workers=1).reaper
+    halves = [replay(t, ReplayOptions(judged=span), workers=1).reaper for _, span in time_halves(t)]
+    assert [label for label, _ in time_halves(t)] == [
+        "first half judged (2026-01-05 to 2026-01-07)",
+        "second half judged (2026-01-07 to 2026-01-09)",
+    ]
+    for key in ("stops", "warnings", "warnings_without_stop", "recovered", "ideal", "quiet", "stopped", "wanted"):
+        assert sum(getattr(h.fleet, key) for h in halves) == getattr(whole.fleet, key), key
+    assert all(h.fleet.stops and h.fleet.warnings for h in halves)  # both halves hold something to judge
+    assert sorted(halves[0].stops + halves[1].stops, key=lambda s: (s.instance_id, s.at)) == sorted(
+        whole.stops, key=lambda s: (s.instance_id, s.at)
+    )
+    # The command prints the same figures, one half after the other.
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    out = run_json(capsys, str(path), "--split", "time")
+    assert [h["stops"] for h in out["halves"]] == [h.fleet.stops for h in halves]
+    assert out["halves"][1]["judged"].startswith("second half judged")
 
 
 @pytest.mark.parametrize(

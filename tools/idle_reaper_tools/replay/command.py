@@ -7,13 +7,14 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from idle_reaper.policy import PolicyError
 from idle_reaper.pricing import DEFAULT_PRICES, load_price_table
 from idle_reaper_tools.replay.plotting import plot, plot_sweep
 from idle_reaper_tools.replay.policies import load_policies
-from idle_reaper_tools.replay.report import format_report, format_sweep, replay, sweep_policies
+from idle_reaper_tools.replay.report import format_report, format_sweep, replay, sweep_policies, time_halves
 from idle_reaper_tools.replay.simulate import ReplayOptions
 from idle_reaper_tools.replay.trace import Trace, TraceError, read_trace
 
@@ -95,6 +96,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         default_instance_type=args.instance_type,
         timeline=bool(args.plot),
     )
+    if args.split == "time":
+        return _split(args, trace, options, fail, prices, price_source)
     if args.sweep_policy:
         return _sweep(args, trace, options, fail)
     result = replay(trace, options, prices=prices, price_source=price_source, baseline=args.baseline)
@@ -122,4 +125,38 @@ def _sweep(args: argparse.Namespace, trace: Trace, options: ReplayOptions, fail:
     if args.plot:
         plot_sweep(points, f"Policy settings on {Path(trace.source).name}", args.plot)
         print(f"idle-reaper replay: plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _split(
+    args: argparse.Namespace,
+    trace: Trace,
+    options: ReplayOptions,
+    fail: Callable[[str], int],
+    prices: dict[str, float] | None,
+    price_source: str | None,
+) -> int:
+    """--split time: the report (or the --sweep-policy table) once per half of the days, each half scored
+    alone while every machine is swept over the whole trace, as in production."""
+    halves: list[dict[str, object]] = []
+    for label, span in time_halves(trace):
+        judged = replace(options, judged=span, timeline=False)
+        if args.sweep_policy:
+            try:
+                points = sweep_policies(trace, judged, args.sweep_policy)
+            except PolicyError as exc:
+                return fail(f"invalid --sweep-policy: {exc}")
+            rows = [{"setting": p.label, "recovery_vs_first": p.recovery_vs_base, **p.summary} for p in points]
+            halves.append({"judged": label, "settings": rows})
+            text = format_sweep(points, args.still_wanted_minutes)
+        else:
+            result = replay(trace, judged, prices=prices, price_source=price_source, baseline=args.baseline)
+            halves.append({"judged": label, **result.to_json()})
+            text = format_report(result)
+        if not args.json:
+            print(f"== {label}\n{text}\n", flush=True)
+    if args.json:
+        print(json.dumps({"trace": trace.source, "split": "time", "halves": halves}, indent=2))
+    if args.plot:
+        print("idle-reaper replay: --plot is not drawn with --split", file=sys.stderr)
     return 0

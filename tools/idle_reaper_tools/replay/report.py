@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from idle_reaper.policy import parse_team_policy
@@ -316,6 +316,25 @@ class SweepPoint:
     label: str
     summary: dict[str, Any]
     recovery_vs_base: float | None  # recovered hours / the ideal under the first setting's window
+
+
+def time_halves(trace: Trace) -> list[tuple[str, tuple[int, int]]]:
+    """The trace's days cut in two at the UTC midnight nearest its middle (--split time): a label and the
+    absolute buckets [first, end) of each half."""
+    first = min((s.first_bucket for s in trace.series), default=0)
+    end = max((s.first_bucket + len(s) for s in trace.series), default=0)
+    per_day = 86400 // trace.period_seconds
+    middle = round((first + end) / 2 / per_day) * per_day
+    middle = min(max(middle, first), end)
+    spans = [(first, middle), (middle, end)]
+
+    def day(bucket: int) -> str:
+        return datetime.fromtimestamp(bucket * trace.period_seconds, UTC).strftime("%Y-%m-%d")
+
+    return [
+        (f"{name} half judged ({day(lo)} to {day(hi)})", (lo, hi))
+        for name, (lo, hi) in zip(("first", "second"), spans, strict=True)
+    ]
 
 
 def sweep_policies(trace: Trace, options: ReplayOptions, overrides: Sequence[str]) -> list[SweepPoint]:

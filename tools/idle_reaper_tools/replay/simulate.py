@@ -39,6 +39,7 @@ from idle_reaper.core import (
     started_by_person,
 )
 from idle_reaper.core.reading import not_due, plan_next_read
+from idle_reaper.core.time_of_day import observe_text
 from idle_reaper.policy import TeamPolicy
 from idle_reaper_tools.replay.policies import PolicySet
 from idle_reaper_tools.replay.trace import Series, Trace
@@ -111,6 +112,10 @@ class ReplayOptions:
     # Skip calling the core when its answer is already determined (see _replay_reaper). Off: call it
     # every period, the reference the fast path is tested against.
     fast_path: bool = True
+    # Score only what happens in these absolute buckets [first, end) (--split time): every machine is still
+    # swept over the whole trace (its profile and history learn from the days before), but stops, warnings,
+    # idle, ideal and recovered time outside the span are not counted.
+    judged: tuple[int, int] | None = None
     # Call the core only when the machine is due (core/reading.py), as the sweep reads only then. The same
     # warnings and stops as calling it every period: benchmarks/read_when_due.py shows it on every trace.
     read_when_due: bool = False
@@ -149,6 +154,14 @@ def _person_active(series: Series | None, at: int, at_time: datetime, minutes: i
     return False
 
 
+def _judged_span(run: MachineRun, judged: tuple[int, int] | None) -> tuple[int, int]:
+    """The machine's own buckets that are scored: all of them, or those inside `judged`."""
+    if judged is None:
+        return 0, run.buckets
+    lo = min(max(judged[0] - run.first_bucket, 0), run.buckets)
+    return lo, max(lo, min(judged[1] - run.first_bucket, run.buckets))
+
+
 def _record_stop(
     run: MachineRun,
     truth: Truth,
@@ -158,16 +171,21 @@ def _record_stop(
     window: int,
     clock: _Clock,
     person: tuple[Series, int] | None = None,
+    judged: tuple[int, int] | None = None,
 ) -> int | None:
     """Book a stop issued at the start of bucket `at`; return the bucket where the machine restarts.
-    person: the machine's series and the minutes of input before the stop that count as a person active."""
+    person: the machine's series and the minutes of input before the stop that count as a person active.
+    judged: only the stop and stopped time inside these absolute buckets count."""
     n = run.buckets
-    false_stop = truth.busy_between(at - window, at)
-    person_active = person is not None and _person_active(person[0], at, at_time, person[1], clock.period_seconds)
     restart = next((j for j in range(at, n) if truth.busy[j]), None)
     end = n if restart is None else restart
-    run.stopped += end - at
-    run.recovered += sum(truth.quiet[at:end])
+    lo, hi = _judged_span(run, judged)
+    run.stopped += max(0, min(end, hi) - max(at, lo))
+    run.recovered += sum(truth.quiet[max(at, lo) : min(end, hi)])
+    if not lo <= at < hi:
+        return restart
+    false_stop = truth.busy_between(at - window, at)
+    person_active = person is not None and _person_active(person[0], at, at_time, person[1], clock.period_seconds)
     resumed = None if restart is None else (restart - at) * clock.period_seconds / 60
     run.stops.append(StopEvent(run.instance_id, at_time, reason, false_stop, resumed, person_active))
     if run.timeline is not None:
@@ -177,8 +195,8 @@ def _record_stop(
     return restart
 
 
-def _new_run(series: Series, truth: Truth, window: int) -> MachineRun:
-    return MachineRun(
+def _new_run(series: Series, truth: Truth, window: int, judged: tuple[int, int] | None = None) -> MachineRun:
+    run = MachineRun(
         series.instance_id,
         series.team,
         series.instance_type,
@@ -188,6 +206,11 @@ def _new_run(series: Series, truth: Truth, window: int) -> MachineRun:
         ideal_buckets(truth, window),
         owner=series.owner or series.instance_id,
     )
+    if judged is not None:
+        lo, hi = _judged_span(run, judged)
+        run.quiet = sum(truth.quiet[lo:hi])
+        run.ideal = ideal_buckets(truth, window, lo, hi)
+    return run
 
 
 def _window_buckets(policy: TeamPolicy, period_seconds: int) -> int:
@@ -226,7 +249,8 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
         seen[i + 1] = seen[i] + (
             cpu[i] == cpu[i] or gpu[i] == gpu[i] or (use_net and net[i] == net[i]) or (use_user and user[i] == user[i])
         )
-    run = _new_run(series, truth, window)
+    run = _new_run(series, truth, window, opts.judged)
+    judged_lo, judged_hi = _judged_span(run, opts.judged)
     if opts.timeline:
         run.timeline = bytearray([UNKNOWN]) * n
     timeline = run.timeline
@@ -238,6 +262,7 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
     # What the core's last answer settled into, while its inputs keep it there (see the fast paths).
     settled: Literal["active", "unknown"] | None = None
     warning_open = False  # a warning was given in the current quiet stretch and has not ended in a stop
+    warned_judged = True  # that warning was given inside the judged span
     k = 1  # the sweep at the start of bucket k sees buckets < k
     while k <= n:
         now = times[k]
@@ -261,6 +286,13 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
             # for 0 min" (its one earlier exit, a GPU type without GPU points, is excluded), and decide()
             # keeps an active, settled record as it is.
             if settled == "active" and busy[newest] and (not gpu_blind_unknown or gpu[newest] == gpu[newest]):
+                # ...except for the usage profile, which marks the newest bucket (marking is idempotent, so
+                # each bucket marked once, as the newest of some sweep, is what every sweep marking it gives).
+                if record is not None:
+                    stamp = (series.first_bucket + newest) * period_seconds
+                    text, _ = observe_text(record.usage_profile, stamp // 86400, (stamp // 3600,))
+                    if text != record.usage_profile:
+                        record = replace(record, usage_profile=text)
                 if timeline is not None and k < n:
                     timeline[k] = BUSY
                 k += 1
@@ -291,12 +323,12 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
         run.core_calls += 1
 
         if warning_open and record.warned_at is None:
-            run.warnings_without_stop += 1  # the stretch ended (activity, a hole) before the stop
+            run.warnings_without_stop += warned_judged  # the stretch ended (activity, a hole) before the stop
             warning_open = False
         if decision.action in REAP_ACTIONS and decision.applied:
             warning_open = False
             person = (series, opts.person_minutes)
-            restart = _record_stop(run, truth, k, decision.reason, now, window, clock, person)
+            restart = _record_stop(run, truth, k, decision.reason, now, window, clock, person, opts.judged)
             if restart is None:
                 break
             # A stopped machine reports nothing; its owner starts it again where the trace shows activity.
@@ -308,9 +340,11 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
             continue
         if decision.action is Action.WARN:
             warning_open = decision.applied
+            warned_judged = judged_lo <= k < judged_hi
             if decision.deliver_warning:
-                run.warnings += 1
-                run.warning_buckets.append(series.first_bucket + k)
+                if warned_judged:
+                    run.warnings += 1
+                    run.warning_buckets.append(series.first_bucket + k)
                 # Delivered at once, as the sweep records after a successful notifier.warn().
                 record = replace(record, version=record.version + 1, warning_delivered_at=now)
                 if rng is not None and rng.random() < opts.snooze_rate:
@@ -318,10 +352,10 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
                     kept = snooze(record, in_force, SNOOZER, until, now) if until else "no such choice"
                     if isinstance(kept, MachineRecord):  # else refused, e.g. the daily limit of keeps
                         record = kept
-                        run.snoozes += 1
+                        run.snoozes += warned_judged
                         warning_open = False
             else:
-                run.silent_warnings += 1
+                run.silent_warnings += warned_judged
         if decision.state is State.UNKNOWN:
             settled = "unknown"
         elif (
@@ -348,7 +382,7 @@ def _replay_cpu_alarm(series: Series, truth: Truth, opts: ReplayOptions, clock: 
     window = _window_buckets(policy, clock.period_seconds)
     n = len(series)
     times = clock.times(series.first_bucket, n + 1)
-    run = _new_run(series, truth, window)
+    run = _new_run(series, truth, window, opts.judged)
     cpu = series.cpu
     breaching = 0
     i = 0
@@ -358,7 +392,7 @@ def _replay_cpu_alarm(series: Series, truth: Truth, opts: ReplayOptions, clock: 
         if breaching >= window:
             reason = f"CPUUtilization < {threshold:g}% for {window} consecutive datapoints"
             person = (series, opts.person_minutes)
-            restart = _record_stop(run, truth, i + 1, reason, times[i + 1], window, clock, person)
+            restart = _record_stop(run, truth, i + 1, reason, times[i + 1], window, clock, person, opts.judged)
             if restart is None:
                 break
             breaching = 0

@@ -90,18 +90,20 @@ def classify(series: Series, policy: TeamPolicy, period_seconds: int, gpu_famili
     return Truth(busy=busy, quiet=quiet, prefix_busy=prefix, track_busy=track_busy)
 
 
-def ideal_buckets(truth: Truth, window: int) -> int:
+def ideal_buckets(truth: Truth, window: int, lo: int = 0, hi: int | None = None) -> int:
     """A clairvoyant reaper with the same window: each quiet stretch stopped exactly `window` buckets
-    in, kept stopped (like the replay) until the trace shows activity. Quiet buckets it saves."""
+    in, kept stopped (like the replay) until the trace shows activity. Quiet buckets it saves (of those
+    in [lo, hi) only, when given: the judged span of --split time)."""
+    end = len(truth.busy) if hi is None else hi
     saved = 0
     run = 0
     stopped = False
-    for busy, quiet in zip(truth.busy, truth.quiet, strict=True):
+    for i, (busy, quiet) in enumerate(zip(truth.busy, truth.quiet, strict=True)):
         if stopped:
             if busy:
                 stopped, run = False, 0
             else:
-                saved += quiet
+                saved += quiet and lo <= i < end
             continue
         run = run + 1 if quiet else 0
         stopped = run >= window
