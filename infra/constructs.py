@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Duration, Stack
+from aws_cdk import ArnFormat, Duration, Stack
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_events as events
@@ -214,7 +214,6 @@ class GpuAgentRollout(Construct):
     appear, and daily to catch drift. The collector's files are embedded in the document
     (collector_install_commands): nothing new for the instance role to read."""
 
-    PARAMETER_NAME = "AmazonCloudWatch-idle-reaper-gpu"
     COLLECTOR_STEP = "installActivityCollector"
 
     def __init__(
@@ -225,14 +224,16 @@ class GpuAgentRollout(Construct):
         config_file: Path,
         tag_key: str,
         tag_value: str,
+        parameter_name: str,
         collector_dir: Path = COLLECTOR_DIR,
     ) -> None:
         super().__init__(scope, id)
+        self.parameter_name = parameter_name
         config = json.loads(config_file.read_text())
         self.config_parameter = ssm.StringParameter(
             self,
             "AgentConfig",
-            parameter_name=self.PARAMETER_NAME,
+            parameter_name=parameter_name,
             description="CloudWatch agent config for GPU metrics read by idle-reaper (from infra/"
             + config_file.name
             + ")",
@@ -268,7 +269,7 @@ class GpuAgentRollout(Construct):
                                 "action": "configure",
                                 "mode": "ec2",
                                 "optionalConfigurationSource": "ssm",
-                                "optionalConfigurationLocation": self.PARAMETER_NAME,
+                                "optionalConfigurationLocation": parameter_name,
                                 "optionalRestart": "yes",
                             },
                         },
@@ -419,19 +420,11 @@ class ReaperMonitoring(Construct):
         shard_timeout: Duration | None = None,
     ) -> None:
         super().__init__(scope, id)
-        self.topic = sns.Topic(self, "Alarms", display_name="idle-reaper alarms", enforce_ssl=True)
+        self.topic = self._alarm_topic("Alarms", "idle-reaper alarms", alarm_email)
         self.topic.add_subscription(subscriptions.LambdaSubscription(alarm_relay))
-        if alarm_email:
-            self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
-        suppress(
-            self.topic,
-            NagPackSuppression(
-                id="AwsSolutions-SNS2",
-                reason="Alarm notifications carry no secrets. CloudWatch cannot publish to a topic encrypted "
-                "with the AWS-managed SNS key, and a customer-managed key per region costs more than the rest "
-                "of the stack; add one if your policy requires it.",
-            ),
-        )
+        # The relay's own failures go elsewhere: on the topic it listens to, a relay that cannot post would
+        # be woken by its own errors alarm, fail again, and flap ALARM/OK for as long as Slack is unreachable.
+        self.relay_topic = self._alarm_topic("RelayAlarms", "idle-reaper alarms the Slack relay failed", alarm_email)
         hour = Duration.hours(1)
         sweep_errors = cw.MathExpression(
             label="Sweep errors",
@@ -525,12 +518,6 @@ class ReaperMonitoring(Construct):
                 "A team has been in safe mode (warn only, no stops) for 3 sweeps: its policy or data needs an admin.",
                 periods=3,
             ),
-            at_least(
-                alarm_relay.metric_errors(period=five_minutes, statistic="Sum"),
-                "AlarmRelayErrorsAlarm",
-                "Alarms could not be posted to Slack (no admins configured, bad credentials, or Slack down): "
-                "only the e-mail subscription, if any, sees alarms now.",
-            ),
         ]
         shards_failed = self._service_metric("ShardsFailed", "Sum", interval)
         if fanout is not None and shard_worker is not None and shard_timeout is not None:
@@ -563,9 +550,18 @@ class ReaperMonitoring(Construct):
                     threshold=int(shard_timeout.to_milliseconds() * 0.8),
                 ),
             ]
+        relay_errors = at_least(
+            alarm_relay.metric_errors(period=five_minutes, statistic="Sum"),
+            "AlarmRelayErrorsAlarm",
+            "Alarms could not be posted to Slack (bad credentials, or Slack down): only e-mail subscribers see "
+            "alarms now. This alarm goes to its own topic, never through the relay.",
+        )
         for alarm in self.alarms:
             alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
             alarm.add_ok_action(cw_actions.SnsAction(self.topic))
+        relay_errors.add_alarm_action(cw_actions.SnsAction(self.relay_topic))
+        relay_errors.add_ok_action(cw_actions.SnsAction(self.relay_topic))
+        self.alarms.append(relay_errors)
 
         self.dashboard = cw.Dashboard(self, "Dashboard", dashboard_name=dashboard_name)
         self.dashboard.add_widgets(
@@ -655,6 +651,44 @@ class ReaperMonitoring(Construct):
                 left_annotations=[cw.HorizontalAnnotation(value=SLACK_DURATION_ALARM_MS, label="alarm")],
             ),
         )
+
+    def _alarm_topic(self, id: str, display_name: str, alarm_email: str | None) -> sns.Topic:
+        """A topic this account's CloudWatch alarms may publish to. enforce_ssl gives the topic a policy,
+        and a topic policy replaces SNS's default one (under which the account's alarms could publish):
+        without the statement below every alarm action fails with "not authorized to perform: SNS:Publish"."""
+        stack = Stack.of(self)
+        topic = sns.Topic(self, id, display_name=display_name, enforce_ssl=True)
+        topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchAlarmsOfThisAccount",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["sns:Publish"],
+                resources=[topic.topic_arn],
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": stack.account},
+                    "ArnLike": {
+                        "aws:SourceArn": stack.format_arn(
+                            service="cloudwatch",
+                            resource="alarm",
+                            resource_name="*",
+                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                        )
+                    },
+                },
+            )
+        )
+        if alarm_email:
+            topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
+        suppress(
+            topic,
+            NagPackSuppression(
+                id="AwsSolutions-SNS2",
+                reason="Alarm notifications carry no secrets. CloudWatch cannot publish to a topic encrypted "
+                "with the AWS-managed SNS key, and a customer-managed key per region costs more than the rest "
+                "of the stack; add one if your policy requires it.",
+            ),
+        )
+        return topic
 
     @staticmethod
     def _service_metric(name: str, statistic: str, period: Duration) -> cw.Metric:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,19 +64,21 @@ SLACK_TABLE_ACTIONS = (
 )
 GATHER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem")
 OWNER_INDEX = "owner-index"
-# Slack gives up on a request after 3 s; the handler answers at once and finishes the work in an
-# asynchronous invocation of itself. Enough for a team's button presses, not for a flood.
-SLACK_RESERVED_CONCURRENCY = 10
+DEFAULT_PREFIX = "idle-reaper"  # the names the CLI assumes (IDLE_REAPER_TABLE, IDLE_REAPER_SSM_PREFIX unset)
+PREFIX_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,30}[a-z0-9]")
 
 
 @dataclass(frozen=True)
 class IdleReaperProps:
     """What an admin may choose at deploy time (CDK context keys in brackets)."""
 
+    # [prefix] every physical name derives from it (table, secret, functions, state machine, dashboard,
+    # agent parameter, SSM path): a second stack with another prefix (staging) fits beside the first.
+    prefix: str = DEFAULT_PREFIX
     schedule_minutes: int = 5  # [scheduleMinutes] how often a sweep runs
     alarm_email: str | None = None  # [alarmEmail] who gets the alarms
     regions: tuple[str, ...] = ()  # [regions] one stack per region; empty: the CLI's default region
-    ssm_prefix: str = "/idle-reaper"  # [ssmPrefix] where settings and team policies live
+    ssm_prefix: str = ""  # [ssmPrefix] where settings and team policies live; empty: /<prefix>
     # [managedTagKey] machines (and Auto Scaling groups) opt in with this tag set to `true`; IAM lets the
     # reaper stop, start or release nothing else. Seeded into the settings as tags.managed.
     managed_tag_key: str = "idle-reaper:managed"
@@ -83,11 +86,26 @@ class IdleReaperProps:
     # metrics; an empty key turns the rollout off.
     gpu_agent_tag_key: str = "idle-reaper:gpu-agent"
     gpu_agent_tag_value: str = "install"
-    # Fixed names (the CLI's defaults) so `idle-reaper status` works against a deployment unconfigured.
-    table_name: str = "idle-reaper-state"
-    secret_name: str = "idle-reaper/slack"
+    # [sweepReservedConcurrency, slackReservedConcurrency] executions reserved for the sweep (1: two sweeps
+    # never plan at once) and the Slack endpoint (a flood of unsigned requests cannot take the account's
+    # concurrency). AWS keeps 100 unreserved, so the account's quota must be 100 + their sum; 0 reserves none.
+    sweep_reserved_concurrency: int = 1
+    slack_reserved_concurrency: int = 10
 
     def __post_init__(self) -> None:
+        if not PREFIX_PATTERN.fullmatch(self.prefix):
+            raise ValueError(
+                "prefix must be 2-32 lowercase letters, digits or '-', starting with a letter and not ending "
+                f"with '-', e.g. idle-reaper-staging (got {self.prefix!r})"
+            )
+        if not self.ssm_prefix:
+            object.__setattr__(self, "ssm_prefix", f"/{self.prefix}")
+        for key, value in (
+            ("sweepReservedConcurrency", self.sweep_reserved_concurrency),
+            ("slackReservedConcurrency", self.slack_reserved_concurrency),
+        ):
+            if not 0 <= value <= 1000:
+                raise ValueError(f"{key} must be between 0 (reserve none) and 1000 (got {value})")
         if not 1 <= self.schedule_minutes <= 60:
             raise ValueError("scheduleMinutes must be between 1 and 60")
         if not self.ssm_prefix.startswith("/") or self.ssm_prefix.endswith("/"):
@@ -107,14 +125,58 @@ class IdleReaperProps:
         if isinstance(regions, str):  # `-c regions=us-east-1,eu-west-1`
             regions = [r.strip() for r in regions.split(",")]
         return cls(
+            prefix=str(get("prefix") or defaults.prefix),
             schedule_minutes=int(get("scheduleMinutes") or defaults.schedule_minutes),
             alarm_email=get("alarmEmail") or None,
             regions=tuple(r for r in regions if r),
-            ssm_prefix=get("ssmPrefix") or defaults.ssm_prefix,
+            ssm_prefix=get("ssmPrefix") or "",  # empty: /<prefix>
             managed_tag_key=_or_default(get("managedTagKey"), defaults.managed_tag_key),
             gpu_agent_tag_key=_or_default(get("gpuAgentTagKey"), defaults.gpu_agent_tag_key),
             gpu_agent_tag_value=get("gpuAgentTagValue") or defaults.gpu_agent_tag_value,
+            sweep_reserved_concurrency=_count(get("sweepReservedConcurrency"), defaults.sweep_reserved_concurrency),
+            slack_reserved_concurrency=_count(get("slackReservedConcurrency"), defaults.slack_reserved_concurrency),
         )
+
+    # Physical names: per region (DynamoDB, Secrets Manager, Lambda, Step Functions and SSM are regional;
+    # a dashboard is account-wide, so its name carries the region).
+    @property
+    def table_name(self) -> str:
+        return f"{self.prefix}-state"
+
+    @property
+    def secret_name(self) -> str:
+        return f"{self.prefix}/slack"
+
+    @property
+    def slack_function_name(self) -> str:
+        return f"{self.prefix}-slack"
+
+    @property
+    def state_machine_name(self) -> str:
+        return f"{self.prefix}-sweep"
+
+    @property
+    def agent_parameter_name(self) -> str:
+        # The managed CloudWatchAgentServerPolicy lets instances read parameters named AmazonCloudWatch-*.
+        return f"AmazonCloudWatch-{self.prefix}-gpu"
+
+    def dashboard_name(self, region: str) -> str:
+        return f"{self.prefix}-{region}"
+
+    @property
+    def stack_name(self) -> str:
+        """The CloudFormation stack's name, the same in every region (names are per region), so adding
+        regions later updates the stack a default deploy made instead of creating a second one beside it."""
+        return "IdleReaper" if self.prefix == DEFAULT_PREFIX else self.prefix
+
+
+def _count(value: Any, default: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"a reserved concurrency must be a whole number (got {value!r})") from None
 
 
 def _or_default(value: Any, default: str) -> str:
@@ -206,7 +268,7 @@ class IdleReaperStack(Stack):
             # A sweep should end before the next one is due; reserved concurrency 1 makes sure it does.
             timeout=sweep_timeout,
             memory_size=SWEEP_MEMORY_MB,
-            reserved_concurrent_executions=1,
+            reserved_concurrent_executions=props.sweep_reserved_concurrency or None,
         )
         # A fleet larger than one shard: the sweep above plans it, and this state machine sweeps the shards.
         shard_worker = ReaperFunction(
@@ -239,11 +301,11 @@ class IdleReaperStack(Stack):
             # A sweep that runs long overlaps the next one safely (claims), but never runs on for hours.
             timeout=Duration.minutes(30),
             shards_at_once=SHARDS_AT_ONCE,
-            name="idle-reaper-sweep",  # a fixed name (per region), as the CLI's defaults: easy to find
+            name=props.state_machine_name,
         )
         sweep.function.add_environment(FANOUT_ENV, fanout.state_machine.state_machine_arn)
         # An explicit name, so the role can name the function's ARN without a dependency cycle.
-        slack_function_name = "idle-reaper-slack"  # function names are per region
+        slack_function_name = props.slack_function_name
         slack = ReaperFunction(
             self,
             "Slack",
@@ -258,7 +320,7 @@ class IdleReaperStack(Stack):
             timeout=Duration.seconds(30),
             memory_size=512,
             # Unsigned requests are refused in code, but still run: cap what a flood of them can use.
-            reserved_concurrent_executions=SLACK_RESERVED_CONCURRENCY,
+            reserved_concurrent_executions=props.slack_reserved_concurrency or None,
         )
         alarm_relay = ReaperFunction(
             self,
@@ -356,6 +418,7 @@ class IdleReaperStack(Stack):
                 self,
                 "GpuAgent",
                 config_file=REPO_ROOT / "infra" / "cloudwatch-agent-gpu.json",
+                parameter_name=props.agent_parameter_name,
                 tag_key=props.gpu_agent_tag_key,
                 tag_value=props.gpu_agent_tag_value,
             )
@@ -370,7 +433,7 @@ class IdleReaperStack(Stack):
             failures=failures,
             interval=interval,
             alarm_email=props.alarm_email,
-            dashboard_name=f"idle-reaper-{self.region}",  # dashboards are account-wide: one per region
+            dashboard_name=props.dashboard_name(self.region),
             ssm_prefix=props.ssm_prefix,
             fanout=fanout,
             shard_worker=shard_worker.function,
@@ -604,8 +667,9 @@ class IdleReaperStack(Stack):
         )
 
 
-def stack_id(region: str | None) -> str:
-    return f"IdleReaper-{region}" if region else "IdleReaper"
+def stack_id(props: IdleReaperProps, region: str | None) -> str:
+    """The stack's id in the app (what `cdk deploy ID` names); its CloudFormation name is props.stack_name."""
+    return f"{props.stack_name}-{region}" if region else props.stack_name
 
 
 def build(app: App) -> list[IdleReaperStack]:
@@ -617,6 +681,6 @@ def build(app: App) -> list[IdleReaperStack]:
     for region in props.regions or (None,):
         # Account-agnostic: the stack deploys into whichever account the credentials belong to.
         env = Environment(region=region or os.environ.get("CDK_DEFAULT_REGION"))
-        stacks.append(IdleReaperStack(app, stack_id(region), props=props, env=env))
+        stacks.append(IdleReaperStack(app, stack_id(props, region), props=props, env=env, stack_name=props.stack_name))
     Aspects.of(app).add(AwsSolutionsChecks(verbose=True))
     return stacks

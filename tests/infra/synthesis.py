@@ -38,7 +38,11 @@ class Synth:
         return found
 
     def nag_report(self, stack_name: str) -> str:
-        return (self.outdir / f"AwsSolutions--{stack_name}-NagReport.csv").read_text()
+        """cdk-nag names its report after the CloudFormation stack name, which every region's stack shares
+        (IdleReaperProps.stack_name): the report of the last region synthesized."""
+        manifest = json.loads((self.outdir / "manifest.json").read_text())
+        cfn_name = manifest["artifacts"][stack_name]["properties"].get("stackName", stack_name)
+        return (self.outdir / f"AwsSolutions--{cfn_name}-NagReport.csv").read_text()
 
 
 def synthesize(outdir: Path, **context: Any) -> Synth:
@@ -47,4 +51,4 @@ def synthesize(outdir: Path, **context: Any) -> Synth:
     app = cdk.App(context={**defaults, "aws:cdk:bundling-stacks": [], **context}, outdir=str(outdir))
     stacks = build(app)
     app.synth()
-    return Synth(outdir=outdir, stack_names=tuple(s.stack_name for s in stacks))
+    return Synth(outdir=outdir, stack_names=tuple(s.artifact_id for s in stacks))

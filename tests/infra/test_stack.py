@@ -322,16 +322,27 @@ def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[
 # -- monitoring ----------------------------------------------------------------------------------
 
 
+def alarm_topics(template: dict[str, Any]) -> tuple[str, str]:
+    """(the topic every alarm goes to, the one the relay's own errors alarm goes to)."""
+    by_name = {r["Properties"]["DisplayName"]: i for i, r in resources(template, "AWS::SNS::Topic").items()}
+    return by_name["idle-reaper alarms"], by_name["idle-reaper alarms the Slack relay failed"]
+
+
 def test_alarms_notify_the_topic_and_its_email_subscription(template: dict[str, Any], assertions: Template) -> None:
-    [topic] = resources(template, "AWS::SNS::Topic")
+    topic, relay_topic = alarm_topics(template)
     alarms = resources(template, "AWS::CloudWatch::Alarm")
     assert len(alarms) == 13
-    for alarm in alarms.values():
-        assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic}]
-        assert alarm["Properties"]["OKActions"] == [{"Ref": topic}]
-    assertions.has_resource_properties(
-        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": ALARM_EMAIL, "TopicArn": {"Ref": topic}}
-    )
+    for name, alarm in alarms.items():
+        # The relay's own errors alarm never goes through the relay (it would wake it to fail again).
+        expected = relay_topic if name.startswith("MonitoringAlarmRelayErrorsAlarm") else topic
+        assert alarm["Properties"]["AlarmActions"] == [{"Ref": expected}], name
+        assert alarm["Properties"]["OKActions"] == [{"Ref": expected}], name
+    for each in (topic, relay_topic):
+        assertions.has_resource_properties(
+            "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": ALARM_EMAIL, "TopicArn": {"Ref": each}}
+        )
+    subscribed = [s["Properties"]["TopicArn"] for s in resources(template, "AWS::SNS::Subscription").values()]
+    assert subscribed.count({"Ref": relay_topic}) == 1  # e-mail only: the relay does not listen there
     # By default alarms go to the admins in Slack: the relay function is subscribed, e-mail or not.
     relay, _ = function(template, "idle_reaper.handlers.alarms.handler")
     assertions.has_resource_properties(
@@ -421,7 +432,7 @@ def test_gpu_agent_config_is_the_repo_file_rolled_out_by_tag(template: dict[str,
     assert metrics.get("namespace", "CWAgent") == "CWAgent"
 
     [parameter] = resources(template, "AWS::SSM::Parameter").values()
-    assert parameter["Properties"]["Name"] == GpuAgentRollout.PARAMETER_NAME
+    assert parameter["Properties"]["Name"] == "AmazonCloudWatch-idle-reaper-gpu"
     assert parameter["Properties"]["Name"].startswith("AmazonCloudWatch-")  # readable under the managed policy
     assert json.loads(parameter["Properties"]["Value"]) == shipped
 
@@ -435,7 +446,8 @@ def test_gpu_agent_config_is_the_repo_file_rolled_out_by_tag(template: dict[str,
     ]
     assert (steps[2]["action"], steps[2]["name"]) == ("aws:runShellScript", GpuAgentRollout.COLLECTOR_STEP)
     assert steps[0]["inputs"]["documentParameters"] == {"action": "Install", "name": "AmazonCloudWatchAgent"}
-    assert steps[1]["inputs"]["documentParameters"]["optionalConfigurationLocation"] == GpuAgentRollout.PARAMETER_NAME
+    configure = steps[1]["inputs"]["documentParameters"]
+    assert configure["optionalConfigurationLocation"] == "AmazonCloudWatch-idle-reaper-gpu"
     assertions.has_resource_properties(
         "AWS::SSM::Association",
         {"Name": {"Ref": document_id}, "Targets": [{"Key": "tag:idle-reaper:gpu-agent", "Values": ["install"]}]},
@@ -599,8 +611,29 @@ def test_slack_function_may_invoke_itself_and_nothing_else_without_a_cycle(templ
     assert logical_id not in text and ":function:idle-reaper-slack" in text
 
 
+def test_this_accounts_alarms_may_publish_to_both_alarm_topics(template: dict[str, Any]) -> None:
+    """A topic policy replaces SNS's default one, under which the account's own alarms could publish: the
+    policy must allow CloudWatch itself, for this account's alarms only, or every alarm action fails."""
+    policies = {
+        topic["Ref"]: r["Properties"]["PolicyDocument"]["Statement"]
+        for r in resources(template, "AWS::SNS::TopicPolicy").values()
+        for topic in r["Properties"]["Topics"]
+    }
+    for topic in alarm_topics(template):
+        statements = policies[topic]
+        [allow] = [s for s in statements if s.get("Principal") == {"Service": "cloudwatch.amazonaws.com"}]
+        assert allow["Effect"] == "Allow" and allow["Action"] == "sns:Publish"
+        assert allow["Resource"] == {"Ref": topic}
+        assert allow["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+        source = json.dumps(allow["Condition"]["ArnLike"]["aws:SourceArn"])
+        assert ":cloudwatch:" in source and ":alarm:*" in source and "AWS::AccountId" in source
+        # The TLS-only statement stays, and denies nothing CloudWatch does (it publishes over TLS).
+        [deny] = [s for s in statements if s["Effect"] == "Deny"]
+        assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+
+
 def test_gpu_agent_failures_reach_the_alarm_topic(template: dict[str, Any], assertions: Template) -> None:
-    [topic] = resources(template, "AWS::SNS::Topic")
+    topic, _ = alarm_topics(template)
     [association] = resources(template, "AWS::SSM::Association")
     [rule] = [
         r["Properties"]

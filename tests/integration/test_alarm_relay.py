@@ -11,7 +11,7 @@ import pytest
 from idle_reaper import aws
 from idle_reaper.handlers import alarms
 from idle_reaper.policy import Settings
-from idle_reaper.slack import SlackNotConfigured, SlackUndelivered
+from idle_reaper.slack import SlackUndelivered
 from idle_reaper_tools.fake_slack import LambdaContextStub
 
 pytestmark = pytest.mark.integration
@@ -98,11 +98,17 @@ def test_it_fails_loudly_when_slack_is_down(aws: object, slack: Any) -> None:
         alarms.handler(sns_event(json.dumps(ALARM)), CTX)
 
 
-def test_it_fails_loudly_when_no_admin_is_configured(aws: object, slack: Any) -> None:
+def test_with_no_admin_configured_it_logs_the_alarm_and_returns_without_failing(
+    aws: object, slack: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The settings are seeded without admins. Raising here would trip the relay's errors alarm on every
+    alarm (an endless ALARM/OK flap once that alarm came back through the relay): log and return."""
     put_settings()  # the defaults: no admins, no channel
-    with pytest.raises(SlackNotConfigured, match="reached nobody"):
-        alarms.handler(sns_event(json.dumps(ALARM)), CTX)
+    assert alarms.handler(sns_event(json.dumps(ALARM)), CTX) == {"relayed": 0}
     assert alerts(slack) == []
+    [warning] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "set admins or admin_channel" in warning.getMessage()
+    assert "MonitoringSweepErrorsAlarm" in warning.alarms[0]  # the alarm itself is in the log
 
 
 @pytest.mark.parametrize("event", [{}, {"Records": []}, {"Records": [{"Sns": {"Subject": "x"}}]}, {"Records": "x"}])

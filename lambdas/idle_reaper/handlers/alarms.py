@@ -2,12 +2,13 @@
 
 The stack subscribes this function to its alarm topic, so every alarm state change reaches the admins
 (`settings.admins` by DM, `settings.admin_channel` if set) without anyone subscribing an e-mail address.
-When nobody could be told (Slack down, credentials missing, no admin configured) it raises: SNS and
-Lambda retry the delivery, and the function's errors show in its log and metrics."""
+With no admin configured there is nowhere to post: it logs the alarm at WARNING and returns (raising
+would only trip its own errors alarm, for nothing anyone could read). When Slack cannot be reached or
+the credentials are missing it raises: SNS and Lambda retry the delivery, and the relay's errors alarm
+goes to a topic of its own (e-mail only), never back through this relay."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -17,7 +18,7 @@ from idle_reaper.aws.clients import client, ssm_prefix
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import InMemoryStateStore
 from idle_reaper.notify import logger
-from idle_reaper.slack.notifier import SlackNotConfigured, SlackNotifier, load_secrets, make_client
+from idle_reaper.slack.notifier import SlackNotifier, load_secrets, make_client
 
 # An alarm relay has no 3 s deadline; leave room for a Retry-After or two.
 SLACK_BUDGET_SECONDS = 10.0
@@ -70,9 +71,11 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, int]:
     texts = messages(event)
     settings, _ = PolicyStore(client("ssm"), ssm_prefix()).load_settings()
     if not settings.admins and not settings.admin_channel:
-        raise SlackNotConfigured(
-            "an alarm reached nobody: set admins or admin_channel in the settings parameter\n" + json.dumps(texts)
+        logger.warning(
+            "an alarm reached nobody in Slack: set admins or admin_channel in the settings parameter",
+            extra={"alarms": texts},
         )
+        return {"relayed": 0}
     notifier = SlackNotifier(make_client(load_secrets().bot_token, SLACK_BUDGET_SECONDS), InMemoryStateStore())
     for text in texts:
         notifier.admin_alert(text, settings.admins, settings.admin_channel)  # raises when nobody received it
