@@ -26,9 +26,11 @@ lint: sync
 	$(RUN) mypy
 
 # The whole suite: lint, types, unit, integration (moto server + Slack fake), infra, and a CDK synth
-# with cdk-nag. pytest exits 5 when it collected no tests; make treats that as the failure it is.
+# with cdk-nag, linted by cfn-lint. pytest exits 5 when it collected no tests; make treats that as the failure it is.
 test: sync lint
 	$(MAKE) --no-print-directory synth
+	# Zero errors; W3005 is the DependsOn CDK adds beside a GetAtt on every function's role.
+	$(RUN) cfn-lint --non-zero-exit-code error --ignore-checks W3005 -- cdk.out/*.template.json
 	$(RUN) pytest -n 2 -q -p no:cacheprovider
 
 bench: sync

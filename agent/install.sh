@@ -7,22 +7,47 @@
 #   3. the systemd service and timer (every minute), enabled and started;
 #   4. the CloudWatch agent's StatsD listener (127.0.0.1:8125), appended to the agent's configuration.
 #
-# Overridable for tests and unusual layouts: IDLE_REAPER_PREFIX, IDLE_REAPER_UNIT_DIR, CWAGENT_CTL.
+# A machine it cannot run on (no Python 3.9+ among the system interpreters, as on Amazon Linux 2 with its
+# Python 3.7; or no systemd, as in a container) is not an error: it says so once, installs nothing and
+# exits 0, so the daily association does not fail (and alert the admins) on it every day. Such a machine
+# sends no activity metric, and `idle-reaper status` shows it as "no collector": judged on CPU/GPU alone.
+#
+# Overridable for tests and unusual layouts: IDLE_REAPER_PREFIX, IDLE_REAPER_UNIT_DIR, CWAGENT_CTL,
+# IDLE_REAPER_PYTHONS (the interpreters to try, in order), IDLE_REAPER_STATE_DIR, IDLE_REAPER_SYSTEMD_DIR.
 set -eu
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 PREFIX=${IDLE_REAPER_PREFIX:-/opt/idle-reaper}
 UNIT_DIR=${IDLE_REAPER_UNIT_DIR:-/etc/systemd/system}
 CWAGENT_CTL=${CWAGENT_CTL:-/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl}
+# The unit runs the interpreter chosen here, by absolute path: never whichever python3 is first on PATH.
+PYTHONS=${IDLE_REAPER_PYTHONS:-/usr/bin/python3 /usr/bin/python3.13 /usr/bin/python3.12 /usr/bin/python3.11 /usr/bin/python3.10 /usr/bin/python3.9}
+STATE_DIR=${IDLE_REAPER_STATE_DIR:-/var/lib/idle-reaper}
+SYSTEMD_DIR=${IDLE_REAPER_SYSTEMD_DIR:-/run/systemd/system}
 SERVICE_USER=idle-reaper-activity
 
 log() { echo "idle-reaper-activity install: $*"; }
 
-# The collector needs the system python3, 3.9 or newer (Amazon Linux 2023, Ubuntu 22.04+).
-if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
-    log "python3 3.9 or newer is required" >&2
-    exit 1
-fi
+# Not installed here, and why: said once (the association's output), then silent on later runs.
+unsupported() {
+    mkdir -p "$STATE_DIR"
+    if [ "$(cat "$STATE_DIR/collector-unsupported" 2>/dev/null)" != "$1" ]; then
+        echo "$1" > "$STATE_DIR/collector-unsupported"
+        log "not installed: $1. This machine is judged on CPU/GPU alone (\"no collector\" in idle-reaper status)." >&2
+    fi
+    exit 0
+}
+
+PYTHON=""
+for candidate in $PYTHONS; do
+    if [ -x "$candidate" ] && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
+        PYTHON=$candidate
+        break
+    fi
+done
+[ -n "$PYTHON" ] || unsupported "no Python 3.9 or newer among $PYTHONS (Amazon Linux 2 ships 3.7)"
+[ -d "$SYSTEMD_DIR" ] && command -v systemctl >/dev/null 2>&1 || unsupported "systemd is not running"
+rm -f "$STATE_DIR/collector-unsupported"
 
 if ! getent passwd "$SERVICE_USER" >/dev/null; then
     NOLOGIN=$(command -v nologin || echo /sbin/nologin)
@@ -35,15 +60,16 @@ install -m 0755 "$HERE/idle_reaper_activity.py" "$PREFIX/idle_reaper_activity.py
 install -m 0644 "$HERE/cloudwatch-agent-activity.json" "$PREFIX/cloudwatch-agent-activity.json"
 install -m 0644 "$HERE/README.md" "$PREFIX/README.md"
 install -d -m 0755 "$UNIT_DIR"
-install -m 0644 "$HERE/idle-reaper-activity.service" "$UNIT_DIR/idle-reaper-activity.service"
+sed "s|/usr/bin/python3 -I|$PYTHON -I|" "$HERE/idle-reaper-activity.service" > "$UNIT_DIR/idle-reaper-activity.service"
+chmod 0644 "$UNIT_DIR/idle-reaper-activity.service"
 install -m 0644 "$HERE/idle-reaper-activity.timer" "$UNIT_DIR/idle-reaper-activity.timer"
 
 # A broken copy must fail here, not silently every minute.
-python3 -I "$PREFIX/idle_reaper_activity.py" --print >/dev/null
+"$PYTHON" -I "$PREFIX/idle_reaper_activity.py" --print >/dev/null
 
 systemctl daemon-reload
 systemctl enable --now idle-reaper-activity.timer
-log "timer enabled"
+log "timer enabled ($PYTHON)"
 
 # append-config keeps the agent's other configuration (the GPU metrics) and stores this one under its
 # file name, so running it again replaces it instead of adding a second copy.

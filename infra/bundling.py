@@ -68,6 +68,40 @@ def export_requirements(project_dir: Path, uv: str | None = None) -> str:
     return result.stdout
 
 
+def install_locked_requirements(
+    project_dir: Path, target: Path, *, python_version: str = PYTHON_VERSION, python_platform: str = PYTHON_PLATFORM
+) -> None:
+    """Install the locked runtime requirements (wheels only, hashes checked) into `target` for a Python
+    and platform: Lambda's by default; the tests and the cold-import benchmark use the local ones."""
+    uv = find_uv()
+    with tempfile.TemporaryDirectory(prefix="idle-reaper-layer-") as tmp:
+        requirements = Path(tmp) / "requirements.txt"
+        requirements.write_text(export_requirements(project_dir, uv))
+        command = [
+            uv,
+            "pip",
+            "install",
+            "--quiet",
+            "--target",
+            str(target),
+            "--python-version",
+            python_version,
+            "--python-platform",
+            python_platform,
+            "--only-binary",
+            ":all:",
+            "--no-deps",  # the export is the complete, locked closure
+            "--require-hashes",  # every wheel must match uv.lock
+            "--link-mode",
+            "copy",
+            "-r",
+            str(requirements),
+        ]
+        completed = subprocess.run(command, capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f"installing the locked requirements failed:\n{' '.join(command)}\n{completed.stderr}")
+
+
 @jsii.implements(ILocalBundling)
 class LockedRequirementsBundler:
     """Installs the locked requirements for the Lambda platform into `<output_dir>/python`."""
@@ -76,36 +110,9 @@ class LockedRequirementsBundler:
         self.project_dir = project_dir
 
     # jsii passes the BundlingOptions either positionally or as keywords depending on its version;
-    # this bundler needs none of them.
+    # this bundler needs none of them. Raising (not returning False) keeps CDK from falling back to Docker.
     def try_bundle(self, output_dir: str, *_args: object, **_options: object) -> bool:
-        uv = find_uv()
-        with tempfile.TemporaryDirectory(prefix="idle-reaper-layer-") as tmp:
-            requirements = Path(tmp) / "requirements.txt"
-            requirements.write_text(export_requirements(self.project_dir, uv))
-            command = [
-                uv,
-                "pip",
-                "install",
-                "--quiet",
-                "--target",
-                str(Path(output_dir) / "python"),
-                "--python-version",
-                PYTHON_VERSION,
-                "--python-platform",
-                PYTHON_PLATFORM,
-                "--only-binary",
-                ":all:",
-                "--no-deps",  # the export is the complete, locked closure
-                "--require-hashes",  # every wheel must match uv.lock
-                "--link-mode",
-                "copy",
-                "-r",
-                str(requirements),
-            ]
-            completed = subprocess.run(command, capture_output=True, text=True)
-        if completed.returncode != 0:
-            # Returning False would make CDK fall back to Docker, which is exactly what we avoid.
-            raise RuntimeError(f"bundling the dependency layer failed:\n{' '.join(command)}\n{completed.stderr}")
+        install_locked_requirements(self.project_dir, Path(output_dir) / "python")
         return True
 
 

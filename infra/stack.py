@@ -40,8 +40,9 @@ ALARMS_HANDLER = "idle_reaper.handlers.alarms.handler"
 SHARD_HANDLER = "idle_reaper.handlers.fanout.shard_handler"
 GATHER_HANDLER = "idle_reaper.handlers.fanout.gather_handler"
 FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # handlers/sweep.py: hand a fleet larger than one shard to the state machine
-# 1,769 MB is one full vCPU: the sweep's own CPU time (benchmarks/sweep_latency.py) is measured on one core.
-SWEEP_MEMORY_MB = 1769
+# 1,769 MB is one full vCPU: the sweep's own CPU time (benchmarks/sweep_latency.py) is measured on one core,
+# and the Slack endpoint's cold start (benchmarks/cold_import.py) must leave room in Slack's 3 s.
+ONE_VCPU_MB = 1769
 
 # The sweep's read-only calls; none has resource-level permissions in IAM. The Spot requests and capacity
 # reservations say what kind of machine each is (machine_kinds.py).
@@ -267,7 +268,7 @@ class IdleReaperStack(Stack):
             environment={**environment, "IDLE_REAPER_REGIONS": ",".join(all_regions)},
             # A sweep should end before the next one is due; reserved concurrency 1 makes sure it does.
             timeout=sweep_timeout,
-            memory_size=SWEEP_MEMORY_MB,
+            memory_size=ONE_VCPU_MB,
             reserved_concurrent_executions=props.sweep_reserved_concurrency or None,
         )
         # A fleet larger than one shard: the sweep above plans it, and this state machine sweeps the shards.
@@ -280,7 +281,7 @@ class IdleReaperStack(Stack):
             layer=layer,
             environment=environment,
             timeout=shard_timeout,
-            memory_size=SWEEP_MEMORY_MB,
+            memory_size=ONE_VCPU_MB,
         )
         gather = ReaperFunction(
             self,
@@ -318,7 +319,12 @@ class IdleReaperStack(Stack):
             # handler where the other deployments are (same table name and prefix in each).
             environment={**environment, "IDLE_REAPER_REGIONS": ",".join(all_regions)},
             timeout=Duration.seconds(30),
-            memory_size=512,
+            # A cold start imports pydantic, slack-sdk and Powertools from source (Lambda's code is read-only:
+            # no bytecode is written): at 512 MB that alone is about 2 s of Slack's 3 s. Clicks are rare,
+            # so a full vCPU costs little.
+            memory_size=ONE_VCPU_MB,
+            # JSON logs carry each cold start's init time (platform.report), which the monitoring alarms on.
+            logging_format=lambda_.LoggingFormat.JSON,
             # Unsigned requests are refused in code, but still run: cap what a flood of them can use.
             reserved_concurrent_executions=props.slack_reserved_concurrency or None,
         )
@@ -429,6 +435,7 @@ class IdleReaperStack(Stack):
             sweep=sweep.function,
             sweep_timeout=sweep_timeout,
             slack=slack.function,
+            slack_logs=slack.log_group,
             alarm_relay=alarm_relay.function,
             failures=failures,
             interval=interval,

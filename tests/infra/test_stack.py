@@ -331,7 +331,7 @@ def alarm_topics(template: dict[str, Any]) -> tuple[str, str]:
 def test_alarms_notify_the_topic_and_its_email_subscription(template: dict[str, Any], assertions: Template) -> None:
     topic, relay_topic = alarm_topics(template)
     alarms = resources(template, "AWS::CloudWatch::Alarm")
-    assert len(alarms) == 13
+    assert len(alarms) == 14
     for name, alarm in alarms.items():
         # The relay's own errors alarm never goes through the relay (it would wake it to fail again).
         expected = relay_topic if name.startswith("MonitoringAlarmRelayErrorsAlarm") else topic
@@ -588,6 +588,55 @@ def test_failures_the_handlers_survive_and_slowness_are_alarmed(template: dict[s
     assert throttles["Threshold"] == 1 and throttles["TreatMissingData"] == "notBreaching"
     relay_errors = alarm_on(template, "Errors", "AWS/Lambda", of(relay_id))
     assert relay_errors["Threshold"] == 1
+
+
+# A report event of a cold start as Lambda writes it with the JSON log format (trimmed of the trace fields).
+PLATFORM_REPORT = {
+    "time": "2026-11-24T10:00:01.203Z",
+    "type": "platform.report",
+    "record": {
+        "requestId": "6d68ca91-49c9-448d-89b8-7ca3e6dc66aa",
+        "metrics": {
+            "durationMs": 182.4,
+            "billedDurationMs": 1036,
+            "memorySizeMB": 1769,
+            "maxMemoryUsedMB": 121,
+            "initDurationMs": 853.2,
+        },
+        "status": "success",
+    },
+}
+
+
+def test_slack_cold_starts_are_timed_and_alarmed(template: dict[str, Any]) -> None:
+    """Init time is not in the Duration metric: the Slack function logs JSON, whose platform.report event
+    carries initDurationMs, and a metric filter turns it into a metric with an alarm below Slack's 3 s."""
+    _, slack = function(template, "idle_reaper.handlers.slack.handler")
+    assert slack["LoggingConfig"]["LogFormat"] == "JSON"
+    assert slack["MemorySize"] == 1769  # a full vCPU: the cold import from source is CPU-bound
+    [log_group] = [ref["Ref"] for ref in [slack["LoggingConfig"]["LogGroup"]]]
+    [metric_filter] = [
+        r["Properties"]
+        for r in resources(template, "AWS::Logs::MetricFilter").values()
+        if r["Properties"]["LogGroupName"] == {"Ref": log_group}
+    ]
+    [transformation] = metric_filter["MetricTransformations"]
+    assert (transformation["MetricNamespace"], transformation["MetricName"]) == ("IdleReaper", "SlackInitDurationMs")
+    # The pattern's two terms and the value's path, read against a real report event.
+    pattern = metric_filter["FilterPattern"]
+    assert '$.type = "platform.report"' in pattern and "$.record.metrics.initDurationMs > 0" in pattern
+    value: Any = PLATFORM_REPORT
+    for key in transformation["MetricValue"].removeprefix("$.").split("."):
+        value = value[key]
+    assert value == 853.2
+    [alarm] = [
+        a["Properties"]
+        for a in resources(template, "AWS::CloudWatch::Alarm").values()
+        if "SlackInitDurationMs" in json.dumps(a["Properties"].get("Metrics", []))
+    ]
+    [stat] = [m["MetricStat"] for m in alarm["Metrics"]]
+    assert stat["Stat"] == "Maximum" and stat["Metric"]["Namespace"] == "IdleReaper"
+    assert alarm["Threshold"] < 3000 and alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
 
 
 def test_slack_function_may_invoke_itself_and_nothing_else_without_a_cycle(template: dict[str, Any]) -> None:

@@ -61,5 +61,5 @@ def test_person_at_one_percent_cpu_is_busy_missing_collector_is_judged_on_cpu(aw
     assert (
         rows["none"]["human_signal"]
         == rows["junk"]["human_signal"]
-        == ("no activity collector data (judged on CPU/GPU alone)")
+        == ("no collector (no activity data: judged on CPU/GPU alone)")
     )

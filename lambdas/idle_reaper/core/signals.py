@@ -419,14 +419,14 @@ def human_signal_note(assessment: Assessment | None, signals: Signals | None, no
 
 
 def describe_human_signal(note: str) -> str:
-    """A record's human_signal in words ("person active 12:03 UTC", "no activity collector data"); "" when
+    """A record's human_signal in words ("person active 12:03 UTC", "no collector"); "" when
     there is nothing to say. A value it cannot read (a corrupted item) says nothing rather than fail."""
     kind, _, at = note.partition(" ")
     when = ""
     with contextlib.suppress(ValueError):
         when = f"{datetime.fromisoformat(at.replace('Z', '+00:00')):%H:%M} UTC" if at else ""
     if kind == "missing":
-        return "no activity collector data (judged on CPU/GPU alone)"
+        return "no collector (no activity data: judged on CPU/GPU alone)"
     if kind == "active":
         return f"person active {when}".rstrip()
     if kind == "quiet":

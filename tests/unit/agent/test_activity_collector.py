@@ -731,6 +731,8 @@ def test_units_run_the_installed_collector_every_minute_as_the_service_user() ->
     assert settings["ExecStart"] == "/usr/bin/python3 -I /opt/idle-reaper/idle_reaper_activity.py"
     assert "PREFIX=${IDLE_REAPER_PREFIX:-/opt/idle-reaper}" in install
     assert settings["User"] == "idle-reaper-activity" and "SERVICE_USER=idle-reaper-activity" in install
+    # install.sh writes the interpreter it checked in place of /usr/bin/python3 (installed_unit).
+    assert 'sed "s|/usr/bin/python3 -I|$PYTHON -I|"' in install
     assert settings["CapabilityBoundingSet"] == settings["AmbientCapabilities"] == "CAP_DAC_READ_SEARCH"
     assert (settings["IPAddressDeny"], settings["IPAddressAllow"]) == ("any", "localhost")
     assert "OnCalendar=minutely" in timer.splitlines()
@@ -759,12 +761,19 @@ def fake_commands(tmp_path: Path, **bodies: str) -> tuple[Path, Path]:
     return bin_dir, log
 
 
-def run_install(tmp_path: Path, bin_dir: Path, ctl: Path) -> subprocess.CompletedProcess[str]:
+def run_install(
+    tmp_path: Path, bin_dir: Path, ctl: Path, *, pythons: str | None = None, systemd: bool = True
+) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "run-systemd").mkdir(exist_ok=True)
     env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "IDLE_REAPER_PREFIX": str(tmp_path / "opt"),
         "IDLE_REAPER_UNIT_DIR": str(tmp_path / "units"),
         "CWAGENT_CTL": str(ctl),
+        # The system interpreters install.sh tries, in order (absolute paths: never PATH's python3).
+        "IDLE_REAPER_PYTHONS": pythons or sys.executable,
+        "IDLE_REAPER_STATE_DIR": str(tmp_path / "state"),
+        "IDLE_REAPER_SYSTEMD_DIR": str(tmp_path / ("run-systemd" if systemd else "no-systemd")),
     }
     return subprocess.run(
         ["/bin/sh", str(AGENT_DIR / "install.sh")], capture_output=True, text=True, timeout=60, env=env
@@ -779,8 +788,10 @@ def test_install_is_idempotent(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
     for name in ("idle_reaper_activity.py", "cloudwatch-agent-activity.json", "README.md"):
         assert (tmp_path / "opt" / name).read_bytes() == (AGENT_DIR / name).read_bytes()
-    for name in ("idle-reaper-activity.service", "idle-reaper-activity.timer"):
-        assert (tmp_path / "units" / name).read_bytes() == (AGENT_DIR / name).read_bytes()
+    assert (tmp_path / "units" / "idle-reaper-activity.timer").read_bytes() == (
+        AGENT_DIR / "idle-reaper-activity.timer"
+    ).read_bytes()
+    assert (tmp_path / "units" / "idle-reaper-activity.service").read_text() == installed_unit(sys.executable)
     calls = log.read_text().splitlines()
     assert sum(call.startswith("useradd") for call in calls) == 1  # the second run finds the user
     assert calls.count("systemctl enable --now idle-reaper-activity.timer") == 2
@@ -798,10 +809,42 @@ def test_install_without_the_cloudwatch_agent_says_so(tmp_path: Path) -> None:
     assert (tmp_path / "units" / "idle-reaper-activity.timer").exists()
 
 
-def test_install_refuses_an_old_python_and_installs_nothing(tmp_path: Path) -> None:
-    bin_dir, log = fake_commands(tmp_path, python3="exit 1")
-    result = run_install(tmp_path, bin_dir, bin_dir / "amazon-cloudwatch-agent-ctl")
-    assert result.returncode == 1
-    assert "python3 3.9 or newer is required" in result.stderr
-    assert not (tmp_path / "opt").exists()
-    assert [call.split()[0] for call in log.read_text().splitlines()] == ["python3"]
+def installed_unit(python: str) -> str:
+    """The service unit as install.sh writes it: running the interpreter it checked."""
+    unit = (AGENT_DIR / "idle-reaper-activity.service").read_text()
+    return unit.replace("ExecStart=/usr/bin/python3 -I", f"ExecStart={python} -I")
+
+
+def test_on_amazon_linux_2_it_says_so_once_installs_nothing_and_succeeds(tmp_path: Path) -> None:
+    """AL2's /usr/bin/python3 is 3.7, whatever newer python3 a user put first on PATH: the association must
+    not fail (and alert the admins) on every such machine every day."""
+    bin_dir, log = fake_commands(tmp_path, python3="exit 1")  # fails the 3.9 check, as 3.7 does
+    pythons = f"{bin_dir / 'python3'} {tmp_path / 'python3.9-absent'}"
+    first = run_install(tmp_path, bin_dir, bin_dir / "amazon-cloudwatch-agent-ctl", pythons=pythons)
+    assert first.returncode == 0, first.stderr
+    assert "not installed: no Python 3.9 or newer" in first.stderr and '"no collector"' in first.stderr
+    assert not (tmp_path / "opt").exists() and not (tmp_path / "units").exists()
+    assert [call.split()[0] for call in log.read_text().splitlines()] == ["python3"]  # no useradd, no systemctl
+    # The next day's run: silent, still a success.
+    again = run_install(tmp_path, bin_dir, bin_dir / "amazon-cloudwatch-agent-ctl", pythons=pythons)
+    assert (again.returncode, again.stderr) == (0, "")
+
+
+def test_without_systemd_it_says_so_and_succeeds(tmp_path: Path) -> None:
+    bin_dir, log = fake_commands(tmp_path)
+    result = run_install(tmp_path, bin_dir, bin_dir / "amazon-cloudwatch-agent-ctl", systemd=False)
+    assert result.returncode == 0, result.stderr
+    assert "not installed: systemd is not running" in result.stderr
+    assert not (tmp_path / "units").exists() and not log.exists()
+
+
+def test_the_unit_runs_the_first_interpreter_that_passed_the_check(tmp_path: Path) -> None:
+    bin_dir, _ = fake_commands(tmp_path, python3="exit 1")
+    ctl = bin_dir / "amazon-cloudwatch-agent-ctl"
+    unsupported = run_install(tmp_path, bin_dir, ctl, pythons=str(bin_dir / "python3"))
+    assert unsupported.returncode == 0 and (tmp_path / "state" / "collector-unsupported").exists()
+    # Python 3.9+ installed later: the next run installs, runs that interpreter, and forgets the old note.
+    result = run_install(tmp_path, bin_dir, ctl, pythons=f"{bin_dir / 'python3'} {sys.executable}")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "units" / "idle-reaper-activity.service").read_text() == installed_unit(sys.executable)
+    assert not (tmp_path / "state" / "collector-unsupported").exists()

@@ -78,11 +78,11 @@ def test_the_signal_decides_busy_missing_and_ignores_garbage_in_one_call() -> No
     assert records[ids["person"]].human_signal.startswith("active 2026-11-20T14:")
     assert records[ids["no_collector"]].human_signal == "missing"
     rows = {r["instance_id"]: r for r in status_rows(records.values(), {}, None, Settings(), NOW)}
-    assert rows[ids["no_collector"]]["human_signal"] == "no activity collector data (judged on CPU/GPU alone)"
+    assert rows[ids["no_collector"]]["human_signal"] == "no collector (no activity data: judged on CPU/GPU alone)"
     assert rows[ids["person"]]["human_signal"].startswith("person active 14:")
     assert rows[ids["nobody"]]["human_signal"] == "no person active"
     text = format_status(list(rows.values()), NOW)
-    assert "PERSON" in text.splitlines()[1] and "no activity collector data" in text
+    assert "PERSON" in text.splitlines()[1] and "no collector" in text
 
 
 def test_a_policy_that_ignores_the_signal_keeps_nothing_for_status() -> None:
@@ -127,7 +127,7 @@ def test_the_slack_status_reply_says_the_signal_is_missing() -> None:
     )
     lines = reply.text.splitlines()
     assert lines[1] == "• dev (i-2) · ml · *active*: busy · person active 12:03 UTC"
-    assert lines[2] == "• nb (i-1) · ml · *warned*: quiet · no activity collector data (judged on CPU/GPU alone)"
+    assert lines[2] == "• nb (i-1) · ml · *warned*: quiet · no collector (no activity data: judged on CPU/GPU alone)"
     assert lines[3] == "• old (i-3) · ml · *active*: busy"  # the policy ignores the signal: nothing said
 
 
