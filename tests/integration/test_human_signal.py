@@ -63,3 +63,21 @@ def test_person_at_one_percent_cpu_is_busy_missing_collector_is_judged_on_cpu(aw
         == rows["junk"]["human_signal"]
         == ("no collector (no activity data: judged on CPU/GPU alone)")
     )
+
+
+def test_an_input_late_in_a_five_minute_period_is_placed_within_a_minute(aws):
+    """The agent publishes one value a minute. Read as a five-minute Minimum, a person typing at 14:49
+    would be placed at 14:45, the period's start (four minutes early: the machine looks idle sooner); read
+    at the agent's own one-minute resolution it is placed at 14:49."""
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    box = local.launch("box", "m5.large", team="ml", launch_time=at(8))
+    local.write_metrics(box, lambda _t: (1.0, None), at(12), NOW)
+    minute = NOW - timedelta(minutes=15)  # 14:45
+    # Last input 14:25 seen at 14:45-14:48, then typing at 14:49; nothing since (the collector stopped).
+    put_minutes(
+        box, [(minute + timedelta(minutes=i), 20.0 + i) for i in range(4)] + [(minute + timedelta(minutes=4), 0)]
+    )
+    report = run_sweep(Adapters.from_environment(notifier=LoggingNotifier(logger, delivers=True)), now=NOW)
+    [decision] = report.decisions
+    assert decision.assessment.human_last_input == minute + timedelta(minutes=4)
+    assert "a person was active at 14:49 UTC" in decision.reason

@@ -20,6 +20,10 @@ DATAPOINTS_PER_CALL = 100_800  # GetMetricData returns at most this many before 
 # local user's high values cannot hide a real low one (see the threat model there).
 HUMAN_METRIC_NAMESPACE = "CWAgent"
 HUMAN_METRIC_NAME = "idle_reaper_minutes_since_input"
+# Read at the agent's own resolution (one datapoint a minute, agent/cloudwatch-agent-activity.json): a
+# datapoint's time is then within a minute of its sample, so the input it places (core/signals.py,
+# last_human_input) is never more than a minute early. Queries are billed per metric, not per datapoint.
+HUMAN_METRIC_PERIOD_SECONDS = 60
 # Threads per kind of call. GetMetricData allows 50 transactions/s per account and region: 20 threads at
 # ~0.6 s a call stay near 33/s. DynamoDB on-demand absorbs 32 threads of small writes (a new table starts
 # at 4,000 writes/s). EC2 and Auto Scaling calls run on 8 threads per kind of action (at 0.2-0.3 s a call,
@@ -92,6 +96,7 @@ class MetricsReader:
                 query_id = f"{kind[0]}{kind[-1]}{index}"  # e.g. "cu12": unique, starts with a letter
                 owner[query_id] = (instance_id, kind)
                 stat = _STATISTIC.get(kind, "Maximum")
+                query_period = min(period, HUMAN_METRIC_PERIOD_SECONDS) if kind == "user" else period
                 queries.append(
                     {
                         "Id": query_id,
@@ -101,7 +106,7 @@ class MetricsReader:
                                 "MetricName": name,
                                 "Dimensions": [{"Name": "InstanceId", "Value": instance_id}],
                             },
-                            "Period": period,
+                            "Period": query_period,
                             "Stat": stat,
                         },
                         "ReturnData": True,
@@ -111,7 +116,8 @@ class MetricsReader:
         incomplete: set[str] = set()
         # A long window returns many points per query; keep one call under GetMetricData's datapoint
         # limit so no batch needs a second (re-billed) NextToken page.
-        points_per_query = int((end - start).total_seconds()) // period + 1
+        finest = min(period, HUMAN_METRIC_PERIOD_SECONDS) if human else period
+        points_per_query = int((end - start).total_seconds()) // finest + 1
         per_call = max(1, min(METRIC_QUERIES_PER_CALL, DATAPOINTS_PER_CALL // points_per_query))
 
         def read(batch: Sequence[dict[str, Any]]) -> None:

@@ -76,6 +76,7 @@ class Assessment:
     # The human-activity signal: a person active within human_active_minutes, none, no usable data,
     # or "off" (the policy ignores it).
     human_signal: Literal["active", "quiet", "missing", "off"] = "off"
+    human_last_input: datetime | None = None  # the newest person's input the collector reported
     # For the machine's usage profile (core/time_of_day.py): what the datapoints fetched say. Frozen: one
     # default serves all.
     usage: UsageMarks = UsageMarks()  # noqa: RUF009
@@ -165,7 +166,12 @@ HUMAN_NONE = 10080.0  # the collector's "no human input seen" (a week, in minute
 def last_human_input(points: Sequence[Point], now: datetime) -> tuple[datetime | None, int]:
     """The latest human input the user track shows (datapoint time - minutes since input), and how many
     datapoints were garbage and ignored: negative, over HUMAN_NONE, NaN, or an input time in the future
-    (a skewed clock). HUMAN_NONE means no input seen: a valid point that names no input."""
+    (a skewed clock). HUMAN_NONE means no input seen: a valid point that names no input.
+
+    The sweep reads the collector's metric at its own one-minute resolution (aws/metrics.py), so a
+    datapoint's time is within a minute before the sample it holds: the input it places is never earlier
+    than the truth by more than a minute (at the sweep's five-minute period, a Minimum taken late in the
+    period would place it up to five minutes early, making the machine look idle sooner)."""
     latest: datetime | None = None
     bad = 0
     for t, minutes in points:
@@ -215,7 +221,12 @@ HumanSignal = Literal["active", "quiet", "missing", "off"]
 
 
 def _human_activity(
-    user: Sequence[Point], policy: TeamPolicy, now: datetime, window_start: datetime, notes: list[str]
+    user: Sequence[Point],
+    policy: TeamPolicy,
+    now: datetime,
+    period: timedelta,
+    window_start: datetime,
+    notes: list[str],
 ) -> tuple[HumanSignal, datetime | None, datetime | None]:
     """A person at the keyboard is active from their last input for human_active_minutes, like a busy
     bucket: (the signal, the last input, the end of the newest human activity)."""
@@ -277,7 +288,7 @@ def assess(
     maxima: dict[str, float | None] = {}
     all_highs: list[Point] = []  # every busy datapoint fetched, for the usage profile
     latest_high: tuple[datetime, _Track, float] | None = None
-    human, last_input, human_until = _human_activity(signals.user, policy, now, window_start, notes)
+    human, last_input, human_until = _human_activity(signals.user, policy, now, period, window_start, notes)
     interrupted_at: datetime | None = human_until  # end of the newest activity or data hole seen
     for track in tracks:
         windowed = in_window(track.points)
@@ -314,6 +325,7 @@ def assess(
             observed_until=observed_until,
             quiet_summary=summary,
             human_signal=human,
+            human_last_input=last_input,
             usage=_usage(tracks, all_highs, signals.user, now, period),
             missing_series=missing,
         )
@@ -406,7 +418,7 @@ def parse_exemption(value: str | None, now: datetime) -> tuple[bool, str]:
 # The human-activity signal as `status` shows it
 
 
-def human_signal_note(assessment: Assessment | None, signals: Signals | None, now: datetime) -> str:
+def human_signal_note(assessment: Assessment | None) -> str:
     """What a record keeps of the human-activity signal (MachineRecord.human_signal): "" when the policy
     ignores it or the machine was not judged, "missing" when the collector sent nothing usable, else
     "active" or "quiet" and the newest human input seen, to the minute."""
@@ -414,7 +426,7 @@ def human_signal_note(assessment: Assessment | None, signals: Signals | None, no
         return ""
     if assessment.human_signal == "missing":
         return "missing"
-    last, _ = last_human_input(signals.user if signals else (), now)
+    last = assessment.human_last_input
     return assessment.human_signal + (f" {last:%Y-%m-%dT%H:%MZ}" if last else "")
 
 

@@ -133,7 +133,7 @@ def run_sweep(
             )
         kind = kinds[m.instance_id]
         d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run, kind=kind)
-        d = _with_status_notes(d, signals.get(m.instance_id), now)
+        d = _with_status_notes(d, now)
         d = replace(d, record=plan_next_read(d, now))
         price = hourly_price(m.instance_type, prices)
         decisions.append(replace(d, hourly_cost=price, saving=stop_saves(kind, price)))
@@ -267,10 +267,10 @@ def decision_row(d: Decision) -> dict[str, Any]:
     return explain(d)
 
 
-def _with_status_notes(d: Decision, signals: Signals | None, now: datetime) -> Decision:
+def _with_status_notes(d: Decision, now: datetime) -> Decision:
     """Keep on the record what the human-activity signal said, so `status` can show it without CloudWatch,
     and mark a stop made during quiet hours, so its owner hears of it when they end (report_quiet_hours)."""
-    record = replace(d.record, human_signal=human_signal_note(d.assessment, signals, now))
+    record = replace(d.record, human_signal=human_signal_note(d.assessment))
     policy = d.policy.policy if d.policy else None
     if policy is not None and policy.quiet_hours and d.applied and d.action in (Action.STOP, Action.HIBERNATE):
         record = replace(record, quiet_stop_at=now)

@@ -12,7 +12,6 @@ from idle_reaper.core import (
     Action,
     Assessment,
     MachineRecord,
-    Signals,
     State,
     describe_human_signal,
     human_signal_note,
@@ -96,14 +95,13 @@ def test_a_policy_that_ignores_the_signal_keeps_nothing_for_status() -> None:
 
 def test_note_and_description_round_trip_and_tolerate_corruption() -> None:
     input_at = NOW - timedelta(minutes=12)
-    signals = Signals(user=[(NOW - timedelta(minutes=5), 7.0)])
-    active = Assessment("busy", "x", human_signal="active")
-    note = human_signal_note(active, signals, NOW)
+    active = Assessment("busy", "x", human_signal="active", human_last_input=input_at)
+    note = human_signal_note(active)
     assert note == f"active {input_at:%Y-%m-%dT%H:%M}Z"
     assert describe_human_signal(note) == "person active 14:48 UTC"
-    assert human_signal_note(Assessment("idle", "x", human_signal="off"), signals, NOW) == ""
-    assert human_signal_note(None, signals, NOW) == ""
-    assert human_signal_note(Assessment("idle", "x", human_signal="quiet"), Signals(), NOW) == "quiet"
+    assert human_signal_note(Assessment("idle", "x", human_signal="off", human_last_input=input_at)) == ""
+    assert human_signal_note(None) == ""
+    assert human_signal_note(Assessment("idle", "x", human_signal="quiet")) == "quiet"
     assert describe_human_signal("quiet 2026-11-20T09:10Z") == "no person active (last input 09:10 UTC)"
     for corrupted in ("active not-a-time", "sideways 2026", "", "x" * 500):
         assert len(describe_human_signal(corrupted)) < 40
