@@ -57,9 +57,12 @@ LOG = logging.getLogger("idle_reaper_activity")
 METRIC_NAME = "idle_reaper_minutes_since_input"
 CAP_MINUTES = 10080  # one week: "no human input seen"; also the ceiling of every published value
 STATSD_DEFAULT = "127.0.0.1:8125"
-# A timestamp this far ahead of our clock is clock skew, not input: ignored. Within it, it counts as now
-# (file times and Jupyter's clock are this machine's clock, so a few seconds is rounding, not skew).
-FUTURE_TOLERANCE_SECONDS = 5.0
+STATE_DIR_DEFAULT = "/var/lib/idle-reaper-activity"  # the unit's StateDirectory: writable under ProtectSystem
+# A timestamp this far ahead of our clock is not input (a corrupt file time, a hostile local user): ignored.
+# Within it, it counts as now: file times and Jupyter's clock are this machine's clock, so a time a little
+# ahead is an input just before the clock was stepped back (NTP corrects a drifting clock by seconds to
+# minutes), and reading it as "no input" would call a person at the keyboard absent for the size of the step.
+FUTURE_TOLERANCE_SECONDS = 600.0
 HTTP_TIMEOUT_SECONDS = 2.0
 JUPYTER_BUDGET_SECONDS = 15.0  # all Jupyter servers together; the systemd unit allows a run 30 s
 RUNTIME_FILE_MAX_BYTES = 64 * 1024
@@ -110,18 +113,21 @@ def minutes_since_input(sightings: Iterable[Sighting], now: float, cap: int = CA
     return best
 
 
-def sighting_minutes(sighting: Sighting, now: float, cap: int = CAP_MINUTES) -> float | None:
-    """Minutes since one sighting, or None (logged) when its time is garbage or in the future."""
+def sighting_minutes(sighting: Sighting, now: float, cap: int = CAP_MINUTES, log: bool = True) -> float | None:
+    """Minutes since one sighting, or None (logged, unless `log` is off) when its time is garbage or far
+    in the future. A time up to FUTURE_TOLERANCE_SECONDS ahead (a clock stepped back) is now."""
     at = sighting.at
     if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
-        LOG.warning("ignoring %s: its time %r is not a number", sighting.source, at)
+        if log:
+            LOG.warning("ignoring %s: its time %r is not a number", sighting.source, at)
         return None
     if at > now + FUTURE_TOLERANCE_SECONDS:
-        LOG.warning(
-            "ignoring %s: its time is %.0f s in the future (clock skew?), never read as active",
-            sighting.source,
-            at - now,
-        )
+        if log:
+            LOG.warning(
+                "ignoring %s: its time is %.0f s in the future (clock skew?), never read as active",
+                sighting.source,
+                at - now,
+            )
         return None
     return min(float(cap), max(0.0, (now - at) / 60.0))
 
@@ -223,6 +229,38 @@ def who_u_sightings(now: float, ignore_users: Sequence[str] = ()) -> list[Sighti
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def pty_sightings(dev_root: str = "/dev", ignore_users: Sequence[str] = ()) -> list[Sighting]:
+    """Last input on every pseudo-terminal: the access time of /dev/pts/<n>.
+
+    Every interactive terminal is a pty: SSH sessions, tmux and screen panes, `docker exec -it`, Jupyter and
+    VS Code terminals. The kernel updates a pty's access time when its reader (the shell, or a program
+    reading the keyboard) gets input, and only its modification time when output is written: a terminal
+    printing for hours with a browser connected stays as old as its last keystroke (to 8 s, the kernel's
+    granularity). Read from the device directory itself, it needs neither utmp (containers and some images
+    write none) nor /proc (hidepid). The user is the device's owner; `ignore_users` are automation accounts."""
+    directory = os.path.join(dev_root, "pts")
+    sightings = []
+    for name in os.listdir(directory):
+        if not name.isdigit():
+            continue  # ptmx
+        try:
+            info = os.stat(os.path.join(directory, name))
+        except OSError:
+            continue  # closed meanwhile
+        user = _user_name(info.st_uid)
+        if user in ignore_users:
+            continue
+        sightings.append(Sighting(f"pty pts/{name} ({user})", info.st_atime))
+    return sightings
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 # --- source 2: Jupyter servers ------------------------------------------------------------------------------
 
 
@@ -248,18 +286,66 @@ def parse_jupyter_time(value: object) -> float:
     return epoch - offset_seconds + fraction
 
 
-def jupyter_runtime_dirs(homes: Iterable[str], environ: dict[str, str] | None = None) -> list[str]:
-    """Each user's runtime directory and JUPYTER_RUNTIME_DIR, if they exist, without duplicates."""
+def jupyter_runtime_dirs(
+    homes: Iterable[str], environ: dict[str, str] | None = None, extra: Iterable[str] = ()
+) -> list[str]:
+    """Every directory where a Jupyter server may have written its runtime file, that exists.
+
+    The collector runs as its own user under systemd: its environment says nothing of where a user's
+    server writes (JUPYTER_RUNTIME_DIR, JUPYTER_DATA_DIR, XDG_DATA_HOME). So it looks where they usually
+    point: each home's ~/.local/share/jupyter/runtime, any `jupyter/runtime` or `runtime` directory holding
+    runtime files a few levels under a home (bounded), the old XDG_RUNTIME_DIR location
+    /run/user/<uid>/jupyter, its own JUPYTER_RUNTIME_DIR, and directories the admin names (--jupyter-dir).
+    A server whose runtime file is still not found is named by jupyter_processes_without_runtime_file."""
     environ = os.environ if environ is None else environ
     candidates = [os.path.join(home, ".local", "share", "jupyter", "runtime") for home in homes]
+    for home in homes:
+        candidates.extend(_runtime_dirs_under(home))
+    candidates.extend(_glob_dirs("/run/user", "jupyter"))
     if environ.get("JUPYTER_RUNTIME_DIR"):
         candidates.append(environ["JUPYTER_RUNTIME_DIR"])
+    candidates.extend(extra)
     seen: list[str] = []
     for path in candidates:
         real = os.path.realpath(path)
         if os.path.isdir(real) and real not in seen:
             seen.append(real)
     return seen
+
+
+RUNTIME_SEARCH_DEPTH = 4
+RUNTIME_SEARCH_DIRS = 2000  # directories looked into per home, at most
+_NOT_SEARCHED = {"node_modules", ".git", ".cache", "site-packages", ".npm", ".conda", "envs", "pkgs", "__pycache__"}
+
+
+def _runtime_dirs_under(home: str) -> list[str]:
+    """Directories a few levels under `home` that hold Jupyter runtime files: where XDG_DATA_HOME,
+    JUPYTER_DATA_DIR or JUPYTER_RUNTIME_DIR point inside a home. Bounded in depth and in directories read."""
+    found: list[str] = []
+    budget = RUNTIME_SEARCH_DIRS
+    level = [home]
+    for _ in range(RUNTIME_SEARCH_DEPTH):
+        below: list[str] = []
+        for directory in level:
+            budget -= 1
+            if budget < 0:
+                return found
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue
+            if any(e.name.startswith(JUPYTER_RUNTIME_PREFIXES) and e.name.endswith(".json") for e in entries):
+                found.append(directory)
+            below.extend(e.path for e in entries if e.name not in _NOT_SEARCHED and e.is_dir(follow_symlinks=False))
+        level = below
+    return found
+
+
+def _glob_dirs(root: str, child: str) -> list[str]:
+    try:
+        return [os.path.join(root, name, child) for name in os.listdir(root)]
+    except OSError:
+        return []
 
 
 def jupyter_runtime_files(runtime_dirs: Iterable[str]) -> list[str]:
@@ -277,78 +363,129 @@ def jupyter_runtime_files(runtime_dirs: Iterable[str]) -> list[str]:
 
 
 class JupyterServer(NamedTuple):
-    base_url: str  # always http(s)://<loopback>:<port>/<base>/
+    base_urls: tuple[str, ...]  # http(s)://<an address of this machine>:<port>/<base>/, to try in order
     token: str
     label: str
+    root_dir: str  # where its notebooks are: read when the API refuses us (a password, no token)
+    pid: int | None
 
 
-def jupyter_server_from_runtime(info: object, label: str, proc_root: str = "/proc") -> JupyterServer | None:
-    """The loopback API address and token of one runtime file, or None (logged) when it is not usable.
+def pid_alive(pid: int) -> bool:
+    """Whether a process exists, also where /proc hides other users' processes (hidepid): signal 0 is
+    refused (EPERM) for a process that exists and is not ours, and fails with ESRCH for one that does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
-    Never another host: a runtime file is written by whoever started the server, so its URL is input."""
+
+def jupyter_server_from_runtime(
+    info: object, label: str, alive: Callable[[int], bool] = pid_alive
+) -> JupyterServer | None:
+    """Where to ask one runtime file's server, or None (logged) when it is not usable.
+
+    Never another host: a runtime file is written by whoever started the server, so its URL is input. The
+    server is asked on loopback at its own port and base URL (jupyter_server 2 writes the machine's
+    hostname into `url` when it listens on 0.0.0.0); when it listens on one address of this machine only,
+    that address is tried next. Any other host is refused."""
     if not isinstance(info, dict):
         LOG.warning("ignoring %s: not a JSON object", label)
         return None
     pid = info.get("pid")
-    if isinstance(pid, int) and os.path.isdir(proc_root) and not os.path.isdir(os.path.join(proc_root, str(pid))):
+    if isinstance(pid, int) and not isinstance(pid, bool) and not alive(pid):
         LOG.info("ignoring %s: its server (pid %s) is not running", label, pid)
         return None
     if info.get("sock"):
         LOG.info("ignoring %s: servers on a unix socket are not supported", label)
         return None
     url = info.get("url")
-    if not isinstance(url, str):
-        LOG.warning("ignoring %s: no url", label)
-        return None
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
+    parts = urllib.parse.urlsplit(url if isinstance(url, str) else "")
     try:
-        port = parts.port
+        port = info.get("port") if isinstance(info.get("port"), int) else parts.port
     except ValueError:
         port = None
-    if parts.scheme not in ("http", "https") or port is None:
+    scheme = "https" if info.get("secure") is True else parts.scheme or "http"
+    if scheme not in ("http", "https") or not isinstance(port, int) or not 0 < port < 65536:
         LOG.warning("ignoring %s: unusable url %r", label, url)
         return None
-    loopback = _loopback_address(host)
-    if loopback is None:
-        LOG.warning("ignoring %s: %r is not a loopback address (only this machine's servers are asked)", label, url)
-        return None
-    path = parts.path if parts.path.endswith("/") else parts.path + "/"
+    base = info.get("base_url") if isinstance(info.get("base_url"), str) else parts.path
+    base = "/" + str(base).strip("/") + "/" if str(base).strip("/") else "/"
+    hosts = ["127.0.0.1"]
+    for named in (info.get("hostname"), parts.hostname):
+        if isinstance(named, str) and named not in ("", "localhost", "0.0.0.0", "::"):
+            address = _local_address(named)
+            if address is None:
+                # A name (jupyter_server writes the hostname) is looked up nowhere: loopback only.
+                if _is_ip(named):
+                    LOG.warning("ignoring %s: %r is not an address of this machine", label, url)
+                    return None
+                continue
+            if address not in hosts:
+                hosts.append(address)
     token = info.get("token")
-    return JupyterServer(f"{parts.scheme}://{loopback}:{port}{path}", token if isinstance(token, str) else "", label)
+    root = info.get("root_dir") or info.get("notebook_dir")
+    return JupyterServer(
+        tuple(f"{scheme}://{host}:{port}{base}" for host in hosts),
+        token if isinstance(token, str) else "",
+        label,
+        root if isinstance(root, str) else "",
+        pid if isinstance(pid, int) else None,
+    )
 
 
-def _loopback_address(host: str) -> str | None:
-    """The loopback address to connect to for a runtime file's host, or None when it is not this machine.
-
-    "localhost" and the wildcard addresses map to 127.0.0.1 / [::1] without a name lookup."""
-    if host in ("localhost", "0.0.0.0", ""):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
+def _is_ip(host: str) -> bool:
     try:
-        address = ipaddress.ip_address(host)
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def _local_address(host: str) -> str | None:
+    """The URL form of `host` when it is an IP address of this machine (loopback, or one it can bind),
+    else None. Never a name lookup: a name in a runtime file is input."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return None
-    if not address.is_loopback:
+    text = f"[{address}]" if address.version == 6 else str(address)
+    if address.is_loopback:
+        return text
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(address), 0))  # succeeds only for an address of this machine
+    except OSError:
         return None
-    return f"[{address}]" if address.version == 6 else str(address)
+    return text
+
+
+class JupyterRefused(Exception):
+    """The server answered 401 or 403: it wants a password, or the runtime file's token is not its own."""
 
 
 def fetch_json(url: str, token: str, timeout: float) -> object:
-    """GET a loopback Jupyter API URL with the server's token; the JSON body or an exception."""
+    """GET a Jupyter API URL on this machine with the server's token; the JSON body or an exception."""
     # no_track_activity: our own poll must not count as activity (jupyter_server honours it on API handlers).
-    request = urllib.request.Request(
-        url + ("&" if "?" in url else "?") + "no_track_activity=1",
-        headers={"Authorization": "token " + token, "Accept": "application/json"},
-    )
-    # Loopback only: a self-signed certificate proves nothing here, and the token goes where the file says.
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = "token " + token
+    request = urllib.request.Request(url + ("&" if "?" in url else "?") + "no_track_activity=1", headers=headers)
+    # This machine only: a self-signed certificate proves nothing here, and the token goes where the file says.
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     opener = urllib.request.build_opener(_NoRedirect, urllib.request.HTTPSHandler(context=context))
-    with opener.open(request, timeout=timeout) as response:
-        return json.loads(response.read(1_000_000).decode("utf-8"))
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            return json.loads(response.read(1_000_000).decode("utf-8"))
+    except urllib.error.HTTPError as error:
+        if error.code in (401, 403):
+            raise JupyterRefused(f"HTTP {error.code}") from error
+        raise
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -358,30 +495,103 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         raise urllib.error.URLError(f"redirect to {newurl} refused")
 
 
+MAX_SESSIONS = 50  # notebooks asked for their last save, per server
+
+
 def jupyter_server_sightings(
     server: JupyterServer, now: float, timeout: float = HTTP_TIMEOUT_SECONDS
 ) -> list[Sighting]:
-    """Server last_activity, each kernel's last_activity, and "now" for a kernel that is executing."""
-    sightings = []
-    status = fetch_json(server.base_url + "api/status", server.token, timeout)
-    if isinstance(status, dict) and "last_activity" in status:
-        sightings.extend(_jupyter_time_sighting(f"{server.label} last_activity", status["last_activity"]))
-    else:
-        LOG.warning("ignoring api/status of %s: unexpected shape", server.label)
-    kernels = fetch_json(server.base_url + "api/kernels", server.token, timeout)
+    """What a person did in one server: a cell executed (each idle kernel's last_activity: the moment it
+    went quiet after its last message) and a notebook saved (the open notebooks' last_modified; JupyterLab
+    saves an edited notebook every two minutes).
+
+    Not input, and not read: the server's own last_activity (the front end's polling refreshes it every
+    ~10 s while a tab is open, and terminal output refreshes it too), a busy kernel (a hung cell or a
+    pending input() is busy forever at 0 % CPU; a working one shows in CPU/GPU), terminals (their ptys are
+    read by pty_sightings, where only typing counts)."""
+    error: Exception | None = None
+    for base in server.base_urls:
+        try:
+            kernels = fetch_json(base + "api/kernels", server.token, timeout)
+        except (OSError, ValueError) as failure:  # URLError is an OSError: not listening there
+            error = failure
+            continue
+        return _kernel_sightings(server, kernels) + _notebook_save_sightings(server, base, timeout)
+    raise error if error else OSError("no address to ask")
+
+
+def _kernel_sightings(server: JupyterServer, kernels: object) -> list[Sighting]:
     if not isinstance(kernels, list):
         LOG.warning("ignoring api/kernels of %s: not a list", server.label)
-        return sightings
+        return []
+    sightings = []
     for kernel in kernels:
         if not isinstance(kernel, dict):
             LOG.warning("ignoring a kernel of %s: not an object", server.label)
             continue
         label = f"{server.label} kernel {kernel.get('id', '?')}"
-        if kernel.get("execution_state") == "busy":
-            sightings.append(Sighting(label + " busy", now))
+        if kernel.get("execution_state") != "idle":
+            LOG.info("%s is %s: not input (a hung cell is busy forever)", label, kernel.get("execution_state"))
         elif "last_activity" in kernel:
-            sightings.extend(_jupyter_time_sighting(label, kernel["last_activity"]))
+            sightings.extend(_jupyter_time_sighting(label + " idle since", kernel["last_activity"]))
     return sightings
+
+
+def _notebook_save_sightings(server: JupyterServer, base: str, timeout: float) -> list[Sighting]:
+    try:
+        sessions = fetch_json(base + "api/sessions", server.token, timeout)
+    except (OSError, ValueError) as error:
+        LOG.info("no sessions from %s: %s", server.label, error)
+        return []
+    if not isinstance(sessions, list):
+        return []
+    sightings = []
+    paths = [s.get("path") for s in sessions if isinstance(s, dict) and s.get("type", "notebook") == "notebook"]
+    for path in [p for p in paths if isinstance(p, str) and p][:MAX_SESSIONS]:
+        url = base + "api/contents/" + urllib.parse.quote(path.lstrip("/")) + "?content=0"
+        try:
+            model = fetch_json(url, server.token, timeout)
+        except (OSError, ValueError) as error:
+            LOG.info("no model of %s from %s: %s", path, server.label, error)
+            continue
+        if isinstance(model, dict) and "last_modified" in model:
+            sightings.extend(_jupyter_time_sighting(f"{server.label} notebook {path} saved", model["last_modified"]))
+    return sightings
+
+
+NOTEBOOK_SCAN_ENTRIES = 20_000  # files and directories looked at under a server's root, at most
+NOTEBOOK_SCAN_DEPTH = 6
+
+
+def notebook_saves_under(root: str, label: str) -> list[Sighting]:
+    """The newest notebook save under a server's root directory (bounded): what can be known of a server
+    that refuses the API (a password instead of a token). Hidden directories and checkpoints are skipped."""
+    newest: float | None = None
+    budget = NOTEBOOK_SCAN_ENTRIES
+    level = [root]
+    for _ in range(NOTEBOOK_SCAN_DEPTH):
+        below = []
+        for directory in level:
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue
+            for entry in entries:
+                budget -= 1
+                if budget < 0:
+                    break
+                if entry.name.startswith(".") or entry.name in _NOT_SEARCHED:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    below.append(entry.path)
+                elif entry.name.endswith(".ipynb"):
+                    try:
+                        mtime = entry.stat(follow_symlinks=False).st_mtime
+                    except OSError:
+                        continue
+                    newest = mtime if newest is None else max(newest, mtime)
+        level = below
+    return [] if newest is None else [Sighting(f"{label} newest notebook save under {root}", newest)]
 
 
 def _jupyter_time_sighting(label: str, value: object) -> list[Sighting]:
@@ -396,13 +606,16 @@ def jupyter_sightings(
     runtime_dirs: Iterable[str],
     now: float,
     timeout: float = HTTP_TIMEOUT_SECONDS,
-    proc_root: str = "/proc",
+    alive: Callable[[int], bool] = pid_alive,
     budget_seconds: float = JUPYTER_BUDGET_SECONDS,
+    gaps: dict[str, str] | None = None,
+    pids: list[int] | None = None,
 ) -> list[Sighting]:
-    """Sightings of every live loopback Jupyter server, within a time budget for all of them together.
+    """Sightings of every live Jupyter server of this machine, within a time budget for all of them together.
 
     Any local user can write runtime files; the budget keeps a pile of slow fake servers from making the
-    whole run miss its minute (what is not asked in time is simply not seen)."""
+    whole run miss its minute (what is not asked in time is simply not seen). A server that refuses the API
+    (password) is read from its notebooks' saves instead, and that is noted in `gaps` (status shows it)."""
     sightings = []
     deadline = time.monotonic() + budget_seconds
     for path in jupyter_runtime_files(runtime_dirs):
@@ -414,14 +627,60 @@ def jupyter_sightings(
         except (OSError, ValueError) as error:
             LOG.warning("ignoring Jupyter runtime file %s: %s", path, error)
             continue
-        server = jupyter_server_from_runtime(info, "jupyter " + os.path.basename(path), proc_root)
+        server = jupyter_server_from_runtime(info, "jupyter " + os.path.basename(path), alive)
         if server is None:
             continue
+        if pids is not None and server.pid is not None:
+            pids.append(server.pid)
         try:
             sightings.extend(jupyter_server_sightings(server, now, timeout))
-        except (OSError, ValueError, urllib.error.URLError) as error:
+        except JupyterRefused as refused:
+            fallback = notebook_saves_under(server.root_dir, server.label) if server.root_dir else []
+            note = f"{server.label} refuses the API ({refused}: a password, or not its token): " + (
+                "only notebook saves under its root are seen" if fallback else "nothing is seen"
+            )
+            if gaps is not None:
+                gaps["jupyter"] = note
+            sightings.extend(fallback)
+        except (OSError, ValueError) as error:
             LOG.warning("no answer from %s: %s", server.label, error)
     return sightings
+
+
+def jupyter_processes_without_runtime_file(
+    runtime_pids: Iterable[int], proc_root: str = "/proc"
+) -> tuple[list[tuple[int, str]], str]:
+    """Running Jupyter servers whose runtime file was not found ((pid, command line) each), and a note when
+    the processes cannot be listed (/proc mounted with hidepid): both mean servers the collector cannot see."""
+    known = set(runtime_pids)
+    try:
+        names = os.listdir(proc_root)
+    except OSError as error:
+        return [], f"cannot list {proc_root}: {error}"
+    if "1" not in names:
+        return [], f"{proc_root} hides other users' processes (hidepid): a server without a runtime file goes unseen"
+    missing = []
+    for name in names:
+        if not name.isdigit() or int(name) in known:
+            continue
+        try:
+            with open(os.path.join(proc_root, name, "cmdline"), "rb") as handle:
+                argv = handle.read(4096).split(b"\0")
+        except OSError:
+            continue
+        words = [os.path.basename(a.decode("utf-8", "replace")) for a in argv[:4]]
+        if _is_jupyter_server(words):
+            missing.append((int(name), " ".join(w for w in words if w)))
+    return missing, ""
+
+
+def _is_jupyter_server(words: Sequence[str]) -> bool:
+    # "jupyter-lab", "jupyter lab", "python -m jupyter_server", "jupyter-notebook", "jupyter server"
+    joined = " ".join(words)
+    return bool(
+        re.search(r"\bjupyter[- ](lab|notebook|server|nbclassic)\b", joined)
+        or re.search(r"-m (jupyter_server|jupyterlab|notebook)\b", joined)
+    )
 
 
 def read_small_file(path: str, max_bytes: int) -> bytes:
@@ -469,62 +728,6 @@ def vscode_sightings(homes: Iterable[str]) -> list[Sighting]:
     return sightings
 
 
-def vscode_terminal_sightings(proc_root: str = "/proc", dev_root: str = "/dev") -> list[Sighting]:
-    """Last input in VS Code's integrated terminals: the access time of each terminal shell's pty.
-
-    Those pseudo-terminals are not in utmp. Their shells are children of the VS Code server's pty host (a
-    process under ~/.vscode-server or ~/.vscode-remote started with --type=ptyHost), and a shell's
-    controlling terminal is in /proc/<pid>/stat, readable without privilege. As with SSH terminals, only
-    what the person types touches the access time; an open terminal nobody types in ages."""
-    processes = _processes(proc_root)
-    pty_hosts = {pid for pid, (cmdline, _ppid, _tty) in processes.items() if _is_vscode_pty_host(cmdline)}
-    sightings = []
-    seen: set[int] = set()
-    for _cmdline, ppid, tty_nr in processes.values():
-        index = _pts_index(tty_nr)
-        if ppid not in pty_hosts or index is None or index in seen:
-            continue
-        seen.add(index)
-        try:
-            atime = os.stat(os.path.join(dev_root, "pts", str(index))).st_atime
-        except OSError:
-            continue
-        sightings.append(Sighting(f"vscode terminal pts/{index}", atime))
-    return sightings
-
-
-def _processes(proc_root: str) -> dict[int, tuple[str, int, int]]:
-    """pid -> (command line, parent pid, controlling tty number) of every process still there."""
-    table = {}
-    for name in os.listdir(proc_root):
-        if not name.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc_root, name, "cmdline"), "rb") as handle:
-                cmdline = handle.read(8192).replace(b"\0", b" ").decode("utf-8", "replace")
-            with open(os.path.join(proc_root, name, "stat"), "rb") as handle:
-                line = handle.read(4096).decode("utf-8", "replace")
-            # "pid (comm) state ppid pgrp session tty_nr ...": comm may hold spaces and parentheses.
-            fields = line[line.rindex(")") + 2 :].split()
-            table[int(name)] = (cmdline, int(fields[1]), int(fields[4]))
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile, or not readable
-    return table
-
-
-def _is_vscode_pty_host(cmdline: str) -> bool:
-    return "--type=ptyHost" in cmdline and any("/" + name + "/" in cmdline for name in VSCODE_SERVER_DIRS)
-
-
-def _pts_index(tty_nr: int) -> int | None:
-    """/dev/pts/<index> of a controlling-terminal number, None for anything but a pseudo-terminal slave."""
-    major = (tty_nr >> 8) & 0xFFF
-    minor = (tty_nr & 0xFF) | ((tty_nr >> 12) & 0xFFF00)
-    if not 136 <= major <= 143:  # UNIX98_PTY_SLAVE_MAJOR and its 7 companions
-        return None
-    return (major - 136) * 256 + minor
-
-
 # --- wiring: every source, each one fenced, then the decision -----------------------------------------------
 
 
@@ -537,6 +740,22 @@ class Settings(NamedTuple):
     proc_root: str = "/proc"
     use_who: bool = True  # fall back to `who -u` when utmp cannot be read
     environ: dict[str, str] | None = None
+    jupyter_dirs: Sequence[str] = ()  # more runtime directories to look in (--jupyter-dir)
+    alive: Callable[[int], bool] = pid_alive
+
+
+# What the collector could not read, as the second gauge's bits (status names them per machine).
+UNREADABLE_BITS = {"terminals": 1, "jupyter": 2}
+
+
+class Collected(NamedTuple):
+    minutes: float  # since the last human input, [0, CAP_MINUTES]
+    sightings: list[Sighting]
+    gaps: dict[str, str]  # source -> why it could not be read (fully or in part)
+
+    @property
+    def unreadable(self) -> int:
+        return sum(UNREADABLE_BITS.get(source, 0) for source in self.gaps)
 
 
 def user_homes() -> list[str]:
@@ -547,9 +766,10 @@ def user_homes() -> list[str]:
     return homes
 
 
-def collect(now: float, settings: Settings | None = None) -> tuple[float, list[Sighting]]:
-    """(minutes since the last human input, the sightings behind it). Never raises."""
+def collect(now: float, settings: Settings | None = None) -> Collected:
+    """Minutes since the last human input, the sightings behind it, and what could not be read. Never raises."""
     settings = Settings() if settings is None else settings
+    gaps: dict[str, str] = {}
     homes: Sequence[str] = ()
     try:
         homes = user_homes() if settings.homes is None else settings.homes
@@ -557,36 +777,94 @@ def collect(now: float, settings: Settings | None = None) -> tuple[float, list[S
         LOG.exception("cannot list home directories: Jupyter and VS Code sources see nothing")
 
     def terminals() -> list[Sighting]:
+        found: list[Sighting] = []
+        problems = []
         try:
-            return tty_sightings(settings.utmp_path, settings.dev_root, settings.ignore_users)
+            found += pty_sightings(settings.dev_root, settings.ignore_users)
+        except OSError as error:
+            problems.append(f"pseudo-terminals: {error}")
+        try:
+            found += tty_sightings(settings.utmp_path, settings.dev_root, settings.ignore_users)
         except (OSError, struct.error) as error:
-            if not settings.use_who:
-                raise
-            LOG.info("utmp unreadable (%s): falling back to `who -u`", error)
-            return who_u_sightings(now, settings.ignore_users)
+            if settings.use_who:
+                LOG.info("utmp unreadable (%s): falling back to `who -u`", error)
+                try:
+                    found += who_u_sightings(now, settings.ignore_users)
+                except (OSError, subprocess.SubprocessError) as who_error:
+                    LOG.info("`who -u` failed too: %s", who_error)
+        if problems:
+            gaps["terminals"] = "; ".join(problems)
+        return found
+
+    def jupyter() -> list[Sighting]:
+        pids: list[int] = []
+        found = jupyter_sightings(
+            jupyter_runtime_dirs(homes, settings.environ, settings.jupyter_dirs),
+            now,
+            settings.http_timeout,
+            settings.alive,
+            gaps=gaps,
+            pids=pids,
+        )
+        missing, note = jupyter_processes_without_runtime_file(pids, settings.proc_root)
+        unseen = [f"pid {pid} ({command})" for pid, command in missing]
+        if unseen:
+            note = (
+                f"Jupyter server {', '.join(unseen)} runs but its runtime file was not found (its notebooks are "
+                "not seen; start it with the default runtime dir, or pass --jupyter-dir)"
+            )
+            gaps["jupyter"] = f"{gaps['jupyter']}; {note}" if "jupyter" in gaps else note
+        elif note and "jupyter" not in gaps:
+            LOG.info("%s", note)
+        return found
 
     sources: list[tuple[str, Callable[[], list[Sighting]]]] = [
-        ("tty", terminals),
-        (
-            "jupyter",
-            lambda: jupyter_sightings(
-                jupyter_runtime_dirs(homes, settings.environ), now, settings.http_timeout, settings.proc_root
-            ),
-        ),
+        ("terminals", terminals),
+        ("jupyter", jupyter),
         ("vscode", lambda: vscode_sightings(homes)),
-        ("vscode-terminal", lambda: vscode_terminal_sightings(settings.proc_root, settings.dev_root)),
     ]
     sightings: list[Sighting] = []
     for name, source in sources:
         try:
             sightings.extend(source())
-        except Exception:
-            # One broken source must not hide the others; the log says which one.
+        except Exception as error:
+            # One broken source must not hide the others; the log says which one, and status shows it.
             LOG.exception("source %s failed; the other sources still count", name)
-    return minutes_since_input(sightings, now), sightings
+            gaps.setdefault(name, f"failed: {error}")
+    return Collected(minutes_since_input(sightings, now), sightings, gaps)
+
+
+def report_gaps(gaps: dict[str, str], state_dir: str | None) -> None:
+    """Log each source that cannot be read at WARNING once (when it first appears or its reason changes),
+    then at INFO: the collector runs every minute. Without a writable state directory, every run warns."""
+    path = os.path.join(state_dir, "unreadable.json") if state_dir else None
+    said: dict[str, str] = {}
+    if path:
+        try:
+            said = json.loads(read_small_file(path, RUNTIME_FILE_MAX_BYTES))
+        except (OSError, ValueError):
+            said = {}
+    for source, why in sorted(gaps.items()):
+        level = logging.INFO if said.get(source) == why else logging.WARNING
+        LOG.log(level, "cannot read %s: %s (idle-reaper status shows it)", source, why)
+    if path:
+        try:
+            with open(path + ".tmp", "w") as handle:
+                json.dump(gaps, handle)
+            os.replace(path + ".tmp", path)
+        except OSError as error:
+            LOG.info("cannot remember what was said in %s: %s", state_dir, error)
 
 
 # --- publishing ---------------------------------------------------------------------------------------------
+
+
+UNREADABLE_METRIC_NAME = "idle_reaper_unreadable_sources"
+
+
+def unreadable_packet(bits: int) -> bytes:
+    """The second gauge: which sources could not be read (UNREADABLE_BITS), 0 when all could."""
+    return f"{UNREADABLE_METRIC_NAME}:{max(0, int(bits))}|g".encode("ascii")
 
 
 def statsd_packet(minutes: float) -> bytes:
@@ -600,6 +878,16 @@ def statsd_packet(minutes: float) -> bytes:
 def _format_number(value: float) -> str:
     text = f"{value:.1f}"
     return text[:-2] if text.endswith(".0") else text
+
+
+def _loopback_address(host: str) -> str | None:
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return str(address) if address.is_loopback else None
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -633,6 +921,14 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
     parser.add_argument("--proc-root", default="/proc", help="procfs to read (a container sees the host's elsewhere)")
     parser.add_argument("--dev-root", default="/dev", help="device directory holding the ttys")
     parser.add_argument("--timeout", type=float, default=HTTP_TIMEOUT_SECONDS, help="Jupyter API timeout, seconds")
+    parser.add_argument(
+        "--jupyter-dir", action="append", default=[], help="another directory where Jupyter writes runtime files"
+    )
+    parser.add_argument(
+        "--state-dir",
+        default=STATE_DIR_DEFAULT,
+        help="where to remember which warnings were said (default %(default)s; systemd's StateDirectory)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every skipped source")
     args = parser.parse_args(argv)
     try:
@@ -643,7 +939,7 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
         level=logging.INFO if args.verbose else logging.WARNING, format="idle-reaper-activity %(levelname)s %(message)s"
     )
     now = clock()
-    minutes, sightings = collect(
+    collected = collect(
         now,
         Settings(
             utmp_path=args.utmp,
@@ -652,16 +948,21 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
             homes=tuple(args.home) or None,
             ignore_users=tuple(args.ignore_user),
             http_timeout=args.timeout,
+            jupyter_dirs=tuple(args.jupyter_dir),
         ),
     )
     if args.print:
-        for sighting in sorted(sightings, key=lambda s: -s.at):
-            shown = sighting_minutes(sighting, now)
+        report_gaps(collected.gaps, None)
+        for sighting in sorted(collected.sightings, key=lambda s: -s.at):
+            shown = sighting_minutes(sighting, now, log=False)  # collect() already said why one is ignored
             print(f"{sighting.source:<50} {'ignored' if shown is None else _format_number(shown) + ' min'}")
-        print(f"{METRIC_NAME} {_format_number(minutes)}")
+        print(f"{METRIC_NAME} {_format_number(collected.minutes)}")
+        print(f"{UNREADABLE_METRIC_NAME} {collected.unreadable}")
         return 0
+    report_gaps(collected.gaps, args.state_dir)
     try:
-        send_statsd(statsd_packet(minutes), address)
+        send_statsd(statsd_packet(collected.minutes), address)
+        send_statsd(unreadable_packet(collected.unreadable), address)
     except OSError as error:
         LOG.error("cannot send to the CloudWatch agent at %s:%d: %s", address[0], address[1], error)
         return 1

@@ -81,3 +81,32 @@ def test_an_input_late_in_a_five_minute_period_is_placed_within_a_minute(aws):
     [decision] = report.decisions
     assert decision.assessment.human_last_input == minute + timedelta(minutes=4)
     assert "a person was active at 14:49 UTC" in decision.reason
+
+
+def put_unreadable(instance_id: str, t: datetime, bits: float) -> None:
+    aws.client("cloudwatch").put_metric_data(
+        Namespace="CWAgent",
+        MetricData=[
+            {
+                "MetricName": "idle_reaper_unreadable_sources",
+                "Dimensions": [{"Name": "InstanceId", "Value": instance_id}],
+                "Timestamp": t,
+                "Value": bits,
+            }
+        ],
+    )
+
+
+def test_status_names_a_machine_whose_collector_cannot_read_a_source(aws, capsys):
+    """The collector's second gauge (a bit per source it could not read) reaches `idle-reaper status`."""
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    ids = {name: local.launch(name, "m5.large", team="ml", launch_time=at(8)) for name in ("guarded", "fine", "none")}
+    for name, bits in (("guarded", 2.0), ("fine", 0.0)):
+        put_unreadable(ids[name], NOW - timedelta(minutes=3), bits)
+    assert cli.main(["status", "--json", "--now", NOW.isoformat()]) == 0
+    rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows["guarded"]["collector_cannot_read"] == ["jupyter"]
+    assert rows["fine"]["collector_cannot_read"] is None and rows["none"]["collector_cannot_read"] is None
+    assert cli.main(["status", "--now", NOW.isoformat()]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if ids["guarded"] in line]
+    assert "COLLECTOR CANNOT READ jupyter" in line

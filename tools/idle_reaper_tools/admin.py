@@ -585,9 +585,12 @@ def status_rows(
     refs: Mapping[str, TeamPolicyRef] | None,
     settings: Settings,
     now: datetime,
+    collector_gaps: Mapping[str, Sequence[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per machine in the state table (and per running machine no sweep has seen yet).
-    `refs` None: the team policies could not be read."""
+    `refs` None: the team policies could not be read. `collector_gaps`: per machine, the sources its
+    activity collector reports it cannot read (None: not asked)."""
+    gaps = collector_gaps or {}
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     for record in records:
@@ -617,6 +620,9 @@ def status_rows(
                 "delivery_error": record.delivery_error if record.state is State.WARNED else None,
                 # The human-activity signal the last sweep saw, when the team's policy uses it.
                 "human_signal": describe_human_signal(record.human_signal) or None,
+                # Sources the machine's collector cannot read (a password-protected Jupyter, ...): a person
+                # there may go unseen.
+                "collector_cannot_read": list(gaps.get(record.instance_id, [])) or None,
                 # What kind of machine it is, and what stopping it saves an hour (0 for reserved capacity, for
                 # Spot the most it can be: the reaper does not read Spot prices).
                 "kind": record.machine_kind or None,
@@ -647,6 +653,7 @@ def status_rows(
                     "updated_at": None,
                     "delivery_error": None,
                     "human_signal": None,
+                    "collector_cannot_read": list(gaps.get(machine.instance_id, [])) or None,
                     "kind": None,
                     "kind_note": None,
                     "stop_saves": recorded_saving("", hourly_price(machine.instance_type)).text(),
@@ -668,6 +675,11 @@ def _when(text: str | None, now: datetime) -> str:
 def _reads(row: dict[str, Any], now: datetime) -> str:
     last = _fmt_time(datetime.fromisoformat(row["last_read"])) if row["last_read"] else "never"
     return f"{last}, {_when(row['next_read'], now) if row['next_read'] else 'every sweep'}"
+
+
+def _person(row: dict[str, Any]) -> str:
+    gaps = row.get("collector_cannot_read")
+    return (row["human_signal"] or "-") + (f"; COLLECTOR CANNOT READ {', '.join(gaps)}" if gaps else "")
 
 
 def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
@@ -701,7 +713,12 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
                 if r["snoozed_until"]
                 else "-",
                 f"{r['next_action']}" + (f" at {_when(r['next_at'], now)}" if r["next_at"] else ""),
-                r["human_signal"] or "-",
+                (r["human_signal"] or "-")
+                + (
+                    f"; COLLECTOR CANNOT READ {', '.join(r['collector_cannot_read'])}"
+                    if r["collector_cannot_read"]
+                    else ""
+                ),
                 _reads(r, now),
                 f"WARNING UNDELIVERABLE: {r['delivery_error']}. {r['reason']}" if r["delivery_error"] else r["reason"],
             )
@@ -740,7 +757,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         records = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()).all_records()
         fleet = aws.Fleet(aws.client("ec2"), aws.client("autoscaling"))
         machines = {m.instance_id: m for m in fleet.discover(settings.tags)}
-        rows = status_rows(records, machines, refs, settings, now)
+        try:
+            gaps = aws.unreadable_sources(aws.client("cloudwatch"), sorted(machines), now)
+        except aws.AwsError as exc:
+            _err(f"cannot read what the activity collectors report ({aws.error_code(exc)}); not shown")
+            gaps = {}
+        rows = status_rows(records, machines, refs, settings, now, gaps)
         if args.team:
             rows = [r for r in rows if r["team"] == args.team]
         if args.owner:

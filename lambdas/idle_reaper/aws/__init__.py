@@ -41,6 +41,7 @@ from idle_reaper.aws.metrics import (
     METRIC_WORKERS,
     MetricFetchStats,
     MetricsReader,
+    unreadable_sources,
 )
 from idle_reaper.aws.policies import (
     LostUpdate,
@@ -134,5 +135,6 @@ __all__ = [
     "save_unwatched",
     "ssm_prefix",
     "table_name",
+    "unreadable_sources",
     "watched_regions",
 ]

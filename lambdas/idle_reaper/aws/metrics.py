@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from idle_reaper.aws.clients import AwsError, chunks, run_concurrently
@@ -24,6 +24,17 @@ HUMAN_METRIC_NAME = "idle_reaper_minutes_since_input"
 # datapoint's time is then within a minute of its sample, so the input it places (core/signals.py,
 # last_human_input) is never more than a minute early. Queries are billed per metric, not per datapoint.
 HUMAN_METRIC_PERIOD_SECONDS = 60
+# The collector's second gauge: which of its sources it could not read (agent/README.md). Read by `status`
+# only, on demand, never by the sweep (each query is billed).
+UNREADABLE_METRIC_NAME = "idle_reaper_unreadable_sources"
+UNREADABLE_SOURCES = {1: "terminals", 2: "jupyter"}
+
+
+def unreadable_source_names(bits: int) -> list[str]:
+    """The sources a collector's bitmask names ("source 8" for a bit this version does not know)."""
+    return [UNREADABLE_SOURCES.get(1 << i, f"source {1 << i}") for i in range(16) if bits & (1 << i)]
+
+
 # Threads per kind of call. GetMetricData allows 50 transactions/s per account and region: 20 threads at
 # ~0.6 s a call stay near 33/s. DynamoDB on-demand absorbs 32 threads of small writes (a new table starts
 # at 4,000 writes/s). EC2 and Auto Scaling calls run on 8 threads per kind of action (at 0.2-0.3 s a call,
@@ -180,3 +191,33 @@ class MetricsReader:
         for q in batch:
             if q["Id"] not in status:
                 incomplete.add(owner[q["Id"]][0])
+
+
+def unreadable_sources(cloudwatch: Any, instance_ids: Sequence[str], end: datetime) -> dict[str, list[str]]:
+    """Per machine whose collector reported in the last 15 minutes, the sources it could not read (an
+    empty list: it read them all). One GetMetricData call per 500 machines; for `idle-reaper status`."""
+    found: dict[str, list[str]] = {}
+    for batch in chunks(list(instance_ids), METRIC_QUERIES_PER_CALL):
+        queries = [
+            {
+                "Id": f"u{i}",
+                "MetricStat": {
+                    "Metric": {
+                        "Namespace": HUMAN_METRIC_NAMESPACE,
+                        "MetricName": UNREADABLE_METRIC_NAME,
+                        "Dimensions": [{"Name": "InstanceId", "Value": instance_id}],
+                    },
+                    "Period": 900,
+                    "Stat": "Maximum",
+                },
+                "ReturnData": True,
+            }
+            for i, instance_id in enumerate(batch)
+        ]
+        response = cloudwatch.get_metric_data(
+            MetricDataQueries=queries, StartTime=end - timedelta(minutes=15), EndTime=end
+        )
+        for result in response["MetricDataResults"]:
+            if result["Values"]:
+                found[batch[int(result["Id"][1:])]] = unreadable_source_names(int(max(result["Values"])))
+    return found

@@ -59,6 +59,7 @@ def minutes_before_now(minutes: float) -> float:
 def make_dev(tmp_path: Path, atimes: dict[str, float]) -> Path:
     """A stand-in for /dev: one file per tty with the given access time (what the kernel sets on input)."""
     dev = tmp_path / "dev"
+    (dev / "pts").mkdir(parents=True, exist_ok=True)
     for line, atime in atimes.items():
         device = dev / line
         device.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +89,9 @@ def nobody_here_args(tmp_path: Path) -> list[str]:
         "--proc-root",
         str(fake_proc(tmp_path)),
         "--dev-root",
-        str(tmp_path / "dev"),
+        str(make_dev(tmp_path, {})),
+        "--state-dir",
+        str(tmp_path / "state"),
     ]
 
 
@@ -261,7 +264,7 @@ def test_minimum_over_sources_clamped_to_the_cap() -> None:
     assert agent.minutes_since_input([], NOW) == agent.CAP_MINUTES
 
 
-@pytest.mark.parametrize("garbage", [NOW + 3600, NOW + 60, float("nan"), float("inf"), float("-inf"), "12"])
+@pytest.mark.parametrize("garbage", [NOW + 3600, NOW + 601, float("nan"), float("inf"), float("-inf"), "12"])
 def test_future_or_garbage_times_are_ignored_with_a_log_line(garbage: Any, caplog: pytest.LogCaptureFixture) -> None:
     # A skewed clock must not read as "active now" (0) nor as "active forever"; the other source decides.
     sightings = [agent.Sighting("skewed", garbage), agent.Sighting("tty", minutes_before_now(50))]
@@ -272,6 +275,11 @@ def test_future_or_garbage_times_are_ignored_with_a_log_line(garbage: Any, caplo
 
 def test_a_few_seconds_ahead_is_rounding_not_skew() -> None:
     assert agent.minutes_since_input([agent.Sighting("tty", NOW + 2)], NOW) == 0
+
+
+def test_a_clock_stepped_back_a_few_minutes_reads_input_as_now_not_as_nobody() -> None:
+    # NTP steps a fast clock back by 4 minutes: a keystroke a moment ago now has a time 4 minutes ahead.
+    assert agent.minutes_since_input([agent.Sighting("pty pts/0 (alice)", NOW + 240)], NOW) == 0
 
 
 @pytest.mark.parametrize(
@@ -332,9 +340,9 @@ class FakeJupyter:
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
-    def serve(self, base: str, token: str, status: bytes, kernels: bytes) -> None:
-        self.routes[base + "api/status"] = (token, 200, status, {})
+    def serve(self, base: str, token: str, kernels: bytes, sessions: bytes = b"[]") -> None:
         self.routes[base + "api/kernels"] = (token, 200, kernels, {})
+        self.routes[base + "api/sessions"] = (token, 200, sessions, {})
 
     def close(self) -> None:
         self.server.shutdown()
@@ -350,7 +358,11 @@ def jupyter() -> Iterator[FakeJupyter]:
 
 def write_runtime(runtime_dir: Path, name: str, fixture: str, url: str, **changes: Any) -> dict[str, Any]:
     info: dict[str, Any] = json.loads((DATA / fixture).read_text())
-    info.update(url=url, pid=os.getpid(), **changes)  # our own pid: a server that is running
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port if parts.scheme in ("http", "https") else info["port"]
+    # The url, port and base_url of one server agree in a real runtime file; our own pid: a running server.
+    info.update({"url": url, "port": port, "base_url": parts.path or "/", "hostname": parts.hostname})
+    info.update(pid=os.getpid(), **changes)
     runtime_dir.mkdir(parents=True, exist_ok=True)
     (runtime_dir / name).write_text(json.dumps(info))
     return info
@@ -363,12 +375,7 @@ def run_fixture_server(jupyter: FakeJupyter, runtime_dir: Path, flavour: str, ur
         "notebook6": ("nbserver-1717.json", "runtime-nbserver-notebook6.json"),
     }[flavour]
     info = write_runtime(runtime_dir, name, fixture, url.format(port=jupyter.port))
-    jupyter.serve(
-        urllib.parse.urlsplit(url).path,
-        info["token"],
-        (DATA / f"api-status-{flavour}.json").read_bytes(),
-        (DATA / f"api-kernels-{flavour}.json").read_bytes(),
-    )
+    jupyter.serve(urllib.parse.urlsplit(url).path, info["token"], (DATA / f"api-kernels-{flavour}.json").read_bytes())
 
 
 def alice_home(tmp_path: Path) -> Path:
@@ -379,16 +386,15 @@ def runtime_dir_of(home: Path) -> Path:
     return home / ".local" / "share" / "jupyter" / "runtime"
 
 
-def test_jupyterlab4_busy_kernel_is_input_now(tmp_path: Path, jupyter: FakeJupyter) -> None:
+def test_jupyterlab4_idle_kernels_count_a_busy_one_and_the_servers_own_activity_do_not(
+    tmp_path: Path, jupyter: FakeJupyter
+) -> None:
     run_fixture_server(jupyter, runtime_dir_of(alice_home(tmp_path)), "lab4", "http://localhost:{port}/user/alice/")
     sightings = agent.jupyter_sightings(agent.jupyter_runtime_dirs([str(alice_home(tmp_path))], {}), NOW)
     by_source = {s.source: round((NOW - s.at) / 60, 2) for s in sightings}
-    assert by_source == {
-        "jupyter jpserver-4242.json last_activity": 18.88,  # 09:41:07.12
-        "jupyter jpserver-4242.json kernel 3c9f8b62-6d0e-4f3b-9a51-0d8c2f7e1a44": 21.13,  # 09:38:52
-        "jupyter jpserver-4242.json kernel a07e51d9-2b6c-4e88-8f3d-5c1b9e0f7d22 busy": 0,  # executing now
-    }
-    assert agent.minutes_since_input(sightings, NOW) == 0
+    # The idle kernel's last message at 09:38:52; the busy one (a hung cell?) is not input; the server's own
+    # last_activity (refreshed by an open tab's polling) is not even asked for.
+    assert by_source == {"jupyter jpserver-4242.json kernel 3c9f8b62-6d0e-4f3b-9a51-0d8c2f7e1a44 idle since": 21.13}
     # Our own polls must not count as activity: every request says so.
     assert jupyter.requests and all(path.endswith("?no_track_activity=1") for path in jupyter.requests)
 
@@ -401,12 +407,20 @@ def test_notebook6_runtime_file_from_jupyter_runtime_dir(tmp_path: Path, jupyter
     assert agent.minutes_since_input(sightings, NOW) == pytest.approx(39.5, abs=0.01)  # the kernel at 09:20:30.25
 
 
-def test_wrong_token_is_no_information(tmp_path: Path, jupyter: FakeJupyter, caplog: pytest.LogCaptureFixture) -> None:
-    write_runtime(tmp_path / "rt", "jpserver-1.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/")
-    jupyter.serve("/", "another-token", b'{"last_activity": "2024-05-01T09:59:00Z"}', b"[]")
-    with caplog.at_level(logging.WARNING):
-        assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW) == []
-    assert "403" in caplog.text
+def test_a_refused_token_falls_back_to_notebook_saves_and_is_noted(tmp_path: Path, jupyter: FakeJupyter) -> None:
+    root = tmp_path / "notebooks"
+    (root / "deep" / "er").mkdir(parents=True)
+    (root / ".hidden").mkdir()
+    for path, minutes in (("deep/er/a.ipynb", 12), ("b.ipynb", 40), (".hidden/c.ipynb", 1), ("notes.txt", 2)):
+        (root / path).write_text("{}")
+        os.utime(root / path, (minutes_before_now(minutes), minutes_before_now(minutes)))
+    url = f"http://127.0.0.1:{jupyter.port}/"
+    write_runtime(tmp_path / "rt", "jpserver-1.json", "runtime-jpserver-lab4.json", url, root_dir=str(root))
+    jupyter.serve("/", "another-token", b"[]")
+    gaps: dict[str, str] = {}
+    sightings = agent.jupyter_sightings([str(tmp_path / "rt")], NOW, gaps=gaps)
+    assert agent.minutes_since_input(sightings, NOW) == pytest.approx(12)  # not hidden, not a notebook
+    assert "refuses the API (HTTP 403" in gaps["jupyter"] and "notebook saves" in gaps["jupyter"]
 
 
 def test_garbage_json_and_future_kernels_are_ignored(
@@ -419,60 +433,70 @@ def test_garbage_json_and_future_kernels_are_ignored(
         rt, "jpserver-3.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/three/"
     )
     (rt / "jpserver-4.json").write_text("{ not json")
-    jupyter.serve("/one/", one["token"], b"<html>login</html>", b'{"kernels": "no"}')
-    jupyter.serve("/two/", two["token"], b'{"last_activity": "soon"}', (DATA / "api-kernels-future.json").read_bytes())
-    jupyter.serve("/three/", three["token"], b'{"last_activity": "2024-05-01T09:15:00Z"}', b'[42, {"id": "k"}]')
+    jupyter.serve("/one/", one["token"], b"<html>login</html>")
+    jupyter.serve("/two/", two["token"], (DATA / "api-kernels-future.json").read_bytes())
+    idle_at_0915 = b'[42, {"id": "k"}, {"id": "j", "execution_state": "idle", "last_activity": "2024-05-01T09:15:00Z"}]'
+    jupyter.serve("/three/", three["token"], idle_at_0915, b'[{"path": 7}, "x", {"type": "file", "path": "a.py"}]')
     with caplog.at_level(logging.WARNING):
         sightings = agent.jupyter_sightings([str(rt)], NOW)
         minutes = agent.minutes_since_input(sightings, NOW)
-    assert minutes == pytest.approx(45)  # only server three's status; everything else is garbage or skew
-    for expected in (
-        "jpserver-4.json",
-        "no answer from jupyter jpserver-1.json",
-        "not an ISO-8601 time",
-        "in the future",
-    ):
+    assert minutes == pytest.approx(45)  # server three's idle kernel; everything else is garbage or skew
+    for expected in ("jpserver-4.json", "no answer from jupyter jpserver-1.json", "in the future"):
         assert expected in caplog.text
 
 
-@pytest.mark.parametrize(
-    "url",
-    [
-        "http://10.0.3.7:{port}/",
-        "http://jupyter.internal.example:{port}/",
-        "http://127.0.0.1.nip.io:{port}/",
-        "http://[2001:db8::1]:{port}/",
-        "ftp://127.0.0.1:{port}/",
-    ],
-)
+IDLE_AT_0959 = b'[{"id": "k", "execution_state": "idle", "last_activity": "2024-05-01T09:59:00Z"}]'
+
+
+@pytest.mark.parametrize("url", ["http://10.0.3.7:{port}/", "http://[2001:db8::1]:{port}/", "ftp://127.0.0.1:{port}/"])
 def test_a_runtime_file_never_leads_off_this_machine(
     url: str, tmp_path: Path, jupyter: FakeJupyter, caplog: pytest.LogCaptureFixture
 ) -> None:
     info = write_runtime(
         tmp_path / "rt", "jpserver-9.json", "runtime-jpserver-lab4.json", url.format(port=jupyter.port)
     )
-    jupyter.serve("/", info["token"], b'{"last_activity": "2024-05-01T09:59:00Z"}', b"[]")
+    jupyter.serve("/", info["token"], IDLE_AT_0959)
     with caplog.at_level(logging.WARNING):
         assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW) == []
     assert jupyter.requests == []
     assert "ignoring jupyter jpserver-9.json" in caplog.text
 
 
+@pytest.mark.parametrize("host", ["gpu-box-7", "jupyter.internal.example", "127.0.0.1.nip.io"])
+def test_a_hostname_in_the_runtime_file_is_never_looked_up_the_server_is_asked_on_loopback(
+    host: str, tmp_path: Path, jupyter: FakeJupyter
+) -> None:
+    # jupyter_server 2 on --ip=0.0.0.0 writes the machine's hostname into `url`: its own port on loopback.
+    url = f"http://{host}:{jupyter.port}/"
+    info = write_runtime(tmp_path / "rt", "jpserver-9.json", "runtime-jpserver-lab4.json", url, hostname="0.0.0.0")
+    jupyter.serve("/", info["token"], IDLE_AT_0959)
+    sightings = agent.jupyter_sightings([str(tmp_path / "rt")], NOW)
+    assert agent.minutes_since_input(sightings, NOW) == pytest.approx(1)
+    assert jupyter.requests[0] == "/api/kernels?no_track_activity=1"
+
+
 def test_a_redirect_off_this_machine_is_refused(tmp_path: Path, jupyter: FakeJupyter) -> None:
     info = write_runtime(
         tmp_path / "rt", "jpserver-9.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/"
     )
-    jupyter.routes["/api/status"] = (info["token"], 302, b"", {"Location": "http://198.51.100.1/api/status"})
+    jupyter.routes["/api/kernels"] = (info["token"], 302, b"", {"Location": "http://198.51.100.1/api/kernels"})
     assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW) == []
-    assert jupyter.requests == ["/api/status?no_track_activity=1"]
+    assert jupyter.requests == ["/api/kernels?no_track_activity=1"]
 
 
 def test_runtime_file_of_a_server_that_exited_is_skipped(tmp_path: Path, jupyter: FakeJupyter) -> None:
-    proc = tmp_path / "proc"
-    proc.mkdir()  # a /proc without our pid: the server is gone, its port may be someone else's now
+    # Signal 0 finds no such process: the server is gone, its port may be someone else's now.
     write_runtime(tmp_path / "rt", "jpserver-9.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/")
-    assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW, proc_root=str(proc)) == []
+    assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW, alive=lambda pid: False) == []
     assert jupyter.requests == []
+
+
+def test_a_process_that_exists_but_is_not_ours_is_alive() -> None:
+    assert agent.pid_alive(os.getpid())
+    assert agent.pid_alive(1)  # init: EPERM for an unprivileged caller, still alive
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert not agent.pid_alive(dead.pid)
 
 
 # --- VS Code ------------------------------------------------------------------------------------------------
@@ -494,50 +518,15 @@ def test_vscode_saves_count_an_open_untouched_window_does_not(tmp_path: Path) ->
     assert agent.minutes_since_input(sightings, NOW) == pytest.approx(7)
 
 
-def pty(index: int) -> int:
-    """The tty_nr of /dev/pts/<index> as /proc/<pid>/stat shows it (major 136 + index / 256)."""
-    major, minor = 136 + index // 256, index % 256
-    return (major << 8) | (minor & 0xFF) | ((minor & ~0xFF) << 12)
-
-
-def stat_line(pid: int, comm: str, ppid: int, tty_nr: int) -> str:
-    return f"{pid} ({comm}) S {ppid} {pid} {pid} {tty_nr} {pid} 4194560 1234 0 0 0 12 3 0 0 20 0 1 0 8123 0 0\n"
-
-
-def test_vscode_integrated_terminals_count_by_their_pty(tmp_path: Path) -> None:
-    server = b"/home/alice/.vscode-server/cli/servers/Stable-f1e16e1e/server"
-    pty_host = server + b"/node\0" + server + b"/out/bootstrap-fork\0--type=ptyHost\0--logsPath\0/tmp/logs\0"
-    proc = fake_proc(
-        tmp_path,
-        {
-            100: (pty_host, stat_line(100, "node", 90, 0)),
-            101: (b"/bin/bash\0--init-file\0x\0", stat_line(101, "bash", 100, pty(7))),
-            102: (b"-bash\0", stat_line(102, "bash", 1, pty(8))),  # an SSH shell: utmp's business
-            103: (b"/usr/bin/htop\0", stat_line(103, "tmux: (client) S 1", 100, pty(9))),  # ")" in comm
-            104: (b"/bin/sh\0", stat_line(104, "sh", 100, 0)),  # no terminal
-            105: (b"python\0--type=ptyHost\0", stat_line(105, "python", 1, 0)),  # not VS Code's
-            106: (b"/bin/zsh\0", stat_line(106, "zsh", 105, pty(10))),
-        },
-    )
-    dev = make_dev(
-        tmp_path,
-        {f"pts/{n}": minutes_before_now(m) for n, m in ((7, 4), (8, 1), (9, 30), (10, 0))},
-    )
-    sightings = agent.vscode_terminal_sightings(str(proc), str(dev))
-    assert {s.source: round((NOW - s.at) / 60) for s in sightings} == {
-        "vscode terminal pts/7": 4,
-        "vscode terminal pts/9": 30,
-    }
-
-
-@pytest.mark.parametrize(("index", "tty_nr"), [(0, 34816), (7, 34823), (255, 35071), (256, 35072), (300, pty(300))])
-def test_pts_index_from_tty_nr(index: int, tty_nr: int) -> None:
-    assert agent._pts_index(tty_nr) == index
-
-
-@pytest.mark.parametrize("tty_nr", [0, (4 << 8) | 1, (5 << 8) | 0])  # none, tty1, /dev/tty
-def test_only_pseudo_terminals_have_a_pts_index(tty_nr: int) -> None:
-    assert agent._pts_index(tty_nr) is None
+def test_every_pseudo_terminal_counts_by_its_access_time_with_its_owner(tmp_path: Path) -> None:
+    # Typing updates a pty's access time; output only its modification time (the real pty test shows it).
+    dev = make_dev(tmp_path, {"pts/0": minutes_before_now(4), "pts/3": minutes_before_now(30)})
+    (dev / "pts" / "ptmx").write_text("")  # the multiplexer: not a terminal
+    os.utime(dev / "pts" / "0", (minutes_before_now(4), minutes_before_now(0)))  # printing now, typed 4 min ago
+    sightings = agent.pty_sightings(str(dev))
+    me = agent._user_name(os.getuid())
+    assert {s.source: round((NOW - s.at) / 60) for s in sightings} == {f"pty pts/0 ({me})": 4, f"pty pts/3 ({me})": 30}
+    assert agent.pty_sightings(str(dev), ignore_users=(me,)) == []
 
 
 def test_runtime_files_that_are_not_small_regular_files_are_skipped(
@@ -558,7 +547,7 @@ def test_jupyter_budget_stops_asking(tmp_path: Path, jupyter: FakeJupyter, caplo
     info = write_runtime(
         tmp_path / "rt", "jpserver-1.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/"
     )
-    jupyter.serve("/", info["token"], b'{"last_activity": "2024-05-01T09:59:00Z"}', b"[]")
+    jupyter.serve("/", info["token"], IDLE_AT_0959)
     with caplog.at_level(logging.WARNING):
         assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW, budget_seconds=-1) == []
     assert jupyter.requests == []
@@ -580,9 +569,9 @@ def test_collect_takes_the_minimum_over_every_source(tmp_path: Path, jupyter: Fa
         environ={},
         use_who=False,
     )
-    minutes, sightings = agent.collect(NOW, settings)
+    minutes, sightings, gaps = agent.collect(NOW, settings)
     assert minutes == pytest.approx(39.5, abs=0.01)  # the Jupyter kernel beats alice's terminal (64) and bob's (300)
-    assert {s.source.split()[0] for s in sightings} == {"tty", "jupyter"}
+    assert {s.source.split()[0] for s in sightings} == {"tty", "pty", "jupyter"} and gaps == {}
 
 
 def test_no_human_session_publishes_the_cap(tmp_path: Path) -> None:
@@ -593,7 +582,7 @@ def test_no_human_session_publishes_the_cap(tmp_path: Path) -> None:
         environ={},
         use_who=False,
     )
-    assert agent.collect(NOW, settings) == (10080, [])
+    assert agent.collect(NOW, settings)[:2] == (10080, [])
 
 
 def test_a_crashing_source_leaves_the_others(
@@ -613,16 +602,40 @@ def test_a_crashing_source_leaves_the_others(
         environ={},
     )
     with caplog.at_level(logging.ERROR):
-        minutes, _ = agent.collect(NOW, settings)
+        minutes, _, gaps = agent.collect(NOW, settings)
     assert minutes == pytest.approx(3)
     assert "source jupyter failed" in caplog.text and "source vscode failed" in caplog.text
+    assert set(gaps) == {"jupyter", "vscode"}  # and status will say so
 
 
 def test_unreadable_utmp_without_who_is_no_terminal_information(tmp_path: Path) -> None:
     settings = agent.Settings(
-        utmp_path=str(tmp_path / "missing"), proc_root=str(fake_proc(tmp_path)), homes=[], environ={}, use_who=False
+        utmp_path=str(tmp_path / "missing"),
+        dev_root=str(make_dev(tmp_path, {})),
+        proc_root=str(fake_proc(tmp_path)),
+        homes=[],
+        environ={},
+        use_who=False,
     )
-    assert agent.collect(NOW, settings) == (10080, [])
+    assert agent.collect(NOW, settings)[:2] == (10080, [])
+
+
+def test_an_unreadable_source_is_warned_once_then_again_when_its_reason_changes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def warnings(gaps: dict[str, str]) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            agent.report_gaps(gaps, str(tmp_path))
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    refused = {"jupyter": "jupyter jpserver-1.json refuses the API (HTTP 403)"}
+    assert warnings(refused) == [
+        "cannot read jupyter: jupyter jpserver-1.json refuses the API (HTTP 403) (idle-reaper status shows it)"
+    ]
+    assert warnings(refused) == []  # the next minute: INFO only
+    assert len(warnings({"jupyter": "another reason", "terminals": "pseudo-terminals: denied"})) == 2
+    assert warnings({}) == [] and warnings(refused) != []  # fixed, then broken again: said again
 
 
 # --- publishing ---------------------------------------------------------------------------------------------
@@ -660,6 +673,7 @@ def test_main_sends_one_gauge_to_the_agent(
     argv = ["--statsd", f"127.0.0.1:{port}", *nobody_here_args(tmp_path)]
     assert agent.main(argv, clock=lambda: NOW) == 0
     assert statsd.recv(1024) == b"idle_reaper_minutes_since_input:10080|g"
+    assert statsd.recv(1024) == b"idle_reaper_unreadable_sources:0|g"  # every source could be read
 
 
 def test_print_mode_prints_and_sends_nothing(
@@ -669,7 +683,10 @@ def test_print_mode_prints_and_sends_nothing(
     port = statsd.getsockname()[1]
     argv = ["--print", "--statsd", f"127.0.0.1:{port}", *nobody_here_args(tmp_path)]
     assert agent.main(argv, clock=lambda: NOW) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1] == "idle_reaper_minutes_since_input 10080"
+    assert capsys.readouterr().out.strip().splitlines()[-2:] == [
+        "idle_reaper_minutes_since_input 10080",
+        "idle_reaper_unreadable_sources 0",
+    ]
     statsd.settimeout(0.2)
     with pytest.raises(TimeoutError):
         statsd.recv(1024)
@@ -701,7 +718,10 @@ def test_agent_runs_as_a_script(tmp_path: Path) -> None:
         check=True,
         env={"PATH": os.environ.get("PATH", "")},
     )
-    assert out.stdout.strip() == "idle_reaper_minutes_since_input 10080"
+    assert out.stdout.strip().splitlines() == [
+        "idle_reaper_minutes_since_input 10080",
+        "idle_reaper_unreadable_sources 0",
+    ]
 
 
 # --- agent configuration, systemd units, install script ----------------------------------------------------
@@ -736,6 +756,7 @@ def test_units_run_the_installed_collector_every_minute_as_the_service_user() ->
     assert settings["CapabilityBoundingSet"] == settings["AmbientCapabilities"] == "CAP_DAC_READ_SEARCH"
     assert (settings["IPAddressDeny"], settings["IPAddressAllow"]) == ("any", "localhost")
     assert "OnCalendar=minutely" in timer.splitlines()
+    assert f"/var/lib/{settings['StateDirectory']}" == agent.STATE_DIR_DEFAULT  # where report_gaps remembers
 
 
 FAKE_COMMAND = """#!/bin/sh
