@@ -371,6 +371,15 @@ def test_typing_in_a_terminal_without_utmp_counts_and_its_output_does_not(tmp_pa
         assert pty_minutes(collect(None), device) == pytest.approx(60, abs=0.5)
         ignored = collect(None, ignore_users=(agent._user_name(device.stat().st_uid),))
         assert not [s for s in ignored.sightings if s.source.startswith("pty")]
+        # With utmp (as sshd writes it): the same terminal, the same last input, named as a login session.
+        utmp = tmp_path / "utmp"
+        line = str(device.relative_to("/dev")).encode()
+        record = agent.UTMP_RECORD_BY_MACHINE.get(os.uname().machine, agent.UTMP_RECORD)
+        fields = [7, pid, line, b"ts/0", b"alice", b"10.0.0.9", 0, 0, 0, int(time.time()) - 60, 0, b""]
+        utmp.write_bytes(record.pack(*fields))
+        with_utmp = collect(None, utmp_path=str(utmp))
+        [login] = [s for s in with_utmp.sightings if s.source.startswith("tty ")]
+        assert login.source == f"tty {line.decode()} (alice)" and login.at == device.stat().st_atime
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

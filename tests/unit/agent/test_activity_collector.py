@@ -676,6 +676,14 @@ def test_main_sends_one_gauge_to_the_agent(
     assert statsd.recv(1024) == b"idle_reaper_unreadable_sources:0|g"  # every source could be read
 
 
+def test_print_mode_says_each_ignored_sighting_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    args = nobody_here_args(tmp_path)
+    make_dev(tmp_path, {"pts/4": NOW + 86_400})  # a day ahead: ignored, and said so
+    with caplog.at_level(logging.WARNING):
+        assert agent.main(["--print", *args], clock=lambda: NOW) == 0
+    assert caplog.text.count("in the future") == 1
+
+
 def test_print_mode_prints_and_sends_nothing(
     tmp_path: Path, statsd: socket.socket, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
