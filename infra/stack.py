@@ -45,9 +45,10 @@ FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # handlers/sweep.py: hand a fleet larger 
 ONE_VCPU_MB = 1769
 
 # The sweep's read-only calls; none has resource-level permissions in IAM. The Spot requests and capacity
-# reservations say what kind of machine each is (machine_kinds.py).
+# reservations say what kind of machine each is (core/kinds.py).
 SWEEP_READS = (
     "ec2:DescribeInstances",
+    "ec2:DescribeAvailabilityZones",  # the fleet is listed one zone per thread (aws/fleet.py)
     "ec2:DescribeSpotInstanceRequests",
     "ec2:DescribeCapacityReservations",
     "autoscaling:DescribeAutoScalingGroups",

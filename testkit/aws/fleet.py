@@ -21,6 +21,14 @@ from testkit.ec2_answers import Answer
 _STATE_CODES = {"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}
 
 
+ZONES = tuple(f"{REGION}{letter}" for letter in "abc")
+
+
+def zone_of(instance_id: str) -> str:
+    """Machines spread over the region's zones, the same zone for the same id."""
+    return ZONES[sum(instance_id.encode()) % len(ZONES)]
+
+
 @dataclass
 class FakeInstance:
     instance_id: str
@@ -42,7 +50,7 @@ class FakeInstance:
             "InstanceType": self.instance_type,
             "ImageId": "ami-12345678",
             "LaunchTime": self.launch_time,
-            "Placement": {"AvailabilityZone": f"{REGION}a", "Tenancy": "default"},
+            "Placement": {"AvailabilityZone": zone_of(self.instance_id), "Tenancy": "default"},
             "PrivateIpAddress": "10.0.0.1",
             "HibernationOptions": {"Configured": self.hibernation_configured},
             "Tags": [{"Key": k, "Value": v} for k, v in self.tags.items()],
@@ -136,7 +144,8 @@ class FakeEC2(FakeClient):
         wanted: list[tuple[str, set[str]]] = []
         for f in filters:
             name = f["Name"]
-            if name not in ("instance-state-name", "tag-key", "instance-id") and not name.startswith("tag:"):
+            known = ("instance-state-name", "tag-key", "instance-id", "availability-zone")
+            if name not in known and not name.startswith("tag:"):
                 raise self._error("DescribeInstances", "InvalidParameterValue", f"The filter '{name}' is invalid")
             wanted.append((name, set(f["Values"])))
 
@@ -148,6 +157,8 @@ class FakeEC2(FakeClient):
                     ok = not values.isdisjoint(inst.tags)
                 elif name == "instance-id":
                     ok = inst.instance_id in values
+                elif name == "availability-zone":
+                    ok = inst.api["Placement"]["AvailabilityZone"] in values
                 else:
                     ok = inst.tags.get(name[4:]) in values
                 if not ok:
@@ -155,6 +166,17 @@ class FakeEC2(FakeClient):
             return True
 
         return matches
+
+    @api
+    def describe_availability_zones(
+        self, AllAvailabilityZones: bool = False, Filters: Sequence[dict[str, Any]] = ()
+    ) -> dict[str, Any]:
+        self._call("DescribeAvailabilityZones", {"AllAvailabilityZones": AllAvailabilityZones})
+        return {
+            "AvailabilityZones": [
+                {"ZoneName": zone, "State": "available", "OptInStatus": "opt-in-not-required"} for zone in ZONES
+            ]
+        }
 
     @api
     def describe_instances(

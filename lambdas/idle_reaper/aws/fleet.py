@@ -43,8 +43,39 @@ class Fleet:
 
     def discover(self, tags: TagKeys) -> list[Machine]:
         """Running machines carrying the team tag (and the opt-in tag, when one is set), joined with their
-        ASG membership and protection."""
-        return self._describe(tags, [])
+        ASG membership and protection.
+
+        Listed one Availability Zone per thread: DescribeInstances pages follow each other (each needs the
+        last one's token), 200 pages at 200,000 machines, about 50 s in one sequence; split by zone (every
+        instance is in exactly one) the pages of each zone run beside the others'. Any zone's failure fails
+        the listing, as one listing's would: a fleet listed in part is never swept as if it were whole."""
+        zones = self._zones()
+        if len(zones) < 2:
+            return self._describe(tags, [])
+
+        def in_zone(zone: str) -> tuple[list[Machine], dict[str, str]]:
+            return self._list(tags, [{"Name": "availability-zone", "Values": [zone]}])
+
+        machines: list[Machine] = []
+        asg_tagged: dict[str, str] = {}
+        for found, tagged in run_concurrently(in_zone, zones, ACTION_WORKERS):
+            machines += found
+            asg_tagged.update(tagged)
+        machines.sort(key=lambda m: m.instance_id)  # one order whatever zone answered first
+        return self._with_membership(machines, asg_tagged)
+
+    def _zones(self) -> list[str]:
+        """The region's zones an instance can run in (local zones the account opted into included); none
+        when they cannot be listed (a role deployed before this call was granted): then the fleet is listed
+        in one sequence, as before, complete but slower."""
+        try:
+            response = self.ec2.describe_availability_zones(
+                AllAvailabilityZones=True,
+                Filters=[{"Name": "opt-in-status", "Values": ["opt-in-not-required", "opted-in"]}],
+            )
+        except AwsError:
+            return []
+        return sorted({z["ZoneName"] for z in response.get("AvailabilityZones", [])})
 
     def still_as_listed(self, machines: Sequence[Machine], tags: TagKeys) -> set[str]:
         """Those of `machines` that are still as discovery described them: running, same launch, same group

@@ -133,15 +133,34 @@ class TestDiscover:
 
         machines = fleet(aws).discover(TagKeys())
 
-        assert sorted(m.instance_id for m in machines) == sorted(wanted)
+        assert [m.instance_id for m in machines] == sorted(wanted)  # each once, whatever zone listed it
         requests = aws.ec2.requests_of("DescribeInstances")
-        assert len(requests) == 3
-        assert all(r["MaxResults"] == 1000 for r in requests)
-        assert {f["Name"]: f["Values"] for f in requests[0]["Filters"]} == {
+        # One listing per zone, side by side (pages of one zone follow each other): 700 a zone, one page each.
+        assert len(requests) == 3 and all(r["MaxResults"] == 1000 for r in requests)
+        assert sorted(
+            tuple(f["Values"]) for r in requests for f in r["Filters"] if f["Name"] == "availability-zone"
+        ) == [
+            ("us-east-1a",),
+            ("us-east-1b",),
+            ("us-east-1c",),
+        ]
+        assert {f["Name"]: f["Values"] for f in requests[0]["Filters"] if f["Name"] != "availability-zone"} == {
             "instance-state-name": ["running"],
             "tag-key": ["Team"],
             "tag:idle-reaper:managed": ["true"],
         }
+
+    def test_without_the_zones_the_fleet_is_listed_in_one_sequence_and_a_failed_zone_fails_the_listing(self, aws):
+        wanted = launch_many(aws, 1200)
+        aws.ec2.inject("DescribeAvailabilityZones", "UnauthorizedOperation")
+        assert sorted(m.instance_id for m in fleet(aws).discover(TagKeys())) == sorted(wanted)
+        requests = aws.ec2.requests_of("DescribeInstances")
+        assert len(requests) == 2 and not any(f["Name"] == "availability-zone" for f in requests[0]["Filters"])
+        # One zone's listing fails: the whole listing fails, never a fleet listed in part.
+        aws.ec2.clear_faults()
+        aws.ec2.inject("DescribeInstances", "UnauthorizedOperation", on_calls=[4])
+        with pytest.raises(ClientError):
+            fleet(aws).discover(TagKeys())
 
     def test_without_an_opt_in_tag_every_team_tagged_machine_is_swept(self, aws):
         opted_in = launch_many(aws, 3)
