@@ -124,6 +124,15 @@ def start_server(
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError((tmp_path / "server.log").read_text()[-3000:])
         time.sleep(0.1)
+    # The runtime file can precede the listening socket by a moment under load: wait until it answers.
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError((tmp_path / "server.log").read_text()[-3000:]) from None
+            time.sleep(0.1)
     return Server(process, home, root, runtime, port, token)
 
 
