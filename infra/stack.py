@@ -46,6 +46,7 @@ SWEEP_MEMORY_MB = 1769
 # reservations say what kind of machine each is (machine_kinds.py).
 SWEEP_READS = (
     "ec2:DescribeInstances",
+    "ec2:DescribeAvailabilityZones",  # discovery lists each zone's pages concurrently
     "ec2:DescribeSpotInstanceRequests",
     "ec2:DescribeCapacityReservations",
     "autoscaling:DescribeAutoScalingGroups",

@@ -45,6 +45,7 @@ LATENCY: dict[str, float] = {
     "dynamodb:Query": 0.010,
     "cloudwatch:GetMetricData": 0.6,
     "ec2:DescribeInstances": 0.25,
+    "ec2:DescribeAvailabilityZones": 0.1,
     "autoscaling:DescribeAutoScalingGroups": 0.2,
     "autoscaling:DescribeAutoScalingInstances": 0.2,
     "autoscaling:SetInstanceProtection": 0.2,

@@ -21,6 +21,14 @@ from testkit.ec2_answers import Answer
 _STATE_CODES = {"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}
 
 
+ZONES = tuple(f"{REGION}{letter}" for letter in "abcdef")
+
+
+def zone_of(instance_id: str) -> str:
+    """Machines spread over the region's zones, as a real fleet is."""
+    return ZONES[sum(instance_id.encode()) % len(ZONES)]
+
+
 @dataclass
 class FakeInstance:
     instance_id: str
@@ -42,7 +50,7 @@ class FakeInstance:
             "InstanceType": self.instance_type,
             "ImageId": "ami-12345678",
             "LaunchTime": self.launch_time,
-            "Placement": {"AvailabilityZone": f"{REGION}a", "Tenancy": "default"},
+            "Placement": {"AvailabilityZone": zone_of(self.instance_id), "Tenancy": "default"},
             "PrivateIpAddress": "10.0.0.1",
             "HibernationOptions": {"Configured": self.hibernation_configured},
             "Tags": [{"Key": k, "Value": v} for k, v in self.tags.items()],
@@ -136,7 +144,12 @@ class FakeEC2(FakeClient):
         wanted: list[tuple[str, set[str]]] = []
         for f in filters:
             name = f["Name"]
-            if name not in ("instance-state-name", "tag-key", "instance-id") and not name.startswith("tag:"):
+            if name not in (
+                "instance-state-name",
+                "tag-key",
+                "instance-id",
+                "availability-zone",
+            ) and not name.startswith("tag:"):
                 raise self._error("DescribeInstances", "InvalidParameterValue", f"The filter '{name}' is invalid")
             wanted.append((name, set(f["Values"])))
 
@@ -148,6 +161,8 @@ class FakeEC2(FakeClient):
                     ok = not values.isdisjoint(inst.tags)
                 elif name == "instance-id":
                     ok = inst.instance_id in values
+                elif name == "availability-zone":
+                    ok = inst.api["Placement"]["AvailabilityZone"] in values
                 else:
                     ok = inst.tags.get(name[4:]) in values
                 if not ok:
@@ -155,6 +170,16 @@ class FakeEC2(FakeClient):
             return True
 
         return matches
+
+    @api
+    def describe_availability_zones(self, AllAvailabilityZones: bool = False) -> dict[str, Any]:
+        self._call("DescribeAvailabilityZones", {"AllAvailabilityZones": AllAvailabilityZones})
+        return {
+            "AvailabilityZones": [
+                {"ZoneName": zone, "ZoneType": "availability-zone", "State": "available", "RegionName": REGION}
+                for zone in ZONES
+            ]
+        }
 
     @api
     def describe_instances(
@@ -398,7 +423,7 @@ class FakeAutoScaling(FakeClient):
             "InstanceId": instance_id,
             "InstanceType": self.ec2.instances[instance_id].instance_type if instance_id in self.ec2.instances else "",
             "AutoScalingGroupName": group,
-            "AvailabilityZone": f"{REGION}a",
+            "AvailabilityZone": zone_of(instance_id),
             "LifecycleState": "InService",
             "HealthStatus": "HEALTHY",
             "ProtectedFromScaleIn": self.groups[group].members[instance_id],

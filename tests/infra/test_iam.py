@@ -74,6 +74,7 @@ def on_managed(action: str, resource: str, region: str = HOME) -> Request:
 def fleet_reads(region: str) -> list[Request]:
     return [
         call("ec2:DescribeInstances", "*", region),
+        call("ec2:DescribeAvailabilityZones", "*", region),
         call("ec2:DescribeSpotInstanceRequests", "*", region),
         call("ec2:DescribeCapacityReservations", "*", region),
         call("autoscaling:DescribeAutoScalingGroups", "*", region),

@@ -306,6 +306,7 @@ def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[
             # log delivery (Step Functions' vended logs; AWS documents Resource "*" for these).
             assert set(actions) <= {
                 "ec2:DescribeInstances",
+                "ec2:DescribeAvailabilityZones",
                 "ec2:DescribeRegions",
                 "ec2:DescribeSpotInstanceRequests",
                 "ec2:DescribeCapacityReservations",

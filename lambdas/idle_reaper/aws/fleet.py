@@ -24,6 +24,9 @@ STOP_BATCH = 200  # StopInstances documents no limit; smaller batches fail small
 SPOT_REQUEST_FILTER_VALUES = 200  # request ids in one DescribeSpotInstanceRequests filter
 RESERVATIONS_PER_CALL = 100  # capacity reservation ids in one DescribeCapacityReservations call
 ACTION_WORKERS = 8
+# Discovery lists each Availability Zone's pages on its own thread: a region has up to ~6 zones (and its
+# Local Zones), so 200,000 machines are ~35 pages a zone one after another instead of 200.
+LIST_WORKERS = 16
 
 
 # ---------------------------------------------------------------------------------------------
@@ -43,8 +46,29 @@ class Fleet:
 
     def discover(self, tags: TagKeys) -> list[Machine]:
         """Running machines carrying the team tag (and the opt-in tag, when one is set), joined with their
-        ASG membership and protection."""
-        return self._describe(tags, [])
+        ASG membership and protection. Each zone of the region (every zone, opted in or not, so no running
+        machine is outside them all) is listed concurrently; when the zones cannot be listed, the region's
+        pages are read one after another, as before: slower, never less."""
+        zones = self._zones()
+        if not zones:
+            return self._describe(tags, [])
+
+        def in_zone(zone: str) -> tuple[list[Machine], dict[str, str]]:
+            return self._list(tags, [{"Name": "availability-zone", "Values": [zone]}])
+
+        machines: dict[str, Machine] = {}
+        asg_tagged: dict[str, str] = {}
+        for found, tagged in run_concurrently(in_zone, zones, LIST_WORKERS):
+            machines.update((m.instance_id, m) for m in found)
+            asg_tagged.update(tagged)
+        return self._with_membership(list(machines.values()), asg_tagged)
+
+    def _zones(self) -> list[str]:
+        try:
+            out = self.ec2.describe_availability_zones(AllAvailabilityZones=True)
+        except AwsError:
+            return []
+        return sorted({z["ZoneName"] for z in out.get("AvailabilityZones", []) if z.get("ZoneName")})
 
     def still_as_listed(self, machines: Sequence[Machine], tags: TagKeys) -> set[str]:
         """Those of `machines` that are still as discovery described them: running, same launch, same group

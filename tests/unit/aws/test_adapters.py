@@ -13,6 +13,7 @@ from idle_reaper.aws import Fleet, MetricsReader, PolicyStore
 from idle_reaper.core import assess
 from idle_reaper.policy import DEFAULT_GPU_FAMILIES, MetricSettings, PolicyError, Settings, TagKeys
 from testkit.aws import FakeAws, steady
+from testkit.aws.fleet import ZONES
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
 DAY_AGO = NOW - timedelta(days=1)
@@ -125,7 +126,7 @@ class TestStop:
 
 
 class TestDiscover:
-    def test_running_team_tagged_instances_in_pages_of_1000(self, aws):
+    def test_running_team_tagged_instances_listed_zone_by_zone_concurrently(self, aws):
         wanted = launch_many(aws, 2100)
         launch_many(aws, 40, state="stopped")
         launch_many(aws, 30, team=None)  # no Team tag: not ours
@@ -134,14 +135,30 @@ class TestDiscover:
         machines = fleet(aws).discover(TagKeys())
 
         assert sorted(m.instance_id for m in machines) == sorted(wanted)
+        assert aws.ec2.requests_of("DescribeAvailabilityZones") == [{"AllAvailabilityZones": True}]
         requests = aws.ec2.requests_of("DescribeInstances")
-        assert len(requests) == 3
+        # ~350 machines in each of 6 zones: one page a zone, each zone asked exactly once.
+        assert len(requests) == len(ZONES)
         assert all(r["MaxResults"] == 1000 for r in requests)
-        assert {f["Name"]: f["Values"] for f in requests[0]["Filters"]} == {
-            "instance-state-name": ["running"],
-            "tag-key": ["Team"],
-            "tag:idle-reaper:managed": ["true"],
-        }
+        filters = [{f["Name"]: f["Values"] for f in r["Filters"]} for r in requests]
+        assert sorted(f.pop("availability-zone")[0] for f in filters) == sorted(ZONES)
+        assert all(
+            f == {"instance-state-name": ["running"], "tag-key": ["Team"], "tag:idle-reaper:managed": ["true"]}
+            for f in filters
+        )
+
+    @pytest.mark.parametrize("fault", ["UnauthorizedOperation", "RequestLimitExceeded"])
+    def test_without_the_zones_the_region_is_listed_in_pages_of_1000_and_nothing_is_missed(self, aws, fault):
+        wanted = launch_many(aws, 2100)
+        launch_many(aws, 40, state="stopped")
+        aws.ec2.inject("DescribeAvailabilityZones", fault)
+
+        machines = fleet(aws).discover(TagKeys())
+
+        assert sorted(m.instance_id for m in machines) == sorted(wanted)
+        requests = aws.ec2.requests_of("DescribeInstances")
+        assert len(requests) == 3 and all(r["MaxResults"] == 1000 for r in requests)
+        assert all("availability-zone" not in {f["Name"] for f in r["Filters"]} for r in requests)
 
     def test_without_an_opt_in_tag_every_team_tagged_machine_is_swept(self, aws):
         opted_in = launch_many(aws, 3)
@@ -441,3 +458,37 @@ class TestFakesEnforceApiLimits:
         assert self.code(lambda: aws.ssm.get_parameters_by_path(Path="/x", MaxResults=11)) == "ValidationException"
         assert self.code(lambda: aws.ec2.describe_instances(MaxResults=1001)) == "InvalidParameterValue"
         assert self.code(lambda: aws.ssm.get_parameter(Name="/nope")) == "ParameterNotFound"
+
+
+# ---------------------------------------------------------------------------------------------
+# Timestamps: the quick parser gives what botocore's own does for every shape AWS sends
+
+
+class TestParseTimestamp:
+    @pytest.mark.parametrize(
+        "value",
+        [
+            "2026-11-20T12:00:00.000Z",  # EC2's LaunchTime
+            "2026-11-20T12:00:00Z",
+            "2026-11-20T12:00:00.123456+00:00",
+            "2026-11-20T14:00:00+02:00",
+            "2026-11-20T12:00:00",  # no zone: read as botocore reads it
+            1763640000,  # CloudWatch's datapoints (JSON)
+            1763640000.5,
+            "1763640000",  # a number as text: epoch seconds, not a date
+            "Thu, 20 Nov 2026 12:00:00 GMT",  # RFC 822 headers
+        ],
+    )
+    def test_same_instant_as_botocores_parser(self, value):
+        from botocore.utils import parse_timestamp as reference
+
+        from idle_reaper.aws.clients import parse_timestamp
+
+        ours, theirs = parse_timestamp(value), reference(value)
+        assert ours == theirs and ours.utcoffset() == theirs.utcoffset()
+
+    def test_text_that_is_no_timestamp_is_refused_as_botocore_refuses_it(self):
+        from idle_reaper.aws.clients import parse_timestamp
+
+        with pytest.raises(ValueError):
+            parse_timestamp("2026-11-20Tnoon")
