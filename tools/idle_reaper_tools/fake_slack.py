@@ -72,6 +72,9 @@ class FakeSlack:
                 return 429, {"Retry-After": str(self.retry_after)}, {"ok": False, "error": "ratelimited"}
             if self.auth_revoked:
                 return 200, {}, {"ok": False, "error": "invalid_auth"}
+            if method == "chat.postMessage" and str(params.get("channel", ""))[:1] in ("U", "W"):
+                # A user id: Slack posts to the app's DM with them; the call is recorded where it landed.
+                params["channel"] = "D" + str(params["channel"]).lstrip("UW")
             target = params.get("channel") or params.get("users") or ""
             error = self.errors.get(f"{method} {target}") or self.errors.get(method)
             if error:
@@ -91,6 +94,17 @@ class FakeSlack:
             return {"ok": True, "users": group} if group is not None else {"ok": False, "error": "no_such_subteam"}
         if method == "conversations.open":
             return {"ok": True, "channel": {"id": "D" + str(params.get("users", "")).lstrip("UW")}}
+        if method == "users.list":  # every user the fake knows by email, 200 a page at most
+            users = sorted(self.users_by_email.items(), key=lambda item: item[1])
+            start = int(params.get("cursor") or 0)
+            limit = max(1, min(200, int(params.get("limit") or 200)))
+            page = [{"id": uid, "profile": {"email": email}} for email, uid in users[start : start + limit]]
+            more = start + limit < len(users)
+            return {
+                "ok": True,
+                "members": page,
+                "response_metadata": {"next_cursor": str(start + limit) if more else ""},
+            }
         if method == "chat.postMessage":
             self._ts += 1
             ts = f"{self._ts:.6f}"

@@ -22,7 +22,7 @@ from idle_reaper.core.reports import (
     owner_key,
     owner_message_groups,
 )
-from idle_reaper.notify import Delivery, DeliveryFinder, OwnerNotifier, PermanentDeliveryFailure
+from idle_reaper.notify import Delivery, DeliveryFinder, OwnerNotifier, OwnerResolver, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings
 from idle_reaper.sweep.adapters import DEFERRED, Adapters, alert_once
@@ -578,6 +578,12 @@ def _post_owner_messages(
     owners: dict[str, str | None] | None = None
     if len(warnings) > 1 and isinstance(notifier, DeliveryFinder):  # one warning shares no message
         tags = sorted({(d.machine.owner or "").strip() for d in warnings})
+        resolved: dict[str, str | None] = {}
+        if isinstance(notifier, OwnerResolver):
+            try:
+                resolved = notifier.resolve_owners(tags)
+            except Exception as exc:  # resolved one by one below
+                logger.warning("owners could not be resolved at once", extra={"error": str(exc)})
 
         def resolve(owner: str) -> str | None:
             try:
@@ -585,7 +591,8 @@ def _post_owner_messages(
             except Exception:  # Slack or the table down: this owner's machines are warned alone (pending if that fails)
                 return None
 
-        resolved = dict(zip(tags, run_concurrently(resolve, tags, SLACK_WORKERS), strict=True))
+        rest = [tag for tag in tags if tag not in resolved]
+        resolved.update(zip(rest, run_concurrently(resolve, rest, SLACK_WORKERS), strict=True))
         owners = {d.machine.instance_id: resolved[(d.machine.owner or "").strip()] for d in warnings}
     shared = [group for group in owner_message_groups(warnings, owners) if len(group) > 1]
 
