@@ -388,6 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1000,10000,50000,200000", help="comma-separated fleet sizes")
     parser.add_argument("--check", type=int, default=2000, help="fleet size of the slept check (0: skip)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--bills", default="", help="sizes (of --sizes) to price the steady hour at (default 10000)")
     parser.add_argument("--no-botocore", action="store_true", help="charge latency only, not botocore's CPU")
     args = parser.parse_args(argv)
     handler = sweep_module.logger.registered_handler
@@ -406,7 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for size in [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]:
         measured[size] = run_size(size, args.seed, sleep=False, cpu=cpu)
         ok = print_size(size, measured[size]) and ok
-    for size in sorted({BILL_FLEET, max(measured, default=0)} & set(measured)):
+    bills = {int(s.replace("_", "")) for s in args.bills.split(",") if s.strip()} if args.bills else {BILL_FLEET}
+    for size in sorted(bills & set(measured)):
         ok = print_bill(steady_hour(size, args.seed, cpu)) and ok
     if args.check:
         ok = check(args.check, args.seed, cpu) and ok

@@ -70,6 +70,7 @@ def apply_decisions(
             d = replace(d, error="another sweep is handling this machine, or changed it first; nothing done")
         return d, saved, saved and hold
 
+    _warm_owner_cache(adapters.notifier, [d for d in decisions if d.read and d.deliver_warning], out_of_time)
     by_id: dict[str, Decision] = {d.machine.instance_id: d for d in decisions}  # keeps the listing's order
     written: set[str] = set()
     claimed: set[str] = set()
@@ -311,6 +312,19 @@ def _delivery_intent(d: Decision, previous: MachineRecord | None, now: datetime,
             owner_slack_id=record.owner_slack_id or _owner_of(notifier, d),
         )
     return replace(d, record=record)
+
+
+def _warm_owner_cache(notifier: object, warnings: list[Decision], out_of_time: Callable[[], bool]) -> None:
+    """Resolve the owners of this sweep's warnings at once (OwnerResolver: a few users.list pages rather than
+    a users.lookupByEmail each, Tier 3), so that the claims (_owner_of) and the owner messages find them
+    cached. A failure only leaves them to be resolved one by one."""
+    tags = sorted({(d.machine.owner or "").strip() for d in warnings if not d.record.owner_slack_id} - {""})
+    if len(tags) < 2 or not isinstance(notifier, OwnerResolver) or out_of_time():
+        return
+    try:
+        notifier.resolve_owners(tags)
+    except Exception as exc:
+        logger.warning("owners could not be resolved at once", extra={"error": str(exc)})
 
 
 def _owner_of(notifier: object, d: Decision) -> str | None:
