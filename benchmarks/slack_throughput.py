@@ -143,7 +143,8 @@ def run(size: int, seed: int) -> None:
             )
             print(f"    warnings delivered so far: {len(warned):,} of {len(must_warn):,} machines;")
             print(
-                f"    owners reached: {len(owners_told):,} of {len(owners_due):,}; deferred this sweep: {len(report.deferred):,}"
+                f"    owners reached: {len(owners_told):,} of {len(owners_due):,};"
+                f" deferred this sweep: {len(report.deferred):,}"
             )
             print(f"    429s answered by the fake so far: {fake.limits.refused if fake.limits else 0:,}")
             if n == 2:
