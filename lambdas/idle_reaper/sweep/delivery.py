@@ -17,6 +17,7 @@ from idle_reaper.aws.fleet import ACTION_WORKERS, ActionOutcome, Fleet
 from idle_reaper.aws.state import AuditEntry, StateStore
 from idle_reaper.core.kinds import notice_sentence
 from idle_reaper.core.lifecycle import Decision
+from idle_reaper.core.reading import plan_next_read
 from idle_reaper.core.records import MACHINE_ACTIONS, Action, MachineRecord, State
 from idle_reaper.core.reports import (
     owner_key,
@@ -514,6 +515,8 @@ def _post(
             owner_slack_id=delivery.owner_slack_id or record.owner_slack_id,
             group_ref=delivery.group_ref if d.deliver_warning else record.group_ref,
         )
+        if d.deliver_warning:  # told now: a machine only reported on is planned in this same write
+            record = plan_next_read(replace(d, record=record), now)
     if delivery is not None and delivery.undelivered and d.deliver_warning and record.warned_at:
         _alert_partly_delivered(adapters, d, delivery.undelivered, settings, now)
     return replace(d, record=replace(record, version=record.version + 1), reason=reason)

@@ -26,7 +26,7 @@ from idle_reaper.core.records import Action, MachineRecord
 from idle_reaper.core.reports import (
     limit_terminations,
 )
-from idle_reaper.core.signals import Machine, Signals, assess, human_signal_note, parse_exemption
+from idle_reaper.core.signals import Machine, Signals, assess, has_no_gpu, human_signal_note, parse_exemption
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
@@ -233,11 +233,11 @@ def _fetch_signals(
     queries fit under the datapoint limit shares one range (the longest of them), so the whole fleet
     usually takes ceil(metrics x machines / 500) calls. A longer window gets its own range, and so do
     teams with a network threshold, so neither makes every other machine fetch more; the human-activity
-    metric is fetched only for teams whose policy reads it. Exempt machines and teams in safe mode are not
-    fetched at all."""
+    metric is fetched only for teams whose policy reads it, the GPU metric only for types that can have a GPU
+    (core.signals.has_no_gpu). Exempt machines and teams in safe mode are not fetched at all."""
     period = settings.metrics.period_seconds
     shared_points = DATAPOINTS_PER_CALL // METRIC_QUERIES_PER_CALL
-    groups: dict[tuple[int, bool, bool], list[str]] = defaultdict(list)
+    groups: dict[tuple[int, bool, bool, bool], list[str]] = defaultdict(list)
     short_lookback = 0  # the longest window among those that share a range
     for m in machines:
         policy = refs_of[m.instance_id].policy
@@ -246,15 +246,16 @@ def _fetch_signals(
         lookback = policy.idle_minutes + policy.max_gap_minutes
         network = policy.network_threshold_bytes_per_second is not None
         human = bool(policy.human_active_minutes)
+        gpu = not has_no_gpu(m.instance_type, settings.gpu_instance_families)
         if lookback * 60 // period + 2 > shared_points:
-            groups[(lookback, network, human)].append(m.instance_id)
+            groups[(lookback, network, human, gpu)].append(m.instance_id)
         else:
             short_lookback = max(short_lookback, lookback)
-            groups[(0, network, human)].append(m.instance_id)
+            groups[(0, network, human, gpu)].append(m.instance_id)
     signals: dict[str, Signals] = {}
-    for (lookback, network, human), ids in groups.items():
+    for (lookback, network, human, gpu), ids in groups.items():
         start = now - timedelta(minutes=lookback or short_lookback, seconds=period)
-        signals.update(reader.fetch(ids, settings.metrics, start=start, end=now, network=network, human=human))
+        signals.update(reader.fetch(ids, settings.metrics, start=start, end=now, network=network, human=human, gpu=gpu))
     return signals
 
 

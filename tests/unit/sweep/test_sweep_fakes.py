@@ -161,7 +161,8 @@ def test_machine_gone_between_discovery_and_stop_is_recorded_without_crashing():
 
 def test_failing_cloudwatch_batch_leaves_its_machines_unknown_and_the_rest_are_acted_on():
     aws = account()
-    boxes = [box(aws) for _ in range(300)]  # 900 queries (CPU, GPU, human activity): two GetMetricData calls
+    # 900 queries (CPU, GPU, human activity: GPU boxes): two GetMetricData calls
+    boxes = [box(aws, profile=steady(1.0, 0.0), instance_type="g5.xlarge") for _ in range(300)]
     store = CountingStateStore()
     warned = sweep(aws, store, WARN_SWEEP)
     assert all(d.action is Action.WARN for d in warned.decisions)
