@@ -189,8 +189,10 @@ def running_again_entry(
     }
 
 
-def answer_entry(record: MachineRecord, action: str, by: str, hourly_cost: float | None) -> dict[str, Any]:
-    """The audit entry of a person's answer (keep, stop now, start again)."""
+def answer_entry(
+    record: MachineRecord, action: str, by: str, hourly_cost: float | None, hourly_savings: float | None = None
+) -> dict[str, Any]:
+    """The audit entry of a person's answer: a keep, or a stop now (`action` is the stop's)."""
     return {
         "instance_id": record.instance_id,
         "team": record.team,
@@ -201,7 +203,7 @@ def answer_entry(record: MachineRecord, action: str, by: str, hourly_cost: float
         "snoozed_by": record.snoozed_by if action == KEEP else None,
         "snoozed_until": record.snoozed_until.isoformat() if action == KEEP and record.snoozed_until else None,
         "hourly_cost": hourly_cost,
-        "hourly_savings": hourly_cost,
+        "hourly_savings": hourly_savings,
         "error": None,
     }
 

@@ -14,6 +14,7 @@ from typing import Any
 from idle_reaper.aws.clients import CALL_WIDE_ERRORS, DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.fleet import ACTION_WORKERS, ActionOutcome, Fleet
 from idle_reaper.aws.state import AuditEntry, StateStore
+from idle_reaper.core.digest import running_again_entry
 from idle_reaper.core.kinds import notice_sentence
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MACHINE_ACTIONS, Action, MachineRecord, State
@@ -132,6 +133,13 @@ def apply_decisions(
             _alert_kind_notice(adapters, d, settings, now)
         if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
             audits.append(AuditEntry(instance_id, now, explain(d)))
+        before = previous.get(instance_id)
+        if before is not None and before.state is State.REAPED and d.read and d.state is not State.REAPED:
+            # Running again after the reaper stopped it: what the stop saved ends at its launch (the digest).
+            m = d.machine
+            since = m.launch_time if before.last_action_at is None or m.launch_time >= before.last_action_at else now
+            entry = running_again_entry(instance_id, m.team, m.owner, m.instance_type, since)
+            audits.append(AuditEntry(instance_id, now, entry))
     _audit(store, audits)
     return list(by_id.values()), written
 
