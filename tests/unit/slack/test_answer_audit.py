@@ -31,7 +31,9 @@ def test_keep_stop_now_and_start_again_are_audited_and_counted_by_the_digest() -
     store = InMemoryStateStore()
     clock = [NOW]
     effects = Effects(store, Fleet(aws.ec2, aws.autoscaling), Messages(), lambda: clock[0])  # type: ignore[arg-type]
-    record = MachineRecord(machine, "ml", State.WARNED, version=3, warned_at=NOW, owner="ada", instance_type="g5.xlarge")
+    record = MachineRecord(
+        machine, "ml", State.WARNED, version=3, warned_at=NOW, owner="ada", instance_type="g5.xlarge"
+    )
     store.records[machine] = record
     assert effects.keep("U0ADA", record, TeamPolicy(), NOW + timedelta(hours=2)) is None
     clock[0] = NOW + timedelta(hours=3)
