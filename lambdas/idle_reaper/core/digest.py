@@ -169,7 +169,9 @@ def events_of(entries: Iterable[tuple[str, datetime, Mapping[str, Any]]]) -> lis
                 warned_at=str(entry.get("warned_at") or ""),
             )
         )
-    return sorted(out, key=lambda e: (e.at, e.instance_id))
+    # At the same moment: seen running, then the sweep's warning or stop, then a person's answer to it.
+    order = {RUNNING_AGAIN: 0, WARN: 1, KEEP: 3}
+    return sorted(out, key=lambda e: (e.at, e.instance_id, order.get(e.action, 2)))
 
 
 def running_again_entry(

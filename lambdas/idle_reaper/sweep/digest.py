@@ -24,7 +24,7 @@ from idle_reaper.core.digest import (
 )
 from idle_reaper.core.records import MachineRecord
 from idle_reaper.notify import logger
-from idle_reaper.policy import Settings, TeamPolicy
+from idle_reaper.policy import Settings, TeamPolicy, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES
 from idle_reaper.slack.digest import DigestSender, DigestUndelivered
 
@@ -68,6 +68,38 @@ def send_due_digests(
         policy = refs[team].policy or settings.default_policy  # a team in safe mode still hears how it went
         if week := digest_due(policy, now):
             due.append(_Due(team, team, policy, week))
+    return _send(store, sender, settings, refs, due, now, render, prices)
+
+
+def send_week_digests(
+    store: StateStore,
+    policies: PolicyStore,
+    sender: DigestSender | None,
+    week: Week,
+    now: datetime,
+    *,
+    render: Callable[[Digest, dict[str, str]], bytes] | None = None,
+    prices: Mapping[str, float] = DEFAULT_PRICES,
+) -> list[DigestOutcome]:
+    """Every destination's digest of `week` as of `now`, whatever the digest time (the demo's simulated day),
+    claimed once like the hourly ones."""
+    settings, _ = policies.load_settings()
+    refs = policies.load_teams(settings)
+    due = [_Due(ADMINS, None, settings.default_policy, week)]
+    due += [_Due(team, team, refs[team].policy or settings.default_policy, week) for team in sorted(refs)]
+    return _send(store, sender, settings, refs, due, now, render, prices)
+
+
+def _send(
+    store: StateStore,
+    sender: DigestSender | None,
+    settings: Settings,
+    refs: Mapping[str, TeamPolicyRef],
+    due: list[_Due],
+    now: datetime,
+    render: Callable[[Digest, dict[str, str]], bytes] | None,
+    prices: Mapping[str, float],
+) -> list[DigestOutcome]:
     claimed = [d for d in due if store.claim_once(claim_key(d.destination, d.week), now)]
     if not claimed:
         return []
@@ -84,9 +116,8 @@ def send_due_digests(
         seen = {r.team for r in records} | {str(e.get("team") or "") for _, _, e in entries}
         for team in sorted(seen - set(refs) - {"", ADMINS}):
             if store.claim_once(claim_key(team, admins_week), now):
-                claimed.append(
-                    _Due(team, team, policy_for(team, refs, settings).policy or settings.default_policy, admins_week)
-                )
+                policy = policy_for(team, refs, settings).policy or settings.default_policy
+                claimed.append(_Due(team, team, policy, admins_week))
     names = {r.instance_id: r.name or r.instance_id for r in records}
     return [_send_one(store, sender, d, entries, records, names, settings, now, render, prices) for d in claimed]
 
