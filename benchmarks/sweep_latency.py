@@ -4,8 +4,11 @@ charged its in-region latency (testkit/aws/ LATENCY, as issue 13 states them).
 The projection models what the code really overlaps: the sweep's thread pools (aws.run_concurrently) are
 replaced by a scheduler that puts each task on the virtual lane that frees first, so a pool of N threads
 overlaps at most N calls, and calls made one after another add up. Modelled wall = modelled latency + the
-code's own CPU time (measured, serial as under the GIL). `--check SIZE` runs the same sweeps with every
-latency really slept on real thread pools and compares the measured wall with the model (within 20 %).
+code's own CPU time (measured, serial as under the GIL) + botocore's CPU for each request (serialise, sign,
+parse: measured at start with real botocore against stubbed answers, benchmarks/botocore_cpu.py; serial
+too, printed apart). `--check SIZE` runs the same sweeps with every latency really slept (and each
+request's botocore CPU really burnt) on real thread pools and compares the measured wall with the model
+(within 20 %).
 
 For each fleet size and for the first-look, steady and reaping sweeps (benchmarks/sweep_cost.py's fleet;
 sweeps at +0, +5 and +30 min) it prints calls by operation (DynamoDB included), the latency each operation charged,
@@ -25,7 +28,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ for path in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(path))
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO")
 
+from botocore_cpu import BotocoreCpu, describe, items_of, measure  # noqa: E402
 from sweep_cost import PREFIX, T0, build_fleet  # noqa: E402
 
 from idle_reaper import sweep as sweep_module  # noqa: E402
@@ -50,7 +54,7 @@ from idle_reaper.sweep import (  # noqa: E402
     run_shard,
     run_sweep,
 )
-from testkit.aws import CountingStateStore, FakeAws, LatencyModel  # noqa: E402
+from testkit.aws import CountingStateStore, FakeAws, LatencyModel, RequestCpu  # noqa: E402
 
 # First look; the steady sweep 5 minutes later (the stack's default schedule: what most sweeps are);
 # reaping when the first look's warnings fall due.
@@ -96,6 +100,8 @@ class Measured:
     log_bytes: int = 0
     shards: int = 1
     lambda_s: float = 0.0  # the invocations' walls summed: what Lambda bills
+    botocore_s: float = 0.0  # botocore's CPU (serialise, sign, parse), charged per request (in wall_s)
+    botocore_by_op: Counter[str] = field(default_factory=Counter)  # seconds by operation
 
 
 class Segments:
@@ -104,16 +110,26 @@ class Segments:
 
     def __init__(self, model: LatencyModel, aws: FakeAws, *, sleep: bool) -> None:
         self.model, self.aws, self.sleep = model, aws, sleep
+        self.botocore_s = 0.0
 
     def time(self, fn: Callable[[], Any]) -> tuple[Any, float, float]:
-        """fn's result, its wall and its own CPU time."""
-        virtual, fake = self.model.virtual, self.aws.seconds()
+        """fn's result, its wall and its own CPU time (botocore's, charged per request, counted apart:
+        `self.botocore_s`)."""
+        virtual, fake, botocore = self.model.virtual, self.aws.seconds(), self.model.cpu_s
         started, cpu_started = time.perf_counter(), time.process_time()
         result = fn()
         real, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         fake = self.aws.seconds() - fake
-        own = cpu - fake  # CPU of the code under test: the process's, minus the fakes'
-        return result, (real - fake if self.sleep else self.model.virtual - virtual + own), own
+        botocore = self.model.cpu_s - botocore
+        self.botocore_s += botocore
+        # CPU of the code under test: the process's, minus the fakes' (and minus botocore's, burnt when slept).
+        own = cpu - fake - (botocore if self.sleep else 0.0)
+        return result, (real - fake if self.sleep else self.model.virtual - virtual + own + botocore), own
+
+
+def request_cpu(cpu: BotocoreCpu) -> RequestCpu:
+    """Each fake call's botocore CPU, from what it was asked and answered."""
+    return lambda operation, request, response: cpu.cost(operation, items_of(operation, request, response))
 
 
 def map_wall(durations: Sequence[float], lanes: int) -> float:
@@ -125,7 +141,13 @@ def map_wall(durations: Sequence[float], lanes: int) -> float:
 
 
 def run_size(
-    size: int, seed: int, *, sleep: bool, shard_size: int = SHARD_SIZE, sweeps: Sequence[datetime] = SWEEPS
+    size: int,
+    seed: int,
+    *,
+    sleep: bool,
+    shard_size: int = SHARD_SIZE,
+    sweeps: Sequence[datetime] = SWEEPS,
+    cpu: BotocoreCpu | None = None,
 ) -> list[Measured]:
     """Each sweep as the stack runs it: the scheduled sweep plans; a fleet that fits one shard is swept in
     that invocation, a larger one goes to the state machine, whose Map runs a worker invocation per shard
@@ -133,7 +155,7 @@ def run_size(
     Lambda, with its own CPU), and composed as Step Functions runs them."""
     bench = build_fleet(size, seed)
     aws = bench.aws
-    model = LatencyModel(sleep=sleep)
+    model = LatencyModel(sleep=sleep, cpu=request_cpu(cpu) if cpu is not None else None)
     aws.set_latency(model)
     store = CountingStateStore(model)
     notifier = LoggingNotifier(sweep_module.logger, delivers=True)
@@ -143,6 +165,7 @@ def run_size(
     results = []
     try:
         for now in sweeps:
+            botocore_before, botocore_ops_before = segments.botocore_s, Counter(model.cpu_charged)
             charged_before, requested_before, log_before = (
                 Counter(model.charged),
                 aws.cloudwatch.metrics_requested,
@@ -191,6 +214,8 @@ def run_size(
                     log_bytes=LOG.bytes - log_before,
                     shards=plan.shards,
                     lambda_s=sum(walls),
+                    botocore_s=segments.botocore_s - botocore_before,
+                    botocore_by_op=model.cpu_charged - botocore_ops_before,
                 )
             )
     finally:
@@ -219,6 +244,10 @@ def print_size(size: int, results: list[Measured]) -> bool:
             row(f"  {op}", [r.charged_s.get(op, 0.0) for r in results], ",.1f")
     row("  sum: the sweep with no overlap, s", [sum(r.charged_s.values()) for r in results], ",.1f")
     row("code's own CPU (this machine), s", [r.cpu_s for r in results], ",.1f")
+    row("botocore's CPU (serialise, sign, parse), s", [r.botocore_s for r in results], ",.1f")
+    for op in sorted(set().union(*(r.botocore_by_op for r in results)), key=lambda o: -results[0].botocore_by_op[o]):
+        if max(r.botocore_by_op[op] for r in results) >= 0.05:
+            row(f"  {op}", [r.botocore_by_op[op] for r in results], ",.1f")
     row("modelled wall, s", [r.wall_s for r in results], ",.1f")
     row("shards", [r.shards for r in results])
     row("invocations (planner + shard workers + gather)", [r.invocations for r in results])
@@ -271,9 +300,9 @@ def state_transitions(shards: int) -> int:
 STEADY_HOUR = tuple(T0 + timedelta(minutes=m) for m in range(35, 95, 5))
 
 
-def steady_hour(size: int, seed: int) -> Measured:
+def steady_hour(size: int, seed: int, cpu: BotocoreCpu | None) -> Measured:
     """One sweep as the average of the steady hour's sweeps (after the first look and the reaping)."""
-    runs = run_size(size, seed, sleep=False, sweeps=(*SWEEPS, *STEADY_HOUR))[len(SWEEPS) :]
+    runs = run_size(size, seed, sleep=False, sweeps=(*SWEEPS, *STEADY_HOUR), cpu=cpu)[len(SWEEPS) :]
     n = len(runs)
     return Measured(
         calls=sum((r.calls for r in runs), Counter()),
@@ -289,6 +318,7 @@ def steady_hour(size: int, seed: int) -> Measured:
         log_bytes=round(sum(r.log_bytes for r in runs) / n),
         shards=max(r.shards for r in runs),
         lambda_s=sum(r.lambda_s for r in runs) / n,
+        botocore_s=sum(r.botocore_s for r in runs) / n,
     )
 
 
@@ -332,17 +362,19 @@ def print_bill(steady: Measured) -> bool:
     return share < 0.01 and (fleet != BILL_FLEET or per_machine <= 0.05)
 
 
-def check(size: int, seed: int) -> bool:
-    """The model against a run that really sleeps every latency on real thread pools: swept in one
-    invocation, and in four shards (each shard's invocation timed alone, as its own Lambda runs it)."""
+def check(size: int, seed: int, cpu: BotocoreCpu | None) -> bool:
+    """The model against a run that really sleeps every latency on real thread pools, and really burns each
+    request's botocore CPU on the thread that makes it (so the GIL serialises it as it would botocore's):
+    swept in one invocation, and in four shards (each shard's invocation timed alone, as its own Lambda runs it)."""
     ok = True
     for shard_size, how in ((SHARD_SIZE, "in one invocation"), (-(-size // 4), "in 4 shards")):
-        modelled = run_size(size, seed, sleep=False, shard_size=shard_size)
-        slept = run_size(size, seed, sleep=True, shard_size=shard_size)
+        modelled = run_size(size, seed, sleep=False, shard_size=shard_size, cpu=cpu)
+        slept = run_size(size, seed, sleep=True, shard_size=shard_size, cpu=cpu)
         print(f"\n== check at {size:,} machines {how}: modelled wall against a run that really sleeps each latency ==")
         print(f"  {'':<{WIDTH}}" + "".join(f"{h:>12}" for h in LABELS))
         row("modelled, s", [r.wall_s for r in modelled], ",.2f")
         row("slept on real threads, s", [r.wall_s for r in slept], ",.2f")
+        row("  of which botocore's CPU (modelled | burnt), s", [r.botocore_s for r in modelled], ",.2f")
         ratios = [m.wall_s / s.wall_s for m, s in zip(modelled, slept, strict=True)]
         row("modelled / slept", [100 * x for x in ratios], ",.0f", "%")
         within = all(0.8 <= x <= 1.2 for x in ratios)
@@ -356,21 +388,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1000,10000,50000,200000", help="comma-separated fleet sizes")
     parser.add_argument("--check", type=int, default=2000, help="fleet size of the slept check (0: skip)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--bills", default="", help="sizes (of --sizes) to price the steady hour at (default 10000)")
+    parser.add_argument("--no-botocore", action="store_true", help="charge latency only, not botocore's CPU")
     args = parser.parse_args(argv)
     handler = sweep_module.logger.registered_handler
     if isinstance(handler, logging.StreamHandler):
         handler.setStream(LOG)  # type: ignore[arg-type]
 
     print("idle-reaper sweep latency model: the real run_sweep over counting fakes, every call charged its latency")
+    cpu = None
+    if not args.no_botocore:
+        cpu = measure()
+        print("and its botocore CPU, measured now with real botocore against stubbed answers (botocore_cpu.py):")
+        for line in describe(cpu):
+            print(f"  {line}")
     ok = True
     measured = {}
     for size in [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]:
-        measured[size] = run_size(size, args.seed, sleep=False)
+        measured[size] = run_size(size, args.seed, sleep=False, cpu=cpu)
         ok = print_size(size, measured[size]) and ok
-    for size in sorted({BILL_FLEET, max(measured, default=0)} & set(measured)):
-        ok = print_bill(steady_hour(size, args.seed)) and ok
+    bills = {int(s.replace("_", "")) for s in args.bills.split(",") if s.strip()} if args.bills else {BILL_FLEET}
+    for size in sorted(bills & set(measured)):
+        ok = print_bill(steady_hour(size, args.seed, cpu)) and ok
     if args.check:
-        ok = check(args.check, args.seed) and ok
+        ok = check(args.check, args.seed, cpu) and ok
     print("\nOK: every target met" if ok else "\nMISSED: see above")
     return 0 if ok else 1
 

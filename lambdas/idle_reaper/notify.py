@@ -82,6 +82,15 @@ class DeliveryFinder(Protocol):
 
 
 @runtime_checkable
+class OwnerResolver(Protocol):
+    """A notifier that resolves many Owner tags at once (cheaper than one by one, within Slack's limits)."""
+
+    def resolve_owners(self, owners: Sequence[str | None]) -> dict[str, str | None]:
+        """Each tag (as given, "" for none) -> the Slack user it names; None when none."""
+        ...
+
+
+@runtime_checkable
 class OwnerNotifier(Protocol):
     """A notifier that can list several of one owner's machines in one message (core.owner_message_groups)."""
 

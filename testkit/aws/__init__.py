@@ -22,6 +22,7 @@ from testkit.aws.clients import (
     REGION,
     FakeClient,
     LatencyModel,
+    RequestCpu,
     api,
     client_error,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "FakeSSM",
     "LatencyModel",
     "Profile",
+    "RequestCpu",
     "api",
     "client_error",
     "quiet_after",

@@ -64,6 +64,10 @@ LATENCY: dict[str, float] = {
 }
 
 
+# A request's CPU in the client library: (operation, request, answer) -> seconds (benchmarks/botocore_cpu.py).
+RequestCpu = Callable[[str, Mapping[str, Any], Mapping[str, Any]], float]
+
+
 class LatencyModel:
     """Charges every fake call its in-region latency (LATENCY), in one of two ways:
 
@@ -74,13 +78,21 @@ class LatencyModel:
                  as the pool has threads (each task starts on the lane that frees first), so the virtual
                  clock advances by what the real pool would overlap. Modelled wall = virtual latency plus
                  the code's own CPU time (serial, as under the GIL).
+
+    `cpu` prices each request's CPU in botocore (kept apart in `cpu_charged`; burnt for real when sleeping).
     """
 
-    def __init__(self, *, sleep: bool = False, latency: Mapping[str, float] = LATENCY) -> None:
+    def __init__(
+        self, *, sleep: bool = False, latency: Mapping[str, float] = LATENCY, cpu: RequestCpu | None = None
+    ) -> None:
         self.sleep = sleep
         self.latency = dict(latency)
+        self.cpu = cpu
         self.virtual = 0.0  # seconds of modelled latency on the current lane
         self.charged: Counter[str] = Counter()
+        # The client library's own CPU per request (serialise, sign, parse), when `cpu` prices it: summed, as
+        # it runs under the GIL one request after another; with sleep=True really burnt on the calling thread.
+        self.cpu_charged: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._saved: Any = None
 
@@ -92,6 +104,21 @@ class LatencyModel:
             time.sleep(seconds)
         else:
             self.virtual += seconds
+
+    def charge_cpu(self, operation: str, request: Mapping[str, Any], response: Mapping[str, Any]) -> None:
+        if self.cpu is None:
+            return
+        seconds = self.cpu(operation, request, response)
+        with self._lock:
+            self.cpu_charged[operation] += seconds
+        if self.sleep:
+            until = time.thread_time() + seconds
+            while time.thread_time() < until:
+                pass
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self.cpu_charged.values())
 
     def lanes(self, fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> list[Any]:
         start = self.virtual
@@ -123,14 +150,21 @@ def api(method: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
 
     @functools.wraps(method)
     def timed(self: FakeClient, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        operation = f"{self.service}:{_operation_name(method.__name__)}"
         if self.latency is not None:
-            self.latency.charge(f"{self.service}:{_operation_name(method.__name__)}")
-        with self._lock:
-            started = time.thread_time()  # CPU, so other processes on the machine do not inflate it
-            try:
-                return method(self, *args, **kwargs)
-            finally:
-                self.seconds += time.thread_time() - started
+            self.latency.charge(operation)
+        response: dict[str, Any] = {}
+        try:
+            with self._lock:
+                started = time.thread_time()  # CPU, so other processes on the machine do not inflate it
+                try:
+                    response = method(self, *args, **kwargs)
+                    return response
+                finally:
+                    self.seconds += time.thread_time() - started
+        finally:
+            if self.latency is not None:  # after the fake's own time: this CPU is the client library's
+                self.latency.charge_cpu(operation, kwargs, response)
 
     return timed
 

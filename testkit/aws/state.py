@@ -35,6 +35,8 @@ class CountingStateStore(InMemoryStateStore):
             self.counts[operation] += n
         if self.latency is not None:
             self.latency.charge(f"dynamodb:{operation}", n)
+            for _ in range(n):
+                self.latency.charge_cpu(f"dynamodb:{operation}", {}, {})
 
     def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
         self.counts["load"] += 1

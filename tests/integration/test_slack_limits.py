@@ -66,7 +66,7 @@ def test_a_group_member_with_a_256_character_unicode_name_is_warned(member, slac
 
 def test_a_channel_the_bot_is_not_in_is_a_permanent_failure_naming_the_fix(member, slack):
     slack.errors["chat.postMessage C0MLTEAM"] = "not_in_channel"
-    slack.errors["conversations.open U0BOB"] = "cannot_dm_bot"
+    slack.errors["chat.postMessage D0BOB"] = "cannot_dm_bot"
     store = adapters_aws.DynamoStateStore(adapters_aws.client("dynamodb"), adapters_aws.table_name())
     adapters = Adapters.from_environment(notifier=SlackNotifier(make_client("xoxb-local-fake", 10), store))
     (d,) = run_sweep(adapters, now=NOW, dry_run=True).decisions
@@ -76,7 +76,7 @@ def test_a_channel_the_bot_is_not_in_is_a_permanent_failure_naming_the_fix(membe
     assert f"warning for {member} (team ml): the bot is not in channel C0MLTEAM" in reason
     assert "/invite @idle-reaper" in reason and "chat:write.public" in reason
     assert "Slack user U0BOB is a bot" in reason
-    assert slack.calls_to("chat.postMessage")[0].params["channel"] == "C0MLTEAM"
+    assert sorted(c.params["channel"] for c in slack.calls_to("chat.postMessage")) == ["C0MLTEAM", "D0BOB"]
 
 
 def test_one_failed_target_still_delivers_the_warning(member, slack):

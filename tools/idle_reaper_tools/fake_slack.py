@@ -11,10 +11,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,53 @@ from typing import Any
 class Call:
     method: str
     params: dict[str, Any]
+
+
+# Slack's documented rate limits (docs.slack.dev/apis/web-api/rate-limits), per app and workspace: each
+# method's tier in calls a minute (Tier 2: 20+, Tier 3: 50+, Tier 4: 100+; the "+" is Slack's headroom, the
+# fake holds the floor), and chat.postMessage's own: about one message a second in a conversation and
+# several hundred a minute across the workspace (the fake: 300).
+TIER_PER_MINUTE = {
+    "users.list": 20,
+    "usergroups.users.list": 20,
+    "users.lookupByEmail": 50,
+    "conversations.open": 50,
+    "conversations.history": 50,
+    "chat.update": 50,
+    "users.info": 100,
+    "chat.postEphemeral": 100,
+    "chat.postMessage": 300,
+}
+POSTS_PER_CONVERSATION_SECONDS = 1.0
+
+
+@dataclass
+class RateLimits:
+    """The documented limits on a clock (real, or a benchmark's virtual one): a call over its method's
+    minute, or a post within a second of the last to its conversation, is answered 429 with Retry-After."""
+
+    clock: Callable[[], float] = time.monotonic
+    calls: dict[str, list[float]] = field(default_factory=dict)
+    posted: dict[str, list[float]] = field(default_factory=dict)  # conversation -> when each post was accepted
+    refused: int = 0
+
+    def retry_after(self, method: str, channel: str) -> float:
+        """0 when the call may go now (and it is counted), else the seconds to wait."""
+        now = self.clock()
+        limit = TIER_PER_MINUTE.get(method)
+        window = [t for t in self.calls.get(method, []) if now - 60 < t <= now]
+        wait = 0.0
+        if limit is not None and len(window) >= limit:
+            wait = min(window) + 60 - now
+        if method == "chat.postMessage" and self.posted.get(channel):
+            wait = max(wait, max(self.posted[channel]) + POSTS_PER_CONVERSATION_SECONDS - now)
+        if wait > 0:
+            self.refused += 1
+            return wait
+        self.calls[method] = [*window, now]
+        if method == "chat.postMessage":
+            self.posted.setdefault(channel, []).append(now)
+        return 0.0
 
 
 @dataclass
@@ -45,6 +93,7 @@ class FakeSlack:
     # Uploads by file id: {"filename", "length", "data" (None until the bytes are posted), "channel"}.
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     upload_fails: bool = False  # the upload URL answers 500
+    limits: RateLimits | None = None  # Slack's documented rate limits, when set
     _ts: float = field(default_factory=time.time)  # message ts are real times, as Slack's are
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -59,6 +108,7 @@ class FakeSlack:
             self.files.clear()
             self.upload_fails = False
             self.rate_limit_next, self.auth_revoked, self.down = 0, False, False
+            self.limits = None
 
     def calls_to(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
@@ -81,7 +131,13 @@ class FakeSlack:
                 return 429, {"Retry-After": str(self.retry_after)}, {"ok": False, "error": "ratelimited"}
             if self.auth_revoked:
                 return 200, {}, {"ok": False, "error": "invalid_auth"}
+            if method == "chat.postMessage" and str(params.get("channel", ""))[:1] in ("U", "W"):
+                # A user id: Slack posts to the app's DM with them; the call is recorded where it landed.
+                params["channel"] = "D" + str(params["channel"]).lstrip("UW")
             target = params.get("channel") or params.get("channel_id") or params.get("users") or ""
+            wait = self.limits.retry_after(method, str(target)) if self.limits is not None else 0.0
+            if wait > 0:
+                return 429, {"Retry-After": str(math.ceil(wait))}, {"ok": False, "error": "ratelimited"}
             error = self.errors.get(f"{method} {target}") or self.errors.get(method)
             if error:
                 return 200, {}, {"ok": False, "error": error}
@@ -100,6 +156,17 @@ class FakeSlack:
             return {"ok": True, "users": group} if group is not None else {"ok": False, "error": "no_such_subteam"}
         if method == "conversations.open":
             return {"ok": True, "channel": {"id": "D" + str(params.get("users", "")).lstrip("UW")}}
+        if method == "users.list":  # every user the fake knows by email, 200 a page at most
+            users = sorted(self.users_by_email.items(), key=lambda item: item[1])
+            start = int(params.get("cursor") or 0)
+            limit = max(1, min(200, int(params.get("limit") or 200)))
+            page = [{"id": uid, "profile": {"email": email}} for email, uid in users[start : start + limit]]
+            more = start + limit < len(users)
+            return {
+                "ok": True,
+                "members": page,
+                "response_metadata": {"next_cursor": str(start + limit) if more else ""},
+            }
         if method == "chat.postMessage":
             self._ts += 1
             ts = f"{self._ts:.6f}"

@@ -102,8 +102,9 @@ class Decision:
 # under idle_minutes - warn_minutes); every later event needs the machine quiet (covered, every track
 # below its threshold) since quiet_since, and stop_due an idle signal over the whole window. Two
 # conditions change how a transition reads, never where it goes:
-#   cap reached  up max_runtime_hours or longer: a keep no longer holds (kept is skipped) and the reason
-#                starts with why; a busy machine is still never stopped, an exempt one never touched
+#   cap reached  up max_runtime_hours or longer: a keep no longer holds (kept is skipped), nor does a learned
+#                or time-of-day wait, and the reason starts with why; a busy machine is still never stopped,
+#                an exempt one never touched
 #   quiet hours  policy.quiet_hours: nothing is posted to owners; a new warning counts as delivered at once
 # What kind of machine it is (kinds.py: one-time Spot, instance-store root, fleet member, reserved
 # capacity, scarce family, or a kind look-up that failed) decides what the end of the window brings: a stop,
@@ -320,8 +321,8 @@ def decide(
             _Outcome(Event.SIGNALS_UNKNOWN, Action.NONE, seen.base, {"why": why}), quiet_hours=quiet_hours
         )
 
-    stretch = _stretch(seen, policy, assessment)
     cap = _over_runtime_cap(machine, policy, now)
+    stretch = _stretch(seen, policy, assessment, learn=not cap)
     # Busy with no quiet stretch at all is busy whatever the warning point (a learned one may be 0).
     if assessment.signal == "busy" and (stretch.quiet < stretch.warn_at or assessment.quiet_since is None):
         return seen.decision(_busy(seen, assessment, stretch, cap), quiet_hours=quiet_hours, note=stretch.note)
@@ -384,9 +385,10 @@ def _carried_over(
     )
 
 
-def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stretch:
+def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, learn: bool = True) -> _Stretch:
     """The quiet stretch as this sweep sees it, what of the record (idle-since, the warning) still belongs
-    to it, and the warning point: the team's, moved by what the machine's past stretches teach."""
+    to it, and the warning point: the team's, moved by what the machine's past stretches teach (`learn`;
+    not over the runtime cap, a hard limit that history must not stretch, as it overrides a keep)."""
     record, now = seen.record, seen.now
     interrupted = assessment.interrupted_at
     # A warning (and an idle-since) counts only for this quiet stretch: activity or a data hole
@@ -426,7 +428,9 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment) -> _Stret
             warning_held=False,
         )
     quiet = _quiet_minutes(assessment, idle_since if continuous else None, now)
-    learned = wait_for(history, base.usage_profile, policy, idle_since, quiet) if idle_since else LearnedWait()
+    learned = (
+        wait_for(history, base.usage_profile, policy, idle_since, quiet) if idle_since and learn else LearnedWait()
+    )
     return _Stretch(
         quiet=quiet,
         warn_at=warn_point(policy) + learned.extra_minutes,

@@ -34,11 +34,7 @@ from idle_reaper.slack.blocks import (
 )
 from idle_reaper.slack.notifier import (
     DEFAULT_API_URL,
-    EMAIL,
-    MAX_EMAIL_CHARS,
-    OWNER_CACHE_TTL,
     REF_TTL,
-    SLACK_USER_ID,
     BudgetedRateLimitRetryHandler,
     SlackFault,
     SlackNotConfigured,
@@ -49,6 +45,7 @@ from idle_reaper.slack.notifier import (
     load_secrets,
     make_client,
 )
+from idle_reaper.slack.owners import EMAIL, MAX_EMAIL_CHARS, OWNER_CACHE_TTL, SLACK_USER_ID
 
 __all__ = [
     "ACTIONS_ELEMENTS",

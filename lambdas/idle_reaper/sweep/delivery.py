@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import threading
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -19,9 +20,10 @@ from idle_reaper.core.kinds import notice_sentence
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MACHINE_ACTIONS, Action, MachineRecord, State
 from idle_reaper.core.reports import (
+    owner_key,
     owner_message_groups,
 )
-from idle_reaper.notify import Delivery, DeliveryFinder, OwnerNotifier, PermanentDeliveryFailure
+from idle_reaper.notify import Delivery, DeliveryFinder, OwnerNotifier, OwnerResolver, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings
 from idle_reaper.sweep.adapters import DEFERRED, Adapters, alert_once
@@ -69,6 +71,7 @@ def apply_decisions(
             d = replace(d, error="another sweep is handling this machine, or changed it first; nothing done")
         return d, saved, saved and hold
 
+    _warm_owner_cache(adapters.notifier, [d for d in decisions if d.read and d.deliver_warning], out_of_time)
     by_id: dict[str, Decision] = {d.machine.instance_id: d for d in decisions}  # keeps the listing's order
     written: set[str] = set()
     claimed: set[str] = set()
@@ -102,23 +105,44 @@ def apply_decisions(
         lambda d: _record_failure(store, d, outcomes[d.machine.instance_id] or "", sweep_id, now), failed, DDB_WORKERS
     ):
         by_id[d.machine.instance_id] = d
-    # Posting stays one at a time (Slack's own rate limits); the outcomes are then recorded concurrently.
-    # Out of time, nothing more is posted: a machine acted on still has its outcome recorded (unposted),
-    # one only to be warned or told goes back to its record from before this sweep, claim released.
-    told, untold = [], []
-    # One message per owner: posted at the first machine there is time for, then recorded per machine.
+    # Posts go to several conversations at once (SLACK_WORKERS), each conversation's one after another
+    # (Slack: about one message a second in a conversation; a 429's Retry-After is honoured by the client);
+    # the outcomes are then recorded concurrently. Out of time, nothing more is posted: a machine acted on
+    # still has its outcome recorded (unposted), one only to be warned or told goes back to its record from
+    # before this sweep, claim released.
+    # One message per owner: posted once there is time for the first post, then recorded per machine.
     to_post = [d for i, d in by_id.items() if i in claimed and not outcomes.get(i)]
     owner_posts: dict[str, Delivery | PermanentDeliveryFailure | None] | None = None
-    for d in to_post:
-        in_time = not out_of_time()
-        if in_time and owner_posts is None:
-            owner_posts = _post_owner_messages(adapters, [w for w in to_post if w.deliver_warning], out_of_time)
-        if in_time or (owner_posts and d.machine.instance_id in owner_posts):  # out of time: already posted
-            told.append(_post(adapters, d, settings, now, owner_posts))
-        elif d.machine.instance_id in outcomes:
-            told.append(replace(d, record=replace(d.record, version=d.record.version + 1)))
-        else:
-            untold.append(d)
+    # The budget is asked once per machine posted about; its first answer also decides the owner messages.
+    first_answer = [not out_of_time()] if to_post else []
+    if first_answer and first_answer[0]:
+        owner_posts = _post_owner_messages(adapters, [w for w in to_post if w.deliver_warning], out_of_time)
+    answers = threading.Lock()
+
+    def in_time() -> bool:
+        with answers:
+            if first_answer:
+                return first_answer.pop()
+        return not out_of_time()
+
+    def post_conversation(lane: list[Decision]) -> list[tuple[bool, Decision]]:
+        """(told, decision) for each of one conversation's machines, in order."""
+        done: list[tuple[bool, Decision]] = []
+        for d in lane:
+            instance_id = d.machine.instance_id
+            if in_time() or (owner_posts and instance_id in owner_posts):  # out of time: already posted
+                done.append((True, _post(adapters, d, settings, now, owner_posts)))
+            elif instance_id in outcomes:
+                done.append((True, replace(d, record=replace(d.record, version=d.record.version + 1))))
+            else:
+                done.append((False, d))
+        return done
+
+    told: list[Decision] = []
+    untold: list[Decision] = []
+    for lane in run_concurrently(post_conversation, conversation_lanes(to_post), SLACK_WORKERS):
+        for was_told, d in lane:
+            (told if was_told else untold).append(d)
     for d in run_concurrently(lambda d: _record_outcome(store, d, sweep_id), told, DDB_WORKERS):
         by_id[d.machine.instance_id] = d
     for d in run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id, DEFERRED), untold, DDB_WORKERS):
@@ -142,6 +166,22 @@ def apply_decisions(
             audits.append(AuditEntry(instance_id, now, entry))
     _audit(store, audits)
     return list(by_id.values()), written
+
+
+# Conversations posted to at once. Slack allows about one message a second in a conversation and several
+# hundred a minute across a workspace (chat.postMessage); 8 conversations at ~0.25 s a post stay well inside
+# the workspace limit, and a 429 is answered by waiting its Retry-After (slack.notifier.make_client).
+SLACK_WORKERS = 8
+
+
+def conversation_lanes(decisions: list[Decision]) -> list[list[Decision]]:
+    """The posts grouped by where they go: an owner's machines in one lane (their DM), a machine without an
+    owner in its team's lane (the team channel), in the order given; lanes run concurrently, a lane's posts
+    one after another."""
+    lanes: dict[str, list[Decision]] = defaultdict(list)
+    for d in decisions:
+        lanes[owner_key(d.machine.owner) or f"team:{d.machine.team}"].append(d)
+    return list(lanes.values())
 
 
 def _act(fleet: Fleet, acting: list[Decision]) -> dict[str, str | None]:
@@ -280,6 +320,19 @@ def _delivery_intent(d: Decision, previous: MachineRecord | None, now: datetime,
             owner_slack_id=record.owner_slack_id or _owner_of(notifier, d),
         )
     return replace(d, record=record)
+
+
+def _warm_owner_cache(notifier: object, warnings: list[Decision], out_of_time: Callable[[], bool]) -> None:
+    """Resolve the owners of this sweep's warnings at once (OwnerResolver: a few users.list pages rather than
+    a users.lookupByEmail each, Tier 3), so that the claims (_owner_of) and the owner messages find them
+    cached. A failure only leaves them to be resolved one by one."""
+    tags = sorted({(d.machine.owner or "").strip() for d in warnings if not d.record.owner_slack_id} - {""})
+    if len(tags) < 2 or not isinstance(notifier, OwnerResolver) or out_of_time():
+        return
+    try:
+        notifier.resolve_owners(tags)
+    except Exception as exc:
+        logger.warning("owners could not be resolved at once", extra={"error": str(exc)})
 
 
 def _owner_of(notifier: object, d: Decision) -> str | None:
@@ -546,18 +599,28 @@ def _post_owner_messages(
         return {}
     owners: dict[str, str | None] | None = None
     if len(warnings) > 1 and isinstance(notifier, DeliveryFinder):  # one warning shares no message
-        owners = {}
-        for d in warnings:
+        tags = sorted({(d.machine.owner or "").strip() for d in warnings})
+        resolved: dict[str, str | None] = {}
+        if isinstance(notifier, OwnerResolver):
             try:
-                owners[d.machine.instance_id] = notifier.resolve_owner(d.machine.owner)
-            except Exception:  # Slack or the table down: this machine is warned alone (pending if that fails)
-                owners[d.machine.instance_id] = None
-    posts: dict[str, Delivery | PermanentDeliveryFailure | None] = {}
-    for group in owner_message_groups(warnings, owners):
-        if len(group) < 2:
-            continue
+                resolved = notifier.resolve_owners(tags)
+            except Exception as exc:  # resolved one by one below
+                logger.warning("owners could not be resolved at once", extra={"error": str(exc)})
+
+        def resolve(owner: str) -> str | None:
+            try:
+                return notifier.resolve_owner(owner)
+            except Exception:  # Slack or the table down: this owner's machines are warned alone (pending if that fails)
+                return None
+
+        rest = [tag for tag in tags if tag not in resolved]
+        resolved.update(zip(rest, run_concurrently(resolve, rest, SLACK_WORKERS), strict=True))
+        owners = {d.machine.instance_id: resolved[(d.machine.owner or "").strip()] for d in warnings}
+    shared = [group for group in owner_message_groups(warnings, owners) if len(group) > 1]
+
+    def post(group: list[Decision]) -> dict[str, Delivery | PermanentDeliveryFailure | None]:
         if out_of_time():
-            break  # the rest stay pending: posted alone if time allows, else by the next sweep
+            return {}  # stays pending: posted alone if time allows, else by the next sweep
         ids = [d.machine.instance_id for d in group]
         owner_id = owners.get(ids[0]) if owners else None
         try:
@@ -565,7 +628,12 @@ def _post_owner_messages(
         except Exception as exc:  # a notifier must never break the sweep; the warnings stay pending
             logger.warning("owner message failed", extra={"instance_ids": ids, "error": str(exc)})
             outcomes = [None] * len(group)
-        posts.update(zip(ids, outcomes, strict=True))
+        return dict(zip(ids, outcomes, strict=True))
+
+    # Each group is one owner's DM (or its channels): the groups are posted concurrently.
+    posts: dict[str, Delivery | PermanentDeliveryFailure | None] = {}
+    for done in run_concurrently(post, shared, SLACK_WORKERS):
+        posts.update(done)
     return posts
 
 

@@ -121,6 +121,25 @@ def test_decide_holds_the_warning_when_the_history_says_wait() -> None:
     assert learned.state is State.IDLE and "warning at 105 min; waits 45 more min" in learned.reason
 
 
+def test_over_the_runtime_cap_history_does_not_hold_the_warning_even_with_a_keep() -> None:
+    # The same quiet stretch and history that make it wait 45 more min, on a machine up past its hard cap
+    # and kept by its owner: the cap overrides the keep and the learned wait alike (a found counterexample).
+    sig = Signals(cpu=series([50.0] * 19 + [1.0] * 16))
+    capped = REF.model_copy(update={"policy": POLICY.model_copy(update={"max_runtime_hours": 12})})
+    a = run_assess(machine(), sig, capped.policy)
+    record = replace(
+        _idle_record(format_history([(13, 100)] * 6), 80),
+        snoozed_until=NOW + timedelta(hours=2),
+        snoozed_by="U0OWNER",
+    )
+    d = decide(machine(), capped, a, record, now=NOW)
+    assert d.state is State.WARNED, d.reason
+    assert "over max_runtime_hours (12): the keep by U0OWNER no longer holds" in d.reason
+    assert "waits" not in d.reason
+    uncapped = decide(machine(), REF, a, replace(record, snoozed_until=None, snoozed_by=None), now=NOW)
+    assert uncapped.state is State.IDLE and "waits 45 more min" in uncapped.reason
+
+
 def test_decide_resets_a_corrupted_history_and_says_so_never_fails() -> None:
     a = run_assess(machine(), Signals(cpu=series(1.0)))
     d = decide(machine(), REF, a, _idle_record("garbage!", 30), now=NOW)

@@ -226,13 +226,18 @@ class RecordingClient:
         if error:
             raise error
 
+    @staticmethod
+    def dm(channel: str) -> str:
+        """Where a post lands: a user id is the app's DM with them (Slack answers with its channel id)."""
+        return "D" + channel.lstrip("UW") if channel[:1] in ("U", "W") else channel
+
     def conversations_open(self, users: str) -> dict[str, Any]:
         self._call("conversations.open", users, users=users)
         return {"channel": {"id": "D" + users[1:]}}
 
     def chat_postMessage(self, channel: str, **params: Any) -> dict[str, Any]:
-        self._call("chat.postMessage", channel, channel=channel, **params)
-        return {"channel": channel, "ts": f"{len(self.calls)}.0"}
+        self._call("chat.postMessage", self.dm(channel), channel=self.dm(channel), **params)
+        return {"channel": self.dm(channel), "ts": f"{len(self.calls)}.0"}
 
     def chat_update(self, channel: str, ts: str, **params: Any) -> dict[str, Any]:
         self._call("chat.update", channel, channel=channel, ts=ts, **params)
@@ -287,7 +292,7 @@ def test_failures_that_will_not_pass_are_permanent(key, code, expected):
 
 @pytest.mark.parametrize("code", ["user_not_found", "cannot_dm_bot", "user_disabled"])
 def test_an_owner_who_cannot_get_a_dm_is_permanent(code):
-    slack, _ = notifier({"conversations.open": slack_error(code)})
+    slack, _ = notifier({"chat.postMessage D0BOB": slack_error(code)})
     with pytest.raises(PermanentDeliveryFailure, match=r"Slack user U0BOB .*fix the machine's Owner tag"):
         slack.warn(decision(policy=TeamPolicy(notify="owner")))
 
@@ -320,7 +325,7 @@ def test_a_rejected_token_is_logged_as_an_error_an_outage_as_a_warning(caplog):
 def test_one_target_failing_permanently_still_delivers_and_reports_it():
     slack, _ = notifier({"chat.postMessage C0TEAM": slack_error("not_in_channel")})
     delivery = slack.warn(decision())
-    assert isinstance(delivery, Delivery) and delivery.messages == ("D0BOB|2.0",)
+    assert isinstance(delivery, Delivery) and delivery.messages == ("D0BOB|1.0",)
     (undelivered,) = delivery.undelivered
     assert "not in channel C0TEAM" in undelivered and "i-0123456789abcdef0" in undelivered
 

@@ -122,7 +122,7 @@ def test_a_post_that_fails_leaves_every_listed_machine_undelivered() -> None:
     decisions = [warning(n, policy=OWNER_ONLY) for n in range(3)]
     slack, _ = notifier({"chat.postMessage": slack_error("internal_error", 500)})
     assert slack.warn_owner(decisions) == [None, None, None]  # may pass: retried next sweep
-    slack, _ = notifier({"conversations.open": slack_error("user_not_found")})
+    slack, _ = notifier({"chat.postMessage D0BOB": slack_error("user_not_found")})
     outcomes = slack.warn_owner(decisions)
     assert all(isinstance(o, PermanentDeliveryFailure) for o in outcomes)
     assert [d.machine.instance_id in str(o) for d, o in zip(decisions, outcomes, strict=True)] == [True] * 3
