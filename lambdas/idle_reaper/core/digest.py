@@ -169,9 +169,10 @@ def events_of(entries: Iterable[tuple[str, datetime, Mapping[str, Any]]]) -> lis
                 warned_at=str(entry.get("warned_at") or ""),
             )
         )
-    # At the same moment: seen running, then the sweep's warning or stop, then a person's answer to it.
-    order = {RUNNING_AGAIN: 0, WARN: 1, KEEP: 3}
-    return sorted(out, key=lambda e: (e.at, e.instance_id, order.get(e.action, 2)))
+    # At the same moment: the sweep's warning or stop, then the machine running (again: a stop it came back
+    # from at once saved nothing), then a person's answer.
+    order = {WARN: 0, RUNNING_AGAIN: 2, KEEP: 3}
+    return sorted(out, key=lambda e: (e.at, e.instance_id, order.get(e.action, 1)))
 
 
 def running_again_entry(

@@ -82,13 +82,15 @@ def test_a_stop_saves_until_seen_running_again_or_the_end_point() -> None:
         running("i-3", at(1, 2)),
         ("i-4", at(1, 0), {"action": "stop", "team": "ml", "error": "stop failed", "hourly_savings": 5.0}),
         ("i-5", at(1, 0), {"action": "would_stop", "team": "ml", "hourly_savings": 5.0}),
+        running("i-6", at(1, 5)),  # back at the very moment of its stop (listed first here): saved nothing
+        stop("i-6", at(1, 5)),
     ]
     d = build_digest(entries, [], W47, now=at(2, 12), team="ml")
-    assert d.recovered["stops"].count == 2
+    assert d.recovered["stops"].count == 3
     assert d.recovered["stops"].dollars == pytest.approx(4.0 + 2.0)
     assert d.recovered["hibernations"].dollars == pytest.approx(24.0)
     assert d.recovered_hours == pytest.approx(4 + 2 + 12)
-    assert d.stops == 3 and d.unwanted_stops == 0
+    assert d.stops == 4 and d.unwanted_stops == 1
     # A stop from the week before counts only its hours inside this week; the trend has the rest.
     before = [stop("i-9", at(-1, 0)), running("i-9", at(0, 6))]
     d = build_digest(before, [], W47, now=END)
