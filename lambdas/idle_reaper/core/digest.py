@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -271,6 +271,88 @@ def _stretch(e: Event, end: datetime | None) -> Stretch:
 
 
 # ---------------------------------------------------------------------------------------------
+# Under-used machines: busy by the rules, but never near their capacity all week
+
+UNDER_USED_PERCENT = 30.0  # the busiest GPU (or CPU) never reached this in a week of busy reads
+UNDER_USED_READS = 24  # at least this many busy reads recorded that week (about a day of hourly reads)
+SIZES = (
+    "nano",
+    "micro",
+    "small",
+    "medium",
+    "large",
+    "xlarge",
+    *(f"{n}xlarge" for n in (2, 3, 4, 6, 8, 9, 12, 16, 18, 24, 32, 48)),
+)
+
+
+def _peaks(text: str) -> dict[str, tuple[float, int]]:
+    out: dict[str, tuple[float, int]] = {}
+    for part in text.split(","):
+        week, _, rest = part.partition(":")
+        peak, _, reads = rest.partition(":")
+        try:
+            out[week] = (float(peak), int(reads))
+        except ValueError:
+            continue  # a corrupt entry is dropped, never a failed sweep
+    return out
+
+
+def with_peak(record: MachineRecord, now: datetime, busiest: float | None) -> MachineRecord:
+    """The record with one more busy read: its busiest GPU (or CPU) `busiest` counted in this week's peak."""
+    if busiest is None or busiest != busiest:
+        return record
+    week = week_of(now).label
+    peaks = _peaks(record.week_peaks)
+    peak, reads = peaks.get(week, (0.0, 0))
+    peaks[week] = (max(peak, round(busiest, 1)), reads + 1)
+    kept = sorted(peaks.items())[-2:]
+    return replace(record, week_peaks=",".join(f"{w}:{p:g}:{n}" for w, (p, n) in kept))
+
+
+def next_smaller(instance_type: str, prices: Mapping[str, float]) -> str | None:
+    """The next smaller size of the same family that has a price (so its saving can be said)."""
+    family, _, size = instance_type.partition(".")
+    if size not in SIZES:
+        return None
+    smaller = [f"{family}.{s}" for s in SIZES[: SIZES.index(size)] if f"{family}.{s}" in prices]
+    return smaller[-1] if smaller else None
+
+
+@dataclass(frozen=True)
+class UnderUsed:
+    instance_id: str
+    name: str
+    instance_type: str
+    peak: float
+    smaller: str
+    saves_hourly: float
+
+
+def under_used(
+    records: Iterable[MachineRecord], week: Week, team: str | None, prices: Mapping[str, float]
+) -> list[UnderUsed]:
+    """Machines busy by the rules all `week` whose busiest GPU (CPU for CPU-only types) stayed under
+    UNDER_USED_PERCENT, with the next smaller type of their family and what it would save an hour. A
+    suggestion for people: the reaper never changes a machine's type."""
+    out = []
+    for r in records:
+        peak, reads = _peaks(r.week_peaks).get(week.label, (100.0, 0))
+        if not _in_scope(team, r.team) or reads < UNDER_USED_READS or peak >= UNDER_USED_PERCENT:
+            continue
+        smaller = next_smaller(r.instance_type or "", prices)
+        price = prices.get(r.instance_type or "")
+        if smaller is None or price is None or prices[smaller] >= price:
+            continue
+        out.append(
+            UnderUsed(
+                r.instance_id, r.name or r.instance_id, r.instance_type or "", peak, smaller, price - prices[smaller]
+            )
+        )
+    return sorted(out, key=lambda u: (-u.saves_hourly, u.name))
+
+
+# ---------------------------------------------------------------------------------------------
 # The figures
 
 
@@ -325,6 +407,7 @@ class Digest:
     unpriced_hours: float = 0.0  # stopped hours of machines without a known price
     kept: list[Kept] = field(default_factory=list)
     at_risk: list[AtRisk] = field(default_factory=list)
+    under_used: list[UnderUsed] = field(default_factory=list)
     stops: int = 0
     unwanted_stops: int = 0
     warnings: int = 0
@@ -390,6 +473,7 @@ def build_digest(
     """The digest of `week` (in `zone`) for one team, or for every team (team None: the admins'), from the
     audit entries (of this week and the TREND_WEEKS before, and any stop still open) and the records now."""
     events = events_of(entries)
+    records = list(records)
     all_stretches = stretches(events)
     lo, week_end = week.span(zone)
     hi = min(week_end, now)
@@ -436,6 +520,7 @@ def build_digest(
     d.warnings, d.warnings_without_stop = _warnings(events, records, team, lo, hi)
     d.suggestion = window_suggestion(d)
     d.at_risk = _at_risk(records, team, now, prices or {})
+    d.under_used = under_used(records, week, team, prices or {})
     for back in range(TREND_WEEKS - 1, -1, -1):
         w = week.previous(back) if back else week
         wlo, wend = w.span(zone)
@@ -553,6 +638,14 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
         lines.append(
             f"Not watched right now ({_usd(costly)}/h): {shown}{more}. Unknown: no data; safe mode: invalid policy; "
             "exempt: tagged, never read."
+        )
+    if d.under_used:
+        shown = ", ".join(
+            f"{u.name} ({u.instance_type}, never above {u.peak:g} %: {u.smaller} would save {_usd(u.saves_hourly)}/h)"
+            for u in d.under_used[:5]
+        )
+        lines.append(
+            f"Under-used (busy, but its busiest GPU, or CPU, stayed low all week): {shown}. A suggestion only."
         )
     if d.teams:
         lines.append(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -159,3 +160,30 @@ def test_keeps_are_waste_by_owner_and_unwatched_machines_are_listed_with_their_c
     assert [(a.instance_id, a.hourly_cost) for a in d.at_risk] == [("i-7", 1.006)]  # i-8's record is stale
     text = digest_text(d, redirected=True, chart_note="the chart could not be uploaded")
     assert "has no slack_channel" in text and "$1.01/h" in text and "could not be uploaded" in text
+
+
+def test_under_used_machines_get_the_next_smaller_type_as_a_suggestion() -> None:
+    from idle_reaper.core.digest import next_smaller, under_used, with_peak
+    from idle_reaper.pricing import DEFAULT_PRICES
+
+    r = MachineRecord("i-1", "ml", name="big-box", instance_type="g5.2xlarge")
+    for value in (12.0, 19.5, 7.0):
+        r = with_peak(r, at(1, 0), value)
+    assert r.week_peaks == "2026-W47:19.5:3"
+    r = with_peak(with_peak(r, at(8, 0), 3.0), at(15, 0), 4.0)  # two later weeks: the oldest is dropped
+    assert r.week_peaks == "2026-W48:3:1,2026-W49:4:1"
+    assert with_peak(replace(r, week_peaks="garbage,2026-W49:x:1"), at(15, 0), 5.0).week_peaks == "2026-W49:5:1"
+    assert next_smaller("g5.2xlarge", DEFAULT_PRICES) == "g5.xlarge"
+    assert next_smaller("p3.2xlarge", DEFAULT_PRICES) is None  # no smaller p3 with a price
+    assert next_smaller("t3.medium", DEFAULT_PRICES) is None and next_smaller("odd", DEFAULT_PRICES) is None
+    records = [
+        replace(r, week_peaks="2026-W47:19.5:30"),
+        MachineRecord("i-2", "ml", name="busy", instance_type="g5.2xlarge", week_peaks="2026-W47:88:30"),
+        MachineRecord("i-3", "ml", name="brief", instance_type="g5.2xlarge", week_peaks="2026-W47:9:3"),
+        MachineRecord("i-4", "cv", name="other", instance_type="g5.2xlarge", week_peaks="2026-W47:9:30"),
+    ]
+    [u] = under_used(records, W47, "ml", DEFAULT_PRICES)
+    assert (u.name, u.smaller, u.peak) == ("big-box", "g5.xlarge", 19.5)
+    assert u.saves_hourly == pytest.approx(1.212 - 1.006)
+    d = build_digest([warn("i-1", at(1, 0))], records, W47, now=END, team="ml", prices=DEFAULT_PRICES)
+    assert "Under-used" in digest_text(d) and "g5.xlarge would save $0.21/h" in digest_text(d)

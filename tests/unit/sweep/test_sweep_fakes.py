@@ -337,3 +337,15 @@ def test_a_stopped_machine_seen_running_again_ends_its_savings_in_the_audit_at_i
     digest = build_digest(store.audits, [], week_of(NOW), now=NOW + timedelta(days=1), team="ml")
     assert digest.recovered["stops"].hours == pytest.approx(2.0)
     assert digest.recovered_dollars == pytest.approx(2 * 0.096)  # m5.large on demand
+
+
+def test_a_busy_machine_keeps_its_busiest_reading_of_the_week_for_the_digest():
+    aws = account()
+    busy_cpu = box(aws, profile=steady(20.0), instance_type="m5.xlarge")
+    busy_gpu = box(aws, profile=steady(2.0, 35.0), instance_type="g5.2xlarge")
+    idle = box(aws)
+    store = CountingStateStore()
+    sweep(aws, store, NOW)
+    assert store.records[busy_cpu].week_peaks == "2026-W47:20:1"  # a CPU-only type: its CPU
+    assert store.records[busy_gpu].week_peaks == "2026-W47:35:1"  # a GPU type: its busiest GPU
+    assert store.records[idle].week_peaks == ""  # not busy: nothing to size
