@@ -129,3 +129,19 @@ def test_a_chart_that_cannot_be_drawn_still_sends_the_figures() -> None:
     outcomes = send_due_digests(store, policies, DigestSender(slack), MONDAY_9, render=broken)  # type: ignore[arg-type]
     assert len(outcomes) == 4 and not slack.uploads
     assert all("the chart could not be drawn" in p["text"] for p in slack.posts)
+
+
+def test_without_slack_nothing_is_sent_and_every_digest_waits_for_it_without_a_channel_it_is_logged() -> None:
+    store, policies = world()
+    waiting = send_due_digests(store, policies, None, MONDAY_9, render=no_chart)
+    assert {o.error for o in waiting} == {"no Slack"}
+    slack = RecordingSlack()
+    sent = send_due_digests(store, policies, DigestSender(slack), MONDAY_9 + timedelta(hours=1), render=no_chart)  # type: ignore[arg-type]
+    assert len(sent) == 4 and len(slack.uploads) == 4
+
+    ssm = FakeSSM()
+    ssm.store(f"{PREFIX}/settings", Settings().model_dump_json())  # no admin channel
+    ssm.store(f"{PREFIX}/teams/cv", "{}")  # and no team channel
+    lonely = send_due_digests(InMemoryStateStore(), PolicyStore(ssm, PREFIX), DigestSender(slack), MONDAY_9)  # type: ignore[arg-type]
+    assert {(o.destination, o.channel) for o in lonely} == {("admins", None), ("cv", None)}
+    assert all("set the team's slack_channel or settings.admin_channel" in o.error for o in lonely)
