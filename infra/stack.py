@@ -551,28 +551,8 @@ class IdleReaperStack(Stack):
                 resources=[self._groups(self.region)],
                 conditions=self._managed(props),
             ),
-            iam.PolicyStatement(
-                sid="ReadPolicies",
-                actions=list(POLICY_READS),
-                resources=self._parameters(props, self.region),
-                conditions=here,
-            ),
-            iam.PolicyStatement(
-                sid="StateTable", actions=list(SWEEP_TABLE_ACTIONS), resources=[table.table_arn], conditions=here
-            ),
             # The sweep deletes only its own once-only claims (release after a failed alert).
-            iam.PolicyStatement(
-                sid="ReleaseClaims",
-                actions=["dynamodb:DeleteItem"],
-                resources=[table.table_arn],
-                conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["once#*"]}},
-            ),
-            iam.PolicyStatement(
-                sid="ReadSlackSecret",
-                actions=["secretsmanager:GetSecretValue"],
-                resources=[secret.secret_arn],
-                conditions=here,
-            ),
+            *self._policies_table_and_secret(props, table, secret, ("StateTable", SWEEP_TABLE_ACTIONS), "once#*"),
         ]
         if counts_unwatched:
             # The daily count of running instances in regions without a stack: listing only, in any region.
@@ -665,31 +645,8 @@ class IdleReaperStack(Stack):
     ) -> None:
         """The weekly digest reads the policies (who gets it, when), scans the table when a digest is due, and
         claims each digest once (PutItem; DeleteItem of its own claims only, to try again after a failed post)."""
-        here = self._in_regions([self.region])
-        statements = [
-            iam.PolicyStatement(
-                sid="ReadPolicies",
-                actions=list(POLICY_READS),
-                resources=self._parameters(props, self.region),
-                conditions=here,
-            ),
-            iam.PolicyStatement(
-                sid="DigestTable", actions=list(DIGEST_TABLE_ACTIONS), resources=[table.table_arn], conditions=here
-            ),
-            iam.PolicyStatement(
-                sid="ReleaseDigestClaims",
-                actions=["dynamodb:DeleteItem"],
-                resources=[table.table_arn],
-                conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["once#digest#*"]}},
-            ),
-            iam.PolicyStatement(
-                sid="ReadSlackSecret",
-                actions=["secretsmanager:GetSecretValue"],
-                resources=[secret.secret_arn],
-                conditions=here,
-            ),
-        ]
-        for statement in statements:
+        table_access = ("DigestTable", DIGEST_TABLE_ACTIONS)
+        for statement in self._policies_table_and_secret(props, table, secret, table_access, "once#digest#*"):
             role.add_to_principal_policy(statement)
         suppress(
             role,
@@ -699,6 +656,40 @@ class IdleReaperStack(Stack):
                 applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:.+:ssm:.*:parameter\/.+\/\*$/")],
             ),
         )
+
+    def _policies_table_and_secret(
+        self,
+        props: IdleReaperProps,
+        table: dynamodb.ITable,
+        secret: secretsmanager.ISecret,
+        table_access: tuple[str, Sequence[str]],
+        claims: str,
+    ) -> list[iam.PolicyStatement]:
+        """Read the policies, use the state table (`table_access`: its sid and actions), delete only the
+        once-only claims whose key is like `claims` (released after a failed alert or post), read the secret."""
+        here = self._in_regions([self.region])
+        sid, actions = table_access
+        return [
+            iam.PolicyStatement(
+                sid="ReadPolicies",
+                actions=list(POLICY_READS),
+                resources=self._parameters(props, self.region),
+                conditions=here,
+            ),
+            iam.PolicyStatement(sid=sid, actions=list(actions), resources=[table.table_arn], conditions=here),
+            iam.PolicyStatement(
+                sid="ReleaseClaims",
+                actions=["dynamodb:DeleteItem"],
+                resources=[table.table_arn],
+                conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [claims]}},
+            ),
+            iam.PolicyStatement(
+                sid="ReadSlackSecret",
+                actions=["secretsmanager:GetSecretValue"],
+                resources=[secret.secret_arn],
+                conditions=here,
+            ),
+        ]
 
     def _settings_and_secret(self, props: IdleReaperProps, secret: secretsmanager.ISecret) -> list[iam.PolicyStatement]:
         """Read the settings parameter (who the admins are) and the Slack secret (to tell them)."""

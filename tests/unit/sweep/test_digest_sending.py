@@ -32,19 +32,18 @@ class RecordingSlack:
         self.upload_error, self.post_error = upload_error, post_error
         self.lock = threading.Lock()
 
-    def files_upload_v2(self, **kw: Any) -> dict[str, Any]:
-        if self.upload_error:
-            raise SlackApiError(self.upload_error, {"ok": False, "error": self.upload_error})
+    def _answer(self, calls: list[dict[str, Any]], error: str | None, kw: dict[str, Any]) -> dict[str, Any]:
+        if error:
+            raise SlackApiError(error, {"ok": False, "error": error})
         with self.lock:
-            self.uploads.append(kw)
+            calls.append(kw)
         return {"ok": True}
 
+    def files_upload_v2(self, **kw: Any) -> dict[str, Any]:
+        return self._answer(self.uploads, self.upload_error, kw)
+
     def chat_postMessage(self, **kw: Any) -> dict[str, Any]:
-        if self.post_error:
-            raise SlackApiError(self.post_error, {"ok": False, "error": self.post_error})
-        with self.lock:
-            self.posts.append(kw)
-        return {"ok": True}
+        return self._answer(self.posts, self.post_error, kw)
 
     def channels(self) -> list[str]:
         return sorted(kw["channel"] for kw in self.uploads + self.posts)
