@@ -19,14 +19,23 @@ from idle_reaper.aws.metrics import (
     MetricsReader,
 )
 from idle_reaper.aws.policies import policy_for
+from idle_reaper.core.digest import with_peak
 from idle_reaper.core.kinds import Lookups, MachineKind, classify, stop_saves
 from idle_reaper.core.lifecycle import Decision, decide, kind_policy
 from idle_reaper.core.reading import not_due, plan_next_read, unread
-from idle_reaper.core.records import Action, MachineRecord
+from idle_reaper.core.records import Action, MachineRecord, State
 from idle_reaper.core.reports import (
     limit_terminations,
 )
-from idle_reaper.core.signals import Machine, Signals, assess, has_no_gpu, human_signal_note, parse_exemption
+from idle_reaper.core.signals import (
+    Machine,
+    Signals,
+    assess,
+    has_no_gpu,
+    human_signal_note,
+    is_gpu_type,
+    parse_exemption,
+)
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
@@ -133,7 +142,7 @@ def run_sweep(
             )
         kind = kinds[m.instance_id]
         d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run, kind=kind)
-        d = _with_status_notes(d, now)
+        d = _with_week_peak(_with_status_notes(d, now), now, settings.gpu_instance_families)
         d = replace(d, record=plan_next_read(d, now))
         price = hourly_price(m.instance_type, prices)
         decisions.append(replace(d, hourly_cost=price, saving=stop_saves(kind, price)))
@@ -266,6 +275,16 @@ def _log_decision(d: Decision, dry_run: bool) -> None:
 def decision_row(d: Decision) -> dict[str, Any]:
     """The stable per-machine JSON of `idle-reaper sweep --json`."""
     return explain(d)
+
+
+def _with_week_peak(d: Decision, now: datetime, gpu_families: Sequence[str]) -> Decision:
+    """A busy machine's busiest GPU (CPU for CPU-only types) this week, for the digest's under-used machines."""
+    a = d.assessment
+    if a is None or d.state is not State.ACTIVE or a.signal != "busy":
+        return d
+    gpu = is_gpu_type(d.machine.instance_type, gpu_families) and a.max_gpu is not None
+    busiest = a.max_gpu if gpu else a.max_cpu
+    return replace(d, record=with_peak(d.record, now, busiest))
 
 
 def _with_status_notes(d: Decision, now: datetime) -> Decision:
