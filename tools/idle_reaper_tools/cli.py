@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per machine")
     p.set_defaults(func=admin.cmd_status)
 
+    from idle_reaper_tools.doctor import cmd_doctor
+
+    p = sub.add_parser("doctor", help="read-only checks of a deploy: ok / warn / fail / unknown, each with its fix")
+    p.add_argument("--region", help="the region of the stack (default: the configured region)")
+    p.add_argument("--json", action="store_true", help="a JSON list of {check, status, subjects, message, fix}")
+    p.set_defaults(func=cmd_doctor)
+
     from idle_reaper_tools.report import cmd_report, iso_week
 
     p = sub.add_parser("report", help="the weekly digest of a team (or of every team) from the state table")

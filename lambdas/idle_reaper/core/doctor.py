@@ -1,0 +1,328 @@
+"""`idle-reaper doctor`: what would make a deploy quietly useless, decided from gathered facts.
+
+Pure: each check is a function from facts (gathered by the CLI's thin adapters) to findings. A fact that
+could not be gathered is None and makes its finding "unknown", never "ok".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from idle_reaper.policy import TeamPolicyRef
+
+Status = Literal["ok", "warn", "fail", "unknown"]
+LIST_LIMIT = 10  # subjects named in a line; --json carries all of them
+
+
+class Finding(BaseModel):
+    """One line of the doctor's answer; `--json` prints a list of these (a stable interface)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    check: str
+    status: Status
+    subjects: tuple[str, ...] = ()
+    message: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"{self.status.upper():<7} {self.check}: {self.message}"
+        return f"{text}\n        fix: {self.fix}" if self.status != "ok" and self.fix else text
+
+
+def failed(findings: Sequence[Finding]) -> bool:
+    return any(f.status == "fail" for f in findings)
+
+
+def listed(subjects: Sequence[str]) -> str:
+    shown = ", ".join(subjects[:LIST_LIMIT])
+    return shown + (f" and {len(subjects) - LIST_LIMIT} more" if len(subjects) > LIST_LIMIT else "")
+
+
+def unknown(check: str, why: str, fix: str = "") -> Finding:
+    return Finding(check=check, status="unknown", message=f"could not check: {why}", fix=fix)
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy
+
+
+@dataclass(frozen=True)
+class PolicyFacts:
+    settings_parameter: str
+    settings_problems: tuple[str, ...]  # the sweep's own validation messages; empty when valid or absent
+    teams: Mapping[str, TeamPolicyRef]  # every stored team parameter, loaded as the sweep loads it
+    machine_teams: Sequence[str] | None  # the Team tag of each opted-in machine; None: could not list them
+
+
+def check_policy(facts: PolicyFacts) -> list[Finding]:
+    out: list[Finding] = []
+    if facts.settings_problems:
+        out.append(
+            Finding(
+                check="policy.settings",
+                status="fail",
+                subjects=(facts.settings_parameter,),
+                message=f"{facts.settings_parameter} is invalid, so no sweep runs: "
+                + "; ".join(facts.settings_problems),
+                fix=f"idle-reaper policy validate --settings FILE, then aws ssm put-parameter --overwrite "
+                f"--name {facts.settings_parameter} --value file://FILE",
+            )
+        )
+    else:
+        out.append(Finding(check="policy.settings", status="ok", message=f"{facts.settings_parameter} is valid"))
+    invalid = sorted((ref for ref in facts.teams.values() if ref.policy is None), key=lambda r: r.team)
+    if invalid:
+        out.append(
+            Finding(
+                check="policy.teams",
+                status="fail",
+                subjects=tuple(ref.team for ref in invalid),
+                message=f"{len(invalid)} team(s) in safe mode (nothing of theirs is stopped): "
+                + "; ".join(f"{ref.team}: {ref.error}" for ref in invalid[:LIST_LIMIT]),
+                fix="idle-reaper policy validate FILE, then idle-reaper policy put TEAM FILE",
+            )
+        )
+    else:
+        out.append(Finding(check="policy.teams", status="ok", message=f"{len(facts.teams)} team policies valid"))
+    if facts.machine_teams is None:
+        out.append(unknown("policy.default", "the opted-in machines could not be listed"))
+    else:
+        uncovered = sorted({team for team in facts.machine_teams if team not in facts.teams})
+        if uncovered:
+            out.append(
+                Finding(
+                    check="policy.default",
+                    status="warn",
+                    subjects=tuple(uncovered),
+                    message=f"{len(uncovered)} team(s) with machines but no policy use the default policy: "
+                    + listed(uncovered),
+                    fix="idle-reaper policy put TEAM FILE for each, if the default is not what they want",
+                )
+            )
+        else:
+            out.append(Finding(check="policy.default", status="ok", message="every team with machines has a policy"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Slack
+
+ChannelState = Literal["member", "not_member", "not_found"]
+
+
+@dataclass(frozen=True)
+class SlackFacts:
+    auth_error: str | None  # None: the token works; "unreachable: ..." when Slack could not be asked
+    granted_scopes: frozenset[str] | None  # from the x-oauth-scopes header; None: not seen
+    required_scopes: frozenset[str]  # the manifest's bot scopes
+    signing_secret_present: bool
+    channels: Mapping[str, ChannelState | None] = field(default_factory=dict)  # None: could not check
+    channel_teams: Mapping[str, Sequence[str]] = field(default_factory=dict)  # channel -> teams (or "admins")
+    users: Mapping[str, bool | None] = field(default_factory=dict)  # user id -> exists; None: could not check
+    user_roles: Mapping[str, Sequence[str]] = field(default_factory=dict)  # user id -> "admin" / "TEAM member"
+
+    @property
+    def reachable(self) -> bool:
+        return self.auth_error is None
+
+
+UNREACHABLE = "unreachable"
+# slack/manifest.yml's bot scopes (a test keeps the two equal): what the granted scopes must cover.
+MANIFEST_BOT_SCOPES = frozenset(
+    {
+        "chat:write",
+        "chat:write.public",
+        "im:write",
+        "users:read",
+        "users:read.email",
+        "commands",
+        "usergroups:read",
+        "im:history",
+        "channels:history",
+        "groups:history",
+        "files:write",
+    }
+)
+
+
+def check_slack(facts: SlackFacts) -> list[Finding]:
+    out: list[Finding] = []
+    if facts.signing_secret_present:
+        out.append(Finding(check="slack.signing_secret", status="ok", message="the signing secret is present"))
+    else:
+        out.append(
+            Finding(
+                check="slack.signing_secret",
+                status="fail",
+                message="no signing secret: every button and /idle-reaper command is refused",
+                fix="put signing_secret (Slack app -> Basic Information -> Signing Secret) into the Slack secret",
+            )
+        )
+    if facts.auth_error is not None and facts.auth_error.startswith(UNREACHABLE):
+        return [*out, unknown("slack.token", facts.auth_error, "run again when Slack answers")]
+    if facts.auth_error is not None:
+        return [
+            *out,
+            Finding(
+                check="slack.token",
+                status="fail",
+                message=f"auth.test refused the bot token ({facts.auth_error}): nobody is warned",
+                fix="reinstall the Slack app and put its Bot User OAuth Token into the Slack secret as bot_token",
+            ),
+        ]
+    out.append(Finding(check="slack.token", status="ok", message="the bot token is valid (auth.test)"))
+    if facts.granted_scopes is None:
+        out.append(unknown("slack.scopes", "Slack sent no x-oauth-scopes header"))
+    else:
+        missing = sorted(facts.required_scopes - facts.granted_scopes)
+        if missing:
+            out.append(
+                Finding(
+                    check="slack.scopes",
+                    status="fail",
+                    subjects=tuple(missing),
+                    message=f"the app lacks scope(s) slack/manifest.yml asks for: {', '.join(missing)}",
+                    fix="Slack app -> OAuth & Permissions -> Bot Token Scopes: add them, then reinstall the app",
+                )
+            )
+        else:
+            out.append(Finding(check="slack.scopes", status="ok", message="every scope the manifest asks for"))
+    out += _channels(facts)
+    out += _users(facts)
+    return out
+
+
+def _channels(facts: SlackFacts) -> list[Finding]:
+    if not facts.channels:
+        return [Finding(check="slack.channels", status="ok", message="no team or admin channel configured")]
+    could_not = sorted(c for c, state in facts.channels.items() if state is None)
+    absent = sorted(c for c, state in facts.channels.items() if state == "not_found")
+    outside = sorted(c for c, state in facts.channels.items() if state == "not_member")
+
+    def named(channels: list[str]) -> str:
+        return listed([f"{c} ({', '.join(facts.channel_teams.get(c, ()))})" for c in channels])
+
+    out: list[Finding] = []
+    if absent:
+        out.append(
+            Finding(
+                check="slack.channels",
+                status="fail",
+                subjects=tuple(absent),
+                message=f"channel(s) the bot cannot see (channel_not_found): {named(absent)}",
+                fix="correct slack_channel in the team policy, or invite the bot to the private channel: "
+                "/invite @idle-reaper",
+            )
+        )
+    if outside:
+        out.append(
+            Finding(
+                check="slack.channels",
+                status="fail",
+                subjects=tuple(outside),
+                message=f"the bot is not a member of channel(s): {named(outside)}",
+                fix="in each channel: /invite @idle-reaper",
+            )
+        )
+    if could_not:
+        out.append(unknown("slack.channels", f"Slack did not answer for {listed(could_not)}"))
+    if not out:
+        out.append(
+            Finding(check="slack.channels", status="ok", message=f"the bot is in all {len(facts.channels)} channels")
+        )
+    return out
+
+
+def _users(facts: SlackFacts) -> list[Finding]:
+    missing = sorted(u for u, exists in facts.users.items() if exists is False)
+    could_not = sorted(u for u, exists in facts.users.items() if exists is None)
+    out: list[Finding] = []
+    if missing:
+        out.append(
+            Finding(
+                check="slack.users",
+                status="fail",
+                subjects=tuple(missing),
+                message="user id(s) Slack does not know (user_not_found): "
+                + listed([f"{u} ({', '.join(facts.user_roles.get(u, ()))})" for u in missing]),
+                fix="correct admins in the settings or members in the team policy (Slack profile -> Copy member ID)",
+            )
+        )
+    if could_not:
+        out.append(unknown("slack.users", f"Slack did not answer for {listed(could_not)}"))
+    if not out:
+        out.append(
+            Finding(check="slack.users", status="ok", message=f"all {len(facts.users)} admins and members exist")
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# People
+
+
+@dataclass(frozen=True)
+class OwnedMachine:
+    instance_id: str
+    team: str
+    owner: str | None
+    resolved: bool | None  # the Owner tag names a Slack user; None: could not check
+
+
+@dataclass(frozen=True)
+class TeamContacts:
+    team: str
+    channel: str | None
+    members: int
+
+
+def check_people(machines: Sequence[OwnedMachine] | None, teams: Sequence[TeamContacts]) -> list[Finding]:
+    if machines is None:
+        return [unknown("people.owners", "the opted-in machines could not be listed")]
+    out: list[Finding] = []
+    unresolved = [m for m in machines if m.resolved is False]
+    could_not = [m for m in machines if m.resolved is None and m.owner]
+    if unresolved:
+        by_team: dict[str, list[str]] = {}
+        for m in unresolved:
+            by_team.setdefault(m.team, []).append(f"{m.instance_id} ({m.owner or 'no Owner tag'})")
+        out.append(
+            Finding(
+                check="people.owners",
+                status="fail",
+                subjects=tuple(m.instance_id for m in unresolved),
+                message=f"{len(unresolved)} machine(s) whose Owner is no Slack user: "
+                + "; ".join(f"team {t}: {len(ms)}: {listed(ms)}" for t, ms in sorted(by_team.items())),
+                fix="set each machine's Owner tag to its owner's Slack email or member id: "
+                "aws ec2 create-tags --resources ID --tags Key=Owner,Value=EMAIL",
+            )
+        )
+    if could_not:
+        out.append(unknown("people.owners", f"Slack did not answer for {len(could_not)} owner(s)"))
+    if not out:
+        out.append(Finding(check="people.owners", status="ok", message=f"all {len(machines)} owners resolve"))
+    with_owner = {m.team for m in machines if m.resolved}
+    contacts = {t.team: t for t in teams}
+    alone = sorted(
+        team
+        for team in {m.team for m in machines}
+        if team not in with_owner and not (contacts.get(team) and (contacts[team].channel or contacts[team].members))
+    )
+    if alone:
+        out.append(
+            Finding(
+                check="people.reachable",
+                status="fail",
+                subjects=tuple(alone),
+                message=f"team(s) with nobody to tell (no owner resolves, no channel, no members): {listed(alone)}",
+                fix="give the team a slack_channel or members in its policy, or fix its machines' Owner tags",
+            )
+        )
+    else:
+        out.append(Finding(check="people.reachable", status="ok", message="every team has someone to tell"))
+    return out

@@ -1,0 +1,228 @@
+"""`idle-reaper doctor`: gather facts from a deployed account (read-only) and print the core's findings.
+
+Thin gatherers only: SSM through PolicyStore, EC2 through Fleet, Slack through slack-sdk's WebClient. Every
+call here reads; nothing is written, cached or posted (unless --send-test asks for one test message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError, SlackClientError
+
+from idle_reaper import aws
+from idle_reaper.core.doctor import (
+    MANIFEST_BOT_SCOPES,
+    UNREACHABLE,
+    ChannelState,
+    Finding,
+    OwnedMachine,
+    PolicyFacts,
+    SlackFacts,
+    TeamContacts,
+    check_people,
+    check_policy,
+    check_slack,
+    failed,
+    unknown,
+)
+from idle_reaper.core.signals import Machine
+from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
+from idle_reaper.slack.owners import EMAIL, MAX_EMAIL_CHARS, SLACK_USER_ID
+
+SLACK_BUDGET_SECONDS = 20.0  # rate-limit retries past this make a fact unknown, not the doctor slow
+
+_SLACK_DOWN = (SlackClientError, OSError)
+
+
+def gather_policy(store: aws.PolicyStore) -> tuple[Settings, PolicyFacts, dict[str, TeamPolicyRef]]:
+    try:
+        settings, _ = store.load_settings()
+        problems: tuple[str, ...] = ()
+    except PolicyError as exc:
+        settings, problems = Settings(), tuple(exc.problems)
+    refs = store.load_teams(settings)
+    facts = PolicyFacts(
+        settings_parameter=store.settings_name, settings_problems=problems, teams=refs, machine_teams=None
+    )
+    return settings, facts, refs
+
+
+def _slack_error(exc: Exception) -> str | None:
+    """A Slack error code when Slack answered; None when it did not (down, rate limited past the budget)."""
+    if isinstance(exc, SlackApiError) and exc.response.status_code == 200:
+        return str(exc.response.get("error") or "error")
+    return None
+
+
+class SlackReader:
+    """Read-only Slack calls; each answer is a fact, or None when Slack could not be asked."""
+
+    def __init__(self, client: WebClient) -> None:
+        self.client = client
+        self.calls = 0
+
+    def auth(self) -> tuple[str | None, frozenset[str] | None]:
+        self.calls += 1
+        try:
+            response = self.client.auth_test()
+        except SlackApiError as exc:
+            code = _slack_error(exc)
+            return (code if code else f"{UNREACHABLE}: HTTP {exc.response.status_code}"), None
+        except _SLACK_DOWN as exc:
+            return f"{UNREACHABLE}: {type(exc).__name__}", None
+        header = {k.lower(): v for k, v in response.headers.items()}.get("x-oauth-scopes")
+        scopes = header[0] if isinstance(header, list) else header
+        return None, (frozenset(s.strip() for s in str(scopes).split(",") if s.strip()) if scopes else None)
+
+    def channel(self, channel: str) -> ChannelState | None:
+        self.calls += 1
+        try:
+            info = self.client.conversations_info(channel=channel)
+        except SlackApiError as exc:
+            code = _slack_error(exc)
+            return "not_found" if code == "channel_not_found" else None
+        except _SLACK_DOWN:
+            return None
+        return "member" if (info.get("channel") or {}).get("is_member") else "not_member"
+
+    def user_exists(self, user: str) -> bool | None:
+        self.calls += 1
+        try:
+            info = self.client.users_info(user=user)
+        except SlackApiError as exc:
+            return False if _slack_error(exc) in ("user_not_found", "users_not_found") else None
+        except _SLACK_DOWN:
+            return None
+        return not (info.get("user") or {}).get("deleted")
+
+    def email_exists(self, email: str) -> bool | None:
+        self.calls += 1
+        try:
+            self.client.users_lookupByEmail(email=email)
+        except SlackApiError as exc:
+            return False if _slack_error(exc) == "users_not_found" else None
+        except _SLACK_DOWN:
+            return None
+        return True
+
+    def owner_resolves(self, owner: str | None) -> bool | None:
+        owner = (owner or "").strip()
+        if SLACK_USER_ID.match(owner):
+            return self.user_exists(owner)
+        if not owner or len(owner) > MAX_EMAIL_CHARS or not EMAIL.match(owner):
+            return False
+        return self.email_exists(owner)
+
+
+def gather_slack(
+    reader: SlackReader | None, signing_secret: bool, settings: Settings, refs: dict[str, TeamPolicyRef]
+) -> SlackFacts:
+    if reader is None:
+        return SlackFacts("not configured", None, MANIFEST_BOT_SCOPES, signing_secret)
+    auth_error, scopes = reader.auth()
+    channel_teams: dict[str, list[str]] = {}
+    user_roles: dict[str, list[str]] = {}
+    if settings.admin_channel:
+        channel_teams.setdefault(settings.admin_channel, []).append("admin channel")
+    for user in settings.admins:
+        user_roles.setdefault(user, []).append("admin")
+    for team, ref in sorted(refs.items()):
+        if ref.policy is None:
+            continue
+        if ref.policy.slack_channel:
+            channel_teams.setdefault(ref.policy.slack_channel, []).append(f"team {team}")
+        for member in ref.policy.members:
+            if member[0] in "UW":
+                user_roles.setdefault(member, []).append(f"team {team} member")
+    if auth_error is not None:
+        return SlackFacts(auth_error, scopes, MANIFEST_BOT_SCOPES, signing_secret)
+    return SlackFacts(
+        None,
+        scopes,
+        MANIFEST_BOT_SCOPES,
+        signing_secret,
+        channels={c: reader.channel(c) for c in channel_teams},
+        channel_teams=channel_teams,
+        users={u: reader.user_exists(u) for u in user_roles},
+        user_roles=user_roles,
+    )
+
+
+def gather_people(
+    reader: SlackReader | None, machines: list[Machine] | None, refs: dict[str, TeamPolicyRef]
+) -> tuple[list[OwnedMachine] | None, list[TeamContacts]]:
+    teams = [
+        TeamContacts(team, ref.policy.slack_channel, len(ref.policy.members))
+        for team, ref in refs.items()
+        if ref.policy is not None
+    ]
+    if machines is None:
+        return None, teams
+    resolved: dict[str, bool | None] = {}
+    for owner in {(m.owner or "").strip() for m in machines}:  # each distinct owner asked once
+        resolved[owner] = reader.owner_resolves(owner) if reader else (None if owner else False)
+    return [OwnedMachine(m.instance_id, m.team, m.owner, resolved[(m.owner or "").strip()]) for m in machines], teams
+
+
+def _slack_reader() -> tuple[SlackReader | None, bool]:
+    from idle_reaper.slack import SlackNotConfigured, load_secrets, make_client
+
+    try:
+        secrets = load_secrets()
+    except SlackNotConfigured:
+        return None, False
+    return SlackReader(make_client(secrets.bot_token, SLACK_BUDGET_SECONDS)), bool(secrets.signing_secret)
+
+
+def run_checks(region: str | None = None) -> list[Finding]:
+    store = aws.PolicyStore(aws.client("ssm", region), aws.ssm_prefix())
+    settings, policy_facts, refs = gather_policy(store)
+    machines: list[Machine] | None
+    try:
+        machines = aws.Fleet(aws.client("ec2", region), aws.client("autoscaling", region)).discover(settings.tags)
+    except aws.AwsError:
+        machines = None
+    policy_facts = PolicyFacts(
+        policy_facts.settings_parameter,
+        policy_facts.settings_problems,
+        refs,
+        None if machines is None else [m.team for m in machines],
+    )
+    reader, signing = _slack_reader()
+    findings = check_policy(policy_facts)
+    slack = gather_slack(reader, signing, settings, refs)
+    findings += check_slack(slack)
+    if reader is None or not slack.reachable:
+        findings.append(unknown("people.owners", "Slack is not reachable with the bot token"))
+    else:
+        owned, contacts = gather_people(reader, machines, refs)
+        findings += check_people(owned, contacts)
+    return findings
+
+
+def print_findings(findings: Iterable[Finding], as_json: bool) -> None:
+    findings = list(findings)
+    if as_json:
+        print(json.dumps([f.model_dump(mode="json") for f in findings], indent=2))
+        return
+    for finding in findings:
+        print(finding.line())
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.status] = counts.get(f.status, 0) + 1
+    print(", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "warn", "fail", "unknown")))
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    try:
+        findings = run_checks(args.region)
+    except aws.AwsError as exc:
+        print(f"idle-reaper: doctor could not read the account ({aws.error_code(exc)}): {exc}", file=sys.stderr)
+        return 2
+    print_findings(findings, args.json)
+    return 1 if failed(findings) else 0
