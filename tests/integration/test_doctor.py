@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from idle_reaper import aws
+from idle_reaper.aws.metrics import HUMAN_METRIC_NAME, HUMAN_METRIC_NAMESPACE
 from idle_reaper.core.doctor import MANIFEST_BOT_SCOPES
 from idle_reaper.policy import Settings
 from idle_reaper_tools import cli, local
@@ -34,10 +36,48 @@ def healthy(aws: Any, slack: Any) -> dict[str, str]:
     )
     slack.users_by_email["bob@example.com"] = OWNER
     slack.channels.update({ADMIN_CHANNEL: [BOT_USER, ADMIN], TEAM_CHANNEL: [BOT_USER, MEMBER]})
-    return {
+    ids = {
         "mail": local.launch("mail", "m5.large", team="ml", launch_time=at(8), owner="bob@example.com"),
         "uid": local.launch("uid", "m5.large", team="ml", launch_time=at(8), owner=OWNER),
+        "gpu": local.launch("gpu", "g5.xlarge", team="ml", launch_time=at(8), owner=OWNER),
     }
+    for instance_id in ids.values():
+        publish(instance_id, gpu=instance_id == ids["gpu"])
+    return ids
+
+
+def publish(instance_id: str, *, gpu: bool = False, collector: bool = True) -> None:
+    """The last 70 minutes of CPU (GPU, collector) datapoints, as the agents publish them, but for a hole."""
+    now = datetime.now(UTC)
+    local.write_metrics(instance_id, lambda t: (5.0, 90.0 if gpu else None), now - timedelta(minutes=70), now)
+    if collector:
+        publish_collector(instance_id)
+
+
+def publish_collector(instance_id: str) -> None:
+    now = datetime.now(UTC)
+    dims = [{"Name": "InstanceId", "Value": instance_id}]
+    points = [
+        {"MetricName": HUMAN_METRIC_NAME, "Dimensions": dims, "Timestamp": now - timedelta(minutes=m), "Value": 2.0}
+        for m in range(0, 70, 5)
+    ]
+    aws.client("cloudwatch").put_metric_data(Namespace=HUMAN_METRIC_NAMESPACE, MetricData=points)
+
+
+def launch_and_publish(name: str, instance_type: str, **published: Any) -> str:
+    instance_id = local.launch(name, instance_type, team="ml", launch_time=at(8), owner=OWNER)
+    publish(instance_id, **published)
+    return instance_id
+
+
+def launch_with_hole(name: str) -> str:
+    """A machine whose CPU series has a 30-minute hole in the last hour."""
+    instance_id = local.launch(name, "m5.large", team="ml", launch_time=at(8), owner=OWNER)
+    now = datetime.now(UTC)
+    local.write_metrics(instance_id, lambda t: (5.0, None), now - timedelta(minutes=70), now - timedelta(minutes=40))
+    local.write_metrics(instance_id, lambda t: (5.0, None), now - timedelta(minutes=10), now)
+    publish_collector(instance_id)
+    return instance_id
 
 
 def doctor(capsys: Any, *argv: str) -> tuple[int, list[dict[str, Any]]]:
@@ -79,26 +119,28 @@ def test_the_text_answer_names_the_fix_and_counts(healthy: dict[str, str], slack
     assert out.rstrip().splitlines()[-1].endswith("1 fail, 0 unknown")
 
 
-def _bad_team_policy(_: Any) -> None:
+def _bad_team_policy(_: Any) -> str:
     aws.client("ssm").put_parameter(
         Name="/idle-reaper/teams/cv", Value='{"idle_minutes": -5}', Type="String", Overwrite=True
     )
+    return "cv"
 
 
-def _bad_settings(_: Any) -> None:
+def _bad_settings(_: Any) -> str:
     aws.client("ssm").put_parameter(
         Name="/idle-reaper/settings", Value='{"admins": ["bob"]}', Type="String", Overwrite=True
     )
+    return "/idle-reaper/settings"
 
 
-BROKEN: dict[str, tuple[Callable[[Any], None], str, str]] = {
-    # name: (break it, the check that fails, a subject it must name)
+BROKEN: dict[str, tuple[Callable[[Any], object], str, str]] = {
+    # name: (break it, the check that fails or warns, a subject it must name: given, or what breaking returned)
     "bot not in the team channel": (
         lambda s: s.channels.update({TEAM_CHANNEL: [MEMBER]}),
         "slack.channels",
         TEAM_CHANNEL,
     ),
-    "team channel deleted": (lambda s: s.channels.pop(TEAM_CHANNEL), "slack.channels", TEAM_CHANNEL),
+    "team channel deleted": (lambda s: s.channels.pop(TEAM_CHANNEL) and None, "slack.channels", TEAM_CHANNEL),
     "scope missing": (
         lambda s: setattr(s, "scopes", [x for x in MANIFEST_SCOPES if x != "users:read.email"]),
         "slack.scopes",
@@ -106,25 +148,34 @@ BROKEN: dict[str, tuple[Callable[[Any], None], str, str]] = {
     ),
     "admin id unknown": (lambda s: s.missing_users.add(ADMIN), "slack.users", ADMIN),
     "member id unknown": (lambda s: s.missing_users.add(MEMBER), "slack.users", MEMBER),
-    "token revoked": (lambda s: setattr(s, "auth_revoked", True), "slack.token", ""),
+    "token revoked": (lambda s: setattr(s, "auth_revoked", True), "slack.token", "None"),
     "owner email matches nobody": (lambda s: s.users_by_email.clear(), "people.owners", "mail"),
-    "team policy invalid": (_bad_team_policy, "policy.teams", "cv"),
-    "settings invalid": (_bad_settings, "policy.settings", "/idle-reaper/settings"),
+    "team policy invalid": (_bad_team_policy, "policy.teams", ""),
+    "settings invalid": (_bad_settings, "policy.settings", ""),
+    "GPU agent missing": (lambda s: launch_and_publish("nogpu", "p3.2xlarge"), "signals.gpu", ""),
+}
+WARNED: dict[str, tuple[Callable[[Any], object], str, str]] = {
+    "collector missing": (
+        lambda s: launch_and_publish("nocollector", "m5.large", collector=False),
+        "signals.collector",
+        "",
+    ),
+    "CPU hole": (lambda s: launch_with_hole("holey"), "signals.cpu", ""),
 }
 
 
-@pytest.mark.parametrize("name", list(BROKEN))
+@pytest.mark.parametrize("name", [*BROKEN, *WARNED])
 def test_each_broken_thing_fails_exactly_its_check(name: str, healthy: dict[str, str], slack: Any, capsys: Any) -> None:
-    breaks, check, subject = BROKEN[name]
-    breaks(slack)
+    status = "fail" if name in BROKEN else "warn"
+    breaks, check, subject = {**BROKEN, **WARNED}[name]
+    subject = str(breaks(slack) or healthy.get(subject, subject))
     code, findings = doctor(capsys)
-    assert code == 1
-    fails = by_status(findings, "fail")
-    assert set(fails) == {check}, fails
-    subject = healthy.get(subject, subject)
-    if subject:
-        assert subject in fails[check]["subjects"]
-        assert subject in fails[check]["message"] and fails[check]["fix"]
+    assert code == (1 if status == "fail" else 0)
+    assert {f["check"] for f in findings if f["status"] in ("fail", "warn")} == {check}, findings
+    found = by_status(findings, status)[check]
+    assert found["fix"]
+    if subject != "None":
+        assert subject in found["subjects"] and subject in found["message"]
 
 
 def test_a_team_without_policy_uses_the_default_said_once(healthy: dict[str, str], capsys: Any) -> None:

@@ -10,27 +10,32 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
 from idle_reaper import aws
+from idle_reaper.aws.policies import policy_for
 from idle_reaper.core.doctor import (
     MANIFEST_BOT_SCOPES,
+    SIGNAL_WINDOW_MINUTES,
     UNREACHABLE,
     ChannelState,
     Finding,
+    MachineSignals,
     OwnedMachine,
     PolicyFacts,
     SlackFacts,
     TeamContacts,
     check_people,
     check_policy,
+    check_signals,
     check_slack,
     failed,
     unknown,
 )
-from idle_reaper.core.signals import Machine
+from idle_reaper.core.signals import Machine, Signals, has_no_gpu, is_gpu_type
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
 from idle_reaper.slack.owners import EMAIL, MAX_EMAIL_CHARS, SLACK_USER_ID
 
@@ -169,6 +174,43 @@ def gather_people(
     return [OwnedMachine(m.instance_id, m.team, m.owner, resolved[(m.owner or "").strip()]) for m in machines], teams
 
 
+def gather_signals(
+    metrics: aws.MetricsReader,
+    machines: list[Machine],
+    settings: Settings,
+    refs: dict[str, TeamPolicyRef],
+    now: datetime,
+) -> list[MachineSignals]:
+    """The last hour of every opted-in machine's CPU, GPU (types that can have one) and collector metrics, in
+    the sweep's own GetMetricData batches (500 queries a call)."""
+    start = now - timedelta(minutes=SIGNAL_WINDOW_MINUTES)
+    gpu_ids = [m.instance_id for m in machines if not has_no_gpu(m.instance_type, settings.gpu_instance_families)]
+    other_ids = [m.instance_id for m in machines if has_no_gpu(m.instance_type, settings.gpu_instance_families)]
+    read: dict[str, Signals] = {}
+    for ids, gpu in ((gpu_ids, True), (other_ids, False)):
+        if ids:
+            read.update(metrics.fetch(ids, settings.metrics, start=start, end=now, human=True, gpu=gpu))
+    out: list[MachineSignals] = []
+    for m in machines:
+        policy = policy_for(m.team, refs, settings).policy or settings.default_policy
+        signals = read[m.instance_id]
+        out.append(
+            MachineSignals(
+                instance_id=m.instance_id,
+                team=m.team,
+                gpu_expected=m.instance_id in set(gpu_ids)
+                and is_gpu_type(m.instance_type, settings.gpu_instance_families),
+                collector_expected=policy.human_active_minutes is not None,
+                max_gap_minutes=policy.max_gap_minutes,
+                complete=signals.complete,
+                cpu=[t for t, _ in signals.cpu],
+                gpu=len(signals.gpu),
+                user=len(signals.user),
+            )
+        )
+    return out
+
+
 def _slack_reader() -> tuple[SlackReader | None, bool]:
     from idle_reaper.slack import SlackNotConfigured, load_secrets, make_client
 
@@ -195,6 +237,14 @@ def run_checks(region: str | None = None) -> list[Finding]:
     )
     reader, signing = _slack_reader()
     findings = check_policy(policy_facts)
+    now = datetime.now(UTC)
+    period = settings.metrics.period_seconds // 60
+    if machines is None:
+        findings += check_signals(None, now, now, period)
+    else:
+        metrics = aws.MetricsReader(aws.client("cloudwatch", region))
+        signals = gather_signals(metrics, machines, settings, refs, now)
+        findings += check_signals(signals, now - timedelta(minutes=SIGNAL_WINDOW_MINUTES), now, period)
     slack = gather_slack(reader, signing, settings, refs)
     findings += check_slack(slack)
     if reader is None or not slack.reachable:

@@ -6,8 +6,10 @@ could not be gathered is None and makes its finding "unknown", never "ok".
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -325,4 +327,87 @@ def check_people(machines: Sequence[OwnedMachine] | None, teams: Sequence[TeamCo
         )
     else:
         out.append(Finding(check="people.reachable", status="ok", message="every team has someone to tell"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals: what the last hour of metrics says about the agents
+
+SIGNAL_WINDOW_MINUTES = 60
+
+
+@dataclass(frozen=True)
+class MachineSignals:
+    instance_id: str
+    team: str
+    gpu_expected: bool  # a type that can have a GPU: its GPU metric is read
+    collector_expected: bool  # its team's policy reads the human-activity collector
+    max_gap_minutes: int
+    complete: bool  # False: CloudWatch could not be read for it
+    cpu: Sequence[datetime]  # datapoint times of the last hour
+    gpu: int
+    user: int
+
+
+def largest_gap_minutes(times: Sequence[datetime], start: datetime, end: datetime) -> float:
+    """The longest stretch of the window [start, end] with no datapoint (the lag at the end included)."""
+    edges = [start, *sorted(times), end]
+    return max((b - a).total_seconds() / 60 for a, b in itertools.pairwise(edges))
+
+
+def check_signals(
+    machines: Sequence[MachineSignals] | None, start: datetime, end: datetime, period_minutes: int
+) -> list[Finding]:
+    if machines is None:
+        return [unknown("signals", "the opted-in machines could not be listed")]
+    read = [m for m in machines if m.complete]
+    out: list[Finding] = []
+    unread = sorted(m.instance_id for m in machines if not m.complete)
+    if unread:
+        out.append(
+            unknown("signals.read", f"CloudWatch could not be read for {len(unread)} machine(s): {listed(unread)}")
+        )
+    no_gpu = sorted(m.instance_id for m in read if m.gpu_expected and m.cpu and not m.gpu)
+    out.append(
+        Finding(
+            check="signals.gpu",
+            status="fail",
+            subjects=tuple(no_gpu),
+            message=f"{len(no_gpu)} GPU machine(s) without GPU metrics in the last hour (the agent is missing or "
+            f"broken; under missing_gpu_metrics: busy they are never idle): {listed(no_gpu)}",
+            fix="install the CloudWatch agent with the GPU config on them (docs/deploying.md, 'The GPU agent')",
+        )
+        if no_gpu
+        else Finding(check="signals.gpu", status="ok", message="every GPU machine publishes GPU metrics")
+    )
+    no_collector = sorted(m.instance_id for m in read if m.collector_expected and m.cpu and not m.user)
+    out.append(
+        Finding(
+            check="signals.collector",
+            status="warn",
+            subjects=tuple(no_collector),
+            message=f"{len(no_collector)} machine(s) without collector data in the last hour (a person's input "
+            f"cannot keep them): {listed(no_collector)}",
+            fix="roll the collector out to them (docs/deploying.md, 'The activity collector')",
+        )
+        if no_collector
+        else Finding(check="signals.collector", status="ok", message="every machine's collector reports")
+    )
+    # A hole no longer than one period plus the policy's tolerance still counts as covered.
+    holes = sorted(
+        m.instance_id for m in read if largest_gap_minutes(m.cpu, start, end) > m.max_gap_minutes + period_minutes
+    )
+    out.append(
+        Finding(
+            check="signals.cpu",
+            status="warn",
+            subjects=tuple(holes),
+            message=f"{len(holes)} machine(s) with CPU data holes longer than max_gap_minutes in the last hour "
+            f"(judged unknown, never stopped): {listed(holes)}",
+            fix="check the machine is running and publishing AWS/EC2 CPUUtilization; raise max_gap_minutes "
+            "if the holes are expected",
+        )
+        if holes
+        else Finding(check="signals.cpu", status="ok", message="CPU data covers every machine")
+    )
     return out
