@@ -16,6 +16,7 @@ from idle_reaper import aws
 from idle_reaper.aws.metrics import HUMAN_METRIC_NAME, HUMAN_METRIC_NAMESPACE
 from idle_reaper.core.doctor import MANIFEST_BOT_SCOPES
 from idle_reaper.policy import Settings
+from idle_reaper.sweep.fanout import LAST_SWEEP_KEY
 from idle_reaper_tools import cli, local
 from idle_reaper_tools.demo import at
 from idle_reaper_tools.fake_slack import BOT_USER, MANIFEST_SCOPES
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.integration
 
 ADMIN, MEMBER, OWNER = "U0ADMIN", "U0MEMBER", "U0BOB"
 ADMIN_CHANNEL, TEAM_CHANNEL = "C0ADMINS", "C0MLTEAM"
+GROUP = "train-asg"
 
 
 @pytest.fixture
@@ -40,10 +42,29 @@ def healthy(aws: Any, slack: Any) -> dict[str, str]:
         "mail": local.launch("mail", "m5.large", team="ml", launch_time=at(8), owner="bob@example.com"),
         "uid": local.launch("uid", "m5.large", team="ml", launch_time=at(8), owner=OWNER),
         "gpu": local.launch("gpu", "g5.xlarge", team="ml", launch_time=at(8), owner=OWNER),
+        "member": local.launch_group(GROUP, "m5.large", team="ml", size=1, min_size=0, launch_time=at(8), owner=OWNER)[
+            0
+        ],
     }
     for instance_id in ids.values():
         publish(instance_id, gpu=instance_id == ids["gpu"])
+    swept(minutes_ago=3)
     return ids
+
+
+def swept(minutes_ago: int, errors: int = 0) -> None:
+    """What the sweep's gather step records when a sweep ends."""
+    at_ = datetime.now(UTC) - timedelta(minutes=minutes_ago)
+    value = {"at": at_.isoformat(), "failed_shards": 0, "errors": errors}
+    aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()).put_lookup(
+        LAST_SWEEP_KEY, json.dumps(value), at_ + timedelta(days=1)
+    )
+
+
+def _untag_group(_: Any) -> None:
+    aws.client("autoscaling").delete_tags(
+        Tags=[{"ResourceId": GROUP, "ResourceType": "auto-scaling-group", "Key": local.MANAGED_TAG}]
+    )
 
 
 def publish(instance_id: str, *, gpu: bool = False, collector: bool = True) -> None:
@@ -104,6 +125,11 @@ def test_a_healthy_deploy_is_all_ok_and_exits_0(healthy: dict[str, str], capsys:
         "slack.users",
         "people.owners",
         "people.reachable",
+        "signals.gpu",
+        "signals.collector",
+        "signals.cpu",
+        "deploy.last_sweep",
+        "deploy.groups",
     }
     for f in findings:
         assert set(f) == {"check", "status", "subjects", "message", "fix"}
@@ -153,6 +179,8 @@ BROKEN: dict[str, tuple[Callable[[Any], object], str, str]] = {
     "team policy invalid": (_bad_team_policy, "policy.teams", ""),
     "settings invalid": (_bad_settings, "policy.settings", ""),
     "GPU agent missing": (lambda s: launch_and_publish("nogpu", "p3.2xlarge"), "signals.gpu", ""),
+    "schedule stopped": (lambda s: swept(minutes_ago=45), "deploy.last_sweep", "None"),
+    "group without the opt-in tag": (_untag_group, "deploy.groups", GROUP),
 }
 WARNED: dict[str, tuple[Callable[[Any], object], str, str]] = {
     "collector missing": (
@@ -161,6 +189,7 @@ WARNED: dict[str, tuple[Callable[[Any], object], str, str]] = {
         "",
     ),
     "CPU hole": (lambda s: launch_with_hole("holey"), "signals.cpu", ""),
+    "last sweep had errors": (lambda s: swept(minutes_ago=2, errors=3), "deploy.last_sweep", "None"),
 }
 
 
@@ -237,3 +266,14 @@ def test_the_scopes_checked_are_the_manifests() -> None:
     bot = manifest.split("    bot:\n", 1)[1].split("settings:", 1)[0]
     scopes = re.findall(r"^ +- ([a-z:.]+)", bot, re.M)
     assert len(scopes) == 11 and frozenset(scopes) == MANIFEST_BOT_SCOPES == frozenset(MANIFEST_SCOPES)
+
+
+def test_a_sweep_records_itself_for_the_doctor(aws: Any, slack: Any, capsys: Any) -> None:
+    local.init_account()
+    code, findings = doctor(capsys)
+    assert code == 1
+    assert by_status(findings, "fail")["deploy.last_sweep"]["message"].startswith("no sweep has finished")
+    assert cli.main(["sweep"]) == 0
+    capsys.readouterr()
+    _, findings = doctor(capsys)
+    assert "deploy.last_sweep" in by_status(findings, "ok")

@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="read-only checks of a deploy: ok / warn / fail / unknown, each with its fix")
     p.add_argument("--region", help="the region of the stack (default: the configured region)")
     p.add_argument("--json", action="store_true", help="a JSON list of {check, status, subjects, message, fix}")
+    p.add_argument(
+        "--sweep-minutes", type=positive_int, default=5, help="the stack's sweep interval (default 5, the stack's)"
+    )
     p.set_defaults(func=cmd_doctor)
 
     from idle_reaper_tools.report import cmd_report, iso_week

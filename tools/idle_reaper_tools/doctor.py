@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
@@ -23,11 +24,14 @@ from idle_reaper.core.doctor import (
     UNREACHABLE,
     ChannelState,
     Finding,
+    LastSweep,
     MachineSignals,
     OwnedMachine,
     PolicyFacts,
     SlackFacts,
     TeamContacts,
+    check_groups,
+    check_last_sweep,
     check_people,
     check_policy,
     check_signals,
@@ -38,7 +42,9 @@ from idle_reaper.core.doctor import (
 from idle_reaper.core.signals import Machine, Signals, has_no_gpu, is_gpu_type
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
 from idle_reaper.slack.owners import EMAIL, MAX_EMAIL_CHARS, SLACK_USER_ID
+from idle_reaper.sweep.fanout import LAST_SWEEP_KEY
 
+GROUP_FILTER_VALUES = 1000  # DescribeTags: at most 1000 values per filter type; 100 tags a page
 SLACK_BUDGET_SECONDS = 20.0  # rate-limit retries past this make a fact unknown, not the doctor slow
 
 _SLACK_DOWN = (SlackClientError, OSError)
@@ -211,6 +217,36 @@ def gather_signals(
     return out
 
 
+def gather_last_sweep(store: aws.DynamoStateStore, now: datetime) -> LastSweep | Literal["unreadable"] | None:
+    try:
+        stored = store.get_lookup(LAST_SWEEP_KEY, now)
+    except aws.AwsError:
+        return "unreadable"
+    if not stored:
+        return None
+    value = json.loads(stored)
+    return LastSweep(datetime.fromisoformat(value["at"]), int(value["failed_shards"]), int(value["errors"]))
+
+
+def gather_group_tags(autoscaling: Any, groups: set[str], tag: str) -> set[str] | None:
+    """The groups (of `groups`) whose opt-in tag is `true`; None when they could not be read."""
+    tagged: set[str] = set()
+    names = sorted(groups)
+    try:
+        for i in range(0, len(names), GROUP_FILTER_VALUES):
+            filters = [
+                {"Name": "auto-scaling-group", "Values": names[i : i + GROUP_FILTER_VALUES]},
+                {"Name": "key", "Values": [tag]},
+            ]
+            for page in autoscaling.get_paginator("describe_tags").paginate(
+                Filters=filters, PaginationConfig={"PageSize": 100}
+            ):
+                tagged |= {t["ResourceId"] for t in page["Tags"] if str(t.get("Value", "")).lower() == "true"}
+    except aws.AwsError:
+        return None
+    return tagged
+
+
 def _slack_reader() -> tuple[SlackReader | None, bool]:
     from idle_reaper.slack import SlackNotConfigured, load_secrets, make_client
 
@@ -221,7 +257,7 @@ def _slack_reader() -> tuple[SlackReader | None, bool]:
     return SlackReader(make_client(secrets.bot_token, SLACK_BUDGET_SECONDS)), bool(secrets.signing_secret)
 
 
-def run_checks(region: str | None = None) -> list[Finding]:
+def run_checks(region: str | None = None, sweep_minutes: int = 5) -> list[Finding]:
     store = aws.PolicyStore(aws.client("ssm", region), aws.ssm_prefix())
     settings, policy_facts, refs = gather_policy(store)
     machines: list[Machine] | None
@@ -238,6 +274,24 @@ def run_checks(region: str | None = None) -> list[Finding]:
     reader, signing = _slack_reader()
     findings = check_policy(policy_facts)
     now = datetime.now(UTC)
+    findings.append(
+        check_last_sweep(
+            gather_last_sweep(aws.DynamoStateStore(aws.client("dynamodb", region), aws.table_name()), now),
+            now,
+            sweep_minutes,
+        )
+    )
+    opt_in = settings.tags.managed
+    members: dict[str, int] | None = None
+    tagged: set[str] | None = set()
+    if machines is not None:
+        members = {}
+        for m in machines:
+            if m.asg_name:
+                members[m.asg_name] = members.get(m.asg_name, 0) + 1
+        if opt_in and members:
+            tagged = gather_group_tags(aws.client("autoscaling", region), set(members), opt_in)
+    findings.append(check_groups(None if tagged is None else members, tagged or set(), opt_in))
     period = settings.metrics.period_seconds // 60
     if machines is None:
         findings += check_signals(None, now, now, period)
@@ -270,7 +324,7 @@ def print_findings(findings: Iterable[Finding], as_json: bool) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     try:
-        findings = run_checks(args.region)
+        findings = run_checks(args.region, args.sweep_minutes)
     except aws.AwsError as exc:
         print(f"idle-reaper: doctor could not read the account ({aws.error_code(exc)}): {exc}", file=sys.stderr)
         return 2

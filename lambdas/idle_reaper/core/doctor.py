@@ -411,3 +411,70 @@ def check_signals(
         else Finding(check="signals.cpu", status="ok", message="CPU data covers every machine")
     )
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The deploy
+
+
+@dataclass(frozen=True)
+class LastSweep:
+    at: datetime
+    failed_shards: int
+    errors: int
+
+
+def check_last_sweep(last: LastSweep | Literal["unreadable"] | None, now: datetime, interval_minutes: int) -> Finding:
+    check = "deploy.last_sweep"
+    if last == "unreadable":
+        return unknown(check, "the state table could not be read")
+    if last is None:
+        return Finding(
+            check=check,
+            status="fail",
+            message="no sweep has finished in the last 30 days: the schedule is disabled, or every sweep fails",
+            fix="aws scheduler get-schedule / the EventBridge rule of the stack: State ENABLED; then read the "
+            "sweep function's logs",
+        )
+    age = (now - last.at).total_seconds() / 60
+    if age > 2 * interval_minutes:
+        return Finding(
+            check=check,
+            status="fail",
+            subjects=(last.at.isoformat(),),
+            message=f"the last sweep finished {age:.0f} minutes ago (at {last.at.isoformat()}), more than two "
+            f"{interval_minutes}-minute intervals: the schedule is disabled or the sweep no longer finishes",
+            fix="enable the stack's sweep schedule (EventBridge console -> Rules/Schedules) and read the sweep "
+            "function's logs",
+        )
+    if last.failed_shards or last.errors:
+        return Finding(
+            check=check,
+            status="warn",
+            message=f"the last sweep ({age:.0f} minutes ago) had {last.failed_shards} failed shard(s) and "
+            f"{last.errors} machine error(s)",
+            fix="read the sweep and shard functions' logs (idle-reaper status shows the machines' errors)",
+        )
+    return Finding(check=check, status="ok", message=f"the last sweep finished {age:.0f} minutes ago, cleanly")
+
+
+def check_groups(opted_in_members: Mapping[str, int] | None, tagged: set[str], opt_in_tag: str | None) -> Finding:
+    """Auto Scaling groups whose members are opted in while the group is not: the reaper may not touch the
+    group's scale-in protection (its IAM conditions on the group's tag), so those machines are never released."""
+    check = "deploy.groups"
+    if opt_in_tag is None:
+        return Finding(check=check, status="ok", message="no opt-in tag is set: groups need none")
+    if opted_in_members is None:
+        return unknown(check, "the Auto Scaling groups could not be read")
+    untagged = sorted(g for g in opted_in_members if g not in tagged)
+    if not untagged:
+        return Finding(check=check, status="ok", message=f"all {len(opted_in_members)} groups carry {opt_in_tag}")
+    return Finding(
+        check=check,
+        status="fail",
+        subjects=tuple(untagged),
+        message=f"{len(untagged)} Auto Scaling group(s) with opted-in members but no {opt_in_tag}=true tag "
+        f"(their members are never released): {listed(untagged)}",
+        fix="aws autoscaling create-or-update-tags --tags ResourceId=GROUP,ResourceType=auto-scaling-group,"
+        f"Key={opt_in_tag},Value=true,PropagateAtLaunch=true",
+    )
