@@ -277,3 +277,15 @@ def test_a_sweep_records_itself_for_the_doctor(aws: Any, slack: Any, capsys: Any
     capsys.readouterr()
     _, findings = doctor(capsys)
     assert "deploy.last_sweep" in by_status(findings, "ok")
+
+
+def test_an_owner_the_sweep_already_resolved_costs_no_slack_call(
+    healthy: dict[str, str], slack: Any, capsys: Any
+) -> None:
+    store = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name())
+    store.put_lookup("owner#carol@example.com", "U0CAROL", datetime.now(UTC) + timedelta(days=7))
+    publish(local.launch("carol", "m5.large", team="ml", launch_time=at(8), owner="Carol@example.com"))
+    code, findings = doctor(capsys)
+    assert code == 0 and "people.owners" in by_status(findings, "ok")
+    asked = [c.params.get("email") for c in slack.calls_to("users.lookupByEmail")]
+    assert asked == ["bob@example.com"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -165,8 +165,13 @@ def gather_slack(
 
 
 def gather_people(
-    reader: SlackReader | None, machines: list[Machine] | None, refs: dict[str, TeamPolicyRef]
+    reader: SlackReader | None,
+    machines: list[Machine] | None,
+    refs: dict[str, TeamPolicyRef],
+    cached: Callable[[str], str | None] = lambda key: None,
 ) -> tuple[list[OwnedMachine] | None, list[TeamContacts]]:
+    """Each distinct Owner asked once: an email the sweep already resolved (its 7-day cache in the state table,
+    read, never written) costs no Slack call; the rest go to users.info or users.lookupByEmail."""
     teams = [
         TeamContacts(team, ref.policy.slack_channel, len(ref.policy.members))
         for team, ref in refs.items()
@@ -175,8 +180,11 @@ def gather_people(
     if machines is None:
         return None, teams
     resolved: dict[str, bool | None] = {}
-    for owner in {(m.owner or "").strip() for m in machines}:  # each distinct owner asked once
-        resolved[owner] = reader.owner_resolves(owner) if reader else (None if owner else False)
+    for owner in {(m.owner or "").strip() for m in machines}:
+        if EMAIL.match(owner) and cached(f"owner#{owner.lower()}"):
+            resolved[owner] = True
+        else:
+            resolved[owner] = reader.owner_resolves(owner) if reader else (None if owner else False)
     return [OwnedMachine(m.instance_id, m.team, m.owner, resolved[(m.owner or "").strip()]) for m in machines], teams
 
 
@@ -274,9 +282,10 @@ def run_checks(region: str | None = None, sweep_minutes: int = 5) -> list[Findin
     reader, signing = _slack_reader()
     findings = check_policy(policy_facts)
     now = datetime.now(UTC)
+    store_table = aws.DynamoStateStore(aws.client("dynamodb", region), aws.table_name())
     findings.append(
         check_last_sweep(
-            gather_last_sweep(aws.DynamoStateStore(aws.client("dynamodb", region), aws.table_name()), now),
+            gather_last_sweep(store_table, now),
             now,
             sweep_minutes,
         )
@@ -304,7 +313,14 @@ def run_checks(region: str | None = None, sweep_minutes: int = 5) -> list[Findin
     if reader is None or not slack.reachable:
         findings.append(unknown("people.owners", "Slack is not reachable with the bot token"))
     else:
-        owned, contacts = gather_people(reader, machines, refs)
+
+        def cached(key: str) -> str | None:
+            try:
+                return store_table.get_lookup(key, now)
+            except aws.AwsError:
+                return None
+
+        owned, contacts = gather_people(reader, machines, refs, cached)
         findings += check_people(owned, contacts)
     return findings
 
