@@ -11,6 +11,7 @@ from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import (
     MetricsReader,
 )
+from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import DynamoStateStore, StateStore
 from idle_reaper.core.lifecycle import Decision
@@ -78,7 +79,7 @@ class Adapters:
                 notifier = LoggingNotifier(logger)
         return cls(
             policies=PolicyStore(client("ssm"), ssm_prefix()),
-            fleet=Fleet(client("ec2"), client("autoscaling")),
+            fleet=Fleet(client("ec2"), client("autoscaling"), NotebookInstances(client("sagemaker"))),
             metrics=MetricsReader(client("cloudwatch")),
             store=store,
             notifier=notifier,

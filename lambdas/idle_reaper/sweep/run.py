@@ -19,7 +19,15 @@ from idle_reaper.aws.metrics import (
     MetricsReader,
 )
 from idle_reaper.aws.policies import policy_for
-from idle_reaper.core.kinds import Lookups, MachineKind, classify, stop_saves
+from idle_reaper.core.kinds import (
+    NOTEBOOK_ATTACH_HOW,
+    NOTEBOOK_LIFECYCLE_CONFIG,
+    Lookups,
+    MachineKind,
+    classify,
+    notebook_no_data_note,
+    stop_saves,
+)
 from idle_reaper.core.lifecycle import Decision, decide, kind_policy
 from idle_reaper.core.reading import not_due, plan_next_read, unread
 from idle_reaper.core.records import Action, MachineRecord
@@ -86,10 +94,12 @@ def run_sweep(
         elif listed is not None:
             machines = list(listed)
         else:
-            machines = adapters.fleet.discover(settings.tags)
+            machines = adapters.fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)
         records = adapters.store.load([m.instance_id for m in machines])
     except AwsError as exc:
         raise SweepCannotRun(f"cannot list machines or read the state table ({error_code(exc)}): {exc}") from None
+
+    _report_unlisted_notebooks(adapters, settings, now, warnings, alert=not dry_run)
 
     def ref_for(team: str) -> TeamPolicyRef:
         if not teams_readable:
@@ -136,6 +146,7 @@ def run_sweep(
         d = _with_status_notes(d, now)
         d = replace(d, record=plan_next_read(d, now))
         price = hourly_price(m.instance_type, prices)
+        d = _unwatched_notebook(d, signals.get(m.instance_id), price)
         decisions.append(replace(d, hourly_cost=price, saving=stop_saves(kind, price)))
 
     terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
@@ -150,6 +161,7 @@ def run_sweep(
     if not dry_run:
         decisions, written = apply_decisions(adapters, decisions, records, settings, sweep_id, now, time_left)
         report_quiet_hours(adapters, decisions, refs, settings, now)
+        _note_unwatched_notebooks(adapters, decisions, settings, now)
     # One log line per machine something happened to (an action, an error, a lifecycle change); the others'
     # explanation is their record (`idle-reaper status`), refreshed at least hourly. A dry run logs all.
     unchanged = 0
@@ -251,11 +263,61 @@ def _fetch_signals(
         else:
             short_lookback = max(short_lookback, lookback)
             groups[(0, network, human)].append(m.instance_id)
+    notebooks = {m.instance_id for m in machines if m.is_notebook}
     signals: dict[str, Signals] = {}
     for (lookback, network, human), ids in groups.items():
         start = now - timedelta(minutes=lookback or short_lookback, seconds=period)
-        signals.update(reader.fetch(ids, settings.metrics, start=start, end=now, network=network, human=human))
+        signals.update(
+            reader.fetch(ids, settings.metrics, start=start, end=now, network=network, human=human, notebooks=notebooks)
+        )
     return signals
+
+
+def _cost(price: float | None) -> str:
+    return f"${price:,.2f}/h" if price is not None else "price unknown"
+
+
+def _unwatched_notebook(d: Decision, signals: Signals | None, price: float | None) -> Decision:
+    """A notebook instance read without a CPU datapoint (the lifecycle configuration is not attached): unknown,
+    never stopped; its reason (and so `status`) says what it costs and how to attach the configuration."""
+    if not d.machine.is_notebook or signals is None or signals.cpu:
+        return d
+    note = f"{d.reason}; {notebook_no_data_note(price)}"
+    return replace(d, reason=note, record=replace(d.record, reason=note))
+
+
+def _report_unlisted_notebooks(
+    adapters: Adapters, settings: Settings, now: datetime, warnings: list[str], *, alert: bool
+) -> None:
+    """Notebook instances that could not be listed are not swept this time: say so, and tell the admins
+    once a day per error."""
+    unlisted = adapters.fleet.notebooks_unlisted
+    if not unlisted:
+        return
+    text = (
+        f"idle-reaper could not list SageMaker notebook instances ({unlisted}); none is swept (none stopped, no "
+        "owner told) until it can. Check the sweep role's sagemaker:ListNotebookInstances and sagemaker:ListTags."
+    )
+    warnings.append(text)
+    if alert:
+        alert_once(adapters, f"notebooks-unlisted#{now:%Y-%m-%d}#{unlisted.split(':', 1)[0]}", text, settings, now)
+
+
+def _note_unwatched_notebooks(
+    adapters: Adapters, decisions: Sequence[Decision], settings: Settings, now: datetime
+) -> None:
+    """The admins' daily note: the notebook instances without data, their hourly cost, how to attach."""
+    unwatched = [
+        f"{d.machine.instance_id} ({d.machine.instance_type}, team {d.machine.team}, {_cost(d.hourly_cost)})"
+        for d in decisions
+        if d.machine.is_notebook and NOTEBOOK_LIFECYCLE_CONFIG in d.reason
+    ]
+    if unwatched:
+        text = (
+            f"idle-reaper sees no CPU data from {len(unwatched)} SageMaker notebook instance(s): "
+            f"{', '.join(unwatched)}. They are unknown and never stopped. To have them watched, {NOTEBOOK_ATTACH_HOW}."
+        )
+        alert_once(adapters, f"notebooks-no-data#{now:%Y-%m-%d}", text, settings, now)
 
 
 def _log_decision(d: Decision, dry_run: bool) -> None:
