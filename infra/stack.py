@@ -648,6 +648,15 @@ class IdleReaperStack(Stack):
         table_access = ("DigestTable", DIGEST_TABLE_ACTIONS)
         for statement in self._policies_table_and_secret(props, table, secret, table_access, "once#digest#*"):
             role.add_to_principal_policy(statement)
+        # Exempt machines are never read by a sweep: the digest reads their week to say whether they sat idle.
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="ReadExemptMetrics",
+                actions=["cloudwatch:GetMetricData"],
+                resources=["*"],  # GetMetricData has no resource-level permissions
+                conditions=self._in_regions([self.region]),
+            )
+        )
         suppress(
             role,
             NagPackSuppression(

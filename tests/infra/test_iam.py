@@ -140,6 +140,7 @@ DIGEST_CALLS = [
     call("dynamodb:PutItem", table(HOME)),  # claim_once: once per destination per week
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#digest#ml#2026-W47",)}),
     call("secretsmanager:GetSecretValue", secret(HOME)),
+    call("cloudwatch:GetMetricData", "*", HOME),  # the week of the machines exempt now (never read by sweeps)
 ]
 ALARM_RELAY_CALLS = [
     call("ssm:GetParameter", parameter(HOME, "settings")),
@@ -207,7 +208,8 @@ GATHER_NEVER = [
 ]
 DIGEST_NEVER = [
     *NEVER,
-    *fleet_reads(HOME),
+    *(c for c in fleet_reads(HOME) if c.action != "cloudwatch:GetMetricData"),
+    call("cloudwatch:GetMetricData", "*", OTHER),
     on_managed("ec2:StopInstances", instance(HOME)),
     on_managed("ec2:StartInstances", instance(HOME)),
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("machine#i-0abc123def4567890",)}),

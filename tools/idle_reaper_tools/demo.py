@@ -19,6 +19,7 @@ from typing import cast
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from idle_reaper import aws
+from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.core import Action, Decision, State
 from idle_reaper.core.digest import week_of
 from idle_reaper.policy import Settings
@@ -331,7 +332,8 @@ def weekly_digests(slack: FakeSlack) -> list[str]:
     policies = aws.PolicyStore(aws.client("ssm"), aws.ssm_prefix())
     sender = DigestSender(make_client(load_secrets().bot_token, 30.0))
     lines = []
-    for o in send_week_digests(store, policies, sender, week_of(END), END):
+    metrics = MetricsReader(aws.client("cloudwatch"))  # the exempt machine's week: did it sit idle?
+    for o in send_week_digests(store, policies, sender, week_of(END), END, metrics=metrics):
         where = f"{o.channel}" + (" (the admin channel: the team has no channel)" if o.redirected else "")
         head = f"weekly digest: {'all teams (admins)' if o.destination == 'admins' else 'team ' + o.destination},"
         message = next((m for m in slack.messages_in(o.channel or "") if head in m.get("text", "")), {})
