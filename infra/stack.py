@@ -39,6 +39,7 @@ SLACK_HANDLER = "idle_reaper.handlers.slack.handler"
 ALARMS_HANDLER = "idle_reaper.handlers.alarms.handler"
 SHARD_HANDLER = "idle_reaper.handlers.fanout.shard_handler"
 GATHER_HANDLER = "idle_reaper.handlers.fanout.gather_handler"
+DIGEST_HANDLER = "idle_reaper.handlers.digest.handler"  # the weekly digest, checked hourly
 FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # handlers/sweep.py: hand a fleet larger than one shard to the state machine
 # 1,769 MB is one full vCPU: the sweep's own CPU time (benchmarks/sweep_latency.py) is measured on one core,
 # and the Slack endpoint's cold start (benchmarks/cold_import.py) must leave room in Slack's 3 s.
@@ -65,6 +66,8 @@ SLACK_TABLE_ACTIONS = (
     "dynamodb:Query",
 )
 GATHER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem")
+# The weekly digest: one Scan (records and the audit of its weeks) when a digest is due, its once-a-week claims.
+DIGEST_TABLE_ACTIONS = ("dynamodb:Scan", "dynamodb:PutItem")
 OWNER_INDEX = "owner-index"
 DEFAULT_PREFIX = "idle-reaper"  # the names the CLI assumes (IDLE_REAPER_TABLE, IDLE_REAPER_SSM_PREFIX unset)
 PREFIX_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,30}[a-z0-9]")
@@ -341,6 +344,27 @@ class IdleReaperStack(Stack):
             memory_size=256,
         )
 
+        # The weekly digest: its own function, so the chart's Pillow never loads in a sweep or a click.
+        digest = ReaperFunction(
+            self,
+            "Digest",
+            handler=DIGEST_HANDLER,
+            description="idle-reaper weekly digest: what was saved and what is still wasted, per team, in Slack",
+            code=code,
+            layer=layer,
+            environment=environment,
+            timeout=Duration.minutes(5),
+            memory_size=ONE_VCPU_MB,
+            reserved_concurrent_executions=None,
+        )
+        events.Rule(
+            self,
+            "DigestSchedule",
+            description="Send each team's and the admins' weekly digest when due (claimed once per week)",
+            schedule=events.Schedule.rate(Duration.hours(1)),
+            targets=[targets.LambdaFunction(digest.function, retry_attempts=0)],
+        )
+
         # Failed sweeps (after no retry: the next scheduled sweep is the retry) and events EventBridge
         # could not deliver both land here, and are alarmed.
         failures = sqs.Queue(
@@ -402,6 +426,7 @@ class IdleReaperStack(Stack):
             ),
         )
         self._grant_alarms(alarm_relay.role, props, secret)
+        self._grant_digest(digest.role, props, table, secret)
 
         # Defaults come from the pydantic models, the single source of truth for policies.
         SeededParameter(
@@ -526,28 +551,8 @@ class IdleReaperStack(Stack):
                 resources=[self._groups(self.region)],
                 conditions=self._managed(props),
             ),
-            iam.PolicyStatement(
-                sid="ReadPolicies",
-                actions=list(POLICY_READS),
-                resources=self._parameters(props, self.region),
-                conditions=here,
-            ),
-            iam.PolicyStatement(
-                sid="StateTable", actions=list(SWEEP_TABLE_ACTIONS), resources=[table.table_arn], conditions=here
-            ),
             # The sweep deletes only its own once-only claims (release after a failed alert).
-            iam.PolicyStatement(
-                sid="ReleaseClaims",
-                actions=["dynamodb:DeleteItem"],
-                resources=[table.table_arn],
-                conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["once#*"]}},
-            ),
-            iam.PolicyStatement(
-                sid="ReadSlackSecret",
-                actions=["secretsmanager:GetSecretValue"],
-                resources=[secret.secret_arn],
-                conditions=here,
-            ),
+            *self._policies_table_and_secret(props, table, secret, ("StateTable", SWEEP_TABLE_ACTIONS), "once#*"),
         ]
         if counts_unwatched:
             # The daily count of running instances in regions without a stack: listing only, in any region.
@@ -634,6 +639,66 @@ class IdleReaperStack(Stack):
         )
         for statement in (shard_results, *self._settings_and_secret(props, secret)):
             role.add_to_principal_policy(statement)
+
+    def _grant_digest(
+        self, role: iam.IRole, props: IdleReaperProps, table: dynamodb.ITable, secret: secretsmanager.ISecret
+    ) -> None:
+        """The weekly digest reads the policies (who gets it, when), scans the table when a digest is due, and
+        claims each digest once (PutItem; DeleteItem of its own claims only, to try again after a failed post)."""
+        table_access = ("DigestTable", DIGEST_TABLE_ACTIONS)
+        for statement in self._policies_table_and_secret(props, table, secret, table_access, "once#digest#*"):
+            role.add_to_principal_policy(statement)
+        # Exempt machines are never read by a sweep: the digest reads their week to say whether they sat idle.
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="ReadExemptMetrics",
+                actions=["cloudwatch:GetMetricData"],
+                resources=["*"],  # GetMetricData has no resource-level permissions
+                conditions=self._in_regions([self.region]),
+            )
+        )
+        suppress(
+            role,
+            NagPackSuppression(
+                id="AwsSolutions-IAM5",
+                reason=f"The digest reads every team's policy: parameter reads stay under {props.ssm_prefix}/.",
+                applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:.+:ssm:.*:parameter\/.+\/\*$/")],
+            ),
+        )
+
+    def _policies_table_and_secret(
+        self,
+        props: IdleReaperProps,
+        table: dynamodb.ITable,
+        secret: secretsmanager.ISecret,
+        table_access: tuple[str, Sequence[str]],
+        claims: str,
+    ) -> list[iam.PolicyStatement]:
+        """Read the policies, use the state table (`table_access`: its sid and actions), delete only the
+        once-only claims whose key is like `claims` (released after a failed alert or post), read the secret."""
+        here = self._in_regions([self.region])
+        sid, actions = table_access
+        return [
+            iam.PolicyStatement(
+                sid="ReadPolicies",
+                actions=list(POLICY_READS),
+                resources=self._parameters(props, self.region),
+                conditions=here,
+            ),
+            iam.PolicyStatement(sid=sid, actions=list(actions), resources=[table.table_arn], conditions=here),
+            iam.PolicyStatement(
+                sid="ReleaseClaims",
+                actions=["dynamodb:DeleteItem"],
+                resources=[table.table_arn],
+                conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [claims]}},
+            ),
+            iam.PolicyStatement(
+                sid="ReadSlackSecret",
+                actions=["secretsmanager:GetSecretValue"],
+                resources=[secret.secret_arn],
+                conditions=here,
+            ),
+        ]
 
     def _settings_and_secret(self, props: IdleReaperProps, secret: secretsmanager.ISecret) -> list[iam.PolicyStatement]:
         """Read the settings parameter (who the admins are) and the Slack secret (to tell them)."""

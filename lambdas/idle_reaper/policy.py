@@ -325,6 +325,10 @@ class TeamPolicy(_Strict):
     max_snoozes_per_day: int = Field(3, ge=0, le=50, description="How many 'keep' answers a machine may get a day.")
     timezone: TimeZoneName = Field("UTC", description="The team's IANA time zone, for 'keep until tomorrow morning'.")
     morning: ClockTime = Field("09:00", description="When 'morning' starts.")
+    # The weekly digest (docs/policy.md, "The weekly digest"): sent once per ISO week to the team channel at
+    # the first hourly check after this local day and time, never during quiet hours.
+    digest_day: Day = Field("mon", description="The team-local weekday of the weekly digest (mon ... sun).")
+    digest_time: ClockTime = Field("09:00", description="The team-local time of the weekly digest, HH:MM.")
     # Admin controls: quiet hours, a hard cap on runtime, and weekly schedule overrides.
     quiet_hours: bool = Field(
         False,
@@ -370,6 +374,11 @@ class TeamPolicy(_Strict):
         description="Weekly overrides in local time, in one time zone. Schedules in force at the same time "
         "apply together and must set different fields.",
     )
+
+    @field_validator("digest_day", mode="before")
+    @classmethod
+    def _lower_day(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("schedules")
     @classmethod

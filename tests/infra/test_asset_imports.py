@@ -58,6 +58,7 @@ def test_every_handler_in_the_template_imports_from_the_asset_with_only_the_runt
         "idle_reaper.handlers.slack",
         "idle_reaper.handlers.alarms",
         "idle_reaper.handlers.fanout",
+        "idle_reaper.handlers.digest",
     }
     [asset] = set(handlers.values())  # one code asset for every function
     assert not list(asset.rglob("*.py[co]")) and (asset / "idle_reaper" / "handlers").is_dir()
@@ -80,6 +81,13 @@ def test_every_handler_in_the_template_imports_from_the_asset_with_only_the_runt
         "for handler in handlers:\n"
         "    module, name = handler.rsplit('.', 1)\n"
         "    assert callable(getattr(importlib.import_module(module), name)), handler\n"
+        # Pillow is loaded by no handler on import; the digest draws its chart with it from the layer.
+        "assert 'PIL' not in sys.modules, 'a handler imports Pillow at cold start'\n"
+        "from datetime import UTC, datetime\n"
+        "from idle_reaper.core.digest import Digest, Week\n"
+        "from idle_reaper.slack.chart import render_chart\n"
+        "when = datetime(2026, 11, 23, tzinfo=UTC)\n"
+        "assert render_chart(Digest('ml', 'ml', Week(2026, 47), when, when)).startswith(b'\\x89PNG')\n"
         "print(json.dumps({m: getattr(sys.modules[m], '__file__', None) for m in sorted(sys.modules)}))\n"
     )
     out = subprocess.run(

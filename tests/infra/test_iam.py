@@ -134,6 +134,14 @@ SLACK_CALLS = [
     call("secretsmanager:GetSecretValue", secret(HOME)),
     call("lambda:InvokeFunction", function(HOME, "idle-reaper-slack")),  # finish the work asynchronously
 ]
+DIGEST_CALLS = [
+    *policy_reads(HOME),
+    call("dynamodb:Scan", table(HOME)),  # records and the audit of the digest's weeks, when one is due
+    call("dynamodb:PutItem", table(HOME)),  # claim_once: once per destination per week
+    call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#digest#ml#2026-W47",)}),
+    call("secretsmanager:GetSecretValue", secret(HOME)),
+    call("cloudwatch:GetMetricData", "*", HOME),  # the week of the machines exempt now (never read by sweeps)
+]
 ALARM_RELAY_CALLS = [
     call("ssm:GetParameter", parameter(HOME, "settings")),
     call("secretsmanager:GetSecretValue", secret(HOME)),
@@ -198,6 +206,17 @@ GATHER_NEVER = [
     call("dynamodb:DeleteItem", table(HOME)),
     call("states:StartExecution", state_machine(HOME, FANOUT)),
 ]
+DIGEST_NEVER = [
+    *NEVER,
+    *(c for c in fleet_reads(HOME) if c.action != "cloudwatch:GetMetricData"),
+    call("cloudwatch:GetMetricData", "*", OTHER),
+    on_managed("ec2:StopInstances", instance(HOME)),
+    on_managed("ec2:StartInstances", instance(HOME)),
+    call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("machine#i-0abc123def4567890",)}),
+    call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#policy-alert#x",)}),
+    call("dynamodb:Scan", table(OTHER), OTHER),
+    call("lambda:InvokeFunction", function(HOME, "idle-reaper-slack")),
+]
 ALARM_RELAY_NEVER = [
     *NEVER,
     call("ssm:GetParameter", parameter(HOME, "teams/ml")),
@@ -220,6 +239,7 @@ ROLES = {
     "gather": Role("idle_reaper.handlers.fanout.gather_handler", GATHER_CALLS, GATHER_NEVER),
     "slack": Role("idle_reaper.handlers.slack.handler", SLACK_CALLS, SLACK_NEVER),
     "alarms": Role("idle_reaper.handlers.alarms.handler", ALARM_RELAY_CALLS, ALARM_RELAY_NEVER),
+    "digest": Role("idle_reaper.handlers.digest.handler", DIGEST_CALLS, DIGEST_NEVER),
 }
 # Made only by the CLI with the operator's credentials (`init`, `policy put`, `status` lists every record).
 CLI_ONLY = {"ssm:PutParameter", "dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:Scan"}

@@ -214,6 +214,7 @@ RUNTIME_IMPORTS = {
     "pydantic",
     "pydantic_core",
     "slack_sdk",
+    "PIL",  # Pillow: the weekly digest's chart (slack/chart.py), imported only when it draws one
 }
 
 

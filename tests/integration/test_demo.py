@@ -65,3 +65,18 @@ def test_slack_messages_are_rendered_and_the_demo_is_quick(demo_output):
     assert "Why it counts as idle:" in demo_output and "[Keep 2 h]" in demo_output and "[Start it again]" in demo_output
     seconds = float(re.search(r"done in ([\d.]+) s", demo_output).group(1))
     assert seconds < 60
+
+
+def test_the_demo_ends_with_each_destinations_weekly_digest_with_its_chart(demo_output):
+    digests = demo_output.split("the weekly digest of 2026-W47")[1]
+    sent = re.findall(r"^  (\w+) -> (C\w+)(.*), with its chart (\S+\.png)", digests, re.M)
+    assert sorted((dest, channel, chart) for dest, channel, _, chart in sent) == [
+        ("admins", "C0ADMINS", "idle-reaper-admins-2026-W47.png"),
+        ("ml", "C0MLTEAM", "idle-reaper-ml-2026-W47.png"),
+        ("research", "C0ADMINS", "idle-reaper-research-2026-W47.png"),
+        ("vision", "C0ADMINS", "idle-reaper-vision-2026-W47.png"),
+    ]
+    assert "Team vision has no slack_channel" in digests and "team research, 2026-W47" in digests
+    # The admins' figure is the day's total of the summary above: the same stops, counted once.
+    total = re.search(r"total\s+([\d.]+)\s+(\$[\d,.]+)", demo_output)
+    assert total and f"Saved: *{total.group(2)}* over {float(total.group(1)):.1f} machine-hours" in digests

@@ -162,6 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per machine")
     p.set_defaults(func=admin.cmd_status)
 
+    from idle_reaper_tools.report import cmd_report, iso_week
+
+    p = sub.add_parser("report", help="the weekly digest of a team (or of every team) from the state table")
+    p.add_argument("--week", type=iso_week, required=True, help="the ISO week, e.g. 2026-W47")
+    p.add_argument("--team", help="one team's digest (default: the admins' digest of every team)")
+    p.add_argument("--png", metavar="OUT.png", help="also write the digest's chart here")
+    p.add_argument(
+        "--now", type=parse_time, help="simulated clock, ISO-8601 (default: now): the end of a week under way"
+    )
+    p.set_defaults(func=cmd_report)
+
     from idle_reaper_tools.replay import BASELINES, cmd_replay, non_negative_minutes, positive_minutes, snooze_rate
 
     p = sub.add_parser(

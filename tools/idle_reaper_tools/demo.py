@@ -18,9 +18,15 @@ from typing import cast
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from idle_reaper import aws
+from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.core import Action, Decision, State
-from idle_reaper.slack import blocks_text
+from idle_reaper.core.digest import week_of
+from idle_reaper.policy import Settings
+from idle_reaper.slack import blocks_text, load_secrets, make_client
+from idle_reaper.slack.digest import DigestSender
 from idle_reaper.sweep import Adapters, SweepReport, run_sharded
+from idle_reaper.sweep.digest import send_week_digests
 from idle_reaper_tools import local
 from idle_reaper_tools.fake_slack import FakeSlack, LambdaContextStub, fake_slack, signed_request, slack_environment
 
@@ -29,6 +35,7 @@ START = DAY.replace(hour=12)
 END = DAY.replace(hour=17)
 SWEEP_EVERY = timedelta(minutes=15)
 SIGNING_SECRET = "demo-signing-secret"
+ADMIN_CHANNEL = "C0ADMINS"
 
 
 def at(hour: int, minute: int = 0) -> datetime:
@@ -170,7 +177,7 @@ def launch_due(seeded: Seeded, now: datetime) -> None:
 
 def seed() -> Seeded:
     """Policies, the machines already running at the start, and their metrics for the whole day."""
-    local.init_account(teams=TEAM_POLICIES)
+    local.init_account(settings=Settings(admin_channel=ADMIN_CHANNEL), teams=TEAM_POLICIES)
     seeded = Seeded({}, {})
     launch_due(seeded, START)
     members = local.launch_group(
@@ -317,6 +324,28 @@ def summary(seeded: Seeded, reports: list[SweepReport]) -> list[tuple[str, str, 
     return rows
 
 
+def weekly_digests(slack: FakeSlack) -> list[str]:
+    """The weekly digest of the simulated day's week (as of its end), sent to each team and the admins through
+    the real sender and slack-sdk's upload flow, as the hourly digest function would on Monday: what the fake
+    Slack received, one block of lines per channel message."""
+    store = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name())
+    policies = aws.PolicyStore(aws.client("ssm"), aws.ssm_prefix())
+    sender = DigestSender(make_client(load_secrets().bot_token, 30.0))
+    lines = []
+    metrics = MetricsReader(aws.client("cloudwatch"))  # the exempt machine's week: did it sit idle?
+    for o in send_week_digests(store, policies, sender, week_of(END), END, metrics=metrics):
+        where = f"{o.channel}" + (" (the admin channel: the team has no channel)" if o.redirected else "")
+        head = f"weekly digest: {'all teams (admins)' if o.destination == 'admins' else 'team ' + o.destination},"
+        message = next((m for m in slack.messages_in(o.channel or "") if head in m.get("text", "")), {})
+        chart = ""
+        if message.get("files"):
+            upload = slack.files[message["files"][0]]
+            chart = f", with its chart {upload['filename']} ({len(upload['data']):,} bytes of PNG)"
+        lines.append(f"  {o.destination} -> {where}{chart}{': ' + o.error if o.error else ''}")
+        lines += [f"      | {line}" for line in str(message.get("text", "")).splitlines()]
+    return lines
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     local.quiet_server_logs()
     t0 = time.perf_counter()
@@ -335,6 +364,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         out(f"  {GROUP}-0, -1   m5.large x2  team=ml        an Auto Scaling group: one busy member, one idle\n")
         reports = simulate(seeded, Adapters.from_environment, Timeline(seeded, slack, out))
         rows = summary(seeded, reports)
+        digests = weekly_digests(slack)
     out("\nsummary (the simulated day ends at 17:00):")
     out(f"  {'machine':<13} {'what happened':<34} {'idle hours avoided':>18} {'saved':>9}")
     for name, what, hours, dollars in rows:
@@ -344,5 +374,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"\ndone in {time.perf_counter() - t0:.1f} s: {len(reports)} sweeps, "
         f"{sum(len(r.decisions) for r in reports)} decisions, no training run touched."
     )
+    out(f"\nthe weekly digest of {week_of(END).label} so far (as of {END:%a %H:%M}), as Slack received it:")
+    for line in digests:
+        out(line)
     sys.stdout.flush()
     return 0

@@ -1,6 +1,10 @@
 """A local fake of the Slack Web API for tests and the demo: an HTTP server on 127.0.0.1 that the real
 slack-sdk WebClient talks to through SLACK_API_URL. It records every request and can answer 429 with
-Retry-After, invalid_auth, or any Slack error code for one method or one channel, on demand."""
+Retry-After, invalid_auth, or any Slack error code for one method or one channel, on demand.
+
+File uploads follow Slack's external-upload flow as documented (files.getUploadURLExternal: a file id and
+an upload URL, served here; a POST of the bytes to that URL; files.completeUploadExternal: the ids must have
+been uploaded, with as many bytes as announced, and are shared to channel_id with initial_comment)."""
 
 from __future__ import annotations
 
@@ -86,6 +90,9 @@ class FakeSlack:
     # Slack error codes to answer, by "method" or "method target" (target: the channel, or the user of
     # conversations.open), e.g. {"chat.postMessage C0MLTEAM": "not_in_channel"}
     errors: dict[str, str] = field(default_factory=dict)
+    # Uploads by file id: {"filename", "length", "data" (None until the bytes are posted), "channel"}.
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    upload_fails: bool = False  # the upload URL answers 500
     limits: RateLimits | None = None  # Slack's documented rate limits, when set
     _ts: float = field(default_factory=time.time)  # message ts are real times, as Slack's are
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -98,6 +105,8 @@ class FakeSlack:
             self.users_by_email.clear()
             self.usergroups.clear()
             self.errors.clear()
+            self.files.clear()
+            self.upload_fails = False
             self.rate_limit_next, self.auth_revoked, self.down = 0, False, False
             self.limits = None
 
@@ -125,7 +134,7 @@ class FakeSlack:
             if method == "chat.postMessage" and str(params.get("channel", ""))[:1] in ("U", "W"):
                 # A user id: Slack posts to the app's DM with them; the call is recorded where it landed.
                 params["channel"] = "D" + str(params["channel"]).lstrip("UW")
-            target = params.get("channel") or params.get("users") or ""
+            target = params.get("channel") or params.get("channel_id") or params.get("users") or ""
             wait = self.limits.retry_after(method, str(target)) if self.limits is not None else 0.0
             if wait > 0:
                 return 429, {"Retry-After": str(math.ceil(wait))}, {"ok": False, "error": "ratelimited"}
@@ -175,7 +184,66 @@ class FakeSlack:
             return {"ok": True, "channel": key[0], "ts": key[1]}
         if method == "chat.postEphemeral":
             return {"ok": True, "message_ts": f"{time.time():.6f}"}
+        if method == "files.getUploadURLExternal":
+            return self._upload_url(params)
+        if method == "files.completeUploadExternal":
+            return self._complete_upload(params)
         return {"ok": False, "error": "unknown_method"}
+
+    def messages_in(self, channel: str) -> list[dict[str, Any]]:
+        """A channel's messages (posts and shared files), oldest first."""
+        with self._lock:
+            return [m for (c, ts), m in sorted(self.messages.items(), key=lambda p: float(p[0][1])) if c == channel]
+
+    def _upload_url(self, params: dict[str, Any]) -> dict[str, Any]:
+        filename, length = str(params.get("filename") or ""), str(params.get("length") or "")
+        if not filename or not length.isdigit() or int(length) < 1:
+            return {"ok": False, "error": "invalid_arguments"}
+        file_id = f"F{len(self.files) + 1:08d}"
+        self.files[file_id] = {"filename": filename, "length": int(length), "data": None, "channel": None}
+        return {"ok": True, "upload_url": self.url.removesuffix("api/") + f"upload/{file_id}", "file_id": file_id}
+
+    def receive_upload(self, file_id: str, data: bytes) -> tuple[int, bytes]:
+        """The POST of a file's bytes to its upload URL."""
+        with self._lock:
+            if self.upload_fails or self.down:
+                return 500, b"upload failed"
+            upload = self.files.get(file_id)
+            if upload is None:
+                return 404, b"not found"
+            upload["data"] = data
+            return 200, f"OK - {len(data)}".encode()
+
+    def _complete_upload(self, params: dict[str, Any]) -> dict[str, Any]:
+        try:
+            listed = json.loads(params.get("files") or "")
+            ids = [str(f["id"]) for f in listed]
+        except (ValueError, TypeError, KeyError):
+            return {"ok": False, "error": "invalid_arguments"}
+        if not ids:
+            return {"ok": False, "error": "invalid_arguments"}
+        for file_id in ids:
+            upload = self.files.get(file_id)
+            if upload is None or upload["data"] is None or upload["channel"] is not None:
+                return {"ok": False, "error": "file_not_found"}  # never announced, never uploaded, or shared
+            if len(upload["data"]) != upload["length"]:
+                return {"ok": False, "error": "file_upload_size_mismatch"}
+        channel = str(params.get("channel_id") or "")
+        shared = [
+            {"id": i, "name": self.files[i]["filename"], "title": f.get("title")}
+            for i, f in zip(ids, listed, strict=True)
+        ]
+        for file_id in ids:
+            self.files[file_id]["channel"] = channel or "private"
+        if channel:
+            self._ts += 1
+            ts = f"{self._ts:.6f}"
+            self.messages[(channel, ts)] = {
+                "channel": channel,
+                "text": params.get("initial_comment") or "",
+                "files": ids,
+            }
+        return {"ok": True, "files": shared}
 
     def _history(self, params: dict[str, Any]) -> dict[str, Any]:
         """conversations.history as Slack documents it: a channel's messages newest first, between `oldest`
@@ -214,6 +282,11 @@ def _handler(fake: FakeSlack) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             method = self.path.rstrip("/").rsplit("/", 1)[-1]
+            if self.path.startswith("/upload/"):  # an upload URL from files.getUploadURLExternal: raw bytes
+                length = int(self.headers.get("Content-Length", "0") or 0)
+                status, answer = fake.receive_upload(method, self.rfile.read(length))
+                self._send(status, {"Content-Type": "text/plain"}, answer)
+                return
             raw = self.rfile.read(int(self.headers.get("Content-Length", "0") or 0)).decode()
             if self.path.startswith("/response/"):  # a response_url: Slack answers a plain "ok"
                 with fake._lock:

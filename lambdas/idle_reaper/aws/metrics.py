@@ -86,16 +86,17 @@ class MetricsReader:
         end: datetime,
         network: bool = False,
         human: bool = True,
+        gpu: bool = True,
         notebooks: Collection[str] = (),
     ) -> dict[str, Signals]:
-        """`notebooks`: those of the ids that are SageMaker notebook instances, whose CPU is the agent's
+        """`gpu`: read the GPU metric (False only for types that cannot have one: core.signals.has_no_gpu).
+        `notebooks`: those of the ids that are SageMaker notebook instances, whose CPU is the agent's
         (`metrics.notebook_cpu`): SageMaker publishes none."""
         period = metrics.period_seconds
         start = datetime.fromtimestamp(int(start.timestamp()) // period * period, tz=UTC)
-        kinds: list[tuple[str, str, str]] = [
-            ("cpu", metrics.cpu.namespace, metrics.cpu.name),
-            ("gpu", metrics.gpu.namespace, metrics.gpu.name),
-        ]
+        kinds: list[tuple[str, str, str]] = [("cpu", metrics.cpu.namespace, metrics.cpu.name)]
+        if gpu:
+            kinds.append(("gpu", metrics.gpu.namespace, metrics.gpu.name))
         if human:  # only for policies that read it (human_active_minutes): each query is billed
             kinds.append(("user", HUMAN_METRIC_NAMESPACE, HUMAN_METRIC_NAME))
         if network:
@@ -151,7 +152,7 @@ class MetricsReader:
             series = {kind: sorted(points.get((instance_id, kind), [])) for kind, _, _ in kinds}
             result[instance_id] = Signals(
                 cpu=series["cpu"],
-                gpu=series["gpu"],
+                gpu=series.get("gpu", []),
                 network_in=series.get("network_in", []),
                 network_out=series.get("network_out", []),
                 complete=instance_id not in incomplete,

@@ -93,6 +93,10 @@ class StateStore(Protocol):
         """The machines whose owner is this Slack user (the table's owner-index; never a scan)."""
         ...
 
+    def records_and_audit(self, start: datetime, end: datetime) -> tuple[list[MachineRecord], list[AuditEntry]]:
+        """Every machine record, and the audit entries written in [start, end]: what the weekly digest reads."""
+        ...
+
 
 _DATE_FIELDS = {
     "idle_since",
@@ -295,6 +299,27 @@ class DynamoStateStore:
         )
         return [json.loads(self._plain(raw)["entry"]) for raw in out["Items"]]
 
+    def records_and_audit(self, start: datetime, end: datetime) -> tuple[list[MachineRecord], list[AuditEntry]]:
+        """One Scan of the table, filtered to records and this span's audit items (their sort keys start with
+        the UTC time they were written). Once per digest hour that has a digest to send, never per sweep."""
+        records: list[MachineRecord] = []
+        audits: list[AuditEntry] = []
+        values = {":state": "state", ":lo": f"audit#{start.astimezone(UTC).isoformat()}"}
+        values[":hi"] = f"audit#{end.astimezone(UTC).isoformat()}~"
+        for page in self.dynamodb.get_paginator("scan").paginate(
+            TableName=self.table,
+            FilterExpression="sk = :state OR sk BETWEEN :lo AND :hi",
+            ExpressionAttributeValues=self._wire(values),
+        ):
+            for raw in page["Items"]:
+                item = self._plain(raw)
+                if item["sk"] == "state":
+                    records.append(item_to_record(item))
+                    continue
+                at = datetime.fromisoformat(str(item["sk"]).split("#")[1])
+                audits.append(AuditEntry(str(item["pk"]).removeprefix("machine#"), at, json.loads(item["entry"])))
+        return records, audits
+
     def records_of_owner(self, slack_user_id: str) -> list[MachineRecord]:
         records = []
         for page in self.dynamodb.get_paginator("query").paginate(
@@ -391,6 +416,10 @@ class InMemoryStateStore:
 
     def records_of_owner(self, slack_user_id: str) -> list[MachineRecord]:
         return [r for r in self.records.values() if r.owner_slack_id == slack_user_id]
+
+    def records_and_audit(self, start: datetime, end: datetime) -> tuple[list[MachineRecord], list[AuditEntry]]:
+        audits = [AuditEntry(i, at, entry) for i, at, entry in self.audits if start <= at <= end]
+        return list(self.records.values()), audits
 
 
 def create_table(dynamodb: Any, table: str) -> bool:

@@ -9,9 +9,13 @@ Three cases are certain (the replay shows the same warnings and stops with and w
 - started less than a warning point ago and not yet judged: quiet cannot begin before the launch;
 - a series it is judged on has no datapoint at all (a GPU machine without the agent): its quiet cannot be
   observed before it reports (a late backfill of older datapoints only delays its warning, never a stop).
-Everything else (a quiet stretch under way, a warning, a keep, a released group member, unknown data, a
-failed read or action) is read at every sweep, as are machines whose policy, facts or protection changed.
-A bounded refresh keeps what `status` shows at most READ_REFRESH old.
+One more is safe because nothing can follow it but words: a machine the reaper only reports (a notify_only
+policy, or a kind it does not stop), whose notice is delivered. Nothing will be stopped, so there is no
+warning window to watch; what can still change is the "resolved" notice when it is busy again, which
+comes up to NOTICE_REFRESH later (always within its idle window, so the notice is never given afresh).
+Everything else (a quiet stretch under way, a warning that leads to an action, a keep, a released group
+member, unknown data, a failed read or action) is read at every sweep, as are machines whose policy,
+facts or protection changed. A bounded refresh keeps what `status` shows at most READ_REFRESH old.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import Action, MachineRecord, State
 from idle_reaper.core.signals import Machine, parse_exemption
 from idle_reaper.core.waiting import earliest_warn_minutes
-from idle_reaper.policy import TeamPolicyRef
+from idle_reaper.policy import TeamPolicy, TeamPolicyRef
 
 READ_REFRESH = timedelta(hours=1)  # a skipped machine is read at least this often (what `status` shows)
+NOTICE_REFRESH = timedelta(minutes=30)  # a machine only reported on: its "resolved" notice is at most this late
+NOTICE_ONLY = "only reported on, told at"  # how the plan of such a machine starts (not_due trusts it)
 
 
 def plan_next_read(d: Decision, now: datetime) -> MachineRecord:
@@ -37,7 +43,14 @@ def plan_next_read(d: Decision, now: datetime) -> MachineRecord:
 
 def _next_read(d: Decision, now: datetime) -> tuple[datetime | None, str]:
     policy, assessment, record, machine = d.policy.policy if d.policy else None, d.assessment, d.record, d.machine
-    if policy is None or assessment is None or d.error or d.action not in (Action.NONE, Action.PROTECT):
+    if policy is None or assessment is None or d.error:
+        return None, ""
+    if _only_reported(d, policy):
+        assert record.warned_at is not None
+        refresh = min(NOTICE_REFRESH, timedelta(minutes=policy.idle_minutes) / 2)
+        due = now + refresh
+        return due, f"{NOTICE_ONLY} {record.warned_at:%H:%M} UTC; nothing is stopped; next read {due:%H:%M} UTC"
+    if d.action not in (Action.NONE, Action.PROTECT):
         return None, ""
     if record.idle_since is not None or record.warned_at is not None:
         return None, ""
@@ -62,6 +75,18 @@ def _next_read(d: Decision, now: datetime) -> tuple[datetime | None, str]:
         return None, ""
     due = _own_point(machine.instance_id, now, horizon)
     return due, f"{why}; next read {due:%H:%M} UTC"
+
+
+def _only_reported(d: Decision, policy: TeamPolicy) -> bool:
+    """Warned, told, and nothing will be done: a notify_only policy's report or a kind's notice, delivered
+    (its record says so: before the post it is not, so a notice not yet delivered is read every sweep)."""
+    record = d.record
+    if d.state is not State.WARNED or record.warned_at is None or record.warning_delivered_at is None:
+        return False
+    # The notice itself (Action.WARN) or a stop only reported: nothing is done to the machine.
+    if d.machine.asg_name or (d.action not in (Action.NONE, Action.WARN) and d.applied):
+        return False
+    return policy.action == "notify_only" or (d.handling is not None and d.handling.mode == "notify")
 
 
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
@@ -97,16 +122,20 @@ def not_due(machine: Machine, ref: TeamPolicyRef, record: MachineRecord | None, 
     due = parse_next_read(record.next_read_at)
     if due is None or due <= now or due > now + READ_REFRESH:
         return ""
-    if record.state not in (State.ACTIVE, State.UNKNOWN) or record.idle_since or record.warned_at:
+    reported = record.state is State.WARNED and record.next_read_why.startswith(NOTICE_ONLY)
+    if not reported and (record.state not in (State.ACTIVE, State.UNKNOWN) or record.idle_since or record.warned_at):
         return ""
-    if record.policy_version != ref.label or record.observed_at is None or machine.launch_time > record.observed_at:
+    # Started since the plan was made: due. A machine never judged (no GPU metrics yet) has no observed_at;
+    # its plan is as old as the record's last write.
+    planned = record.observed_at or record.updated_at
+    if record.policy_version != ref.label or planned is None or machine.launch_time > planned:
         return ""
     facts = (machine.team, machine.instance_type, machine.owner, machine.asg_name, machine.name)
     if facts != (record.team, record.instance_type, record.owner, record.asg_name, record.name):
         return ""
     if (machine.asg_name and not machine.asg_protected) or parse_exemption(machine.exempt_tag, now)[0]:
         return ""
-    return f"not read: {record.next_read_why} (last read {record.observed_at:%H:%M} UTC)"
+    return f"not read: {record.next_read_why} (last read {planned:%H:%M} UTC)"
 
 
 def unread(machine: Machine, ref: TeamPolicyRef, record: MachineRecord, why: str) -> Decision:

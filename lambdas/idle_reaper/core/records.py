@@ -108,6 +108,10 @@ class MachineRecord:
     # (core/reading.py). Text, not a date: a corrupt value means "read now", never an unreadable record.
     next_read_at: str = ""
     next_read_why: str = ""
+    # The busiest GPU (CPU for CPU-only types) the sweep recorded while the machine was busy, per ISO week
+    # (UTC), and how many such reads: "2026-W47:23.5:61,2026-W48:12.0:9", the last two weeks. The weekly
+    # digest's under-used machines read it (core/digest.py: with_peak, under_used).
+    week_peaks: str = ""
 
 
 # ---------------------------------------------------------------------------------------------

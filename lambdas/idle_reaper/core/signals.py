@@ -165,6 +165,19 @@ def is_gpu_type(instance_type: str, gpu_families: Iterable[str]) -> bool:
     return family in set(gpu_families) or bool(_GPU_FAMILY.match(family))
 
 
+# General purpose, compute, memory, storage and burstable families (m7i, c6gn, r8g, x2idn, z1d, i4i, d3en,
+# t3, a1): none has an NVIDIA GPU, so none can publish nvidia-smi's metric. Accelerated families never
+# match (inf2, trn1, dl1, f2, vt1: a letter after the first; g and p are not in the set).
+_NO_GPU_FAMILY = re.compile(r"^(a|c|d|i|m|r|t|x|z)\d")
+
+
+def has_no_gpu(instance_type: str, gpu_families: Iterable[str]) -> bool:
+    """A type that certainly has no NVIDIA GPU: its GPU metric is not read (a query billed for a series that
+    cannot exist). Anything unsure (a family the pattern does not know, or the settings' GPU families) is read."""
+    family = family_of(instance_type)
+    return bool(_NO_GPU_FAMILY.match(family)) and not is_gpu_type(instance_type, gpu_families)
+
+
 HUMAN_NONE = 10080.0  # the collector's "no human input seen" (a week, in minutes)
 
 

@@ -5,6 +5,7 @@ acts, and updates the original message in place."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -12,6 +13,7 @@ from datetime import datetime
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.state import StateStore
 from idle_reaper.core.answers import snooze, started_by_person, stopped_by_person, terminated_by_person
+from idle_reaper.core.digest import KEEP, answer_entry, running_again_entry
 from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE, recorded_saving
 from idle_reaper.core.records import Action, MachineRecord, State
 from idle_reaper.core.signals import describe_human_signal
@@ -55,6 +57,16 @@ class Effects:
     slack: SlackNotifier
     clock: Callable[[], datetime]
 
+    def _audit(self, record: MachineRecord, at: datetime, entry: dict[str, object]) -> None:
+        """What a person did, for the weekly digest; a lost entry never undoes or fails the answer."""
+        with contextlib.suppress(Exception):
+            self.store.audit(record.instance_id, at, entry)
+
+    def _audit_answer(self, record: MachineRecord, action: str, user: str, at: datetime) -> None:
+        cost = hourly_price(record.instance_type or "")
+        saving = recorded_saving(record.machine_kind, cost).hourly if action != KEEP else None
+        self._audit(record, at, answer_entry(record, action, user, cost, saving))
+
     def keep(self, user: str, record: MachineRecord, policy: TeamPolicy, until: datetime) -> Reply | None:
         now = self.clock()
         kept = snooze(record, policy, user, until, now)
@@ -62,6 +74,7 @@ class Effects:
             return Reply(f"Not kept: {kept}.")
         if not self.store.save(kept):
             return Reply(ANSWERED_ALREADY)
+        self._audit_answer(kept, KEEP, user, now)
         label = machine_label(record.name, record.instance_id)
         detail = f"<@{user}> kept {label} until {date_token(kept.snoozed_until or now)}."
         self.slack.update(kept, "Kept", detail)
@@ -81,6 +94,7 @@ class Effects:
             elif not self.store.save(kept):
                 problems.append(f"{label}: someone else answered first, or idle-reaper is acting on it")
             else:
+                self._audit_answer(kept, KEEP, user, now)
                 self.slack.note_listed(
                     kept, "Kept", f"<@{user}> kept {label} until {date_token(kept.snoozed_until or now)}."
                 )
@@ -117,6 +131,7 @@ class Effects:
         label = machine_label(record.name, record.instance_id)
         if outcome.error:
             return Reply(f"Could not {action.value} {label} ({_code(outcome.error)}).")
+        self._audit_answer(stopped, action.value, user, now)
         if record.asg_name:
             self.slack.update(
                 stopped, "Released", f"<@{user}> released {label} to {record.asg_name} at {date_token(now)}."
@@ -154,6 +169,8 @@ class Effects:
         started = started_by_person(record, user, now)
         if not self.store.save(started):
             return Reply(ANSWERED_ALREADY)
+        m = record
+        self._audit(record, now, running_again_entry(m.instance_id, m.team, m.owner, m.instance_type, now, by=user))
         detail = f"<@{user}> started {label} again at {date_token(now)}."
         stopped_at = record.last_action_at
         saving = recorded_saving(record.machine_kind, hourly_price(record.instance_type or ""))
@@ -181,6 +198,7 @@ class Effects:
             # Put the record back as it was: the machine still runs, and its buttons still apply.
             self.store.save(replace(record, version=terminated.version + 1))
             return Reply(f"Could not terminate {label} ({_code(outcome.error)}); nothing changed.")
+        self._audit_answer(terminated, "terminate_instance", user, now)
         self.slack.update(
             terminated, "Terminated", f"<@{user}> terminated {label} at {date_token(now)}; it cannot be started again."
         )

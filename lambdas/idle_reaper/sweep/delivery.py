@@ -15,8 +15,10 @@ from typing import Any
 from idle_reaper.aws.clients import CALL_WIDE_ERRORS, DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.fleet import ACTION_WORKERS, ActionOutcome, Fleet
 from idle_reaper.aws.state import AuditEntry, StateStore
+from idle_reaper.core.digest import running_again_entry
 from idle_reaper.core.kinds import notice_sentence
 from idle_reaper.core.lifecycle import Decision
+from idle_reaper.core.reading import plan_next_read
 from idle_reaper.core.records import MACHINE_ACTIONS, Action, MachineRecord, State
 from idle_reaper.core.reports import (
     owner_key,
@@ -147,8 +149,22 @@ def apply_decisions(
     for d in run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id, DEFERRED), untold, DDB_WORKERS):
         by_id[d.machine.instance_id] = d
 
+    _alert_and_audit(adapters, list(by_id.values()), previous, written, outcomes, settings, now)
+    return list(by_id.values()), written
+
+
+def _alert_and_audit(
+    adapters: Adapters,
+    decisions: list[Decision],
+    previous: Mapping[str, MachineRecord],
+    written: set[str],
+    outcomes: Mapping[str, str | None],
+    settings: Settings,
+    now: datetime,
+) -> None:
+    """The admins' alerts this sweep's outcomes call for, and the audit trail of what happened."""
     audits: list[AuditEntry] = []
-    for d in by_id.values():
+    for d in decisions:
         instance_id = d.machine.instance_id
         if instance_id in written and d.record.delivery_error and d.record.warned_at:
             _alert_undeliverable(adapters, d, settings, now)
@@ -156,8 +172,18 @@ def apply_decisions(
             _alert_kind_notice(adapters, d, settings, now)
         if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
             audits.append(AuditEntry(instance_id, now, explain(d)))
-    _audit(store, audits)
-    return list(by_id.values()), written
+        audits += _running_again(d, previous.get(instance_id), now)
+    _audit(adapters.store, audits)
+
+
+def _running_again(d: Decision, before: MachineRecord | None, now: datetime) -> list[AuditEntry]:
+    """A machine the reaper stopped, seen running again: what its stop saved ends at its launch (the digest)."""
+    if before is None or before.state is not State.REAPED or not d.read or d.state is State.REAPED:
+        return []
+    m = d.machine
+    # A released group member never stopped: it is running again (protected, busy) from now.
+    since = m.launch_time if before.last_action_at is None or m.launch_time >= before.last_action_at else now
+    return [AuditEntry(m.instance_id, now, running_again_entry(m.instance_id, m.team, m.owner, m.instance_type, since))]
 
 
 # Conversations posted to at once. Slack allows about one message a second in a conversation and several
@@ -219,7 +245,9 @@ WATCHED_REFRESH_SHARE = 2
 # is refreshed with the rest, not written on every change. So is usage_profile (a new busy hour each hour
 # of use): each written sweep marks every busy hour it fetched (idle_minutes + max_gap_minutes back), so
 # an hourly refresh loses no hour of a window of 45 minutes or more; a lost one only warns sooner.
-_BOOKKEEPING = frozenset({"version", "updated_at", "observed_at", "reason", "human_signal", "usage_profile"})
+_BOOKKEEPING = frozenset(
+    {"version", "updated_at", "observed_at", "reason", "human_signal", "usage_profile", "week_peaks"}
+)
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
@@ -518,6 +546,8 @@ def _post(
             owner_slack_id=delivery.owner_slack_id or record.owner_slack_id,
             group_ref=delivery.group_ref if d.deliver_warning else record.group_ref,
         )
+        if d.deliver_warning:  # told now: a machine only reported on is planned in this same write
+            record = plan_next_read(replace(d, record=record), now)
     if delivery is not None and delivery.undelivered and d.deliver_warning and record.warned_at:
         _alert_partly_delivered(adapters, d, delivery.undelivered, settings, now)
     return replace(d, record=replace(record, version=record.version + 1), reason=reason)

@@ -19,6 +19,7 @@ from idle_reaper.aws.metrics import (
     MetricsReader,
 )
 from idle_reaper.aws.policies import policy_for
+from idle_reaper.core.digest import with_peak
 from idle_reaper.core.kinds import (
     NOTEBOOK_ATTACH_HOW,
     NOTEBOOK_LIFECYCLE_CONFIG,
@@ -30,11 +31,19 @@ from idle_reaper.core.kinds import (
 )
 from idle_reaper.core.lifecycle import Decision, decide, kind_policy
 from idle_reaper.core.reading import not_due, plan_next_read, unread
-from idle_reaper.core.records import Action, MachineRecord
+from idle_reaper.core.records import Action, MachineRecord, State
 from idle_reaper.core.reports import (
     limit_terminations,
 )
-from idle_reaper.core.signals import Machine, Signals, assess, human_signal_note, parse_exemption
+from idle_reaper.core.signals import (
+    Machine,
+    Signals,
+    assess,
+    has_no_gpu,
+    human_signal_note,
+    is_gpu_type,
+    parse_exemption,
+)
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
@@ -99,8 +108,6 @@ def run_sweep(
     except AwsError as exc:
         raise SweepCannotRun(f"cannot list machines or read the state table ({error_code(exc)}): {exc}") from None
 
-    _report_unlisted_notebooks(adapters, settings, now, warnings, alert=not dry_run)
-
     def ref_for(team: str) -> TeamPolicyRef:
         if not teams_readable:
             return TeamPolicyRef(
@@ -143,12 +150,12 @@ def run_sweep(
             )
         kind = kinds[m.instance_id]
         d = decide(m, ref, assessment, records.get(m.instance_id), now=now, dry_run=dry_run, kind=kind)
-        d = _with_status_notes(d, now)
+        d = _with_week_peak(_with_status_notes(d, now), now, settings.gpu_instance_families)
         d = replace(d, record=plan_next_read(d, now))
         price = hourly_price(m.instance_type, prices)
-        d = _unwatched_notebook(d, signals.get(m.instance_id), price)
         decisions.append(replace(d, hourly_cost=price, saving=stop_saves(kind, price)))
 
+    decisions = _notebook_notes(adapters, decisions, signals, settings, now, warnings, alert=not dry_run)
     terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
     if terminating:
         try:
@@ -161,7 +168,6 @@ def run_sweep(
     if not dry_run:
         decisions, written = apply_decisions(adapters, decisions, records, settings, sweep_id, now, time_left)
         report_quiet_hours(adapters, decisions, refs, settings, now)
-        _note_unwatched_notebooks(adapters, decisions, settings, now)
     # One log line per machine something happened to (an action, an error, a lifecycle change); the others'
     # explanation is their record (`idle-reaper status`), refreshed at least hourly. A dry run logs all.
     unchanged = 0
@@ -245,11 +251,11 @@ def _fetch_signals(
     queries fit under the datapoint limit shares one range (the longest of them), so the whole fleet
     usually takes ceil(metrics x machines / 500) calls. A longer window gets its own range, and so do
     teams with a network threshold, so neither makes every other machine fetch more; the human-activity
-    metric is fetched only for teams whose policy reads it. Exempt machines and teams in safe mode are not
-    fetched at all."""
+    metric is fetched only for teams whose policy reads it, the GPU metric only for types that can have a GPU
+    (core.signals.has_no_gpu). Exempt machines and teams in safe mode are not fetched at all."""
     period = settings.metrics.period_seconds
     shared_points = DATAPOINTS_PER_CALL // METRIC_QUERIES_PER_CALL
-    groups: dict[tuple[int, bool, bool], list[str]] = defaultdict(list)
+    groups: dict[tuple[int, bool, bool, bool], list[str]] = defaultdict(list)
     short_lookback = 0  # the longest window among those that share a range
     for m in machines:
         policy = refs_of[m.instance_id].policy
@@ -258,17 +264,20 @@ def _fetch_signals(
         lookback = policy.idle_minutes + policy.max_gap_minutes
         network = policy.network_threshold_bytes_per_second is not None
         human = bool(policy.human_active_minutes)
+        gpu = not has_no_gpu(m.instance_type, settings.gpu_instance_families)
         if lookback * 60 // period + 2 > shared_points:
-            groups[(lookback, network, human)].append(m.instance_id)
+            groups[(lookback, network, human, gpu)].append(m.instance_id)
         else:
             short_lookback = max(short_lookback, lookback)
-            groups[(0, network, human)].append(m.instance_id)
+            groups[(0, network, human, gpu)].append(m.instance_id)
     notebooks = {m.instance_id for m in machines if m.is_notebook}
     signals: dict[str, Signals] = {}
-    for (lookback, network, human), ids in groups.items():
+    for (lookback, network, human, gpu), ids in groups.items():
         start = now - timedelta(minutes=lookback or short_lookback, seconds=period)
         signals.update(
-            reader.fetch(ids, settings.metrics, start=start, end=now, network=network, human=human, notebooks=notebooks)
+            reader.fetch(
+                ids, settings.metrics, start=start, end=now, network=network, human=human, gpu=gpu, notebooks=notebooks
+            )
         )
     return signals
 
@@ -277,12 +286,31 @@ def _cost(price: float | None) -> str:
     return f"${price:,.2f}/h" if price is not None else "price unknown"
 
 
-def _unwatched_notebook(d: Decision, signals: Signals | None, price: float | None) -> Decision:
+def _notebook_notes(
+    adapters: Adapters,
+    decisions: list[Decision],
+    signals: Mapping[str, Signals],
+    settings: Settings,
+    now: datetime,
+    warnings: list[str],
+    *,
+    alert: bool,
+) -> list[Decision]:
+    """What a sweep says of SageMaker notebook instances beyond their decisions: that they could not be listed,
+    and which publish no data (their reasons say so; the admins hear once a day)."""
+    _report_unlisted_notebooks(adapters, settings, now, warnings, alert=alert)
+    decisions = [_unwatched_notebook(d, signals.get(d.machine.instance_id)) for d in decisions]
+    if alert:
+        _note_unwatched_notebooks(adapters, decisions, settings, now)
+    return decisions
+
+
+def _unwatched_notebook(d: Decision, signals: Signals | None) -> Decision:
     """A notebook instance read without a CPU datapoint (the lifecycle configuration is not attached): unknown,
     never stopped; its reason (and so `status`) says what it costs and how to attach the configuration."""
     if not d.machine.is_notebook or signals is None or signals.cpu:
         return d
-    note = f"{d.reason}; {notebook_no_data_note(price)}"
+    note = f"{d.reason}; {notebook_no_data_note(d.hourly_cost)}"
     return replace(d, reason=note, record=replace(d.record, reason=note))
 
 
@@ -327,6 +355,16 @@ def _log_decision(d: Decision, dry_run: bool) -> None:
 def decision_row(d: Decision) -> dict[str, Any]:
     """The stable per-machine JSON of `idle-reaper sweep --json`."""
     return explain(d)
+
+
+def _with_week_peak(d: Decision, now: datetime, gpu_families: Sequence[str]) -> Decision:
+    """A busy machine's busiest GPU (CPU for CPU-only types) this week, for the digest's under-used machines."""
+    a = d.assessment
+    if a is None or d.state is not State.ACTIVE or a.signal != "busy":
+        return d
+    gpu = is_gpu_type(d.machine.instance_type, gpu_families) and a.max_gpu is not None
+    busiest = a.max_gpu if gpu else a.max_cpu
+    return replace(d, record=with_peak(d.record, now, busiest))
 
 
 def _with_status_notes(d: Decision, now: datetime) -> Decision:

@@ -18,6 +18,7 @@ def test_manifest_has_the_scopes_and_urls_the_handler_serves():
     assert "chat:write.public" in scopes
     # conversations.history: a warning whose outcome was lost is looked for where it was posted
     assert {"im:history", "channels:history", "groups:history"} <= scopes
+    assert "files:write" in scopes  # the weekly digest's chart: files_upload_v2 (external upload flow)
     assert manifest["settings"]["interactivity"]["request_url"].endswith("/slack/interactions")
     (command,) = manifest["features"]["slash_commands"]
     assert command["command"] == "/idle-reaper" and command["url"].endswith("/slack/commands")

@@ -48,14 +48,15 @@ def test_the_signal_decides_busy_missing_and_ignores_garbage_in_one_call() -> No
     report = run_sweep(aws.adapters(store=store), now=NOW)
     by_id = {d.machine.instance_id: d for d in report.decisions}
 
-    # One GetMetricData call for 4 machines x 3 queries, each asking the machine's own InstanceId only.
+    # One GetMetricData call for 4 machines x 2 queries (CPU and the person; an m5 has no GPU to read), each
+    # asking the machine's own InstanceId only.
     (request,) = aws.cloudwatch.requests_of("GetMetricData")
     user_queries = [
         q
         for q in request["MetricDataQueries"]
         if q["MetricStat"]["Metric"]["MetricName"] == "idle_reaper_minutes_since_input"
     ]
-    assert len(request["MetricDataQueries"]) == 12 and len(user_queries) == 4
+    assert len(request["MetricDataQueries"]) == 8 and len(user_queries) == 4
     for q in user_queries:
         assert q["MetricStat"]["Stat"] == "Minimum"
         (dimension,) = q["MetricStat"]["Metric"]["Dimensions"]

@@ -213,3 +213,82 @@ def test_a_gpu_machine_without_gpu_metrics_is_read_again_when_its_warning_could_
     due = parse_next_read(store.records[box].next_read_at)
     assert due is not None and T < due <= T + timedelta(minutes=60)
     assert "once it reports" in store.records[box].next_read_why
+
+
+# ---------------------------------------------------------------------------------------------
+# A machine only reported on (notify_only) and metrics that cannot exist
+
+
+def test_a_machine_only_reported_on_is_read_every_half_hour_and_its_resolved_notice_comes_at_most_that_late() -> None:
+    busy_again = T + timedelta(minutes=62)
+    notify_only = {"idle_minutes": 90, "warn_minutes": 30, "action": "notify_only"}
+    told: dict[bool, list[tuple[int, str]]] = {}
+    reads: dict[bool, list[int]] = {}
+    for read_when_due in (True, False):
+        aws = account(notify_only, read_when_due=read_when_due)
+        profile = lambda t: (70.0,) if t >= busy_again else (1.0,)  # noqa: E731
+        box = aws.launch("m5.large", team="ml", profile=profile, launch_time=DAY_AGO)  # quiet for a day
+        store = CountingStateStore()
+        told[read_when_due], reads[read_when_due] = [], []
+        for n in range(0, 30):
+            d = sweep(aws, store, T + timedelta(minutes=5 * n)).decisions[0]
+            assert d.action_label in ("none", "warn", "would_stop"), d.action_label  # nothing is ever stopped
+            if d.read:
+                reads[read_when_due].append(n)
+            if d.notify or d.action is Action.WARN:
+                told[read_when_due].append((n, d.notify or d.action_label))
+        if read_when_due:
+            assert store.records[box].next_read_why == "" or "busy until" in store.records[box].next_read_why
+    # Warned at the same sweep; the owner hears it is resolved at most 30 min later than reading every sweep.
+    assert [what for _, what in told[False]] == [what for _, what in told[True]] == ["warning", "resolved"]
+    (warned, resolved), (warned_due, resolved_due) = ([n for n, _ in told[x]] for x in (False, True))
+    assert warned == warned_due == 0 and resolved <= resolved_due <= resolved + 6
+    gaps = [b - a for a, b in zip(reads[True], reads[True][1:], strict=False) if a < 12]
+    assert max(gaps) == 6 and len(reads[True]) < len(reads[False]) / 2, reads[True]
+    assert reads[True][:2] == [0, 6], "planned in the write that records the delivered notice"
+    assert aws.ec2.state_of(box) == "running"
+
+
+def test_a_reported_machine_is_due_at_once_when_its_policy_changes_or_its_owner_answers() -> None:
+    reported = replace(
+        SKIPPABLE,
+        state=State.WARNED,
+        warned_at=T,
+        idle_since=T - timedelta(hours=2),
+        warning_delivered_at=T,
+        next_read_why="only reported on, told at 15:00 UTC; nothing is stopped; next read 15:30 UTC",
+    )
+    assert not_due(MACHINE, ref(), reported, T + timedelta(minutes=5)).startswith("not read: only reported on")
+    assert not_due(MACHINE, ref(version=2), reported, T + timedelta(minutes=5)) == ""
+    kept = snooze(reported, TeamPolicy(**POLICY), "U0BOB", T + timedelta(hours=2), T)
+    assert isinstance(kept, MachineRecord) and not_due(MACHINE, ref(), kept, T + timedelta(minutes=5)) == ""
+    assert not_due(MACHINE, ref(), replace(reported, next_read_why="busy until 15:00 UTC"), T) == ""
+
+
+def queried_metrics(aws: FakeAws) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for op, kw in aws.cloudwatch.requests:
+        if op == "GetMetricData":
+            for q in kw["MetricDataQueries"]:
+                metric = q["MetricStat"]["Metric"]
+                found.setdefault(metric["Dimensions"][0]["Value"], set()).add(metric["MetricName"])
+    return found
+
+
+def test_the_gpu_metric_is_read_only_for_types_that_can_have_a_gpu() -> None:
+    aws = FakeAws()
+    aws.ssm.store(
+        f"{PREFIX}/settings",
+        Settings(gpu_instance_families=(*Settings().gpu_instance_families, "m7i")).model_dump_json(),
+    )
+    aws.ssm.store(f"{PREFIX}/teams/ml", json.dumps(POLICY))
+    types = ("m5.large", "c6gn.xlarge", "t3.micro", "g5.xlarge", "p4d.24xlarge", "inf2.xlarge", "trn1.2xlarge",
+             "dl1.24xlarge", "f1.2xlarge", "mac2.metal", "hpc7g.4xlarge", "m7i.large")  # fmt: skip
+    ids = {t: aws.launch(t, team="ml", profile=steady(50.0, 50.0), launch_time=DAY_AGO) for t in types}
+    sweep(aws, CountingStateStore(), T)
+    found = queried_metrics(aws)
+    gpu_read = {t for t, i in ids.items() if "nvidia_smi_utilization_gpu" in found[i]}
+    # Only general-purpose, compute, memory and burstable families are certain to have no NVIDIA GPU; a
+    # family the settings call GPU (m7i here) and anything unknown is read.
+    assert gpu_read == set(types) - {"m5.large", "c6gn.xlarge", "t3.micro"}
+    assert all("CPUUtilization" in found[i] for i in ids.values())

@@ -161,7 +161,8 @@ def test_machine_gone_between_discovery_and_stop_is_recorded_without_crashing():
 
 def test_failing_cloudwatch_batch_leaves_its_machines_unknown_and_the_rest_are_acted_on():
     aws = account()
-    boxes = [box(aws) for _ in range(300)]  # 900 queries (CPU, GPU, human activity): two GetMetricData calls
+    # 900 queries (CPU, GPU, human activity: GPU boxes): two GetMetricData calls
+    boxes = [box(aws, profile=steady(1.0, 0.0), instance_type="g5.xlarge") for _ in range(300)]
     store = CountingStateStore()
     warned = sweep(aws, store, WARN_SWEEP)
     assert all(d.action is Action.WARN for d in warned.decisions)
@@ -311,3 +312,41 @@ def test_the_person_signal_is_fetched_only_for_teams_whose_policy_reads_it():
         box(aws, "cpu-only" if n % 2 else "ml", steady(1.0, 0.0), "g5.xlarge")
     sweep(aws, CountingStateStore(), NOW)
     assert aws.cloudwatch.metrics_requested == 3 * 50 + 2 * 50, "CPU, GPU and person for ml; CPU and GPU alone"
+
+
+def test_a_stopped_machine_seen_running_again_ends_its_savings_in_the_audit_at_its_launch():
+    """The digest's savings of a stop end when the machine runs again: the sweep audits that, with the launch."""
+    from idle_reaper.core.digest import RUNNING_AGAIN, build_digest, week_of
+
+    aws = account()
+    machine = box(aws)
+    store = CountingStateStore()
+    sweep(aws, store, WARN_SWEEP)
+    assert by_id(sweep(aws, store, NOW))[machine].action is Action.STOP
+    assert aws.ec2.state_of(machine) == "stopped"
+    sweep(aws, store, NOW + timedelta(minutes=30))  # still stopped: not listed, nothing audited
+    assert [e["action"] for _, _, e in store.audits].count(RUNNING_AGAIN) == 0
+    started = NOW + timedelta(hours=2)
+    aws.ec2.instances[machine].set_state("running")
+    aws.ec2.instances[machine].api["LaunchTime"] = started
+    aws.cloudwatch.add(machine, BUSY, started)
+    sweep(aws, store, started + timedelta(minutes=10))
+    again = [(at, e) for _, at, e in store.audits if e["action"] == RUNNING_AGAIN]
+    assert [e["running_since"] for _, e in again] == [started.isoformat()]
+    sweep(aws, store, started + timedelta(minutes=15))  # seen once: not audited again
+    assert [e["action"] for _, _, e in store.audits].count(RUNNING_AGAIN) == 1
+    digest = build_digest(store.audits, [], week_of(NOW), now=NOW + timedelta(days=1), team="ml")
+    assert digest.recovered["stops"].hours == pytest.approx(2.0)
+    assert digest.recovered_dollars == pytest.approx(2 * 0.096)  # m5.large on demand
+
+
+def test_a_busy_machine_keeps_its_busiest_reading_of_the_week_for_the_digest():
+    aws = account()
+    busy_cpu = box(aws, profile=steady(20.0), instance_type="m5.xlarge")
+    busy_gpu = box(aws, profile=steady(2.0, 35.0), instance_type="g5.2xlarge")
+    idle = box(aws)
+    store = CountingStateStore()
+    sweep(aws, store, NOW)
+    assert store.records[busy_cpu].week_peaks == "2026-W47:20:1"  # a CPU-only type: its CPU
+    assert store.records[busy_gpu].week_peaks == "2026-W47:35:1"  # a GPU type: its busiest GPU
+    assert store.records[idle].week_peaks == ""  # not busy: nothing to size

@@ -135,6 +135,7 @@ class Replay:
     seconds: float
     timeline: dict[str, list[int]] | None = None  # state name -> machines in that state per bucket
     timeline_start: datetime | None = None
+    audit: list[tuple[str, datetime, dict[str, Any]]] = field(default_factory=list)  # options.audit_prices
 
     def to_json(self) -> dict[str, Any]:
         p = self.options.policies
@@ -207,6 +208,7 @@ def replay(
         for totals, members in [(result.fleet, runs), *((result.teams[t], g) for t, g in groups.items())]:
             totals.messages, totals.owner_days = count_messages(members, trace.period_seconds)
     out = Replay(trace, options, price_source if prices is not None else None, reaper, alarm, 0.0)
+    out.audit = [entry for run, _ in pairs for entry in run.audit]
     if options.timeline and pairs:
         out.timeline_start, out.timeline = fleet_timeline([r for r, _ in pairs], trace.period_seconds)
     out.seconds = time.perf_counter() - started

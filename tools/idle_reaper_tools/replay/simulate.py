@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from itertools import repeat
-from typing import Literal
+from typing import Any, Literal
 
 from idle_reaper.core import (
     REAP_ACTIONS,
@@ -38,9 +38,12 @@ from idle_reaper.core import (
     snooze,
     started_by_person,
 )
+from idle_reaper.core.digest import running_again_entry
+from idle_reaper.core.kinds import ON_DEMAND, stop_saves
 from idle_reaper.core.reading import not_due, plan_next_read
 from idle_reaper.core.time_of_day import observe_text
 from idle_reaper.policy import TeamPolicy
+from idle_reaper.sweep.delivery import explain
 from idle_reaper_tools.replay.policies import PolicySet
 from idle_reaper_tools.replay.trace import Series, Trace
 from idle_reaper_tools.replay.truth import Truth, classify, ideal_buckets
@@ -97,6 +100,8 @@ class MachineRun:
     skipped_reads: int = 0  # sweeps that did not read the machine: not due (read_when_due)
     stops: list[StopEvent] = field(default_factory=list)
     timeline: bytearray | None = None  # a state code per bucket
+    # The audit trail a sweep would have written (ReplayOptions.audit_prices): (instance id, time, entry).
+    audit: list[tuple[str, datetime, dict[str, Any]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,9 @@ class ReplayOptions:
     # Call the core only when the machine is due (core/reading.py), as the sweep reads only then. The same
     # warnings and stops as calling it every period: benchmarks/read_when_due.py shows it on every trace.
     read_when_due: bool = False
+    # Record the audit trail the sweep would write (sweep.delivery.explain for every action, running_again when
+    # a stopped machine starts), priced with this table: what the weekly digest reads (core/digest.py).
+    audit_prices: Mapping[str, float] | None = None
 
 
 class _Clock:
@@ -321,6 +329,10 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
             decision = replace(decision, record=plan_next_read(decision, now))
         record = decision.record
         run.core_calls += 1
+        if opts.audit_prices is not None and decision.action is not Action.NONE:
+            price = opts.audit_prices.get(series.instance_type)
+            priced = replace(decision, hourly_cost=price, saving=stop_saves(ON_DEMAND, price))
+            run.audit.append((series.instance_id, now, explain(priced)))
 
         if warning_open and record.warned_at is None:
             run.warnings_without_stop += warned_judged  # the stretch ended (activity, a hole) before the stop
@@ -332,6 +344,11 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
             if restart is None:
                 break
             # A stopped machine reports nothing; its owner starts it again where the trace shows activity.
+            if opts.audit_prices is not None:
+                entry = running_again_entry(
+                    series.instance_id, series.team, series.owner, series.instance_type, times[restart]
+                )
+                run.audit.append((series.instance_id, times[restart + 1], entry))
             launch = restart
             machine = replace(machine, launch_time=times[restart])
             record = started_by_person(record, SNOOZER, times[restart])

@@ -1,0 +1,721 @@
+"""The weekly digest: what the reaper saved, what is still wasted, and whether a team's window is right.
+
+Pure: figures from what the reaper itself recorded (audit entries and machine records), for an ISO week;
+no boto3, no Slack, no clock. docs/policy.md ("The weekly digest") defines every figure.
+
+- A stop (stop, hibernate, release to its group, termination) saves its audited `hourly_savings` from its
+  time until the machine is seen running again (the `running_again` entry: the machine's own launch time), or
+  until the end point (the week's end, or `now` for the week under way), and at most RECOVERY_HORIZON.
+  Each stretch belongs to the team the machine was in when it was stopped, and is counted once.
+- A keep ("keep" answers) wastes the machine's hourly cost from the answer until the keep ends, the machine
+  is next heard of, or the end point: idle hours a person chose to pay for.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, MachineRecord, State
+from idle_reaper.core.signals import Signals
+from idle_reaper.policy import DAYS, TeamPolicy
+
+# Audit actions that stop paying for a machine, and their words.
+RECOVERING = {
+    "stop": "stops",
+    "hibernate": "hibernations",
+    "unprotect": "releases",
+    "terminate": "terminations",
+    "terminate_instance": "terminations",
+}
+RUNNING_AGAIN = "running_again"  # the sweep saw a machine it had stopped running again (or a person started it)
+KEEP = "keep"  # a person's keep answer
+WARN = "warn"
+# A stopped machine nobody started for this long is no longer counted: it was not wanted, and "saved" for
+# ever would grow every week without anything happening.
+RECOVERY_HORIZON = timedelta(days=7)
+TREND_WEEKS = 8
+TOP_MACHINES = 5
+# A machine's record seen this recently means it still runs (records are refreshed at least hourly).
+FRESH_RECORD = timedelta(hours=2)
+ADMINS = "admins"  # the admins' digest destination
+
+
+# ---------------------------------------------------------------------------------------------
+# Weeks
+
+
+@dataclass(frozen=True, order=True)
+class Week:
+    year: int
+    number: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.year}-W{self.number:02d}"
+
+    def span(self, zone: str = "UTC") -> tuple[datetime, datetime]:
+        """Monday 00:00 to the next Monday 00:00, local time in `zone`, as UTC datetimes."""
+        tz = ZoneInfo(zone)
+        monday = date.fromisocalendar(self.year, self.number, 1)
+        start = datetime.combine(monday, time(0), tzinfo=tz)
+        end = datetime.combine(monday + timedelta(days=7), time(0), tzinfo=tz)
+        return start.astimezone(UTC), end.astimezone(UTC)
+
+    def previous(self, weeks: int = 1) -> Week:
+        monday = datetime.combine(date.fromisocalendar(self.year, self.number, 1), time(12), UTC)
+        return week_of(monday - timedelta(weeks=weeks))
+
+
+_WEEK = re.compile(r"^(\d{4})-W(\d{2})$")
+
+
+def parse_week(text: str) -> Week:
+    """'2026-W47' -> Week; ValueError saying what is expected for anything else."""
+    m = _WEEK.match(text.strip())
+    if m:
+        year, number = int(m.group(1)), int(m.group(2))
+        try:
+            date.fromisocalendar(year, number, 1)
+        except ValueError:
+            raise ValueError(f"{text!r}: {year} has no ISO week {number}") from None
+        return Week(year, number)
+    raise ValueError(f"{text[:40]!r} is not an ISO week; expected YEAR-Wnn, e.g. 2026-W47")
+
+
+def week_of(at: datetime, zone: str = "UTC") -> Week:
+    iso = at.astimezone(ZoneInfo(zone)).isocalendar()
+    return Week(iso.year, iso.week)
+
+
+def digest_due(policy: TeamPolicy, now: datetime) -> Week | None:
+    """The week whose digest is due at `now` for a team with this policy (the last whole ISO week, local
+    time): its local digest day and time have passed this week, and it is not quiet hours (then a later hourly
+    check sends it). None: not yet."""
+    local = now.astimezone(ZoneInfo(policy.timezone))
+    hour, minute = (int(p) for p in policy.digest_time.split(":"))
+    due = (DAYS.index(policy.digest_day), hour * 60 + minute)
+    if (local.weekday(), local.hour * 60 + local.minute) < due:
+        return None
+    from idle_reaper.policy import effective_policy  # the schedules say when quiet hours are
+
+    if effective_policy(policy, now).quiet_hours:
+        return None
+    return week_of(now, policy.timezone).previous()  # the last whole week is what the digest tells
+
+
+def claim_key(destination: str, week: Week) -> str:
+    """The once-only claim of one destination's digest for one week."""
+    return f"digest#{destination}#{week.label}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Events: the audit entries the digest reads
+
+
+@dataclass(frozen=True)
+class Event:
+    instance_id: str
+    at: datetime
+    action: str
+    team: str
+    owner: str
+    instance_type: str
+    hourly_savings: float | None
+    hourly_cost: float | None
+    by: str = ""  # who answered (keep, stop now, start again)
+    until: datetime | None = None  # a keep's end
+    warned_at: str = ""
+
+
+def _time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        at = datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def _money(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def events_of(entries: Iterable[tuple[str, datetime, Mapping[str, Any]]]) -> list[Event]:
+    """The audit entries that say something happened (failed and dry-run actions say nothing), oldest first."""
+    out = []
+    for instance_id, at, entry in entries:
+        action = str(entry.get("action") or "")
+        if entry.get("error") or action.startswith("would_") or action in ("", "none"):
+            continue
+        when = _time(entry.get("running_since")) if action == RUNNING_AGAIN else None
+        out.append(
+            Event(
+                instance_id=instance_id,
+                at=(when or at).astimezone(UTC),
+                action=action,
+                team=str(entry.get("team") or ""),
+                owner=str(entry.get("owner") or ""),
+                instance_type=str(entry.get("instance_type") or ""),
+                hourly_savings=_money(entry.get("hourly_savings")),
+                hourly_cost=_money(entry.get("hourly_cost")),
+                by=str(entry.get("snoozed_by") or entry.get("by") or ""),
+                until=_time(entry.get("snoozed_until")),
+                warned_at=str(entry.get("warned_at") or ""),
+            )
+        )
+    # At the same moment: the sweep's warning or stop, then the machine running (again: a stop it came back
+    # from at once saved nothing), then a person's answer.
+    order = {WARN: 0, RUNNING_AGAIN: 2, KEEP: 3}
+    return sorted(out, key=lambda e: (e.at, e.instance_id, order.get(e.action, 1)))
+
+
+def running_again_entry(
+    instance_id: str, team: str, owner: str | None, instance_type: str | None, since: datetime, by: str = ""
+) -> dict[str, Any]:
+    """The audit entry of a machine seen running again after the reaper stopped it: its stop's savings end
+    at `since` (its launch time, or when a person started it)."""
+    return {
+        "instance_id": instance_id,
+        "team": team,
+        "owner": owner,
+        "instance_type": instance_type,
+        "action": RUNNING_AGAIN,
+        "running_since": since.isoformat(),
+        "by": by,
+        "error": None,
+    }
+
+
+def answer_entry(
+    record: MachineRecord, action: str, by: str, hourly_cost: float | None, hourly_savings: float | None = None
+) -> dict[str, Any]:
+    """The audit entry of a person's answer: a keep, or a stop now (`action` is the stop's)."""
+    return {
+        "instance_id": record.instance_id,
+        "team": record.team,
+        "owner": record.owner,
+        "instance_type": record.instance_type,
+        "action": action,
+        "by": by,
+        "snoozed_by": record.snoozed_by if action == KEEP else None,
+        "snoozed_until": record.snoozed_until.isoformat() if action == KEEP and record.snoozed_until else None,
+        "hourly_cost": hourly_cost,
+        "hourly_savings": hourly_savings,
+        "error": None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Stretches: what each machine saved or wasted, and where it was
+
+
+@dataclass(frozen=True)
+class Stretch:
+    instance_id: str
+    team: str
+    owner: str
+    kind: str  # a RECOVERING action, or KEEP
+    start: datetime
+    end: datetime | None  # None: still open at the end point
+    hourly: float | None  # what it saves (a stop) or costs (a keep) an hour; None: no price known
+    by: str = ""
+
+    def hours_in(self, lo: datetime, hi: datetime) -> float:
+        end = min(self.end or hi, hi)
+        return max(0.0, (end - max(self.start, lo)).total_seconds() / 3600)
+
+
+def stretches(events: Sequence[Event]) -> list[Stretch]:
+    """Per machine, in time order: a stop opens a stretch until the machine is seen running again (or
+    anything else the sweep records about it: it is running then), capped at RECOVERY_HORIZON; a keep opens
+    one until its end or the next event. A second stop while stopped does not open another: never twice."""
+    by_machine: dict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        by_machine[e.instance_id].append(e)
+    out: list[Stretch] = []
+    for evs in by_machine.values():
+        stopped: Event | None = None
+        kept: Event | None = None
+        for e in evs:
+            if stopped is not None and e.action not in RECOVERING:
+                out.append(_stretch(stopped, e.at))
+                stopped = None
+            if kept is not None and e.action != KEEP:
+                out.append(_stretch(kept, min(kept.until or e.at, e.at)))
+                kept = None
+            if e.action == KEEP:
+                if kept is not None:
+                    out.append(_stretch(kept, min(kept.until or e.at, e.at)))
+                kept = e
+            elif e.action in RECOVERING and stopped is None:
+                stopped = e
+        if stopped is not None:
+            out.append(_stretch(stopped, None))
+        if kept is not None:
+            out.append(_stretch(kept, kept.until))
+    return out
+
+
+def _stretch(e: Event, end: datetime | None) -> Stretch:
+    if e.action in RECOVERING:
+        cap = e.at + RECOVERY_HORIZON
+        end = cap if end is None else min(end, cap)
+        return Stretch(e.instance_id, e.team, e.owner, e.action, e.at, end, e.hourly_savings, e.by)
+    return Stretch(e.instance_id, e.team, e.owner, KEEP, e.at, end, e.hourly_cost, e.by)
+
+
+# ---------------------------------------------------------------------------------------------
+# Under-used machines: busy by the rules, but never near their capacity all week
+
+UNDER_USED_PERCENT = 30.0  # the busiest GPU (or CPU) never reached this in a week of busy reads
+UNDER_USED_READS = 24  # at least this many busy reads recorded that week (about a day of hourly reads)
+SIZES = (
+    "nano",
+    "micro",
+    "small",
+    "medium",
+    "large",
+    "xlarge",
+    *(f"{n}xlarge" for n in (2, 3, 4, 6, 8, 9, 12, 16, 18, 24, 32, 48)),
+)
+
+
+def _peaks(text: str) -> dict[str, tuple[float, int]]:
+    out: dict[str, tuple[float, int]] = {}
+    for part in text.split(","):
+        week, _, rest = part.partition(":")
+        peak, _, reads = rest.partition(":")
+        try:
+            out[week] = (float(peak), int(reads))
+        except ValueError:
+            continue  # a corrupt entry is dropped, never a failed sweep
+    return out
+
+
+def with_peak(record: MachineRecord, now: datetime, busiest: float | None) -> MachineRecord:
+    """The record with one more busy read: its busiest GPU (or CPU) `busiest` counted in this week's peak."""
+    if busiest is None or busiest != busiest:
+        return record
+    week = week_of(now).label
+    peaks = _peaks(record.week_peaks)
+    peak, reads = peaks.get(week, (0.0, 0))
+    peaks[week] = (max(peak, round(busiest, 1)), reads + 1)
+    kept = sorted(peaks.items())[-2:]
+    return replace(record, week_peaks=",".join(f"{w}:{p:g}:{n}" for w, (p, n) in kept))
+
+
+def next_smaller(instance_type: str, prices: Mapping[str, float]) -> str | None:
+    """The next smaller size of the same family that has a price (so its saving can be said)."""
+    family, _, size = instance_type.partition(".")
+    if size not in SIZES:
+        return None
+    smaller = [f"{family}.{s}" for s in SIZES[: SIZES.index(size)] if f"{family}.{s}" in prices]
+    return smaller[-1] if smaller else None
+
+
+@dataclass(frozen=True)
+class UnderUsed:
+    instance_id: str
+    name: str
+    instance_type: str
+    peak: float
+    smaller: str
+    saves_hourly: float
+
+
+def under_used(
+    records: Iterable[MachineRecord], week: Week, team: str | None, prices: Mapping[str, float]
+) -> list[UnderUsed]:
+    """Machines busy by the rules all `week` whose busiest GPU (CPU for CPU-only types) stayed under
+    UNDER_USED_PERCENT, with the next smaller type of their family and what it would save an hour. A
+    suggestion for people: the reaper never changes a machine's type."""
+    out = []
+    for r in records:
+        peak, reads = _peaks(r.week_peaks).get(week.label, (100.0, 0))
+        if not _in_scope(team, r.team) or reads < UNDER_USED_READS or peak >= UNDER_USED_PERCENT:
+            continue
+        smaller = next_smaller(r.instance_type or "", prices)
+        price = prices.get(r.instance_type or "")
+        if smaller is None or price is None or prices[smaller] >= price:
+            continue
+        out.append(
+            UnderUsed(
+                r.instance_id, r.name or r.instance_id, r.instance_type or "", peak, smaller, price - prices[smaller]
+            )
+        )
+    return sorted(out, key=lambda u: (-u.saves_hourly, u.name))
+
+
+# ---------------------------------------------------------------------------------------------
+# The figures
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """Stops of one kind: how many began this week, and the hours and dollars all of them saved in it."""
+
+    count: int = 0
+    hours: float = 0.0
+    dollars: float = 0.0
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One owner's machines kept idle by answers this week."""
+
+    owner: str
+    keeps: int
+    hours: float
+    dollars: float
+    by: tuple[str, ...]  # who answered
+
+
+@dataclass(frozen=True)
+class AtRisk:
+    """A running machine the reaper cannot act on right now, and what it costs an hour."""
+
+    instance_id: str
+    name: str
+    team: str
+    state: str  # unknown, safe_mode or exempt
+    hourly_cost: float | None
+    idle_hours: float | None = None  # exempt: hours of the week it sat idle (None: not read, or no data)
+
+
+@dataclass(frozen=True)
+class TrendWeek:
+    week: Week
+    recovered: float
+    wasted: float
+    has_data: bool
+
+
+@dataclass
+class Digest:
+    destination: str  # the team, or ADMINS
+    team: str | None  # None: every team (the admins' digest)
+    week: Week
+    start: datetime
+    end: datetime  # the week's end, or `now` for a week under way
+    has_data: bool = False
+    recovered: dict[str, Recovered] = field(default_factory=dict)  # by RECOVERING word
+    unpriced_hours: float = 0.0  # stopped hours of machines without a known price
+    kept: list[Kept] = field(default_factory=list)
+    at_risk: list[AtRisk] = field(default_factory=list)
+    under_used: list[UnderUsed] = field(default_factory=list)
+    stops: int = 0
+    unwanted_stops: int = 0
+    warnings: int = 0
+    warnings_without_stop: int = 0
+    suggestion: str = ""
+    trend: list[TrendWeek] = field(default_factory=list)
+    top_waste: list[tuple[str, float]] = field(default_factory=list)  # machine, kept dollars
+    teams: dict[str, tuple[float, float]] = field(default_factory=dict)  # admins: team -> (recovered, wasted)
+    idle_minutes: int | None = None
+
+    @property
+    def recovered_hours(self) -> float:
+        return sum(r.hours for r in self.recovered.values())
+
+    @property
+    def recovered_dollars(self) -> float:
+        return sum(r.dollars for r in self.recovered.values())
+
+    @property
+    def kept_hours(self) -> float:
+        return sum(k.hours for k in self.kept)
+
+    @property
+    def kept_dollars(self) -> float:
+        return sum(k.dollars for k in self.kept)
+
+
+def _in_scope(team: str | None, item_team: str) -> bool:
+    return team is None or item_team == team
+
+
+def _week_money(all_stretches: Sequence[Stretch], team: str | None, lo: datetime, hi: datetime) -> tuple[float, float]:
+    recovered = wasted = 0.0
+    for s in all_stretches:
+        if _in_scope(team, s.team) and s.hourly is not None:
+            money = s.hours_in(lo, hi) * s.hourly
+            if s.kind == KEEP:
+                wasted += money
+            else:
+                recovered += money
+    return recovered, wasted
+
+
+def _has_data(
+    events: Sequence[Event], all_stretches: Sequence[Stretch], team: str | None, lo: datetime, hi: datetime
+) -> bool:
+    return any(_in_scope(team, e.team) and lo <= e.at < hi for e in events) or any(
+        _in_scope(team, s.team) and s.hours_in(lo, hi) > 0 for s in all_stretches
+    )
+
+
+def build_digest(
+    entries: Iterable[tuple[str, datetime, Mapping[str, Any]]],
+    records: Iterable[MachineRecord],
+    week: Week,
+    *,
+    now: datetime,
+    team: str | None = None,
+    zone: str = "UTC",
+    policy: TeamPolicy | None = None,
+    prices: Mapping[str, float] | None = None,
+    exempt_idle: Mapping[str, float | None] | None = None,
+) -> Digest:
+    """The digest of `week` (in `zone`) for one team, or for every team (team None: the admins'), from the
+    audit entries (of this week and the TREND_WEEKS before, and any stop still open) and the records now."""
+    events = events_of(entries)
+    records = list(records)
+    all_stretches = stretches(events)
+    lo, week_end = week.span(zone)
+    hi = min(week_end, now)
+    d = Digest(team or ADMINS, team, week, lo, hi, idle_minutes=policy.idle_minutes if policy else None)
+    d.has_data = _has_data(events, all_stretches, team, lo, hi)
+
+    kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    kept: dict[str, list[Any]] = {}
+    waste_by_machine: dict[str, float] = defaultdict(float)
+    for s in all_stretches:
+        if not _in_scope(team, s.team):
+            continue
+        hours = s.hours_in(lo, hi)
+        money = hours * s.hourly if s.hourly is not None else 0.0
+        if s.kind == KEEP:
+            if not lo <= s.start < hi and hours == 0:
+                continue
+            line = kept.setdefault(s.owner or s.instance_id, [0, 0.0, 0.0, set()])
+            line[0] += lo <= s.start < hi
+            line[1] += hours
+            line[2] += money
+            if s.by:
+                line[3].add(s.by)
+            waste_by_machine[s.instance_id] += money
+            continue
+        figures = kinds[RECOVERING[s.kind]]
+        started_here = lo <= s.start < hi
+        figures[0] += started_here
+        figures[1] += hours
+        figures[2] += money
+        if s.hourly is None:
+            d.unpriced_hours += hours
+        if started_here:
+            d.stops += 1
+            if s.end is not None and s.end - s.start <= timedelta(minutes=UNWANTED_WITHIN_MINUTES):
+                d.unwanted_stops += 1
+    d.recovered = {word: Recovered(int(c), h, m) for word, (c, h, m) in kinds.items()}
+    d.kept = sorted(
+        (Kept(owner, int(n), h, m, tuple(sorted(by))) for owner, (n, h, m, by) in kept.items()),
+        key=lambda k: (-k.dollars, -k.hours, k.owner),
+    )
+    d.top_waste = sorted(((i, m) for i, m in waste_by_machine.items() if m > 0), key=lambda p: (-p[1], p[0]))
+    d.top_waste = d.top_waste[:TOP_MACHINES]
+    d.warnings, d.warnings_without_stop = _warnings(events, records, team, lo, hi)
+    d.suggestion = window_suggestion(d)
+    idle = exempt_idle or {}
+    d.at_risk = [replace(a, idle_hours=idle.get(a.instance_id)) for a in _at_risk(records, team, now, prices or {})]
+    d.under_used = under_used(records, week, team, prices or {})
+    for back in range(TREND_WEEKS - 1, -1, -1):
+        w = week.previous(back) if back else week
+        wlo, wend = w.span(zone)
+        whi = min(wend, now)
+        recovered, wasted = _week_money(all_stretches, team, wlo, whi)
+        d.trend.append(TrendWeek(w, recovered, wasted, _has_data(events, all_stretches, team, wlo, whi)))
+    if team is None:
+        for t in sorted({s.team for s in all_stretches} | {e.team for e in events if lo <= e.at < hi}):
+            team_money = _week_money(all_stretches, t, lo, hi)
+            if any(team_money) or any(e.team == t and lo <= e.at < hi for e in events):
+                d.teams[t] = team_money
+    return d
+
+
+def _warnings(
+    events: Sequence[Event], records: Iterable[MachineRecord], team: str | None, lo: datetime, hi: datetime
+) -> tuple[int, int]:
+    """Warnings given this week, and those that led to no stop: the machine was busy again (its next event is
+    another warning or it was seen running) without a stop or a keep. One still open now is not counted."""
+    open_warnings = {
+        (r.instance_id, r.warned_at.isoformat()) for r in records if r.warned_at and r.state is State.WARNED
+    }
+    by_machine: dict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        by_machine[e.instance_id].append(e)
+    given = without_stop = 0
+    for instance_id, evs in by_machine.items():
+        seen: set[str] = set()
+        for i, e in enumerate(evs):
+            if e.action != WARN or e.warned_at in seen or not _in_scope(team, e.team) or not lo <= e.at < hi:
+                continue
+            seen.add(e.warned_at)
+            given += 1
+            later = [n for n in evs[i + 1 :] if not (n.action == WARN and n.warned_at == e.warned_at)]
+            if later:
+                without_stop += later[0].action not in RECOVERING and later[0].action != KEEP
+            else:  # nothing since: busy again (not audited) or gone, unless the warning is still open now
+                without_stop += (instance_id, e.warned_at) not in open_warnings
+    return given, without_stop
+
+
+def _at_risk(
+    records: Iterable[MachineRecord], team: str | None, now: datetime, prices: Mapping[str, float]
+) -> list[AtRisk]:
+    states = (State.UNKNOWN, State.SAFE_MODE, State.EXEMPT)
+    return sorted(
+        (
+            AtRisk(r.instance_id, r.name or r.instance_id, r.team, r.state.value, prices.get(r.instance_type or ""))
+            for r in records
+            if r.state in states
+            and _in_scope(team, r.team)
+            and r.updated_at is not None
+            and now - FRESH_RECORD <= r.updated_at <= now + FRESH_RECORD
+        ),
+        key=lambda a: (a.state, -(a.hourly_cost or 0.0), a.name),
+    )
+
+
+def window_suggestion(d: Digest) -> str:
+    """One line when the figures say the idle window is too short or too long ("" when they do not)."""
+    window = f" (now {d.idle_minutes} min)" if d.idle_minutes else ""
+    if d.stops >= 3 and d.unwanted_stops / d.stops >= 0.2:
+        return (
+            f"{d.unwanted_stops} of {d.stops} stops were started again within an hour: the window looks too short; "
+            f"consider a longer idle_minutes{window}."
+        )
+    if d.warnings >= 3 and d.warnings_without_stop / d.warnings >= 0.5:
+        return (
+            f"{d.warnings_without_stop} of {d.warnings} warnings led to no stop (the machine was busy again): "
+            f"warnings come too early; consider a longer idle_minutes{window}."
+        )
+    if d.stops >= 5 and d.unwanted_stops == 0 and d.warnings_without_stop * 10 <= d.warnings:
+        return (
+            f"none of {d.stops} stops was unwanted and nearly every warning led to a stop: the window could be "
+            f"shorter{window} and save more."
+        )
+    return ""
+
+
+def idle_hours(signals: Signals, policy: TeamPolicy, lo: datetime, hi: datetime, *, gpu: bool) -> float | None:
+    """Hours of [lo, hi) an exempt machine sat idle by its team's thresholds: the clock hours with CPU data
+    (and, for a GPU type, GPU data) in which every point stayed under them. An hour without data is not idle
+    (unknown, never idle); None when the window holds no data at all or the read was incomplete."""
+    if not signals.complete:
+        return None
+    hours: dict[datetime, list[bool]] = {}  # hour -> [seen CPU, seen GPU, busy]
+
+    def mark(points: Sequence[tuple[datetime, float]], slot: int, threshold: float) -> None:
+        for at, value in points:
+            if lo <= at < hi:
+                marks = hours.setdefault(at.replace(minute=0, second=0, microsecond=0), [False, False, False])
+                marks[slot] = True
+                marks[2] = marks[2] or value >= threshold
+
+    mark(signals.cpu, 0, policy.cpu_threshold_percent)
+    if gpu:
+        mark(signals.gpu, 1, policy.gpu_threshold_percent)
+    if not hours or (gpu and not any(marks[1] for marks in hours.values())):
+        return None  # nothing read, or a GPU type whose GPU was never seen: unknown, never idle
+    return float(sum(1 for cpu, seen_gpu, busy in hours.values() if cpu and (seen_gpu or not gpu) and not busy))
+
+
+# ---------------------------------------------------------------------------------------------
+# The words
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.2f}"
+
+
+def _exempt_idle_line(at_risk: Sequence[AtRisk]) -> str:
+    """Exempt machines that sat idle this week (read for the digest only; never acted on)."""
+    exempt = [a for a in at_risk if a.state == State.EXEMPT.value]
+    if not exempt:
+        return ""
+    read = [a for a in exempt if a.idle_hours is not None]
+    idle = sorted((a for a in read if a.idle_hours), key=lambda a: -(a.idle_hours or 0) * (a.hourly_cost or 0))
+    hours = sum(a.idle_hours or 0.0 for a in idle)
+    dollars = sum((a.idle_hours or 0.0) * (a.hourly_cost or 0.0) for a in idle)
+    unread = f"; no data for {len(exempt) - len(read)}" if len(read) < len(exempt) else ""
+    if not idle:
+        return f"Exempt and idle: nothing ({len(read)} exempt machine(s) read{unread})."
+    shown = ", ".join(f"{a.name} {a.idle_hours:g} h" for a in idle[:5])
+    return f"Still wasted, exempt and idle: {_usd(dollars)} ({hours:g} h): {shown}{unread}."
+
+
+def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") -> str:
+    """The digest as Slack mrkdwn text (team names and owners come from tags: the caller escapes nothing
+    else). `redirected`: a team without a channel, posted in the admin channel. `chart_note`: why the chart
+    is missing, when it is."""
+    who = f"team {d.team}" if d.team else "all teams (admins)"
+    head = f"*idle-reaper weekly digest: {who}, {d.week.label}* ({d.start:%Y-%m-%d} to {d.end:%Y-%m-%d %H:%M} UTC)"
+    lines = [head]
+    if redirected:
+        lines.append(f"_Team {d.team} has no slack_channel in its policy: its digest is posted here, to the admins._")
+    if not d.has_data:
+        lines.append("No data for this week: idle-reaper recorded no stop, warning or answer for it.")
+    else:
+        lines.append(_recovered_line(d))
+        lines.append(_kept_line(d))
+        lines.append(
+            f"Stops: {d.stops}, of which {d.unwanted_stops} started again within an hour (unwanted). "
+            f"Warnings: {d.warnings}, of which {d.warnings_without_stop} led to no stop."
+        )
+        if d.suggestion:
+            lines.append(f"Suggestion: {d.suggestion}")
+    if d.at_risk:
+        costly = sum(a.hourly_cost or 0.0 for a in d.at_risk)
+        shown = ", ".join(
+            f"{a.name} ({a.state.replace('_', ' ')}{', ' + _usd(a.hourly_cost) + '/h' if a.hourly_cost else ''})"
+            for a in d.at_risk[:10]
+        )
+        more = f" and {len(d.at_risk) - 10} more" if len(d.at_risk) > 10 else ""
+        lines.append(
+            f"Not watched right now ({_usd(costly)}/h): {shown}{more}. Unknown: no data; safe mode: invalid policy; "
+            "exempt: tagged, never acted on."
+        )
+        if exempt_line := _exempt_idle_line(d.at_risk):
+            lines.append(exempt_line)
+    if d.under_used:
+        shown = ", ".join(
+            f"{u.name} ({u.instance_type}, never above {u.peak:g} %: {u.smaller} would save {_usd(u.saves_hourly)}/h)"
+            for u in d.under_used[:5]
+        )
+        lines.append(
+            f"Under-used (busy, but its busiest GPU, or CPU, stayed low all week): {shown}. A suggestion only."
+        )
+    if d.teams:
+        lines.append(
+            "By team: "
+            + "; ".join(f"{t} saved {_usd(r)}, kept idle {_usd(w)}" for t, (r, w) in sorted(d.teams.items()))
+        )
+    trend = [f"{t.week.label} {_usd(t.recovered) if t.has_data else 'no data'}" for t in d.trend]
+    lines.append("Saved, last 8 weeks: " + " · ".join(trend))
+    if chart_note:
+        lines.append(f"_{chart_note}_")
+    return "\n".join(lines)
+
+
+def _recovered_line(d: Digest) -> str:
+    if not d.recovered:
+        return "Saved: $0.00 (no stops this week)."
+    parts = [f"{r.count} {word} ({r.hours:,.1f} h, {_usd(r.dollars)})" for word, r in sorted(d.recovered.items())]
+    unpriced = f"; {d.unpriced_hours:,.1f} h more at no known price" if d.unpriced_hours else ""
+    total = f"*{_usd(d.recovered_dollars)}* over {d.recovered_hours:,.1f} machine-hours"
+    return f"Saved: {total}: {', '.join(parts)}{unpriced}."
+
+
+def _kept_line(d: Digest) -> str:
+    if not d.kept:
+        return "Kept idle by answers: nothing."
+    owners = ", ".join(f"{k.owner}: {k.keeps} keep(s), {k.hours:,.1f} h, {_usd(k.dollars)}" for k in d.kept[:5])
+    more = f" and {len(d.kept) - 5} more owners" if len(d.kept) > 5 else ""
+    return f"Still wasted, kept idle by answers: {_usd(d.kept_dollars)} ({d.kept_hours:,.1f} h). {owners}{more}."

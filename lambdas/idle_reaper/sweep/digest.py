@@ -1,0 +1,232 @@
+"""The weekly digest, hour by hour: which destinations are due (core.digest.digest_due), each claimed once per
+ISO week in the state table (claim_once: overlapping invocations and sweeps send it once), the figures from
+the audit trail and records (core.digest.build_digest), the chart (slack.chart) and the post (slack.digest)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from idle_reaper.aws.metrics import MetricsReader
+from idle_reaper.aws.policies import PolicyStore, policy_for
+from idle_reaper.aws.state import StateStore
+from idle_reaper.core.digest import (
+    ADMINS,
+    FRESH_RECORD,
+    RECOVERY_HORIZON,
+    TREND_WEEKS,
+    Digest,
+    Week,
+    build_digest,
+    claim_key,
+    digest_due,
+    digest_text,
+    idle_hours,
+)
+from idle_reaper.core.records import MachineRecord, State
+from idle_reaper.core.signals import Signals, has_no_gpu, is_gpu_type
+from idle_reaper.notify import logger
+from idle_reaper.policy import Settings, TeamPolicy, TeamPolicyRef
+from idle_reaper.pricing import DEFAULT_PRICES
+from idle_reaper.slack.digest import DigestSender, DigestUndelivered
+
+MISSING_CHART = "This digest comes without its chart: {why}."
+
+
+@dataclass(frozen=True)
+class DigestOutcome:
+    destination: str  # a team, or "admins"
+    week: str
+    channel: str | None  # None: nowhere to send it
+    with_chart: bool = False
+    redirected: bool = False  # a team without a channel: posted in the admin channel
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class _Due:
+    destination: str
+    team: str | None
+    policy: TeamPolicy
+    week: Week
+
+
+def send_due_digests(
+    store: StateStore,
+    policies: PolicyStore,
+    sender: DigestSender | None,
+    now: datetime,
+    *,
+    render: Callable[[Digest, dict[str, str]], bytes] | None = None,
+    prices: Mapping[str, float] = DEFAULT_PRICES,
+    metrics: MetricsReader | None = None,
+) -> list[DigestOutcome]:
+    """Send every digest due at `now` that nobody sent yet. Teams with a policy parameter are due at their own
+    digest time; the admins, and teams on the default policy, at the default policy's. A digest that cannot be
+    posted releases its claim, so the next hourly call tries again."""
+    settings, _ = policies.load_settings()
+    refs = policies.load_teams(settings)
+    due = [_Due(ADMINS, None, settings.default_policy, w)] if (w := digest_due(settings.default_policy, now)) else []
+    for team in sorted(refs):
+        policy = refs[team].policy or settings.default_policy  # a team in safe mode still hears how it went
+        if week := digest_due(policy, now):
+            due.append(_Due(team, team, policy, week))
+    return _send(store, sender, settings, refs, due, now, render, prices, metrics)
+
+
+def send_week_digests(
+    store: StateStore,
+    policies: PolicyStore,
+    sender: DigestSender | None,
+    week: Week,
+    now: datetime,
+    *,
+    render: Callable[[Digest, dict[str, str]], bytes] | None = None,
+    prices: Mapping[str, float] = DEFAULT_PRICES,
+    metrics: MetricsReader | None = None,
+) -> list[DigestOutcome]:
+    """Every destination's digest of `week` as of `now`, whatever the digest time (the demo's simulated day),
+    claimed once like the hourly ones."""
+    settings, _ = policies.load_settings()
+    refs = policies.load_teams(settings)
+    due = [_Due(ADMINS, None, settings.default_policy, week)]
+    due += [_Due(team, team, refs[team].policy or settings.default_policy, week) for team in sorted(refs)]
+    return _send(store, sender, settings, refs, due, now, render, prices, metrics)
+
+
+def _send(
+    store: StateStore,
+    sender: DigestSender | None,
+    settings: Settings,
+    refs: Mapping[str, TeamPolicyRef],
+    due: list[_Due],
+    now: datetime,
+    render: Callable[[Digest, dict[str, str]], bytes] | None,
+    prices: Mapping[str, float],
+    metrics: MetricsReader | None = None,
+) -> list[DigestOutcome]:
+    claimed = [d for d in due if store.claim_once(claim_key(d.destination, d.week), now)]
+    if not claimed:
+        return []
+    start = min(d.week.previous(TREND_WEEKS - 1).span(d.policy.timezone)[0] for d in claimed) - RECOVERY_HORIZON
+    try:
+        records, audits = store.records_and_audit(start, now)
+    except Exception:
+        _release(store, claimed)
+        raise
+    entries = [(a.instance_id, a.at, a.entry) for a in audits]
+    if any(d.destination == ADMINS for d in claimed):
+        # Teams without a parameter of their own follow the default policy: due with the admins.
+        admins_week = next(d.week for d in claimed if d.destination == ADMINS)
+        seen = {r.team for r in records} | {str(e.get("team") or "") for _, _, e in entries}
+        for team in sorted(seen - set(refs) - {"", ADMINS}):
+            if store.claim_once(claim_key(team, admins_week), now):
+                policy = policy_for(team, refs, settings).policy or settings.default_policy
+                claimed.append(_Due(team, team, policy, admins_week))
+    names = {r.instance_id: r.name or r.instance_id for r in records}
+    weeks = [d.week.span(d.policy.timezone) for d in claimed]
+    exempt = _read_exempt(metrics, records, settings, min(lo for lo, _ in weeks), now)
+    return [
+        _send_one(store, sender, d, entries, records, names, settings, now, render, prices, exempt, refs)
+        for d in claimed
+    ]
+
+
+def _read_exempt(
+    metrics: MetricsReader | None, records: list[MachineRecord], settings: Settings, start: datetime, now: datetime
+) -> dict[str, Signals]:
+    """The week's CPU (and GPU) of the machines exempt now: the sweep never reads them, so whether they sat
+    idle is read here, once a week, for the digest only. A read that fails leaves them "no data"."""
+    exempt = [r for r in records if r.state is State.EXEMPT and r.updated_at and now - FRESH_RECORD <= r.updated_at]
+    if metrics is None or not exempt:
+        return {}
+    signals: dict[str, Signals] = {}
+    families = settings.gpu_instance_families
+    for gpu in (True, False):
+        ids = [r.instance_id for r in exempt if has_no_gpu(r.instance_type or "", families) != gpu]
+        if not ids:
+            continue
+        try:
+            signals.update(metrics.fetch(ids, settings.metrics, start=start, end=now, human=False, gpu=gpu))
+        except Exception as exc:  # the digest goes out without these figures, and says "no data"
+            logger.warning("exempt machines not read for the digest", extra={"error": type(exc).__name__})
+    return signals
+
+
+def _send_one(
+    store: StateStore,
+    sender: DigestSender | None,
+    due: _Due,
+    entries: list[tuple[str, datetime, Mapping[str, object]]],
+    records: list[MachineRecord],
+    names: dict[str, str],
+    settings: Settings,
+    now: datetime,
+    render: Callable[[Digest, dict[str, str]], bytes] | None,
+    prices: Mapping[str, float],
+    exempt: Mapping[str, Signals],
+    refs: Mapping[str, TeamPolicyRef],
+) -> DigestOutcome:
+    lo, hi = due.week.span(due.policy.timezone)
+    families = settings.gpu_instance_families
+    exempt_idle = {
+        r.instance_id: idle_hours(
+            exempt[r.instance_id],
+            policy_for(r.team, refs, settings).policy or settings.default_policy,
+            lo,
+            min(hi, now),
+            gpu=is_gpu_type(r.instance_type or "", families),
+        )
+        for r in records
+        if r.instance_id in exempt
+    }
+    digest = build_digest(
+        entries,
+        records,
+        due.week,
+        now=now,
+        team=due.team,
+        zone=due.policy.timezone,
+        policy=due.policy,
+        prices=prices,
+        exempt_idle=exempt_idle,
+    )
+    channel = due.policy.slack_channel if due.team else None
+    redirected = due.team is not None and channel is None
+    channel = channel or settings.admin_channel
+    label = due.week.label
+    if channel is None or sender is None:
+        why = "no channel: set the team's slack_channel or settings.admin_channel" if channel is None else "no Slack"
+        logger.warning("weekly digest not sent", extra={"destination": due.destination, "week": label, "why": why})
+        if sender is None:
+            _release(store, [due])  # sent once Slack is configured
+        return DigestOutcome(due.destination, label, channel, error=why)
+    png = None
+    try:
+        png = (render or _render)(digest, names)
+    except Exception as exc:  # a chart that cannot be drawn never keeps the figures from being sent
+        logger.warning("digest chart failed", extra={"destination": due.destination, "error": type(exc).__name__})
+    text = digest_text(digest, redirected=redirected)
+    filename = f"idle-reaper-{due.destination}-{label}.png"
+    try:
+        posted = sender.send(channel, text, png, filename, MISSING_CHART)
+    except DigestUndelivered as exc:
+        logger.warning("weekly digest undelivered", extra={"destination": due.destination, "error": str(exc)})
+        _release(store, [due])
+        return DigestOutcome(due.destination, label, channel, redirected=redirected, error=str(exc))
+    logger.info("weekly digest sent", extra={"destination": due.destination, "week": label, "chart": posted.with_chart})
+    return DigestOutcome(due.destination, label, channel, posted.with_chart, redirected, posted.chart_error)
+
+
+def _render(digest: Digest, names: dict[str, str]) -> bytes:
+    from idle_reaper.slack.chart import render_chart  # Pillow: only here
+
+    return render_chart(digest, names)
+
+
+def _release(store: StateStore, dues: list[_Due]) -> None:
+    for d in dues:
+        with contextlib.suppress(Exception):
+            store.release_claim(claim_key(d.destination, d.week))
