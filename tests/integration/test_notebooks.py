@@ -124,10 +124,12 @@ def test_idle_notebook_warned_kept_stopped_and_started_again_from_slack(team, sl
     idle_one = notebook("idle-nb")
     gpu = notebook("gpu-training", gpu_busy)
     dark = notebook("no-agent", None)
+    broken = notebook("attached-silent", None, lifecycle_config="idle-reaper-notebook-agent")
+    foreign = notebook("other-config", None, lifecycle_config="team-autostop")
     notebook("other-team-nb", managed=False)  # no opt-in tag: never listed
 
     decisions = sweep(T0)
-    assert set(decisions) == {idle_one, gpu, dark}
+    assert set(decisions) == {idle_one, gpu, dark, broken, foreign}
     assert decisions[idle_one].action_label == "warn" and decisions[idle_one].kind.kind.value == "notebook"
     (warning,) = [c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "D0BOB"]
     text = json.dumps(warning.params["blocks"])
@@ -135,8 +137,14 @@ def test_idle_notebook_warned_kept_stopped_and_started_again_from_slack(team, sl
     assert decisions[gpu].signal == "busy" and decisions[gpu].action_label == "none"
     assert decisions[dark].signal == "unknown" and decisions[dark].action_label == "none"
     assert "idle-reaper-notebook-agent" in record(dark).reason and "$3.83/h" in record(dark).reason
+    assert "attached but nothing arrives" in record(broken).reason and "PutMetricData" in record(broken).reason
+    assert "its lifecycle configuration is team-autostop, not idle-reaper's" in record(foreign).reason
+    assert all(decisions[n].action_label == "none" for n in (broken, foreign))
     (note,) = admin_notes(slack)
     assert "no-agent (ml.p3.2xlarge, team ml, $3.83/h)" in note and "idle-nb" not in note
+    assert "other-config (ml.p3.2xlarge, team ml, $3.83/h, lifecycle configuration team-autostop)" in note
+    sweep(T0 + timedelta(minutes=5))
+    assert len(admin_notes(slack)) == 1, "the admins hear of notebook instances without data once a day"
 
     click(slack, "keep_2h", warning_ref(slack))
     assert record(idle_one).state is State.SNOOZED
@@ -212,3 +220,30 @@ def test_a_notebook_not_in_service_is_held_and_a_refused_stop_is_recorded_and_re
     local.set_notebook_status(racing, "InService")
     assert sweep(T0 + timedelta(minutes=25))[racing].action_label == "stop"
     assert local.notebook_statuses([racing])[racing] == "Stopped"
+
+
+def test_notebooks_that_cannot_be_listed_are_left_out_loudly_and_ec2_is_swept(team, slack):
+    notebook("idle-nb")
+    instance_id = local.launch("box", "m5.large", team="ml", launch_time=at(8), owner="U0BOB")
+    local.write_metrics(instance_id, lambda _t: (1.0, None), at(11), at(23))
+
+    def denied(**_: Any) -> None:
+        error = {
+            "Code": "AccessDeniedException",
+            "Message": "not authorized to perform sagemaker:ListNotebookInstances",
+        }
+        raise ClientError({"Error": error}, "ListNotebookInstances")
+
+    events = boto3._get_default_session().events
+    events.register("before-parameter-build.sagemaker.ListNotebookInstances", denied, unique_id="deny-list")
+    try:
+        report = run_sweep(Adapters.from_environment(), now=T0)
+    finally:
+        events.unregister("before-parameter-build.sagemaker.ListNotebookInstances", unique_id="deny-list")
+    assert [d.machine.instance_id for d in report.decisions] == [instance_id]
+    assert report.decisions[0].action_label == "warn"
+    assert any("could not list SageMaker notebook instances (AccessDeniedException" in w for w in report.warnings)
+    (note,) = admin_notes(slack)
+    assert "sagemaker:ListNotebookInstances" in note and local.notebook_statuses(["idle-nb"]) == {
+        "idle-nb": "InService"
+    }

@@ -147,6 +147,7 @@ def launch_notebook(
     owner: str | None = None,
     managed: bool = True,
     extra_tags: dict[str, str] | None = None,
+    lifecycle_config: str | None = None,
 ) -> str:
     """A SageMaker notebook instance, InService, tagged like a machine; its machine id is its name."""
     tags = {"Team": team, **({"Owner": owner} if owner else {}), **(extra_tags or {})}
@@ -157,6 +158,7 @@ def launch_notebook(
         InstanceType=instance_type,
         RoleArn=NOTEBOOK_ROLE,
         Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+        **({"LifecycleConfigName": lifecycle_config} if lifecycle_config else {}),
     )
     _notebook(name).last_modified_time = launch_time.astimezone(UTC).replace(tzinfo=None)
     return name

@@ -57,7 +57,10 @@ class NotebookInstances:
                     name=None,  # its id is its name
                     owner=tag.get(tags.owner),
                     exempt_tag=tag.get(tags.exempt),
-                    facts=InstanceFacts(notebook_status=summary["NotebookInstanceStatus"]),
+                    facts=InstanceFacts(
+                        notebook_status=summary["NotebookInstanceStatus"],
+                        notebook_config=summary.get("NotebookInstanceLifecycleConfigName") or None,
+                    ),
                 )
             )
         return sorted(machines, key=lambda m: m.instance_id)

@@ -66,6 +66,7 @@ class InstanceFacts:
     fleet: str | None = None  # "EC2 Fleet fleet-…" or "Spot Fleet sfr-…"
     reservation_id: str | None = None  # CapacityReservationId
     notebook_status: str | None = None  # a SageMaker notebook instance's NotebookInstanceStatus; None: EC2
+    notebook_config: str | None = None  # the lifecycle configuration attached to a notebook instance, if any
 
     @classmethod
     def of(cls, instance: Mapping[str, Any], tags: Mapping[str, str]) -> InstanceFacts:
@@ -449,13 +450,20 @@ NOTEBOOK_ATTACH_HOW = (
 )
 
 
-def notebook_no_data_note(hourly: float | None) -> str:
-    """What `status` and the admins' daily note say of a notebook instance that publishes no CPU data."""
+def notebook_no_data_note(hourly: float | None, attached: str | None = None) -> str:
+    """What `status` and the admins' daily note say of a notebook instance that publishes no CPU data, by what
+    is attached to it: nothing, another lifecycle configuration, or idle-reaper's that does not publish."""
     cost = f"${hourly:,.2f}/h" if hourly is not None else "an unknown price"
-    return (
-        f"a SageMaker notebook instance without CPU data (costs {cost}): unknown, never stopped; to have it "
-        f"watched, {NOTEBOOK_ATTACH_HOW}"
-    )
+    head = f"a SageMaker notebook instance without CPU data (costs {cost}): unknown, never stopped"
+    if attached == NOTEBOOK_LIFECYCLE_CONFIG:
+        return (
+            f"{head}; {NOTEBOOK_LIFECYCLE_CONFIG} is attached but nothing arrives: see the notebook's log "
+            "(CloudWatch /aws/sagemaker/NotebookInstances, LifecycleConfigOnStart) and check that its execution "
+            "role may cloudwatch:PutMetricData"
+        )
+    if attached:
+        return f"{head}; its lifecycle configuration is {attached}, not idle-reaper's: {NOTEBOOK_ATTACH_HOW}"
+    return f"{head}; to have it watched, {NOTEBOOK_ATTACH_HOW}"
 
 
 def describe(kind: MachineKind) -> str:

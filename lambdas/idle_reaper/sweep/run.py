@@ -310,7 +310,7 @@ def _unwatched_notebook(d: Decision, signals: Signals | None) -> Decision:
     never stopped; its reason (and so `status`) says what it costs and how to attach the configuration."""
     if not d.machine.is_notebook or signals is None or signals.cpu:
         return d
-    note = f"{d.reason}; {notebook_no_data_note(d.hourly_cost)}"
+    note = f"{d.reason}; {notebook_no_data_note(d.hourly_cost, d.machine.facts.notebook_config)}"
     return replace(d, reason=note, record=replace(d.record, reason=note))
 
 
@@ -334,18 +334,22 @@ def _report_unlisted_notebooks(
 def _note_unwatched_notebooks(
     adapters: Adapters, decisions: Sequence[Decision], settings: Settings, now: datetime
 ) -> None:
-    """The admins' daily note: the notebook instances without data, their hourly cost, how to attach."""
-    unwatched = [
-        f"{d.machine.instance_id} ({d.machine.instance_type}, team {d.machine.team}, {_cost(d.hourly_cost)})"
-        for d in decisions
-        if d.machine.is_notebook and NOTEBOOK_LIFECYCLE_CONFIG in d.reason
+    """The admins' daily note: the notebook instances without data, their hourly cost, what is attached to
+    each that is not idle-reaper's configuration, and how to attach it."""
+    unwatched = [d for d in decisions if d.machine.is_notebook and NOTEBOOK_LIFECYCLE_CONFIG in d.reason]
+    if not unwatched:
+        return
+    listed = [
+        f"{d.machine.instance_id} ({d.machine.instance_type}, team {d.machine.team}, {_cost(d.hourly_cost)}"
+        + (f", lifecycle configuration {config}" if (config := d.machine.facts.notebook_config) else "")
+        + ")"
+        for d in unwatched
     ]
-    if unwatched:
-        text = (
-            f"idle-reaper sees no CPU data from {len(unwatched)} SageMaker notebook instance(s): "
-            f"{', '.join(unwatched)}. They are unknown and never stopped. To have them watched, {NOTEBOOK_ATTACH_HOW}."
-        )
-        alert_once(adapters, f"notebooks-no-data#{now:%Y-%m-%d}", text, settings, now)
+    text = (
+        f"idle-reaper sees no CPU data from {len(listed)} SageMaker notebook instance(s): {', '.join(listed)}. "
+        f"They are unknown and never stopped. To have them watched, {NOTEBOOK_ATTACH_HOW}."
+    )
+    alert_once(adapters, f"notebooks-no-data#{now:%Y-%m-%d}", text, settings, now)
 
 
 def _log_decision(d: Decision, dry_run: bool) -> None:
