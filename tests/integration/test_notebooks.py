@@ -65,13 +65,6 @@ def aws_server(aws):  # the `aws` fixture: a clean emulated account (the name `a
 
 
 @pytest.fixture
-def clock(monkeypatch):
-    now = {"t": T0}
-    monkeypatch.setattr(slack_handler, "clock", lambda: now["t"])
-    return now
-
-
-@pytest.fixture
 def team(aws_server, slack, sagemaker_as_aws):
     local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
     ssm = aws.client("ssm")

@@ -7,7 +7,7 @@ that runs, concurrently (an account holds a few hundred at most: the default quo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC
 from typing import Any
 
@@ -74,18 +74,17 @@ class NotebookInstances:
     def stop(self, names: Sequence[str]) -> list[ActionOutcome]:
         """StopNotebookInstance for each; a refusal (it began updating meanwhile: ValidationException) is that
         notebook's error, recorded and retried at the next sweep; never a stop of anything else."""
-        return run_concurrently(self._stop, list(names), NOTEBOOK_WORKERS)
-
-    def _stop(self, name: str) -> ActionOutcome:
-        try:
-            self.sagemaker.stop_notebook_instance(NotebookInstanceName=name)
-        except AwsError as exc:
-            return ActionOutcome(name, f"{error_code(exc)}: {exc}")
-        return ActionOutcome(name)
+        return run_concurrently(
+            lambda name: self._call(self.sagemaker.stop_notebook_instance, name), list(names), NOTEBOOK_WORKERS
+        )
 
     def start(self, name: str) -> ActionOutcome:
+        return self._call(self.sagemaker.start_notebook_instance, name)
+
+    @staticmethod
+    def _call(operation: Callable[..., Any], name: str) -> ActionOutcome:
         try:
-            self.sagemaker.start_notebook_instance(NotebookInstanceName=name)
+            operation(NotebookInstanceName=name)
         except AwsError as exc:
             return ActionOutcome(name, f"{error_code(exc)}: {exc}")
         return ActionOutcome(name)
