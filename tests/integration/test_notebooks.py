@@ -240,3 +240,19 @@ def test_notebooks_that_cannot_be_listed_are_left_out_loudly_and_ec2_is_swept(te
     assert "sagemaker:ListNotebookInstances" in note and local.notebook_statuses(["idle-nb"]) == {
         "idle-nb": "InService"
     }
+
+
+def test_status_lists_a_notebook_without_data_with_its_cost_and_how_to_attach(team, slack, capsys):
+    from idle_reaper_tools import cli
+
+    dark = notebook("no-agent", None)
+    run_sweep(Adapters.from_environment(), now=T0)
+    # A notebook instance no sweep has seen yet is listed too: status discovers as the sweep does.
+    fresh = notebook("not-swept-yet", None, instance_type="ml.t3.medium")
+    capsys.readouterr()
+    assert cli.main(["status", "--json", "--now", T0.isoformat()]) == 0
+    rows = {r["instance_id"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    row = rows[dark]
+    assert row["kind"] == "notebook" and row["stop_saves"] == "$3.83/h"
+    assert "update-notebook-instance --notebook-instance-name NAME" in row["reason"]
+    assert (rows[fresh]["state"], rows[fresh]["stop_saves"]) == ("new", "$0.05/h")

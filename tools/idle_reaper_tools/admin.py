@@ -755,8 +755,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             _err(f"cannot read team policies ({aws.error_code(exc)}); next actions are not shown")
             refs = None
         records = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()).all_records()
-        fleet = aws.Fleet(aws.client("ec2"), aws.client("autoscaling"))
-        machines = {m.instance_id: m for m in fleet.discover(settings.tags)}
+        fleet = aws.Fleet(aws.client("ec2"), aws.client("autoscaling"), aws.NotebookInstances(aws.client("sagemaker")))
+        machines = {m.instance_id: m for m in fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)}
+        if fleet.notebooks_unlisted:
+            _err(f"cannot list SageMaker notebook instances ({fleet.notebooks_unlisted}); not shown")
         try:
             gaps = aws.unreadable_sources(aws.client("cloudwatch"), sorted(machines), now)
         except aws.AwsError as exc:
