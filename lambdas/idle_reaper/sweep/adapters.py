@@ -14,6 +14,7 @@ from idle_reaper.aws.metrics import (
 from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import DynamoStateStore, StateStore
+from idle_reaper.aws.studio import StudioApps
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.reports import (
     SweepSummary,
@@ -60,6 +61,7 @@ class Adapters:
     metrics: MetricsReader
     store: StateStore
     notifier: Notifier
+    studio: StudioApps | None = None  # SageMaker Studio, read for the daily report (sweep/studio.py)
 
     @classmethod
     def from_environment(cls, notifier: Notifier | None = None, slack_budget_seconds: float = 60.0) -> Adapters:
@@ -83,6 +85,7 @@ class Adapters:
             metrics=MetricsReader(client("cloudwatch")),
             store=store,
             notifier=notifier,
+            studio=StudioApps(client("sagemaker")),
         )
 
 

@@ -57,6 +57,7 @@ from idle_reaper.sweep.adapters import (
 )
 from idle_reaper.sweep.delivery import apply_decisions, explain
 from idle_reaper.sweep.quiet_hours import report_quiet_hours
+from idle_reaper.sweep.studio import report_studio
 
 
 def run_sweep(
@@ -155,7 +156,7 @@ def run_sweep(
         price = hourly_price(m.instance_type, prices)
         decisions.append(replace(d, hourly_cost=price, saving=stop_saves(kind, price)))
 
-    decisions = _notebook_notes(adapters, decisions, signals, settings, now, warnings, alert=not dry_run)
+    decisions = _notebook_notes(adapters, decisions, signals, refs, settings, now, warnings, alert=not dry_run)
     terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
     if terminating:
         try:
@@ -290,18 +291,20 @@ def _notebook_notes(
     adapters: Adapters,
     decisions: list[Decision],
     signals: Mapping[str, Signals],
+    refs: Mapping[str, TeamPolicyRef],
     settings: Settings,
     now: datetime,
     warnings: list[str],
     *,
     alert: bool,
 ) -> list[Decision]:
-    """What a sweep says of SageMaker notebook instances beyond their decisions: that they could not be listed,
-    and which publish no data (their reasons say so; the admins hear once a day)."""
+    """What a sweep says of SageMaker beyond its decisions: that notebook instances could not be listed, which
+    publish no data (their reasons say so; the admins hear once a day), and the day's Studio note."""
     _report_unlisted_notebooks(adapters, settings, now, warnings, alert=alert)
     decisions = [_unwatched_notebook(d, signals.get(d.machine.instance_id)) for d in decisions]
     if alert:
         _note_unwatched_notebooks(adapters, decisions, settings, now)
+        report_studio(adapters, refs, settings, now)
     return decisions
 
 
