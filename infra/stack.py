@@ -56,9 +56,11 @@ SWEEP_READS = (
     "autoscaling:DescribeAutoScalingGroups",
     "cloudwatch:GetMetricData",
     "sagemaker:ListNotebookInstances",  # SageMaker notebook instances (aws/notebooks.py)
+    "sagemaker:ListApps",  # Studio apps, reported once a day (aws/studio.py)
 )
 # On any notebook instance, tagged or not (listing has to read every one's tags to find the team's).
 NOTEBOOK_READS = ("sagemaker:ListTags", "sagemaker:DescribeNotebookInstance")
+STUDIO_READS = ("sagemaker:DescribeSpace", "sagemaker:DescribeDomain", "sagemaker:ListTags")
 POLICY_READS = ("ssm:GetParameter", "ssm:GetParametersByPath")
 # Exactly the item calls each function makes (aws.DynamoStateStore); DeleteItem is granted to the sweep
 # separately, for its own claims only.
@@ -514,6 +516,12 @@ class IdleReaperStack(Stack):
     def _notebooks(self, region: str) -> str:
         return self.format_arn(service="sagemaker", resource="notebook-instance", resource_name="*", region=region)
 
+    def _studio(self, region: str) -> list[str]:
+        return [
+            self.format_arn(service="sagemaker", resource=kind, resource_name="*", region=region)
+            for kind in ("space", "domain")
+        ]
+
     def _groups(self, region: str) -> str:
         # arn:aws:autoscaling:<region>:<account>:autoScalingGroup:<uuid>:autoScalingGroupName/<name>
         return self.format_arn(
@@ -558,6 +566,7 @@ class IdleReaperStack(Stack):
             iam.PolicyStatement(
                 sid="ReadNotebookInstances", actions=list(NOTEBOOK_READS), resources=[self._notebooks(self.region)]
             ),
+            iam.PolicyStatement(sid="ReadStudio", actions=list(STUDIO_READS), resources=self._studio(self.region)),
             iam.PolicyStatement(
                 sid="StopManagedNotebookInstances",
                 actions=["sagemaker:StopNotebookInstance"],
@@ -756,7 +765,7 @@ class IdleReaperStack(Stack):
                     "Resource::*",
                     # Partition, region and account are tokens or literals depending on the environment.
                     RegexAppliesTo(regex=r"/^Resource::arn:.+:ec2:.*:instance\/\*$/"),
-                    RegexAppliesTo(regex=r"/^Resource::arn:.+:sagemaker:.*:notebook-instance\/\*$/"),
+                    RegexAppliesTo(regex=r"/^Resource::arn:.+:sagemaker:.*:(notebook-instance|space|domain)\/\*$/"),
                     RegexAppliesTo(
                         regex=r"/^Resource::arn:.+:autoscaling:.+:autoScalingGroup:\*:autoScalingGroupName\/\*$/"
                     ),

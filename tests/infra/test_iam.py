@@ -86,6 +86,10 @@ def fleet_reads(region: str) -> list[Request]:
         call("sagemaker:ListNotebookInstances", "*", region),
         call("sagemaker:ListTags", notebook(region), region),
         call("sagemaker:DescribeNotebookInstance", notebook(region), region),
+        call("sagemaker:ListApps", "*", region),
+        call("sagemaker:DescribeSpace", f"arn:aws:sagemaker:{region}:{ACCOUNT}:space/d-abc123/alice-space", region),
+        call("sagemaker:ListTags", f"arn:aws:sagemaker:{region}:{ACCOUNT}:space/d-abc123/alice-space", region),
+        call("sagemaker:DescribeDomain", f"arn:aws:sagemaker:{region}:{ACCOUNT}:domain/d-abc123", region),
     ]
 
 
@@ -174,6 +178,11 @@ NEVER = [
     call("sagemaker:StopNotebookInstance", notebook(HOME), **{MANAGED_TAG: "false"}),
     on_managed("sagemaker:DeleteNotebookInstance", notebook(HOME)),
     on_managed("sagemaker:UpdateNotebookInstance", notebook(HOME)),
+    # Studio is reported, never acted on.
+    on_managed(
+        "sagemaker:DeleteApp", f"arn:aws:sagemaker:{HOME}:{ACCOUNT}:app/d-abc123/alice-space/jupyterlab/default"
+    ),
+    on_managed("sagemaker:UpdateSpace", f"arn:aws:sagemaker:{HOME}:{ACCOUNT}:space/d-abc123/alice-space"),
     on_managed("autoscaling:UpdateAutoScalingGroup", group(HOME)),
     call("ssm:PutParameter", parameter(HOME, "settings")),
     call("ssm:GetParameter", f"arn:aws:ssm:{HOME}:{ACCOUNT}:parameter/prod/db-password"),

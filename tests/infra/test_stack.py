@@ -316,6 +316,7 @@ def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[
                 "autoscaling:DescribeAutoScalingGroups",
                 "cloudwatch:GetMetricData",
                 "sagemaker:ListNotebookInstances",  # no resource-level permission either
+                "sagemaker:ListApps",
                 "xray:PutTraceSegments",
                 "xray:PutTelemetryRecords",
                 "xray:GetSamplingRules",
