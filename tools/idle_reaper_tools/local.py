@@ -47,6 +47,7 @@ def local_aws() -> Iterator[LocalAws]:
     """Start moto's server on a free port of 127.0.0.1 and point boto3 at it through the environment."""
     from moto.server import ThreadedMotoServer
 
+    _studio_without_apps()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -68,6 +69,16 @@ def local_aws() -> Iterator[LocalAws]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _studio_without_apps() -> None:
+    """moto has no Studio apps (no ListApps): the local world answers as an account without any, as AWS would,
+    rather than an HTTP 500 every sweep's daily Studio read would retry."""
+    from moto.core.responses import ActionResult
+    from moto.sagemaker.responses import SageMakerResponse
+
+    if not hasattr(SageMakerResponse, "list_apps"):
+        SageMakerResponse.list_apps = lambda self: ActionResult({"Apps": []})  # type: ignore[attr-defined]
 
 
 _ENV = (
