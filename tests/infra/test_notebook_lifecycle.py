@@ -61,6 +61,7 @@ def run(
         .replace("/var/log/", f"{root}/var/log/")
         .replace("/home/ec2-user/SageMaker/", f"{root}/home/ec2-user/SageMaker/")
         .replace("nohup setsid sh -c", "echo started:")
+        .replace("< /dev/null &", "< /dev/null")  # in the foreground: written before the script ends
     )
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
     return subprocess.run(["bash", "-c", moved], env=env, capture_output=True, text=True, timeout=60), root
@@ -83,6 +84,7 @@ def test_the_agent_publishes_cpu_gpu_and_activity_by_the_notebook_name(script: s
     assert read.gpu.name == "nvidia_smi_" + collected["nvidia_gpu"]["measurement"][0]
     assert (root / "ctl-args").read_text().split()[:2] == ["-a", "fetch-config"]
     assert "started: while" in (root / "var/log/idle-reaper-activity.log").read_text()
+    assert "nohup setsid" in script and "< /dev/null &" in script, "on a notebook the loop runs in the background"
     assert (root / "opt/idle-reaper/idle_reaper_activity.py").read_bytes() == original
 
 
