@@ -61,6 +61,7 @@ class Box:
     launched: datetime = field(default_factory=lambda: at(8))
     tags: dict[str, str] = field(default_factory=dict)
     hibernation: bool = False
+    sagemaker: bool = False  # a SageMaker notebook instance (its metrics as the lifecycle configuration publishes)
 
 
 FLEET = [
@@ -122,6 +123,15 @@ FLEET = [
         "idle, but its team policy is invalid",
     ),
     Box(
+        "sm-notebook",
+        "ml.p3.2xlarge",
+        "ml",
+        _until(at(13), (20.0, 50.0), (1.0, 0.0)),
+        "bob@example.com",
+        "SageMaker notebook instance idle from 13:00: stopped with StopNotebookInstance, its ML volume kept",
+        sagemaker=True,
+    ),
+    Box(
         "fleet-worker",
         "m5.large",
         "ml",
@@ -161,7 +171,13 @@ class Seeded:
 def launch_due(seeded: Seeded, now: datetime) -> None:
     """Start the boxes whose launch time the simulated clock has reached, with their metrics."""
     for box in FLEET:
-        if box.name not in seeded.ids and box.launched <= now:
+        if box.name not in seeded.ids and box.launched <= now and box.sagemaker:
+            name = local.launch_notebook(
+                box.name, box.instance_type, team=box.team, launch_time=box.launched, owner=box.owner
+            )
+            seeded.ids[box.name], seeded.names[name] = name, box.name
+            local.write_metrics(name, box.profile, max(box.launched, at(6)), END, notebook=True)
+        elif box.name not in seeded.ids and box.launched <= now:
             instance_id = local.launch(
                 box.name,
                 box.instance_type,
