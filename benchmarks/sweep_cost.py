@@ -172,9 +172,9 @@ class CapturingFleet(Fleet):
     machines: list[Machine]
     seconds = 0.0
 
-    def discover(self, tags: TagKeys) -> list[Machine]:
+    def discover(self, tags: TagKeys, *, notebooks: bool = True) -> list[Machine]:
         started = time.perf_counter()
-        self.machines = super().discover(tags)
+        self.machines = super().discover(tags, notebooks=notebooks)
         self.seconds = time.perf_counter() - started
         return self.machines
 

@@ -33,6 +33,7 @@ from infra.constructs import (
     SweepFanout,
     suppress,
 )
+from infra.notebooks import NotebookLifecycleConfig
 
 SWEEP_HANDLER = "idle_reaper.handlers.sweep.handler"
 SLACK_HANDLER = "idle_reaper.handlers.slack.handler"
@@ -54,7 +55,12 @@ SWEEP_READS = (
     "ec2:DescribeCapacityReservations",
     "autoscaling:DescribeAutoScalingGroups",
     "cloudwatch:GetMetricData",
+    "sagemaker:ListNotebookInstances",  # SageMaker notebook instances (aws/notebooks.py)
+    "sagemaker:ListApps",  # Studio apps, reported once a day (aws/studio.py)
 )
+# On any notebook instance, tagged or not (listing has to read every one's tags to find the team's).
+NOTEBOOK_READS = ("sagemaker:ListTags", "sagemaker:DescribeNotebookInstance")
+STUDIO_READS = ("sagemaker:DescribeSpace", "sagemaker:DescribeDomain", "sagemaker:ListTags")
 POLICY_READS = ("ssm:GetParameter", "ssm:GetParametersByPath")
 # Exactly the item calls each function makes (aws.DynamoStateStore); DeleteItem is granted to the sweep
 # separately, for its own claims only.
@@ -455,6 +461,9 @@ class IdleReaperStack(Stack):
                 tag_value=props.gpu_agent_tag_value,
             )
 
+        # What notebook instances need to publish CPU, GPU and activity; an admin attaches it (docs/policy.md).
+        NotebookLifecycleConfig(self, "NotebookAgent")
+
         monitoring = ReaperMonitoring(
             self,
             "Monitoring",
@@ -504,6 +513,15 @@ class IdleReaperStack(Stack):
     def _instances(self, region: str) -> str:
         return self.format_arn(service="ec2", resource="instance", resource_name="*", region=region)
 
+    def _notebooks(self, region: str) -> str:
+        return self.format_arn(service="sagemaker", resource="notebook-instance", resource_name="*", region=region)
+
+    def _studio(self, region: str) -> list[str]:
+        return [
+            self.format_arn(service="sagemaker", resource=kind, resource_name="*", region=region)
+            for kind in ("space", "domain")
+        ]
+
     def _groups(self, region: str) -> str:
         # arn:aws:autoscaling:<region>:<account>:autoScalingGroup:<uuid>:autoScalingGroupName/<name>
         return self.format_arn(
@@ -546,6 +564,16 @@ class IdleReaperStack(Stack):
                 conditions=self._managed(props),
             ),
             iam.PolicyStatement(
+                sid="ReadNotebookInstances", actions=list(NOTEBOOK_READS), resources=[self._notebooks(self.region)]
+            ),
+            iam.PolicyStatement(sid="ReadStudio", actions=list(STUDIO_READS), resources=self._studio(self.region)),
+            iam.PolicyStatement(
+                sid="StopManagedNotebookInstances",
+                actions=["sagemaker:StopNotebookInstance"],
+                resources=[self._notebooks(self.region)],
+                conditions=self._managed(props),
+            ),
+            iam.PolicyStatement(
                 sid="ReleaseManagedGroupMembers",
                 actions=["autoscaling:SetInstanceProtection", "autoscaling:TerminateInstanceInAutoScalingGroup"],
                 resources=[self._groups(self.region)],
@@ -584,6 +612,12 @@ class IdleReaperStack(Stack):
                 # TerminateInstances: an owner's confirmed "Terminate now" on a machine EC2 cannot stop.
                 actions=["ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"],
                 resources=[self._instances(r) for r in regions],
+                conditions=self._managed(props),
+            ),
+            iam.PolicyStatement(
+                sid="StartStopManagedNotebookInstances",
+                actions=["sagemaker:StartNotebookInstance", "sagemaker:StopNotebookInstance"],
+                resources=[self._notebooks(r) for r in regions],
                 conditions=self._managed(props),
             ),
             iam.PolicyStatement(
@@ -648,6 +682,15 @@ class IdleReaperStack(Stack):
         table_access = ("DigestTable", DIGEST_TABLE_ACTIONS)
         for statement in self._policies_table_and_secret(props, table, secret, table_access, "once#digest#*"):
             role.add_to_principal_policy(statement)
+        # Exempt machines are never read by a sweep: the digest reads their week to say whether they sat idle.
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="ReadExemptMetrics",
+                actions=["cloudwatch:GetMetricData"],
+                resources=["*"],  # GetMetricData has no resource-level permissions
+                conditions=self._in_regions([self.region]),
+            )
+        )
         suppress(
             role,
             NagPackSuppression(
@@ -722,6 +765,7 @@ class IdleReaperStack(Stack):
                     "Resource::*",
                     # Partition, region and account are tokens or literals depending on the environment.
                     RegexAppliesTo(regex=r"/^Resource::arn:.+:ec2:.*:instance\/\*$/"),
+                    RegexAppliesTo(regex=r"/^Resource::arn:.+:sagemaker:.*:(notebook-instance|space|domain)\/\*$/"),
                     RegexAppliesTo(
                         regex=r"/^Resource::arn:.+:autoscaling:.+:autoScalingGroup:\*:autoScalingGroupName\/\*$/"
                     ),

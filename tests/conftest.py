@@ -44,3 +44,14 @@ def slack(slack_server: object) -> Iterator[object]:
     """The local Slack Web API fake, emptied for each test; SLACK_* point at it."""
     slack_server.reset()  # type: ignore[attr-defined]
     yield slack_server
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """The Slack handler's clock, set by the test (`clock["t"] = ...`); it starts at the demo's 14:00."""
+    from idle_reaper.handlers import slack as slack_handler
+    from idle_reaper_tools.demo import at
+
+    now: dict[str, object] = {"t": at(14)}
+    monkeypatch.setattr(slack_handler, "clock", lambda: now["t"])
+    return now

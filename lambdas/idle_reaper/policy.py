@@ -491,6 +491,9 @@ class MetricSource(_Strict):
 class MetricSettings(_Strict):
     cpu: MetricSource = MetricSource(namespace="AWS/EC2", name="CPUUtilization")
     gpu: MetricSource = MetricSource(namespace="CWAgent", name="nvidia_smi_utilization_gpu")
+    # A SageMaker notebook instance publishes no CPU metric: the stack's lifecycle configuration has the
+    # CloudWatch agent publish this one, by InstanceId = the notebook instance's name.
+    notebook_cpu: MetricSource = MetricSource(namespace="CWAgent", name="cpu_usage_active")
     network_in: MetricSource = MetricSource(namespace="AWS/EC2", name="NetworkIn")
     network_out: MetricSource = MetricSource(namespace="AWS/EC2", name="NetworkOut")
     period_seconds: Literal[60, 300] = Field(
@@ -515,6 +518,12 @@ class Settings(_Strict):
         True,
         description="Read a machine only when its decision can change (busy machines about hourly); "
         "false reads every machine at every sweep. Warnings and stops are the same either way.",
+    )
+    sagemaker_notebooks: bool = Field(
+        True,
+        description="Also sweep SageMaker notebook instances that carry the team and opt-in tags (they need the "
+        "stack's lifecycle configuration to publish CPU, GPU and activity; without it they are unknown, never "
+        "stopped). false lists none.",
     )
 
 

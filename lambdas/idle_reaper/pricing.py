@@ -43,6 +43,27 @@ DEFAULT_PRICES: dict[str, float] = {
     "p3.16xlarge": 24.48,
     "p4d.24xlarge": 32.7726,
     "p5.48xlarge": 98.32,
+    # SageMaker notebook instances (on-demand, us-east-1): SageMaker's own prices, above EC2's for the hardware.
+    "ml.t3.medium": 0.05,
+    "ml.t3.large": 0.1,
+    "ml.t3.xlarge": 0.2,
+    "ml.t3.2xlarge": 0.399,
+    "ml.m5.xlarge": 0.23,
+    "ml.m5.2xlarge": 0.461,
+    "ml.m5.4xlarge": 0.922,
+    "ml.c5.xlarge": 0.204,
+    "ml.c5.2xlarge": 0.408,
+    "ml.r5.xlarge": 0.302,
+    "ml.g4dn.xlarge": 0.7364,
+    "ml.g4dn.2xlarge": 1.0528,
+    "ml.g5.xlarge": 1.408,
+    "ml.g5.2xlarge": 1.515,
+    "ml.g5.4xlarge": 2.03,
+    "ml.g5.12xlarge": 7.09,
+    "ml.p3.2xlarge": 3.825,
+    "ml.p3.8xlarge": 14.688,
+    "ml.p3.16xlarge": 28.152,
+    "ml.p2.xlarge": 1.125,
 }
 
 

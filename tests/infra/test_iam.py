@@ -39,6 +39,10 @@ def group(region: str) -> str:
     )
 
 
+def notebook(region: str) -> str:
+    return f"arn:aws:sagemaker:{region}:{ACCOUNT}:notebook-instance/team-ml-gpu-nb"
+
+
 def parameter(region: str, name: str) -> str:
     return f"arn:aws:ssm:{region}:{ACCOUNT}:parameter/idle-reaper/{name}"
 
@@ -79,6 +83,13 @@ def fleet_reads(region: str) -> list[Request]:
         call("ec2:DescribeCapacityReservations", "*", region),
         call("autoscaling:DescribeAutoScalingGroups", "*", region),
         call("cloudwatch:GetMetricData", "*", region),
+        call("sagemaker:ListNotebookInstances", "*", region),
+        call("sagemaker:ListTags", notebook(region), region),
+        call("sagemaker:DescribeNotebookInstance", notebook(region), region),
+        call("sagemaker:ListApps", "*", region),
+        call("sagemaker:DescribeSpace", f"arn:aws:sagemaker:{region}:{ACCOUNT}:space/d-abc123/alice-space", region),
+        call("sagemaker:ListTags", f"arn:aws:sagemaker:{region}:{ACCOUNT}:space/d-abc123/alice-space", region),
+        call("sagemaker:DescribeDomain", f"arn:aws:sagemaker:{region}:{ACCOUNT}:domain/d-abc123", region),
     ]
 
 
@@ -95,6 +106,7 @@ SWEEP_CALLS = [
     *fleet_reads(HOME),
     on_managed("ec2:StopInstances", instance(HOME)),
     on_managed("ec2:TerminateInstances", instance(HOME)),  # machines EC2 cannot stop, on the team's opt-in
+    on_managed("sagemaker:StopNotebookInstance", notebook(HOME)),
     on_managed("autoscaling:SetInstanceProtection", group(HOME)),
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
     *policy_reads(HOME),
@@ -122,6 +134,8 @@ SLACK_CALLS = [
             on_managed("ec2:StartInstances", instance(region), region),
             on_managed("ec2:StopInstances", instance(region), region),
             on_managed("ec2:TerminateInstances", instance(region), region),  # "Terminate now"
+            on_managed("sagemaker:StartNotebookInstance", notebook(region), region),
+            on_managed("sagemaker:StopNotebookInstance", notebook(region), region),
             on_managed("autoscaling:SetInstanceProtection", group(region), region),
             *policy_reads(region),
             call("dynamodb:BatchGetItem", table(region), region),
@@ -140,6 +154,7 @@ DIGEST_CALLS = [
     call("dynamodb:PutItem", table(HOME)),  # claim_once: once per destination per week
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#digest#ml#2026-W47",)}),
     call("secretsmanager:GetSecretValue", secret(HOME)),
+    call("cloudwatch:GetMetricData", "*", HOME),  # the week of the machines exempt now (never read by sweeps)
 ]
 ALARM_RELAY_CALLS = [
     call("ssm:GetParameter", parameter(HOME, "settings")),
@@ -157,6 +172,17 @@ NEVER = [
     # TerminateInstances (machines EC2 cannot stop) only ever on opted-in machines.
     call("ec2:TerminateInstances", instance(HOME), **UNMANAGED),
     call("ec2:TerminateInstances", instance(HOME), **{MANAGED_TAG: "false"}),
+    # Notebook instances likewise: stop and start only with the opt-in tag; never deleted or changed.
+    call("sagemaker:StopNotebookInstance", notebook(HOME), **UNMANAGED),
+    call("sagemaker:StartNotebookInstance", notebook(HOME), **UNMANAGED),
+    call("sagemaker:StopNotebookInstance", notebook(HOME), **{MANAGED_TAG: "false"}),
+    on_managed("sagemaker:DeleteNotebookInstance", notebook(HOME)),
+    on_managed("sagemaker:UpdateNotebookInstance", notebook(HOME)),
+    # Studio is reported, never acted on.
+    on_managed(
+        "sagemaker:DeleteApp", f"arn:aws:sagemaker:{HOME}:{ACCOUNT}:app/d-abc123/alice-space/jupyterlab/default"
+    ),
+    on_managed("sagemaker:UpdateSpace", f"arn:aws:sagemaker:{HOME}:{ACCOUNT}:space/d-abc123/alice-space"),
     on_managed("autoscaling:UpdateAutoScalingGroup", group(HOME)),
     call("ssm:PutParameter", parameter(HOME, "settings")),
     call("ssm:GetParameter", f"arn:aws:ssm:{HOME}:{ACCOUNT}:parameter/prod/db-password"),
@@ -170,6 +196,8 @@ NEVER = [
 SWEEP_NEVER = [
     *NEVER,
     on_managed("ec2:StartInstances", instance(HOME)),  # only a person's "start" click starts a machine
+    on_managed("sagemaker:StartNotebookInstance", notebook(HOME)),
+    on_managed("sagemaker:StopNotebookInstance", notebook(OTHER), OTHER),
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("machine#i-0abc123def4567890",)}),
     call("dynamodb:Scan", table(HOME)),
     # A sweep reads its own region only (listing instances aside: the daily count of unwatched regions).
@@ -207,7 +235,8 @@ GATHER_NEVER = [
 ]
 DIGEST_NEVER = [
     *NEVER,
-    *fleet_reads(HOME),
+    *(c for c in fleet_reads(HOME) if c.action != "cloudwatch:GetMetricData"),
+    call("cloudwatch:GetMetricData", "*", OTHER),
     on_managed("ec2:StopInstances", instance(HOME)),
     on_managed("ec2:StartInstances", instance(HOME)),
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("machine#i-0abc123def4567890",)}),

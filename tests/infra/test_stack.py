@@ -30,6 +30,8 @@ WRITE_ACTIONS = {
     "ec2:StartInstances",
     "autoscaling:SetInstanceProtection",
     "autoscaling:TerminateInstanceInAutoScalingGroup",
+    "sagemaker:StopNotebookInstance",
+    "sagemaker:StartNotebookInstance",
 }
 
 
@@ -313,6 +315,8 @@ def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[
                 "ec2:DescribeCapacityReservations",
                 "autoscaling:DescribeAutoScalingGroups",
                 "cloudwatch:GetMetricData",
+                "sagemaker:ListNotebookInstances",  # no resource-level permission either
+                "sagemaker:ListApps",
                 "xray:PutTraceSegments",
                 "xray:PutTelemetryRecords",
                 "xray:GetSamplingRules",

@@ -80,3 +80,9 @@ def test_the_demo_ends_with_each_destinations_weekly_digest_with_its_chart(demo_
     # The admins' figure is the day's total of the summary above: the same stops, counted once.
     total = re.search(r"total\s+([\d.]+)\s+(\$[\d,.]+)", demo_output)
     assert total and f"Saved: *{total.group(2)}* over {float(total.group(1)):.1f} machine-hours" in digests
+
+
+def test_the_sagemaker_notebook_instance_is_warned_then_stopped_at_its_sagemaker_price(demo_output):
+    row = summary_row(demo_output, "sm-notebook")
+    assert "stopped at 14:30" in row and row.split()[-1] == "$9.56"  # 2.5 h at ml.p3.2xlarge's $3.825
+    assert "sm-notebook was stopped at 2026-11-20 14:30 UTC; it saves $3.83/h" in demo_output

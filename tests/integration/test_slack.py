@@ -95,13 +95,6 @@ def idle(_t):
 
 
 @pytest.fixture
-def clock(monkeypatch):
-    now = {"t": T0}
-    monkeypatch.setattr(slack_handler, "clock", lambda: now["t"])
-    return now
-
-
-@pytest.fixture
 def notebook(aws, slack, clock):
     """An idle GPU notebook owned by bob (email tag), in team ml with a channel and a member."""
     policy = local.team_policy_json(

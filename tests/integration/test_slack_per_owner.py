@@ -8,7 +8,7 @@ import json
 from datetime import timedelta
 
 import pytest
-from test_slack import _replies_from, click, clock, ephemeral_text, record, silent, sweep  # noqa: F401
+from test_slack import _replies_from, click, ephemeral_text, record, silent, sweep  # noqa: F401
 
 from idle_reaper.core import Action, State
 from idle_reaper_tools import local
@@ -24,7 +24,7 @@ def idle(_t):
 
 
 @pytest.fixture
-def bobs(aws, slack, clock):  # noqa: F811
+def bobs(aws, slack, clock):
     """Three idle machines of bob's: two in team ml (U0MEMBER is a member), one in team cv."""
     local.init_account(
         teams={
@@ -56,7 +56,7 @@ def buttons(blocks: list[dict]) -> dict[str, list[str]]:
     return out
 
 
-def test_three_idle_machines_one_message_keep_all_edits_it(bobs, slack, clock):  # noqa: F811
+def test_three_idle_machines_one_message_keep_all_edits_it(bobs, slack, clock):
     report = sweep(T0)
     assert [d.action for d in report.decisions] == [Action.WARN] * 3
     (post,) = slack.calls_to("chat.postMessage")
@@ -97,7 +97,7 @@ def test_three_idle_machines_one_message_keep_all_edits_it(bobs, slack, clock): 
     assert len(slack.calls_to("chat.update")) == 2 and len(slack.calls_to("chat.postMessage")) == 1
 
 
-def test_a_forged_or_unknown_keep_all_changes_nothing(bobs, slack, clock):  # noqa: F811
+def test_a_forged_or_unknown_keep_all_changes_nothing(bobs, slack, clock):
     sweep(T0)
     before = {n: record(i) for n, i in bobs.items()}
     for forged in ("forged-reference", bobs["nb1"], ""):
@@ -106,7 +106,7 @@ def test_a_forged_or_unknown_keep_all_changes_nothing(bobs, slack, clock):  # no
     assert not slack.calls_to("chat.update")
 
 
-def test_later_answers_and_stops_edit_the_shared_message(bobs, slack, clock):  # noqa: F811
+def test_later_answers_and_stops_edit_the_shared_message(bobs, slack, clock):
     sweep(T0)
     refs = {n: record(i).warning_ref for n, i in bobs.items()}
     assert silent(click("U0BOB", "keep_2h", refs["nb1"]))  # one kept by its own button
@@ -133,7 +133,7 @@ def test_later_answers_and_stops_edit_the_shared_message(bobs, slack, clock):  #
 def test_one_person_spelled_two_ways_gets_one_message_and_no_machine_is_marked_undeliverable(
     aws,
     slack,
-    clock,  # noqa: F811
+    clock,
     first,
 ):
     local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
@@ -157,7 +157,7 @@ def test_one_person_spelled_two_ways_gets_one_message_and_no_machine_is_marked_u
 def test_a_machine_whose_owner_does_not_resolve_is_never_hidden_in_another_owners_message(
     aws,
     slack,
-    clock,  # noqa: F811
+    clock,
 ):
     local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
     slack.users_by_email["bob@example.com"] = "U0BOB"

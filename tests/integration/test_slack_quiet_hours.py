@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from test_slack import _replies_from, click, clock, record, silent, sweep  # noqa: F401
+from test_slack import _replies_from, click, record, silent, sweep  # noqa: F401
 
 from idle_reaper import aws
 from idle_reaper.core import Action, State
@@ -28,7 +28,7 @@ def idle(_t):
 
 
 @pytest.fixture
-def night(aws, slack, clock):  # noqa: F811
+def night(aws, slack, clock):
     nights = {"name": "nights", "days": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]}
     nights |= {"start": "22:00", "end": "07:00", "quiet_hours": True}
     policy = local.team_policy_json(idle_minutes=60, warn_minutes=20, timezone="UTC", schedules=[nights])
@@ -43,7 +43,7 @@ def night(aws, slack, clock):  # noqa: F811
     return ids
 
 
-def stopped_at_night(ids, clock):  # noqa: F811
+def stopped_at_night(ids, clock):
     for now in (NIGHT, STOP):
         clock["t"] = now
         report = sweep(now)
@@ -51,7 +51,7 @@ def stopped_at_night(ids, clock):  # noqa: F811
     assert all(record(i).quiet_stop_at == STOP for i in ids.values())
 
 
-def test_one_summary_in_the_morning_with_start_again_not_sent_twice(night, slack, clock):  # noqa: F811
+def test_one_summary_in_the_morning_with_start_again_not_sent_twice(night, slack, clock):
     stopped_at_night(night, clock)
     assert not slack.calls_to("chat.postMessage"), "nothing is posted during quiet hours"
     clock["t"] = at(23) + timedelta(hours=7, minutes=50)  # 06:50: still quiet
@@ -79,7 +79,7 @@ def test_one_summary_in_the_morning_with_start_again_not_sent_twice(night, slack
     assert "started" in edited and len(slack.calls_to("chat.postMessage")) == 1
 
 
-def test_a_failed_summary_is_tried_again_and_a_started_machine_is_left_out(night, slack, clock):  # noqa: F811
+def test_a_failed_summary_is_tried_again_and_a_started_machine_is_left_out(night, slack, clock):
     stopped_at_night(night, clock)
     slack.down = True
     clock["t"] = MORNING
@@ -121,7 +121,7 @@ def test_the_state_table_replaces_a_lookup_only_over_what_was_read(aws: object) 
 def test_a_warning_recorded_in_quiet_hours_is_sent_when_they_end_and_the_stop_waits_for_it(
     aws,
     slack,
-    clock,  # noqa: F811
+    clock,
 ):
     """Quiet hours 22:00-07:00; the warning point falls at 06:50 (recorded silently), the stop would have
     come at 07:10: no longer a quiet-hours stop, so nothing would ever have told the owner."""
@@ -162,7 +162,7 @@ def test_a_warning_recorded_in_quiet_hours_is_sent_when_they_end_and_the_stop_wa
 def test_a_stop_with_no_message_to_edit_is_told_in_a_message_of_its_own_with_start_again(
     aws,
     slack,
-    clock,  # noqa: F811
+    clock,
 ):
     local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
     slack.users_by_email["bob@example.com"] = "U0BOB"

@@ -22,6 +22,7 @@ from idle_reaper import aws
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
 from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE, Kind, recorded_saving
 from idle_reaper.core.reading import parse_next_read
+from idle_reaper.core.studio import StudioFinding
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import (
     PolicyError,
@@ -37,6 +38,7 @@ from idle_reaper.policy import (
 )
 from idle_reaper.pricing import hourly_price
 from idle_reaper.sweep import Adapters, SweepCannotRun, logger, run_sweep
+from idle_reaper.sweep.studio import studio_findings
 
 EXIT_INVALID = 1  # invalid input, refused, or nothing written
 EXIT_ERROR = 2  # could not run (unreadable file, AWS unreachable)
@@ -743,6 +745,17 @@ def format_unwatched(counted_at: datetime, counts: Sequence[aws.RegionCount], de
     return "\n".join(lines) + skipped
 
 
+def _studio_findings(refs: Mapping[str, TeamPolicyRef] | None, settings: Settings) -> list[StudioFinding]:
+    """Running Studio apps whose idle shutdown is off or longer than their team's window; none shown (said on
+    stderr) when Studio cannot be read."""
+    adapters = Adapters.from_environment(notifier=LoggingNotifier(logger))
+    try:
+        return studio_findings(adapters, refs or {}, settings)
+    except aws.AwsError as exc:
+        _err(f"cannot read SageMaker Studio apps ({aws.error_code(exc)}); not shown")
+        return []
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     def body() -> int:
         now: datetime = args.now or datetime.now(UTC)
@@ -755,8 +768,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             _err(f"cannot read team policies ({aws.error_code(exc)}); next actions are not shown")
             refs = None
         records = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()).all_records()
-        fleet = aws.Fleet(aws.client("ec2"), aws.client("autoscaling"))
-        machines = {m.instance_id: m for m in fleet.discover(settings.tags)}
+        fleet = aws.Fleet(aws.client("ec2"), aws.client("autoscaling"), aws.NotebookInstances(aws.client("sagemaker")))
+        machines = {m.instance_id: m for m in fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)}
+        if fleet.notebooks_unlisted:
+            _err(f"cannot list SageMaker notebook instances ({fleet.notebooks_unlisted}); not shown")
         try:
             gaps = aws.unreadable_sources(aws.client("cloudwatch"), sorted(machines), now)
         except aws.AwsError as exc:
@@ -768,9 +783,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.owner:
             rows = [r for r in rows if (r["owner"] or "").lower() == args.owner.lower()]
         unwatched = aws.last_unwatched(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
+        studio = _studio_findings(refs, settings) if settings.sagemaker_notebooks else []
         if args.json:
             for row in rows:
                 print(json.dumps(row, sort_keys=True))
+            for finding in studio:
+                print(json.dumps({"studio_app": finding.app.__dict__, "why": finding.why, "hourly": finding.hourly}))
             if unwatched:
                 counted_at, counts, denied = unwatched
                 regions = [c.__dict__ for c in counts]
@@ -783,6 +801,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(format_status(rows, now))
             if unwatched:
                 print(format_unwatched(*unwatched))
+            if studio:
+                print("\nStudio apps that would outlast their team's idle window (reported, not stopped):")
+                print("\n".join(f"  {f.line()}" for f in studio))
         return 0
 
     return _run(body)

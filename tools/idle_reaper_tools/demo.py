@@ -19,6 +19,7 @@ from typing import cast
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from idle_reaper import aws
+from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.core import Action, Decision, State
 from idle_reaper.core.digest import week_of
 from idle_reaper.policy import Settings
@@ -60,6 +61,7 @@ class Box:
     launched: datetime = field(default_factory=lambda: at(8))
     tags: dict[str, str] = field(default_factory=dict)
     hibernation: bool = False
+    sagemaker: bool = False  # a SageMaker notebook instance (its metrics as the lifecycle configuration publishes)
 
 
 FLEET = [
@@ -121,6 +123,15 @@ FLEET = [
         "idle, but its team policy is invalid",
     ),
     Box(
+        "sm-notebook",
+        "ml.p3.2xlarge",
+        "ml",
+        _until(at(13), (20.0, 50.0), (1.0, 0.0)),
+        "bob@example.com",
+        "SageMaker notebook instance idle from 13:00: stopped with StopNotebookInstance, its ML volume kept",
+        sagemaker=True,
+    ),
+    Box(
         "fleet-worker",
         "m5.large",
         "ml",
@@ -160,7 +171,13 @@ class Seeded:
 def launch_due(seeded: Seeded, now: datetime) -> None:
     """Start the boxes whose launch time the simulated clock has reached, with their metrics."""
     for box in FLEET:
-        if box.name not in seeded.ids and box.launched <= now:
+        if box.name not in seeded.ids and box.launched <= now and box.sagemaker:
+            name = local.launch_notebook(
+                box.name, box.instance_type, team=box.team, launch_time=box.launched, owner=box.owner
+            )
+            seeded.ids[box.name], seeded.names[name] = name, box.name
+            local.write_metrics(name, box.profile, max(box.launched, at(6)), END, notebook=True)
+        elif box.name not in seeded.ids and box.launched <= now:
             instance_id = local.launch(
                 box.name,
                 box.instance_type,
@@ -331,7 +348,8 @@ def weekly_digests(slack: FakeSlack) -> list[str]:
     policies = aws.PolicyStore(aws.client("ssm"), aws.ssm_prefix())
     sender = DigestSender(make_client(load_secrets().bot_token, 30.0))
     lines = []
-    for o in send_week_digests(store, policies, sender, week_of(END), END):
+    metrics = MetricsReader(aws.client("cloudwatch"))  # the exempt machine's week: did it sit idle?
+    for o in send_week_digests(store, policies, sender, week_of(END), END, metrics=metrics):
         where = f"{o.channel}" + (" (the admin channel: the team has no channel)" if o.redirected else "")
         head = f"weekly digest: {'all teams (admins)' if o.destination == 'admins' else 'team ' + o.destination},"
         message = next((m for m in slack.messages_in(o.channel or "") if head in m.get("text", "")), {})

@@ -47,6 +47,7 @@ def local_aws() -> Iterator[LocalAws]:
     """Start moto's server on a free port of 127.0.0.1 and point boto3 at it through the environment."""
     from moto.server import ThreadedMotoServer
 
+    _studio_without_apps()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -68,6 +69,16 @@ def local_aws() -> Iterator[LocalAws]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _studio_without_apps() -> None:
+    """moto has no Studio apps (no ListApps): the local world answers as an account without any, as AWS would,
+    rather than an HTTP 500 every sweep's daily Studio read would retry."""
+    from moto.core.responses import ActionResult
+    from moto.sagemaker.responses import SageMakerResponse
+
+    if not hasattr(SageMakerResponse, "list_apps"):
+        SageMakerResponse.list_apps = lambda self: ActionResult({"Apps": []})  # type: ignore[attr-defined]
 
 
 _ENV = (
@@ -135,6 +146,52 @@ def launch(
     return instance_id
 
 
+NOTEBOOK_ROLE = f"arn:aws:iam::{ACCOUNT}:role/notebook"
+
+
+def launch_notebook(
+    name: str,
+    instance_type: str,
+    *,
+    team: str,
+    launch_time: datetime,
+    owner: str | None = None,
+    managed: bool = True,
+    extra_tags: dict[str, str] | None = None,
+    lifecycle_config: str | None = None,
+) -> str:
+    """A SageMaker notebook instance, InService, tagged like a machine; its machine id is its name."""
+    tags = {"Team": team, **({"Owner": owner} if owner else {}), **(extra_tags or {})}
+    if managed:
+        tags[MANAGED_TAG] = "true"
+    aws.client("sagemaker").create_notebook_instance(
+        NotebookInstanceName=name,
+        InstanceType=instance_type,
+        RoleArn=NOTEBOOK_ROLE,
+        Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+        **({"LifecycleConfigName": lifecycle_config} if lifecycle_config else {}),
+    )
+    _notebook(name).last_modified_time = launch_time.astimezone(UTC).replace(tzinfo=None)
+    return name
+
+
+def _notebook(name: str) -> Any:
+    from moto.sagemaker.models import sagemaker_backends
+
+    region = aws.client("sagemaker").meta.region_name or REGION
+    return sagemaker_backends[ACCOUNT][region].notebook_instances[name]
+
+
+def set_notebook_status(name: str, status: str) -> None:
+    """Put a notebook instance in a status moto never reaches on its own (Updating, Pending, Failed...)."""
+    _notebook(name).status = status
+
+
+def notebook_statuses(names: list[str]) -> dict[str, str]:
+    client = aws.client("sagemaker")
+    return {n: client.describe_notebook_instance(NotebookInstanceName=n)["NotebookInstanceStatus"] for n in names}
+
+
 def launch_group(
     name: str,
     instance_type: str,
@@ -174,23 +231,32 @@ def launch_group(
 
 
 def write_metrics(
-    instance_id: str, profile: Profile, start: datetime, end: datetime, step: timedelta = timedelta(minutes=5)
+    instance_id: str,
+    profile: Profile,
+    start: datetime,
+    end: datetime,
+    step: timedelta = timedelta(minutes=5),
+    *,
+    notebook: bool = False,
 ) -> None:
-    """CPU (AWS/EC2) and, where the profile has it, GPU (CWAgent) datapoints, as the agents would."""
+    """CPU (AWS/EC2) and, where the profile has it, GPU (CWAgent) datapoints, as the agents would. A
+    `notebook`'s CPU is the CloudWatch agent's (CWAgent cpu_usage_active), as its lifecycle configuration
+    publishes it: SageMaker publishes none."""
     cpu: list[dict[str, Any]] = []
     gpu: list[dict[str, Any]] = []
     t = start
     while t < end:
         cpu_value, gpu_value = profile(t)
         dims = [{"Name": "InstanceId", "Value": instance_id}]
-        cpu.append({"MetricName": "CPUUtilization", "Dimensions": dims, "Timestamp": t, "Value": cpu_value})
+        cpu_name = "cpu_usage_active" if notebook else "CPUUtilization"
+        cpu.append({"MetricName": cpu_name, "Dimensions": dims, "Timestamp": t, "Value": cpu_value})
         if gpu_value is not None:
             gpu.append(
                 {"MetricName": "nvidia_smi_utilization_gpu", "Dimensions": dims, "Timestamp": t, "Value": gpu_value}
             )
         t += step
     cloudwatch = aws.client("cloudwatch")
-    for namespace, data in (("AWS/EC2", cpu), ("CWAgent", gpu)):
+    for namespace, data in (("CWAgent" if notebook else "AWS/EC2", cpu), ("CWAgent", gpu)):
         for i in range(0, len(data), 1000):
             cloudwatch.put_metric_data(Namespace=namespace, MetricData=data[i : i + 1000])
 

@@ -43,6 +43,7 @@ from idle_reaper.aws.metrics import (
     MetricsReader,
     unreadable_sources,
 )
+from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import (
     LostUpdate,
     PolicyStore,
@@ -114,6 +115,7 @@ __all__ = [
     "LostUpdate",
     "MetricFetchStats",
     "MetricsReader",
+    "NotebookInstances",
     "PolicyStore",
     "RegionCount",
     "Result",

@@ -5,17 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
 from idle_reaper.aws.clients import CALL_WIDE_ERRORS, AwsError, chunks, error_code, run_concurrently
-from idle_reaper.core.kinds import InstanceFacts, Lookups, Reservation, SpotRequest
+from idle_reaper.core.kinds import InstanceFacts, Lookups, Reservation, SpotRequest, is_ec2_id
 from idle_reaper.core.reports import GroupCapacity
 from idle_reaper.core.signals import Machine
 from idle_reaper.policy import (
     TagKeys,
 )
+
+if TYPE_CHECKING:
+    from idle_reaper.aws.notebooks import NotebookInstances
 
 ASG_INSTANCES_PER_CALL = 50  # DescribeAutoScalingInstances and SetInstanceProtection limit
 ASG_GROUPS_PER_CALL = 50  # DescribeAutoScalingGroups: names per call without MaxRecords
@@ -37,11 +40,35 @@ class ActionOutcome:
 
 
 class Fleet:
-    def __init__(self, ec2: Any, autoscaling: Any) -> None:
+    """EC2 machines and, when given `notebooks`, SageMaker notebook instances: one list of machines, and
+    actions routed by id (an EC2 instance id, or a notebook instance's name)."""
+
+    def __init__(self, ec2: Any, autoscaling: Any, notebooks: NotebookInstances | None = None) -> None:
         self.ec2 = ec2
         self.autoscaling = autoscaling
+        self.notebooks = notebooks
+        # Why notebook instances could not be listed at the last discovery (None: they were, or none asked).
+        self.notebooks_unlisted: str | None = None
 
-    def discover(self, tags: TagKeys) -> list[Machine]:
+    def discover(self, tags: TagKeys, *, notebooks: bool = True) -> list[Machine]:
+        """The EC2 machines, then the notebook instances. A notebook listing that fails leaves the notebook
+        instances out of this sweep (`notebooks_unlisted` says why): the EC2 machines are swept as ever."""
+        machines = self._discover_ec2(tags)
+        self.notebooks_unlisted = None
+        if self.notebooks is not None and notebooks:
+            try:
+                machines += self.notebooks.discover(tags)
+            except AwsError as exc:
+                self.notebooks_unlisted = f"{error_code(exc)}: {exc}"
+        return machines
+
+    def _split(self, ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        """(EC2 instance ids, notebook instance names)."""
+        if self.notebooks is None:
+            return list(ids), []
+        return [i for i in ids if is_ec2_id(i)], [i for i in ids if not is_ec2_id(i)]
+
+    def _discover_ec2(self, tags: TagKeys) -> list[Machine]:
         """Running machines carrying the team tag (and the opt-in tag, when one is set), joined with their
         ASG membership and protection.
 
@@ -81,13 +108,22 @@ class Fleet:
         """Those of `machines` that are still as discovery described them: running, same launch, same group
         and protection. A sweep that listed its machines before another sweep (or a person) acted on them
         must not act again on what it saw then."""
-        current = {m.instance_id: m for m in self.describe_ids([m.instance_id for m in machines], tags)}
+        try:
+            current = {m.instance_id: m for m in self.describe_ids([m.instance_id for m in machines], tags)}
+        except AwsError:
+            if not any(m.is_notebook for m in machines):
+                raise
+            # Notebook instances that cannot be described again are not acted on; EC2 machines are checked.
+            ec2 = [m for m in machines if not m.is_notebook]
+            current = {m.instance_id: m for m in self.describe_ids([m.instance_id for m in ec2], tags)}
         return {m.instance_id for m in machines if current.get(m.instance_id) == m}
 
     def describe_ids(self, instance_ids: Sequence[str], tags: TagKeys) -> list[Machine]:
         """Those of the given machines that discovery would list now (running, tagged), described afresh:
         200 ids a DescribeInstances call, the calls concurrently, then their groups in one go. A shard
-        worker's discovery."""
+        worker's discovery. Notebook instances among the ids are listed again by name."""
+        instance_ids, names = self._split(instance_ids)
+        found = self.notebooks.discover(tags, names) if self.notebooks is not None and names else []
 
         def describe(batch: Sequence[str]) -> tuple[list[Machine], dict[str, str]]:
             return self._list(tags, [{"Name": "instance-id", "Values": list(batch)}])
@@ -95,10 +131,10 @@ class Fleet:
         machines: list[Machine] = []
         asg_tagged: dict[str, str] = {}
         batches = list(chunks(sorted(set(instance_ids)), FILTER_VALUES))
-        for found, tagged in run_concurrently(describe, batches, ACTION_WORKERS):
-            machines += found
+        for listed, tagged in run_concurrently(describe, batches, ACTION_WORKERS):
+            machines += listed
             asg_tagged.update(tagged)
-        return self._with_membership(machines, asg_tagged)
+        return self._with_membership(machines, asg_tagged) + found
 
     def _describe(self, tags: TagKeys, only: list[dict[str, Any]]) -> list[Machine]:
         return self._with_membership(*self._list(tags, only))
@@ -192,7 +228,10 @@ class Fleet:
     def stop(self, instance_ids: Sequence[str], *, hibernate: bool) -> list[ActionOutcome]:
         """StopInstances in batches that bisect on failure, so one bad machine does not block the rest.
         A machine that cannot hibernate falls back to a plain stop alone: the batch bisects down to it
-        first, so the others still hibernate (and keep their notebook kernels)."""
+        first, so the others still hibernate (and keep their notebook kernels). Notebook instances are
+        stopped with StopNotebookInstance, one call each (their ML storage volume is kept)."""
+        instance_ids, names = self._split(instance_ids)
+        stopped = self.notebooks.stop(names) if self.notebooks is not None and names else []
 
         def call(ids: Sequence[str]) -> None:
             try:
@@ -203,7 +242,7 @@ class Fleet:
                 else:
                     raise
 
-        return _batched(instance_ids, STOP_BATCH, call)
+        return _batched(instance_ids, STOP_BATCH, call) + stopped
 
     def terminate(self, instance_ids: Sequence[str]) -> list[ActionOutcome]:
         """TerminateInstances in batches that bisect on failure: only ever for machines EC2 cannot stop, on a
@@ -258,6 +297,8 @@ class Fleet:
         return _merged(run_concurrently(lambda task: task(), tasks, ACTION_WORKERS))
 
     def start(self, instance_id: str) -> ActionOutcome:
+        if self.notebooks is not None and not is_ec2_id(instance_id):
+            return self.notebooks.start(instance_id)
         try:
             self.ec2.start_instances(InstanceIds=[instance_id])
         except AwsError as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -87,8 +87,11 @@ class MetricsReader:
         network: bool = False,
         human: bool = True,
         gpu: bool = True,
+        notebooks: Collection[str] = (),
     ) -> dict[str, Signals]:
-        """`gpu`: read the GPU metric (False only for types that cannot have one: core.signals.has_no_gpu)."""
+        """`gpu`: read the GPU metric (False only for types that cannot have one: core.signals.has_no_gpu).
+        `notebooks`: those of the ids that are SageMaker notebook instances, whose CPU is the agent's
+        (`metrics.notebook_cpu`): SageMaker publishes none."""
         period = metrics.period_seconds
         start = datetime.fromtimestamp(int(start.timestamp()) // period * period, tz=UTC)
         kinds: list[tuple[str, str, str]] = [("cpu", metrics.cpu.namespace, metrics.cpu.name)]
@@ -105,6 +108,8 @@ class MetricsReader:
         owner: dict[str, tuple[str, str]] = {}
         for index, instance_id in enumerate(instance_ids):
             for kind, namespace, name in kinds:
+                if kind == "cpu" and instance_id in notebooks:
+                    namespace, name = metrics.notebook_cpu.namespace, metrics.notebook_cpu.name
                 query_id = f"{kind[0]}{kind[-1]}{index}"  # e.g. "cu12": unique, starts with a letter
                 owner[query_id] = (instance_id, kind)
                 stat = _STATISTIC.get(kind, "Maximum")

@@ -22,6 +22,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, MachineRecord, State
+from idle_reaper.core.signals import Signals
 from idle_reaper.policy import DAYS, TeamPolicy
 
 # Audit actions that stop paying for a machine, and their words.
@@ -385,6 +386,7 @@ class AtRisk:
     team: str
     state: str  # unknown, safe_mode or exempt
     hourly_cost: float | None
+    idle_hours: float | None = None  # exempt: hours of the week it sat idle (None: not read, or no data)
 
 
 @dataclass(frozen=True)
@@ -469,6 +471,7 @@ def build_digest(
     zone: str = "UTC",
     policy: TeamPolicy | None = None,
     prices: Mapping[str, float] | None = None,
+    exempt_idle: Mapping[str, float | None] | None = None,
 ) -> Digest:
     """The digest of `week` (in `zone`) for one team, or for every team (team None: the admins'), from the
     audit entries (of this week and the TREND_WEEKS before, and any stop still open) and the records now."""
@@ -519,7 +522,8 @@ def build_digest(
     d.top_waste = d.top_waste[:TOP_MACHINES]
     d.warnings, d.warnings_without_stop = _warnings(events, records, team, lo, hi)
     d.suggestion = window_suggestion(d)
-    d.at_risk = _at_risk(records, team, now, prices or {})
+    idle = exempt_idle or {}
+    d.at_risk = [replace(a, idle_hours=idle.get(a.instance_id)) for a in _at_risk(records, team, now, prices or {})]
     d.under_used = under_used(records, week, team, prices or {})
     for back in range(TREND_WEEKS - 1, -1, -1):
         w = week.previous(back) if back else week
@@ -600,12 +604,51 @@ def window_suggestion(d: Digest) -> str:
     return ""
 
 
+def idle_hours(signals: Signals, policy: TeamPolicy, lo: datetime, hi: datetime, *, gpu: bool) -> float | None:
+    """Hours of [lo, hi) an exempt machine sat idle by its team's thresholds: the clock hours with CPU data
+    (and, for a GPU type, GPU data) in which every point stayed under them. An hour without data is not idle
+    (unknown, never idle); None when the window holds no data at all or the read was incomplete."""
+    if not signals.complete:
+        return None
+    hours: dict[datetime, list[bool]] = {}  # hour -> [seen CPU, seen GPU, busy]
+
+    def mark(points: Sequence[tuple[datetime, float]], slot: int, threshold: float) -> None:
+        for at, value in points:
+            if lo <= at < hi:
+                marks = hours.setdefault(at.replace(minute=0, second=0, microsecond=0), [False, False, False])
+                marks[slot] = True
+                marks[2] = marks[2] or value >= threshold
+
+    mark(signals.cpu, 0, policy.cpu_threshold_percent)
+    if gpu:
+        mark(signals.gpu, 1, policy.gpu_threshold_percent)
+    if not hours or (gpu and not any(marks[1] for marks in hours.values())):
+        return None  # nothing read, or a GPU type whose GPU was never seen: unknown, never idle
+    return float(sum(1 for cpu, seen_gpu, busy in hours.values() if cpu and (seen_gpu or not gpu) and not busy))
+
+
 # ---------------------------------------------------------------------------------------------
 # The words
 
 
 def _usd(value: float) -> str:
     return f"${value:,.2f}"
+
+
+def _exempt_idle_line(at_risk: Sequence[AtRisk]) -> str:
+    """Exempt machines that sat idle this week (read for the digest only; never acted on)."""
+    exempt = [a for a in at_risk if a.state == State.EXEMPT.value]
+    if not exempt:
+        return ""
+    read = [a for a in exempt if a.idle_hours is not None]
+    idle = sorted((a for a in read if a.idle_hours), key=lambda a: -(a.idle_hours or 0) * (a.hourly_cost or 0))
+    hours = sum(a.idle_hours or 0.0 for a in idle)
+    dollars = sum((a.idle_hours or 0.0) * (a.hourly_cost or 0.0) for a in idle)
+    unread = f"; no data for {len(exempt) - len(read)}" if len(read) < len(exempt) else ""
+    if not idle:
+        return f"Exempt and idle: nothing ({len(read)} exempt machine(s) read{unread})."
+    shown = ", ".join(f"{a.name} {a.idle_hours:g} h" for a in idle[:5])
+    return f"Still wasted, exempt and idle: {_usd(dollars)} ({hours:g} h): {shown}{unread}."
 
 
 def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") -> str:
@@ -637,8 +680,10 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
         more = f" and {len(d.at_risk) - 10} more" if len(d.at_risk) > 10 else ""
         lines.append(
             f"Not watched right now ({_usd(costly)}/h): {shown}{more}. Unknown: no data; safe mode: invalid policy; "
-            "exempt: tagged, never read."
+            "exempt: tagged, never acted on."
         )
+        if exempt_line := _exempt_idle_line(d.at_risk):
+            lines.append(exempt_line)
     if d.under_used:
         shown = ", ".join(
             f"{u.name} ({u.instance_type}, never above {u.peak:g} %: {u.smaller} would save {_usd(u.saves_hourly)}/h)"

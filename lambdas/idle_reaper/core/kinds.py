@@ -11,6 +11,7 @@ again at the next sweep. Unknown is never stoppable.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -28,6 +29,15 @@ SPOT_FLEET_TAG = "aws:ec2spot:fleet-request-id"
 _LIVE_REQUEST = frozenset({"open", "active", "disabled"})
 
 
+# An EC2 instance id. A SageMaker notebook instance's machine id is its name; one named like this would share
+# its id with an EC2 machine in the state table, so discovery leaves it out.
+_EC2_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
+
+
+def is_ec2_id(machine_id: str) -> bool:
+    return _EC2_INSTANCE_ID.fullmatch(machine_id) is not None
+
+
 class Kind(StrEnum):
     """The kind of machine, as `status`, the audit and `sweep --json` show it."""
 
@@ -41,6 +51,8 @@ class Kind(StrEnum):
     RESERVED = "capacity-reservation"  # in an active On-Demand Capacity Reservation: a stop saves nothing
     CAPACITY_BLOCK = "capacity-block"  # in a Capacity Block for ML: a stop saves nothing
     UNKNOWN = "unknown"  # a look-up failed this sweep: cannot be stopped
+    NOTEBOOK = "notebook"  # a SageMaker notebook instance, InService: a stop keeps its ML storage volume
+    NOTEBOOK_BUSY = "notebook-not-in-service"  # Pending, Updating, Stopping, Failed...: SageMaker refuses a stop
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,8 @@ class InstanceFacts:
     spot_request_id: str | None = None
     fleet: str | None = None  # "EC2 Fleet fleet-…" or "Spot Fleet sfr-…"
     reservation_id: str | None = None  # CapacityReservationId
+    notebook_status: str | None = None  # a SageMaker notebook instance's NotebookInstanceStatus; None: EC2
+    notebook_config: str | None = None  # the lifecycle configuration attached to a notebook instance, if any
 
     @classmethod
     def of(cls, instance: Mapping[str, Any], tags: Mapping[str, str]) -> InstanceFacts:
@@ -162,17 +176,29 @@ class MachineKind:
 
     @property
     def ordinary(self) -> bool:
-        return self.kind in (Kind.ON_DEMAND, Kind.SPOT)
+        return self.kind in (Kind.ON_DEMAND, Kind.SPOT, Kind.NOTEBOOK)
 
 
 ON_DEMAND = MachineKind(Kind.ON_DEMAND, can_stop=True, can_terminate=True, saves="price")
+NOTEBOOK_IN_SERVICE = "InService"
+# StopNotebookInstance keeps the ML storage volume; nothing terminates a notebook instance here.
+NOTEBOOK = MachineKind(Kind.NOTEBOOK, can_stop=True, can_terminate=False, saves="price")
 
 _TERMINATE_LOSES = "deletes its root volume and every local (instance-store) disk; it can never be started again"
 
 
 def classify(facts: InstanceFacts, lookups: Lookups, now: datetime) -> MachineKind:
     """The kind of one machine. A fleet comes first (whatever else it is, the fleet replaces it), then a
-    look-up that failed, then a reservation that bills it now, then what EC2 lets a stop do."""
+    look-up that failed, then a reservation that bills it now, then what EC2 lets a stop do. A SageMaker
+    notebook instance is stoppable only InService (SageMaker answers ValidationException in any other state)."""
+    if facts.notebook_status is not None:
+        if facts.notebook_status == NOTEBOOK_IN_SERVICE:
+            return NOTEBOOK
+        return _untouchable(
+            Kind.NOTEBOOK_BUSY,
+            f"a SageMaker notebook instance that is {facts.notebook_status}, not InService: SageMaker stops only "
+            "an InService notebook instance, so idle-reaper waits for it to be InService again",
+        )
     if facts.fleet:
         return _untouchable(Kind.FLEET, f"a member of {facts.fleet}, which would launch a replacement for it")
     for needed in (facts.spot_request_id if facts.lifecycle == "spot" else None, facts.reservation_id):
@@ -293,7 +319,14 @@ def recorded_saving(machine_kind: str, on_demand_price: float | None) -> Saving:
 
 # Kinds a person's "Stop now" must not stop: EC2 refuses, or something launches a replacement.
 NEVER_STOPPED = frozenset(
-    {Kind.SPOT_ONE_TIME, Kind.SPOT_RELAUNCHING, Kind.SPOT_REQUEST_GONE, Kind.INSTANCE_STORE, Kind.FLEET}
+    {
+        Kind.SPOT_ONE_TIME,
+        Kind.SPOT_RELAUNCHING,
+        Kind.SPOT_REQUEST_GONE,
+        Kind.INSTANCE_STORE,
+        Kind.FLEET,
+        Kind.NOTEBOOK_BUSY,
+    }
 )
 # Kinds terminating ends for good (nothing relaunches them): the owner's "Terminate now" applies.
 TERMINABLE = frozenset({Kind.SPOT_ONE_TIME, Kind.INSTANCE_STORE})
@@ -321,14 +354,15 @@ class Handling:
 
 
 def family_of(instance_type: str) -> str:
-    return instance_type.split(".", 1)[0]
+    """'g5' for g5.xlarge, and for SageMaker's ml.g5.xlarge: the hardware decides GPU-awareness and scarcity."""
+    return instance_type.removeprefix("ml.").split(".", 1)[0]
 
 
 def handling(kind: MachineKind, instance_type: str, policy: TeamPolicy) -> Handling:
     """The handling of one machine under its team's policy."""
     idle_minutes = policy.idle_minutes
     scarce = family_of(instance_type) in policy.scarce_families
-    if kind.kind is Kind.UNKNOWN:
+    if kind.kind in (Kind.UNKNOWN, Kind.NOTEBOOK_BUSY):
         return Handling("hold", idle_minutes, scarce, why_not_stop=kind.why)
     if kind.reservation is not None:
         if policy.reserved_capacity_action == "stop" and kind.can_stop:
@@ -405,6 +439,31 @@ def notice_sentence(kind: MachineKind, how: Handling, instance_type: str) -> str
     if how.scarce and kind.can_stop:
         return f"It is idle. It is not stopped: {how.why_not_stop}. {scarce_note(instance_type)}."
     return f"It is idle, but idle-reaper does not stop it: it is {kind.why}."
+
+
+# The lifecycle configuration the stack ships (infra/notebooks.py) and how an admin attaches it.
+NOTEBOOK_LIFECYCLE_CONFIG = "idle-reaper-notebook-agent"
+NOTEBOOK_ATTACH_HOW = (
+    f"attach the lifecycle configuration {NOTEBOOK_LIFECYCLE_CONFIG} (SageMaker console: stop the notebook instance, "
+    "Edit, Lifecycle configuration; or `aws sagemaker update-notebook-instance --notebook-instance-name NAME "
+    f"--lifecycle-config-name {NOTEBOOK_LIFECYCLE_CONFIG}` while it is stopped), then start it"
+)
+
+
+def notebook_no_data_note(hourly: float | None, attached: str | None = None) -> str:
+    """What `status` and the admins' daily note say of a notebook instance that publishes no CPU data, by what
+    is attached to it: nothing, another lifecycle configuration, or idle-reaper's that does not publish."""
+    cost = f"${hourly:,.2f}/h" if hourly is not None else "an unknown price"
+    head = f"a SageMaker notebook instance without CPU data (costs {cost}): unknown, never stopped"
+    if attached == NOTEBOOK_LIFECYCLE_CONFIG:
+        return (
+            f"{head}; {NOTEBOOK_LIFECYCLE_CONFIG} is attached but nothing arrives: see the notebook's log "
+            "(CloudWatch /aws/sagemaker/NotebookInstances, LifecycleConfigOnStart) and check that its execution "
+            "role may cloudwatch:PutMetricData"
+        )
+    if attached:
+        return f"{head}; its lifecycle configuration is {attached}, not idle-reaper's: {NOTEBOOK_ATTACH_HOW}"
+    return f"{head}; to have it watched, {NOTEBOOK_ATTACH_HOW}"
 
 
 def describe(kind: MachineKind) -> str:

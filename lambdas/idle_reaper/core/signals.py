@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from idle_reaper.core.kinds import InstanceFacts
+from idle_reaper.core.kinds import InstanceFacts, family_of
 from idle_reaper.core.time_of_day import UsageMarks, epoch_day, epoch_hours
 from idle_reaper.policy import TeamPolicy
 
@@ -38,7 +38,12 @@ class Machine:
 
     @property
     def family(self) -> str:
-        return self.instance_type.split(".", 1)[0]
+        return family_of(self.instance_type)
+
+    @property
+    def is_notebook(self) -> bool:
+        """A SageMaker notebook instance (its id is its name), not an EC2 instance."""
+        return self.facts.notebook_status is not None
 
 
 Point = tuple[datetime, float]  # (period start, value)
@@ -156,7 +161,7 @@ _GPU_FAMILY = re.compile(r"^(p|g|gr)\d")
 
 
 def is_gpu_type(instance_type: str, gpu_families: Iterable[str]) -> bool:
-    family = instance_type.split(".", 1)[0]
+    family = family_of(instance_type)  # ml.p3.2xlarge (a SageMaker notebook) is a p3
     return family in set(gpu_families) or bool(_GPU_FAMILY.match(family))
 
 
@@ -169,7 +174,7 @@ _NO_GPU_FAMILY = re.compile(r"^(a|c|d|i|m|r|t|x|z)\d")
 def has_no_gpu(instance_type: str, gpu_families: Iterable[str]) -> bool:
     """A type that certainly has no NVIDIA GPU: its GPU metric is not read (a query billed for a series that
     cannot exist). Anything unsure (a family the pattern does not know, or the settings' GPU families) is read."""
-    family = instance_type.split(".", 1)[0]
+    family = family_of(instance_type)
     return bool(_NO_GPU_FAMILY.match(family)) and not is_gpu_type(instance_type, gpu_families)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from idle_reaper.aws.clients import client, ssm_prefix, table_name
+from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import DynamoStateStore
 from idle_reaper.notify import logger
@@ -31,5 +32,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     except Exception as exc:  # not configured, or the secret cannot be read
         logger.warning("Slack unavailable: no weekly digest is sent", extra={"why": type(exc).__name__})
         sender = None
-    outcomes = send_due_digests(store, PolicyStore(client("ssm"), ssm_prefix()), sender, now)
+    policies = PolicyStore(client("ssm"), ssm_prefix())
+    outcomes = send_due_digests(store, policies, sender, now, metrics=MetricsReader(client("cloudwatch")))
     return {"digests": [o.__dict__ for o in outcomes]}

@@ -20,6 +20,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 
 from idle_reaper.aws.clients import AwsError
 from idle_reaper.aws.fleet import Fleet
+from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import DynamoStateStore, StateStore
 from idle_reaper.core.answers import keep_until, may_answer, parse_duration
@@ -57,7 +58,7 @@ class Region:
 
     @cached_property
     def fleet(self) -> Fleet:
-        return Fleet(self.connect("ec2"), self.connect("autoscaling"))
+        return Fleet(self.connect("ec2"), self.connect("autoscaling"), NotebookInstances(self.connect("sagemaker")))
 
     @cached_property
     def effects(self) -> Effects:

@@ -11,8 +11,10 @@ from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import (
     MetricsReader,
 )
+from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import DynamoStateStore, StateStore
+from idle_reaper.aws.studio import StudioApps
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.reports import (
     SweepSummary,
@@ -59,6 +61,7 @@ class Adapters:
     metrics: MetricsReader
     store: StateStore
     notifier: Notifier
+    studio: StudioApps | None = None  # SageMaker Studio, read for the daily report (sweep/studio.py)
 
     @classmethod
     def from_environment(cls, notifier: Notifier | None = None, slack_budget_seconds: float = 60.0) -> Adapters:
@@ -78,10 +81,11 @@ class Adapters:
                 notifier = LoggingNotifier(logger)
         return cls(
             policies=PolicyStore(client("ssm"), ssm_prefix()),
-            fleet=Fleet(client("ec2"), client("autoscaling")),
+            fleet=Fleet(client("ec2"), client("autoscaling"), NotebookInstances(client("sagemaker"))),
             metrics=MetricsReader(client("cloudwatch")),
             store=store,
             notifier=notifier,
+            studio=StudioApps(client("sagemaker")),
         )
 
 

@@ -9,10 +9,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.policies import PolicyStore, policy_for
 from idle_reaper.aws.state import StateStore
 from idle_reaper.core.digest import (
     ADMINS,
+    FRESH_RECORD,
     RECOVERY_HORIZON,
     TREND_WEEKS,
     Digest,
@@ -21,8 +23,10 @@ from idle_reaper.core.digest import (
     claim_key,
     digest_due,
     digest_text,
+    idle_hours,
 )
-from idle_reaper.core.records import MachineRecord
+from idle_reaper.core.records import MachineRecord, State
+from idle_reaper.core.signals import Signals, has_no_gpu, is_gpu_type
 from idle_reaper.notify import logger
 from idle_reaper.policy import Settings, TeamPolicy, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES
@@ -57,6 +61,7 @@ def send_due_digests(
     *,
     render: Callable[[Digest, dict[str, str]], bytes] | None = None,
     prices: Mapping[str, float] = DEFAULT_PRICES,
+    metrics: MetricsReader | None = None,
 ) -> list[DigestOutcome]:
     """Send every digest due at `now` that nobody sent yet. Teams with a policy parameter are due at their own
     digest time; the admins, and teams on the default policy, at the default policy's. A digest that cannot be
@@ -68,7 +73,7 @@ def send_due_digests(
         policy = refs[team].policy or settings.default_policy  # a team in safe mode still hears how it went
         if week := digest_due(policy, now):
             due.append(_Due(team, team, policy, week))
-    return _send(store, sender, settings, refs, due, now, render, prices)
+    return _send(store, sender, settings, refs, due, now, render, prices, metrics)
 
 
 def send_week_digests(
@@ -80,6 +85,7 @@ def send_week_digests(
     *,
     render: Callable[[Digest, dict[str, str]], bytes] | None = None,
     prices: Mapping[str, float] = DEFAULT_PRICES,
+    metrics: MetricsReader | None = None,
 ) -> list[DigestOutcome]:
     """Every destination's digest of `week` as of `now`, whatever the digest time (the demo's simulated day),
     claimed once like the hourly ones."""
@@ -87,7 +93,7 @@ def send_week_digests(
     refs = policies.load_teams(settings)
     due = [_Due(ADMINS, None, settings.default_policy, week)]
     due += [_Due(team, team, refs[team].policy or settings.default_policy, week) for team in sorted(refs)]
-    return _send(store, sender, settings, refs, due, now, render, prices)
+    return _send(store, sender, settings, refs, due, now, render, prices, metrics)
 
 
 def _send(
@@ -99,6 +105,7 @@ def _send(
     now: datetime,
     render: Callable[[Digest, dict[str, str]], bytes] | None,
     prices: Mapping[str, float],
+    metrics: MetricsReader | None = None,
 ) -> list[DigestOutcome]:
     claimed = [d for d in due if store.claim_once(claim_key(d.destination, d.week), now)]
     if not claimed:
@@ -119,7 +126,33 @@ def _send(
                 policy = policy_for(team, refs, settings).policy or settings.default_policy
                 claimed.append(_Due(team, team, policy, admins_week))
     names = {r.instance_id: r.name or r.instance_id for r in records}
-    return [_send_one(store, sender, d, entries, records, names, settings, now, render, prices) for d in claimed]
+    weeks = [d.week.span(d.policy.timezone) for d in claimed]
+    exempt = _read_exempt(metrics, records, settings, min(lo for lo, _ in weeks), now)
+    return [
+        _send_one(store, sender, d, entries, records, names, settings, now, render, prices, exempt, refs)
+        for d in claimed
+    ]
+
+
+def _read_exempt(
+    metrics: MetricsReader | None, records: list[MachineRecord], settings: Settings, start: datetime, now: datetime
+) -> dict[str, Signals]:
+    """The week's CPU (and GPU) of the machines exempt now: the sweep never reads them, so whether they sat
+    idle is read here, once a week, for the digest only. A read that fails leaves them "no data"."""
+    exempt = [r for r in records if r.state is State.EXEMPT and r.updated_at and now - FRESH_RECORD <= r.updated_at]
+    if metrics is None or not exempt:
+        return {}
+    signals: dict[str, Signals] = {}
+    families = settings.gpu_instance_families
+    for gpu in (True, False):
+        ids = [r.instance_id for r in exempt if has_no_gpu(r.instance_type or "", families) != gpu]
+        if not ids:
+            continue
+        try:
+            signals.update(metrics.fetch(ids, settings.metrics, start=start, end=now, human=False, gpu=gpu))
+        except Exception as exc:  # the digest goes out without these figures, and says "no data"
+            logger.warning("exempt machines not read for the digest", extra={"error": type(exc).__name__})
+    return signals
 
 
 def _send_one(
@@ -133,9 +166,32 @@ def _send_one(
     now: datetime,
     render: Callable[[Digest, dict[str, str]], bytes] | None,
     prices: Mapping[str, float],
+    exempt: Mapping[str, Signals],
+    refs: Mapping[str, TeamPolicyRef],
 ) -> DigestOutcome:
+    lo, hi = due.week.span(due.policy.timezone)
+    families = settings.gpu_instance_families
+    exempt_idle = {
+        r.instance_id: idle_hours(
+            exempt[r.instance_id],
+            policy_for(r.team, refs, settings).policy or settings.default_policy,
+            lo,
+            min(hi, now),
+            gpu=is_gpu_type(r.instance_type or "", families),
+        )
+        for r in records
+        if r.instance_id in exempt
+    }
     digest = build_digest(
-        entries, records, due.week, now=now, team=due.team, zone=due.policy.timezone, policy=due.policy, prices=prices
+        entries,
+        records,
+        due.week,
+        now=now,
+        team=due.team,
+        zone=due.policy.timezone,
+        policy=due.policy,
+        prices=prices,
+        exempt_idle=exempt_idle,
     )
     channel = due.policy.slack_channel if due.team else None
     redirected = due.team is not None and channel is None

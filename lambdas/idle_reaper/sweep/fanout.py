@@ -199,7 +199,7 @@ def plan_sweep(
     now = now.astimezone(UTC)
     settings, _ = load_sweep_settings(adapters)
     try:
-        machines = adapters.fleet.discover(settings.tags)
+        machines = adapters.fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)
     except AwsError as exc:
         raise SweepCannotRun(f"cannot list machines ({error_code(exc)}): {exc}") from None
     shards = max(1, -(-len(machines) // shard_size))

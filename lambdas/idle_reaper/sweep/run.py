@@ -20,7 +20,15 @@ from idle_reaper.aws.metrics import (
 )
 from idle_reaper.aws.policies import policy_for
 from idle_reaper.core.digest import with_peak
-from idle_reaper.core.kinds import Lookups, MachineKind, classify, stop_saves
+from idle_reaper.core.kinds import (
+    NOTEBOOK_ATTACH_HOW,
+    NOTEBOOK_LIFECYCLE_CONFIG,
+    Lookups,
+    MachineKind,
+    classify,
+    notebook_no_data_note,
+    stop_saves,
+)
 from idle_reaper.core.lifecycle import Decision, decide, kind_policy
 from idle_reaper.core.reading import not_due, plan_next_read, unread
 from idle_reaper.core.records import Action, MachineRecord, State
@@ -49,6 +57,7 @@ from idle_reaper.sweep.adapters import (
 )
 from idle_reaper.sweep.delivery import apply_decisions, explain
 from idle_reaper.sweep.quiet_hours import report_quiet_hours
+from idle_reaper.sweep.studio import report_studio
 
 
 def run_sweep(
@@ -95,7 +104,7 @@ def run_sweep(
         elif listed is not None:
             machines = list(listed)
         else:
-            machines = adapters.fleet.discover(settings.tags)
+            machines = adapters.fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)
         records = adapters.store.load([m.instance_id for m in machines])
     except AwsError as exc:
         raise SweepCannotRun(f"cannot list machines or read the state table ({error_code(exc)}): {exc}") from None
@@ -147,6 +156,7 @@ def run_sweep(
         price = hourly_price(m.instance_type, prices)
         decisions.append(replace(d, hourly_cost=price, saving=stop_saves(kind, price)))
 
+    decisions = _notebook_notes(adapters, decisions, signals, refs, settings, now, warnings, alert=not dry_run)
     terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
     if terminating:
         try:
@@ -261,11 +271,88 @@ def _fetch_signals(
         else:
             short_lookback = max(short_lookback, lookback)
             groups[(0, network, human, gpu)].append(m.instance_id)
+    notebooks = {m.instance_id for m in machines if m.is_notebook}
     signals: dict[str, Signals] = {}
     for (lookback, network, human, gpu), ids in groups.items():
         start = now - timedelta(minutes=lookback or short_lookback, seconds=period)
-        signals.update(reader.fetch(ids, settings.metrics, start=start, end=now, network=network, human=human, gpu=gpu))
+        signals.update(
+            reader.fetch(
+                ids, settings.metrics, start=start, end=now, network=network, human=human, gpu=gpu, notebooks=notebooks
+            )
+        )
     return signals
+
+
+def _cost(price: float | None) -> str:
+    return f"${price:,.2f}/h" if price is not None else "price unknown"
+
+
+def _notebook_notes(
+    adapters: Adapters,
+    decisions: list[Decision],
+    signals: Mapping[str, Signals],
+    refs: Mapping[str, TeamPolicyRef],
+    settings: Settings,
+    now: datetime,
+    warnings: list[str],
+    *,
+    alert: bool,
+) -> list[Decision]:
+    """What a sweep says of SageMaker beyond its decisions: that notebook instances could not be listed, which
+    publish no data (their reasons say so; the admins hear once a day), and the day's Studio note."""
+    _report_unlisted_notebooks(adapters, settings, now, warnings, alert=alert)
+    decisions = [_unwatched_notebook(d, signals.get(d.machine.instance_id)) for d in decisions]
+    if alert:
+        _note_unwatched_notebooks(adapters, decisions, settings, now)
+        report_studio(adapters, refs, settings, now)
+    return decisions
+
+
+def _unwatched_notebook(d: Decision, signals: Signals | None) -> Decision:
+    """A notebook instance read without a CPU datapoint (the lifecycle configuration is not attached): unknown,
+    never stopped; its reason (and so `status`) says what it costs and how to attach the configuration."""
+    if not d.machine.is_notebook or signals is None or signals.cpu:
+        return d
+    note = f"{d.reason}; {notebook_no_data_note(d.hourly_cost, d.machine.facts.notebook_config)}"
+    return replace(d, reason=note, record=replace(d.record, reason=note))
+
+
+def _report_unlisted_notebooks(
+    adapters: Adapters, settings: Settings, now: datetime, warnings: list[str], *, alert: bool
+) -> None:
+    """Notebook instances that could not be listed are not swept this time: say so, and tell the admins
+    once a day per error."""
+    unlisted = adapters.fleet.notebooks_unlisted
+    if not unlisted:
+        return
+    text = (
+        f"idle-reaper could not list SageMaker notebook instances ({unlisted}); none is swept (none stopped, no "
+        "owner told) until it can. Check the sweep role's sagemaker:ListNotebookInstances and sagemaker:ListTags."
+    )
+    warnings.append(text)
+    if alert:
+        alert_once(adapters, f"notebooks-unlisted#{now:%Y-%m-%d}#{unlisted.split(':', 1)[0]}", text, settings, now)
+
+
+def _note_unwatched_notebooks(
+    adapters: Adapters, decisions: Sequence[Decision], settings: Settings, now: datetime
+) -> None:
+    """The admins' daily note: the notebook instances without data, their hourly cost, what is attached to
+    each that is not idle-reaper's configuration, and how to attach it."""
+    unwatched = [d for d in decisions if d.machine.is_notebook and NOTEBOOK_LIFECYCLE_CONFIG in d.reason]
+    if not unwatched:
+        return
+    listed = [
+        f"{d.machine.instance_id} ({d.machine.instance_type}, team {d.machine.team}, {_cost(d.hourly_cost)}"
+        + (f", lifecycle configuration {config}" if (config := d.machine.facts.notebook_config) else "")
+        + ")"
+        for d in unwatched
+    ]
+    text = (
+        f"idle-reaper sees no CPU data from {len(listed)} SageMaker notebook instance(s): {', '.join(listed)}. "
+        f"They are unknown and never stopped. To have them watched, {NOTEBOOK_ATTACH_HOW}."
+    )
+    alert_once(adapters, f"notebooks-no-data#{now:%Y-%m-%d}", text, settings, now)
 
 
 def _log_decision(d: Decision, dry_run: bool) -> None:

@@ -21,6 +21,7 @@ from replay_support import (
     run_json,
     small_fleet_text,
     trace,
+    ts,
     write_short_policy,
 )
 
@@ -29,6 +30,7 @@ from idle_reaper_tools.replay import (
     STATE_NAMES,
     PolicySet,
     ReplayOptions,
+    TraceError,
     fleet_timeline,
     parse_trace,
     read_trace,
@@ -267,3 +269,23 @@ def test_reading_only_when_due_warns_and_stops_exactly_as_reading_every_period(s
         strip = lambda s: {k: v for k, v in s.items() if k != "core_calls"}  # noqa: E731
         assert strip(due.reaper.summary()) == strip(every.reaper.summary())
         assert due.reaper.fleet.core_calls < every.reaper.fleet.core_calls, "fewer reads"
+
+
+def test_the_kind_column_replays_sagemaker_notebook_instances_and_refuses_an_unknown_kind() -> None:
+    header = "timestamp,instance_id,cpu,instance_type,kind"
+    t = trace(
+        [
+            *csv_rows("cpu-nb", [1.0] * 30, ",ml.t3.medium,notebook"),
+            *csv_rows("gpu-nb", [1.0] * 30, ",ml.p3.2xlarge,notebook"),  # no GPU column: could be training
+            *csv_rows("i-ec2", [1.0] * 30, ",m5.large,"),
+        ],
+        header=header,
+    )
+    assert [s.kind for s in t.series] == ["notebook", "notebook", "ec2"]
+    runs = {r.instance_id: r for r, _ in simulate_fleet(t, ReplayOptions(policies=SHORT_POLICY))}
+    assert runs["cpu-nb"].stopped and runs["i-ec2"].stopped
+    assert not runs["gpu-nb"].stopped, "an ml.p3 notebook without GPU data is unknown, never stopped"
+    with pytest.raises(TraceError, match=r"test.csv:3: column 'kind': 'sagemaker' is not one of ec2, notebook"):
+        trace([*csv_rows("nb", [1.0], ",ml.t3.medium,notebook"), *csv_rows("x", [1.0], ",m5.large,sagemaker")], header)
+    with pytest.raises(TraceError, match="nb was 'notebook' at line 2, now 'ec2'"):
+        trace([f"{ts(0)},nb,1,ml.t3.medium,notebook", f"{ts(1)},nb,1,ml.t3.medium,ec2"], header)

@@ -45,6 +45,9 @@ class RecordingSlack:
     def chat_postMessage(self, **kw: Any) -> dict[str, Any]:
         return self._answer(self.posts, self.post_error, kw)
 
+    def texts(self) -> list[str]:
+        return [str(kw.get("initial_comment") or kw.get("text")) for kw in self.uploads + self.posts]
+
     def channels(self) -> list[str]:
         return sorted(kw["channel"] for kw in self.uploads + self.posts)
 
@@ -144,3 +147,53 @@ def test_without_slack_nothing_is_sent_and_every_digest_waits_for_it_without_a_c
     lonely = send_due_digests(InMemoryStateStore(), PolicyStore(ssm, PREFIX), DigestSender(slack), MONDAY_9)  # type: ignore[arg-type]
     assert {(o.destination, o.channel) for o in lonely} == {("admins", None), ("cv", None)}
     assert all("set the team's slack_channel or settings.admin_channel" in o.error for o in lonely)
+
+
+def test_exempt_machines_are_read_for_the_week_and_their_idle_hours_counted_as_still_wasted() -> None:
+    from idle_reaper.aws.metrics import MetricsReader
+    from idle_reaper.core import State
+    from testkit.aws.metrics import FakeCloudWatch
+
+    store, policies = world()
+    cloudwatch = FakeCloudWatch()
+    # Idle all week but busy on Wednesday 10:00-12:00 (two hours), busy on its GPU, a GPU box without its agent.
+    wednesday = W47 + timedelta(days=2, hours=10)
+    machines = {
+        "i-lazy": ("m5.large", lambda t: (80.0 if wednesday <= t < wednesday + timedelta(hours=2) else 1.0, None)),
+        "i-train": ("g5.xlarge", lambda t: (1.0, 95.0)),
+        "i-blind": ("g5.xlarge", lambda t: (1.0, None)),
+    }
+    for instance_id, (itype, profile) in machines.items():
+        cloudwatch.add(instance_id, profile, W47 - timedelta(days=1))
+        store.records[instance_id] = MachineRecord(
+            instance_id, "ml", name=instance_id[2:], state=State.EXEMPT, instance_type=itype, updated_at=MONDAY_9
+        )
+    slack = RecordingSlack()
+    sent = send_due_digests(
+        store, policies, DigestSender(slack), MONDAY_9, render=no_chart, metrics=MetricsReader(cloudwatch)
+    )  # type: ignore[arg-type]
+    assert {o.destination for o in sent} >= {"ml", "admins"}
+    ml = next(t for t in slack.texts() if "team ml" in t)
+    # 168 hours of the week, less Wednesday's two busy ones: 166 idle hours at $0.096.
+    assert f"Still wasted, exempt and idle: ${166 * 0.096:,.2f} (166 h): lazy 166 h; no data for 1." in ml
+    assert "train" not in ml.split("exempt and idle")[1].split("\n")[0]
+    # What was read: CPU of all three, GPU only of the GPU types; never the person's metric.
+    names = {q["MetricStat"]["Metric"]["MetricName"] for _, kw in cloudwatch.requests for q in kw["MetricDataQueries"]}
+    assert "idle_reaper_minutes_since_input" not in names
+
+
+def test_without_metrics_exempt_machines_say_nothing_of_idle_time_and_a_failed_read_says_no_data() -> None:
+    from idle_reaper.aws.metrics import MetricsReader
+    from idle_reaper.core import State
+    from testkit.aws.metrics import FakeCloudWatch
+
+    store, policies = world()
+    store.records["i-lazy"] = MachineRecord(
+        "i-lazy", "ml", name="lazy", state=State.EXEMPT, instance_type="m5.large", updated_at=MONDAY_9
+    )
+    cloudwatch = FakeCloudWatch()
+    cloudwatch.inject("GetMetricData", "AccessDenied")
+    slack = RecordingSlack()
+    send_due_digests(store, policies, DigestSender(slack), MONDAY_9, render=no_chart, metrics=MetricsReader(cloudwatch))  # type: ignore[arg-type]
+    ml = next(t for t in slack.texts() if "team ml" in t)
+    assert "Exempt and idle: nothing (0 exempt machine(s) read; no data for 1)." in ml

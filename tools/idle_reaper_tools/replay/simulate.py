@@ -39,7 +39,7 @@ from idle_reaper.core import (
     started_by_person,
 )
 from idle_reaper.core.digest import running_again_entry
-from idle_reaper.core.kinds import ON_DEMAND, stop_saves
+from idle_reaper.core.kinds import NOTEBOOK, ON_DEMAND, InstanceFacts, stop_saves
 from idle_reaper.core.reading import not_due, plan_next_read
 from idle_reaper.core.time_of_day import observe_text
 from idle_reaper.policy import TeamPolicy
@@ -264,7 +264,9 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
     timeline = run.timeline
     rng = random.Random(f"{opts.seed}/{series.instance_id}") if opts.snooze_rate > 0 else None
 
-    machine = Machine(series.instance_id, series.instance_type, series.team, launch_time=times[0])
+    notebook = series.kind == "notebook"
+    facts = InstanceFacts(notebook_status="InService") if notebook else InstanceFacts()
+    machine = Machine(series.instance_id, series.instance_type, series.team, launch_time=times[0], facts=facts)
     record: MachineRecord | None = None
     launch = 0
     # What the core's last answer settled into, while its inputs keep it there (see the fast paths).
@@ -324,14 +326,14 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
             user=[(times[i], v) for i in range(lo, k) if (v := user[i]) == v] if use_user else (),
         )
         assessment = assess(machine, signals, in_force, now=now, period=period, gpu_families=families)
-        decision = decide(machine, ref, assessment, record, now=now)
+        decision = decide(machine, ref, assessment, record, now=now, kind=NOTEBOOK if notebook else ON_DEMAND)
         if opts.read_when_due:
             decision = replace(decision, record=plan_next_read(decision, now))
         record = decision.record
         run.core_calls += 1
         if opts.audit_prices is not None and decision.action is not Action.NONE:
             price = opts.audit_prices.get(series.instance_type)
-            priced = replace(decision, hourly_cost=price, saving=stop_saves(ON_DEMAND, price))
+            priced = replace(decision, hourly_cost=price, saving=stop_saves(NOTEBOOK if notebook else ON_DEMAND, price))
             run.audit.append((series.instance_id, now, explain(priced)))
 
         if warning_open and record.warned_at is None:

@@ -19,7 +19,10 @@ from typing import Literal, TextIO
 
 NAN = math.nan
 REQUIRED_COLUMNS = ("timestamp", "instance_id", "cpu")
-OPTIONAL_COLUMNS = ("gpu", "team", "instance_type", "network", "user", "owner")
+OPTIONAL_COLUMNS = ("gpu", "team", "instance_type", "network", "user", "owner", "kind")
+# `kind`: what the machine is. "ec2" (the default) or "notebook", a SageMaker notebook instance (stopped with
+# StopNotebookInstance; priced at its ml.* type's SageMaker price).
+KINDS = ("ec2", "notebook")
 # `user`: minutes since the last human input at that sample (the on-machine collector's
 # idle_reaper_minutes_since_input); USER_NONE means "no human input seen".
 USER_NONE = 10080.0
@@ -53,6 +56,7 @@ class Series:
     # Empty when the trace has no `user` column.
     user: array[float] = field(default_factory=lambda: array("d"))
     owner: str = ""  # the `owner` column; "" when the trace gives none
+    kind: str = "ec2"  # the `kind` column (KINDS)
 
     def user_at(self, i: int) -> float:
         return self.user[i] if self.user else NAN
@@ -92,6 +96,7 @@ class _Builder:
         "first",
         "gpu",
         "instance_type",
+        "kind",
         "last_bucket",
         "last_line",
         "last_row",
@@ -115,6 +120,7 @@ class _Builder:
         self.net: array[float] = array("d")
         self.user: array[float] = array("d")
         self.owner: tuple[str, int] | None = None
+        self.kind: tuple[str, int] | None = None
 
 
 def _timestamp(text: str, source: str, line: int) -> float:
@@ -156,7 +162,12 @@ def _value(text: str, column: str, high: float, source: str, line: int, clamp: _
 
 
 def _label(
-    builder: _Builder, slot: Literal["team", "instance_type", "owner"], value: str, iid: str, source: str, line: int
+    builder: _Builder,
+    slot: Literal["team", "instance_type", "owner", "kind"],
+    value: str,
+    iid: str,
+    source: str,
+    line: int,
 ) -> None:
     """Team and instance type may be given on any row, but must not change within an instance."""
     known: tuple[str, int] | None = getattr(builder, slot)
@@ -203,7 +214,7 @@ def parse_trace(
     i_ts, i_id, i_cpu = col["timestamp"], col["instance_id"], col["cpu"]
     i_gpu, i_net = col.get("gpu"), col.get("network")
     i_team, i_type = col.get("team"), col.get("instance_type")
-    i_user, i_owner = col.get("user"), col.get("owner")
+    i_user, i_owner, i_kind = col.get("user"), col.get("owner"), col.get("kind")
     width = len(names)
 
     ts_cache: dict[str, float] = {}  # a fleet's rows share their timestamps: parse each once
@@ -252,6 +263,10 @@ def parse_trace(
             user = NAN if i_user is None else _value(row[i_user], "user", USER_NONE, source, line)
             if i_owner is not None and (owner := row[i_owner].strip()):
                 _label(b, "owner", owner, iid, source, line)
+            if i_kind is not None and (kind := row[i_kind].strip().lower()):
+                if kind not in KINDS:
+                    raise TraceError(source, line, f"{kind!r} is not one of {', '.join(KINDS)}", "kind")
+                _label(b, "kind", kind, iid, source, line)
             if i_team is not None and (team := row[i_team].strip()):
                 _label(b, "team", team, iid, source, line)
             if i_type is not None and (itype := row[i_type].strip()):
@@ -294,6 +309,7 @@ def parse_trace(
             network=b.net,
             user=b.user if i_user is not None else array("d"),
             owner=b.owner[0] if b.owner else "",
+            kind=b.kind[0] if b.kind else "ec2",
         )
         for iid, b in builders.items()
     ]

@@ -1,0 +1,55 @@
+"""Once a day, the admins hear which running Studio apps would outlast their team's idle window (core/studio.py):
+Studio apps are reported, never acted on."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from datetime import datetime
+
+from idle_reaper.aws.clients import AwsError, error_code
+from idle_reaper.aws.policies import policy_for
+from idle_reaper.core.studio import StudioFinding, misaligned
+from idle_reaper.notify import logger
+from idle_reaper.policy import Settings, TeamPolicyRef
+from idle_reaper.pricing import hourly_price
+from idle_reaper.sweep.adapters import Adapters
+
+
+def studio_findings(adapters: Adapters, refs: Mapping[str, TeamPolicyRef], settings: Settings) -> list[StudioFinding]:
+    """What `status` and the daily note list. Raises AwsError when Studio cannot be read."""
+    if adapters.studio is None:
+        return []
+
+    def idle_minutes_of(team: str | None) -> int:
+        policy = policy_for(team, refs, settings).policy if team else None
+        return (policy or settings.default_policy).idle_minutes
+
+    return misaligned(adapters.studio.running(settings.tags.team), idle_minutes_of, hourly_price)
+
+
+def report_studio(adapters: Adapters, refs: Mapping[str, TeamPolicyRef], settings: Settings, now: datetime) -> None:
+    """The day's first sweep claims the note, reads Studio, and tells the admins; a read that fails releases
+    the claim (a later sweep tries again) and is logged."""
+    if adapters.studio is None or not settings.sagemaker_notebooks:
+        return
+    key = f"studio#{now:%Y-%m-%d}"
+    try:
+        if not adapters.store.claim_once(key, now):
+            return
+        findings = studio_findings(adapters, refs, settings)
+    except AwsError as exc:
+        logger.warning("could not read SageMaker Studio apps", extra={"error": error_code(exc)})
+        with contextlib.suppress(*AwsError):
+            adapters.store.release_claim(key)
+        return
+    if findings:
+        text = (
+            f"{len(findings)} running SageMaker Studio app(s) would outlast their team's idle window (idle-reaper "
+            "reports Studio apps, it does not stop them): " + "; ".join(f.line() for f in findings) + ". Align "
+            "the domain's or space's idle shutdown (AppLifecycleManagement) with the team's idle_minutes."
+        )
+        try:
+            adapters.notifier.admin_alert(text, settings.admins, settings.admin_channel)
+        except Exception as exc:  # a note must never stop the sweep
+            logger.warning("Studio note failed", extra={"error": str(exc)})
