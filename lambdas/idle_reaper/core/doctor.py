@@ -45,6 +45,25 @@ def listed(subjects: Sequence[str]) -> str:
     return shown + (f" and {len(subjects) - LIST_LIMIT} more" if len(subjects) > LIST_LIMIT else "")
 
 
+def verdict(check: str, subjects: Sequence[str], *, ok: str, bad: str, fix: str, status: Status = "fail") -> Finding:
+    """`status` naming the subjects when there are any, else ok: the shape of most checks."""
+    if not subjects:
+        return Finding(check=check, status="ok", message=ok)
+    return Finding(check=check, status=status, subjects=tuple(subjects), message=bad, fix=fix)
+
+
+def outcomes(check: str, ok: str, could_not: str | None, *failures: tuple[Sequence[str], str, str]) -> list[Finding]:
+    """A fail per (subjects, message, fix) with subjects, an unknown when some could not be checked, else ok."""
+    out = [
+        Finding(check=check, status="fail", subjects=tuple(subjects), message=bad, fix=fix)
+        for subjects, bad, fix in failures
+        if subjects
+    ]
+    if could_not:
+        out.append(unknown(check, could_not))
+    return out or [Finding(check=check, status="ok", message=ok)]
+
+
 def unknown(check: str, why: str, fix: str = "") -> Finding:
     return Finding(check=check, status="unknown", message=f"could not check: {why}", fix=fix)
 
@@ -182,18 +201,15 @@ def check_slack(facts: SlackFacts) -> list[Finding]:
         out.append(unknown("slack.scopes", "Slack sent no x-oauth-scopes header"))
     else:
         missing = sorted(facts.required_scopes - facts.granted_scopes)
-        if missing:
-            out.append(
-                Finding(
-                    check="slack.scopes",
-                    status="fail",
-                    subjects=tuple(missing),
-                    message=f"the app lacks scope(s) slack/manifest.yml asks for: {', '.join(missing)}",
-                    fix="Slack app -> OAuth & Permissions -> Bot Token Scopes: add them, then reinstall the app",
-                )
+        out.append(
+            verdict(
+                "slack.scopes",
+                missing,
+                ok="every scope the manifest asks for",
+                bad=f"the app lacks scope(s) slack/manifest.yml asks for: {', '.join(missing)}",
+                fix="Slack app -> OAuth & Permissions -> Bot Token Scopes: add them, then reinstall the app",
             )
-        else:
-            out.append(Finding(check="slack.scopes", status="ok", message="every scope the manifest asks for"))
+        )
     out += _channels(facts)
     out += _users(facts)
     return out
@@ -209,59 +225,33 @@ def _channels(facts: SlackFacts) -> list[Finding]:
     def named(channels: list[str]) -> str:
         return listed([f"{c} ({', '.join(facts.channel_teams.get(c, ()))})" for c in channels])
 
-    out: list[Finding] = []
-    if absent:
-        out.append(
-            Finding(
-                check="slack.channels",
-                status="fail",
-                subjects=tuple(absent),
-                message=f"channel(s) the bot cannot see (channel_not_found): {named(absent)}",
-                fix="correct slack_channel in the team policy, or invite the bot to the private channel: "
-                "/invite @idle-reaper",
-            )
-        )
-    if outside:
-        out.append(
-            Finding(
-                check="slack.channels",
-                status="fail",
-                subjects=tuple(outside),
-                message=f"the bot is not a member of channel(s): {named(outside)}",
-                fix="in each channel: /invite @idle-reaper",
-            )
-        )
-    if could_not:
-        out.append(unknown("slack.channels", f"Slack did not answer for {listed(could_not)}"))
-    if not out:
-        out.append(
-            Finding(check="slack.channels", status="ok", message=f"the bot is in all {len(facts.channels)} channels")
-        )
-    return out
+    return outcomes(
+        "slack.channels",
+        f"the bot is in all {len(facts.channels)} channels",
+        f"Slack did not answer for {listed(could_not)}" if could_not else None,
+        (
+            absent,
+            f"channel(s) the bot cannot see (channel_not_found): {named(absent)}",
+            "correct slack_channel in the team policy, or invite the bot to the private channel: /invite @idle-reaper",
+        ),
+        (outside, f"the bot is not a member of channel(s): {named(outside)}", "in each channel: /invite @idle-reaper"),
+    )
 
 
 def _users(facts: SlackFacts) -> list[Finding]:
     missing = sorted(u for u, exists in facts.users.items() if exists is False)
     could_not = sorted(u for u, exists in facts.users.items() if exists is None)
-    out: list[Finding] = []
-    if missing:
-        out.append(
-            Finding(
-                check="slack.users",
-                status="fail",
-                subjects=tuple(missing),
-                message="user id(s) Slack does not know (user_not_found): "
-                + listed([f"{u} ({', '.join(facts.user_roles.get(u, ()))})" for u in missing]),
-                fix="correct admins in the settings or members in the team policy (Slack profile -> Copy member ID)",
-            )
-        )
-    if could_not:
-        out.append(unknown("slack.users", f"Slack did not answer for {listed(could_not)}"))
-    if not out:
-        out.append(
-            Finding(check="slack.users", status="ok", message=f"all {len(facts.users)} admins and members exist")
-        )
-    return out
+    return outcomes(
+        "slack.users",
+        f"all {len(facts.users)} admins and members exist",
+        f"Slack did not answer for {listed(could_not)}" if could_not else None,
+        (
+            missing,
+            "user id(s) Slack does not know (user_not_found): "
+            + listed([f"{u} ({', '.join(facts.user_roles.get(u, ()))})" for u in missing]),
+            "correct admins in the settings or members in the team policy (Slack profile -> Copy member ID)",
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,28 +276,23 @@ class TeamContacts:
 def check_people(machines: Sequence[OwnedMachine] | None, teams: Sequence[TeamContacts]) -> list[Finding]:
     if machines is None:
         return [unknown("people.owners", "the opted-in machines could not be listed")]
-    out: list[Finding] = []
     unresolved = [m for m in machines if m.resolved is False]
     could_not = [m for m in machines if m.resolved is None and m.owner]
-    if unresolved:
-        by_team: dict[str, list[str]] = {}
-        for m in unresolved:
-            by_team.setdefault(m.team, []).append(f"{m.instance_id} ({m.owner or 'no Owner tag'})")
-        out.append(
-            Finding(
-                check="people.owners",
-                status="fail",
-                subjects=tuple(m.instance_id for m in unresolved),
-                message=f"{len(unresolved)} machine(s) whose Owner is no Slack user: "
-                + "; ".join(f"team {t}: {len(ms)}: {listed(ms)}" for t, ms in sorted(by_team.items())),
-                fix="set each machine's Owner tag to its owner's Slack email or member id: "
-                "aws ec2 create-tags --resources ID --tags Key=Owner,Value=EMAIL",
-            )
-        )
-    if could_not:
-        out.append(unknown("people.owners", f"Slack did not answer for {len(could_not)} owner(s)"))
-    if not out:
-        out.append(Finding(check="people.owners", status="ok", message=f"all {len(machines)} owners resolve"))
+    by_team: dict[str, list[str]] = {}
+    for m in unresolved:
+        by_team.setdefault(m.team, []).append(f"{m.instance_id} ({m.owner or 'no Owner tag'})")
+    out = outcomes(
+        "people.owners",
+        f"all {len(machines)} owners resolve",
+        f"Slack did not answer for {len(could_not)} owner(s)" if could_not else None,
+        (
+            [m.instance_id for m in unresolved],
+            f"{len(unresolved)} machine(s) whose Owner is no Slack user: "
+            + "; ".join(f"team {t}: {len(ms)}: {listed(ms)}" for t, ms in sorted(by_team.items())),
+            "set each machine's Owner tag to its owner's Slack email or member id: "
+            "aws ec2 create-tags --resources ID --tags Key=Owner,Value=EMAIL",
+        ),
+    )
     with_owner = {m.team for m in machines if m.resolved}
     contacts = {t.team: t for t in teams}
     alone = sorted(
@@ -315,18 +300,15 @@ def check_people(machines: Sequence[OwnedMachine] | None, teams: Sequence[TeamCo
         for team in {m.team for m in machines}
         if team not in with_owner and not (contacts.get(team) and (contacts[team].channel or contacts[team].members))
     )
-    if alone:
-        out.append(
-            Finding(
-                check="people.reachable",
-                status="fail",
-                subjects=tuple(alone),
-                message=f"team(s) with nobody to tell (no owner resolves, no channel, no members): {listed(alone)}",
-                fix="give the team a slack_channel or members in its policy, or fix its machines' Owner tags",
-            )
+    out.append(
+        verdict(
+            "people.reachable",
+            alone,
+            ok="every team has someone to tell",
+            bad=f"team(s) with nobody to tell (no owner resolves, no channel, no members): {listed(alone)}",
+            fix="give the team a slack_channel or members in its policy, or fix its machines' Owner tags",
         )
-    else:
-        out.append(Finding(check="people.reachable", status="ok", message="every team has someone to tell"))
+    )
     return out
 
 
@@ -369,46 +351,42 @@ def check_signals(
         )
     no_gpu = sorted(m.instance_id for m in read if m.gpu_expected and m.cpu and not m.gpu)
     out.append(
-        Finding(
-            check="signals.gpu",
-            status="fail",
-            subjects=tuple(no_gpu),
-            message=f"{len(no_gpu)} GPU machine(s) without GPU metrics in the last hour (the agent is missing or "
+        verdict(
+            "signals.gpu",
+            no_gpu,
+            ok="every GPU machine publishes GPU metrics",
+            bad=f"{len(no_gpu)} GPU machine(s) without GPU metrics in the last hour (the agent is missing or "
             f"broken; under missing_gpu_metrics: busy they are never idle): {listed(no_gpu)}",
-            fix="install the CloudWatch agent with the GPU config on them (docs/deploying.md, 'The GPU agent')",
+            fix="install the CloudWatch agent with the GPU config on them (docs/deploying.md, step 7)",
         )
-        if no_gpu
-        else Finding(check="signals.gpu", status="ok", message="every GPU machine publishes GPU metrics")
     )
     no_collector = sorted(m.instance_id for m in read if m.collector_expected and m.cpu and not m.user)
     out.append(
-        Finding(
-            check="signals.collector",
+        verdict(
+            "signals.collector",
+            no_collector,
             status="warn",
-            subjects=tuple(no_collector),
-            message=f"{len(no_collector)} machine(s) without collector data in the last hour (a person's input "
+            ok="every machine's collector reports",
+            bad=f"{len(no_collector)} machine(s) without collector data in the last hour (a person's input "
             f"cannot keep them): {listed(no_collector)}",
-            fix="roll the collector out to them (docs/deploying.md, 'The activity collector')",
+            fix="roll the activity collector out to them (agent/README.md; docs/deploying.md, step 7)",
         )
-        if no_collector
-        else Finding(check="signals.collector", status="ok", message="every machine's collector reports")
     )
     # A hole no longer than one period plus the policy's tolerance still counts as covered.
     holes = sorted(
         m.instance_id for m in read if largest_gap_minutes(m.cpu, start, end) > m.max_gap_minutes + period_minutes
     )
     out.append(
-        Finding(
-            check="signals.cpu",
+        verdict(
+            "signals.cpu",
+            holes,
             status="warn",
-            subjects=tuple(holes),
-            message=f"{len(holes)} machine(s) with CPU data holes longer than max_gap_minutes in the last hour "
+            ok="CPU data covers every machine",
+            bad=f"{len(holes)} machine(s) with CPU data holes longer than max_gap_minutes in the last hour "
             f"(judged unknown, never stopped): {listed(holes)}",
             fix="check the machine is running and publishing AWS/EC2 CPUUtilization; raise max_gap_minutes "
             "if the holes are expected",
         )
-        if holes
-        else Finding(check="signals.cpu", status="ok", message="CPU data covers every machine")
     )
     return out
 
@@ -467,13 +445,11 @@ def check_groups(opted_in_members: Mapping[str, int] | None, tagged: set[str], o
     if opted_in_members is None:
         return unknown(check, "the Auto Scaling groups could not be read")
     untagged = sorted(g for g in opted_in_members if g not in tagged)
-    if not untagged:
-        return Finding(check=check, status="ok", message=f"all {len(opted_in_members)} groups carry {opt_in_tag}")
-    return Finding(
-        check=check,
-        status="fail",
-        subjects=tuple(untagged),
-        message=f"{len(untagged)} Auto Scaling group(s) with opted-in members but no {opt_in_tag}=true tag "
+    return verdict(
+        check,
+        untagged,
+        ok=f"all {len(opted_in_members)} groups carry {opt_in_tag}",
+        bad=f"{len(untagged)} Auto Scaling group(s) with opted-in members but no {opt_in_tag}=true tag "
         f"(their members are never released): {listed(untagged)}",
         fix="aws autoscaling create-or-update-tags --tags ResourceId=GROUP,ResourceType=auto-scaling-group,"
         f"Key={opt_in_tag},Value=true,PropagateAtLaunch=true",
