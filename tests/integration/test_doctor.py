@@ -289,3 +289,16 @@ def test_an_owner_the_sweep_already_resolved_costs_no_slack_call(
     assert code == 0 and "people.owners" in by_status(findings, "ok")
     asked = [c.params.get("email") for c in slack.calls_to("users.lookupByEmail")]
     assert asked == ["bob@example.com"]
+
+
+def test_send_test_posts_one_message_to_the_admins_and_the_named_user(
+    healthy: dict[str, str], slack: Any, capsys: Any
+) -> None:
+    code, findings = doctor(capsys, "--send-test", "U0CAROL")
+    assert code == 0 and "slack.send_test" in by_status(findings, "ok")
+    posted = sorted(c.params["channel"] for c in slack.calls_to("chat.postMessage"))
+    assert posted == sorted([ADMIN_CHANNEL, "D0ADMIN", "D0CAROL"])
+    slack.errors[f"chat.postMessage {ADMIN_CHANNEL}"] = "not_in_channel"
+    code, findings = doctor(capsys, "--send-test")
+    failed_send = by_status(findings, "fail")["slack.send_test"]
+    assert code == 1 and failed_send["subjects"] == [ADMIN_CHANNEL] and "not_in_channel" in failed_send["message"]

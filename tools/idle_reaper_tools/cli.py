@@ -170,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sweep-minutes", type=positive_int, default=5, help="the stack's sweep interval (default 5, the stack's)"
     )
+    p.add_argument(
+        "--send-test",
+        nargs="?",
+        const="",
+        metavar="USER",
+        help="post one test message to the admins and the admin channel (and to this Slack user id)",
+    )
     p.set_defaults(func=cmd_doctor)
 
     from idle_reaper_tools.report import cmd_report, iso_week

@@ -37,6 +37,8 @@ from idle_reaper.core.doctor import (
     check_signals,
     check_slack,
     failed,
+    listed,
+    outcomes,
     unknown,
 )
 from idle_reaper.core.signals import Machine, Signals, has_no_gpu, is_gpu_type
@@ -265,7 +267,45 @@ def _slack_reader() -> tuple[SlackReader | None, bool]:
     return SlackReader(make_client(secrets.bot_token, SLACK_BUDGET_SECONDS)), bool(secrets.signing_secret)
 
 
-def run_checks(region: str | None = None, sweep_minutes: int = 5) -> list[Finding]:
+TEST_MESSAGE = "idle-reaper doctor: a test message. Warnings about idle machines will reach you here."
+
+
+def send_test(reader: SlackReader | None, settings: Settings, user: str | None) -> Finding:
+    """The one thing the doctor may post, when asked: a test message to the admins (and a named user)."""
+    check = "slack.send_test"
+    targets = [
+        *settings.admins,
+        *([settings.admin_channel] if settings.admin_channel else []),
+        *([user] if user else []),
+    ]
+    if reader is None:
+        return unknown(check, "Slack is not configured")
+    if not targets:
+        return Finding(
+            check=check,
+            status="warn",
+            message="no admins, admin channel or user to send to",
+            fix="set admins or admin_channel in the settings, or name a user: --send-test U0123ABCD",
+        )
+    refused: list[str] = []
+    for target in dict.fromkeys(targets):
+        try:
+            reader.client.chat_postMessage(channel=target, text=TEST_MESSAGE)
+        except (SlackApiError, *_SLACK_DOWN) as exc:
+            refused.append(f"{target} ({_slack_error(exc) or type(exc).__name__})")
+    return outcomes(
+        check,
+        f"a test message went to {listed(list(dict.fromkeys(targets)))}",
+        None,
+        (
+            [r.split(" ", 1)[0] for r in refused],
+            f"the test message was refused for {listed(refused)}",
+            "see slack.channels and slack.users above; /invite @idle-reaper where it is a channel",
+        ),
+    )[0]
+
+
+def run_checks(region: str | None = None, sweep_minutes: int = 5, send_test_to: str | None = None) -> list[Finding]:
     store = aws.PolicyStore(aws.client("ssm", region), aws.ssm_prefix())
     settings, policy_facts, refs = gather_policy(store)
     machines: list[Machine] | None
@@ -322,6 +362,8 @@ def run_checks(region: str | None = None, sweep_minutes: int = 5) -> list[Findin
 
         owned, contacts = gather_people(reader, machines, refs, cached)
         findings += check_people(owned, contacts)
+    if send_test_to is not None:
+        findings.append(send_test(reader, settings, send_test_to or None))
     return findings
 
 
@@ -340,7 +382,7 @@ def print_findings(findings: Iterable[Finding], as_json: bool) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     try:
-        findings = run_checks(args.region, args.sweep_minutes)
+        findings = run_checks(args.region, args.sweep_minutes, args.send_test)
     except aws.AwsError as exc:
         print(f"idle-reaper: doctor could not read the account ({aws.error_code(exc)}): {exc}", file=sys.stderr)
         return 2
