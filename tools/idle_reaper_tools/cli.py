@@ -162,6 +162,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per machine")
     p.set_defaults(func=admin.cmd_status)
 
+    from idle_reaper_tools.doctor import cmd_doctor
+
+    p = sub.add_parser("doctor", help="read-only checks of a deploy: ok / warn / fail / unknown, each with its fix")
+    p.add_argument("--region", help="the region of the stack (default: the configured region)")
+    p.add_argument("--json", action="store_true", help="a JSON list of {check, status, subjects, message, fix}")
+    p.add_argument(
+        "--sweep-minutes", type=positive_int, default=5, help="the stack's sweep interval (default 5, the stack's)"
+    )
+    p.add_argument(
+        "--send-test",
+        nargs="?",
+        const="",
+        metavar="USER",
+        help="post one test message to the admins and the admin channel (and to this Slack user id)",
+    )
+    p.set_defaults(func=cmd_doctor)
+
     from idle_reaper_tools.report import cmd_report, iso_week
 
     p = sub.add_parser("report", help="the weekly digest of a team (or of every team) from the state table")

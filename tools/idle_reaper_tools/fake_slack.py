@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from idle_reaper.core.doctor import MANIFEST_BOT_SCOPES
+
 
 @dataclass
 class Call:
@@ -44,6 +46,8 @@ TIER_PER_MINUTE = {
     "chat.postMessage": 300,
 }
 POSTS_PER_CONVERSATION_SECONDS = 1.0
+BOT_USER = "UBOT"
+MANIFEST_SCOPES = sorted(MANIFEST_BOT_SCOPES)
 
 
 @dataclass
@@ -94,6 +98,13 @@ class FakeSlack:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     upload_fails: bool = False  # the upload URL answers 500
     limits: RateLimits | None = None  # Slack's documented rate limits, when set
+    # What the doctor reads, as Slack documents it: the token's scopes (the x-oauth-scopes header on every
+    # answer; None: the header is left out), the channels that exist with their members (conversations.info
+    # answers channel_not_found for any other; is_member says whether the bot is one), and user ids that do
+    # not exist (users.info answers user_not_found).
+    scopes: list[str] | None = field(default_factory=lambda: list(MANIFEST_SCOPES))
+    channels: dict[str, list[str]] = field(default_factory=dict)
+    missing_users: set[str] = field(default_factory=set)
     _ts: float = field(default_factory=time.time)  # message ts are real times, as Slack's are
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -107,6 +118,9 @@ class FakeSlack:
             self.errors.clear()
             self.files.clear()
             self.upload_fails = False
+            self.scopes = list(MANIFEST_SCOPES)
+            self.channels.clear()
+            self.missing_users.clear()
             self.rate_limit_next, self.auth_revoked, self.down = 0, False, False
             self.limits = None
 
@@ -138,19 +152,24 @@ class FakeSlack:
             wait = self.limits.retry_after(method, str(target)) if self.limits is not None else 0.0
             if wait > 0:
                 return 429, {"Retry-After": str(math.ceil(wait))}, {"ok": False, "error": "ratelimited"}
+            scopes = {"x-oauth-scopes": ",".join(self.scopes)} if self.scopes is not None else {}
             error = self.errors.get(f"{method} {target}") or self.errors.get(method)
             if error:
-                return 200, {}, {"ok": False, "error": error}
-            return 200, {}, self._method(method, params)
+                return 200, scopes, {"ok": False, "error": error}
+            return 200, scopes, self._method(method, params)
 
     def _method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         if method == "auth.test":
-            return {"ok": True, "user_id": "UBOT", "team": "Demo"}
+            return {"ok": True, "user_id": BOT_USER, "team": "Demo"}
         if method == "users.lookupByEmail":
             user = self.users_by_email.get(str(params.get("email", "")).lower())
             return {"ok": True, "user": {"id": user}} if user else {"ok": False, "error": "users_not_found"}
         if method == "users.info":
-            return {"ok": True, "user": {"id": params.get("user"), "name": params.get("user")}}
+            if params.get("user") in self.missing_users:
+                return {"ok": False, "error": "user_not_found"}
+            return {"ok": True, "user": {"id": params.get("user"), "name": params.get("user"), "deleted": False}}
+        if method in ("conversations.info", "conversations.members"):
+            return self._conversation(method, params)
         if method == "usergroups.users.list":
             group = self.usergroups.get(str(params.get("usergroup")))
             return {"ok": True, "users": group} if group is not None else {"ok": False, "error": "no_such_subteam"}
@@ -189,6 +208,15 @@ class FakeSlack:
         if method == "files.completeUploadExternal":
             return self._complete_upload(params)
         return {"ok": False, "error": "unknown_method"}
+
+    def _conversation(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        channel = str(params.get("channel", ""))
+        members = self.channels.get(channel)
+        if members is None:
+            return {"ok": False, "error": "channel_not_found"}
+        if method == "conversations.info":
+            return {"ok": True, "channel": {"id": channel, "is_member": BOT_USER in members}}
+        return {"ok": True, "members": members, "response_metadata": {"next_cursor": ""}}
 
     def messages_in(self, channel: str) -> list[dict[str, Any]]:
         """A channel's messages (posts and shared files), oldest first."""

@@ -45,6 +45,8 @@ SHARDS_AT_ONCE = 20
 MANIFEST_TTL = timedelta(days=1)
 FAILED_SHARDS_ALERT_AFTER = 3  # consecutive sweeps with a failed shard before the admins are told
 _FAILED_SWEEPS_KEY = "fanout#consecutive-failed-sweeps"
+LAST_SWEEP_KEY = "fanout#last-sweep"
+LAST_SWEEP_KEEP = timedelta(days=30)
 _WARNINGS_KEPT = 20  # per shard result: the first few say what went wrong; the log has them all
 
 
@@ -308,7 +310,18 @@ def gather_sweep(adapters: Adapters, task: GatherTask) -> Gathered:
         logger.warning(warning, extra={"sweep_id": task.sweep_id})
     if not gathered.dry_run:
         note_failed_shards(adapters, len(failed), task.now)
+        note_last_sweep(adapters, gathered, task.now)
     return gathered
+
+
+def note_last_sweep(adapters: Adapters, gathered: Gathered, now: datetime) -> None:
+    """When the last sweep ended and how (one small item, rewritten each sweep): `idle-reaper doctor` reads
+    it to tell a schedule that stopped, or sweeps that fail, from a reaper that works."""
+    value = {"at": now.astimezone(UTC).isoformat(), "failed_shards": len(gathered.failed), "errors": gathered.errors}
+    try:
+        adapters.store.put_lookup(LAST_SWEEP_KEY, json.dumps(value), now + LAST_SWEEP_KEEP)
+    except AwsError as exc:
+        logger.warning("could not record the last sweep", extra={"error": error_code(exc)})
 
 
 def note_failed_shards(adapters: Adapters, failed: int, now: datetime) -> int:
