@@ -566,6 +566,12 @@ def _warnings(
     return given, without_stop
 
 
+def running_now(record: MachineRecord, now: datetime) -> bool:
+    """Written by a sweep in the last FRESH_RECORD: the machine was running then (a stopped or gone machine's
+    record is no longer written)."""
+    return record.updated_at is not None and now - FRESH_RECORD <= record.updated_at <= now + FRESH_RECORD
+
+
 def _at_risk(
     records: Iterable[MachineRecord], team: str | None, now: datetime, prices: Mapping[str, float]
 ) -> list[AtRisk]:
@@ -574,10 +580,7 @@ def _at_risk(
         (
             AtRisk(r.instance_id, r.name or r.instance_id, r.team, r.state.value, prices.get(r.instance_type or ""))
             for r in records
-            if r.state in states
-            and _in_scope(team, r.team)
-            and r.updated_at is not None
-            and now - FRESH_RECORD <= r.updated_at <= now + FRESH_RECORD
+            if r.state in states and _in_scope(team, r.team) and running_now(r, now)
         ),
         key=lambda a: (a.state, -(a.hourly_cost or 0.0), a.name),
     )

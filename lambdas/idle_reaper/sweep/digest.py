@@ -14,7 +14,6 @@ from idle_reaper.aws.policies import PolicyStore, policy_for
 from idle_reaper.aws.state import StateStore
 from idle_reaper.core.digest import (
     ADMINS,
-    FRESH_RECORD,
     RECOVERY_HORIZON,
     TREND_WEEKS,
     Digest,
@@ -24,6 +23,7 @@ from idle_reaper.core.digest import (
     digest_due,
     digest_text,
     idle_hours,
+    running_now,
 )
 from idle_reaper.core.records import MachineRecord, State
 from idle_reaper.core.signals import Signals, has_no_gpu, is_gpu_type
@@ -139,7 +139,7 @@ def _read_exempt(
 ) -> dict[str, Signals]:
     """The week's CPU (and GPU) of the machines exempt now: the sweep never reads them, so whether they sat
     idle is read here, once a week, for the digest only. A read that fails leaves them "no data"."""
-    exempt = [r for r in records if r.state is State.EXEMPT and r.updated_at and now - FRESH_RECORD <= r.updated_at]
+    exempt = [r for r in records if r.state is State.EXEMPT and running_now(r, now)]
     if metrics is None or not exempt:
         return {}
     signals: dict[str, Signals] = {}
