@@ -20,6 +20,7 @@ from aws_cdk import aws_sqs as sqs
 from cdk_nag import AwsSolutionsChecks, NagPackSuppression, RegexAppliesTo
 from constructs import Construct, Node
 
+from idle_reaper import __version__
 from idle_reaper.policy import Settings, TeamPolicy
 from idle_reaper.sweep import SHARDS_AT_ONCE
 from infra.bundling import REPO_ROOT, dependency_layer_code
@@ -392,7 +393,7 @@ class IdleReaperStack(Stack):
             max_event_age=Duration.seconds(max(60, int(interval.to_seconds()))),
             on_failure=destinations.SqsDestination(failures),
         )
-        events.Rule(
+        schedule = events.Rule(
             self,
             "Schedule",
             description=f"Run an idle-reaper sweep every {props.schedule_minutes} minute(s)",
@@ -493,6 +494,9 @@ class IdleReaperStack(Stack):
             f"#dashboards:name={monitoring.dashboard.dashboard_name}",
         )
         CfnOutput(self, "StateTableName", value=table.table_name)
+        # What `idle-reaper doctor` reads: the version deployed, and the rule it checks is enabled.
+        CfnOutput(self, "Version", value=__version__, description="The idle-reaper version deployed")
+        CfnOutput(self, "SweepScheduleName", value=schedule.rule_name, description="The rule that starts every sweep")
         CfnOutput(self, "AlarmTopicArn", value=monitoring.topic.topic_arn)
         if gpu is not None:
             gpu.report_failures_to(monitoring.topic)

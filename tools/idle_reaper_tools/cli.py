@@ -165,7 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     from idle_reaper_tools.doctor import cmd_doctor
 
     p = sub.add_parser("doctor", help="read-only checks of a deploy: ok / warn / fail / unknown, each with its fix")
-    p.add_argument("--region", help="the region of the stack (default: the configured region)")
+    p.add_argument("--region", help="check this region only (default: every region with a stack)")
+    p.add_argument("--stack", help="the stack's name (default: IdleReaper, or the prefix of IDLE_REAPER_TABLE)")
+    p.add_argument("--endpoint", metavar="URL", help="the Slack request URL (SlackFunctionUrl): send it a signed ping")
     p.add_argument("--json", action="store_true", help="a JSON list of {check, status, subjects, message, fix}")
     p.add_argument(
         "--sweep-minutes", type=positive_int, default=5, help="the stack's sweep interval (default 5, the stack's)"

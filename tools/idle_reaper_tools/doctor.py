@@ -381,8 +381,18 @@ def print_findings(findings: Iterable[Finding], as_json: bool) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from idle_reaper_tools.doctor_deploy import CannotRun, check_deploy, default_stack_name
+
     try:
-        findings = run_checks(args.region, args.sweep_minutes, args.send_test)
+        findings = check_deploy(
+            args.region,
+            args.stack or default_stack_name(),
+            args.endpoint,
+            lambda region, first: run_checks(region, args.sweep_minutes, args.send_test if first else None),
+        )
+    except CannotRun as exc:
+        print(f"idle-reaper: doctor cannot run: {exc}", file=sys.stderr)
+        return 2
     except aws.AwsError as exc:
         print(f"idle-reaper: doctor could not read the account ({aws.error_code(exc)}): {exc}", file=sys.stderr)
         return 2

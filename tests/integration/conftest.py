@@ -1,0 +1,25 @@
+"""Fixtures the doctor's test modules share: the stack deployed in moto, with AWS's real answers in front."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from test_doctor import healthy  # noqa: F401 (a healthy deploy, for test_doctor_deploy.py too)
+
+from testkit.deploy_answers import DeployAnswers, deploy_stack, real_deploy_answers
+
+
+@pytest.fixture
+def real_answers(aws: Any) -> Iterator[DeployAnswers]:
+    """AWS's real answers where moto has none (testkit/deploy_answers.py), us-east-1 enabled."""
+    with real_deploy_answers() as answers:
+        yield answers
+
+
+@pytest.fixture
+def deployed(real_answers: DeployAnswers) -> DeployAnswers:
+    """The stack in moto as a healthy deploy leaves it."""
+    deploy_stack(real_answers)
+    return real_answers
