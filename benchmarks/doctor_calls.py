@@ -5,13 +5,20 @@ GetMetricData batches) over the counting in-memory fakes of testkit/aws/ for fle
 Slack calls are counted from what the gatherers ask: one auth.test, one conversations.info per channel,
 one users.info per admin or member, and one call per distinct Owner the sweep's cache does not hold.
 
-    python benchmarks/doctor_calls.py [--sizes 1000,10000,50000] [--owners 2000]
+The deploy checks (finding the stack in every enabled region, then its schedule, alarm topic, concurrency and
+association) are counted against moto in server mode with AWS's real answers in front
+(testkit/deploy_answers.py): the 17 regions an account has enabled by default, a stack in 1 and in 2 of them.
+Their calls do not grow with the fleet; each is charged CROSS_REGION_SECONDS (a Describe call to another
+region's endpoint from an admin's machine).
+
+    python benchmarks/doctor_calls.py [--sizes 1000,10000,50000] [--owners 2000] [--deploy-regions 17]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from datetime import UTC, datetime, timedelta
@@ -66,13 +73,57 @@ def measure(size: int, owners: int) -> dict[str, object]:
     }
 
 
+# The regions every account has enabled by default (the opt-in regions are off until enabled).
+DEFAULT_REGIONS = [
+    "us-east-1", "us-east-2", "us-west-1", "us-west-2", "ca-central-1", "sa-east-1", "eu-west-1", "eu-west-2",
+    "eu-west-3", "eu-central-1", "eu-north-1", "ap-south-1", "ap-northeast-1", "ap-northeast-2",
+    "ap-northeast-3", "ap-southeast-1", "ap-southeast-2",
+]  # fmt: skip
+CROSS_REGION_SECONDS = 0.2
+
+
+def measure_deploy(enabled: int, stacks: int) -> dict[str, object]:
+    """The deploy checks' calls with a stack in `stacks` of `enabled` regions (the other checks excluded)."""
+    from idle_reaper_tools import local
+    from idle_reaper_tools.doctor_deploy import REGIONS_AT_ONCE, check_deploy
+    from testkit.deploy_answers import deploy_stack, real_deploy_answers
+
+    local.quiet_server_logs()
+    with local.local_aws() as server, real_deploy_answers() as answers:
+        server.reset()
+        answers.enabled_regions = DEFAULT_REGIONS[:enabled]
+        for region in DEFAULT_REGIONS[:stacks]:
+            deploy_stack(answers, region)
+        answers.calls.clear()
+        check_deploy(None, "IdleReaper", None, lambda region, first: [])
+    calls: dict[str, int] = {}
+    for (_, operation), n in answers.calls.items():
+        calls[operation] = calls.get(operation, 0) + n
+    total = sum(calls.values())
+    stacks_found = calls.get("DescribeStacks", 0)
+    return {
+        "enabled_regions": enabled,
+        "regions_with_stack": stacks,
+        "deploy_calls": dict(sorted(calls.items())),
+        "deploy_calls_total": total,
+        "deploy_seconds_sequential": round(total * CROSS_REGION_SECONDS, 1),
+        # The DescribeStacks calls run REGIONS_AT_ONCE at a time; the rest one after another.
+        "deploy_seconds_wall": round(
+            (total - stacks_found + math.ceil(stacks_found / REGIONS_AT_ONCE)) * CROSS_REGION_SECONDS, 1
+        ),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="1000,10000,50000")
     parser.add_argument("--owners", type=int, default=2000)
+    parser.add_argument("--deploy-regions", type=int, default=len(DEFAULT_REGIONS))
     args = parser.parse_args()
     for size in (int(s) for s in args.sizes.split(",")):
         print(json.dumps(measure(size, args.owners)))
+    for stacks in (1, 2):
+        print(json.dumps(measure_deploy(args.deploy_regions, stacks)))
 
 
 if __name__ == "__main__":

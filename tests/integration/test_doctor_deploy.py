@@ -25,6 +25,7 @@ from testkit.deploy_answers import (
     set_stack_status,
     set_stack_version,
 )
+from testkit.ec2_answers import Answer
 from testkit.function_url import slack_function_url
 
 pytestmark = pytest.mark.integration
@@ -275,6 +276,18 @@ def test_no_credentials_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch, 
     assert captured.err.splitlines() == [
         "idle-reaper: doctor cannot run: no AWS credentials: set AWS_PROFILE, run `aws configure` or "
         "`aws sso login`, or run where a role is"
+    ]
+
+
+def test_credentials_aws_refuses_are_one_line_and_exit_2(real_answers: DeployAnswers, capsys: Any) -> None:
+    real_answers.fail["DescribeRegions"] = Answer(
+        "AuthFailure", "AWS was not able to validate the provided access credentials", 401
+    )
+    assert cli.main(["doctor"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.splitlines() == [
+        "idle-reaper: doctor cannot run: AWS refused the credentials (AuthFailure): renew them (aws sso login, "
+        "aws configure)"
     ]
 
 

@@ -5,7 +5,7 @@ Thin gatherers, read-only (Describe/Get/List calls and one signed ping that the 
 anything); the decisions are idle_reaper.core.deploy_checks'. Calls per region with a stack: DescribeStacks,
 DescribeRule, GetTopicAttributes, ListSubscriptionsByTopic, GetAccountSettings, GetTemplate,
 ListStackResources, one GetFunctionConcurrency per function the template reserves for, DescribeAssociation.
-Without --region: DescribeRegions, one DescribeStacks per enabled region, and the sweep's own count of the
+Without --region: DescribeRegions, one DescribeStacks per enabled region (8 at once), and the sweep's own count of the
 regions without a stack (DescribeRegions, one paginated DescribeInstances each).
 """
 
@@ -18,6 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import boto3
@@ -52,6 +53,7 @@ from idle_reaper.policy import PolicyError, TagKeys
 
 DEFAULT_PREFIX = "idle-reaper"  # infra/stack.py's; the stack of the default prefix is named IdleReaper
 PING_TIMEOUT_SECONDS = 10.0
+REGIONS_AT_ONCE = 8
 PING_PAYLOAD = json.dumps(
     {"type": "idle_reaper_doctor_ping"}
 )  # an interaction that is no button: answered, nothing done
@@ -76,6 +78,27 @@ def default_stack_name() -> str:
     return stack_name_for(table.removesuffix("-state") if table.endswith("-state") else DEFAULT_PREFIX)
 
 
+# What AWS answers credentials it does not accept (unknown, expired, or signed wrong): nothing can be checked.
+REFUSED_CREDENTIALS = frozenset(
+    {
+        "AuthFailure",
+        "UnrecognizedClientException",
+        "InvalidClientTokenId",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "SignatureDoesNotMatch",
+    }
+)
+
+
+def _refused(exc: Exception) -> CannotRun | None:
+    if isinstance(exc, aws.AwsError) and aws.error_code(exc) in REFUSED_CREDENTIALS:
+        return CannotRun(
+            f"AWS refused the credentials ({aws.error_code(exc)}): renew them (aws sso login, aws configure)"
+        )
+    return None
+
+
 def _missing(exc: Exception, *codes: str) -> bool:
     return isinstance(exc, aws.AwsError) and aws.error_code(exc) in codes
 
@@ -87,6 +110,8 @@ def describe_stack(cloudformation: Any, name: str) -> StackFacts | Unreadable | 
         # CloudFormation answers a missing stack with a ValidationError "Stack with id X does not exist".
         if _missing(exc, "ValidationError") and "does not exist" in str(exc):
             return None
+        if refused := _refused(exc):
+            raise refused from None
         return UNREADABLE
     outputs = {o["OutputKey"]: str(o.get("OutputValue", "")) for o in stack.get("Outputs", [])}
     return StackFacts(name, stack["StackStatus"], stack.get("StackStatusReason"), outputs)
@@ -241,9 +266,14 @@ def scan_regions(home: str, name: str) -> tuple[dict[str, StackFacts | Unreadabl
     """The stack in every enabled region, and the opted-in machines of the regions without one."""
     try:
         enabled = sorted(r["RegionName"] for r in aws.client("ec2", home).describe_regions()["Regions"])
-    except aws.AwsError:
+    except aws.AwsError as exc:
+        if refused := _refused(exc):
+            raise refused from None
         return {home: describe_stack(aws.client("cloudformation", home), name)}, None
-    stacks = {r: describe_stack(aws.client("cloudformation", r), name) for r in enabled}
+    # One DescribeStacks per region, REGIONS_AT_ONCE at a time (clients made here: sessions are not thread-safe).
+    clients = {r: aws.client("cloudformation", r) for r in enabled}
+    with ThreadPoolExecutor(REGIONS_AT_ONCE) as pool:
+        stacks = dict(zip(enabled, pool.map(lambda r: describe_stack(clients[r], name), enabled), strict=True))
     with_stack = [r for r, s in stacks.items() if isinstance(s, StackFacts)]
     unreadable = [r for r, s in stacks.items() if s == UNREADABLE]
     try:
