@@ -40,8 +40,9 @@ def agent_bucket_name(prefix: str, account: str, region: str) -> str:
 def agent_config(gpu: bool) -> dict[str, object]:
     """Every metric carries InstanceId = the notebook instance's name (set per plugin: the agent's global
     append_dimensions only knows EC2's own values), rolled up to that one dimension, as the sweep reads it.
-    `net`: bytes sent and received on every interface but loopback, each interval's bytes (the agent turns
-    the kernel's counters into deltas), so a notebook's Sum per period means what EC2's NetworkIn/Out does."""
+    `net`: bytes sent and received on the notebook's interfaces (the agent's default set), each interval's bytes
+    (the agent turns the kernel's counters into deltas), so a notebook's Sum per period means what EC2's
+    NetworkIn/Out does. Traffic counted twice (a container's bridge and eth0) only makes it look busier."""
     name = {"InstanceId": NAME_PLACEHOLDER}
     collected: dict[str, object] = {
         "cpu": {"measurement": ["usage_active"], "totalcpu": True, "append_dimensions": name},
