@@ -121,7 +121,7 @@ for p in {_PYTHONS}; do
   if [ -x "$p" ] && "$p" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then PY=$p; break; fi
 done
 if [ -z "$PY" ]; then say "no Python 3.9+: $NOT"; exit 0; fi
-BUCKET="{prefix}-sagemaker-$ACCOUNT-$REGION"
+BUCKET="{agent_bucket_name(prefix, "$ACCOUNT", "$REGION")}"
 C="$D/idle_reaper_activity.py"
 rm -f "$C"
 AWS=""

@@ -19,7 +19,7 @@ import pytest
 
 from idle_reaper.core.kinds import NOTEBOOK_AGENT_KEY, NOTEBOOK_LIFECYCLE_CONFIG
 from idle_reaper.policy import MetricSettings
-from infra.notebooks import COLLECTOR, SCRIPT_LIMIT, NotebookAgent, agent_bucket_name
+from infra.notebooks import COLLECTOR, SCRIPT_LIMIT, NotebookAgent, agent_bucket_name, on_start_script
 
 pytestmark = pytest.mark.infra
 
@@ -105,10 +105,11 @@ def test_the_deploy_puts_the_very_collector_whose_hash_the_script_carries(
     assert upload_id in template["Resources"][config_id]["DependsOn"]
 
 
-def test_a_prefix_too_long_for_the_bucket_name_is_refused_at_synth() -> None:
+def test_a_second_stack_fetches_from_its_own_bucket_and_a_prefix_too_long_for_its_name_is_refused() -> None:
     import aws_cdk as cdk
 
     stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account=ACCOUNT, region="ap-southeast-2"))
+    assert 'BUCKET="idle-reaper-staging-sagemaker-$ACCOUNT-$REGION"' in on_start_script("idle-reaper-staging")
     with pytest.raises(ValueError, match="64 characters; S3 takes 63: use a prefix of at most 25 characters"):
         NotebookAgent(stack, "NotebookAgent", prefix="idle-reaper-staging-long-x")
 
