@@ -6,12 +6,18 @@ when the object it fetches is the one agent/ ships (the script runs for real, it
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -224,14 +230,100 @@ def test_the_agent_publishes_cpu_gpu_network_and_activity_by_the_notebook_name_a
         str(tmp_path / "home/ec2-user/anaconda3/envs/JupyterSystemEnv/bin/python"), sys.executable
     )
     assert "nohup setsid" in script and "< /dev/null &" in script, "on a notebook the loop runs in the background"
-    # The fetched collector runs with that command (once, printing instead of sending).
-    shown = subprocess.run(
-        [sys.executable, "-I", str(fetched), "--print", "--home", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    # The fetched collector, run as the loop runs it (once, printing instead of sending), finds the notebook's
+    # own Jupyter server the way SageMaker runs it: HTTPS on loopback with a self-signed certificate, no
+    # token, its runtime file in ec2-user's home; a cell finished three minutes ago counts.
+    home = tmp_path / "home/ec2-user"
+    with sagemaker_jupyter(home, tmp_path / "tls", finished_minutes_ago=3) as requests:
+        shown = subprocess.run(
+            [sys.executable, "-I", str(fetched), "--print", "--home", str(home), "--state-dir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert shown.returncode == 0, shown.stderr
+    (kernel,) = [line for line in shown.stdout.splitlines() if "kernel" in line]
+    assert kernel.startswith("jupyter nbserver-") and 3 <= float(kernel.split()[-2]) < 4, shown.stdout
+    assert requests and all("no_track_activity=1" in r for r in requests), "its own polls are not activity"
+
+
+@contextlib.contextmanager
+def sagemaker_jupyter(home: Path, tls_dir: Path, *, finished_minutes_ago: float) -> Iterator[list[str]]:
+    """A Jupyter API as a notebook instance serves it (HTTPS, self-signed, no token) with one idle kernel,
+    and its runtime file where a notebook instance's server writes it. Yields the paths it was asked."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ip-172-16-0-1")])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - timedelta(days=1))
+        .not_valid_after(now + timedelta(days=1))
+        .sign(key, hashes.SHA256())
     )
-    assert shown.returncode == 0 and "idle_reaper_minutes_since_input " in shown.stdout, shown.stderr
+    tls_dir.mkdir(parents=True)
+    (tls_dir / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tls_dir / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    finished = (now - timedelta(minutes=finished_minutes_ago)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    answers = {
+        "/api/kernels": [{"id": "k1", "name": "python3", "execution_state": "idle", "last_activity": finished}],
+        "/api/sessions": [],
+    }
+    requests: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            requests.append(self.path)
+            body = json.dumps(answers.get(self.path.partition("?")[0], {})).encode()
+            self.send_response(200 if self.path.partition("?")[0] in answers else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls_dir / "cert.pem", tls_dir / "key.pem")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    runtime = home / ".local/share/jupyter/runtime"
+    runtime.mkdir(parents=True)
+    (runtime / f"nbserver-{os.getpid()}.json").write_text(
+        json.dumps(
+            {
+                "base_url": "/",
+                "hostname": "0.0.0.0",
+                "notebook_dir": "/home/ec2-user/SageMaker",
+                "password": False,
+                "pid": os.getpid(),  # a live process: the collector skips the files of servers that exited
+                "port": port,
+                "secure": True,
+                "sock": "",
+                "token": "",
+                "url": f"https://ip-172-16-0-1:{port}/",
+            }
+        )
+    )
+    try:
+        yield requests
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.parametrize(
