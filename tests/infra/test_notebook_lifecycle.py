@@ -11,13 +11,10 @@ import hashlib
 import json
 import os
 import re
-import ssl
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ import pytest
 from idle_reaper.core.kinds import NOTEBOOK_AGENT_KEY, NOTEBOOK_LIFECYCLE_CONFIG
 from idle_reaper.policy import MetricSettings
 from infra.notebooks import COLLECTOR, SCRIPT_LIMIT, NotebookAgent, agent_bucket_name, on_start_script
+from testkit.fake_jupyter import FakeJupyter
 
 pytestmark = pytest.mark.infra
 
@@ -251,56 +249,15 @@ def test_the_agent_publishes_cpu_gpu_network_and_activity_by_the_notebook_name_a
 def sagemaker_jupyter(home: Path, tls_dir: Path, *, finished_minutes_ago: float) -> Iterator[list[str]]:
     """A Jupyter API as a notebook instance serves it (HTTPS, self-signed, no token) with one idle kernel,
     and its runtime file where a notebook instance's server writes it. Yields the paths it was asked."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ip-172-16-0-1")])
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now - timedelta(days=1))
-        .not_valid_after(now + timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    tls_dir.mkdir(parents=True)
-    (tls_dir / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tls_dir / "key.pem").write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    finished = (now - timedelta(minutes=finished_minutes_ago)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    answers = {
-        "/api/kernels": [{"id": "k1", "name": "python3", "execution_state": "idle", "last_activity": finished}],
-        "/api/sessions": [],
+    finished = datetime.now(UTC) - timedelta(minutes=finished_minutes_ago)
+    kernel = {
+        "id": "k1",
+        "name": "python3",
+        "execution_state": "idle",
+        "last_activity": f"{finished:%Y-%m-%dT%H:%M:%S.%fZ}",
     }
-    requests: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            requests.append(self.path)
-            body = json.dumps(answers.get(self.path.partition("?")[0], {})).encode()
-            self.send_response(200 if self.path.partition("?")[0] in answers else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tls_dir / "cert.pem", tls_dir / "key.pem")
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
+    jupyter = FakeJupyter(tls_dir)
+    jupyter.serve("/", "", json.dumps([kernel]).encode())
     runtime = home / ".local/share/jupyter/runtime"
     runtime.mkdir(parents=True)
     (runtime / f"nbserver-{os.getpid()}.json").write_text(
@@ -311,19 +268,18 @@ def sagemaker_jupyter(home: Path, tls_dir: Path, *, finished_minutes_ago: float)
                 "notebook_dir": "/home/ec2-user/SageMaker",
                 "password": False,
                 "pid": os.getpid(),  # a live process: the collector skips the files of servers that exited
-                "port": port,
+                "port": jupyter.port,
                 "secure": True,
                 "sock": "",
                 "token": "",
-                "url": f"https://ip-172-16-0-1:{port}/",
+                "url": f"https://ip-172-16-0-1:{jupyter.port}/",
             }
         )
     )
     try:
-        yield requests
+        yield jupyter.requests
     finally:
-        server.shutdown()
-        server.server_close()
+        jupyter.close()
 
 
 @pytest.mark.parametrize(
