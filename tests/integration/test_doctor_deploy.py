@@ -196,22 +196,30 @@ def test_a_failed_association_is_shown_in_the_signals_findings(
 
 
 @pytest.mark.parametrize(
-    ("operation", "check"),
+    "refused",
     [
-        ("GetAccountSettings", "deploy.concurrency"),
-        ("DescribeRule", "deploy.schedule"),
-        ("GetTopicAttributes", "deploy.alarm_topic"),
-        ("ListSubscriptionsByTopic", "deploy.alarm_subscribers"),
-        ("DescribeStacks", "deploy.stack"),
+        {
+            "GetAccountSettings": "deploy.concurrency",
+            "DescribeRule": "deploy.schedule",
+            "GetTopicAttributes": "deploy.alarm_topic",
+            "ListSubscriptionsByTopic": "deploy.alarm_subscribers",
+        },
+        {"DescribeStacks": "deploy.stack"},
     ],
+    ids=["the stack's parts", "the stack"],
 )
 def test_what_cannot_be_read_is_unknown_never_ok(
-    operation: str, check: str, healthy: dict[str, str], deployed: DeployAnswers, capsys: Any
+    refused: dict[str, str], healthy: dict[str, str], deployed: DeployAnswers, capsys: Any
 ) -> None:
-    deployed.fail[operation] = access_denied("service", operation)
+    for operation in [*refused, "DescribeAssociation"]:
+        deployed.fail[operation] = access_denied("service", operation)
     code, findings = doctor(capsys, "--region", "us-east-1")
     assert code == 0
-    assert [f["status"] for f in findings if f["check"] == check] == ["unknown"]
+    statuses = {f["check"]: f["status"] for f in findings}
+    assert {check: statuses[check] for check in refused.values()} == dict.fromkeys(refused.values(), "unknown")
+    if "DescribeRule" in refused:
+        gpu = next(f["message"] for f in findings if f["check"] == "signals.gpu")
+        assert gpu.endswith("the State Manager association's status could not be read")
 
 
 def test_no_stack_anywhere_or_in_the_region_asked_is_a_failure_naming_it(

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from idle_reaper.core.doctor import Finding, listed, unknown, verdict
+from idle_reaper.core.doctor import Finding, listed, unknown
 
 UNREADABLE: Literal["unreadable"] = "unreadable"
 Unreadable = Literal["unreadable"]
@@ -358,13 +358,11 @@ def check_regions(scan: RegionScan | None) -> Finding:
         )
     if scan.unreadable:
         return unknown(check, f"{len(scan.unreadable)} region(s) could not be read: {listed(list(scan.unreadable))}")
-    return verdict(
-        check,
-        [],
-        ok=f"of {scan.enabled} enabled regions, {len(scan.with_stack)} with a stack "
+    return Finding(
+        check=check,
+        status="ok",
+        message=f"of {scan.enabled} enabled regions, {len(scan.with_stack)} with a stack "
         f"({', '.join(scan.with_stack) or 'none'}); no opted-in machines elsewhere",
-        bad="",
-        fix="",
     )
 
 
