@@ -26,6 +26,7 @@ from slack_sdk.signature import SignatureVerifier
 
 import idle_reaper
 from idle_reaper import aws
+from idle_reaper.aws.clients import DEFAULT_DEPLOY_PREFIX
 from idle_reaper.aws.regions import count_unwatched
 from idle_reaper.core.deploy_checks import (
     ASSOCIATION_OUTPUT,
@@ -51,7 +52,6 @@ from idle_reaper.core.deploy_checks import (
 from idle_reaper.core.doctor import Finding
 from idle_reaper.policy import PolicyError, TagKeys
 
-DEFAULT_PREFIX = "idle-reaper"  # infra/stack.py's; the stack of the default prefix is named IdleReaper
 PING_TIMEOUT_SECONDS = 10.0
 REGIONS_AT_ONCE = 8
 PING_PAYLOAD = json.dumps(
@@ -69,13 +69,12 @@ class CannotRun(Exception):
 
 def stack_name_for(prefix: str) -> str:
     """The CloudFormation name infra/stack.py gives the stack of a prefix."""
-    return "IdleReaper" if prefix == DEFAULT_PREFIX else prefix
+    return "IdleReaper" if prefix == DEFAULT_DEPLOY_PREFIX else prefix
 
 
 def default_stack_name() -> str:
     """The stack of the state table this command reads (IDLE_REAPER_TABLE is `<prefix>-state`)."""
-    table = aws.table_name()
-    return stack_name_for(table.removesuffix("-state") if table.endswith("-state") else DEFAULT_PREFIX)
+    return stack_name_for(aws.deploy_prefix())
 
 
 # What AWS answers credentials it does not accept (unknown, expired, or signed wrong): nothing can be checked.
