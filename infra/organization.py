@@ -204,7 +204,20 @@ class MemberStackSet(Construct):
         )
 
 
-def grant_member_access(roles: Sequence[iam.IRole], *, prefix: str, organization_id: str) -> None:
+# Read-only calls on the organization, none with a region (Organizations is global): the planner lists the
+# accounts (aws/accounts.py AccountDirectory); every role that assumes member roles asks, after a refusal,
+# whether the account was suspended or left (AccountDirectory.status_of).
+ORGANIZATION_LISTING = (
+    "organizations:DescribeOrganization",
+    "organizations:ListAccountsForParent",
+    "organizations:ListChildren",
+)
+ACCOUNT_STATUS = ("organizations:DescribeAccount",)
+
+
+def grant_member_access(
+    roles: Sequence[iam.IRole], *, lists_accounts: iam.IRole, prefix: str, organization_id: str
+) -> None:
     """The hub roles may assume the member role in any account of the organization, and nothing else across
     accounts: the role name is the member stack's, and the role must belong to this organization."""
     pattern = f"arn:{Aws.PARTITION}:iam::*:role/{member_role_name(prefix, '*')}"
@@ -217,13 +230,16 @@ def grant_member_access(roles: Sequence[iam.IRole], *, prefix: str, organization
                 conditions={"StringEquals": {"aws:ResourceOrgID": organization_id}},
             )
         )
+        reads = [*ORGANIZATION_LISTING, *ACCOUNT_STATUS] if role is lists_accounts else list(ACCOUNT_STATUS)
+        role.add_to_principal_policy(iam.PolicyStatement(sid="ReadOrganization", actions=reads, resources=["*"]))
         suppress(
             role,
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
                 reason="Member accounts join and leave the organization's OUs without a deploy (the StackSet's "
                 "automatic deployment): the member role is named in every account of the organization, and the "
-                "aws:ResourceOrgID condition keeps it inside this organization.",
-                applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:.+:iam::\*:role\/.+-member-\*$/")],
+                "aws:ResourceOrgID condition keeps it inside this organization. The organization's accounts and "
+                "OUs are read (never changed) wherever they are.",
+                applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:.+:iam::\*:role\/.+-member-\*$/"), "Resource::*"],
             ),
         )

@@ -20,6 +20,7 @@ from aws_cdk import aws_sqs as sqs
 from cdk_nag import AwsSolutionsChecks, NagPackSuppression, RegexAppliesTo
 from constructs import Construct, Node
 
+from idle_reaper.aws.accounts import ORGANIZATION_ENV
 from idle_reaper.organization import OrganizationContext, organization_from_context
 from idle_reaper.policy import Settings, TeamPolicy
 from idle_reaper.sweep import SHARDS_AT_ONCE
@@ -495,9 +496,14 @@ class IdleReaperStack(Stack):
             CfnOutput(self, "GpuAgentAssociationId", value=gpu.association.attr_association_id)
         if props.organization is not None and self.region == all_regions[0]:
             # The hub: the first listed region's stack holds the member StackSet.
-            self._add_members(props, props.organization, [sweep.role, shard_worker.role, slack.role])
+            self._add_members(props, props.organization, [sweep, shard_worker, slack])
 
-    def _add_members(self, props: IdleReaperProps, organization: OrganizationContext, roles: list[iam.IRole]) -> None:
+    def _add_members(
+        self, props: IdleReaperProps, organization: OrganizationContext, functions: list[ReaperFunction]
+    ) -> None:
+        """The hub: the member StackSet, and the hub functions that act in member accounts may assume the member
+        role and are told where the members are (aws/accounts.py, OrganizationConfig)."""
+        roles: list[iam.IRole] = [f.role for f in functions]
         template = member_template(
             prefix=props.prefix,
             ssm_prefix=props.ssm_prefix,
@@ -514,7 +520,20 @@ class IdleReaperStack(Stack):
             template=template,
             hub_roles=roles,
         )
-        grant_member_access(roles, prefix=props.prefix, organization_id=organization.organization_id)
+        grant_member_access(
+            roles, lists_accounts=roles[0], prefix=props.prefix, organization_id=organization.organization_id
+        )
+        members_env = self.to_json_string(
+            {
+                "prefix": props.prefix,
+                "targets": organization.targets,
+                "regions": organization.regions,
+                "hubAccount": self.account,
+                "partition": self.partition,
+            }
+        )
+        for function in functions:
+            function.function.add_environment(ORGANIZATION_ENV, members_env)
         CfnOutput(self, "MemberStackSetId", value=members.stack_set.attr_stack_set_id)
 
     # -- permissions ---------------------------------------------------------------------------

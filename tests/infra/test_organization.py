@@ -10,11 +10,25 @@ from typing import Any
 
 import aws_cdk as cdk
 import pytest
-from iam_policy import Environment, decide, role_statements
+from iam_policy import ACCOUNT, Environment, decide, role_statements
 from synthesis import ALARM_EMAIL, REGIONS, Synth, shared_synth, synthesize
-from test_iam import NEVER, OTHER, call, fleet_reads, group, instance, notebook, on_managed, parameter, secret, table
+from test_iam import (
+    NEVER,
+    ORGANIZATION_MODE,
+    OTHER,
+    call,
+    fleet_reads,
+    group,
+    instance,
+    notebook,
+    on_managed,
+    parameter,
+    secret,
+    table,
+)
 from test_names import physical_names
 
+from idle_reaper.aws.accounts import ORGANIZATION_ENV, OrganizationConfig
 from idle_reaper.organization import ContextError, member_role_name
 from infra.organization import TEMPLATE_BODY_LIMIT
 from infra.stack import IdleReaperProps
@@ -194,6 +208,9 @@ def test_the_member_role_trusts_only_the_hub_roles_inside_the_organization(membe
     assert name == {"Fn::Join": ["", ["idle-reaper-member-", {"Ref": "AWS::Region"}]]}
 
 
+# What aws/accounts.py calls in organization mode, and what no role may do to the organization.
+ORGANIZATION_CALLS = tuple(sorted(ORGANIZATION_MODE - {"sts:AssumeRole"}))
+ORGANIZATION_CHANGES = ("organizations:MoveAccount", "organizations:CloseAccount", "organizations:CreateAccount")
 MEMBER_CALLS = [
     *fleet_reads(HUB),
     *(
@@ -259,8 +276,15 @@ def test_the_hub_roles_may_assume_member_roles_of_the_organization_only(hub: dic
         for other in (
             call("sts:AssumeRole", member_role, **{"aws:ResourceOrgID": "o-zzzzzzzzzz"}),  # another organization
             call("sts:AssumeRole", "arn:aws:iam::210987654321:role/OrganizationAccountAccessRole", **in_org),
+            *(call(action, "*", "us-east-1") for action in ORGANIZATION_CHANGES),
         ):
             assert decide(statements, other) == "ImplicitDeny", (construct, other)
+        # The planner lists the accounts; each role that assumes member roles may ask about one account.
+        lists = {a: decide(statements, call(a, "*", "us-east-1")) == "Allow" for a in ORGANIZATION_CALLS}
+        assert lists == {
+            a: construct == "Sweep" or (a == "organizations:DescribeAccount" and acts_in_members)
+            for a in ORGANIZATION_CALLS
+        }, construct
 
 
 def test_a_hub_inside_a_target_ou_shares_no_name_with_its_member_stack(
@@ -274,6 +298,22 @@ def test_a_hub_inside_a_target_ou_shares_no_name_with_its_member_stack(
     assert ours.isdisjoint(theirs), ours & theirs
     # The hub creates no role named like a member role (its roles' names are CloudFormation's own).
     assert not any(r["Properties"].get("RoleName") for r in of_type(hub, "AWS::IAM::Role").values())
+
+
+def test_the_hub_functions_that_act_in_members_are_told_where_they_are(
+    hub: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = Environment(HUB, hub)
+    told = {}
+    for logical_id, function in of_type(hub, "AWS::Lambda::Function").items():
+        variables = function["Properties"].get("Environment", {}).get("Variables", {})
+        if ORGANIZATION_ENV in variables:
+            told[logical_id.split("Function")[0]] = env.resolve(variables[ORGANIZATION_ENV])
+    assert sorted(told) == ["ShardWorker", "Slack", "Sweep"]
+    monkeypatch.setenv(ORGANIZATION_ENV, told["Sweep"])
+    assert OrganizationConfig.from_environment() == OrganizationConfig(
+        prefix="idle-reaper", targets=tuple(TARGETS), regions=tuple(MEMBER_REGIONS), hub_account=ACCOUNT
+    )
 
 
 def test_cdk_nag_is_clean_on_the_hub(org: Synth) -> None:

@@ -58,10 +58,11 @@ def parse_timestamp(value: Any) -> datetime:
 _quick_parsers: set[int] = set()  # the botocore sessions whose parsers already use parse_timestamp
 
 
-def client(service: str, region: str | None = None) -> Any:
+def client(service: str, region: str | None = None, *, session: boto3.Session | None = None) -> Any:
     """A client as boto3.client makes it, from boto3's default session (so its credentials, region, endpoint
-    and any handler registered on it apply), whose responses parse timestamps with `parse_timestamp`."""
-    session = boto3._get_default_session()
+    and any handler registered on it apply), whose responses parse timestamps with `parse_timestamp`.
+    `session`: another one (a member account's credentials, aws/accounts.py)."""
+    session = session or boto3._get_default_session()
     core = session._session  # boto3 has no public accessor for the botocore session it wraps
     if id(core) not in _quick_parsers:
         core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
