@@ -18,10 +18,10 @@ from idle_reaper.aws.accounts import (
     REFRESH_MARGIN,
     AccountDirectory,
     AccountFailure,
+    MemberCredentials,
     MemberSessions,
     OrganizationConfig,
     Reason,
-    member_client,
 )
 from idle_reaper_tools import local
 
@@ -166,35 +166,33 @@ def test_member_credentials_reach_that_account_and_are_reused_until_near_expiry(
     clock = Clock(datetime.now(UTC))  # moto's credentials expire an hour after the real now
     sessions = MemberSessions(aws_client("sts"), prefix="idle-reaper", purpose="sweep", clock=clock)
     pairs = [(training, "us-east-1"), (training, "eu-west-1"), (sandbox, "us-east-1")]
-    found = sessions.sessions(pairs, started=STARTED)
+    found = sessions.all_credentials(pairs, started=STARTED)
     assert sessions.assume_calls == 3  # one role per account and region
     launched = {}
-    for (account, region), session in found.items():
-        assert not isinstance(session, AccountFailure)
-        identity = member_client(session, "sts").get_caller_identity()
+    for (account, region), held in found.items():
+        assert isinstance(held, MemberCredentials)
+        identity = held.client("sts").get_caller_identity()
         assert identity["Account"] == account
         assert identity["Arn"].endswith(f":assumed-role/idle-reaper-member-{region}/idle-reaper-sweep-20261125T1000Z")
-        ec2 = member_client(session, "ec2")
+        ec2 = held.client("ec2")
         assert ec2.meta.region_name == region
         launched[(account, region)] = ec2.run_instances(ImageId=local.AMI, MinCount=1, MaxCount=1)["Instances"][0][
             "InstanceId"
         ]
     # Each account sees its own machines only; the hub's own account sees none of them.
-    for (account, region), session in found.items():
-        assert not isinstance(session, AccountFailure)
+    for (account, region), held in found.items():
+        assert isinstance(held, MemberCredentials)
         seen = {
-            i["InstanceId"]
-            for r in member_client(session, "ec2").describe_instances()["Reservations"]
-            for i in r["Instances"]
+            i["InstanceId"] for r in held.client("ec2").describe_instances()["Reservations"] for i in r["Instances"]
         }
         assert seen == {launched[(account, region)]}
     assert not aws_client("ec2").describe_instances()["Reservations"]
     # Reused while valid ...
     clock.now += timedelta(minutes=30)
-    assert sessions.session(training, "us-east-1") is found[pairs[0]] and sessions.assume_calls == 3
+    assert sessions.credentials(training, "us-east-1") is found[pairs[0]] and sessions.assume_calls == 3
     # ... and renewed before a sweep could outlive them.
     clock.now += timedelta(minutes=60) - REFRESH_MARGIN - timedelta(minutes=30) + timedelta(seconds=1)
-    renewed = sessions.session(training, "us-east-1")
+    renewed = sessions.credentials(training, "us-east-1")
     assert renewed is not found[pairs[0]] and sessions.assume_calls == 4
 
 
@@ -228,7 +226,7 @@ def test_each_accounts_failure_is_classified_and_the_others_are_served(org: Org)
     )
     config = OrganizationConfig(prefix="idle-reaper", targets=(org.ml,), regions=("us-east-1",), hub_account=HUB)
     sessions = config.sessions("sweep", directory, sts=sts)
-    found = sessions.sessions([(a, "us-east-1") for a in sorted(listed)], started=STARTED)
+    found = sessions.all_credentials([(a, "us-east-1") for a in sorted(listed)], started=STARTED)
     reasons = {a: r.reason if isinstance(r, AccountFailure) else "ok" for (a, _), r in found.items()}
     assert reasons == {
         ids["training"]: "ok",
@@ -245,7 +243,7 @@ def test_each_accounts_failure_is_classified_and_the_others_are_served(org: Org)
     assert scp.describe().startswith(f"account {ids['scp']} in us-east-1: a service control policy denies the hub")
     # Nothing is held for a failed account: the next sweep asks again.
     assert sessions.assume_calls == len(listed)
-    sessions.session(ids["throttled"], "us-east-1")
+    sessions.credentials(ids["throttled"], "us-east-1")
     assert sessions.assume_calls == len(listed) + 1
 
 

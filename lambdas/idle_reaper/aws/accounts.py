@@ -11,7 +11,8 @@ join and leave an OU rarely, and Organizations' API allows a few calls a second 
 
 Credentials: AssumeRole of the member role of each (account, region) (one role per region, each region's
 member stack owns its own), reused while valid and renewed `REFRESH_MARGIN` before they expire, so a sweep
-never works with credentials that run out in its middle. Every failure in one account (its role missing or
+never works with credentials that run out in its middle. Clients with them come from the default boto3
+session (a session per account would load every service model again). Every failure in one account (its role missing or
 not trusting the hub, a service control policy, throttling, a suspended account, a disabled region) becomes
 an `AccountFailure` with a reason a person can act on; nothing is raised past the account."""
 
@@ -27,7 +28,6 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from idle_reaper.aws.clients import client, error_code, run_concurrently, wall_clock
@@ -210,10 +210,29 @@ def _active(account: dict[str, Any]) -> bool:
     return bool(account.get("Status", "ACTIVE") == "ACTIVE" and account.get("State", "ACTIVE") == "ACTIVE")
 
 
-@dataclass
-class _Held:
-    session: boto3.Session
+@dataclass(frozen=True)
+class MemberCredentials:
+    """The member role's credentials in one account and region, and clients made with them."""
+
+    account: str
+    region: str
+    access_key_id: str
+    secret_access_key: str
+    session_token: str
     expires: datetime
+
+    def client(self, service: str) -> Any:
+        """A client in this account and region, made as `clients.client` makes the hub's (retries, endpoint,
+        parser). Each costs about 50 ms of CPU: make the ones a unit needs, once."""
+        return client(
+            service,
+            self.region,
+            credentials={
+                "aws_access_key_id": self.access_key_id,
+                "aws_secret_access_key": self.secret_access_key,
+                "aws_session_token": self.session_token,
+            },
+        )
 
 
 _SESSION_NAME = re.compile(r"[^\w+=,.@-]")
@@ -227,7 +246,7 @@ def session_name(prefix: str, purpose: str, started: datetime) -> str:
 
 @dataclass
 class MemberSessions:
-    """boto3 sessions in member accounts, one per (account, region), reused while their credentials last.
+    """Credentials in member accounts, one set per (account, region), reused while they last.
 
     `purpose` ("sweep", "answer") and the sweep's start name the role session. `status_of` (the directory's)
     refines an AccessDenied: an account suspended or removed since it was listed is reported as such."""
@@ -238,16 +257,18 @@ class MemberSessions:
     partition: str = "aws"
     clock: Callable[[], datetime] = wall_clock
     status_of: Callable[[str], Reason | None] | None = None
-    _held: dict[tuple[str, str], _Held] = field(default_factory=dict)
+    _held: dict[tuple[str, str], MemberCredentials] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     assume_calls: int = 0
 
-    def session(self, account: str, region: str, *, started: datetime | None = None) -> boto3.Session | AccountFailure:
+    def credentials(
+        self, account: str, region: str, *, started: datetime | None = None
+    ) -> MemberCredentials | AccountFailure:
         now = self.clock()
         with self._lock:
             held = self._held.get((account, region))
         if held is not None and held.expires - now > REFRESH_MARGIN:
-            return held.session
+            return held
         try:
             with self._lock:
                 self.assume_calls += 1
@@ -258,25 +279,22 @@ class MemberSessions:
             )
         except Exception as exc:  # one account's fault never goes past it
             return self._failure(exc, account, region)
-        credentials = answer["Credentials"]
-        session = boto3.Session(
-            aws_access_key_id=credentials["AccessKeyId"],
-            aws_secret_access_key=credentials["SecretAccessKey"],
-            aws_session_token=credentials["SessionToken"],
-            region_name=region,
-        )
-        expires = credentials["Expiration"]
+        given = answer["Credentials"]
+        expires = given["Expiration"]
         if not isinstance(expires, datetime):  # botocore parses it; a fake may hand over text
             expires = datetime.fromisoformat(str(expires))
+        fresh = MemberCredentials(
+            account, region, given["AccessKeyId"], given["SecretAccessKey"], given["SessionToken"], expires
+        )
         with self._lock:
-            self._held[(account, region)] = _Held(session, expires)
-        return session
+            self._held[(account, region)] = fresh
+        return fresh
 
-    def sessions(
+    def all_credentials(
         self, pairs: Sequence[tuple[str, str]], *, started: datetime | None = None, workers: int = STS_WORKERS
-    ) -> dict[tuple[str, str], boto3.Session | AccountFailure]:
-        """Sessions for many (account, region) pairs, AssumeRole calls on a bounded pool."""
-        results = run_concurrently(lambda pair: self.session(*pair, started=started), pairs, workers)
+    ) -> dict[tuple[str, str], MemberCredentials | AccountFailure]:
+        """Credentials for many (account, region) pairs, AssumeRole calls on a bounded pool."""
+        results = run_concurrently(lambda pair: self.credentials(*pair, started=started), pairs, workers)
         return dict(zip(pairs, results, strict=True))
 
     def forget(self, account: str, region: str) -> None:
@@ -291,11 +309,6 @@ class MemberSessions:
             if gone is not None:
                 return AccountFailure(account, region, gone, failure.detail)
         return failure
-
-
-def member_client(session: boto3.Session, service: str) -> Any:
-    """A client in a member account, made as `clients.client` makes the hub's (retries, endpoint, parser)."""
-    return client(service, session=session)
 
 
 @dataclass(frozen=True)
