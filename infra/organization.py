@@ -13,6 +13,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aws_cdk import App, Aspects, Aws, BootstraplessSynthesizer, CfnCondition, CfnParameter, CfnResource, Fn, Stack
@@ -39,6 +40,18 @@ def member_agent_parameter_name(prefix: str) -> str:
     return f"AmazonCloudWatch-{prefix}-{MEMBER_ROLE_SUFFIX}-gpu"
 
 
+@dataclass(frozen=True)
+class MemberSettings:
+    """What the member stack takes from the hub's props (infra/stack.py IdleReaperProps)."""
+
+    prefix: str
+    ssm_prefix: str
+    organization_id: str
+    managed_tag_key: str
+    gpu_agent_tag_key: str
+    gpu_agent_tag_value: str
+
+
 class MemberStack(Stack):
     """One member account and region: the hub's role, and the GPU agent and collector rollout.
 
@@ -46,18 +59,7 @@ class MemberStack(Stack):
     the hub's account id (in the hub's own account the hub stack already rolls the agent out, so the member
     stack there holds only the role)."""
 
-    def __init__(
-        self,
-        scope: Construct,
-        id: str,
-        *,
-        prefix: str,
-        ssm_prefix: str,
-        organization_id: str,
-        managed_tag_key: str,
-        gpu_agent_tag_key: str,
-        gpu_agent_tag_value: str,
-    ) -> None:
+    def __init__(self, scope: Construct, id: str, *, settings: MemberSettings) -> None:
         super().__init__(
             scope,
             id,
@@ -70,14 +72,14 @@ class MemberStack(Stack):
             for name in HUB_ROLE_PARAMETERS
         ]
         hub_account = CfnParameter(self, HUB_ACCOUNT_PARAMETER, type="String", allowed_pattern=r"^\d{12}$")
-        machines = MachineAccess(self, managed_tag_key)
+        machines = MachineAccess(self, settings.managed_tag_key)
         # Only the hub's roles, and only while they belong to this organization.
-        in_organization = {"StringEquals": {"aws:PrincipalOrgID": organization_id}}
+        in_organization = {"StringEquals": {"aws:PrincipalOrgID": settings.organization_id}}
         first, *others = (iam.ArnPrincipal(p.value_as_string) for p in hub_roles)
         self.role = iam.Role(
             self,
             "HubRole",
-            role_name=member_role_name(prefix, Aws.REGION),
+            role_name=member_role_name(settings.prefix, Aws.REGION),
             description="idle-reaper: assumed by the hub's sweep and Slack endpoint to act on opted-in machines here",
             assumed_by=first.with_conditions(in_organization),
             inline_policies={
@@ -90,15 +92,15 @@ class MemberStack(Stack):
         self.role.assume_role_policy.add_statements(
             iam.PolicyStatement(actions=["sts:AssumeRole"], principals=others, conditions=in_organization)
         )
-        machines.suppress_wildcards(self.role, ssm_prefix)
-        if gpu_agent_tag_key:
+        machines.suppress_wildcards(self.role, settings.ssm_prefix)
+        if settings.gpu_agent_tag_key:
             rollout = GpuAgentRollout(
                 self,
                 "GpuAgent",
                 config_file=REPO_ROOT / "infra" / "cloudwatch-agent-gpu.json",
-                parameter_name=member_agent_parameter_name(prefix),
-                tag_key=gpu_agent_tag_key,
-                tag_value=gpu_agent_tag_value,
+                parameter_name=member_agent_parameter_name(settings.prefix),
+                tag_key=settings.gpu_agent_tag_key,
+                tag_value=settings.gpu_agent_tag_value,
             )
             not_hub = CfnCondition(
                 self, "NotTheHubAccount", expression=Fn.condition_not(Fn.condition_equals(Aws.ACCOUNT_ID, hub_account))
@@ -108,30 +110,13 @@ class MemberStack(Stack):
                     child.cfn_options.condition = not_hub
 
 
-def member_template(
-    *,
-    prefix: str,
-    ssm_prefix: str,
-    organization_id: str,
-    managed_tag_key: str,
-    gpu_agent_tag_key: str,
-    gpu_agent_tag_value: str,
-) -> dict[str, Any]:
+def member_template(settings: MemberSettings) -> dict[str, Any]:
     """The member stack's template, synthesized in an app of its own (cdk-nag included) so the hub's app holds
     the hub's stacks only. Fails, naming the findings, when cdk-nag or CDK report an error."""
     outdir = tempfile.mkdtemp(prefix="idle-reaper-member-")
     try:
         app = App(outdir=outdir)
-        stack = MemberStack(
-            app,
-            "Member",
-            prefix=prefix,
-            ssm_prefix=ssm_prefix,
-            organization_id=organization_id,
-            managed_tag_key=managed_tag_key,
-            gpu_agent_tag_key=gpu_agent_tag_key,
-            gpu_agent_tag_value=gpu_agent_tag_value,
-        )
+        stack = MemberStack(app, "Member", settings=settings)
         Aspects.of(app).add(AwsSolutionsChecks(verbose=True))
         artifact = app.synth().get_stack_artifact(stack.artifact_id)
         errors = [f"{m.id}: {m.entry.data}" for m in artifact.messages if m.level.value in ("error", "warning")]

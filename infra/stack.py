@@ -37,7 +37,7 @@ from infra.constructs import (
 )
 from infra.machine_access import SWEEP_READS, MachineAccess, in_regions
 from infra.notebooks import NotebookLifecycleConfig
-from infra.organization import MemberStackSet, grant_member_access, member_template
+from infra.organization import MemberSettings, MemberStackSet, grant_member_access, member_template
 
 SWEEP_HANDLER = "idle_reaper.handlers.sweep.handler"
 SLACK_HANDLER = "idle_reaper.handlers.slack.handler"
@@ -505,12 +505,14 @@ class IdleReaperStack(Stack):
         role and are told where the members are (aws/accounts.py, OrganizationConfig)."""
         roles: list[iam.IRole] = [f.role for f in functions]
         template = member_template(
-            prefix=props.prefix,
-            ssm_prefix=props.ssm_prefix,
-            organization_id=organization.organization_id,
-            managed_tag_key=props.managed_tag_key,
-            gpu_agent_tag_key=props.gpu_agent_tag_key,
-            gpu_agent_tag_value=props.gpu_agent_tag_value,
+            MemberSettings(
+                prefix=props.prefix,
+                ssm_prefix=props.ssm_prefix,
+                organization_id=organization.organization_id,
+                managed_tag_key=props.managed_tag_key,
+                gpu_agent_tag_key=props.gpu_agent_tag_key,
+                gpu_agent_tag_value=props.gpu_agent_tag_value,
+            )
         )
         members = MemberStackSet(
             self,

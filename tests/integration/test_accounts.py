@@ -6,24 +6,34 @@ suspended or removed meanwhile), put in front of moto."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
+from test_sweep_faults import admin_alerts
+from test_unwatched_regions import sweep_adapters
 
 from idle_reaper import aws
 from idle_reaper.aws.accounts import (
     REFRESH_MARGIN,
     AccountDirectory,
     AccountFailure,
+    MemberAccess,
     MemberCredentials,
     MemberSessions,
     OrganizationConfig,
     Reason,
+    last_member_check,
 )
-from idle_reaper_tools import local
+from idle_reaper.aws.state import InMemoryStateStore
+from idle_reaper.handlers import sweep as sweep_handler
+from idle_reaper.policy import Settings
+from idle_reaper.sweep.members import check_member_accounts
+from idle_reaper_tools import cli, local
+from idle_reaper_tools.fake_slack import LambdaContextStub
 
 pytestmark = pytest.mark.integration
 
@@ -257,3 +267,102 @@ def test_the_hub_stack_tells_its_functions_where_the_members_are(monkeypatch: py
     )
     config = OrganizationConfig.from_environment()
     assert config == OrganizationConfig("ml-reaper", ("ou-ab12-cd34ef56",), ("eu-west-1", "us-east-2"), HUB, "aws-cn")
+
+
+# -- each sweep: credentials held, failures reported -------------------------------------------------
+
+
+def member_access(org: Org, refusals: dict[str, Exception], clock: Clock) -> MemberAccess:
+    config = OrganizationConfig(
+        prefix="idle-reaper", targets=(org.ml,), regions=("us-east-1", "eu-west-1"), hub_account=HUB
+    )
+    directory = AccountDirectory(aws_client("organizations"), config.targets, hub_account=HUB, clock=clock)
+    sessions = config.sessions("sweep", directory, sts=real_sts(refusals))
+    sessions.clock = clock
+    return MemberAccess(config, directory, sessions)
+
+
+def test_a_sweep_holds_member_credentials_and_tells_the_admins_once_a_day_per_account_it_cannot_reach(
+    org: Org, slack: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    local.init_account(Settings(admins=["U0ADMIN"]))
+    sandbox = org.accounts["alice-sandbox"]
+    clock = Clock(datetime.now(UTC).replace(hour=6, minute=0, second=0, microsecond=0))
+    members = member_access(org, {sandbox: denied(sandbox)}, clock)
+    adapters = sweep_adapters()
+
+    lines = check_member_accounts(adapters, members, clock.now)
+    assert lines[0] == "member accounts: 2 accounts, credentials in 2 of 4 regions"
+    assert sum(f"account {sandbox} in" in line for line in lines) == 1  # one line per account, both regions in it
+    assert f"account {org.accounts['closed']} left out: Status SUSPENDED" in lines
+    (alert,) = admin_alerts(slack)
+    assert f"cannot work in member account {sandbox} 'alice-sandbox' (role-missing)" in alert
+    assert "us-east-1" in alert and "eu-west-1" in alert and "the other accounts are not affected" in alert
+    assert members.sessions.assume_calls == 4
+
+    # Later sweeps the same day: credentials reused, the failing account asked again, no second alert.
+    clock.now += timedelta(minutes=5)
+    check_member_accounts(adapters, members, clock.now)
+    assert members.sessions.assume_calls == 6 and len(admin_alerts(slack)) == 1
+    # `status` shows the last check.
+    assert cli.main(["status", "--now", clock.now.isoformat()]) == 0
+    out = capsys.readouterr().out
+    assert "Member accounts (checked" in out and "2 accounts, credentials in 2 account-regions" in out
+    assert f"account {sandbox} in eu-west-1: the member role is missing" in out
+    assert f"account {org.accounts['closed']}: the account is suspended or closed" in out
+    assert cli.main(["status", "--json", "--now", clock.now.isoformat()]) == 0
+    [found] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if "member_accounts" in x]
+    assert found["member_units"] == 2 and {f["reason"] for f in found["member_failures"]} == {
+        "role-missing",
+        "suspended",
+    }
+    # The next day: told again.
+    clock.now += timedelta(days=1)
+    check_member_accounts(adapters, members, clock.now)
+    assert len(admin_alerts(slack)) == 2
+
+
+def test_a_failing_check_never_takes_the_sweep_down(org: Org, slack: Any) -> None:
+    local.init_account(Settings(admins=["U0ADMIN"]))
+    clock = Clock(datetime.now(UTC))
+    members = member_access(org, {}, clock)
+    organizations = members.directory.organizations
+    broken = answer(
+        "AccessDeniedException", "You don't have permissions to access this resource.", "DescribeOrganization"
+    )
+    organizations.meta.events.register(
+        "provide-client-params.organizations.DescribeOrganization", lambda **_: (_ for _ in ()).throw(broken)
+    )
+    lines = check_member_accounts(sweep_adapters(), members, clock.now)
+    assert lines[0] == "member accounts: 0 accounts, credentials in 0 of 0 regions"
+    assert "could not be listed (AccessDeniedException" in lines[1]
+    (alert,) = admin_alerts(slack)
+    assert "could not list the organization's member accounts" in alert
+
+    class BrokenStore(InMemoryStateStore):
+        def put_lookup(self, key: str, value: str, expires: datetime) -> None:
+            raise RuntimeError("the table is down")
+
+    adapters = sweep_adapters()
+    adapters.store = BrokenStore()
+    assert check_member_accounts(adapters, members, clock.now) == [
+        "could not check the member accounts: the table is down; the next sweep tries again"
+    ]
+
+
+def test_the_sweep_handler_checks_the_members_in_organization_mode_only(
+    org: Org, slack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local.init_account()
+    sweep_handler.member_access.cache_clear()
+    assert sweep_handler.handler({}, LambdaContextStub())["machines"] == 0
+    assert last_member_check(sweep_adapters().store, datetime.now(UTC)) is None  # single-account mode: nothing
+    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": ["us-east-1"], "hubAccount": HUB}
+    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+    sweep_handler.member_access.cache_clear()
+    try:
+        assert sweep_handler.handler({}, LambdaContextStub())["machines"] == 0
+        check = last_member_check(sweep_adapters().store, datetime.now(UTC))
+        assert check is not None and (check.accounts, check.units) == (2, 2)
+    finally:
+        sweep_handler.member_access.cache_clear()

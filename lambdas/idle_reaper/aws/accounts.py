@@ -31,6 +31,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from idle_reaper.aws.clients import client, error_code, run_concurrently, wall_clock
+from idle_reaper.aws.state import StateStore
 from idle_reaper.organization import member_role_arn
 
 DIRECTORY_TTL = timedelta(hours=1)
@@ -348,3 +349,74 @@ class OrganizationConfig:
             partition=self.partition,
             status_of=directory.status_of,
         )
+
+
+@dataclass(frozen=True)
+class MemberAccess:
+    """What a hub function works with in member accounts: where they are, who they are, credentials there.
+    Kept for the life of the Lambda process, so a warm function reuses the listing and the credentials."""
+
+    config: OrganizationConfig
+    directory: AccountDirectory
+    sessions: MemberSessions
+
+    @classmethod
+    def from_environment(cls, purpose: str) -> MemberAccess | None:
+        """None in single-account mode."""
+        config = OrganizationConfig.from_environment()
+        if config is None:
+            return None
+        directory = config.directory()
+        return cls(config, directory, config.sessions(purpose, directory))
+
+
+# The last check of the member accounts, for `status`: a lookup item of the hub's state table.
+MEMBERS_KEY = "member-accounts"
+MEMBERS_KEEP = timedelta(days=8)
+
+
+@dataclass(frozen=True)
+class MemberCheck:
+    """One sweep's look at the member accounts: how many units it holds credentials for, and what failed."""
+
+    checked_at: datetime
+    accounts: int
+    units: int  # (account, region) pairs with credentials
+    failures: tuple[AccountFailure, ...]
+    listing_error: str | None = None
+    listed_at: datetime | None = None
+
+
+def save_member_check(store: StateStore, check: MemberCheck, at: datetime) -> None:
+    value = {
+        "checked_at": check.checked_at.isoformat(),
+        "accounts": check.accounts,
+        "units": check.units,
+        "failures": [
+            {"account": f.account, "region": f.region, "reason": f.reason.value, "detail": f.detail}
+            for f in check.failures
+        ],
+        "listing_error": check.listing_error,
+        "listed_at": check.listed_at.isoformat() if check.listed_at else None,
+    }
+    store.put_lookup(MEMBERS_KEY, json.dumps(value), at + MEMBERS_KEEP)
+
+
+def last_member_check(store: StateStore, now: datetime) -> MemberCheck | None:
+    """The last check a sweep stored (None: never, single-account mode, or over a week ago)."""
+    raw = store.get_lookup(MEMBERS_KEY, now)
+    if raw is None:
+        return None
+    value = json.loads(raw)
+    failures = tuple(
+        AccountFailure(f["account"], f["region"], Reason(f["reason"]), f["detail"]) for f in value["failures"]
+    )
+    listed_at = value.get("listed_at")
+    return MemberCheck(
+        datetime.fromisoformat(value["checked_at"]),
+        int(value["accounts"]),
+        int(value["units"]),
+        failures,
+        value.get("listing_error"),
+        datetime.fromisoformat(listed_at) if listed_at else None,
+    )
