@@ -36,7 +36,7 @@ from infra.constructs import (
     suppress,
 )
 from infra.machine_access import SWEEP_READS, MachineAccess, in_regions
-from infra.notebooks import NotebookLifecycleConfig
+from infra.notebooks import NotebookAgent
 from infra.organization import MemberSettings, MemberStackSet, grant_member_access, member_template
 
 SWEEP_HANDLER = "idle_reaper.handlers.sweep.handler"
@@ -458,8 +458,9 @@ class IdleReaperStack(Stack):
                 tag_value=props.gpu_agent_tag_value,
             )
 
-        # What notebook instances need to publish CPU, GPU and activity; an admin attaches it (docs/policy.md).
-        NotebookLifecycleConfig(self, "NotebookAgent")
+        # What notebook instances need to publish CPU, GPU, network and activity; an admin attaches the
+        # lifecycle configuration (docs/policy.md).
+        NotebookAgent(self, "NotebookAgent", prefix=props.prefix)
 
         monitoring = ReaperMonitoring(
             self,
