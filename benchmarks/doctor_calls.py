@@ -24,8 +24,8 @@ for path in (ROOT, ROOT / "tools"):
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
 
 from idle_reaper.aws import Fleet, MetricsReader, PolicyStore  # noqa: E402
+from idle_reaper.aws.doctor import gather_policy, gather_signals  # noqa: E402
 from idle_reaper.policy import Settings  # noqa: E402
-from idle_reaper_tools.doctor import gather_policy, gather_signals  # noqa: E402
 from testkit.aws import FakeAws, steady  # noqa: E402
 from testkit.aws.clients import LATENCY  # noqa: E402
 
