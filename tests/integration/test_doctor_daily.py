@@ -133,6 +133,19 @@ def test_a_check_that_raises_is_unknown_and_the_rest_still_run(
     assert [f.check for f in done.told] == ["slack.channels"]
 
 
+def test_past_its_slack_budget_nothing_more_is_asked_and_it_says_so(
+    healthy: dict[str, str], slack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("idle_reaper.sweep.doctor.DAILY_SLACK_SECONDS", 0.0)
+    slack.channels[TEAM_CHANNEL] = [MEMBER]
+    done = daily(Adapters.from_environment(), datetime.now(UTC))
+    assert not slack.calls and done.slack_calls == 0
+    got = statuses(done)
+    assert got["slack.channels"] == got["people.owners"] == {"unknown"}
+    assert got["signals.gpu"] == got["policy.teams"] == {"ok"}
+    assert "out of time" in next(f.message for f in done.findings if f.check == "slack.channels")
+
+
 def test_too_little_time_left_leaves_it_to_the_next_sweep(healthy: dict[str, str], slack: Any) -> None:
     adapters = Adapters.from_environment()
     now = datetime.now(UTC)

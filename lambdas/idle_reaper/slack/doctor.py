@@ -42,8 +42,12 @@ class SlackReader:
         self.deadline = deadline
         self.calls = 0
 
+    @property
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
     def _may_ask(self) -> bool:
-        if self.deadline is not None and time.monotonic() >= self.deadline:
+        if self.out_of_time:
             return False
         self.calls += 1
         return True
@@ -169,7 +173,8 @@ def gather_people(
     cached: Callable[[str], str | None] = lambda key: None,
 ) -> tuple[list[OwnedMachine] | None, list[TeamContacts]]:
     """Each distinct Owner asked once: an email the sweep already resolved (its 7-day cache in the state table,
-    read, never written) costs no Slack call; the rest go to users.info or users.lookupByEmail."""
+    read, never written) costs no Slack call; the rest go to users.info or users.lookupByEmail. Past the
+    reader's deadline the rest are not looked at (could not check)."""
     teams = [
         TeamContacts(team, ref.policy.slack_channel, len(ref.policy.members))
         for team, ref in refs.items()
@@ -179,7 +184,9 @@ def gather_people(
         return None, teams
     resolved: dict[str, bool | None] = {}
     for owner in sorted({(m.owner or "").strip() for m in machines}):
-        if EMAIL.match(owner) and cached(f"owner#{owner.lower()}"):
+        if reader is not None and reader.out_of_time:
+            resolved[owner] = None  # not reached in time: could not check
+        elif EMAIL.match(owner) and cached(f"owner#{owner.lower()}"):
             resolved[owner] = True
         else:
             resolved[owner] = reader.owner_resolves(owner) if reader else (None if owner else False)
