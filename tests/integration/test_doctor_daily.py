@@ -5,6 +5,7 @@ failure that cleared comes back), a faulty check is unknown and never takes the 
 from __future__ import annotations
 
 import itertools
+import json
 import urllib.parse
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -144,6 +145,15 @@ def test_past_its_slack_budget_nothing_more_is_asked_and_it_says_so(
     assert got["slack.channels"] == got["people.owners"] == {"unknown"}
     assert got["signals.gpu"] == got["policy.teams"] == {"ok"}
     assert "out of time" in next(f.message for f in done.findings if f.check == "slack.channels")
+
+
+def test_a_dry_run_tells_nobody(healthy: dict[str, str], slack: Any) -> None:
+    settings = json.loads(aws.client("ssm").get_parameter(Name="/idle-reaper/settings")["Parameter"]["Value"])
+    dry = json.dumps({**settings, "dry_run": True})
+    aws.client("ssm").put_parameter(Name="/idle-reaper/settings", Value=dry, Type="String", Overwrite=True)
+    slack.channels[TEAM_CHANNEL] = [MEMBER]
+    done = daily(Adapters.from_environment(), datetime.now(UTC))
+    assert statuses(done)["slack.channels"] == {"fail"} and not done.told and not daily_alerts(slack)
 
 
 def test_too_little_time_left_leaves_it_to_the_next_sweep(healthy: dict[str, str], slack: Any) -> None:

@@ -16,6 +16,7 @@ from idle_reaper.core.doctor import (
     MachineSignals,
     OwnedMachine,
     PolicyFacts,
+    Remembered,
     SlackFacts,
     TeamContacts,
     check_gpu_metrics,
@@ -100,7 +101,7 @@ def test_a_check_that_could_not_look_forgets_nothing() -> None:
     channel = fail("slack.channels", "C1")
     told = remember({}, [channel]).failing
     unknown = Finding(check="slack.channels", status="unknown", message="could not check")
-    assert remember(told, [unknown]) == remember(told, []) == type(remember(told, []))(told, ())
+    assert remember(told, [unknown]) == remember(told, []) == Remembered(told, ())
     partly = remember(told, [fail("slack.channels", "C2"), unknown])
     assert partly.cleared == () and set(partly.failing["slack.channels"]) == {
         finding_key(channel),
