@@ -196,12 +196,16 @@ def daily_subset(
             findings.append(unknown("signals.gpu", f"CloudWatch could not be read for {len(unread)} machine(s)"))
     except Exception as exc:  # a check's fault is its unknown
         findings.append(unknown("signals.gpu", f"{type(exc).__name__}: {exc}"))
-    slack = gather_slack(reader, True, read.settings, refs, users=False)
-    findings += [f for f in check_slack(slack) if f.check == "slack.channels"] or [
-        unknown("slack.channels", slack.auth_error or "Slack is not reachable")
-    ]
     lookups = 0
-    if reader is None or not slack.reachable:
+    try:
+        slack = gather_slack(reader, True, read.settings, refs, users=False)
+        findings += [f for f in check_slack(slack) if f.check == "slack.channels"] or [
+            unknown("slack.channels", slack.auth_error or "Slack is not reachable")
+        ]
+    except Exception as exc:
+        findings.append(unknown("slack.channels", f"{type(exc).__name__}: {exc}"))
+        slack = None
+    if reader is None or slack is None or not slack.reachable:
         findings.append(unknown("people.owners", "Slack is not reachable with the bot token"))
     else:
         cache = _cache_reader(adapters.store, now)
@@ -211,8 +215,11 @@ def daily_subset(
             lookups += 1
             return cache(key)
 
-        owned, contacts = gather_people(reader, read.machines, refs, cached)
-        findings += [f for f in check_people(owned, contacts) if f.check == "people.owners"]
+        try:
+            owned, contacts = gather_people(reader, read.machines, refs, cached)
+            findings += [f for f in check_people(owned, contacts) if f.check == "people.owners"]
+        except Exception as exc:
+            findings.append(unknown("people.owners", f"{type(exc).__name__}: {exc}"))
     return [f for f in findings if f.check in DAILY_CHECKS], lookups
 
 
@@ -261,8 +268,6 @@ def run_daily_doctor(
     now: datetime,
     read: SweepRead | None,
     time_left: Callable[[], float],
-    *,
-    reader: Callable[[float, float], tuple[SlackReader | None, bool]] = slack_reader,
 ) -> DailyDoctor | None:
     """The daily subset, on the day's first sweep with DAILY_MIN_SECONDS left (claimed once a day), after the
     sweep's own work. It never raises: a fault is logged, and a check it touches is unknown. Nothing is told
@@ -275,7 +280,7 @@ def run_daily_doctor(
         if not adapters.store.claim_once(f"doctor#day#{now:%Y-%m-%d}", now):
             return None
         read = read or list_afresh(adapters)
-        slack, _ = reader(DAILY_SLACK_SECONDS, started + DAILY_SLACK_SECONDS)
+        slack, _ = slack_reader(DAILY_SLACK_SECONDS, started + DAILY_SLACK_SECONDS)
         findings, lookups = daily_subset(adapters, read, now, slack)
         told = [] if read.settings.dry_run else tell_new_failures(adapters, findings, read.settings, now)
     except Exception as exc:  # the sweep goes on; tomorrow's first sweep checks again
