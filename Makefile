@@ -42,6 +42,7 @@ bench: sync
 	$(RUN) python benchmarks/kind_lookups.py
 	$(RUN) python benchmarks/savings.py
 	$(RUN) python benchmarks/slack_latency.py
+	$(RUN) python benchmarks/layer_sizes.py
 
 # CDK targets (synth, deploy) live beside the stack.
 -include infra/make.mk

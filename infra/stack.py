@@ -22,7 +22,7 @@ from constructs import Construct, Node
 
 from idle_reaper.policy import Settings, TeamPolicy
 from idle_reaper.sweep import SHARDS_AT_ONCE
-from infra.bundling import REPO_ROOT, dependency_layer_code
+from infra.bundling import CHART_PACKAGES, REPO_ROOT, dependency_layer_code
 from infra.constructs import (
     METRICS_NAMESPACE,
     SERVICE_NAME,
@@ -262,7 +262,8 @@ class IdleReaperStack(Stack):
             code=dependency_layer_code(REPO_ROOT),
             compatible_runtimes=[lambda_.Runtime.PYTHON_3_12],
             compatible_architectures=[lambda_.Architecture.ARM_64],
-            description="idle-reaper runtime dependencies from uv.lock (boto3 comes with the runtime)",
+            description="idle-reaper runtime dependencies from uv.lock (boto3 comes with the runtime; Pillow is the "
+            "digest's own layer)",
         )
         code = lambda_.Code.from_asset(str(REPO_ROOT / "lambdas"), exclude=["**/__pycache__", "**/*.pyc", "*.egg-info"])
         all_regions = list(props.regions) or [self.region]
@@ -364,7 +365,16 @@ class IdleReaperStack(Stack):
             memory_size=256,
         )
 
-        # The weekly digest: its own function, so the chart's Pillow never loads in a sweep or a click.
+        # The weekly digest: its own function, so the chart's Pillow never loads in a sweep or a click, with
+        # Pillow in a layer of its own that no other function carries.
+        chart_layer = lambda_.LayerVersion(
+            self,
+            "ChartDependencies",
+            code=dependency_layer_code(REPO_ROOT, only=CHART_PACKAGES),
+            compatible_runtimes=[lambda_.Runtime.PYTHON_3_12],
+            compatible_architectures=[lambda_.Architecture.ARM_64],
+            description="idle-reaper weekly digest's chart: Pillow from uv.lock",
+        )
         digest = ReaperFunction(
             self,
             "Digest",
@@ -377,6 +387,7 @@ class IdleReaperStack(Stack):
             memory_size=ONE_VCPU_MB,
             reserved_concurrent_executions=None,
         )
+        digest.function.add_layers(chart_layer)
         events.Rule(
             self,
             "DigestSchedule",

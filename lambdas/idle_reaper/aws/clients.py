@@ -14,7 +14,9 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.utils import parse_timestamp as botocore_parse_timestamp
 
-DEFAULT_TABLE = "idle-reaper-state"
+DEFAULT_DEPLOY_PREFIX = "idle-reaper"  # the stack's prefix (infra/stack.py) when none is chosen
+TABLE_SUFFIX = "-state"  # a stack's table is <prefix>-state
+DEFAULT_TABLE = f"{DEFAULT_DEPLOY_PREFIX}{TABLE_SUFFIX}"
 DEFAULT_PREFIX = "/idle-reaper"
 # Errors about the call, not about one machine: splitting the batch would only multiply them.
 CALL_WIDE_ERRORS = frozenset(
@@ -71,6 +73,14 @@ def client(service: str, region: str | None = None) -> Any:
 
 def table_name() -> str:
     return os.environ.get("IDLE_REAPER_TABLE", DEFAULT_TABLE)
+
+
+def deploy_prefix() -> str:
+    """The deploy prefix of the stack this runs for, from its table's name (`<prefix>-state`, the name the stack
+    gives it and passes in IDLE_REAPER_TABLE); a table named otherwise (a local run's own) is the default's."""
+    table = table_name()
+    prefix = table.removesuffix(TABLE_SUFFIX)
+    return prefix if prefix and prefix != table else DEFAULT_DEPLOY_PREFIX
 
 
 def ssm_prefix() -> str:

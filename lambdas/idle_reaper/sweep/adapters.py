@@ -7,7 +7,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from idle_reaper.aws.clients import AwsError, client, error_code, ssm_prefix, table_name
+from idle_reaper.aws.clients import (
+    DEFAULT_DEPLOY_PREFIX,
+    AwsError,
+    client,
+    deploy_prefix,
+    error_code,
+    ssm_prefix,
+    table_name,
+)
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import (
     MetricsReader,
@@ -16,6 +24,7 @@ from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import DynamoStateStore, StateStore
 from idle_reaper.aws.studio import StudioApps
+from idle_reaper.core.kinds import notebook_lifecycle_config
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.reports import (
     SweepSummary,
@@ -76,6 +85,8 @@ class Adapters:
     store: StateStore
     notifier: Notifier
     studio: StudioApps | None = None  # SageMaker Studio, read for the daily report (sweep/studio.py)
+    # The lifecycle configuration this stack ships: a notebook instance with another attached is not watched.
+    notebook_config: str = notebook_lifecycle_config(DEFAULT_DEPLOY_PREFIX)
 
     @classmethod
     def from_environment(cls, notifier: Notifier | None = None, slack_budget_seconds: float = 60.0) -> Adapters:
@@ -100,6 +111,7 @@ class Adapters:
             store=store,
             notifier=notifier,
             studio=StudioApps(client("sagemaker")),
+            notebook_config=notebook_lifecycle_config(deploy_prefix()),
         )
 
 

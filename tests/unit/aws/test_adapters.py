@@ -460,3 +460,25 @@ class TestFakesEnforceApiLimits:
         assert self.code(lambda: aws.ssm.get_parameters_by_path(Path="/x", MaxResults=11)) == "ValidationException"
         assert self.code(lambda: aws.ec2.describe_instances(MaxResults=1001)) == "InvalidParameterValue"
         assert self.code(lambda: aws.ssm.get_parameter(Name="/nope")) == "ParameterNotFound"
+
+
+@pytest.mark.parametrize(
+    ("table", "prefix"),
+    [
+        (None, "idle-reaper"),  # unset: the default deployment's
+        ("idle-reaper-state", "idle-reaper"),
+        ("idle-reaper-staging-state", "idle-reaper-staging"),
+        ("my-local-table", "idle-reaper"),  # not a stack's table name: the default's
+        ("-state", "idle-reaper"),
+    ],
+)
+def test_the_deploy_prefix_comes_from_the_table_the_stack_names(
+    table: str | None, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idle_reaper.aws import deploy_prefix
+
+    if table is None:
+        monkeypatch.delenv("IDLE_REAPER_TABLE", raising=False)
+    else:
+        monkeypatch.setenv("IDLE_REAPER_TABLE", table)
+    assert deploy_prefix() == prefix
