@@ -51,6 +51,16 @@ FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # handlers/sweep.py: hand a fleet larger 
 # and the Slack endpoint's cold start (benchmarks/cold_import.py) must leave room in Slack's 3 s.
 ONE_VCPU_MB = 1769
 
+# `/idle-reaper doctor` (sweep/doctor.py run_checks): the Slack endpoint lists its own region's fleet, its
+# groups' opt-in tags and the last hour of metrics, for admins only; none has resource-level permissions.
+DOCTOR_READS = (
+    "ec2:DescribeInstances",
+    "ec2:DescribeAvailabilityZones",
+    "autoscaling:DescribeAutoScalingGroups",
+    "autoscaling:DescribeTags",
+    "cloudwatch:GetMetricData",
+)
+SWEEP_MINUTES_ENV = "IDLE_REAPER_SWEEP_MINUTES"  # slack/routing.py: deploy.last_sweep judges by the schedule
 POLICY_READS = ("ssm:GetParameter", "ssm:GetParametersByPath")
 # Exactly the item calls each function makes (aws.DynamoStateStore); DeleteItem is granted to the sweep
 # separately, for its own claims only.
@@ -326,7 +336,11 @@ class IdleReaperStack(Stack):
             layer=layer,
             # With several regions, one Slack app can point at one region's endpoint; this tells the
             # handler where the other deployments are (same table name and prefix in each).
-            environment={**environment, "IDLE_REAPER_REGIONS": ",".join(all_regions)},
+            environment={
+                **environment,
+                "IDLE_REAPER_REGIONS": ",".join(all_regions),
+                SWEEP_MINUTES_ENV: str(props.schedule_minutes),
+            },
             timeout=Duration.seconds(30),
             # A cold start imports pydantic, slack-sdk and Powertools from source (Lambda's code is read-only:
             # no bytecode is written): at 512 MB that alone is about 2 s of Slack's 3 s. Clicks are rare,
@@ -635,10 +649,17 @@ class IdleReaperStack(Stack):
             ),
             # Acknowledge Slack at once, finish the work in an asynchronous invocation of itself.
             iam.PolicyStatement(sid="InvokeItself", actions=["lambda:InvokeFunction"], resources=[function_arn]),
+            # `/idle-reaper doctor`: read-only, this region's fleet and metrics (the state table read is above).
+            iam.PolicyStatement(
+                sid="DoctorReads",
+                actions=list(DOCTOR_READS),
+                resources=["*"],
+                conditions=self._in_regions([self.region]),
+            ),
         ]
         for statement in statements:
             role.add_to_principal_policy(statement)
-        MachineAccess(self, props.managed_tag_key).suppress_wildcards(role, props.ssm_prefix)
+        MachineAccess(self, props.managed_tag_key).suppress_wildcards(role, props.ssm_prefix, reads=DOCTOR_READS)
 
     def _grant_alarms(self, role: iam.IRole, props: IdleReaperProps, secret: secretsmanager.ISecret) -> None:
         for statement in self._settings_and_secret(props, secret):

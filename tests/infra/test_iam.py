@@ -126,6 +126,14 @@ GATHER_CALLS = [
     call("ssm:GetParameter", parameter(HOME, "settings")),  # who the admins are
     call("secretsmanager:GetSecretValue", secret(HOME)),  # to tell them
 ]
+# `/idle-reaper doctor` (sweep/doctor.py run_checks) from the Slack endpoint, in its own region.
+DOCTOR_CALLS = [
+    call("ec2:DescribeInstances", "*"),
+    call("ec2:DescribeAvailabilityZones", "*"),
+    call("autoscaling:DescribeAutoScalingGroups", "*"),
+    call("autoscaling:DescribeTags", "*"),  # the groups' opt-in tags (deploy.groups)
+    call("cloudwatch:GetMetricData", "*"),
+]
 SLACK_CALLS = [
     *(
         request
@@ -147,6 +155,7 @@ SLACK_CALLS = [
     ),
     call("secretsmanager:GetSecretValue", secret(HOME)),
     call("lambda:InvokeFunction", function(HOME, "idle-reaper-slack")),  # finish the work asynchronously
+    *DOCTOR_CALLS,  # `/idle-reaper doctor`, for admins: this region's fleet and metrics, read only
 ]
 DIGEST_CALLS = [
     *policy_reads(HOME),
@@ -213,7 +222,9 @@ SLACK_NEVER = [
     call("dynamodb:DeleteItem", table(HOME)),
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#x",)}),
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
-    *fleet_reads(HOME),  # answers act on one known machine: no discovery
+    # Answers act on one known machine; only the doctor lists, and only its own region's fleet and metrics.
+    *(r for r in fleet_reads(HOME) if r.action not in {c.action for c in DOCTOR_CALLS}),
+    *(call(r.action, r.resource, OTHER) for r in DOCTOR_CALLS),
     call("dynamodb:GetItem", table("ap-south-1"), "ap-south-1"),  # a region the stack does not list
     call("lambda:InvokeFunction", function(HOME, "idle-reaper-sweep")),
 ]

@@ -51,6 +51,7 @@ from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
 from idle_reaper.sweep.adapters import (
     Adapters,
     SweepCannotRun,
+    SweepRead,
     SweepReport,
     alert_invalid_policies,
     alert_once,
@@ -131,7 +132,6 @@ def run_sweep(
     kinds = _machine_kinds(adapters, to_read, settings, now, warnings, alert=not dry_run)
     refs_of = {m.instance_id: kind_policy(team_refs[m.team], kinds[m.instance_id], m) for m in to_read}
     signals = _fetch_signals(adapters.metrics, to_read, refs_of, settings, now)
-    period = timedelta(seconds=settings.metrics.period_seconds)
 
     decisions = []
     for m in machines:
@@ -147,7 +147,7 @@ def run_sweep(
                 signals[m.instance_id],
                 ref.policy,
                 now=now,
-                period=period,
+                period=timedelta(seconds=settings.metrics.period_seconds),
                 gpu_families=settings.gpu_instance_families,
             )
         kind = kinds[m.instance_id]
@@ -190,6 +190,7 @@ def run_sweep(
         warnings=warnings,
         sweep_id=sweep_id,
         teams_in_safe_mode=sorted(safe_mode),
+        read=SweepRead(settings, refs if teams_readable else None, machines, signals),
     )
 
 
