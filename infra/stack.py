@@ -21,7 +21,7 @@ from cdk_nag import AwsSolutionsChecks, NagPackSuppression, RegexAppliesTo
 from constructs import Construct, Node
 
 from idle_reaper.policy import Settings, TeamPolicy
-from idle_reaper.sweep import SHARDS_AT_ONCE
+from idle_reaper.sweep import PLANNER_VCPUS, SHARDS_AT_ONCE
 from infra.bundling import REPO_ROOT, dependency_layer_code
 from infra.constructs import (
     METRICS_NAMESPACE,
@@ -278,7 +278,8 @@ class IdleReaperStack(Stack):
             environment={**environment, "IDLE_REAPER_REGIONS": ",".join(all_regions)},
             # A sweep should end before the next one is due; reserved concurrency 1 makes sure it does.
             timeout=sweep_timeout,
-            memory_size=ONE_VCPU_MB,
+            # The planner lists the zones in child processes, one vCPU each (sweep.fanout.PLANNER_VCPUS).
+            memory_size=PLANNER_VCPUS * ONE_VCPU_MB,
             reserved_concurrent_executions=props.sweep_reserved_concurrency or None,
         )
         # A fleet larger than one shard: the sweep above plans it, and this state machine sweeps the shards.

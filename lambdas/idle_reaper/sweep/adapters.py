@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from idle_reaper.aws.clients import AwsError, client, error_code, ssm_prefix, table_name
-from idle_reaper.aws.fleet import Fleet
+from idle_reaper.aws.fleet import LISTING_PROCESSES, Fleet
 from idle_reaper.aws.metrics import (
     MetricsReader,
 )
@@ -81,7 +81,12 @@ class Adapters:
                 notifier = LoggingNotifier(logger)
         return cls(
             policies=PolicyStore(client("ssm"), ssm_prefix()),
-            fleet=Fleet(client("ec2"), client("autoscaling"), NotebookInstances(client("sagemaker"))),
+            fleet=Fleet(
+                client("ec2"),
+                client("autoscaling"),
+                NotebookInstances(client("sagemaker")),
+                listing_processes=LISTING_PROCESSES,
+            ),
             metrics=MetricsReader(client("cloudwatch")),
             store=store,
             notifier=notifier,
