@@ -45,6 +45,16 @@ LISTING_PROCESSES = 6
 # Fleet (EC2 + Auto Scaling)
 
 
+def _joined(listings: Iterable[tuple[list[Machine], dict[str, str]]]) -> tuple[list[Machine], dict[str, str]]:
+    """Listings of disjoint parts of the fleet as one: the machines, and instance id -> the group its tag names."""
+    machines: list[Machine] = []
+    asg_tagged: dict[str, str] = {}
+    for found, tagged in listings:
+        machines += found
+        asg_tagged.update(tagged)
+    return machines, asg_tagged
+
+
 @dataclass(frozen=True)
 class ActionOutcome:
     instance_id: str
@@ -61,8 +71,7 @@ class Fleet:
         self.ec2 = ec2
         self.autoscaling = autoscaling
         self.notebooks = notebooks
-        # Child processes a discovery lists the zones in (1: threads of this process). The planner's Lambda
-        # uses several: it has a vCPU for each of a few of them.
+        # Child processes a discovery lists the zones in (1: threads of this process; the planner uses more).
         self.listing_processes = max(1, min(listing_processes, LISTING_PROCESSES))
         # Why notebook instances could not be listed at the last discovery (None: they were, or none asked).
         self.notebooks_unlisted: str | None = None
@@ -100,17 +109,13 @@ class Fleet:
             return self._describe(tags, [])
         processes = min(self.listing_processes, len(zones))
         if processes > 1:
-            listed = run_in_processes(
+            shares = run_in_processes(
                 lambda share: self._list_zones(for_this_process(self.ec2), tags, share),
                 [zones[i::processes] for i in range(processes)],
             )
         else:
-            listed = [self._list_zones(self.ec2, tags, zones)]
-        machines: list[Machine] = []
-        asg_tagged: dict[str, str] = {}
-        for found, tagged in listed:
-            machines += found
-            asg_tagged.update(tagged)
+            shares = [self._list_zones(self.ec2, tags, zones)]
+        machines, asg_tagged = _joined(shares)
         machines.sort(key=lambda m: m.instance_id)  # one order whatever zone answered first
         return self._with_membership(machines, asg_tagged)
 
@@ -120,12 +125,7 @@ class Fleet:
         def in_zone(zone: str) -> tuple[list[Machine], dict[str, str]]:
             return self._list(tags, [{"Name": "availability-zone", "Values": [zone]}], ec2)
 
-        machines: list[Machine] = []
-        asg_tagged: dict[str, str] = {}
-        for found, tagged in run_concurrently(in_zone, zones, ACTION_WORKERS):
-            machines += found
-            asg_tagged.update(tagged)
-        return machines, asg_tagged
+        return _joined(run_concurrently(in_zone, zones, ACTION_WORKERS))
 
     def _zones(self) -> list[str]:
         """The region's zones an instance can run in (local zones the account opted into included); none
@@ -164,13 +164,8 @@ class Fleet:
         def describe(batch: Sequence[str]) -> tuple[list[Machine], dict[str, str]]:
             return self._list(tags, [{"Name": "instance-id", "Values": list(batch)}])
 
-        machines: list[Machine] = []
-        asg_tagged: dict[str, str] = {}
         batches = list(chunks(sorted(set(instance_ids)), FILTER_VALUES))
-        for listed, tagged in run_concurrently(describe, batches, ACTION_WORKERS):
-            machines += listed
-            asg_tagged.update(tagged)
-        return self._with_membership(machines, asg_tagged) + found
+        return self._with_membership(*_joined(run_concurrently(describe, batches, ACTION_WORKERS))) + found
 
     def _describe(self, tags: TagKeys, only: list[dict[str, Any]]) -> list[Machine]:
         return self._with_membership(*self._list(tags, only))
