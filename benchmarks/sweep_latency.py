@@ -405,34 +405,47 @@ def check(size: int, seed: int, cpu: BotocoreCpu | None) -> bool:
     return ok
 
 
-def time_planner(size: int, seed: int, cpu: BotocoreCpu | None, *, sleep: bool, processes: int) -> float:
-    """The planner's wall over a fleet of one shard spread evenly over `processes` zones, listed in that many
-    child processes (1: on threads, in one process), modelled or really slept and burnt."""
+def time_planner(
+    size: int, seed: int, cpu: BotocoreCpu | None, *, sleep: bool, processes: int, zones: int, vcpus: int
+) -> float:
+    """The planner's wall (listing, groups, shards and their manifests) over a fleet spread evenly over `zones`
+    of the region's zones, listed in up to `processes` child processes (1: on threads, in one process) on
+    `vcpus`, modelled or really slept and burnt."""
     aws = build_fleet(size, seed).aws
     for instance in aws.ec2.instances.values():
-        instance.api["Placement"]["AvailabilityZone"] = ZONES[ZONES.index(zone_of(instance.instance_id)) % processes]
-    model = LatencyModel(sleep=sleep, cpu=request_cpu(cpu) if cpu is not None else None, vcpus=processes)
+        instance.api["Placement"]["AvailabilityZone"] = ZONES[ZONES.index(zone_of(instance.instance_id)) % zones]
+    model = LatencyModel(sleep=sleep, cpu=request_cpu(cpu) if cpu is not None else None, vcpus=vcpus)
     aws.set_latency(model)
     adapters = aws.adapters(store=CountingStateStore(model), prefix=PREFIX, listing_processes=processes)
     segments = Segments(model, aws, sleep=sleep)
     model.install()
     try:
-        plan, wall, _ = segments.time(lambda: plan_sweep(adapters, now=T0, in_place=True, shard_size=size))
+        plan, wall, _ = segments.time(lambda: plan_sweep(adapters, now=T0, in_place=True))
     finally:
         model.uninstall()
     assert plan.machines == size, plan.machines
     return wall
 
 
+def print_planner(size: int, seed: int, cpu: BotocoreCpu | None) -> None:
+    """The planner alone at `size`: the fleet evenly over the region's zones, and all in one (its worst case:
+    one child lists the whole fleet), against the listing on threads of one process (before)."""
+    print(f"\n== the planner alone at {size:,} machines ({PLANNER_VCPUS} vCPUs, zones in child processes) ==")
+    runs = ((len(ZONES), 1, "on threads of one process (before)"), (len(ZONES), LISTING_PROCESSES, "in processes"))
+    for zones, processes, how in (*runs, (1, LISTING_PROCESSES, "in processes")):
+        wall = time_planner(size, seed, cpu, sleep=False, processes=processes, zones=zones, vcpus=PLANNER_VCPUS)
+        row(f"machines in {zones} zone(s), listed {how}, s", [wall], ",.1f")
+
+
 def check_planner(size: int, seed: int, cpu: BotocoreCpu | None) -> bool:
     """The model's CPU lanes against real child processes: the planner listing `size` machines in as many
     processes as this machine has cores (up to the planner's vCPUs), modelled and really slept and burnt;
     the listing on threads alongside, slept, to show what the processes gain."""
-    processes = max(1, min(PLANNER_VCPUS, os.cpu_count() or 1))
-    modelled = time_planner(size, seed, cpu, sleep=False, processes=processes)
-    slept = time_planner(size, seed, cpu, sleep=True, processes=processes)
-    on_threads = time_planner(size, seed, cpu, sleep=True, processes=1)
-    print(f"\n== check of the planner at {size:,} machines in {processes} zones, listed in {processes} processes ==")
+    k = max(1, min(PLANNER_VCPUS, os.cpu_count() or 1))
+    modelled = time_planner(size, seed, cpu, sleep=False, processes=k, zones=k, vcpus=k)
+    slept = time_planner(size, seed, cpu, sleep=True, processes=k, zones=k, vcpus=k)
+    on_threads = time_planner(size, seed, cpu, sleep=True, processes=1, zones=k, vcpus=k)
+    print(f"\n== check of the planner at {size:,} machines in {k} zones, listed in {k} processes ==")
     row("modelled (CPU lanes), s", [modelled], ",.2f")
     row("slept and burnt in real child processes, s", [slept], ",.2f")
     row("  modelled / slept", [100 * modelled / slept], ",.0f", "%")
@@ -450,6 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bills", default="", help="sizes (of --sizes) to price the steady hour at (default 10000)")
     parser.add_argument("--every", default="5", help="sweep schedules (minutes, comma-separated) to price")
     parser.add_argument("--no-botocore", action="store_true", help="charge latency only, not botocore's CPU")
+    parser.add_argument("--planner", type=int, default=0, help="fleet size to time the planner alone at (0: skip)")
     parser.add_argument(
         "--zones",
         type=int,
@@ -473,6 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for size in [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]:
         measured[size] = run_size(size, args.seed, sleep=False, cpu=cpu, zones=args.zones)
         ok = print_size(size, measured[size], args.zones) and ok
+    if args.planner:
+        print_planner(args.planner, args.seed, cpu)
     bills = {int(s.replace("_", "")) for s in args.bills.split(",") if s.strip()} if args.bills else {BILL_FLEET}
     for size in sorted(bills & set(measured)):
         for every in sorted({int(e) for e in args.every.split(",")}):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -85,7 +86,8 @@ class Adapters:
                 client("ec2"),
                 client("autoscaling"),
                 NotebookInstances(client("sagemaker")),
-                listing_processes=LISTING_PROCESSES,
+                # Forked children list the zones (Lambda runs Linux); macOS's system libraries are not fork-safe.
+                listing_processes=LISTING_PROCESSES if sys.platform == "linux" else 1,
             ),
             metrics=MetricsReader(client("cloudwatch")),
             store=store,
