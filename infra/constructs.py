@@ -148,7 +148,8 @@ class SeededParameter(Construct):
             provider,
             NagPackSuppression(
                 id="AwsSolutions-IAM4",
-                reason="CDK's AwsCustomResource provider (SSM seeding at stack creation) uses the AWS managed "
+                reason="CDK's AwsCustomResource provider (SSM seeding at stack creation, the notebook collector's "
+                "upload) uses the AWS managed "
                 "AWSLambdaBasicExecutionRole, for its own logs only.",
                 applies_to=["Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"],
             ),

@@ -1,9 +1,10 @@
-"""The SageMaker notebook instances' lifecycle configuration: the CloudWatch agent (already on every notebook
-instance) publishing CPU, GPU and the human-activity collector's metric, by InstanceId = the notebook
-instance's name, the dimension the sweep reads.
+"""The SageMaker notebook instances' lifecycle configuration and what it fetches: the CloudWatch agent (already
+on every notebook instance) publishing CPU, GPU, network and the human-activity collector's metric, by
+InstanceId = the notebook instance's name, the dimension the sweep reads.
 
 SageMaker holds at most 16,384 base64 characters per script: too few for the activity collector
-(agent/idle_reaper_activity.py), which the script runs from the notebook's ML storage volume instead."""
+(agent/idle_reaper_activity.py, 43 KB). The stack puts it into its own bucket at deploy time; the OnStart
+script fetches it and runs it only when its SHA-256 is the one baked into the script at synth."""
 
 from __future__ import annotations
 
@@ -12,24 +13,40 @@ import hashlib
 import json
 from pathlib import Path
 
+from aws_cdk import Aws, CfnOutput, Duration, RemovalPolicy, Stack, Token
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sagemaker as sagemaker
+from aws_cdk import custom_resources as cr
 from constructs import Construct
 
-from idle_reaper.core.kinds import NOTEBOOK_LIFECYCLE_CONFIG
+from idle_reaper.core.kinds import NOTEBOOK_AGENT_KEY, NOTEBOOK_LIFECYCLE_CONFIG
 
 AGENT_DIR = Path(__file__).resolve().parents[1] / "agent"
+COLLECTOR = AGENT_DIR / "idle_reaper_activity.py"
 SCRIPT_LIMIT = 16_384  # SageMaker's limit on one script's base64 content
-# Where an admin copies agent/idle_reaper_activity.py (the ML storage volume survives stops; root owns it).
-COLLECTOR_ON_VOLUME = "/home/ec2-user/SageMaker/.idle-reaper/idle_reaper_activity.py"
 NAME_PLACEHOLDER = "__NOTEBOOK_INSTANCE_NAME__"
+BUCKET_NAME_LIMIT = 63  # S3's
+LONGEST_REGION = len("ap-southeast-5")  # the name is checked against the stack's own region when it is known
+
+
+def agent_bucket_name(prefix: str, account: str, region: str) -> str:
+    """The notebook-agent bucket's name: derived, so the OnStart script finds it from the notebook's own ARN
+    (account and region) without a token in its text. "sagemaker" in it: AmazonSageMakerFullAccess, the usual
+    execution-role policy, already lets a role read objects of buckets named *sagemaker*."""
+    return f"{prefix}-sagemaker-{account}-{region}"
 
 
 def agent_config(gpu: bool) -> dict[str, object]:
     """Every metric carries InstanceId = the notebook instance's name (set per plugin: the agent's global
-    append_dimensions only knows EC2's own values), rolled up to that one dimension, as the sweep reads it."""
+    append_dimensions only knows EC2's own values), rolled up to that one dimension, as the sweep reads it.
+    `net`: bytes sent and received on the notebook's interfaces (the agent's default set), each interval's bytes
+    (the agent turns the kernel's counters into deltas), so a notebook's Sum per period means what EC2's
+    NetworkIn/Out does. Traffic counted twice (a container's bridge and eth0) only makes it look busier."""
     name = {"InstanceId": NAME_PLACEHOLDER}
     collected: dict[str, object] = {
         "cpu": {"measurement": ["usage_active"], "totalcpu": True, "append_dimensions": name},
+        "net": {"measurement": ["bytes_recv", "bytes_sent"], "append_dimensions": name},
         "statsd": {
             "service_address": "127.0.0.1:8125",
             "metrics_collection_interval": 60,
@@ -49,22 +66,40 @@ def agent_config(gpu: bool) -> dict[str, object]:
     }
 
 
-def on_start_script(agent_dir: Path = AGENT_DIR) -> str:
+def collector_sha256(agent_dir: Path = AGENT_DIR) -> str:
+    return hashlib.sha256((agent_dir / COLLECTOR.name).read_bytes()).hexdigest()
+
+
+# Where the notebook's conda Python is; the system's next (the collector needs 3.9+, standard library only).
+_PYTHONS = (
+    "/home/ec2-user/anaconda3/envs/JupyterSystemEnv/bin/python /usr/bin/python3.12 /usr/bin/python3.11 "
+    "/usr/bin/python3.10 /usr/bin/python3.9 /usr/bin/python3"
+)
+# The fallback fetch when no aws CLI is found: boto3 of the notebook's own Python.
+_BOTO3_FETCH = (
+    "import sys, boto3; o = boto3.client('s3', region_name=sys.argv[1]).get_object(Bucket=sys.argv[2], "
+    "Key=sys.argv[3], ExpectedBucketOwner=sys.argv[4]); open(sys.argv[5], 'wb').write(o['Body'].read())"
+)
+
+
+def on_start_script(prefix: str, agent_dir: Path = AGENT_DIR) -> str:
     """The OnStart script. It never fails the notebook's start (SageMaker would mark the notebook Failed):
     every step that cannot run says so in the notebook's CloudWatch log and the script goes on.
 
-    The collector (about 43 KB, 12 KB base64'd gzip even without docstrings) does not fit in SageMaker's
-    16,384 base64 characters next to the rest, so the script runs the copy an admin puts on the notebook's ML
-    storage volume (COLLECTOR_ON_VOLUME, kept across stops) when its SHA-256 is the one agent/ ships."""
-    digest = hashlib.sha256((agent_dir / "idle_reaper_activity.py").read_bytes()).hexdigest()
+    The collector is fetched from the stack's bucket (`agent_bucket_name`, the account and region read from
+    the notebook's own ARN; `--expected-bucket-owner`: a bucket of that name in another account is never
+    read) and run only when its SHA-256 is the one this script carries: a tampered, stale or missing object
+    leaves the notebook publishing CPU, GPU and network, as without the collector."""
+    digest = collector_sha256(agent_dir)
     with_gpu = json.dumps(agent_config(gpu=True), separators=(",", ":"))
     without_gpu = json.dumps(agent_config(gpu=False), separators=(",", ":"))
     return f"""#!/bin/bash
-# idle-reaper: CPU, GPU and human activity of this notebook instance to CloudWatch, by its name.
+# idle-reaper: CPU, GPU, network and human activity of this notebook instance to CloudWatch, by its name.
 set -u
 say() {{ echo "idle-reaper: $*"; }}
-NAME=$(sed -n 's/.*"ResourceName" *: *"\\([A-Za-z0-9-]*\\)".*/\\1/p' /opt/ml/metadata/resource-metadata.json)
-if [ -z "$NAME" ]; then say "no notebook instance name in /opt/ml/metadata: nothing published"; exit 0; fi
+M=/opt/ml/metadata/resource-metadata.json
+NAME=$(sed -n 's/.*"ResourceName" *: *"\\([A-Za-z0-9-]*\\)".*/\\1/p' $M)
+if [ -z "$NAME" ]; then say "no notebook instance name in $M: nothing published"; exit 0; fi
 D=/opt/idle-reaper
 mkdir -p "$D"
 if command -v nvidia-smi >/dev/null 2>&1; then CONFIG='{with_gpu}'; else CONFIG='{without_gpu}'; fi
@@ -76,40 +111,157 @@ else
   say "no CloudWatch agent at $CTL: no metric is published, the reaper sees this notebook as unknown"
 fi
 say "publishing as InstanceId=$NAME"
-C={COLLECTOR_ON_VOLUME}
-if ! echo "{digest}  $C" | sha256sum -c --quiet - >/dev/null 2>&1; then
-  say "no activity collector at $C (or not the version idle-reaper ships): CPU and GPU only"; exit 0
-fi
-install -m 0644 "$C" "$D/idle_reaper_activity.py"
+NOT="no activity collector: CPU, GPU and network only"
+ARN=$(sed -n 's/.*"ResourceArn" *: *"\\(arn:[a-z-]*:sagemaker:[a-z0-9-]*:[0-9]\\{{12\\}}:[^"]*\\)".*/\\1/p' $M)
+if [ -z "$ARN" ]; then say "no notebook instance ARN in $M: $NOT"; exit 0; fi
+REGION=$(echo "$ARN" | cut -d: -f4)
+ACCOUNT=$(echo "$ARN" | cut -d: -f5)
 PY=""
-for p in /home/ec2-user/anaconda3/envs/JupyterSystemEnv/bin/python /usr/bin/python3.12 /usr/bin/python3.11 \\
-         /usr/bin/python3.10 /usr/bin/python3.9 /usr/bin/python3; do
+for p in {_PYTHONS}; do
   if [ -x "$p" ] && "$p" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then PY=$p; break; fi
 done
-if [ -z "$PY" ]; then say "no Python 3.9+: the activity collector does not run"; exit 0; fi
-nohup setsid sh -c "while :; do '$PY' -I '$D/idle_reaper_activity.py'; sleep 60; done" \\
+if [ -z "$PY" ]; then say "no Python 3.9+: $NOT"; exit 0; fi
+BUCKET="{agent_bucket_name(prefix, "$ACCOUNT", "$REGION")}"
+C="$D/idle_reaper_activity.py"
+rm -f "$C"
+AWS=""
+for a in "$(command -v aws)" /home/ec2-user/anaconda3/bin/aws; do
+  if [ -n "$a" ] && [ -x "$a" ]; then AWS=$a; break; fi
+done
+if [ -n "$AWS" ]; then
+  "$AWS" s3api get-object --region "$REGION" --bucket "$BUCKET" --key {NOTEBOOK_AGENT_KEY} \\
+    --expected-bucket-owner "$ACCOUNT" "$C" > "$D/fetch.log" 2>&1
+else
+  "$PY" -c "{_BOTO3_FETCH}" "$REGION" "$BUCKET" {NOTEBOOK_AGENT_KEY} "$ACCOUNT" "$C" > "$D/fetch.log" 2>&1
+fi
+if [ $? -ne 0 ] || [ ! -s "$C" ]; then
+  WHY=$(tail -c 300 "$D/fetch.log" | tr '\\n' ' ')
+  say "cannot fetch s3://$BUCKET/{NOTEBOOK_AGENT_KEY} ($WHY): the execution role needs s3:GetObject on it; $NOT"
+  rm -f "$C"; exit 0
+fi
+if ! echo "{digest}  $C" | sha256sum -c --quiet - >/dev/null 2>&1; then
+  say "s3://$BUCKET/{NOTEBOOK_AGENT_KEY} is not the collector this configuration names (SHA-256 {digest}): \\
+refused; $NOT"
+  rm -f "$C"; exit 0
+fi
+chmod 0644 "$C"
+nohup setsid sh -c "while :; do '$PY' -I '$C' --state-dir '$D'; sleep 60; done" \\
   >> /var/log/idle-reaper-activity.log 2>&1 < /dev/null &
 say "activity collector running"
 """
 
 
-class NotebookLifecycleConfig(Construct):
-    """The lifecycle configuration an admin attaches to a notebook instance (it cannot be forced onto new
-    ones: SageMaker has no mechanism); the reaper only reports the notebook instances without it."""
+def encoded_on_start(prefix: str) -> str:
+    """The script as SageMaker holds it; refused at synth when it outgrows SageMaker's limit."""
+    encoded = base64.b64encode(on_start_script(prefix).encode()).decode()
+    if len(encoded) > SCRIPT_LIMIT:
+        raise ValueError(
+            f"the notebook OnStart script is {len(encoded)} characters base64; SageMaker takes {SCRIPT_LIMIT}"
+        )
+    return encoded
 
-    def __init__(self, scope: Construct, id: str) -> None:
+
+class NotebookAgent(Construct):
+    """What notebook instances need to publish their signals: the lifecycle configuration an admin attaches to
+    a notebook instance (it cannot be forced onto new ones: SageMaker has no mechanism; the reaper only reports
+    the notebook instances without it), and the bucket its OnStart script fetches the activity collector from.
+
+    The bucket: S3-managed encryption (a notebook's role needs no KMS grant), TLS only, no public access,
+    versioned, its server access logs in a second bucket. Its policy lets this account's principals read the
+    collector's prefix; each principal's own IAM policy must allow it too (docs/policy.md)."""
+
+    def __init__(self, scope: Construct, id: str, *, prefix: str) -> None:
         super().__init__(scope, id)
-        script = on_start_script()
-        encoded = base64.b64encode(script.encode()).decode()
-        if len(encoded) > SCRIPT_LIMIT:
+        stack = Stack.of(self)
+        region_length = LONGEST_REGION if Token.is_unresolved(stack.region) else len(stack.region)
+        longest = len(agent_bucket_name(prefix, "0" * 12, "r" * region_length))
+        if longest > BUCKET_NAME_LIMIT:
             raise ValueError(
-                f"the notebook OnStart script is {len(encoded)} characters base64; SageMaker takes {SCRIPT_LIMIT}"
+                f"prefix {prefix!r} makes the notebook-agent bucket's name {longest} characters; S3 takes "
+                f"{BUCKET_NAME_LIMIT}: use a prefix of at most {len(prefix) - (longest - BUCKET_NAME_LIMIT)} characters"
             )
-        self.resource = sagemaker.CfnNotebookInstanceLifecycleConfig(
+        access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,  # the only encryption server access logging writes to
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            versioned=True,
+            lifecycle_rules=[
+                s3.LifecycleRule(expiration=Duration.days(365), noncurrent_version_expiration=Duration.days(30))
+            ],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.bucket = s3.Bucket(
+            self,
+            "Bucket",
+            bucket_name=agent_bucket_name(prefix, Aws.ACCOUNT_ID, Aws.REGION),
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            versioned=True,
+            server_access_logs_bucket=access_logs,
+            server_access_logs_prefix="notebook-agent-bucket/",
+            lifecycle_rules=[s3.LifecycleRule(noncurrent_version_expiration=Duration.days(90))],
+            # Emptied and deleted by hand after the stack: it only holds what a deploy writes again.
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="ThisAccountReadsTheNotebookAgent",
+                principals=[iam.AccountRootPrincipal()],
+                actions=["s3:GetObject"],
+                resources=[self.bucket.arn_for_objects(f"{NOTEBOOK_AGENT_KEY.rsplit('/', 1)[0]}/*")],
+            )
+        )
+        # The collector, put at deploy time by CDK's AwsCustomResource provider (the one the stack's seeded
+        # parameters use): the text in the template, one PutObject allowed on that one key. A new collector is
+        # a new physical id: put again. The notebook checks what it fetches against the hash in its script.
+        collector = COLLECTOR.read_bytes()
+        put = cr.AwsSdkCall(
+            service="S3",
+            action="putObject",
+            parameters={
+                "Bucket": self.bucket.bucket_name,
+                "Key": NOTEBOOK_AGENT_KEY,
+                "Body": collector.decode(),
+                "ContentType": "text/x-python",
+            },
+            physical_resource_id=cr.PhysicalResourceId.of(f"{NOTEBOOK_AGENT_KEY}@{collector_sha256()}"),
+            logging=cr.Logging.with_data_hidden(),  # else 43 KB of collector in the provider's log
+        )
+        deployment = cr.AwsCustomResource(
+            self,
+            "Collector",
+            resource_type="Custom::IdleReaperNotebookCollector",
+            on_create=put,
+            on_update=put,
+            policy=cr.AwsCustomResourcePolicy.from_statements(
+                [
+                    iam.PolicyStatement(
+                        actions=["s3:PutObject"], resources=[self.bucket.arn_for_objects(NOTEBOOK_AGENT_KEY)]
+                    )
+                ]
+            ),
+            install_latest_aws_sdk=False,
+        )
+        self.lifecycle_config = sagemaker.CfnNotebookInstanceLifecycleConfig(
             self,
             "Config",
             notebook_instance_lifecycle_config_name=NOTEBOOK_LIFECYCLE_CONFIG,
             on_start=[
-                sagemaker.CfnNotebookInstanceLifecycleConfig.NotebookInstanceLifecycleHookProperty(content=encoded)
+                sagemaker.CfnNotebookInstanceLifecycleConfig.NotebookInstanceLifecycleHookProperty(
+                    content=encoded_on_start(prefix)
+                )
             ],
+        )
+        # The script names the new collector's hash only once the new collector is in the bucket.
+        self.lifecycle_config.node.add_dependency(deployment)
+        CfnOutput(
+            stack,
+            "NotebookAgentObject",
+            value=self.bucket.arn_for_objects(NOTEBOOK_AGENT_KEY),
+            description="What a notebook instance's execution role must be allowed to s3:GetObject (docs/policy.md)",
         )

@@ -33,7 +33,7 @@ from infra.constructs import (
     SweepFanout,
     suppress,
 )
-from infra.notebooks import NotebookLifecycleConfig
+from infra.notebooks import NotebookAgent
 
 SWEEP_HANDLER = "idle_reaper.handlers.sweep.handler"
 SLACK_HANDLER = "idle_reaper.handlers.slack.handler"
@@ -462,8 +462,9 @@ class IdleReaperStack(Stack):
                 tag_value=props.gpu_agent_tag_value,
             )
 
-        # What notebook instances need to publish CPU, GPU and activity; an admin attaches it (docs/policy.md).
-        NotebookLifecycleConfig(self, "NotebookAgent")
+        # What notebook instances need to publish CPU, GPU, network and activity; an admin attaches the
+        # lifecycle configuration (docs/policy.md).
+        NotebookAgent(self, "NotebookAgent", prefix=props.prefix)
 
         monitoring = ReaperMonitoring(
             self,

@@ -494,6 +494,10 @@ class MetricSettings(_Strict):
     # A SageMaker notebook instance publishes no CPU metric: the stack's lifecycle configuration has the
     # CloudWatch agent publish this one, by InstanceId = the notebook instance's name.
     notebook_cpu: MetricSource = MetricSource(namespace="CWAgent", name="cpu_usage_active")
+    # Nor network: the agent's `net` plugin, bytes of each interval on the notebook's interfaces (Sum per
+    # period, as NetworkIn/NetworkOut), read for notebook instances of teams with a network threshold.
+    notebook_network_in: MetricSource = MetricSource(namespace="CWAgent", name="net_bytes_recv")
+    notebook_network_out: MetricSource = MetricSource(namespace="CWAgent", name="net_bytes_sent")
     network_in: MetricSource = MetricSource(namespace="AWS/EC2", name="NetworkIn")
     network_out: MetricSource = MetricSource(namespace="AWS/EC2", name="NetworkOut")
     period_seconds: Literal[60, 300] = Field(

@@ -30,6 +30,9 @@ class Environment:
         """Ref and Arn of a template resource, named as AWS names them."""
         resource = self.template["Resources"][logical_id]
         props, kind = resource.get("Properties", {}), resource["Type"]
+        if kind == "AWS::S3::Bucket":  # S3 ARNs name no region and no account
+            bucket = str(self.resolve(props["BucketName"])) if "BucketName" in props else logical_id.lower()
+            return {"Ref": bucket, "Arn": f"arn:{self.partition}:s3:::{bucket}"}
         name = str(
             props.get("TableName")
             or props.get("FunctionName")

@@ -134,8 +134,13 @@ def test_idle_notebook_warned_kept_stopped_and_started_again_from_slack(team, sl
     assert "its lifecycle configuration is team-autostop, not idle-reaper's" in record(foreign).reason
     assert all(decisions[n].action_label == "none" for n in (broken, foreign))
     (note,) = admin_notes(slack)
-    assert "no-agent (ml.p3.2xlarge, team ml, $3.83/h)" in note and "idle-nb" not in note
-    assert "other-config (ml.p3.2xlarge, team ml, $3.83/h, lifecycle configuration team-autostop)" in note
+    no_data, _, partial = note.partition("publish only part of their data")
+    assert "no-agent (ml.p3.2xlarge, team ml, $3.83/h)" in no_data and "idle-nb" not in no_data
+    assert "other-config (ml.p3.2xlarge, team ml, $3.83/h, lifecycle configuration team-autostop)" in no_data
+    # CPU and GPU arrive, the activity collector's data does not (it never ran here): said, with the bucket's key.
+    assert "idle-nb (ml.p3.2xlarge, team ml, $3.83/h: activity missing)" in partial and "no-agent" not in partial
+    assert "s3:GetObject" in partial and "notebook-agent/idle_reaper_activity.py" in partial
+    assert "s3:GetObject" not in record(idle_one).reason, "the owner's messages carry no admin chores"
     sweep(T0 + timedelta(minutes=5))
     assert len(admin_notes(slack)) == 1, "the admins hear of notebook instances without data once a day"
 
@@ -246,6 +251,7 @@ def test_status_lists_a_notebook_without_data_with_its_cost_and_how_to_attach(te
     from idle_reaper_tools import cli
 
     dark = notebook("no-agent", None)
+    without_collector = notebook("cpu-and-gpu-only")
     run_sweep(Adapters.from_environment(), now=T0)
     # A notebook instance no sweep has seen yet is listed too: status discovers as the sweep does.
     fresh = notebook("not-swept-yet", None, instance_type="ml.t3.medium")
@@ -256,3 +262,43 @@ def test_status_lists_a_notebook_without_data_with_its_cost_and_how_to_attach(te
     assert row["kind"] == "notebook" and row["stop_saves"] == "$3.83/h"
     assert "update-notebook-instance --notebook-instance-name NAME" in row["reason"]
     assert (rows[fresh]["state"], rows[fresh]["stop_saves"]) == ("new", "$0.05/h")
+    # Publishing CPU and GPU, not the collector's data: status says where the collector comes from.
+    said = rows[without_collector]["human_signal"]
+    assert said.startswith("no collector") and "s3:GetObject" in said and "NotebookAgentObject" in said
+
+
+def put_network(name: str, bytes_per_second: float, *, end=T0) -> None:
+    """What the lifecycle configuration's agent publishes (`net`: each interval's bytes, by the notebook's name)."""
+    dims = [{"Name": "InstanceId", "Value": name}]
+    data = []
+    t = at(11)
+    while t <= end:
+        for metric in ("net_bytes_recv", "net_bytes_sent"):
+            data.append({"MetricName": metric, "Dimensions": dims, "Timestamp": t, "Value": bytes_per_second * 300})
+        t += timedelta(minutes=5)
+    cloudwatch = aws.client("cloudwatch")
+    for i in range(0, len(data), 1000):
+        cloudwatch.put_metric_data(Namespace="CWAgent", MetricData=data[i : i + 1000])
+
+
+def test_a_network_threshold_reads_the_notebooks_agent_busy_on_network_alone_is_never_stopped(team, slack):
+    policy = local.team_policy_json(idle_minutes=60, warn_minutes=20, network_threshold_bytes_per_second=50_000)
+    aws.client("ssm").put_parameter(Name="/idle-reaper/teams/ml", Value=policy, Type="String", Overwrite=True)
+    downloading = notebook("downloading", instance_type="ml.t3.medium")  # 1 % CPU, no GPU
+    quiet = notebook("quiet", instance_type="ml.t3.medium")
+    silent = notebook("no-network-data", instance_type="ml.t3.medium")
+    put_network(downloading, 2_000_000, end=T0 + timedelta(hours=3))
+    put_network(quiet, 100, end=T0 + timedelta(hours=3))
+    decisions = sweep(T0)
+    assert decisions[downloading].signal == "busy" and "network" in decisions[downloading].reason
+    assert decisions[quiet].action_label == "warn", "the agent's network is read: a quiet notebook is idle"
+    assert decisions[silent].signal == "unknown" and decisions[silent].action_label == "none"
+    assert "no network data" in record(silent).reason and "no network data" not in record(quiet).reason
+    (note,) = admin_notes(slack)
+    assert "no-network-data (ml.t3.medium, team ml, $0.05/h: network, activity missing)" in note
+    assert "quiet (ml.t3.medium, team ml, $0.05/h: activity missing)" in note
+    for minutes in (30, 90, 180):
+        later = sweep(T0 + timedelta(minutes=minutes))
+        assert later[downloading].action_label == "none" and later[silent].action_label == "none"
+    assert local.notebook_statuses([downloading, silent]) == {downloading: "InService", silent: "InService"}
+    assert local.notebook_statuses([quiet]) == {quiet: "Stopped"}

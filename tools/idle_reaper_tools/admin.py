@@ -20,7 +20,7 @@ from typing import Any
 
 from idle_reaper import aws
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
-from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE, Kind, recorded_saving
+from idle_reaper.core.kinds import NEVER_STOPPED, NOTEBOOK_GAPS, TERMINABLE, Kind, recorded_saving
 from idle_reaper.core.reading import parse_next_read
 from idle_reaper.core.studio import StudioFinding
 from idle_reaper.notify import LoggingNotifier
@@ -581,6 +581,15 @@ def next_step(
     return f"warn after {policy.idle_minutes - policy.warn_minutes} min quiet", None
 
 
+def _human_signal(record: MachineRecord) -> str | None:
+    """The human-activity signal in words; for a notebook instance without the collector, why and what to do
+    (its lifecycle configuration fetches the collector: no admin installs it)."""
+    said = describe_human_signal(record.human_signal)
+    if said and record.human_signal == "missing" and (record.machine_kind or "").startswith(Kind.NOTEBOOK.value):
+        said = f"{said}; {NOTEBOOK_GAPS['activity']}"
+    return said or None
+
+
 def status_rows(
     records: Iterable[MachineRecord],
     machines: Mapping[str, Machine],
@@ -621,7 +630,7 @@ def status_rows(
                 # Why the current warning was not (or may not have been) delivered; the sweep does not retry it.
                 "delivery_error": record.delivery_error if record.state is State.WARNED else None,
                 # The human-activity signal the last sweep saw, when the team's policy uses it.
-                "human_signal": describe_human_signal(record.human_signal) or None,
+                "human_signal": _human_signal(record),
                 # Sources the machine's collector cannot read (a password-protected Jupyter, ...): a person
                 # there may go unseen.
                 "collector_cannot_read": list(gaps.get(record.instance_id, [])) or None,

@@ -90,8 +90,9 @@ class MetricsReader:
         notebooks: Collection[str] = (),
     ) -> dict[str, Signals]:
         """`gpu`: read the GPU metric (False only for types that cannot have one: core.signals.has_no_gpu).
-        `notebooks`: those of the ids that are SageMaker notebook instances, whose CPU is the agent's
-        (`metrics.notebook_cpu`): SageMaker publishes none."""
+        `notebooks`: those of the ids that are SageMaker notebook instances, whose CPU and network are the
+        agent's (`metrics.notebook_cpu`, `notebook_network_in`, `notebook_network_out`): SageMaker publishes
+        neither."""
         period = metrics.period_seconds
         start = datetime.fromtimestamp(int(start.timestamp()) // period * period, tz=UTC)
         kinds: list[tuple[str, str, str]] = [("cpu", metrics.cpu.namespace, metrics.cpu.name)]
@@ -104,12 +105,17 @@ class MetricsReader:
                 ("network_in", metrics.network_in.namespace, metrics.network_in.name),
                 ("network_out", metrics.network_out.namespace, metrics.network_out.name),
             ]
+        on_notebook = {
+            "cpu": metrics.notebook_cpu,
+            "network_in": metrics.notebook_network_in,
+            "network_out": metrics.notebook_network_out,
+        }
         queries: list[dict[str, Any]] = []
         owner: dict[str, tuple[str, str]] = {}
         for index, instance_id in enumerate(instance_ids):
             for kind, namespace, name in kinds:
-                if kind == "cpu" and instance_id in notebooks:
-                    namespace, name = metrics.notebook_cpu.namespace, metrics.notebook_cpu.name
+                if instance_id in notebooks and (source := on_notebook.get(kind)):
+                    namespace, name = source.namespace, source.name
                 query_id = f"{kind[0]}{kind[-1]}{index}"  # e.g. "cu12": unique, starts with a letter
                 owner[query_id] = (instance_id, kind)
                 stat = _STATISTIC.get(kind, "Maximum")

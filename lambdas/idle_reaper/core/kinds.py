@@ -12,7 +12,7 @@ again at the next sweep. Unknown is never stoppable.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -443,6 +443,8 @@ def notice_sentence(kind: MachineKind, how: Handling, instance_type: str) -> str
 
 # The lifecycle configuration the stack ships (infra/notebooks.py) and how an admin attaches it.
 NOTEBOOK_LIFECYCLE_CONFIG = "idle-reaper-notebook-agent"
+# Where its OnStart script fetches the activity collector from, in the stack's notebook-agent bucket.
+NOTEBOOK_AGENT_KEY = "notebook-agent/idle_reaper_activity.py"
 NOTEBOOK_ATTACH_HOW = (
     f"attach the lifecycle configuration {NOTEBOOK_LIFECYCLE_CONFIG} (SageMaker console: stop the notebook instance, "
     "Edit, Lifecycle configuration; or `aws sagemaker update-notebook-instance --notebook-instance-name NAME "
@@ -464,6 +466,24 @@ def notebook_no_data_note(hourly: float | None, attached: str | None = None) -> 
     if attached:
         return f"{head}; its lifecycle configuration is {attached}, not idle-reaper's: {NOTEBOOK_ATTACH_HOW}"
     return f"{head}; to have it watched, {NOTEBOOK_ATTACH_HOW}"
+
+
+# What a notebook instance that publishes CPU may still leave out, and why: for `status` and the daily note.
+NOTEBOOK_GAPS = {
+    "GPU": "no GPU data (the agent's GPU plugin needs nvidia-smi: see the notebook's LifecycleConfigOnStart log)",
+    "network": "no network data (it started before idle-reaper's lifecycle configuration published network: it "
+    "will from its next start)",
+    "activity": "no activity-collector data (the OnStart script fetches the collector from the stack's bucket, "
+    f"stack output NotebookAgentObject, key {NOTEBOOK_AGENT_KEY}: the notebook's execution role needs "
+    "s3:GetObject on it; the notebook's LifecycleConfigOnStart log says why it did not run)",
+}
+
+
+def notebook_gaps_note(missing: Sequence[str]) -> str:
+    """What `status` and the admins' daily note say of a notebook instance that publishes CPU but not all a
+    policy reads (`missing`: keys of NOTEBOOK_GAPS). Without GPU or network data it is unknown, never stopped;
+    without the collector, CPU, GPU and network decide."""
+    return "; ".join(NOTEBOOK_GAPS[m] for m in missing)
 
 
 def describe(kind: MachineKind) -> str:

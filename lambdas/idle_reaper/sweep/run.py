@@ -22,10 +22,11 @@ from idle_reaper.aws.policies import policy_for
 from idle_reaper.core.digest import with_peak
 from idle_reaper.core.kinds import (
     NOTEBOOK_ATTACH_HOW,
-    NOTEBOOK_LIFECYCLE_CONFIG,
+    NOTEBOOK_GAPS,
     Lookups,
     MachineKind,
     classify,
+    notebook_gaps_note,
     notebook_no_data_note,
     stop_saves,
 )
@@ -299,22 +300,50 @@ def _notebook_notes(
     alert: bool,
 ) -> list[Decision]:
     """What a sweep says of SageMaker beyond its decisions: that notebook instances could not be listed, which
-    publish no data (their reasons say so; the admins hear once a day), and the day's Studio note."""
+    publish no data or only part of it (their reasons say so when it leaves them unknown; the admins hear once
+    a day), and the day's Studio note."""
     _report_unlisted_notebooks(adapters, settings, now, warnings, alert=alert)
-    decisions = [_unwatched_notebook(d, signals.get(d.machine.instance_id)) for d in decisions]
+    gaps = {
+        d.machine.instance_id: _notebook_gaps(d, found, settings)
+        for d in decisions
+        if d.machine.is_notebook and (found := signals.get(d.machine.instance_id)) is not None
+    }
+    decisions = [_notebook_data_note(d, gaps.get(d.machine.instance_id, [])) for d in decisions]
     if alert:
-        _note_unwatched_notebooks(adapters, decisions, settings, now)
+        _note_unwatched_notebooks(adapters, decisions, gaps, settings, now)
         report_studio(adapters, refs, settings, now)
     return decisions
 
 
-def _unwatched_notebook(d: Decision, signals: Signals | None) -> Decision:
-    """A notebook instance read without a CPU datapoint (the lifecycle configuration is not attached): unknown,
-    never stopped; its reason (and so `status`) says what it costs and how to attach the configuration."""
-    if not d.machine.is_notebook or signals is None or signals.cpu:
+def _notebook_gaps(d: Decision, signals: Signals, settings: Settings) -> list[str]:
+    """What a notebook instance leaves out of what its policy reads: "CPU" (nothing arrives at all), else
+    keys of NOTEBOOK_GAPS."""
+    if not signals.cpu:
+        return ["CPU"]
+    policy = d.policy.policy if d.policy else None
+    gaps = []
+    if not signals.gpu and is_gpu_type(d.machine.instance_type, settings.gpu_instance_families):
+        gaps.append("GPU")
+    if policy and policy.network_threshold_bytes_per_second is not None and not signals.network_in:
+        gaps.append("network")
+    if d.assessment is not None and d.assessment.human_signal == "missing":
+        gaps.append("activity")
+    return gaps
+
+
+def _notebook_data_note(d: Decision, gaps: Sequence[str]) -> Decision:
+    """A notebook instance left unknown by missing data (no CPU: the lifecycle configuration is not attached or
+    does not publish; no GPU or network data): its reason, and so `status`, says what it costs and what to do.
+    A missing activity collector changes no decision: `status` says it in its human-signal column, the owner's
+    messages never carry it."""
+    if "CPU" in gaps:
+        note = notebook_no_data_note(d.hourly_cost, d.machine.facts.notebook_config)
+    elif d.signal == "unknown" and (unknown_by := [g for g in gaps if g != "activity"]):
+        note = notebook_gaps_note(unknown_by)
+    else:
         return d
-    note = f"{d.reason}; {notebook_no_data_note(d.hourly_cost, d.machine.facts.notebook_config)}"
-    return replace(d, reason=note, record=replace(d.record, reason=note))
+    reason = f"{d.reason}; {note}"
+    return replace(d, reason=reason, record=replace(d.record, reason=reason))
 
 
 def _report_unlisted_notebooks(
@@ -335,24 +364,45 @@ def _report_unlisted_notebooks(
 
 
 def _note_unwatched_notebooks(
-    adapters: Adapters, decisions: Sequence[Decision], settings: Settings, now: datetime
+    adapters: Adapters,
+    decisions: Sequence[Decision],
+    gaps: Mapping[str, Sequence[str]],
+    settings: Settings,
+    now: datetime,
 ) -> None:
-    """The admins' daily note: the notebook instances without data, their hourly cost, what is attached to
-    each that is not idle-reaper's configuration, and how to attach it."""
-    unwatched = [d for d in decisions if d.machine.is_notebook and NOTEBOOK_LIFECYCLE_CONFIG in d.reason]
-    if not unwatched:
-        return
-    listed = [
-        f"{d.machine.instance_id} ({d.machine.instance_type}, team {d.machine.team}, {_cost(d.hourly_cost)}"
-        + (f", lifecycle configuration {config}" if (config := d.machine.facts.notebook_config) else "")
-        + ")"
-        for d in unwatched
+    """The admins' daily note: the notebook instances without data (their hourly cost, what is attached to each
+    that is not idle-reaper's configuration, and how to attach it), then those missing part of their data."""
+
+    def line(d: Decision, more: str = "") -> str:
+        return (
+            f"{d.machine.instance_id} ({d.machine.instance_type}, team {d.machine.team}, {_cost(d.hourly_cost)}"
+            + (f", lifecycle configuration {config}" if (config := d.machine.facts.notebook_config) else "")
+            + more
+            + ")"
+        )
+
+    notebooks = [d for d in decisions if gaps.get(d.machine.instance_id)]
+    unwatched = [line(d) for d in notebooks if "CPU" in gaps[d.machine.instance_id]]
+    partial = [
+        line(d, f": {', '.join(gaps[d.machine.instance_id])} missing")
+        for d in notebooks
+        if "CPU" not in gaps[d.machine.instance_id]
     ]
-    text = (
-        f"idle-reaper sees no CPU data from {len(listed)} SageMaker notebook instance(s): {', '.join(listed)}. "
-        f"They are unknown and never stopped. To have them watched, {NOTEBOOK_ATTACH_HOW}."
-    )
-    alert_once(adapters, f"notebooks-no-data#{now:%Y-%m-%d}", text, settings, now)
+    seen = {g for d in notebooks for g in gaps[d.machine.instance_id]}
+    parts = []
+    if unwatched:
+        parts.append(
+            f"idle-reaper sees no CPU data from {len(unwatched)} SageMaker notebook instance(s): "
+            f"{', '.join(unwatched)}. They are unknown and never stopped. To have them watched, {NOTEBOOK_ATTACH_HOW}."
+        )
+    if partial:
+        parts.append(
+            f"{len(partial)} SageMaker notebook instance(s) publish only part of their data: {', '.join(partial)}. "
+            "Without GPU or network data they are unknown and never stopped; without the activity collector a "
+            f"person at the keyboard goes unseen. {notebook_gaps_note([g for g in NOTEBOOK_GAPS if g in seen])}."
+        )
+    if parts:
+        alert_once(adapters, f"notebooks-no-data#{now:%Y-%m-%d}", " ".join(parts), settings, now)
 
 
 def _log_decision(d: Decision, dry_run: bool) -> None:

@@ -14,16 +14,16 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import urllib.parse
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from testkit.fake_jupyter import FakeJupyter
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 AGENT_FILE = REPO_ROOT / "agent" / "idle_reaper_activity.py"
@@ -301,52 +301,7 @@ def test_unparsable_jupyter_timestamps_raise_value_error(garbage: object) -> Non
         agent.parse_jupyter_time(garbage)
 
 
-# --- Jupyter, served by a tiny local server that checks the token --------------------------------------------
-
-
-class FakeJupyter:
-    """One HTTP server on 127.0.0.1 hosting several Jupyter servers, one per base URL, each with its token."""
-
-    def __init__(self) -> None:
-        self.routes: dict[str, tuple[str, int, bytes, dict[str, str]]] = {}
-        self.requests: list[str] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                fake.requests.append(self.path)
-                path = self.path.partition("?")[0]
-                route = fake.routes.get(path)
-                if route is None:
-                    self.send_error(404)
-                    return
-                token, status, body, headers = route
-                if self.headers.get("Authorization") != "token " + token:
-                    self.send_error(403)
-                    return
-                self.send_response(status)
-                for key, value in headers.items():
-                    self.send_header(key, value)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    def serve(self, base: str, token: str, kernels: bytes, sessions: bytes = b"[]") -> None:
-        self.routes[base + "api/kernels"] = (token, 200, kernels, {})
-        self.routes[base + "api/sessions"] = (token, 200, sessions, {})
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+# --- Jupyter, served by a tiny local server that checks the token (testkit/fake_jupyter.py) -------------------
 
 
 @pytest.fixture
