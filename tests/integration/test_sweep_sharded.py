@@ -204,12 +204,11 @@ def test_the_cli_sweeps_in_shards_on_threads_with_the_same_rows(aws: Any, slack:
     assert refused.value.code == 2 and "must be at least 1" in capsys.readouterr().err
 
 
-def test_the_planner_lists_the_zones_in_child_processes_and_a_zone_that_fails_fails_the_plan(
-    aws: Any, monkeypatch: Any
-) -> None:
-    """The deployed planner (Adapters.from_environment: zones in child processes, each with its own boto3 client) against
-    moto: machines in three zones and an Auto Scaling group, each machine in exactly one manifest, the group
-    in one; then EC2 refuses one zone's listing (in its child): the plan fails and writes no manifest."""
+def test_the_planner_lists_the_zones_in_child_processes_and_a_zone_that_fails_fails_the_plan(aws: Any) -> None:
+    """The deployed planner (Adapters.from_environment: zones in child processes, each with its own boto3
+    client) against moto: machines in three zones and an Auto Scaling group, each machine in exactly one
+    manifest, the group in one; then EC2 refuses one zone's listing (in its child): the plan fails and writes
+    no manifest."""
     since = datetime.now(UTC) - timedelta(hours=3)
     local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
     group = local.launch_group("trainers", "m5.large", team="ml", size=3, min_size=0, launch_time=since)
