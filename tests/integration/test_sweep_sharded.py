@@ -204,9 +204,11 @@ def test_the_cli_sweeps_in_shards_on_threads_with_the_same_rows(aws: Any, slack:
     assert refused.value.code == 2 and "must be at least 1" in capsys.readouterr().err
 
 
-def test_the_planner_lists_the_zones_in_child_processes_and_a_zone_that_fails_fails_the_plan(aws: Any) -> None:
-    """The deployed planner (Adapters.from_environment: zones in child processes, each with its own boto3
-    client) against moto: machines in three zones and an Auto Scaling group, each machine in exactly one
+def test_the_planner_lists_the_zones_in_child_processes_and_a_zone_that_fails_fails_the_plan(
+    aws: Any, monkeypatch: Any
+) -> None:
+    """The deployed planner (Adapters.from_environment in Lambda: zones in child processes, each with its own
+    boto3 client) against moto: machines in three zones and an Auto Scaling group, each machine in exactly one
     manifest, the group in one; then EC2 refuses one zone's listing (in its child): the plan fails and writes
     no manifest."""
     since = datetime.now(UTC) - timedelta(hours=3)
@@ -224,6 +226,8 @@ def test_the_planner_lists_the_zones_in_child_processes_and_a_zone_that_fails_fa
             TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
         )
         machines.append(ran["Instances"][0]["InstanceId"])
+    assert Adapters.from_environment(notifier=LoggingNotifier(logger)).fleet.listing_processes == 1  # locally
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "idle-reaper-sweep")  # as the planner runs in Lambda
     live = Adapters.from_environment(notifier=LoggingNotifier(logger))
     assert live.fleet.listing_processes > 1
 

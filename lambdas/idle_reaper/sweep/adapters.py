@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import sys
+import os
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -86,8 +86,9 @@ class Adapters:
                 client("ec2"),
                 client("autoscaling"),
                 NotebookInstances(client("sagemaker")),
-                # Forked children list the zones (Lambda runs Linux); macOS's system libraries are not fork-safe.
-                listing_processes=LISTING_PROCESSES if sys.platform == "linux" else 1,
+                # In Lambda (Linux, the planner's vCPUs) forked children list the zones; locally (the CLI, the
+                # demo) threads do: a small fleet gains nothing, and macOS's libraries are not fork-safe.
+                listing_processes=LISTING_PROCESSES if os.environ.get("AWS_LAMBDA_FUNCTION_NAME") else 1,
             ),
             metrics=MetricsReader(client("cloudwatch")),
             store=store,
