@@ -38,10 +38,12 @@ bench: sync
 	$(RUN) python benchmarks/sweep_latency.py --sizes 1000,10000,50000 --bills 1000,10000,50000 --every 5,15
 	$(RUN) python benchmarks/slack_throughput.py
 	$(RUN) python benchmarks/doctor_calls.py --sizes 50000
+	$(RUN) python benchmarks/organization_calls.py
 	$(RUN) python benchmarks/read_when_due.py
 	$(RUN) python benchmarks/kind_lookups.py
 	$(RUN) python benchmarks/savings.py
 	$(RUN) python benchmarks/slack_latency.py
+	$(RUN) python benchmarks/layer_sizes.py
 
 # CDK targets (synth, deploy) live beside the stack.
 -include infra/make.mk

@@ -20,7 +20,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
-from idle_reaper.core.kinds import NOTEBOOK_AGENT_KEY, NOTEBOOK_LIFECYCLE_CONFIG
+from idle_reaper.core.kinds import NOTEBOOK_AGENT_KEY, notebook_lifecycle_config
 
 AGENT_DIR = Path(__file__).resolve().parents[1] / "agent"
 COLLECTOR = AGENT_DIR / "idle_reaper_activity.py"
@@ -250,7 +250,7 @@ class NotebookAgent(Construct):
         self.lifecycle_config = sagemaker.CfnNotebookInstanceLifecycleConfig(
             self,
             "Config",
-            notebook_instance_lifecycle_config_name=NOTEBOOK_LIFECYCLE_CONFIG,
+            notebook_instance_lifecycle_config_name=notebook_lifecycle_config(prefix),
             on_start=[
                 sagemaker.CfnNotebookInstanceLifecycleConfig.NotebookInstanceLifecycleHookProperty(
                     content=encoded_on_start(prefix)

@@ -20,9 +20,11 @@ from aws_cdk import aws_sqs as sqs
 from cdk_nag import AwsSolutionsChecks, NagPackSuppression, RegexAppliesTo
 from constructs import Construct, Node
 
+from idle_reaper.aws.accounts import ORGANIZATION_ENV
+from idle_reaper.organization import OrganizationContext, organization_from_context
 from idle_reaper.policy import Settings, TeamPolicy
 from idle_reaper.sweep import PLANNER_VCPUS, SHARDS_AT_ONCE
-from infra.bundling import REPO_ROOT, dependency_layer_code
+from infra.bundling import CHART_PACKAGES, REPO_ROOT, dependency_layer_code
 from infra.constructs import (
     METRICS_NAMESPACE,
     SERVICE_NAME,
@@ -33,7 +35,9 @@ from infra.constructs import (
     SweepFanout,
     suppress,
 )
+from infra.machine_access import SWEEP_READS, MachineAccess, in_regions
 from infra.notebooks import NotebookAgent
+from infra.organization import MemberSettings, MemberStackSet, grant_member_access, member_template
 
 SWEEP_HANDLER = "idle_reaper.handlers.sweep.handler"
 SLACK_HANDLER = "idle_reaper.handlers.slack.handler"
@@ -46,21 +50,16 @@ FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # handlers/sweep.py: hand a fleet larger 
 # and the Slack endpoint's cold start (benchmarks/cold_import.py) must leave room in Slack's 3 s.
 ONE_VCPU_MB = 1769
 
-# The sweep's read-only calls; none has resource-level permissions in IAM. The Spot requests and capacity
-# reservations say what kind of machine each is (core/kinds.py).
-SWEEP_READS = (
+# `/idle-reaper doctor` (sweep/doctor.py run_checks): the Slack endpoint lists its own region's fleet, its
+# groups' opt-in tags and the last hour of metrics, for admins only; none has resource-level permissions.
+DOCTOR_READS = (
     "ec2:DescribeInstances",
-    "ec2:DescribeAvailabilityZones",  # the fleet is listed one zone per thread (aws/fleet.py)
-    "ec2:DescribeSpotInstanceRequests",
-    "ec2:DescribeCapacityReservations",
+    "ec2:DescribeAvailabilityZones",
     "autoscaling:DescribeAutoScalingGroups",
+    "autoscaling:DescribeTags",
     "cloudwatch:GetMetricData",
-    "sagemaker:ListNotebookInstances",  # SageMaker notebook instances (aws/notebooks.py)
-    "sagemaker:ListApps",  # Studio apps, reported once a day (aws/studio.py)
 )
-# On any notebook instance, tagged or not (listing has to read every one's tags to find the team's).
-NOTEBOOK_READS = ("sagemaker:ListTags", "sagemaker:DescribeNotebookInstance")
-STUDIO_READS = ("sagemaker:DescribeSpace", "sagemaker:DescribeDomain", "sagemaker:ListTags")
+SWEEP_MINUTES_ENV = "IDLE_REAPER_SWEEP_MINUTES"  # slack/routing.py: deploy.last_sweep judges by the schedule
 POLICY_READS = ("ssm:GetParameter", "ssm:GetParametersByPath")
 # Exactly the item calls each function makes (aws.DynamoStateStore); DeleteItem is granted to the sweep
 # separately, for its own claims only.
@@ -102,6 +101,9 @@ class IdleReaperProps:
     # concurrency). AWS keeps 100 unreserved, so the account's quota must be 100 + their sum; 0 reserves none.
     sweep_reserved_concurrency: int = 1
     slack_reserved_concurrency: int = 10
+    # [organization] organization mode (docs/deploying.md, Organizations): this deploy is the hub, and a
+    # StackSet puts the member stack into the target OUs' accounts. None: single-account mode.
+    organization: OrganizationContext | None = None
 
     def __post_init__(self) -> None:
         if not PREFIX_PATTERN.fullmatch(self.prefix):
@@ -146,6 +148,7 @@ class IdleReaperProps:
             gpu_agent_tag_value=get("gpuAgentTagValue") or defaults.gpu_agent_tag_value,
             sweep_reserved_concurrency=_count(get("sweepReservedConcurrency"), defaults.sweep_reserved_concurrency),
             slack_reserved_concurrency=_count(get("slackReservedConcurrency"), defaults.slack_reserved_concurrency),
+            organization=organization_from_context(get("organization")),
         )
 
     # Physical names: per region (DynamoDB, Secrets Manager, Lambda, Step Functions and SSM are regional;
@@ -170,6 +173,10 @@ class IdleReaperProps:
     def agent_parameter_name(self) -> str:
         # The managed CloudWatchAgentServerPolicy lets instances read parameters named AmazonCloudWatch-*.
         return f"AmazonCloudWatch-{self.prefix}-gpu"
+
+    @property
+    def member_stack_set_name(self) -> str:
+        return f"{self.prefix}-members"
 
     def dashboard_name(self, region: str) -> str:
         return f"{self.prefix}-{region}"
@@ -252,7 +259,8 @@ class IdleReaperStack(Stack):
             code=dependency_layer_code(REPO_ROOT),
             compatible_runtimes=[lambda_.Runtime.PYTHON_3_12],
             compatible_architectures=[lambda_.Architecture.ARM_64],
-            description="idle-reaper runtime dependencies from uv.lock (boto3 comes with the runtime)",
+            description="idle-reaper runtime dependencies from uv.lock (boto3 comes with the runtime; Pillow is the "
+            "digest's own layer)",
         )
         code = lambda_.Code.from_asset(str(REPO_ROOT / "lambdas"), exclude=["**/__pycache__", "**/*.pyc", "*.egg-info"])
         all_regions = list(props.regions) or [self.region]
@@ -328,7 +336,11 @@ class IdleReaperStack(Stack):
             layer=layer,
             # With several regions, one Slack app can point at one region's endpoint; this tells the
             # handler where the other deployments are (same table name and prefix in each).
-            environment={**environment, "IDLE_REAPER_REGIONS": ",".join(all_regions)},
+            environment={
+                **environment,
+                "IDLE_REAPER_REGIONS": ",".join(all_regions),
+                SWEEP_MINUTES_ENV: str(props.schedule_minutes),
+            },
             timeout=Duration.seconds(30),
             # A cold start imports pydantic, slack-sdk and Powertools from source (Lambda's code is read-only:
             # no bytecode is written): at 512 MB that alone is about 2 s of Slack's 3 s. Clicks are rare,
@@ -351,7 +363,16 @@ class IdleReaperStack(Stack):
             memory_size=256,
         )
 
-        # The weekly digest: its own function, so the chart's Pillow never loads in a sweep or a click.
+        # The weekly digest: its own function, so the chart's Pillow never loads in a sweep or a click, with
+        # Pillow in a layer of its own that no other function carries.
+        chart_layer = lambda_.LayerVersion(
+            self,
+            "ChartDependencies",
+            code=dependency_layer_code(REPO_ROOT, only=CHART_PACKAGES),
+            compatible_runtimes=[lambda_.Runtime.PYTHON_3_12],
+            compatible_architectures=[lambda_.Architecture.ARM_64],
+            description="idle-reaper weekly digest's chart: Pillow from uv.lock",
+        )
         digest = ReaperFunction(
             self,
             "Digest",
@@ -364,6 +385,7 @@ class IdleReaperStack(Stack):
             memory_size=ONE_VCPU_MB,
             reserved_concurrent_executions=None,
         )
+        digest.function.add_layers(chart_layer)
         events.Rule(
             self,
             "DigestSchedule",
@@ -499,40 +521,54 @@ class IdleReaperStack(Stack):
         if gpu is not None:
             gpu.report_failures_to(monitoring.topic)
             CfnOutput(self, "GpuAgentAssociationId", value=gpu.association.attr_association_id)
+        if props.organization is not None and self.region == all_regions[0]:
+            # The hub: the first listed region's stack holds the member StackSet.
+            self._add_members(props, props.organization, [sweep, shard_worker, slack])
+
+    def _add_members(
+        self, props: IdleReaperProps, organization: OrganizationContext, functions: list[ReaperFunction]
+    ) -> None:
+        """The hub: the member StackSet, and the hub functions that act in member accounts may assume the member
+        role and are told where the members are (aws/accounts.py, OrganizationConfig)."""
+        roles: list[iam.IRole] = [f.role for f in functions]
+        template = member_template(
+            MemberSettings(
+                prefix=props.prefix,
+                ssm_prefix=props.ssm_prefix,
+                organization_id=organization.organization_id,
+                managed_tag_key=props.managed_tag_key,
+                gpu_agent_tag_key=props.gpu_agent_tag_key,
+                gpu_agent_tag_value=props.gpu_agent_tag_value,
+            )
+        )
+        members = MemberStackSet(
+            self,
+            "Members",
+            organization=organization,
+            stack_set_name=props.member_stack_set_name,
+            template=template,
+            hub_roles=roles,
+        )
+        grant_member_access(
+            roles, lists_accounts=roles[0], prefix=props.prefix, organization_id=organization.organization_id
+        )
+        members_env = self.to_json_string(
+            {
+                "prefix": props.prefix,
+                "targets": organization.targets,
+                "regions": organization.regions,
+                "hubAccount": self.account,
+                "partition": self.partition,
+            }
+        )
+        for function in functions:
+            function.function.add_environment(ORGANIZATION_ENV, members_env)
+        CfnOutput(self, "MemberStackSetId", value=members.stack_set.attr_stack_set_id)
 
     # -- permissions ---------------------------------------------------------------------------
     # What each role may do is listed call by call in tests/infra/test_iam.py and docs/deploying.md.
 
-    def _managed(self, props: IdleReaperProps) -> dict[str, Any]:
-        """Writes only on resources that opted in. For EC2 calls that is the instance's tag; for Auto
-        Scaling calls it is the group's own tag (aws:ResourceTag on the autoScalingGroup resource)."""
-        return {"StringEquals": {f"aws:ResourceTag/{props.managed_tag_key}": "true"}}
-
-    @staticmethod
-    def _in_regions(regions: Sequence[str]) -> dict[str, Any]:
-        return {"StringEquals": {"aws:RequestedRegion": list(regions)}}
-
-    def _instances(self, region: str) -> str:
-        return self.format_arn(service="ec2", resource="instance", resource_name="*", region=region)
-
-    def _notebooks(self, region: str) -> str:
-        return self.format_arn(service="sagemaker", resource="notebook-instance", resource_name="*", region=region)
-
-    def _studio(self, region: str) -> list[str]:
-        return [
-            self.format_arn(service="sagemaker", resource=kind, resource_name="*", region=region)
-            for kind in ("space", "domain")
-        ]
-
-    def _groups(self, region: str) -> str:
-        # arn:aws:autoscaling:<region>:<account>:autoScalingGroup:<uuid>:autoScalingGroupName/<name>
-        return self.format_arn(
-            service="autoscaling",
-            resource="autoScalingGroup",
-            resource_name="*:autoScalingGroupName/*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-            region=region,
-        )
+    _in_regions = staticmethod(in_regions)
 
     def _parameters(self, props: IdleReaperProps, region: str) -> list[str]:
         path = props.ssm_prefix.lstrip("/")
@@ -554,33 +590,8 @@ class IdleReaperStack(Stack):
         *,
         counts_unwatched: bool,
     ) -> None:
-        here = self._in_regions([self.region])
         statements = [
-            iam.PolicyStatement(sid="FleetReads", actions=list(SWEEP_READS), resources=["*"], conditions=here),
-            # TerminateInstances only for machines EC2 cannot stop, on a team's opt-in
-            # (terminate_unstoppable_after_minutes); like every write, only on opted-in machines.
-            iam.PolicyStatement(
-                sid="StopManagedInstances",
-                actions=["ec2:StopInstances", "ec2:TerminateInstances"],
-                resources=[self._instances(self.region)],
-                conditions=self._managed(props),
-            ),
-            iam.PolicyStatement(
-                sid="ReadNotebookInstances", actions=list(NOTEBOOK_READS), resources=[self._notebooks(self.region)]
-            ),
-            iam.PolicyStatement(sid="ReadStudio", actions=list(STUDIO_READS), resources=self._studio(self.region)),
-            iam.PolicyStatement(
-                sid="StopManagedNotebookInstances",
-                actions=["sagemaker:StopNotebookInstance"],
-                resources=[self._notebooks(self.region)],
-                conditions=self._managed(props),
-            ),
-            iam.PolicyStatement(
-                sid="ReleaseManagedGroupMembers",
-                actions=["autoscaling:SetInstanceProtection", "autoscaling:TerminateInstanceInAutoScalingGroup"],
-                resources=[self._groups(self.region)],
-                conditions=self._managed(props),
-            ),
+            *MachineAccess(self, props.managed_tag_key).sweep_statements(self.region),
             # The sweep deletes only its own once-only claims (release after a failed alert).
             *self._policies_table_and_secret(props, table, secret, ("StateTable", SWEEP_TABLE_ACTIONS), "once#*"),
         ]
@@ -595,7 +606,7 @@ class IdleReaperStack(Stack):
             )
         for statement in statements:
             role.add_to_principal_policy(statement)
-        self._suppress_fleet_wildcards(role, props, reads=SWEEP_READS)
+        MachineAccess(self, props.managed_tag_key).suppress_wildcards(role, props.ssm_prefix, reads=SWEEP_READS)
 
     def _grant_slack(
         self,
@@ -609,25 +620,7 @@ class IdleReaperStack(Stack):
         # Slack endpoint may act on machines wherever they run.
         everywhere = self._in_regions(regions)
         statements = [
-            iam.PolicyStatement(
-                sid="StartStopManagedInstances",
-                # TerminateInstances: an owner's confirmed "Terminate now" on a machine EC2 cannot stop.
-                actions=["ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"],
-                resources=[self._instances(r) for r in regions],
-                conditions=self._managed(props),
-            ),
-            iam.PolicyStatement(
-                sid="StartStopManagedNotebookInstances",
-                actions=["sagemaker:StartNotebookInstance", "sagemaker:StopNotebookInstance"],
-                resources=[self._notebooks(r) for r in regions],
-                conditions=self._managed(props),
-            ),
-            iam.PolicyStatement(
-                sid="ProtectManagedGroupMembers",
-                actions=["autoscaling:SetInstanceProtection"],
-                resources=[self._groups(r) for r in regions],
-                conditions=self._managed(props),
-            ),
+            *MachineAccess(self, props.managed_tag_key).answer_statements(regions),
             iam.PolicyStatement(
                 sid="ReadPolicies",
                 actions=list(POLICY_READS),
@@ -653,10 +646,17 @@ class IdleReaperStack(Stack):
             ),
             # Acknowledge Slack at once, finish the work in an asynchronous invocation of itself.
             iam.PolicyStatement(sid="InvokeItself", actions=["lambda:InvokeFunction"], resources=[function_arn]),
+            # `/idle-reaper doctor`: read-only, this region's fleet and metrics (the state table read is above).
+            iam.PolicyStatement(
+                sid="DoctorReads",
+                actions=list(DOCTOR_READS),
+                resources=["*"],
+                conditions=self._in_regions([self.region]),
+            ),
         ]
         for statement in statements:
             role.add_to_principal_policy(statement)
-        self._suppress_fleet_wildcards(role, props)
+        MachineAccess(self, props.managed_tag_key).suppress_wildcards(role, props.ssm_prefix, reads=DOCTOR_READS)
 
     def _grant_alarms(self, role: iam.IRole, props: IdleReaperProps, secret: secretsmanager.ISecret) -> None:
         for statement in self._settings_and_secret(props, secret):
@@ -753,28 +753,6 @@ class IdleReaperStack(Stack):
                 conditions=here,
             ),
         ]
-
-    def _suppress_fleet_wildcards(self, role: iam.IRole, props: IdleReaperProps, *, reads: Sequence[str] = ()) -> None:
-        reads_reason = f"{', '.join(reads)} have no resource-level permissions (Resource must be *). " if reads else ""
-        suppress(
-            role,
-            NagPackSuppression(
-                id="AwsSolutions-IAM5",
-                reason=reads_reason + "Stop, start and scale-in name every instance or Auto Scaling group "
-                f"because machines come and go; the aws:ResourceTag/{props.managed_tag_key} = true condition "
-                f"limits them to machines and groups that opted in. Parameter reads stay under {props.ssm_prefix}/.",
-                applies_to=[
-                    "Resource::*",
-                    # Partition, region and account are tokens or literals depending on the environment.
-                    RegexAppliesTo(regex=r"/^Resource::arn:.+:ec2:.*:instance\/\*$/"),
-                    RegexAppliesTo(regex=r"/^Resource::arn:.+:sagemaker:.*:(notebook-instance|space|domain)\/\*$/"),
-                    RegexAppliesTo(
-                        regex=r"/^Resource::arn:.+:autoscaling:.+:autoScalingGroup:\*:autoScalingGroupName\/\*$/"
-                    ),
-                    RegexAppliesTo(regex=r"/^Resource::arn:.+:ssm:.*:parameter\/.+\/\*$/"),
-                ],
-            ),
-        )
 
 
 def stack_id(props: IdleReaperProps, region: str | None) -> str:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import sys
 from pathlib import Path
@@ -26,19 +24,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 @pytest.fixture(scope="session")
 def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
-    """Two regions and an alarm email; everything else at its default.
+    """Two regions and an alarm email; everything else at its default."""
+    from synthesis import ALARM_EMAIL, REGIONS, shared_synth  # starts jsii: only when a test needs it
 
-    Under pytest-xdist every worker has its own session: the first one synthesizes, under a lock,
-    into a directory all workers of this run share, and the others read what it wrote."""
-    from synthesis import ALARM_EMAIL, REGIONS, Synth, synthesize  # starts jsii: only when a test needs it
-
-    context = {"regions": list(REGIONS), "alarmEmail": ALARM_EMAIL}
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return synthesize(tmp_path_factory.mktemp("cdk.out"), **context)
-    run_dir = tmp_path_factory.getbasetemp().parent  # pytest-N/, shared by this run's workers
-    outdir, done = run_dir / "infra-cdk.out", run_dir / "infra-cdk.out.stacks.json"
-    with open(run_dir / "infra-cdk.out.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            done.write_text(json.dumps(synthesize(outdir, **context).stack_names))
-    return Synth(outdir=outdir, stack_names=tuple(json.loads(done.read_text())))
+    return shared_synth(tmp_path_factory, "infra", regions=list(REGIONS), alarmEmail=ALARM_EMAIL)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
+import pytest
 
 from infra.stack import build
 
@@ -52,3 +55,19 @@ def synthesize(outdir: Path, **context: Any) -> Synth:
     stacks = build(app)
     app.synth()
     return Synth(outdir=outdir, stack_names=tuple(s.artifact_id for s in stacks))
+
+
+def shared_synth(tmp_path_factory: pytest.TempPathFactory, name: str, **context: object) -> Synth:
+    """The app synthesized once per run with `context`.
+
+    Under pytest-xdist every worker has its own session: the first one synthesizes, under a lock,
+    into a directory all workers of this run share, and the others read what it wrote."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return synthesize(tmp_path_factory.mktemp(f"{name}-cdk.out"), **context)
+    run_dir = tmp_path_factory.getbasetemp().parent  # pytest-N/, shared by this run's workers
+    outdir, done = run_dir / f"{name}-cdk.out", run_dir / f"{name}-cdk.out.stacks.json"
+    with open(run_dir / f"{name}-cdk.out.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            done.write_text(json.dumps(synthesize(outdir, **context).stack_names))
+    return Synth(outdir=outdir, stack_names=tuple(json.loads(done.read_text())))

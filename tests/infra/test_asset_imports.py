@@ -1,7 +1,9 @@
-"""Every handler the template names imports from the built asset, with the dependency layer and only what
-the Lambda runtime provides (boto3 and its closure) beside it: no repository path, no site-packages.
+"""Every handler the template names imports from the built asset, with the shared dependency layer and only
+what the Lambda runtime provides (boto3 and its closure) beside it: no repository path, no site-packages.
+The digest's chart draws with the chart layer (Pillow) added, as the Digest function has it, and without it
+Pillow is not there to import.
 
-The layer is installed from uv.lock for this machine's Python and platform (the real layer is for arm64,
+The layers are installed from uv.lock for this machine's Python and platform (the real layers are for arm64,
 which this machine cannot import); the function code is the asset directory `cdk synth` staged."""
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import boto3
 import pytest
 from synthesis import Synth
 
-from infra.bundling import REPO_ROOT, RUNTIME_PROVIDED, install_locked_requirements
+from infra.bundling import CHART_PACKAGES, REPO_ROOT, RUNTIME_PROVIDED, install_locked_requirements
 
 pytestmark = pytest.mark.infra
 
@@ -62,27 +64,32 @@ def test_every_handler_in_the_template_imports_from_the_asset_with_only_the_runt
     }
     [asset] = set(handlers.values())  # one code asset for every function
     assert not list(asset.rglob("*.py[co]")) and (asset / "idle_reaper" / "handlers").is_dir()
-    layer = tmp_path / "layer"
+    layer, chart = tmp_path / "layer", tmp_path / "chart"
     machine = {"x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}[platform.machine()]
-    install_locked_requirements(
-        REPO_ROOT,
-        layer,
-        python_version=f"{sys.version_info.major}.{sys.version_info.minor}",
-        python_platform=f"{machine}-manylinux2014",
-    )
+    for target, only in ((layer, ()), (chart, CHART_PACKAGES)):
+        install_locked_requirements(
+            REPO_ROOT,
+            target,
+            only=only,
+            python_version=f"{sys.version_info.major}.{sys.version_info.minor}",
+            python_platform=f"{machine}-manylinux2014",
+        )
     runtime = runtime_provided(tmp_path / "runtime")
     allowed = [str(p) for p in (asset, layer, runtime)]
     # -I -S: no PYTHONPATH, no current directory, no site-packages: only the stdlib and these three. -B:
     # write no bytecode into the shared asset (other tests check it ships none).
     code = (
-        "import importlib, json, sys\n"
+        "import importlib, importlib.util, json, sys\n"
         f"sys.path[:0] = {allowed!r}\n"
         f"handlers = {sorted(handlers)!r}\n"
         "for handler in handlers:\n"
         "    module, name = handler.rsplit('.', 1)\n"
         "    assert callable(getattr(importlib.import_module(module), name)), handler\n"
-        # Pillow is loaded by no handler on import; the digest draws its chart with it from the layer.
+        # Pillow is loaded by no handler on import, and is not in the shared layer; the digest draws its chart
+        # with it from the chart layer.
         "assert 'PIL' not in sys.modules, 'a handler imports Pillow at cold start'\n"
+        "assert importlib.util.find_spec('PIL') is None, 'Pillow is in the shared layer'\n"
+        f"sys.path.insert(1, {str(chart)!r})\n"
         "from datetime import UTC, datetime\n"
         "from idle_reaper.core.digest import Digest, Week\n"
         "from idle_reaper.slack.chart import render_chart\n"
@@ -104,8 +111,9 @@ def test_every_handler_in_the_template_imports_from_the_asset_with_only_the_runt
         m: f
         for m, f in loaded.items()
         if f
-        and not any(Path(f).resolve().is_relative_to(d) for d in (asset, layer, runtime, stdlib))
+        and not any(Path(f).resolve().is_relative_to(d) for d in (asset, layer, chart, runtime, stdlib))
         and not Path(f).is_relative_to(runtime)  # symlinks into this environment's boto3
     }
     assert not outside, f"imported from outside the asset, the layer and the runtime: {sorted(outside)[:20]}"
     assert any(f and Path(f).is_relative_to(layer) for f in loaded.values())  # the layer was really used
+    assert Path(loaded["PIL"] or "").is_relative_to(chart), "the chart drew with the chart layer's Pillow"

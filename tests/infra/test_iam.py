@@ -126,6 +126,14 @@ GATHER_CALLS = [
     call("ssm:GetParameter", parameter(HOME, "settings")),  # who the admins are
     call("secretsmanager:GetSecretValue", secret(HOME)),  # to tell them
 ]
+# `/idle-reaper doctor` (sweep/doctor.py run_checks) from the Slack endpoint, in its own region.
+DOCTOR_CALLS = [
+    call("ec2:DescribeInstances", "*"),
+    call("ec2:DescribeAvailabilityZones", "*"),
+    call("autoscaling:DescribeAutoScalingGroups", "*"),
+    call("autoscaling:DescribeTags", "*"),  # the groups' opt-in tags (deploy.groups)
+    call("cloudwatch:GetMetricData", "*"),
+]
 SLACK_CALLS = [
     *(
         request
@@ -147,6 +155,7 @@ SLACK_CALLS = [
     ),
     call("secretsmanager:GetSecretValue", secret(HOME)),
     call("lambda:InvokeFunction", function(HOME, "idle-reaper-slack")),  # finish the work asynchronously
+    *DOCTOR_CALLS,  # `/idle-reaper doctor`, for admins: this region's fleet and metrics, read only
 ]
 DIGEST_CALLS = [
     *policy_reads(HOME),
@@ -213,7 +222,9 @@ SLACK_NEVER = [
     call("dynamodb:DeleteItem", table(HOME)),
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#x",)}),
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
-    *fleet_reads(HOME),  # answers act on one known machine: no discovery
+    # Answers act on one known machine; only the doctor lists, and only its own region's fleet and metrics.
+    *(r for r in fleet_reads(HOME) if r.action not in {c.action for c in DOCTOR_CALLS}),
+    *(call(r.action, r.resource, OTHER) for r in DOCTOR_CALLS),
     call("dynamodb:GetItem", table("ap-south-1"), "ap-south-1"),  # a region the stack does not list
     call("lambda:InvokeFunction", function(HOME, "idle-reaper-sweep")),
 ]
@@ -270,6 +281,14 @@ ROLES = {
 }
 # Made only by the CLI with the operator's credentials (`init`, `policy put`, `status` lists every record).
 CLI_ONLY = {"ssm:PutParameter", "dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:Scan"}
+# Made only by an organization-mode hub (aws/accounts.py); its roles are checked in test_organization.py.
+ORGANIZATION_MODE = {
+    "organizations:DescribeOrganization",
+    "organizations:ListAccountsForParent",
+    "organizations:ListChildren",
+    "organizations:DescribeAccount",
+    "sts:AssumeRole",
+}
 
 
 def statements_of(template: dict[str, Any], handler: str, region: str = HOME) -> list[Statement]:
@@ -313,9 +332,9 @@ ACTION_OF_METHOD = {"lambda:Invoke": "lambda:InvokeFunction", "stepfunctions:Sta
 
 
 CLIENT_ATTRIBUTES = {"ec2": "ec2", "autoscaling": "autoscaling", "cloudwatch": "cloudwatch", "ssm": "ssm"}
-CLIENT_ATTRIBUTES |= {"dynamodb": "dynamodb", "lambda_client": "lambda"}
+CLIENT_ATTRIBUTES |= {"dynamodb": "dynamodb", "lambda_client": "lambda", "organizations": "organizations", "sts": "sts"}
 CALL_SITE = re.compile(
-    r"\b(?P<client>ec2|autoscaling|cloudwatch|ssm|dynamodb|lambda_client)\."
+    r"\b(?P<client>ec2|autoscaling|cloudwatch|ssm|dynamodb|lambda_client|organizations|sts)\."
     r"(?:get_paginator\(\"(?P<paginated>[a-z_]+)\"\)|(?P<method>[a-z_]+)\()"
 )
 # ... and calls on a client made in place: client("lambda").invoke(...), boto3.client("lambda", ...).invoke(...)
@@ -357,7 +376,7 @@ def test_every_call_in_the_runtime_is_in_a_roles_list() -> None:
     """A new boto3 call in lambdas/idle_reaper fails here until it is added to the lists above (and granted)."""
     found = set().union(*(calls_in(p.read_text()) for p in (REPO_ROOT / "lambdas" / "idle_reaper").rglob("*.py")))
     assert {"ec2:StopInstances", "autoscaling:TerminateInstanceInAutoScalingGroup", "dynamodb:DeleteItem"} <= found
-    listed = {r.action for role in ROLES.values() for r in role.allowed} | CLI_ONLY
+    listed = {r.action for role in ROLES.values() for r in role.allowed} | CLI_ONLY | ORGANIZATION_MODE
     assert found - listed == set(), "calls no role is checked for"
 
 

@@ -24,6 +24,7 @@ NAME_KEYS = (
     "QueueName",
     "RoleName",
     "AssociationName",
+    "NotebookInstanceLifecycleConfigName",
     "Name",
 )
 
@@ -72,11 +73,13 @@ def test_two_stacks_with_different_prefixes_share_no_physical_name(tmp_path: Pat
         "AWS::StepFunctions::StateMachine idle-reaper-sweep",
         "AWS::SSM::Parameter AmazonCloudWatch-idle-reaper-gpu",
         "AWS::SSM::Parameter /idle-reaper/settings",
+        "AWS::SageMaker::NotebookInstanceLifecycleConfig idle-reaper-notebook-agent",
     } <= ours
     assert {
         "AWS::DynamoDB::Table idle-reaper-staging-state",
         "AWS::SecretsManager::Secret idle-reaper-staging/slack",
         "AWS::SSM::Parameter /idle-reaper-staging/settings",
+        "AWS::SageMaker::NotebookInstanceLifecycleConfig idle-reaper-staging-notebook-agent",
     } <= theirs
     # The staging functions are told their own table and parameters.
     [sweep] = [

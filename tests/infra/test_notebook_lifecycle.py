@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from idle_reaper.core.kinds import NOTEBOOK_AGENT_KEY, NOTEBOOK_LIFECYCLE_CONFIG
+from idle_reaper.core.kinds import NOTEBOOK_AGENT_KEY
 from idle_reaper.policy import MetricSettings
 from infra.notebooks import COLLECTOR, SCRIPT_LIMIT, NotebookAgent, agent_bucket_name, on_start_script
 from testkit.fake_jupyter import FakeJupyter
@@ -46,7 +46,7 @@ def template(synth: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def script(template: dict[str, Any]) -> str:
     (config,) = [r["Properties"] for r in of_type(template, "AWS::SageMaker::NotebookInstanceLifecycleConfig").values()]
-    assert config["NotebookInstanceLifecycleConfigName"] == NOTEBOOK_LIFECYCLE_CONFIG
+    assert config["NotebookInstanceLifecycleConfigName"] == "idle-reaper-notebook-agent", "the default keeps its name"
     assert "OnCreate" not in config, "OnStart runs at every start: a configuration attached later works too"
     (hook,) = config["OnStart"]
     assert isinstance(hook["Content"], str), "a plain string: its size is known at synth"

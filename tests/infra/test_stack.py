@@ -21,7 +21,7 @@ from synthesis import ALARM_EMAIL, REGIONS, Synth, synthesize
 
 from idle_reaper.sweep import PLANNER_VCPUS
 from infra.constructs import GpuAgentRollout
-from infra.stack import IdleReaperProps
+from infra.stack import DOCTOR_READS, IdleReaperProps
 
 pytestmark = pytest.mark.infra
 
@@ -277,7 +277,12 @@ def test_only_the_slack_handler_starts_machines_and_only_the_sweep_terminates(te
     assert "autoscaling:TerminateInstanceInAutoScalingGroup" in sweep
     assert "autoscaling:TerminateInstanceInAutoScalingGroup" not in slack
     assert "cloudwatch:GetMetricData" in sweep
-    assert not {a for a in slack if a.startswith(("ec2:Describe", "autoscaling:Describe"))}  # no discovery
+    # Answers act on known machines; only `/idle-reaper doctor` lists, read-only, in the stack's own region.
+    _, fn = function(template, "idle_reaper.handlers.slack.handler")
+    listing = [s for s in statements(template, role_of(fn)) if "ec2:DescribeInstances" in as_list(s["Action"])]
+    assert [s["Sid"] for s in listing] == ["DoctorReads"]
+    assert set(as_list(listing[0]["Action"])) == set(DOCTOR_READS)
+    assert set(listing[0]["Condition"]["StringEquals"]) == {"aws:RequestedRegion"}
     assert not {a for a in sweep | slack if a.startswith("ssm:Put")}  # admins edit policies, not Lambdas
 
 
@@ -315,6 +320,7 @@ def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[
                 "ec2:DescribeSpotInstanceRequests",
                 "ec2:DescribeCapacityReservations",
                 "autoscaling:DescribeAutoScalingGroups",
+                "autoscaling:DescribeTags",  # `/idle-reaper doctor`: the groups' opt-in tags
                 "cloudwatch:GetMetricData",
                 "sagemaker:ListNotebookInstances",  # no resource-level permission either
                 "sagemaker:ListApps",

@@ -17,6 +17,7 @@ from botocore.exceptions import ClientError
 from idle_reaper import aws
 from idle_reaper.core import State
 from idle_reaper.handlers import slack as slack_handler
+from idle_reaper.policy import Settings
 from idle_reaper.sweep import Adapters, run_sweep
 from idle_reaper_tools import local
 from idle_reaper_tools.demo import at
@@ -131,7 +132,7 @@ def test_idle_notebook_warned_kept_stopped_and_started_again_from_slack(team, sl
     assert decisions[dark].signal == "unknown" and decisions[dark].action_label == "none"
     assert "idle-reaper-notebook-agent" in record(dark).reason and "$3.83/h" in record(dark).reason
     assert "attached but nothing arrives" in record(broken).reason and "PutMetricData" in record(broken).reason
-    assert "its lifecycle configuration is team-autostop, not idle-reaper's" in record(foreign).reason
+    assert "its lifecycle configuration is team-autostop, not this deployment's" in record(foreign).reason
     assert all(decisions[n].action_label == "none" for n in (broken, foreign))
     (note,) = admin_notes(slack)
     no_data, _, partial = note.partition("publish only part of their data")
@@ -165,6 +166,31 @@ def test_idle_notebook_warned_kept_stopped_and_started_again_from_slack(team, sl
     assert local.notebook_statuses([idle_one])[idle_one] == "InService"
     assert record(idle_one).state is State.ACTIVE
     assert not team, "SageMaker refused nothing: every call was made in a state it accepts"
+
+
+def test_a_second_deployment_knows_its_own_lifecycle_configuration_from_its_prefix(
+    aws_server, slack, sagemaker_as_aws, monkeypatch
+):
+    """A staging stack (prefix idle-reaper-staging: its table and parameters say so) ships
+    idle-reaper-staging-notebook-agent; the default stack's configuration is another one to it."""
+    monkeypatch.setenv("IDLE_REAPER_TABLE", "idle-reaper-staging-state")
+    monkeypatch.setenv("IDLE_REAPER_SSM_PREFIX", "/idle-reaper-staging")
+    local.init_account(
+        Settings(admins=("U0ADMIN",)), teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)}
+    )
+    ours = notebook("staging-silent", None, lifecycle_config="idle-reaper-staging-notebook-agent")
+    theirs = notebook("default-config", None, lifecycle_config="idle-reaper-notebook-agent")
+
+    decisions = sweep(T0)
+    assert all(decisions[n].action_label == "none" and decisions[n].signal == "unknown" for n in (ours, theirs))
+    assert "idle-reaper-staging-notebook-agent is attached but nothing arrives" in record(ours).reason
+    assert (
+        "its lifecycle configuration is idle-reaper-notebook-agent, not this deployment's: attach the lifecycle "
+        "configuration idle-reaper-staging-notebook-agent"
+    ) in record(theirs).reason
+    (note,) = admin_notes(slack)
+    assert "--lifecycle-config-name idle-reaper-staging-notebook-agent`" in note
+    assert "--lifecycle-config-name idle-reaper-notebook-agent`" not in note
 
 
 def test_a_person_at_the_keyboard_keeps_a_notebook_busy(team, slack):

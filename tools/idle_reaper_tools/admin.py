@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from idle_reaper import aws
+from idle_reaper.aws.accounts import MemberCheck, last_member_check
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
 from idle_reaper.core.kinds import NEVER_STOPPED, NOTEBOOK_GAPS, TERMINABLE, Kind, recorded_saving
 from idle_reaper.core.reading import parse_next_read
@@ -754,6 +755,19 @@ def format_unwatched(counted_at: datetime, counts: Sequence[aws.RegionCount], de
     return "\n".join(lines) + skipped
 
 
+def format_member_check(check: MemberCheck) -> str:
+    """Organization mode: the member accounts the hub can work in, and those it cannot, with the reason."""
+    lines = [
+        f"Member accounts (checked {check.checked_at:%Y-%m-%d %H:%M} UTC): {check.accounts} accounts, "
+        f"credentials in {check.units} account-regions"
+    ]
+    if check.listing_error:
+        listed = f"{check.listed_at:%Y-%m-%d %H:%M} UTC" if check.listed_at else "never"
+        lines.append(f"  not listed this time ({check.listing_error}); last listing: {listed}")
+    lines += [f"  {f.describe()}" for f in check.failures]
+    return "\n".join(lines)
+
+
 def _studio_findings(refs: Mapping[str, TeamPolicyRef] | None, settings: Settings) -> list[StudioFinding]:
     """Running Studio apps whose idle shutdown is off or longer than their team's window; none shown (said on
     stderr) when Studio cannot be read."""
@@ -792,6 +806,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.owner:
             rows = [r for r in rows if (r["owner"] or "").lower() == args.owner.lower()]
         unwatched = aws.last_unwatched(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
+        members = last_member_check(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
         studio = _studio_findings(refs, settings) if settings.sagemaker_notebooks else []
         if args.json:
             for row in rows:
@@ -806,10 +821,24 @@ def cmd_status(args: argparse.Namespace) -> int:
                         {"unwatched_regions": regions, "denied_regions": denied, "counted_at": counted_at.isoformat()}
                     )
                 )
+            if members:
+                failures = [{**f.__dict__, "reason": f.reason.value} for f in members.failures]
+                print(
+                    json.dumps(
+                        {
+                            "member_accounts": members.accounts,
+                            "member_units": members.units,
+                            "member_failures": failures,
+                            "checked_at": members.checked_at.isoformat(),
+                        }
+                    )
+                )
         else:
             print(format_status(rows, now))
             if unwatched:
                 print(format_unwatched(*unwatched))
+            if members:
+                print(format_member_check(members))
             if studio:
                 print("\nStudio apps that would outlast their team's idle window (reported, not stopped):")
                 print("\n".join(f"  {f.line()}" for f in studio))

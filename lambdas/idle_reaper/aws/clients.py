@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from multiprocessing.connection import Connection, wait
@@ -17,7 +17,9 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.utils import parse_timestamp as botocore_parse_timestamp
 
-DEFAULT_TABLE = "idle-reaper-state"
+DEFAULT_DEPLOY_PREFIX = "idle-reaper"  # the stack's prefix (infra/stack.py) when none is chosen
+TABLE_SUFFIX = "-state"  # a stack's table is <prefix>-state
+DEFAULT_TABLE = f"{DEFAULT_DEPLOY_PREFIX}{TABLE_SUFFIX}"
 DEFAULT_PREFIX = "/idle-reaper"
 # Errors about the call, not about one machine: splitting the batch would only multiply them.
 CALL_WIDE_ERRORS = frozenset(
@@ -61,31 +63,64 @@ def parse_timestamp(value: Any) -> datetime:
 _quick_parsers: set[int] = set()  # the botocore sessions whose parsers already use parse_timestamp
 
 
-def client(service: str, region: str | None = None, *, endpoint_url: str | None = None) -> Any:
+def client(
+    service: str,
+    region: str | None = None,
+    *,
+    credentials: Mapping[str, str] | None = None,
+    endpoint_url: str | None = None,
+) -> Any:
     """A client as boto3.client makes it, from boto3's default session (so its credentials, region, endpoint
-    and any handler registered on it apply), whose responses parse timestamps with `parse_timestamp`."""
+    and any handler registered on it apply), whose responses parse timestamps with `parse_timestamp`.
+    `credentials` (aws_access_key_id, aws_secret_access_key, aws_session_token): another identity's, such as a
+    member account's (aws/accounts.py), still from the default session: a session of its own would load every
+    service model again (about 0.4 s a client)."""
     session = boto3._get_default_session()
     core = session._session  # boto3 has no public accessor for the botocore session it wraps
     if id(core) not in _quick_parsers:
         core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
         _quick_parsers.add(id(core))
     return session.client(  # type: ignore[call-overload]
-        service, region_name=region, endpoint_url=endpoint_url, config=_RETRIES
+        service, region_name=region, endpoint_url=endpoint_url, config=_RETRIES, **(credentials or {})
     )
 
 
 def for_this_process(aws_client: Any) -> Any:
     """A client a forked child process can use: a botocore client's pooled connections (and their TLS state)
-    belong to the parent and to every sibling, so the child makes its own, to the same endpoint; anything
-    else (the in-memory fakes) is the child's own copy already."""
-    if isinstance(aws_client, BaseClient):
-        meta = aws_client.meta
-        return client(meta.service_model.service_name, meta.region_name, endpoint_url=meta.endpoint_url)
-    return aws_client
+    belong to the parent and to every sibling, so the child makes its own, to the same endpoint, with the same
+    identity (a member account's, aws/accounts.py, stays that account's); anything else (the in-memory fakes)
+    is the child's own copy already."""
+    if not isinstance(aws_client, BaseClient):
+        return aws_client
+    meta = aws_client.meta
+    # botocore has no public accessor for a client's credentials; frozen, they last the child's listing.
+    signer: Any = aws_client._request_signer  # type: ignore[attr-defined]
+    found = signer._credentials
+    frozen = found.get_frozen_credentials() if found is not None else None
+    credentials = (
+        {
+            "aws_access_key_id": frozen.access_key,
+            "aws_secret_access_key": frozen.secret_key,
+            **({"aws_session_token": frozen.token} if frozen.token else {}),
+        }
+        if frozen is not None
+        else None
+    )
+    return client(
+        meta.service_model.service_name, meta.region_name, credentials=credentials, endpoint_url=meta.endpoint_url
+    )
 
 
 def table_name() -> str:
     return os.environ.get("IDLE_REAPER_TABLE", DEFAULT_TABLE)
+
+
+def deploy_prefix() -> str:
+    """The deploy prefix of the stack this runs for, from its table's name (`<prefix>-state`, the name the stack
+    gives it and passes in IDLE_REAPER_TABLE); a table named otherwise (a local run's own) is the default's."""
+    table = table_name()
+    prefix = table.removesuffix(TABLE_SUFFIX)
+    return prefix if prefix and prefix != table else DEFAULT_DEPLOY_PREFIX
 
 
 def ssm_prefix() -> str:

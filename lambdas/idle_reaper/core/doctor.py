@@ -6,6 +6,7 @@ could not be gathered is None and makes its finding "unknown", never "ok".
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,14 @@ class Finding(BaseModel):
 
 def failed(findings: Sequence[Finding]) -> bool:
     return any(f.status == "fail" for f in findings)
+
+
+STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "unknown")
+
+
+def tally(findings: Sequence[Finding]) -> str:
+    """ "14 ok, 1 warn, 2 fail, 0 unknown": the last line of the answer."""
+    return ", ".join(f"{sum(1 for f in findings if f.status == s)} {s}" for s in STATUSES)
 
 
 def listed(subjects: Sequence[str]) -> str:
@@ -337,6 +346,19 @@ def largest_gap_minutes(times: Sequence[datetime], start: datetime, end: datetim
     return max((b - a).total_seconds() / 60 for a, b in itertools.pairwise(edges))
 
 
+def check_gpu_metrics(read: Sequence[MachineSignals]) -> Finding:
+    """GPU machines that publish CPU but no GPU datapoints (of those CloudWatch could be read for)."""
+    no_gpu = sorted(m.instance_id for m in read if m.complete and m.gpu_expected and m.cpu and not m.gpu)
+    return verdict(
+        "signals.gpu",
+        no_gpu,
+        ok="every GPU machine publishes GPU metrics",
+        bad=f"{len(no_gpu)} GPU machine(s) without GPU metrics in the last hour (the agent is missing or "
+        f"broken; under missing_gpu_metrics: busy they are never idle): {listed(no_gpu)}",
+        fix="install the CloudWatch agent with the GPU config on them (docs/deploying.md, step 7)",
+    )
+
+
 def check_signals(
     machines: Sequence[MachineSignals] | None, start: datetime, end: datetime, period_minutes: int
 ) -> list[Finding]:
@@ -349,17 +371,7 @@ def check_signals(
         out.append(
             unknown("signals.read", f"CloudWatch could not be read for {len(unread)} machine(s): {listed(unread)}")
         )
-    no_gpu = sorted(m.instance_id for m in read if m.gpu_expected and m.cpu and not m.gpu)
-    out.append(
-        verdict(
-            "signals.gpu",
-            no_gpu,
-            ok="every GPU machine publishes GPU metrics",
-            bad=f"{len(no_gpu)} GPU machine(s) without GPU metrics in the last hour (the agent is missing or "
-            f"broken; under missing_gpu_metrics: busy they are never idle): {listed(no_gpu)}",
-            fix="install the CloudWatch agent with the GPU config on them (docs/deploying.md, step 7)",
-        )
-    )
+    out.append(check_gpu_metrics(read))
     no_collector = sorted(m.instance_id for m in read if m.collector_expected and m.cpu and not m.user)
     out.append(
         verdict(
@@ -454,3 +466,46 @@ def check_groups(opted_in_members: Mapping[str, int] | None, tagged: set[str], o
         fix="aws autoscaling create-or-update-tags --tags ResourceId=GROUP,ResourceType=auto-scaling-group,"
         f"Key={opt_in_tag},Value=true,PropagateAtLaunch=true",
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The daily subset the sweep runs, and what it remembers between days
+
+# Cheap enough for a sweep: the sweep has read most of what they need already.
+DAILY_CHECKS = ("policy.teams", "slack.channels", "people.owners", "signals.gpu")
+
+
+def finding_key(finding: Finding) -> str:
+    """The failure a finding names: its check and its subjects (hashed: a list of machines can be long). The
+    same failure seen again has the same key; another set of subjects is another failure."""
+    digest = hashlib.sha256("\n".join(sorted(finding.subjects)).encode()).hexdigest()[:20]
+    return f"{finding.check}#{digest}"
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """What a daily run leaves for the next: the keys of the failures told (per check), and the keys told
+    before whose failure has cleared, so a failure that comes back is told again."""
+
+    failing: Mapping[str, tuple[str, ...]]
+    cleared: tuple[str, ...]
+
+
+def remember(previous: Mapping[str, Sequence[str]], findings: Sequence[Finding]) -> Remembered:
+    """A check that could not be told this time (any unknown finding) keeps what it remembered: a failure
+    cannot be said to have cleared when nobody could look."""
+    failing: dict[str, tuple[str, ...]] = {}
+    cleared: list[str] = []
+    checks = {f.check for f in findings}
+    for check in sorted(checks | set(previous)):
+        mine = [f for f in findings if f.check == check]
+        now_failing = tuple(sorted(finding_key(f) for f in mine if f.status == "fail"))
+        before = tuple(previous.get(check, ()))
+        if not mine or any(f.status == "unknown" for f in mine):
+            kept = tuple(sorted(set(before) | set(now_failing)))
+        else:
+            kept = now_failing
+            cleared += [key for key in before if key not in now_failing]
+        if kept:
+            failing[check] = kept
+    return Remembered(failing, tuple(cleared))

@@ -441,31 +441,41 @@ def notice_sentence(kind: MachineKind, how: Handling, instance_type: str) -> str
     return f"It is idle, but idle-reaper does not stop it: it is {kind.why}."
 
 
-# The lifecycle configuration the stack ships (infra/notebooks.py) and how an admin attaches it.
-NOTEBOOK_LIFECYCLE_CONFIG = "idle-reaper-notebook-agent"
-# Where its OnStart script fetches the activity collector from, in the stack's notebook-agent bucket.
+# Where the stack's lifecycle configuration fetches the activity collector from, in its notebook-agent bucket.
 NOTEBOOK_AGENT_KEY = "notebook-agent/idle_reaper_activity.py"
-NOTEBOOK_ATTACH_HOW = (
-    f"attach the lifecycle configuration {NOTEBOOK_LIFECYCLE_CONFIG} (SageMaker console: stop the notebook instance, "
-    "Edit, Lifecycle configuration; or `aws sagemaker update-notebook-instance --notebook-instance-name NAME "
-    f"--lifecycle-config-name {NOTEBOOK_LIFECYCLE_CONFIG}` while it is stopped), then start it"
-)
 
 
-def notebook_no_data_note(hourly: float | None, attached: str | None = None) -> str:
+def notebook_lifecycle_config(prefix: str) -> str:
+    """The name of the lifecycle configuration a stack ships (infra/notebooks.py), from its deploy prefix: two
+    stacks with different prefixes fit in one account and region (the default's is idle-reaper-notebook-agent)."""
+    return f"{prefix}-notebook-agent"
+
+
+def notebook_attach_how(config: str) -> str:
+    """How an admin attaches the stack's lifecycle configuration `config` to a notebook instance."""
+    return (
+        f"attach the lifecycle configuration {config} (SageMaker console: stop the notebook instance, Edit, "
+        "Lifecycle configuration; or `aws sagemaker update-notebook-instance --notebook-instance-name NAME "
+        f"--lifecycle-config-name {config}` while it is stopped), then start it"
+    )
+
+
+def notebook_no_data_note(hourly: float | None, attached: str | None, ours: str) -> str:
     """What `status` and the admins' daily note say of a notebook instance that publishes no CPU data, by what
-    is attached to it: nothing, another lifecycle configuration, or idle-reaper's that does not publish."""
+    is attached to it: nothing, another lifecycle configuration (another stack's too), or `ours` (the stack's
+    own) that does not publish."""
     cost = f"${hourly:,.2f}/h" if hourly is not None else "an unknown price"
     head = f"a SageMaker notebook instance without CPU data (costs {cost}): unknown, never stopped"
-    if attached == NOTEBOOK_LIFECYCLE_CONFIG:
+    if attached == ours:
         return (
-            f"{head}; {NOTEBOOK_LIFECYCLE_CONFIG} is attached but nothing arrives: see the notebook's log "
+            f"{head}; {ours} is attached but nothing arrives: see the notebook's log "
             "(CloudWatch /aws/sagemaker/NotebookInstances, LifecycleConfigOnStart) and check that its execution "
             "role may cloudwatch:PutMetricData"
         )
     if attached:
-        return f"{head}; its lifecycle configuration is {attached}, not idle-reaper's: {NOTEBOOK_ATTACH_HOW}"
-    return f"{head}; to have it watched, {NOTEBOOK_ATTACH_HOW}"
+        how = notebook_attach_how(ours)
+        return f"{head}; its lifecycle configuration is {attached}, not this deployment's: {how}"
+    return f"{head}; to have it watched, {notebook_attach_how(ours)}"
 
 
 # What a notebook instance that publishes CPU may still leave out, and why: for `status` and the daily note.

@@ -3,6 +3,7 @@ is handed to the fan-out state machine (handlers/fanout.py runs its shards and g
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -13,11 +14,14 @@ from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from idle_reaper.aws.accounts import MemberAccess
 from idle_reaper.aws.clients import client
 from idle_reaper.aws.regions import current_region
 from idle_reaper.notify import logger
-from idle_reaper.sweep.adapters import Adapters, SweepCannotRun
+from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport
+from idle_reaper.sweep.doctor import run_daily_doctor
 from idle_reaper.sweep.fanout import SHARD_SIZE, SweepTotals, plan_sweep
+from idle_reaper.sweep.members import check_member_accounts
 from idle_reaper.sweep.regions import report_unwatched_regions
 from idle_reaper.sweep.run import run_sweep
 
@@ -74,6 +78,29 @@ def count_unwatched_regions(adapters: Adapters, now: datetime, context: LambdaCo
         logger.warning(line)
 
 
+def check_daily(adapters: Adapters, now: datetime, context: LambdaContext, report: SweepReport | None) -> None:
+    """The doctor's daily subset, on the day's first sweep, after its work (sweep/doctor.py: bounded, never
+    raises); a sweep handed to the fan-out has no report, so the fleet is listed again for it."""
+    read = report.read if report is not None else None
+    run_daily_doctor(adapters, now, read, lambda: context.get_remaining_time_in_millis() / 1000)
+
+
+@functools.cache
+def member_access() -> MemberAccess | None:
+    """Organization mode's listing and credentials, kept while the Lambda process is warm (None: one account)."""
+    return MemberAccess.from_environment("sweep")
+
+
+def check_members(adapters: Adapters, now: datetime, context: LambdaContext) -> None:
+    """Organization mode, after the sweep is started or done: credentials in every member account and region,
+    failures kept for `status` and told to the admins once a day per account (a side job, like the count)."""
+    members = member_access()
+    if members is None or context.get_remaining_time_in_millis() / 1000 < UNWATCHED_COUNT_SECONDS:
+        return
+    for line in check_member_accounts(adapters, members, now):
+        logger.info(line)
+
+
 @logger.inject_lambda_context(log_event=False)
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
@@ -91,6 +118,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             metrics.add_metric("SweepShards", MetricUnit.Count, plan.shards)
             logger.info("sweep fanned out", extra={"shards": plan.shards, "machines": plan.machines})
             count_unwatched_regions(adapters, now, context)
+            check_daily(adapters, now, context, None)
+            check_members(adapters, now, context)
             return {"machines": plan.machines, "shards": plan.shards, "dry_run": plan.dry_run}
         report = run_sweep(
             adapters,
@@ -100,6 +129,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             time_left=lambda: context.get_remaining_time_in_millis() / 1000,
         )
         count_unwatched_regions(adapters, now, context)
+        check_daily(adapters, now, context, report)
+        check_members(adapters, now, context)
     except SweepCannotRun as exc:
         metrics.add_metric("SweepErrors", MetricUnit.Count, 1)
         logger.error("sweep could not run", extra={"error": str(exc)})

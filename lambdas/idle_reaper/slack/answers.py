@@ -14,12 +14,13 @@ from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.state import StateStore
 from idle_reaper.core.answers import snooze, started_by_person, stopped_by_person, terminated_by_person
 from idle_reaper.core.digest import KEEP, answer_entry, running_again_entry
+from idle_reaper.core.doctor import Finding, tally
 from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE, recorded_saving
 from idle_reaper.core.records import Action, MachineRecord, State
 from idle_reaper.core.signals import describe_human_signal
 from idle_reaper.policy import TeamPolicy
 from idle_reaper.pricing import hourly_price
-from idle_reaper.slack.blocks import date_token, escape, machine_label
+from idle_reaper.slack.blocks import date_token, escape, fit, machine_label
 from idle_reaper.slack.notifier import SlackNotifier
 
 HELP = (
@@ -27,8 +28,10 @@ HELP = (
     "• `{cmd} status`: your machines, their state and why\n"
     "• `{cmd} keep <instance-id-or-name> <duration>`: keep a machine, e.g. `keep i-0abc 2h` or `keep notebook 90m`"
     " (someone else's machine, if you may answer for it: by its instance id)\n"
-    "• `{cmd} help`: this message"
+    "• `{cmd} help`: this message\n"
+    "• `{cmd} doctor` (admins): what would make idle-reaper quietly useless here, with the fix of each"
 )
+DOCTOR_REPLY_CHARS = 12000  # an ephemeral reply: Slack truncates text past 40,000; the CLI lists everything
 # What EC2 means when a machine does not start again, in words (StartInstances error codes).
 NOT_STARTED = {
     "InsufficientInstanceCapacity": "EC2 has no {type} capacity in its Availability Zone right now",
@@ -215,6 +218,20 @@ def status_reply(mine: Iterable[MachineRecord]) -> Reply:
     if not lines:
         return Reply("You own no machines idle-reaper knows of (owners come from the `Owner` tag).")
     return Reply("Your machines:\n" + "\n".join(lines))
+
+
+def doctor_reply(findings: list[Finding], where: str) -> Reply:
+    """`/idle-reaper doctor`: the lines that are not ok, each with its fix, or "all N checks ok". Messages
+    quote tags and policies: escaped."""
+    shown = [f for f in findings if f.status != "ok"]
+    if not shown:
+        return Reply(f"idle-reaper doctor ({where}): all {len(findings)} checks ok.")
+    lines = [
+        f"• *{f.status.upper()}* `{f.check}`: {escape(f.message)}" + (f"\n    fix: {escape(f.fix)}" if f.fix else "")
+        for f in shown
+    ]
+    text = f"idle-reaper doctor ({where}): {tally(findings)}\n" + "\n".join(lines)
+    return Reply(fit(text, DOCTOR_REPLY_CHARS, mrkdwn=True))
 
 
 def help_reply(command: str, unknown_verb: str | None = None) -> Reply:

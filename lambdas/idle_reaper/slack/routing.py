@@ -10,6 +10,8 @@ state table, never by a scan."""
 from __future__ import annotations
 
 import hmac
+import os
+import time
 from collections.abc import Callable
 from datetime import datetime
 from functools import cached_property
@@ -20,17 +22,24 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 
 from idle_reaper.aws.clients import AwsError
 from idle_reaper.aws.fleet import Fleet
+from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import DynamoStateStore, StateStore
 from idle_reaper.core.answers import keep_until, may_answer, parse_duration
+from idle_reaper.core.doctor import Finding
 from idle_reaper.core.records import MachineRecord
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy, parse_team_policy
-from idle_reaper.slack.answers import Effects, Reply, help_reply, status_reply
+from idle_reaper.slack.answers import Effects, Reply, doctor_reply, help_reply, status_reply
 from idle_reaper.slack.blocks import machine_label
+from idle_reaper.slack.doctor import SlackReader
 from idle_reaper.slack.notifier import SlackNotifier
 from idle_reaper.slack.requests import ButtonWork, CommandWork, chosen_action
 
+# `/idle-reaper doctor` runs in the endpoint's asynchronous invocation (30 s timeout): this long at most.
+DOCTOR_SECONDS = 20.0
+SWEEP_MINUTES_ENV = "IDLE_REAPER_SWEEP_MINUTES"  # the stack's sweep interval, for deploy.last_sweep
+DEFAULT_SWEEP_MINUTES = 5
 NOT_CURRENT = "This message is no longer current (it was answered already, or replaced); nothing changed."
 
 
@@ -87,6 +96,21 @@ class Region:
 
     # -----------------------------------------------------------------------------------------
     # Authorization
+
+    @property
+    def name(self) -> str:
+        return str(getattr(getattr(self.connect("ssm"), "meta", None), "region_name", "this region"))
+
+    def doctor(self, deadline: float) -> list[Finding]:
+        """Every check of this region (sweep/doctor.py), imported here: a click's cold start never loads it."""
+        from idle_reaper.sweep.doctor import Account, run_checks
+
+        account = Account(self.policies, self.fleet, MetricsReader(self.connect("cloudwatch")), self.store)
+        minutes = int(os.environ.get(SWEEP_MINUTES_ENV) or DEFAULT_SWEEP_MINUTES)
+        reader = SlackReader(self.slack_client, deadline)
+        return run_checks(
+            account, reader, signing_secret=True, now=self.clock(), sweep_minutes=minutes, deadline=deadline
+        )
 
     def _settings(self) -> Settings:
         try:
@@ -204,6 +228,8 @@ class Router:
     def command(self, user: str, command: str, text: str) -> Reply:
         words = text.split()
         verb = words[0].lower() if words else "help"
+        if verb == "doctor":
+            return self.doctor(user, command)
         if verb == "status":
             return status_reply(r for region in self.regions for r in region.records_of_owner(user))
         if verb == "keep":
@@ -213,6 +239,14 @@ class Router:
                 )
             return self._keep(user, words[1], words[2])
         return help_reply(command, None if verb == "help" else verb)
+
+    def doctor(self, user: str, command: str) -> Reply:
+        """`/idle-reaper doctor`: this region's checks, for its admins only (they list other teams' machines
+        and owners). Read-only; bounded to DOCTOR_SECONDS, past which a check says it could not check."""
+        region = self.regions[0]
+        if user not in region._settings().admins:
+            return Reply(f"Only idle-reaper admins (the settings' `admins`) can run `{command} doctor`.")
+        return doctor_reply(region.doctor(time.monotonic() + DOCTOR_SECONDS), region.name)
 
     def _keep(self, user: str, target: str, duration_text: str) -> Reply:
         duration = parse_duration(duration_text)

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from idle_reaper.aws.clients import AwsError, client, error_code, ssm_prefix, table_name
+from idle_reaper.aws.clients import (
+    DEFAULT_DEPLOY_PREFIX,
+    AwsError,
+    client,
+    deploy_prefix,
+    error_code,
+    ssm_prefix,
+    table_name,
+)
 from idle_reaper.aws.fleet import LISTING_PROCESSES, Fleet
 from idle_reaper.aws.metrics import (
     MetricsReader,
@@ -16,10 +25,12 @@ from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import DynamoStateStore, StateStore
 from idle_reaper.aws.studio import StudioApps
+from idle_reaper.core.kinds import notebook_lifecycle_config
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.reports import (
     SweepSummary,
 )
+from idle_reaper.core.signals import Machine, Signals
 from idle_reaper.notify import LoggingNotifier, Notifier
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
@@ -27,6 +38,17 @@ from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
 
 class SweepCannotRun(Exception):
     """The sweep could not run at all (invalid settings, no EC2 or state table access)."""
+
+
+@dataclass(frozen=True)
+class SweepRead:
+    """What a sweep read (its settings, team policies, machines and metrics), for work after it that needs the
+    same facts: the doctor's daily check reads none of them again."""
+
+    settings: Settings
+    refs: Mapping[str, TeamPolicyRef] | None  # None: the team policies could not be read
+    machines: Sequence[Machine]
+    signals: Mapping[str, Signals]  # of the machines read this sweep
 
 
 @dataclass
@@ -40,6 +62,7 @@ class SweepReport:
     warnings: list[str] = field(default_factory=list)
     sweep_id: str = ""  # the owner of this sweep's claims in the state table
     teams_in_safe_mode: list[str] = field(default_factory=list)  # invalid or unreadable policy: nothing acted
+    read: SweepRead | None = field(default=None, repr=False)  # for the daily doctor (sweep/doctor.py) to reuse
 
     @property
     def summary(self) -> SweepSummary:
@@ -63,6 +86,8 @@ class Adapters:
     store: StateStore
     notifier: Notifier
     studio: StudioApps | None = None  # SageMaker Studio, read for the daily report (sweep/studio.py)
+    # The lifecycle configuration this stack ships: a notebook instance with another attached is not watched.
+    notebook_config: str = notebook_lifecycle_config(DEFAULT_DEPLOY_PREFIX)
 
     @classmethod
     def from_environment(cls, notifier: Notifier | None = None, slack_budget_seconds: float = 60.0) -> Adapters:
@@ -94,6 +119,7 @@ class Adapters:
             store=store,
             notifier=notifier,
             studio=StudioApps(client("sagemaker")),
+            notebook_config=notebook_lifecycle_config(deploy_prefix()),
         )
 
 
@@ -109,21 +135,23 @@ def alert_invalid_policies(adapters: Adapters, refs: list[TeamPolicyRef], settin
         alert_once(adapters, f"policy-alert#{ref.source}@v{ref.version}", text, settings, now)
 
 
-def alert_once(adapters: Adapters, key: str, text: str, settings: Settings, now: datetime) -> None:
+def alert_once(adapters: Adapters, key: str, text: str, settings: Settings, now: datetime) -> bool:
     """Tell the admins once per `key`: a conditional write lets only the first sweep that sees it alert.
-    An alert nobody received is released, so the next sweep tries again."""
+    An alert nobody received is released, so the next sweep tries again. True when this call told them."""
     try:
         if not adapters.store.claim_once(key, now):
-            return
+            return False
     except Exception as exc:  # an alert must never stop the sweep; the log still says it
         logger.warning("could not record the admin alert", extra={"key": key, "error": str(exc)})
-        return
+        return False
     try:
         adapters.notifier.admin_alert(text, settings.admins, settings.admin_channel)
     except Exception as exc:
         logger.warning("admin alert failed", extra={"key": key, "error": str(exc)})
         with contextlib.suppress(Exception):
             adapters.store.release_claim(key)  # the next sweep tries again
+        return False
+    return True
 
 
 DEFERRED = "deferred: this sweep ran short of time before reaching it; nothing done, the next sweep takes it"

@@ -21,11 +21,11 @@ from idle_reaper.aws.metrics import (
 from idle_reaper.aws.policies import policy_for
 from idle_reaper.core.digest import with_peak
 from idle_reaper.core.kinds import (
-    NOTEBOOK_ATTACH_HOW,
     NOTEBOOK_GAPS,
     Lookups,
     MachineKind,
     classify,
+    notebook_attach_how,
     notebook_gaps_note,
     notebook_no_data_note,
     stop_saves,
@@ -51,6 +51,7 @@ from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
 from idle_reaper.sweep.adapters import (
     Adapters,
     SweepCannotRun,
+    SweepRead,
     SweepReport,
     alert_invalid_policies,
     alert_once,
@@ -131,7 +132,6 @@ def run_sweep(
     kinds = _machine_kinds(adapters, to_read, settings, now, warnings, alert=not dry_run)
     refs_of = {m.instance_id: kind_policy(team_refs[m.team], kinds[m.instance_id], m) for m in to_read}
     signals = _fetch_signals(adapters.metrics, to_read, refs_of, settings, now)
-    period = timedelta(seconds=settings.metrics.period_seconds)
 
     decisions = []
     for m in machines:
@@ -147,7 +147,7 @@ def run_sweep(
                 signals[m.instance_id],
                 ref.policy,
                 now=now,
-                period=period,
+                period=timedelta(seconds=settings.metrics.period_seconds),
                 gpu_families=settings.gpu_instance_families,
             )
         kind = kinds[m.instance_id]
@@ -190,6 +190,7 @@ def run_sweep(
         warnings=warnings,
         sweep_id=sweep_id,
         teams_in_safe_mode=sorted(safe_mode),
+        read=SweepRead(settings, refs if teams_readable else None, machines, signals),
     )
 
 
@@ -308,7 +309,9 @@ def _notebook_notes(
         for d in decisions
         if d.machine.is_notebook and (found := signals.get(d.machine.instance_id)) is not None
     }
-    decisions = [_notebook_data_note(d, gaps.get(d.machine.instance_id, [])) for d in decisions]
+    decisions = [
+        _notebook_data_note(d, gaps.get(d.machine.instance_id, []), adapters.notebook_config) for d in decisions
+    ]
     if alert:
         _note_unwatched_notebooks(adapters, decisions, gaps, settings, now)
         report_studio(adapters, refs, settings, now)
@@ -331,13 +334,14 @@ def _notebook_gaps(d: Decision, signals: Signals, settings: Settings) -> list[st
     return gaps
 
 
-def _notebook_data_note(d: Decision, gaps: Sequence[str]) -> Decision:
+def _notebook_data_note(d: Decision, gaps: Sequence[str], ours: str) -> Decision:
     """A notebook instance left unknown by missing data (no CPU: the lifecycle configuration is not attached or
-    does not publish; no GPU or network data): its reason, and so `status`, says what it costs and what to do.
+    does not publish; no GPU or network data): its reason, and so `status`, says what it costs and what to do
+    (`ours`: the stack's own lifecycle configuration).
     A missing activity collector changes no decision: `status` says it in its human-signal column, the owner's
     messages never carry it."""
     if "CPU" in gaps:
-        note = notebook_no_data_note(d.hourly_cost, d.machine.facts.notebook_config)
+        note = notebook_no_data_note(d.hourly_cost, d.machine.facts.notebook_config, ours)
     elif d.signal == "unknown" and (unknown_by := [g for g in gaps if g != "activity"]):
         note = notebook_gaps_note(unknown_by)
     else:
@@ -371,7 +375,7 @@ def _note_unwatched_notebooks(
     now: datetime,
 ) -> None:
     """The admins' daily note: the notebook instances without data (their hourly cost, what is attached to each
-    that is not idle-reaper's configuration, and how to attach it), then those missing part of their data."""
+    that is not this deployment's configuration, and how to attach it), then those missing part of their data."""
 
     def line(d: Decision, more: str = "") -> str:
         return (
@@ -393,7 +397,8 @@ def _note_unwatched_notebooks(
     if unwatched:
         parts.append(
             f"idle-reaper sees no CPU data from {len(unwatched)} SageMaker notebook instance(s): "
-            f"{', '.join(unwatched)}. They are unknown and never stopped. To have them watched, {NOTEBOOK_ATTACH_HOW}."
+            f"{', '.join(unwatched)}. They are unknown and never stopped. To have them watched, "
+            f"{notebook_attach_how(adapters.notebook_config)}."
         )
     if partial:
         parts.append(

@@ -298,10 +298,14 @@ class TestRunInProcesses:
             run_in_processes(lambda n: (lambda: n) if n == 2 else n, [1, 2, 3])
 
     def test_a_botocore_client_is_made_anew_for_a_child_and_a_fake_is_its_own_copy(self, aws):
-        parent = client("ec2", "eu-west-1", endpoint_url="http://127.0.0.1:1")
+        member = {"aws_access_key_id": "AKIAMEMBER", "aws_secret_access_key": "secret", "aws_session_token": "tok"}
+        parent = client("ec2", "eu-west-1", endpoint_url="http://127.0.0.1:1", credentials=member)
         child = for_this_process(parent)
         assert child is not parent and child.meta.endpoint_url == parent.meta.endpoint_url
         assert child.meta.region_name == "eu-west-1"
+        # The same identity (a member account's stays that account's), not the default chain's.
+        frozen = child._request_signer._credentials.get_frozen_credentials()
+        assert (frozen.access_key, frozen.secret_key, frozen.token) == ("AKIAMEMBER", "secret", "tok")
         assert for_this_process(aws.ec2) is aws.ec2
 
 
@@ -532,3 +536,25 @@ class TestFakesEnforceApiLimits:
         assert self.code(lambda: aws.ssm.get_parameters_by_path(Path="/x", MaxResults=11)) == "ValidationException"
         assert self.code(lambda: aws.ec2.describe_instances(MaxResults=1001)) == "InvalidParameterValue"
         assert self.code(lambda: aws.ssm.get_parameter(Name="/nope")) == "ParameterNotFound"
+
+
+@pytest.mark.parametrize(
+    ("table", "prefix"),
+    [
+        (None, "idle-reaper"),  # unset: the default deployment's
+        ("idle-reaper-state", "idle-reaper"),
+        ("idle-reaper-staging-state", "idle-reaper-staging"),
+        ("my-local-table", "idle-reaper"),  # not a stack's table name: the default's
+        ("-state", "idle-reaper"),
+    ],
+)
+def test_the_deploy_prefix_comes_from_the_table_the_stack_names(
+    table: str | None, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idle_reaper.aws import deploy_prefix
+
+    if table is None:
+        monkeypatch.delenv("IDLE_REAPER_TABLE", raising=False)
+    else:
+        monkeypatch.setenv("IDLE_REAPER_TABLE", table)
+    assert deploy_prefix() == prefix

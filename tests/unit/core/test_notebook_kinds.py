@@ -15,6 +15,7 @@ from idle_reaper.core.kinds import (
     family_of,
     handling,
     is_ec2_id,
+    notebook_lifecycle_config,
     notebook_no_data_note,
     stop_saves,
 )
@@ -63,6 +64,16 @@ def test_sagemaker_types_take_their_hardware_family_so_a_gpu_notebook_needs_gpu_
 def test_machine_ids_are_told_apart_and_the_no_data_note_names_cost_and_how_to_attach():
     assert is_ec2_id("i-0abc123def4567890") and is_ec2_id("i-0abc1234")
     assert not is_ec2_id("team-ml-nb") and not is_ec2_id("i-notebook")
-    note = notebook_no_data_note(3.825)
-    assert "$3.83/h" in note and "idle-reaper-notebook-agent" in note and "never stopped" in note
-    assert "unknown price" in notebook_no_data_note(None)
+    ours = notebook_lifecycle_config("idle-reaper")
+    assert ours == "idle-reaper-notebook-agent", "the default deployment keeps its name"
+    note = notebook_no_data_note(3.825, None, ours)
+    assert (
+        "$3.83/h" in note and "--lifecycle-config-name idle-reaper-notebook-agent`" in note and "never stopped" in note
+    )
+    assert "unknown price" in notebook_no_data_note(None, None, ours)
+    # A second deployment's own configuration is its own; the first's is another configuration to it.
+    staging = notebook_lifecycle_config("idle-reaper-staging")
+    assert "attached but nothing arrives" in notebook_no_data_note(1.0, staging, staging)
+    other = notebook_no_data_note(1.0, ours, staging)
+    assert "is idle-reaper-notebook-agent, not this deployment's" in other
+    assert "--lifecycle-config-name idle-reaper-staging-notebook-agent`" in other

@@ -1,0 +1,422 @@
+"""Organization mode at run time (issue 30): which member accounts the hub watches, and credentials in each.
+
+Accounts come from AWS Organizations, not from a list kept by hand: every ACTIVE account under the target OUs
+(recursively), less the management account (a service-managed StackSet never deploys there) and the hub's own
+account (the hub's stack sweeps it with its own roles). Why Organizations and not the StackSet's
+ListStackInstances: an account whose member stack failed to deploy (an SCP, a region it has disabled) would
+not be listed there and so would go unwatched in silence; from Organizations it is listed, its AssumeRole
+fails, and that failure is reported with its reason. Organizations also names each account (the digest
+groups by name) and says at once when one is suspended. The listing is cached (`DIRECTORY_TTL`): accounts
+join and leave an OU rarely, and Organizations' API allows a few calls a second per organization.
+
+Credentials: AssumeRole of the member role of each (account, region) (one role per region, each region's
+member stack owns its own), reused while valid and renewed `REFRESH_MARGIN` before they expire, so a sweep
+never works with credentials that run out in its middle. Clients with them come from the default boto3
+session (a session per account would load every service model again). Every failure in one account (its role missing or
+not trusting the hub, a service control policy, throttling, a suspended account, a disabled region) becomes
+an `AccountFailure` with a reason a person can act on; nothing is raised past the account."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from idle_reaper.aws.clients import client, error_code, run_concurrently, wall_clock
+from idle_reaper.aws.state import StateStore
+from idle_reaper.organization import member_role_arn
+
+DIRECTORY_TTL = timedelta(hours=1)
+CREDENTIAL_SECONDS = 3600  # the most role chaining allows (a Lambda's role assuming another role)
+# A sweep or shard runs at most 15 minutes: credentials handed out are good for at least that long.
+REFRESH_MARGIN = timedelta(minutes=16)
+STS_WORKERS = 16
+ORGANIZATION_ENV = "IDLE_REAPER_ORGANIZATION"
+THROTTLED = frozenset(
+    {"Throttling", "ThrottlingException", "TooManyRequestsException", "RequestLimitExceeded", "SlowDown"}
+)
+
+
+class Reason(StrEnum):
+    """Why the hub cannot work in one member account (and region)."""
+
+    ROLE_MISSING = "role-missing"  # AccessDenied on AssumeRole: no member stack there, or its trust is not ours
+    DENIED_BY_SCP = "denied-by-scp"
+    THROTTLED = "throttled"
+    SUSPENDED = "suspended"  # suspended or closed since it was listed
+    LEFT_ORGANIZATION = "left-organization"
+    REGION_DISABLED = "region-disabled"
+    ERROR = "error"  # anything else: the code and message say what
+
+
+ADVICE = {
+    Reason.ROLE_MISSING: "the member role is missing (the StackSet has no stack instance there yet, or it failed) "
+    "or does not trust this hub's roles",
+    Reason.DENIED_BY_SCP: "a service control policy denies the hub (allow sts:AssumeRole on the member role)",
+    Reason.THROTTLED: "AWS throttled the call; the next sweep tries again",
+    Reason.SUSPENDED: "the account is suspended or closed",
+    Reason.LEFT_ORGANIZATION: "the account has left the organization",
+    Reason.REGION_DISABLED: "the region is not enabled in this account",
+    Reason.ERROR: "an unexpected error",
+}
+
+
+@dataclass(frozen=True)
+class AccountFailure:
+    account: str
+    region: str | None
+    reason: Reason
+    detail: str  # the AWS error code and message, cut short
+
+    def describe(self) -> str:
+        where = f"account {self.account}" + (f" in {self.region}" if self.region else "")
+        return f"{where}: {ADVICE[self.reason]} ({self.detail})"
+
+
+@dataclass(frozen=True)
+class MemberAccount:
+    id: str
+    name: str
+    parents: tuple[str, ...]  # the OUs it sits in, nearest first, up to the target it was found under
+
+
+@dataclass(frozen=True)
+class Directory:
+    """One listing: the accounts to sweep, those left out and why, and whether it is fresh."""
+
+    accounts: tuple[MemberAccount, ...]
+    skipped: tuple[AccountFailure, ...] = ()
+    listed_at: datetime | None = None
+    error: str | None = None  # the listing failed; `accounts` are the last good listing's (or none)
+
+
+def _detail(exc: Exception) -> str:
+    if isinstance(exc, ClientError):
+        message = str(exc.response.get("Error", {}).get("Message", ""))
+        text = f"{error_code(exc)}: {message}" if message else error_code(exc)
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 300 else text[:299] + "…"
+
+
+def classify(exc: Exception, account: str, region: str | None) -> AccountFailure:
+    """What an error from a call into a member account means for that account."""
+    code = error_code(exc)
+    message = str(exc.response.get("Error", {}).get("Message", "")) if isinstance(exc, ClientError) else str(exc)
+    if code in THROTTLED:
+        reason = Reason.THROTTLED
+    elif code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
+        reason = Reason.DENIED_BY_SCP if "service control polic" in message.lower() else Reason.ROLE_MISSING
+    elif code in ("RegionDisabledException", "OptInRequired") or (code == "AuthFailure" and region is not None):
+        reason = Reason.REGION_DISABLED
+    elif code == "AccountNotFoundException":
+        reason = Reason.LEFT_ORGANIZATION
+    else:
+        reason = Reason.ERROR
+    return AccountFailure(account, region, reason, _detail(exc))
+
+
+class AccountDirectory:
+    """The enrolled accounts: every ACTIVE account under the target OUs or roots, listed from Organizations
+    and cached for `ttl`. A failed listing keeps the last good one (and says so); it never raises."""
+
+    def __init__(
+        self,
+        organizations: Any,
+        targets: Sequence[str],
+        *,
+        hub_account: str,
+        ttl: timedelta = DIRECTORY_TTL,
+        clock: Callable[[], datetime] = wall_clock,
+    ) -> None:
+        self.organizations = organizations
+        self.targets = tuple(targets)
+        self.hub_account = hub_account
+        self.ttl = ttl
+        self.clock = clock
+        self._last: Directory | None = None
+        self._lock = threading.Lock()
+        self.calls = 0  # Organizations calls made, for tests and benchmarks
+
+    def current(self) -> Directory:
+        with self._lock:
+            now = self.clock()
+            last = self._last
+            if last is not None and last.error is None and last.listed_at and now - last.listed_at < self.ttl:
+                return last
+            try:
+                listing = self._list(now)
+            except (ClientError, BotoCoreError) as exc:
+                kept = last.accounts if last else ()
+                failed = Directory(kept, last.skipped if last else (), last.listed_at if last else None, _detail(exc))
+                self._last = failed
+                return failed
+            self._last = listing
+            return listing
+
+    def status_of(self, account: str) -> Reason | None:
+        """Why an account that was listed may no longer be usable (asked only after a call into it failed):
+        SUSPENDED, LEFT_ORGANIZATION, or None when it is still an ACTIVE member (or Organizations cannot say)."""
+        try:
+            self.calls += 1
+            found = self.organizations.describe_account(AccountId=account)["Account"]
+        except ClientError as exc:
+            return Reason.LEFT_ORGANIZATION if error_code(exc) == "AccountNotFoundException" else None
+        except BotoCoreError:
+            return None
+        return None if _active(found) else Reason.SUSPENDED
+
+    def _list(self, now: datetime) -> Directory:
+        self.calls += 1
+        management = self.organizations.describe_organization()["Organization"]["MasterAccountId"]
+        accounts: dict[str, MemberAccount] = {}
+        skipped: list[AccountFailure] = []
+        # Breadth first from each target: (parent, its OUs nearest first).
+        pending: list[tuple[str, tuple[str, ...]]] = [(t, (t,) if t.startswith("ou-") else ()) for t in self.targets]
+        seen: set[str] = set()
+        while pending:
+            parent, parents = pending.pop(0)
+            if parent in seen:  # a target inside another target
+                continue
+            seen.add(parent)
+            accounts_here = self.organizations.get_paginator("list_accounts_for_parent")
+            for found in self._pages(accounts_here, "Accounts", ParentId=parent):
+                if found["Id"] in (management, self.hub_account) or found["Id"] in accounts:
+                    continue
+                if not _active(found):
+                    skipped.append(AccountFailure(found["Id"], None, Reason.SUSPENDED, f"Status {found.get('Status')}"))
+                    continue
+                accounts[found["Id"]] = MemberAccount(found["Id"], str(found.get("Name", "")), parents)
+            ous_here = self.organizations.get_paginator("list_children")
+            for child in self._pages(ous_here, "Children", ParentId=parent, ChildType="ORGANIZATIONAL_UNIT"):
+                pending.append((child["Id"], (child["Id"], *parents)))
+        return Directory(tuple(sorted(accounts.values(), key=lambda a: a.id)), tuple(skipped), now)
+
+    def _pages(self, paginator: Any, key: str, **kwargs: Any) -> Iterable[dict[str, Any]]:
+        for page in paginator.paginate(**kwargs):
+            self.calls += 1
+            yield from page[key]
+
+
+def _active(account: dict[str, Any]) -> bool:
+    # `State` (2025) replaces `Status`; an account is usable only while ACTIVE in both.
+    return bool(account.get("Status", "ACTIVE") == "ACTIVE" and account.get("State", "ACTIVE") == "ACTIVE")
+
+
+@dataclass(frozen=True)
+class MemberCredentials:
+    """The member role's credentials in one account and region, and clients made with them."""
+
+    account: str
+    region: str
+    access_key_id: str
+    secret_access_key: str
+    session_token: str
+    expires: datetime
+
+    def client(self, service: str) -> Any:
+        """A client in this account and region, made as `clients.client` makes the hub's (retries, endpoint,
+        parser). Each costs about 50 ms of CPU: make the ones a unit needs, once."""
+        return client(
+            service,
+            self.region,
+            credentials={
+                "aws_access_key_id": self.access_key_id,
+                "aws_secret_access_key": self.secret_access_key,
+                "aws_session_token": self.session_token,
+            },
+        )
+
+
+_SESSION_NAME = re.compile(r"[^\w+=,.@-]")
+
+
+def session_name(prefix: str, purpose: str, started: datetime) -> str:
+    """What CloudTrail in the member account shows as the caller: the deploy, the function and the sweep."""
+    name = _SESSION_NAME.sub("-", f"{prefix}-{purpose}-{started:%Y%m%dT%H%MZ}")
+    return name[:64]
+
+
+@dataclass
+class MemberSessions:
+    """Credentials in member accounts, one set per (account, region), reused while they last.
+
+    `purpose` ("sweep", "answer") and the sweep's start name the role session. `status_of` (the directory's)
+    refines an AccessDenied: an account suspended or removed since it was listed is reported as such."""
+
+    sts: Any
+    prefix: str
+    purpose: str
+    partition: str = "aws"
+    clock: Callable[[], datetime] = wall_clock
+    status_of: Callable[[str], Reason | None] | None = None
+    _held: dict[tuple[str, str], MemberCredentials] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    assume_calls: int = 0
+
+    def credentials(
+        self, account: str, region: str, *, started: datetime | None = None
+    ) -> MemberCredentials | AccountFailure:
+        now = self.clock()
+        with self._lock:
+            held = self._held.get((account, region))
+        if held is not None and held.expires - now > REFRESH_MARGIN:
+            return held
+        try:
+            with self._lock:
+                self.assume_calls += 1
+            answer = self.sts.assume_role(
+                RoleArn=member_role_arn(self.partition, account, self.prefix, region),
+                RoleSessionName=session_name(self.prefix, self.purpose, started or now),
+                DurationSeconds=CREDENTIAL_SECONDS,
+            )
+        except Exception as exc:  # one account's fault never goes past it
+            return self._failure(exc, account, region)
+        given = answer["Credentials"]
+        expires = given["Expiration"]
+        if not isinstance(expires, datetime):  # botocore parses it; a fake may hand over text
+            expires = datetime.fromisoformat(str(expires))
+        fresh = MemberCredentials(
+            account, region, given["AccessKeyId"], given["SecretAccessKey"], given["SessionToken"], expires
+        )
+        with self._lock:
+            self._held[(account, region)] = fresh
+        return fresh
+
+    def all_credentials(
+        self, pairs: Sequence[tuple[str, str]], *, started: datetime | None = None, workers: int = STS_WORKERS
+    ) -> dict[tuple[str, str], MemberCredentials | AccountFailure]:
+        """Credentials for many (account, region) pairs, AssumeRole calls on a bounded pool."""
+        results = run_concurrently(lambda pair: self.credentials(*pair, started=started), pairs, workers)
+        return dict(zip(pairs, results, strict=True))
+
+    def forget(self, account: str, region: str) -> None:
+        """Drop held credentials (a call with them was refused: the next use assumes the role again)."""
+        with self._lock:
+            self._held.pop((account, region), None)
+
+    def _failure(self, exc: Exception, account: str, region: str) -> AccountFailure:
+        failure = classify(exc, account, region)
+        if failure.reason is Reason.ROLE_MISSING and self.status_of is not None:
+            gone = self.status_of(account)
+            if gone is not None:
+                return AccountFailure(account, region, gone, failure.detail)
+        return failure
+
+
+@dataclass(frozen=True)
+class OrganizationConfig:
+    """What the hub stack tells its functions (IDLE_REAPER_ORGANIZATION, JSON): the deploy prefix (the
+    member role's name), the target OUs or roots, the member regions, the hub's account and partition."""
+
+    prefix: str
+    targets: tuple[str, ...]
+    regions: tuple[str, ...]
+    hub_account: str
+    partition: str = "aws"
+
+    @classmethod
+    def from_environment(cls) -> OrganizationConfig | None:
+        """None in single-account mode (the variable is unset)."""
+        text = os.environ.get(ORGANIZATION_ENV, "")
+        if not text:
+            return None
+        data = json.loads(text)
+        return cls(
+            prefix=str(data["prefix"]),
+            targets=tuple(data["targets"]),
+            regions=tuple(data["regions"]),
+            hub_account=str(data["hubAccount"]),
+            partition=str(data.get("partition", "aws")),
+        )
+
+    def directory(self, organizations: Any | None = None) -> AccountDirectory:
+        return AccountDirectory(organizations or client("organizations"), self.targets, hub_account=self.hub_account)
+
+    def sessions(self, purpose: str, directory: AccountDirectory, sts: Any | None = None) -> MemberSessions:
+        return MemberSessions(
+            sts or client("sts"),
+            prefix=self.prefix,
+            purpose=purpose,
+            partition=self.partition,
+            status_of=directory.status_of,
+        )
+
+
+@dataclass(frozen=True)
+class MemberAccess:
+    """What a hub function works with in member accounts: where they are, who they are, credentials there.
+    Kept for the life of the Lambda process, so a warm function reuses the listing and the credentials."""
+
+    config: OrganizationConfig
+    directory: AccountDirectory
+    sessions: MemberSessions
+
+    @classmethod
+    def from_environment(cls, purpose: str) -> MemberAccess | None:
+        """None in single-account mode."""
+        config = OrganizationConfig.from_environment()
+        if config is None:
+            return None
+        directory = config.directory()
+        return cls(config, directory, config.sessions(purpose, directory))
+
+
+# The last check of the member accounts, for `status`: a lookup item of the hub's state table.
+MEMBERS_KEY = "member-accounts"
+MEMBERS_KEEP = timedelta(days=8)
+
+
+@dataclass(frozen=True)
+class MemberCheck:
+    """One sweep's look at the member accounts: how many units it holds credentials for, and what failed."""
+
+    checked_at: datetime
+    accounts: int
+    units: int  # (account, region) pairs with credentials
+    failures: tuple[AccountFailure, ...]
+    listing_error: str | None = None
+    listed_at: datetime | None = None
+
+
+def save_member_check(store: StateStore, check: MemberCheck, at: datetime) -> None:
+    value = {
+        "checked_at": check.checked_at.isoformat(),
+        "accounts": check.accounts,
+        "units": check.units,
+        "failures": [
+            {"account": f.account, "region": f.region, "reason": f.reason.value, "detail": f.detail}
+            for f in check.failures
+        ],
+        "listing_error": check.listing_error,
+        "listed_at": check.listed_at.isoformat() if check.listed_at else None,
+    }
+    store.put_lookup(MEMBERS_KEY, json.dumps(value), at + MEMBERS_KEEP)
+
+
+def last_member_check(store: StateStore, now: datetime) -> MemberCheck | None:
+    """The last check a sweep stored (None: never, single-account mode, or over a week ago)."""
+    raw = store.get_lookup(MEMBERS_KEY, now)
+    if raw is None:
+        return None
+    value = json.loads(raw)
+    failures = tuple(
+        AccountFailure(f["account"], f["region"], Reason(f["reason"]), f["detail"]) for f in value["failures"]
+    )
+    listed_at = value.get("listed_at")
+    return MemberCheck(
+        datetime.fromisoformat(value["checked_at"]),
+        int(value["accounts"]),
+        int(value["units"]),
+        failures,
+        value.get("listing_error"),
+        datetime.fromisoformat(listed_at) if listed_at else None,
+    )

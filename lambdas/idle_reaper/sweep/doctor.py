@@ -1,0 +1,310 @@
+"""The doctor, wired: every read-only check of one region (`idle-reaper doctor`, `/idle-reaper doctor`), and
+the cheap subset the sweep runs once a day, telling the admins once when something new fails.
+
+The core decides (core/doctor.py); the gatherers fetch (aws/doctor.py, slack/doctor.py). A fact that could
+not be gathered, in time or at all, is "could not check" (unknown), never ok."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from idle_reaper.aws.clients import AwsError, error_code
+from idle_reaper.aws.doctor import gather_group_tags, gather_policy, gather_signals
+from idle_reaper.aws.fleet import Fleet
+from idle_reaper.aws.metrics import MetricsReader
+from idle_reaper.aws.policies import PolicyStore
+from idle_reaper.aws.state import StateStore
+from idle_reaper.core.doctor import (
+    DAILY_CHECKS,
+    SIGNAL_WINDOW_MINUTES,
+    Finding,
+    LastSweep,
+    PolicyFacts,
+    check_gpu_metrics,
+    check_groups,
+    check_last_sweep,
+    check_people,
+    check_policy,
+    check_signals,
+    check_slack,
+    finding_key,
+    remember,
+    unknown,
+)
+from idle_reaper.core.signals import Machine
+from idle_reaper.notify import logger
+from idle_reaper.policy import Settings
+from idle_reaper.slack.doctor import SlackReader, gather_people, gather_slack, slack_reader
+from idle_reaper.sweep.adapters import Adapters, SweepRead, alert_once
+from idle_reaper.sweep.fanout import LAST_SWEEP_KEY
+
+OUT_OF_TIME = "out of time"
+# The fleet and its metrics are read only with this much time left; the rest is said to be unknown.
+AWS_STAGE_SECONDS = 5.0
+
+
+@dataclass
+class Account:
+    """What the doctor reads in one region."""
+
+    policies: PolicyStore
+    fleet: Fleet
+    metrics: MetricsReader
+    store: StateStore
+
+
+def _time_left(deadline: float | None) -> float:
+    return float("inf") if deadline is None else deadline - time.monotonic()
+
+
+def gather_last_sweep(store: StateStore, now: datetime) -> LastSweep | Literal["unreadable"] | None:
+    try:
+        stored = store.get_lookup(LAST_SWEEP_KEY, now)
+    except AwsError:
+        return "unreadable"
+    if not stored:
+        return None
+    value = json.loads(stored)
+    return LastSweep(datetime.fromisoformat(value["at"]), int(value["failed_shards"]), int(value["errors"]))
+
+
+def _cache_reader(store: StateStore, now: datetime) -> Callable[[str], str | None]:
+    """The sweep's owner cache, read (never written); an unreadable item is a miss."""
+
+    def cached(key: str) -> str | None:
+        try:
+            return store.get_lookup(key, now)
+        except AwsError:
+            return None
+
+    return cached
+
+
+def run_checks(
+    account: Account,
+    reader: SlackReader | None,
+    *,
+    signing_secret: bool,
+    now: datetime,
+    sweep_minutes: int,
+    deadline: float | None = None,
+) -> list[Finding]:
+    """Every check of one region, in this order: policy, the last sweep, Auto Scaling groups, signals, Slack,
+    people. `deadline` (time.monotonic()): the fleet and its metrics are not read with less than
+    AWS_STAGE_SECONDS left, and Slack is not asked past it; what was not reached is unknown."""
+    settings, policy_facts, refs = gather_policy(account.policies)
+    machines: list[Machine] | None = None
+    why_no_machines = OUT_OF_TIME
+    if _time_left(deadline) > AWS_STAGE_SECONDS:
+        try:
+            machines = account.fleet.discover(settings.tags, notebooks=False)
+        except AwsError as exc:
+            why_no_machines = f"the opted-in machines could not be listed ({error_code(exc)})"
+    findings = check_policy(
+        PolicyFacts(
+            policy_facts.settings_parameter,
+            policy_facts.settings_problems,
+            refs,
+            None if machines is None else [m.team for m in machines],
+        )
+    )
+    findings.append(check_last_sweep(gather_last_sweep(account.store, now), now, sweep_minutes))
+    opt_in = settings.tags.managed
+    members: dict[str, int] | None = None
+    tagged: set[str] | None = set()
+    if machines is not None:
+        members = {}
+        for m in machines:
+            if m.asg_name:
+                members[m.asg_name] = members.get(m.asg_name, 0) + 1
+        if opt_in and members:
+            tagged = gather_group_tags(account.fleet.autoscaling, set(members), opt_in)
+    findings.append(check_groups(None if tagged is None else members, tagged or set(), opt_in))
+    period = settings.metrics.period_seconds // 60
+    if machines is None:
+        findings.append(unknown("signals", why_no_machines))
+    elif _time_left(deadline) <= AWS_STAGE_SECONDS:
+        findings.append(unknown("signals", OUT_OF_TIME))
+    else:
+        signals = gather_signals(account.metrics, machines, settings, refs, now)
+        findings += check_signals(signals, now - timedelta(minutes=SIGNAL_WINDOW_MINUTES), now, period)
+    slack = gather_slack(reader, signing_secret, settings, refs)
+    findings += check_slack(slack)
+    if reader is None or not slack.reachable:
+        findings.append(unknown("people.owners", "Slack is not reachable with the bot token"))
+    elif machines is None:
+        findings.append(unknown("people.owners", why_no_machines))
+    else:
+        owned, contacts = gather_people(reader, machines, refs, _cache_reader(account.store, now))
+        findings += check_people(owned, contacts)
+    return findings
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep's daily subset
+
+DAILY_MIN_SECONDS = 60.0  # run only with this much of the invocation left (else the next sweep tries)
+DAILY_SLACK_SECONDS = 20.0  # Slack is not asked past this; what was not asked is unknown
+FAILING_KEY = "doctor#failing"  # what the last daily run remembered (core.doctor.Remembered.failing)
+FAILING_KEEP = timedelta(days=40)  # longer than a claim lives (aws.state.CLAIM_TTL_DAYS)
+
+
+def list_afresh(adapters: Adapters) -> SweepRead:
+    """For a sweep handed to the fan-out, whose machines the planner does not keep: listed again."""
+    settings, _ = adapters.policies.load_settings()
+    refs = adapters.policies.load_teams(settings)
+    return SweepRead(settings, refs, adapters.fleet.discover(settings.tags, notebooks=False), {})
+
+
+@dataclass
+class DailyDoctor:
+    """One daily run: its findings, the failures told, and what it cost."""
+
+    findings: list[Finding]
+    told: list[Finding]
+    slack_calls: int
+    metric_calls: int
+    cache_reads: int
+    seconds: float
+
+
+def daily_subset(
+    adapters: Adapters, read: SweepRead, now: datetime, reader: SlackReader | None
+) -> tuple[list[Finding], int]:
+    """The cheap checks, on what the sweep read: teams in safe mode, GPU machines without GPU metrics (the
+    sweep's own reads; only the GPU machines it did not read this time are read, CPU and GPU alone), the bot's
+    membership of the team channels, unresolved owners (the sweep's owner cache first). A check's fault makes
+    it unknown. Returns the findings and the owner-cache reads made."""
+    findings: list[Finding] = []
+    refs = dict(read.refs or {})
+    if read.refs is None:
+        findings.append(unknown("policy.teams", "the team policies could not be read"))
+    else:
+        findings += [f for f in check_policy(PolicyFacts("", (), refs, None)) if f.check == "policy.teams"]
+    try:
+        signals = gather_signals(
+            adapters.metrics, read.machines, read.settings, refs, now, read=read.signals, gpu_only=True
+        )
+        unread = sorted(m.instance_id for m in signals if not m.complete)
+        findings.append(check_gpu_metrics(signals))
+        if unread:
+            findings.append(unknown("signals.gpu", f"CloudWatch could not be read for {len(unread)} machine(s)"))
+    except Exception as exc:  # a check's fault is its unknown
+        findings.append(unknown("signals.gpu", f"{type(exc).__name__}: {exc}"))
+    lookups = 0
+    try:
+        slack = gather_slack(reader, True, read.settings, refs, users=False)
+        findings += [f for f in check_slack(slack) if f.check == "slack.channels"] or [
+            unknown("slack.channels", slack.auth_error or "Slack is not reachable")
+        ]
+    except Exception as exc:
+        findings.append(unknown("slack.channels", f"{type(exc).__name__}: {exc}"))
+        slack = None
+    if reader is None or slack is None or not slack.reachable:
+        findings.append(unknown("people.owners", "Slack is not reachable with the bot token"))
+    else:
+        cache = _cache_reader(adapters.store, now)
+
+        def cached(key: str) -> str | None:
+            nonlocal lookups
+            lookups += 1
+            return cache(key)
+
+        try:
+            owned, contacts = gather_people(reader, read.machines, refs, cached)
+            findings += [f for f in check_people(owned, contacts) if f.check == "people.owners"]
+        except Exception as exc:
+            findings.append(unknown("people.owners", f"{type(exc).__name__}: {exc}"))
+    return [f for f in findings if f.check in DAILY_CHECKS], lookups
+
+
+def _told_before(adapters: Adapters, now: datetime) -> dict[str, list[str]]:
+    try:
+        stored = adapters.store.get_lookup(FAILING_KEY, now)
+        value = json.loads(stored) if stored else {}
+    except Exception as exc:  # nothing remembered: no claim is released, none is lost
+        logger.warning("daily doctor: what was told before could not be read", extra={"error": str(exc)})
+        return {}
+    return {str(k): [str(key) for key in v] for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def tell_new_failures(
+    adapters: Adapters, findings: Sequence[Finding], settings: Settings, now: datetime
+) -> list[Finding]:
+    """Each failure is told once (a claim keyed on its check and subjects); a failure that has cleared
+    releases its claim, so if it comes back it is told again. Returns the failures told now."""
+    remembered = remember(_told_before(adapters, now), findings)
+    for key in remembered.cleared:
+        try:
+            adapters.store.release_claim(f"doctor#{key}")
+        except Exception as exc:
+            logger.warning("daily doctor: a cleared failure's claim was not released", extra={"error": str(exc)})
+    told = [
+        f
+        for f in findings
+        if f.status == "fail"
+        and alert_once(
+            adapters,
+            f"doctor#{finding_key(f)}",
+            f"idle-reaper doctor (the sweep's daily check) found a new problem: {f.message}. Fix: {f.fix}",
+            settings,
+            now,
+        )
+    ]
+    try:
+        adapters.store.put_lookup(FAILING_KEY, json.dumps(dict(remembered.failing)), now + FAILING_KEEP)
+    except Exception as exc:
+        logger.warning("daily doctor: what was told could not be recorded", extra={"error": str(exc)})
+    return told
+
+
+def run_daily_doctor(
+    adapters: Adapters,
+    now: datetime,
+    read: SweepRead | None,
+    time_left: Callable[[], float],
+) -> DailyDoctor | None:
+    """The daily subset, on the day's first sweep with DAILY_MIN_SECONDS left (claimed once a day), after the
+    sweep's own work. It never raises: a fault is logged, and a check it touches is unknown. Nothing is told
+    in a dry run. `read`: what the sweep read (None: list the fleet again)."""
+    if time_left() < DAILY_MIN_SECONDS:
+        return None
+    started = time.monotonic()
+    metric_calls = adapters.metrics.stats.calls
+    try:
+        if not adapters.store.claim_once(f"doctor#day#{now:%Y-%m-%d}", now):
+            return None
+        read = read or list_afresh(adapters)
+        slack, _ = slack_reader(DAILY_SLACK_SECONDS, started + DAILY_SLACK_SECONDS)
+        findings, lookups = daily_subset(adapters, read, now, slack)
+        told = [] if read.settings.dry_run else tell_new_failures(adapters, findings, read.settings, now)
+    except Exception as exc:  # the sweep goes on; tomorrow's first sweep checks again
+        logger.warning("daily doctor failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+        return None
+    done = DailyDoctor(
+        findings=findings,
+        told=told,
+        slack_calls=slack.calls if slack else 0,
+        metric_calls=adapters.metrics.stats.calls - metric_calls,
+        cache_reads=lookups,
+        seconds=round(time.monotonic() - started, 3),
+    )
+    for f in findings:
+        if f.status != "ok":
+            logger.warning("daily doctor: " + f.line(), extra={"check": f.check, "status": f.status})
+    logger.info(
+        "daily doctor",
+        extra={
+            "told": [f.check for f in told],
+            "slack_calls": done.slack_calls,
+            "metric_calls": done.metric_calls,
+            "owner_cache_reads": done.cache_reads,
+            "seconds": done.seconds,
+        },
+    )
+    return done

@@ -1,0 +1,327 @@
+"""Organization mode at deploy time (issue 30): the `organization` context, the hub's StackSet of the member
+stack, the member role's trust and permissions, and single-account mode left exactly as it was."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from iam_policy import ACCOUNT, Environment, decide, role_statements
+from synthesis import ALARM_EMAIL, REGIONS, Synth, shared_synth, synthesize
+from test_iam import (
+    NEVER,
+    ORGANIZATION_MODE,
+    OTHER,
+    call,
+    fleet_reads,
+    group,
+    instance,
+    notebook,
+    on_managed,
+    parameter,
+    secret,
+    table,
+)
+from test_names import physical_names
+
+from idle_reaper.aws.accounts import ORGANIZATION_ENV, OrganizationConfig
+from idle_reaper.organization import ContextError, member_role_name
+from infra.organization import TEMPLATE_BODY_LIMIT
+from infra.stack import IdleReaperProps
+
+pytestmark = pytest.mark.infra
+
+ORG_ID = "o-a1b2c3d4e5"
+TARGETS = ["ou-ab12-cd34ef56", "r-ab12"]
+MEMBER_REGIONS = ["eu-west-1", "us-east-2", "ap-south-1"]
+ORGANIZATION = {"organizationId": ORG_ID, "targets": TARGETS, "regions": MEMBER_REGIONS}
+HUB, SECOND = REGIONS
+HUB_ROLES = {"HubSweepRoleArn": "Sweep", "HubShardWorkerRoleArn": "ShardWorker", "HubAnswerRoleArn": "Slack"}
+
+
+@pytest.fixture(scope="module")
+def org(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """The hub in two regions, as the session's `synth`, plus organization mode."""
+    return shared_synth(
+        tmp_path_factory, "organization", regions=list(REGIONS), alarmEmail=ALARM_EMAIL, organization=ORGANIZATION
+    )
+
+
+@pytest.fixture(scope="module")
+def hub(org: Synth) -> dict[str, Any]:
+    return org.template(f"IdleReaper-{HUB}")
+
+
+def of_type(template: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == kind}
+
+
+@pytest.fixture(scope="module")
+def stack_set(hub: dict[str, Any]) -> dict[str, Any]:
+    [found] = of_type(hub, "AWS::CloudFormation::StackSet").values()
+    properties: dict[str, Any] = found["Properties"]
+    return properties
+
+
+@pytest.fixture(scope="module")
+def member(stack_set: dict[str, Any]) -> dict[str, Any]:
+    template: dict[str, Any] = json.loads(stack_set["TemplateBody"])
+    return template
+
+
+def role_logical_id(template: dict[str, Any], construct: str) -> str:
+    [found] = [k for k in of_type(template, "AWS::IAM::Role") if k.startswith(f"{construct}Role")]
+    return found
+
+
+# -- the context -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "kind"),
+    [
+        ({"organizationId": "o-short"}, "organization.organizationId", "an organization id"),
+        ({"targets": ["ou-ab12-cd34ef56", "ou-ab12"]}, "organization.targets[1]", "an organizational unit id"),
+        ({"targets": ["r-AB12"]}, "organization.targets[0]", "root id"),
+        ({"targets": ["123456789012"]}, "organization.targets[0]", "an organizational unit id"),
+        ({"targets": []}, "organization.targets", "at least 1"),
+        ({"regions": ["eu-west-1", "europe"]}, "organization.regions[1]", "an AWS region name"),
+        ({"regions": ["eu-west-1", "eu-west-1"]}, "organization.regions", "listed more than once: eu-west-1"),
+        ({"delegatedAdmin": "perhaps"}, "organization.delegatedAdmin", "boolean"),
+        ({"accounts": ["1234"]}, "organization.accounts", "unknown field"),
+    ],
+)
+def test_a_bad_organization_context_fails_synth_naming_the_key(change: dict[str, Any], key: str, kind: str) -> None:
+    context = {"organization": {**ORGANIZATION, **change}}
+    with pytest.raises(ContextError) as raised:
+        IdleReaperProps.from_context(cdk.App(context=context).node)
+    message = str(raised.value)
+    assert f"{key}:" in message and kind in message, message
+
+
+def test_a_bad_context_stops_the_synth_itself(tmp_path: Path) -> None:
+    with pytest.raises(ContextError, match=r"organization\.targets\[0\]: not an organizational unit id"):
+        synthesize(tmp_path, organization={**ORGANIZATION, "targets": ["ou-xx"]})
+    assert not list(tmp_path.glob("*.template.json"))  # nothing was written
+
+
+def test_the_context_is_read_from_cdk_json_or_the_command_line() -> None:
+    # `-c organization='{...}'` arrives as text; cdk.json holds an object.
+    from_text = IdleReaperProps.from_context(cdk.App(context={"organization": json.dumps(ORGANIZATION)}).node)
+    from_object = IdleReaperProps.from_context(cdk.App(context={"organization": ORGANIZATION}).node)
+    assert from_text == from_object and from_text.organization is not None
+    assert from_text.organization.targets == TARGETS and not from_text.organization.delegated_admin
+    with pytest.raises(ContextError, match="organization: not valid JSON"):
+        IdleReaperProps.from_context(cdk.App(context={"organization": "{targets:"}).node)
+    # Absent, empty or switched off: single-account mode.
+    for off in (None, "", {**ORGANIZATION, "enabled": False}):
+        assert IdleReaperProps.from_context(cdk.App(context={"organization": off}).node).organization is None
+
+
+def test_single_account_mode_synthesizes_exactly_as_without_the_block(synth: Synth, tmp_path: Path) -> None:
+    disabled = synthesize(
+        tmp_path, regions=list(REGIONS), alarmEmail=ALARM_EMAIL, organization={**ORGANIZATION, "enabled": False}
+    )
+    assert disabled.stack_names == synth.stack_names
+    for name in synth.stack_names:
+        assert disabled.template(name) == synth.template(name)
+    everything = json.dumps([synth.template(n) for n in synth.stack_names])
+    assert "AWS::CloudFormation::StackSet" not in everything and "-member-" not in everything
+
+
+# -- the StackSet ----------------------------------------------------------------------------------
+
+
+def test_the_hub_deploys_a_service_managed_stack_set_with_automatic_deployment(
+    org: Synth, hub: dict[str, Any], stack_set: dict[str, Any]
+) -> None:
+    assert stack_set["PermissionModel"] == "SERVICE_MANAGED"
+    assert stack_set["AutoDeployment"] == {"Enabled": True, "RetainStacksOnAccountRemoval": False}
+    assert stack_set["CallAs"] == "SELF"
+    assert stack_set["StackSetName"] == "idle-reaper-members"
+    assert stack_set["Capabilities"] == ["CAPABILITY_NAMED_IAM"]  # the member role has a name
+    [group_] = stack_set["StackInstancesGroup"]
+    assert group_ == {"DeploymentTargets": {"OrganizationalUnitIds": TARGETS}, "Regions": MEMBER_REGIONS}
+    # One account that cannot take the stack does not hold up the others.
+    assert stack_set["OperationPreferences"]["FailureTolerancePercentage"] == 100
+    # The trust parameters are the hub's own roles, by ARN.
+    parameters = {p["ParameterKey"]: p["ParameterValue"] for p in stack_set["Parameters"]}
+    assert parameters.pop("HubAccountId") == {"Ref": "AWS::AccountId"}
+    assert {k: v["Fn::GetAtt"][0] for k, v in parameters.items()} == {
+        k: role_logical_id(hub, construct) for k, construct in HUB_ROLES.items()
+    }
+    # Only the hub (the first listed region's stack) holds it.
+    assert not of_type(org.template(f"IdleReaper-{SECOND}"), "AWS::CloudFormation::StackSet")
+
+
+def test_a_delegated_administrator_calls_as_one_and_cdk_nag_is_clean(tmp_path: Path) -> None:
+    variant = synthesize(tmp_path, organization={**ORGANIZATION, "delegatedAdmin": True}, gpuAgentTagKey="")
+    # One stack, so cdk-nag's report (named after the CloudFormation stack) is the hub's own.
+    rows = list(csv.reader(variant.nag_report(variant.stack_names[0]).splitlines()[1:]))
+    assert rows and all(row[2] in ("Compliant", "Suppressed") for row in rows)
+    [found] = of_type(variant.template(), "AWS::CloudFormation::StackSet").values()
+    assert found["Properties"]["CallAs"] == "DELEGATED_ADMIN"
+    # Without the GPU agent rollout the member stack is the role alone.
+    types = {r["Type"] for r in json.loads(found["Properties"]["TemplateBody"])["Resources"].values()}
+    assert types == {"AWS::IAM::Role"}
+
+
+# -- the member stack ------------------------------------------------------------------------------
+
+
+def test_the_member_template_holds_only_the_role_and_the_associations(
+    stack_set: dict[str, Any], member: dict[str, Any]
+) -> None:
+    types = sorted(r["Type"] for r in member["Resources"].values())
+    assert types == ["AWS::IAM::Role", "AWS::SSM::Association", "AWS::SSM::Document", "AWS::SSM::Parameter"]
+    # No asset, no bootstrap: only the trust parameters, no rule asking for a CDK bootstrap version.
+    assert sorted(member["Parameters"]) == sorted([*HUB_ROLES, "HubAccountId"])
+    assert "Rules" not in member and "Lambda" not in json.dumps(member)
+    assert len(stack_set["TemplateBody"]) <= TEMPLATE_BODY_LIMIT  # inline: no S3 URL to share with members
+    # The collector rides inside the document, as in the hub stack.
+    [document] = of_type(member, "AWS::SSM::Document").values()
+    assert "installActivityCollector" in json.dumps(document)
+    # In the hub's own account the hub stack already rolls the agent out: the member stack there is the role.
+    not_hub = member["Conditions"]["NotTheHubAccount"]
+    assert not_hub == {"Fn::Not": [{"Fn::Equals": [{"Ref": "AWS::AccountId"}, {"Ref": "HubAccountId"}]}]}
+    assert all(r.get("Condition") == "NotTheHubAccount" for r in member["Resources"].values() if "SSM" in r["Type"])
+    [role] = of_type(member, "AWS::IAM::Role").values()
+    assert "Condition" not in role
+
+
+def test_the_member_role_trusts_only_the_hub_roles_inside_the_organization(member: dict[str, Any]) -> None:
+    [role] = of_type(member, "AWS::IAM::Role").values()
+    trust = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    principals = []
+    for statement in trust:
+        assert statement["Effect"] == "Allow" and statement["Action"] == "sts:AssumeRole"
+        assert statement["Condition"] == {"StringEquals": {"aws:PrincipalOrgID": ORG_ID}}
+        assert set(statement["Principal"]) == {"AWS"}  # no service, no account root, no federated principal
+        aws = statement["Principal"]["AWS"]
+        principals += aws if isinstance(aws, list) else [aws]
+    assert sorted(principals, key=json.dumps) == sorted(({"Ref": p} for p in HUB_ROLES), key=json.dumps)
+    name = role["Properties"]["RoleName"]
+    assert name == {"Fn::Join": ["", ["idle-reaper-member-", {"Ref": "AWS::Region"}]]}
+
+
+# What aws/accounts.py calls in organization mode, and what no role may do to the organization.
+ORGANIZATION_CALLS = tuple(sorted(ORGANIZATION_MODE - {"sts:AssumeRole"}))
+ORGANIZATION_CHANGES = ("organizations:MoveAccount", "organizations:CloseAccount", "organizations:CreateAccount")
+MEMBER_CALLS = [
+    *fleet_reads(HUB),
+    *(
+        on_managed(action, arn)
+        for action, arn in (
+            ("ec2:StopInstances", instance(HUB)),
+            ("ec2:StartInstances", instance(HUB)),
+            ("ec2:TerminateInstances", instance(HUB)),
+            ("sagemaker:StopNotebookInstance", notebook(HUB)),
+            ("sagemaker:StartNotebookInstance", notebook(HUB)),
+            ("autoscaling:SetInstanceProtection", group(HUB)),
+            ("autoscaling:TerminateInstanceInAutoScalingGroup", group(HUB)),
+        )
+    ),
+]
+MEMBER_NEVER = [
+    *NEVER,
+    # Machines only: no policies, state, secrets or functions live in a member account.
+    call("ssm:GetParameter", parameter(HUB, "settings")),
+    call("dynamodb:GetItem", table(HUB)),
+    call("secretsmanager:GetSecretValue", secret(HUB)),
+    call("sts:AssumeRole", "arn:aws:iam::210987654321:role/idle-reaper-member-eu-west-1"),
+    # Each region's member role acts in its own region only.
+    *(r for r in fleet_reads(OTHER) if r.action != "sagemaker:ListTags"),
+    on_managed("ec2:StopInstances", instance(OTHER), OTHER),
+]
+
+
+def test_the_member_role_may_do_what_the_single_account_roles_do_to_machines_and_nothing_else(
+    hub: dict[str, Any], member: dict[str, Any]
+) -> None:
+    env = Environment(HUB, member)
+    [role] = of_type(member, "AWS::IAM::Role")
+    statements = role_statements(member, env, role)
+    refused = [r for r in MEMBER_CALLS if decide(statements, r) != "Allow"]
+    assert not refused, refused
+    allowed = [r for r in MEMBER_NEVER if decide(statements, r) == "Allow"]
+    assert not allowed, allowed
+    # The same statements as the hub's sweep and Slack roles, from the same source (infra/machine_access.py).
+    hub_env = Environment(HUB, hub)
+    single = {
+        s.sid: s
+        for construct in ("Sweep", "Slack")
+        for s in role_statements(hub, hub_env, role_logical_id(hub, construct))
+    }
+    for statement in statements:
+        twin = single[statement.sid]
+        assert set(statement.actions) == set(twin.actions), statement.sid
+        assert statement.conditions == twin.conditions, statement.sid
+        # The Slack endpoint of a two-region hub acts in both; a member role in its own region.
+        assert set(statement.resources) <= set(twin.resources), statement.sid
+
+
+def test_the_hub_roles_may_assume_member_roles_of_the_organization_only(hub: dict[str, Any]) -> None:
+    env = Environment(HUB, hub)
+    member_role = f"arn:aws:iam::210987654321:role/{member_role_name('idle-reaper', 'ap-south-1')}"
+    in_org = {"aws:ResourceOrgID": ORG_ID}
+    for construct in ("Sweep", "ShardWorker", "Slack", "Gather", "Digest", "AlarmRelay"):
+        statements = role_statements(hub, env, role_logical_id(hub, construct))
+        acts_in_members = construct in ("Sweep", "ShardWorker", "Slack")
+        expected = "Allow" if acts_in_members else "ImplicitDeny"
+        assert decide(statements, call("sts:AssumeRole", member_role, **in_org)) == expected, construct
+        for other in (
+            call("sts:AssumeRole", member_role, **{"aws:ResourceOrgID": "o-zzzzzzzzzz"}),  # another organization
+            call("sts:AssumeRole", "arn:aws:iam::210987654321:role/OrganizationAccountAccessRole", **in_org),
+            *(call(action, "*", "us-east-1") for action in ORGANIZATION_CHANGES),
+        ):
+            assert decide(statements, other) == "ImplicitDeny", (construct, other)
+        # The planner lists the accounts; each role that assumes member roles may ask about one account.
+        lists = {a: decide(statements, call(a, "*", "us-east-1")) == "Allow" for a in ORGANIZATION_CALLS}
+        assert lists == {
+            a: construct == "Sweep" or (a == "organizations:DescribeAccount" and acts_in_members)
+            for a in ORGANIZATION_CALLS
+        }, construct
+
+
+def test_a_hub_inside_a_target_ou_shares_no_name_with_its_member_stack(
+    hub: dict[str, Any], member: dict[str, Any]
+) -> None:
+    ours, theirs = physical_names(hub), physical_names(member)
+    assert theirs == {
+        "AWS::IAM::Role idle-reaper-member-REGION",
+        "AWS::SSM::Parameter AmazonCloudWatch-idle-reaper-member-gpu",
+    }
+    assert ours.isdisjoint(theirs), ours & theirs
+    # The hub creates no role named like a member role (its roles' names are CloudFormation's own).
+    assert not any(r["Properties"].get("RoleName") for r in of_type(hub, "AWS::IAM::Role").values())
+
+
+def test_the_hub_functions_that_act_in_members_are_told_where_they_are(
+    hub: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = Environment(HUB, hub)
+    told = {}
+    for logical_id, function in of_type(hub, "AWS::Lambda::Function").items():
+        variables = function["Properties"].get("Environment", {}).get("Variables", {})
+        if ORGANIZATION_ENV in variables:
+            told[logical_id.split("Function")[0]] = env.resolve(variables[ORGANIZATION_ENV])
+    assert sorted(told) == ["ShardWorker", "Slack", "Sweep"]
+    monkeypatch.setenv(ORGANIZATION_ENV, told["Sweep"])
+    assert OrganizationConfig.from_environment() == OrganizationConfig(
+        prefix="idle-reaper", targets=tuple(TARGETS), regions=tuple(MEMBER_REGIONS), hub_account=ACCOUNT
+    )
+
+
+def test_cdk_nag_is_clean_on_the_hub(org: Synth) -> None:
+    for stack_name in org.stack_names:
+        findings = [
+            entry["data"]
+            for entries in org.metadata(stack_name).values()
+            for entry in entries
+            if entry["type"] in ("aws:cdk:error", "aws:cdk:warning")
+        ]
+        assert findings == []

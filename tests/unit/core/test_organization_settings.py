@@ -1,0 +1,76 @@
+"""Organization mode's run-time settings (SSM `{prefix}/organization`): exclusions and other default policies
+per account or OU, validated like every other setting; and the member role's name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from idle_reaper.organization import member_role_arn, member_role_name, parse_organization_settings
+from idle_reaper.policy import PolicyError, TeamPolicy
+
+PARAMETER = "/idle-reaper/organization"
+SANDBOX, PROD, OTHER = "111111111111", "222222222222", "333333333333"
+SANDBOX_OU, PROD_OU = "ou-ab12-sandbox1", "ou-ab12-prodprod"
+
+
+def parsed(value: object) -> object:
+    return parse_organization_settings(PARAMETER, json.dumps(value))
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ({"exclude": [PROD, "22222222222"]}, "exclude[1]: not an AWS account id (12 digits) or organizational unit id"),
+        ({"exclude": ["r-ab12"]}, "exclude[0]: not an AWS account id"),
+        ({"exclude": [PROD, PROD]}, "exclude: account or OU listed more than once: 222222222222"),
+        (
+            {"defaults": [{"accounts": [SANDBOX_OU], "default_policy": {"idle_minutes": -5}}]},
+            "defaults[0].default_policy.idle_minutes:",
+        ),
+        ({"defaults": [{"accounts": [], "default_policy": {}}]}, "defaults[0].accounts: List should have at least 1"),
+        ({"excluded": [PROD]}, "excluded: unknown field"),
+    ],
+)
+def test_a_bad_organization_parameter_names_the_parameter_and_the_field(value: object, problem: str) -> None:
+    with pytest.raises(PolicyError) as raised:
+        parsed(value)
+    assert raised.value.parameter == PARAMETER
+    assert any(p.startswith(problem) or problem in p for p in raised.value.problems), raised.value.problems
+
+
+def test_an_account_is_excluded_by_its_id_or_any_ou_above_it() -> None:
+    settings = parse_organization_settings(PARAMETER, json.dumps({"exclude": [PROD, PROD_OU]}))
+    assert settings.excludes(PROD)
+    assert settings.excludes(OTHER, parents=("ou-ab12-team0001", PROD_OU))  # a nested OU under production
+    assert not settings.excludes(SANDBOX, parents=(SANDBOX_OU,))
+    assert not parse_organization_settings(PARAMETER, "{}").excludes(PROD)
+
+
+def test_the_nearest_named_default_wins_and_unnamed_accounts_keep_the_settings_default() -> None:
+    settings = parse_organization_settings(
+        PARAMETER,
+        json.dumps(
+            {
+                "defaults": [
+                    {"accounts": [SANDBOX_OU], "default_policy": {"idle_minutes": 45}},
+                    {"accounts": [SANDBOX], "default_policy": {"idle_minutes": 15, "warn_minutes": 5}},
+                ]
+            }
+        ),
+    )
+    base = TeamPolicy(idle_minutes=120, warn_minutes=30)
+    assert settings.default_for(SANDBOX, (SANDBOX_OU,), base).idle_minutes == 15  # the account itself first
+    in_ou = settings.default_for(OTHER, ("ou-ab12-team0001", SANDBOX_OU), base)
+    assert (in_ou.idle_minutes, in_ou.warn_minutes) == (45, TeamPolicy().warn_minutes)  # the rest: the defaults
+    assert settings.default_for(PROD, (PROD_OU,), base) == base
+
+
+def test_the_member_role_is_one_per_region_named_after_the_prefix() -> None:
+    assert member_role_name("idle-reaper", "eu-west-1") == "idle-reaper-member-eu-west-1"
+    assert member_role_arn("aws", SANDBOX, "ml-reaper", "us-east-2") == (
+        f"arn:aws:iam::{SANDBOX}:role/ml-reaper-member-us-east-2"
+    )
+    # IAM's limit on a role name holds for the longest prefix and region name.
+    assert len(member_role_name("p" * 32, "ap-southeast-5")) <= 64
