@@ -141,8 +141,9 @@ def _metric_queries(queries: int) -> list[dict[str, Any]]:
     ]
 
 
-def _ec2_answers(instances: int) -> tuple[bytes, bytes]:
-    """DescribeInstances (this many tagged instances) and StopInstances answers, in EC2's XML as moto writes it."""
+def _ec2_answers(instances: int) -> tuple[bytes, bytes, bytes]:
+    """DescribeInstances (this many tagged instances), StopInstances and DescribeTags (their Team tags) answers,
+    in EC2's XML as moto writes it."""
     import boto3
     import moto
 
@@ -168,7 +169,8 @@ def _ec2_answers(instances: int) -> tuple[bytes, bytes]:
         )
         ec2.describe_instances()
         ec2.stop_instances(InstanceIds=[ran["Instances"][0]["InstanceId"]])
-    return captured["DescribeInstances"], captured["StopInstances"]
+        ec2.describe_tags(Filters=[{"Name": "key", "Values": ["Team"]}])
+    return captured["DescribeInstances"], captured["StopInstances"], captured["DescribeTags"]
 
 
 def _records(count: int) -> list[MachineRecord]:
@@ -217,15 +219,18 @@ def measure(repeat: int = 20) -> BotocoreCpu:
     # DescribeInstances: fixed + per instance listed.
     xml = {"Content-Type": "text/xml;charset=UTF-8"}
     sizes = (20, 200)
-    listed = {}
+    listed: dict[str, dict[int, float]] = {"DescribeInstances": {}, "DescribeTags": {}}
     stop_body = b""
     for n in sizes:
-        body, stop_body = _ec2_answers(n)
-        ec2 = _stubbed("ec2", {"DescribeInstances": (xml, body)})
-        listed[n] = _cpu_per_call(lambda ec2=ec2: ec2.describe_instances(), max(2, repeat // 4))
-    per_instance = (listed[200] - listed[20]) / 180
-    op = "ec2:DescribeInstances"
-    cpu.fixed[op], cpu.per_item[op] = max(0.0, listed[20] - 20 * per_instance), {"instances": per_instance}
+        body, stop_body, tags_body = _ec2_answers(n)
+        ec2 = _stubbed("ec2", {"DescribeInstances": (xml, body), "DescribeTags": (xml, tags_body)})
+        listed["DescribeInstances"][n] = _cpu_per_call(lambda ec2=ec2: ec2.describe_instances(), max(2, repeat // 4))
+        listed["DescribeTags"][n] = _cpu_per_call(lambda ec2=ec2: ec2.describe_tags(), max(2, repeat // 4))
+    # DescribeTags (a planning alternative, docs/deploying.md): an item per tag, not per instance.
+    for name, item in (("DescribeInstances", "instances"), ("DescribeTags", "tags")):
+        per_item = (listed[name][200] - listed[name][20]) / 180
+        op = f"ec2:{name}"
+        cpu.fixed[op], cpu.per_item[op] = max(0.0, listed[name][20] - 20 * per_item), {item: per_item}
     ec2 = _stubbed("ec2", {"StopInstances": (xml, stop_body)})
     cpu.other = _cpu_per_call(lambda: ec2.stop_instances(InstanceIds=["i-0123456789abcdef0"]), repeat)
 
@@ -261,6 +266,8 @@ def describe(cpu: BotocoreCpu) -> list[str]:
         f" (500 queries x 12 points: {full_call * ms:.0f} ms)",
         f"DescribeInstances: {cpu.fixed['ec2:DescribeInstances'] * ms:.2f} ms a call + {di['instances'] * ms:.3f} ms an"
         f" instance (a page of 1,000: {cpu.cost('ec2:DescribeInstances', {'instances': 1000}) * ms:.0f} ms)",
+        f"DescribeTags: {cpu.fixed['ec2:DescribeTags'] * ms:.2f} ms a call"
+        f" + {cpu.per_item['ec2:DescribeTags']['tags'] * ms:.4f} ms a tag (one key of an instance)",
         f"DynamoDB PutItem (a record, through DynamoStateStore): {cpu.fixed['dynamodb:PutItem'] * ms:.2f} ms",
         f"DynamoDB BatchGetItem (100 records, through DynamoStateStore):"
         f" {cpu.fixed['dynamodb:BatchGetItem'] * ms:.1f} ms",
@@ -268,10 +275,47 @@ def describe(cpu: BotocoreCpu) -> list[str]:
     ]
 
 
+def child_process_costs(machines: int = 10_000) -> list[str]:
+    """What listing in a child process adds (aws.run_in_processes): starting a forked child and reading its
+    Pipe, and the listed machines' way back (pickled in the child, unpickled in the parent: serial there)."""
+    import multiprocessing
+    import pickle
+
+    from sweep_cost import build_fleet
+
+    from idle_reaper.aws import Fleet
+    from idle_reaper.policy import TagKeys
+
+    fork = multiprocessing.get_context("fork")
+    started = time.perf_counter()
+    for _ in range(10):
+        receive, send = fork.Pipe(duplex=False)
+        child = fork.Process(target=send.send, args=(b"",))
+        child.start()
+        send.close()
+        receive.recv()
+        child.join()
+    start_s = (time.perf_counter() - started) / 10
+    aws = build_fleet(machines, 7).aws
+    answer = Fleet(aws.ec2, aws.autoscaling).discover(TagKeys())
+    blob = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+    unpickled = time.thread_time()
+    pickle.loads(blob)
+    per_machine = (time.thread_time() - unpickled) / len(answer)
+    return [
+        f"a forked child process, started, its Pipe read and joined: {start_s * 1000:.1f} ms (wall)",
+        f"a listed machine's way back: {len(blob) / len(answer):.0f} bytes, unpickled in"
+        f" {per_machine * 1000:.4f} ms by the parent",
+    ]
+
+
 def main() -> int:
     cpu = measure()
     print("botocore's own CPU per request (serialise, sign, parse), measured on this machine:")
     for line in describe(cpu):
+        print(f"  {line}")
+    print("listing in child processes (the planner, aws/fleet.py):")
+    for line in child_process_costs():
         print(f"  {line}")
     return 0
 

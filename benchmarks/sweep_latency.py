@@ -43,8 +43,10 @@ from botocore_cpu import BotocoreCpu, describe, items_of, measure  # noqa: E402
 from sweep_cost import PREFIX, T0, build_fleet  # noqa: E402
 
 from idle_reaper import sweep as sweep_module  # noqa: E402
+from idle_reaper.aws.fleet import LISTING_PROCESSES  # noqa: E402
 from idle_reaper.notify import LoggingNotifier  # noqa: E402
 from idle_reaper.sweep import (  # noqa: E402
+    PLANNER_VCPUS,
     SHARD_SIZE,
     SHARDS_AT_ONCE,
     GatherTask,
@@ -55,6 +57,7 @@ from idle_reaper.sweep import (  # noqa: E402
     run_sweep,
 )
 from testkit.aws import CountingStateStore, FakeAws, LatencyModel, RequestCpu  # noqa: E402
+from testkit.aws.fleet import ZONES, zone_of  # noqa: E402
 
 # First look; the steady sweep 5 minutes later (the stack's default schedule: what most sweeps are);
 # reaping when the first look's warnings fall due.
@@ -102,6 +105,7 @@ class Measured:
     lambda_s: float = 0.0  # the invocations' walls summed: what Lambda bills
     botocore_s: float = 0.0  # botocore's CPU (serialise, sign, parse), charged per request (in wall_s)
     botocore_by_op: Counter[str] = field(default_factory=Counter)  # seconds by operation
+    planner_s: float = 0.0  # the sweep function's invocation (the planner; the whole sweep when in place)
 
 
 class Segments:
@@ -116,6 +120,7 @@ class Segments:
         """fn's result, its wall and its own CPU time (botocore's, charged per request, counted apart:
         `self.botocore_s`)."""
         virtual, fake, botocore = self.model.virtual, self.aws.seconds(), self.model.cpu_s
+        in_lanes = self.model.lanes_cpu_s
         started, cpu_started = time.perf_counter(), time.process_time()
         result = fn()
         real, cpu = time.perf_counter() - started, time.process_time() - cpu_started
@@ -124,7 +129,9 @@ class Segments:
         self.botocore_s += botocore
         # CPU of the code under test: the process's, minus the fakes' (and minus botocore's, burnt when slept).
         own = cpu - fake - (botocore if self.sleep else 0.0)
-        return result, (real - fake if self.sleep else self.model.virtual - virtual + own + botocore), own
+        # CPU spent in modelled child processes is on their lanes, in the virtual clock already: not serial.
+        serial = own + botocore - (self.model.lanes_cpu_s - in_lanes)
+        return result, (real - fake if self.sleep else self.model.virtual - virtual + serial), own
 
 
 def request_cpu(cpu: BotocoreCpu) -> RequestCpu:
@@ -148,18 +155,22 @@ def run_size(
     shard_size: int = SHARD_SIZE,
     sweeps: Sequence[datetime] = SWEEPS,
     cpu: BotocoreCpu | None = None,
+    zones: int = len(ZONES),
 ) -> list[Measured]:
     """Each sweep as the stack runs it: the scheduled sweep plans; a fleet that fits one shard is swept in
     that invocation, a larger one goes to the state machine, whose Map runs a worker invocation per shard
     (SHARDS_AT_ONCE at a time) and then the gather step. Invocations are timed one by one (each is its own
-    Lambda, with its own CPU), and composed as Step Functions runs them."""
+    Lambda, with its own CPU), and composed as Step Functions runs them. `zones`: the machines spread over
+    that many of the region's Availability Zones (1: all in one zone, the planner's worst case)."""
     bench = build_fleet(size, seed)
     aws = bench.aws
-    model = LatencyModel(sleep=sleep, cpu=request_cpu(cpu) if cpu is not None else None)
+    for instance in aws.ec2.instances.values():
+        instance.api["Placement"]["AvailabilityZone"] = ZONES[ZONES.index(zone_of(instance.instance_id)) % zones]
+    model = LatencyModel(sleep=sleep, cpu=request_cpu(cpu) if cpu is not None else None, vcpus=PLANNER_VCPUS)
     aws.set_latency(model)
     store = CountingStateStore(model)
     notifier = LoggingNotifier(sweep_module.logger, delivers=True)
-    adapters = aws.adapters(store=store, notifier=notifier, prefix=PREFIX)
+    adapters = aws.adapters(store=store, notifier=notifier, prefix=PREFIX, listing_processes=LISTING_PROCESSES)
     segments = Segments(model, aws, sleep=sleep)
     model.install()
     results = []
@@ -216,6 +227,7 @@ def run_size(
                     lambda_s=sum(walls),
                     botocore_s=segments.botocore_s - botocore_before,
                     botocore_by_op=model.cpu_charged - botocore_ops_before,
+                    planner_s=walls[0],
                 )
             )
     finally:
@@ -231,9 +243,9 @@ def row(label: str, values: Sequence[float], spec: str = ",.0f", suffix: str = "
     print(f"  {label:<{WIDTH}}" + "".join(f"{v:>{width}{spec}}{suffix}" for v in values))
 
 
-def print_size(size: int, results: list[Measured]) -> bool:
+def print_size(size: int, results: list[Measured], zones: int = len(ZONES)) -> bool:
     ok = True
-    print(f"\n== {size:,} machines ==")
+    print(f"\n== {size:,} machines, in {zones} Availability Zone(s) ==")
     print(f"  {'calls per sweep':<{WIDTH}}" + "".join(f"{h:>12}" for h in LABELS))
     for op in sorted(set().union(*(r.calls for r in results))):
         row(op, [r.calls[op] for r in results])
@@ -249,6 +261,7 @@ def print_size(size: int, results: list[Measured]) -> bool:
         if max(r.botocore_by_op[op] for r in results) >= 0.05:
             row(f"  {op}", [r.botocore_by_op[op] for r in results], ",.1f")
     row("modelled wall, s", [r.wall_s for r in results], ",.1f")
+    row(f"  planner (zones listed in processes, {PLANNER_VCPUS} vCPUs), s", [r.planner_s for r in results], ",.1f")
     row("shards", [r.shards for r in results])
     row("invocations (planner + shard workers + gather)", [r.invocations for r in results])
     row("longest invocation, s", [r.longest_s for r in results], ",.1f")
@@ -282,7 +295,10 @@ DDB_PER_MILLION_READS = 0.125  # on-demand read request units (BatchGetItem read
 LAMBDA_PER_GB_SECOND = 0.0000133334  # arm64
 LAMBDA_PER_MILLION_REQUESTS = 0.20
 LOGS_PER_GB = 0.50
-LAMBDA_GB = 1.769  # the stack's sweep and shard worker functions (one full vCPU); the gather step is smaller
+LAMBDA_GB = 1.769  # the stack's shard worker function (one full vCPU); the gather step is smaller
+# The sweep function (PLANNER_VCPUS x 1,769 MB: its zone listers run in child processes side by side): the planner,
+# and the sweep of a fleet of one shard.
+PLANNER_GB = PLANNER_VCPUS * LAMBDA_GB
 STEP_FUNCTIONS_PER_1000_TRANSITIONS = 0.025  # standard workflows
 BILL_FLEET = 10_000
 
@@ -320,6 +336,7 @@ def steady_hour(size: int, seed: int, cpu: BotocoreCpu | None, every: int = 5) -
         shards=max(r.shards for r in runs),
         lambda_s=sum(r.lambda_s for r in runs) / n,
         botocore_s=sum(r.botocore_s for r in runs) / n,
+        planner_s=sum(r.planner_s for r in runs) / n,
     )
 
 
@@ -334,7 +351,9 @@ def print_bill(steady: Measured, every: int = 5) -> bool:
         "CloudWatch GetMetricData": steady.metrics_requested * n / 1000 * GMD_PER_1000_METRICS,
         "DynamoDB writes": steady.state_writes * 2 * n / 1e6 * DDB_PER_MILLION_WRITES,
         "DynamoDB reads": steady.records_read * 0.5 * n / 1e6 * DDB_PER_MILLION_READS,
-        "Lambda": steady.lambda_s * LAMBDA_GB * n * LAMBDA_PER_GB_SECOND
+        "Lambda": (steady.planner_s * PLANNER_GB + (steady.lambda_s - steady.planner_s) * LAMBDA_GB)
+        * n
+        * LAMBDA_PER_GB_SECOND
         + steady.invocations * n / 1e6 * LAMBDA_PER_MILLION_REQUESTS,
         f"Step Functions ({steady.shards} shard(s) a sweep)": state_transitions(steady.shards)
         * n
@@ -386,6 +405,56 @@ def check(size: int, seed: int, cpu: BotocoreCpu | None) -> bool:
     return ok
 
 
+def time_planner(
+    size: int, seed: int, cpu: BotocoreCpu | None, *, sleep: bool, processes: int, zones: int, vcpus: int
+) -> float:
+    """The planner's wall (listing, groups, shards and their manifests) over a fleet spread evenly over `zones`
+    of the region's zones, listed in up to `processes` child processes (1: on threads, in one process) on
+    `vcpus`, modelled or really slept and burnt."""
+    aws = build_fleet(size, seed).aws
+    for instance in aws.ec2.instances.values():
+        instance.api["Placement"]["AvailabilityZone"] = ZONES[ZONES.index(zone_of(instance.instance_id)) % zones]
+    model = LatencyModel(sleep=sleep, cpu=request_cpu(cpu) if cpu is not None else None, vcpus=vcpus)
+    aws.set_latency(model)
+    adapters = aws.adapters(store=CountingStateStore(model), prefix=PREFIX, listing_processes=processes)
+    segments = Segments(model, aws, sleep=sleep)
+    model.install()
+    try:
+        plan, wall, _ = segments.time(lambda: plan_sweep(adapters, now=T0, in_place=True))
+    finally:
+        model.uninstall()
+    assert plan.machines == size, plan.machines
+    return wall
+
+
+def print_planner(size: int, seed: int, cpu: BotocoreCpu | None) -> None:
+    """The planner alone at `size`: the fleet evenly over the region's zones, and all in one (its worst case:
+    one child lists the whole fleet), against the listing on threads of one process (before)."""
+    print(f"\n== the planner alone at {size:,} machines ({PLANNER_VCPUS} vCPUs, zones in child processes) ==")
+    runs = ((len(ZONES), 1, "on threads of one process (before)"), (len(ZONES), LISTING_PROCESSES, "in processes"))
+    for zones, processes, how in (*runs, (1, LISTING_PROCESSES, "in processes")):
+        wall = time_planner(size, seed, cpu, sleep=False, processes=processes, zones=zones, vcpus=PLANNER_VCPUS)
+        row(f"machines in {zones} zone(s), listed {how}, s", [wall], ",.1f")
+
+
+def check_planner(size: int, seed: int, cpu: BotocoreCpu | None) -> bool:
+    """The model's CPU lanes against real child processes: the planner listing `size` machines in as many
+    processes as this machine has cores (up to the planner's vCPUs), modelled and really slept and burnt;
+    the listing on threads alongside, slept, to show what the processes gain."""
+    k = max(1, min(PLANNER_VCPUS, os.cpu_count() or 1))
+    modelled = time_planner(size, seed, cpu, sleep=False, processes=k, zones=k, vcpus=k)
+    slept = time_planner(size, seed, cpu, sleep=True, processes=k, zones=k, vcpus=k)
+    on_threads = time_planner(size, seed, cpu, sleep=True, processes=1, zones=k, vcpus=k)
+    print(f"\n== check of the planner at {size:,} machines in {k} zones, listed in {k} processes ==")
+    row("modelled (CPU lanes), s", [modelled], ",.2f")
+    row("slept and burnt in real child processes, s", [slept], ",.2f")
+    row("  modelled / slept", [100 * modelled / slept], ",.0f", "%")
+    row("slept and burnt on threads of one process (before), s", [on_threads], ",.2f")
+    within = 0.8 <= modelled / slept <= 1.2
+    print("  OK: within 20 %" if within else "  FAIL: the model is more than 20 % off")
+    return within
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,10000,50000,200000", help="comma-separated fleet sizes")
@@ -394,6 +463,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bills", default="", help="sizes (of --sizes) to price the steady hour at (default 10000)")
     parser.add_argument("--every", default="5", help="sweep schedules (minutes, comma-separated) to price")
     parser.add_argument("--no-botocore", action="store_true", help="charge latency only, not botocore's CPU")
+    parser.add_argument("--planner", type=int, default=0, help="fleet size to time the planner alone at (0: skip)")
+    parser.add_argument(
+        "--zones",
+        type=int,
+        default=len(ZONES),
+        choices=range(1, len(ZONES) + 1),
+        help=f"Availability Zones the machines spread over, evenly (default {len(ZONES)}; 1: the planner's worst case)",
+    )
     args = parser.parse_args(argv)
     print("idle-reaper sweep latency model: the real run_sweep over counting fakes, every call charged its latency")
     cpu = None
@@ -408,14 +485,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = True
     measured = {}
     for size in [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]:
-        measured[size] = run_size(size, args.seed, sleep=False, cpu=cpu)
-        ok = print_size(size, measured[size]) and ok
+        measured[size] = run_size(size, args.seed, sleep=False, cpu=cpu, zones=args.zones)
+        ok = print_size(size, measured[size], args.zones) and ok
+    if args.planner:
+        print_planner(args.planner, args.seed, cpu)
     bills = {int(s.replace("_", "")) for s in args.bills.split(",") if s.strip()} if args.bills else {BILL_FLEET}
     for size in sorted(bills & set(measured)):
         for every in sorted({int(e) for e in args.every.split(",")}):
             ok = print_bill(steady_hour(size, args.seed, cpu, every), every) and ok
     if args.check:
         ok = check(args.check, args.seed, cpu) and ok
+        ok = check_planner(10_000, args.seed, cpu) and ok
     print("\nOK: every target met" if ok else "\nMISSED: see above")
     return 0 if ok else 1
 

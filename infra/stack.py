@@ -24,7 +24,7 @@ from idle_reaper import __version__
 from idle_reaper.aws.accounts import ORGANIZATION_ENV
 from idle_reaper.organization import OrganizationContext, organization_from_context
 from idle_reaper.policy import Settings, TeamPolicy
-from idle_reaper.sweep import SHARDS_AT_ONCE
+from idle_reaper.sweep import PLANNER_VCPUS, SHARDS_AT_ONCE
 from infra.bundling import CHART_PACKAGES, REPO_ROOT, dependency_layer_code
 from infra.constructs import (
     METRICS_NAMESPACE,
@@ -287,7 +287,8 @@ class IdleReaperStack(Stack):
             environment={**environment, "IDLE_REAPER_REGIONS": ",".join(all_regions)},
             # A sweep should end before the next one is due; reserved concurrency 1 makes sure it does.
             timeout=sweep_timeout,
-            memory_size=ONE_VCPU_MB,
+            # The planner lists the zones in child processes, one vCPU each (sweep.fanout.PLANNER_VCPUS).
+            memory_size=PLANNER_VCPUS * ONE_VCPU_MB,
             reserved_concurrent_executions=props.sweep_reserved_concurrency or None,
         )
         # A fleet larger than one shard: the sweep above plans it, and this state machine sweeps the shards.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import pickle
 import threading
 import time
 from collections import Counter
@@ -64,6 +65,10 @@ LATENCY: dict[str, float] = {
 }
 
 
+# Starting a child process and reading its answer's Pipe, beyond the answer's pickling: benchmarks/botocore_cpu.py
+# measures a fork, a Pipe and a join at 8-80 ms on a busy 2-core machine; charged at the top of that, rounded up.
+PROCESS_START_S = 0.1
+
 # A request's CPU in the client library: (operation, request, answer) -> seconds (benchmarks/botocore_cpu.py).
 RequestCpu = Callable[[str, Mapping[str, Any], Mapping[str, Any]], float]
 
@@ -80,14 +85,26 @@ class LatencyModel:
                  the code's own CPU time (serial, as under the GIL).
 
     `cpu` prices each request's CPU in botocore (kept apart in `cpu_charged`; burnt for real when sleeping).
+    Work the code runs in child processes (aws.run_in_processes) is modelled as CPU lanes, `vcpus` of them
+    (the invoked function's vCPUs): see `in_processes`.
     """
 
     def __init__(
-        self, *, sleep: bool = False, latency: Mapping[str, float] = LATENCY, cpu: RequestCpu | None = None
+        self,
+        *,
+        sleep: bool = False,
+        latency: Mapping[str, float] = LATENCY,
+        cpu: RequestCpu | None = None,
+        vcpus: int = 1,
     ) -> None:
         self.sleep = sleep
         self.latency = dict(latency)
         self.cpu = cpu
+        self.vcpus = vcpus
+        # CPU (the code's and botocore's) spent on process lanes: already in the virtual clock, so a caller that
+        # adds the invocation's CPU serially must not add it again.
+        self.lanes_cpu_s = 0.0
+        self.fake_seconds: Callable[[], float] = lambda: 0.0  # the fakes' own time (FakeAws.set_latency sets it)
         self.virtual = 0.0  # seconds of modelled latency on the current lane
         self.charged: Counter[str] = Counter()
         # The client library's own CPU per request (serialise, sign, parse), when `cpu` prices it: summed, as
@@ -132,15 +149,36 @@ class LatencyModel:
         self.virtual = max(free)
         return results
 
+    def in_processes(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        """Child processes, modelled: each task runs here, one after another, and is timed as its own
+        process would run it (its latency, its botocore CPU and the code's own CPU, plus PROCESS_START_S) on
+        one of `vcpus` lanes (the lane that frees first; more processes than vCPUs are modelled as waiting
+        for one, the worst case of their sharing). The parent's clock moves to the last lane's end. Answers
+        are pickled in the task and unpickled after it, as the Pipe does: the unpickling is the parent's CPU."""
+        start = self.virtual
+        free = [start] * max(1, min(self.vcpus, len(items)))
+        blobs = []
+        for item in items:
+            self.virtual = heapq.heappop(free)
+            cpu_started, fake_started, botocore_started = time.process_time(), self.fake_seconds(), self.cpu_s
+            blobs.append(pickle.dumps(fn(item), protocol=pickle.HIGHEST_PROTOCOL))
+            own = time.process_time() - cpu_started - (self.fake_seconds() - fake_started)
+            spent = own + self.cpu_s - botocore_started
+            self.lanes_cpu_s += spent
+            heapq.heappush(free, self.virtual + spent + PROCESS_START_S)
+        self.virtual = max(free)
+        return [pickle.loads(blob) for blob in blobs]
+
     def install(self) -> None:
-        """Model the pools (sleep=False only; with sleep=True the real thread pools run)."""
+        """Model the pools and the child processes (sleep=False only; with sleep=True the real ones run)."""
         if not self.sleep:
-            self._saved = Concurrency.runner
+            self._saved = (Concurrency.runner, Concurrency.processes)
             Concurrency.runner = self.lanes  # type: ignore[assignment]
+            Concurrency.processes = self.in_processes  # type: ignore[assignment]
 
     def uninstall(self) -> None:
         if self._saved is not None:
-            Concurrency.runner = self._saved
+            Concurrency.runner, Concurrency.processes = self._saved
             self._saved = None
 
 

@@ -46,6 +46,8 @@ class FakeAws:
     def set_latency(self, latency: LatencyModel | None) -> None:
         for c in self.clients:
             c.latency = latency
+        if latency is not None:
+            latency.fake_seconds = self.seconds
 
     @property
     def clients(self) -> tuple[FakeClient, ...]:
@@ -103,13 +105,19 @@ class FakeAws:
         return sum(n for op, n in self.calls().items() if op in WRITE_OPERATIONS)
 
     def adapters(
-        self, store: InMemoryStateStore | None = None, notifier: Notifier | None = None, prefix: str = "/idle-reaper"
+        self,
+        store: InMemoryStateStore | None = None,
+        notifier: Notifier | None = None,
+        prefix: str = "/idle-reaper",
+        *,
+        listing_processes: int = 1,
     ) -> Adapters:
         """The real adapters (idle_reaper.aws) over these fakes, as a sweep.Adapters. The default notifier
-        logs and reports every warning as delivered (a Slack that always answers)."""
+        logs and reports every warning as delivered (a Slack that always answers). `listing_processes`: as
+        the planner's Lambda lists the zones (forked children, each with its copy of these fakes)."""
         return Adapters(
             policies=PolicyStore(self.ssm, prefix),
-            fleet=Fleet(self.ec2, self.autoscaling),
+            fleet=Fleet(self.ec2, self.autoscaling, listing_processes=listing_processes),
             metrics=MetricsReader(self.cloudwatch),
             store=store if store is not None else CountingStateStore(),
             notifier=notifier if notifier is not None else LoggingNotifier(logger, delivers=True),

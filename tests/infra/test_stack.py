@@ -19,6 +19,7 @@ import pytest
 from aws_cdk.assertions import Match, Template
 from synthesis import ALARM_EMAIL, REGIONS, Synth, synthesize
 
+from idle_reaper.sweep import PLANNER_VCPUS
 from infra.constructs import GpuAgentRollout
 from infra.stack import DOCTOR_READS, IdleReaperProps
 
@@ -758,7 +759,9 @@ def test_a_large_fleet_is_swept_by_a_state_machine_over_shard_indices(template: 
     # The scheduled sweep plans, and hands a large fleet to it.
     _, sweep = function(template, "idle_reaper.handlers.sweep.handler")
     assert sweep["Environment"]["Variables"]["IDLE_REAPER_FANOUT_ARN"] == {"Ref": machine_id}
-    assert worker["Timeout"] == sweep["Timeout"] and worker["MemorySize"] == sweep["MemorySize"] == 1769
+    assert worker["Timeout"] == sweep["Timeout"] and worker["MemorySize"] == 1769  # one vCPU
+    # The planner lists the zones in child processes: a vCPU each, as many as the benchmark models.
+    assert sweep["MemorySize"] == PLANNER_VCPUS * 1769 == 5307
     assert "ReservedConcurrentExecutions" not in worker
 
 

@@ -9,7 +9,9 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import boto3
 import pytest
+from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
 from idle_reaper import aws
@@ -17,7 +19,7 @@ from idle_reaper.core import State
 from idle_reaper.handlers import fanout
 from idle_reaper.handlers import sweep as sweep_handler
 from idle_reaper.notify import LoggingNotifier
-from idle_reaper.sweep import Adapters, SweepReport, logger, manifest_key, run_sharded
+from idle_reaper.sweep import Adapters, SweepCannotRun, SweepReport, logger, manifest_key, plan_sweep, run_sharded
 from idle_reaper_tools import cli, local
 from idle_reaper_tools.demo import at
 from idle_reaper_tools.fake_slack import LambdaContextStub
@@ -50,6 +52,10 @@ def ml_fleet(idle_count: int, busy_count: int, since: datetime, until: datetime)
 
 def records(ids: list[str]) -> dict[str, Any]:
     return aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()).load(ids)
+
+
+def records_lookup(key: str) -> str | None:
+    return aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()).get_lookup(key, T0)
 
 
 def test_the_planner_hands_a_large_fleet_to_the_state_machine_whose_shards_and_gather_sweep_it(
@@ -196,3 +202,51 @@ def test_the_cli_sweeps_in_shards_on_threads_with_the_same_rows(aws: Any, slack:
     with pytest.raises(SystemExit) as refused:
         cli.main(["sweep", "--shard-size", "0"])
     assert refused.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+
+
+def test_the_planner_lists_the_zones_in_child_processes_and_a_zone_that_fails_fails_the_plan(
+    aws: Any, monkeypatch: Any
+) -> None:
+    """The deployed planner (Adapters.from_environment in Lambda: zones in child processes, each with its own
+    boto3 client) against moto: machines in three zones and an Auto Scaling group, each machine in exactly one
+    manifest, the group in one; then EC2 refuses one zone's listing (in its child): the plan fails and writes
+    no manifest."""
+    since = datetime.now(UTC) - timedelta(hours=3)
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    group = local.launch_group("trainers", "m5.large", team="ml", size=3, min_size=0, launch_time=since)
+    machines = list(group)  # moto places the group's members in us-east-1a
+    for i, zone in enumerate(["us-east-1a", "us-east-1b", "us-east-1c"] * 3):
+        tags = {"Team": "ml", local.MANAGED_TAG: "true", "Owner": f"U{i % 4}"}
+        ran = local.aws.client("ec2").run_instances(
+            ImageId=local.AMI,
+            MinCount=1,
+            MaxCount=1,
+            InstanceType="m5.large",
+            Placement={"AvailabilityZone": zone},
+            TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
+        )
+        machines.append(ran["Instances"][0]["InstanceId"])
+    assert Adapters.from_environment(notifier=LoggingNotifier(logger)).fleet.listing_processes == 1  # locally
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "idle-reaper-sweep")  # as the planner runs in Lambda
+    live = Adapters.from_environment(notifier=LoggingNotifier(logger))
+    assert live.fleet.listing_processes > 1
+
+    plan = plan_sweep(live, now=T0, shard_size=4)
+    manifests = [json.loads(records_lookup(manifest_key(plan.sweep_id, i))) for i in range(plan.shards)]
+    assert sorted(i for m in manifests for i in m) == sorted(machines)  # every machine, once
+    assert sum(set(group) <= set(m) for m in manifests) == 1  # the group's members share one shard
+
+    def refuse_zone_b(params: dict[str, Any], **_: Any) -> Any:
+        if "us-east-1b" in params["body"].values():  # the serialised request: Filter.N.Value.1
+            error = {"Code": "RequestLimitExceeded", "Message": "Request limit exceeded."}
+            return AWSResponse("https://ec2", 503, {}, None), {"Error": error, "ResponseMetadata": {}}
+        return None
+
+    events = boto3._get_default_session().events  # the children's new clients are made from this session
+    events.register("before-call.ec2.DescribeInstances", refuse_zone_b)
+    try:
+        with pytest.raises(SweepCannotRun, match="RequestLimitExceeded"):
+            plan_sweep(Adapters.from_environment(notifier=LoggingNotifier(logger)), now=T0, sweep_id="b", shard_size=4)
+    finally:
+        events.unregister("before-call.ec2.DescribeInstances", refuse_zone_b)
+    assert records_lookup(manifest_key("b", 0)) is None, "a fleet listed in part is never planned"

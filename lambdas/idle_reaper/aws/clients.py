@@ -3,13 +3,16 @@ error codes, and bounded concurrency for independent calls."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
 import boto3
+from botocore.client import BaseClient
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.utils import parse_timestamp as botocore_parse_timestamp
@@ -60,7 +63,13 @@ def parse_timestamp(value: Any) -> datetime:
 _quick_parsers: set[int] = set()  # the botocore sessions whose parsers already use parse_timestamp
 
 
-def client(service: str, region: str | None = None, *, credentials: Mapping[str, str] | None = None) -> Any:
+def client(
+    service: str,
+    region: str | None = None,
+    *,
+    credentials: Mapping[str, str] | None = None,
+    endpoint_url: str | None = None,
+) -> Any:
     """A client as boto3.client makes it, from boto3's default session (so its credentials, region, endpoint
     and any handler registered on it apply), whose responses parse timestamps with `parse_timestamp`.
     `credentials` (aws_access_key_id, aws_secret_access_key, aws_session_token): another identity's, such as a
@@ -71,7 +80,35 @@ def client(service: str, region: str | None = None, *, credentials: Mapping[str,
     if id(core) not in _quick_parsers:
         core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
         _quick_parsers.add(id(core))
-    return session.client(service, region_name=region, config=_RETRIES, **(credentials or {}))  # type: ignore[call-overload]
+    return session.client(  # type: ignore[call-overload]
+        service, region_name=region, endpoint_url=endpoint_url, config=_RETRIES, **(credentials or {})
+    )
+
+
+def for_this_process(aws_client: Any) -> Any:
+    """A client a forked child process can use: a botocore client's pooled connections (and their TLS state)
+    belong to the parent and to every sibling, so the child makes its own, to the same endpoint, with the same
+    identity (a member account's, aws/accounts.py, stays that account's); anything else (the in-memory fakes)
+    is the child's own copy already."""
+    if not isinstance(aws_client, BaseClient):
+        return aws_client
+    meta = aws_client.meta
+    # botocore has no public accessor for a client's credentials; frozen, they last the child's listing.
+    signer: Any = aws_client._request_signer  # type: ignore[attr-defined]
+    found = signer._credentials
+    frozen = found.get_frozen_credentials() if found is not None else None
+    credentials = (
+        {
+            "aws_access_key_id": frozen.access_key,
+            "aws_secret_access_key": frozen.secret_key,
+            **({"aws_session_token": frozen.token} if frozen.token else {}),
+        }
+        if frozen is not None
+        else None
+    )
+    return client(
+        meta.service_model.service_name, meta.region_name, credentials=credentials, endpoint_url=meta.endpoint_url
+    )
 
 
 def table_name() -> str:
@@ -94,6 +131,12 @@ def error_code(exc: Exception) -> str:
     if isinstance(exc, ClientError):
         return str(exc.response.get("Error", {}).get("Code", "ClientError"))
     return type(exc).__name__
+
+
+class ProcessFailed(BotoCoreError):
+    """A child process ended without an answer (killed, out of memory, or its answer could not be sent)."""
+
+    fmt = "{what}"
 
 
 AwsError = (ClientError, BotoCoreError)
@@ -119,13 +162,75 @@ def _on_threads(fn: Callable[[Item], Result], items: Sequence[Item], workers: in
         return list(pool.map(fn, items))
 
 
+def _child(fn: Callable[[Any], Any], item: Any, send: Connection) -> None:
+    try:
+        answer: tuple[bool, Any] = (True, fn(item))
+    except Exception as exc:
+        answer = (False, exc)
+    try:
+        send.send(answer)
+    except Exception as exc:  # an answer that cannot be pickled still reports, as a failure
+        send.send((False, ProcessFailed(what=f"its answer could not be sent: {type(exc).__name__}: {exc}")))
+    finally:
+        send.close()
+
+
+def _in_processes(fn: Callable[[Item], Result], items: Sequence[Item]) -> list[Result]:
+    """`fn` over `items`, each in a forked child process (its own interpreter, so its own GIL: CPU-bound work
+    such as parsing runs side by side on a Lambda with several vCPUs); answers travel back through a Pipe
+    (Pool and Queue need /dev/shm, which Lambda lacks). Any child's error is raised here, a child that ends
+    without an answer raises ProcessFailed: no result is ever returned in part."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    fork = multiprocessing.get_context("fork")  # the children inherit the code and the fakes' state; no re-import
+    running: dict[Connection, tuple[int, Any]] = {}
+    answers: dict[int, Result] = {}
+    try:
+        for index, item in enumerate(items):
+            receive, send = fork.Pipe(duplex=False)
+            process = fork.Process(target=_child, args=(fn, item, send), daemon=True)
+            process.start()
+            send.close()  # the parent keeps only its end, so a dead child reads as EOF
+            running[receive] = (index, process)
+        while running:
+            for ready in wait(list(running)):
+                assert isinstance(ready, Connection)
+                index, process = running.pop(ready)
+                try:
+                    ok, answer = ready.recv()
+                except EOFError:
+                    process.join()
+                    raise ProcessFailed(
+                        what=f"a child process ended without an answer (exit {process.exitcode})"
+                    ) from None
+                finally:
+                    ready.close()
+                if not ok:
+                    raise answer
+                answers[index] = answer
+                process.join()
+    finally:
+        for receive, (_, process) in running.items():  # after a failure: the others are not waited for
+            process.kill()
+            process.join()
+            receive.close()
+    return [answers[index] for index in range(len(items))]
+
+
 class Concurrency:
-    """Where independent calls run: on a bounded thread pool. The latency-model benchmark swaps in a
-    runner that schedules the same tasks on virtual lanes (testkit/aws/ LatencyModel)."""
+    """Where independent calls run: on a bounded thread pool, or (CPU-bound work) in child processes. The
+    latency-model benchmark swaps in runners that schedule the same tasks on virtual lanes (testkit/aws/
+    LatencyModel)."""
 
     runner: Callable[[Callable[[Any], Any], Sequence[Any], int], list[Any]] = staticmethod(_on_threads)
+    processes: Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]] = staticmethod(_in_processes)
 
 
 def run_concurrently(fn: Callable[[Item], Result], items: Sequence[Item], workers: int) -> list[Result]:
     """`fn` over `items` on at most `workers` threads, results in order. `fn` handles its own errors."""
     return Concurrency.runner(fn, items, workers)
+
+
+def run_in_processes(fn: Callable[[Item], Result], items: Sequence[Item]) -> list[Result]:
+    """`fn` over `items`, each in its own child process, results in order; any failure raises (AwsError)."""
+    return Concurrency.processes(fn, items)

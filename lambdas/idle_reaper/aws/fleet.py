@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from idle_reaper.aws.clients import CALL_WIDE_ERRORS, AwsError, chunks, error_code, run_concurrently
+from idle_reaper.aws.clients import (
+    CALL_WIDE_ERRORS,
+    AwsError,
+    chunks,
+    error_code,
+    for_this_process,
+    run_concurrently,
+    run_in_processes,
+)
 from idle_reaper.core.kinds import InstanceFacts, Lookups, Reservation, SpotRequest, is_ec2_id
 from idle_reaper.core.reports import GroupCapacity
 from idle_reaper.core.signals import Machine
@@ -27,10 +35,24 @@ STOP_BATCH = 200  # StopInstances documents no limit; smaller batches fail small
 SPOT_REQUEST_FILTER_VALUES = 200  # request ids in one DescribeSpotInstanceRequests filter
 RESERVATIONS_PER_CALL = 100  # capacity reservation ids in one DescribeCapacityReservations call
 ACTION_WORKERS = 8
+# Child processes the planner lists the zones in, at most (Lambda's largest function has 6 vCPUs): parsing
+# DescribeInstances is botocore CPU, about 0.35 ms an instance (benchmarks/botocore_cpu.py), which threads
+# cannot overlap under the GIL; processes can, one vCPU each.
+LISTING_PROCESSES = 6
 
 
 # ---------------------------------------------------------------------------------------------
 # Fleet (EC2 + Auto Scaling)
+
+
+def _joined(listings: Iterable[tuple[list[Machine], dict[str, str]]]) -> tuple[list[Machine], dict[str, str]]:
+    """Listings of disjoint parts of the fleet as one: the machines, and instance id -> the group its tag names."""
+    machines: list[Machine] = []
+    asg_tagged: dict[str, str] = {}
+    for found, tagged in listings:
+        machines += found
+        asg_tagged.update(tagged)
+    return machines, asg_tagged
 
 
 @dataclass(frozen=True)
@@ -43,10 +65,14 @@ class Fleet:
     """EC2 machines and, when given `notebooks`, SageMaker notebook instances: one list of machines, and
     actions routed by id (an EC2 instance id, or a notebook instance's name)."""
 
-    def __init__(self, ec2: Any, autoscaling: Any, notebooks: NotebookInstances | None = None) -> None:
+    def __init__(
+        self, ec2: Any, autoscaling: Any, notebooks: NotebookInstances | None = None, *, listing_processes: int = 1
+    ) -> None:
         self.ec2 = ec2
         self.autoscaling = autoscaling
         self.notebooks = notebooks
+        # Child processes a discovery lists the zones in (1: threads of this process; the planner uses more).
+        self.listing_processes = max(1, min(listing_processes, LISTING_PROCESSES))
         # Why notebook instances could not be listed at the last discovery (None: they were, or none asked).
         self.notebooks_unlisted: str | None = None
 
@@ -72,24 +98,34 @@ class Fleet:
         """Running machines carrying the team tag (and the opt-in tag, when one is set), joined with their
         ASG membership and protection.
 
-        Listed one Availability Zone per thread: DescribeInstances pages follow each other (each needs the
-        last one's token), 200 pages at 200,000 machines, about 50 s in one sequence; split by zone (every
-        instance is in exactly one) the pages of each zone run beside the others'. Any zone's failure fails
-        the listing, as one listing's would: a fleet listed in part is never swept as if it were whole."""
+        Listed by Availability Zone: DescribeInstances pages follow each other (each needs the last one's
+        token), 200 pages at 200,000 machines; split by zone (every instance is in exactly one) the pages of
+        each zone run beside the others'. With `listing_processes` > 1 the zones are listed in that many
+        child processes (zones dealt round-robin, threads within each), so botocore's parsing runs on as many
+        vCPUs; else on threads of this process. Any zone's failure fails the listing, as one listing's would:
+        a fleet listed in part is never swept as if it were whole."""
         zones = self._zones()
         if len(zones) < 2:
             return self._describe(tags, [])
-
-        def in_zone(zone: str) -> tuple[list[Machine], dict[str, str]]:
-            return self._list(tags, [{"Name": "availability-zone", "Values": [zone]}])
-
-        machines: list[Machine] = []
-        asg_tagged: dict[str, str] = {}
-        for found, tagged in run_concurrently(in_zone, zones, ACTION_WORKERS):
-            machines += found
-            asg_tagged.update(tagged)
+        processes = min(self.listing_processes, len(zones))
+        if processes > 1:
+            shares = run_in_processes(
+                lambda share: self._list_zones(for_this_process(self.ec2), tags, share),
+                [zones[i::processes] for i in range(processes)],
+            )
+        else:
+            shares = [self._list_zones(self.ec2, tags, zones)]
+        machines, asg_tagged = _joined(shares)
         machines.sort(key=lambda m: m.instance_id)  # one order whatever zone answered first
         return self._with_membership(machines, asg_tagged)
+
+    def _list_zones(self, ec2: Any, tags: TagKeys, zones: Sequence[str]) -> tuple[list[Machine], dict[str, str]]:
+        """These zones' machines (one thread a zone) and the group each member's tag names."""
+
+        def in_zone(zone: str) -> tuple[list[Machine], dict[str, str]]:
+            return self._list(tags, [{"Name": "availability-zone", "Values": [zone]}], ec2)
+
+        return _joined(run_concurrently(in_zone, zones, ACTION_WORKERS))
 
     def _zones(self) -> list[str]:
         """The region's zones an instance can run in (local zones the account opted into included); none
@@ -128,19 +164,15 @@ class Fleet:
         def describe(batch: Sequence[str]) -> tuple[list[Machine], dict[str, str]]:
             return self._list(tags, [{"Name": "instance-id", "Values": list(batch)}])
 
-        machines: list[Machine] = []
-        asg_tagged: dict[str, str] = {}
         batches = list(chunks(sorted(set(instance_ids)), FILTER_VALUES))
-        for listed, tagged in run_concurrently(describe, batches, ACTION_WORKERS):
-            machines += listed
-            asg_tagged.update(tagged)
-        return self._with_membership(machines, asg_tagged) + found
+        return self._with_membership(*_joined(run_concurrently(describe, batches, ACTION_WORKERS))) + found
 
     def _describe(self, tags: TagKeys, only: list[dict[str, Any]]) -> list[Machine]:
         return self._with_membership(*self._list(tags, only))
 
-    def _list(self, tags: TagKeys, only: list[dict[str, Any]]) -> tuple[list[Machine], dict[str, str]]:
-        """The machines DescribeInstances lists, and the group each member's tag names (instance id -> group)."""
+    def _list(self, tags: TagKeys, only: list[dict[str, Any]], ec2: Any = None) -> tuple[list[Machine], dict[str, str]]:
+        """The machines DescribeInstances lists (through `ec2`, this fleet's client unless given), and the group
+        each member's tag names (instance id -> group)."""
         machines: list[Machine] = []
         asg_tagged: dict[str, str] = {}
         filters = [
@@ -151,8 +183,10 @@ class Fleet:
         if tags.managed:
             # The reaper's own opt-in: a cost-allocation `Team` tag alone never makes a machine reapable.
             filters.append({"Name": f"tag:{tags.managed}", "Values": ["true"]})
-        for page in self.ec2.get_paginator("describe_instances").paginate(
-            Filters=filters, PaginationConfig={"PageSize": 1000}
+        for page in (
+            (ec2 or self.ec2)
+            .get_paginator("describe_instances")
+            .paginate(Filters=filters, PaginationConfig={"PageSize": 1000})
         ):
             for reservation in page["Reservations"]:
                 for inst in reservation["Instances"]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,7 +17,7 @@ from idle_reaper.aws.clients import (
     ssm_prefix,
     table_name,
 )
-from idle_reaper.aws.fleet import Fleet
+from idle_reaper.aws.fleet import LISTING_PROCESSES, Fleet
 from idle_reaper.aws.metrics import (
     MetricsReader,
 )
@@ -106,7 +107,14 @@ class Adapters:
                 notifier = LoggingNotifier(logger)
         return cls(
             policies=PolicyStore(client("ssm"), ssm_prefix()),
-            fleet=Fleet(client("ec2"), client("autoscaling"), NotebookInstances(client("sagemaker"))),
+            fleet=Fleet(
+                client("ec2"),
+                client("autoscaling"),
+                NotebookInstances(client("sagemaker")),
+                # In Lambda (Linux, the planner's vCPUs) forked children list the zones; locally (the CLI, the
+                # demo) threads do: a small fleet gains nothing, and macOS's libraries are not fork-safe.
+                listing_processes=LISTING_PROCESSES if os.environ.get("AWS_LAMBDA_FUNCTION_NAME") else 1,
+            ),
             metrics=MetricsReader(client("cloudwatch")),
             store=store,
             notifier=notifier,

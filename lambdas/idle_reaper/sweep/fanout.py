@@ -42,6 +42,10 @@ SHARD_SIZE = 10_000
 # Shards the state machine's Map sweeps at once: 20 x SHARD_SIZE is 200,000 machines in one wave. Together
 # they keep GetMetricData under its quota (metric_workers), the one that binds at that size.
 SHARDS_AT_ONCE = 20
+# vCPUs of the sweep function, the planner (infra/stack.py gives it PLANNER_VCPUS x 1,769 MB): its discovery lists
+# the Availability Zones in child processes (aws.fleet.LISTING_PROCESSES), so botocore's parsing of 200,000
+# instances (~70 s of CPU) runs on this many vCPUs at once. Three: most regions have three zones or more.
+PLANNER_VCPUS = 3
 MANIFEST_TTL = timedelta(days=1)
 FAILED_SHARDS_ALERT_AFTER = 3  # consecutive sweeps with a failed shard before the admins are told
 _FAILED_SWEEPS_KEY = "fanout#consecutive-failed-sweeps"

@@ -4,15 +4,18 @@ the failure modes a sweep must survive. Fast, no network."""
 from __future__ import annotations
 
 import math
+import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from botocore.exceptions import ClientError
 
 from idle_reaper.aws import Fleet, MetricsReader, PolicyStore
+from idle_reaper.aws.clients import ProcessFailed, client, error_code, for_this_process, run_in_processes
 from idle_reaper.core import assess
 from idle_reaper.policy import DEFAULT_GPU_FAMILIES, MetricSettings, PolicyError, Settings, TagKeys
-from testkit.aws import FakeAws, steady
+from testkit.aws import FakeAws, client_error, steady
+from testkit.aws.fleet import ZONES
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
 DAY_AGO = NOW - timedelta(days=1)
@@ -231,6 +234,79 @@ class TestDiscover:
         fleet(aws).discover(TagKeys())
         assert aws.autoscaling.calls["DescribeAutoScalingInstances"] == 0
         assert aws.autoscaling.calls["DescribeAutoScalingGroups"] == 0
+
+
+class TestDiscoverInProcesses:
+    """The planner's listing in forked child processes (zones dealt round-robin): the same machines as the
+    listing on threads, each once; any child's failure, or a child that dies, fails the whole listing."""
+
+    def fleet_of_three_zones(self, aws: FakeAws) -> list[str]:
+        aws.autoscaling.add_group("workers")
+        ids = launch_many(aws, 1500, owner="ana@example.com")
+        ids += launch_many(aws, 60, group="workers", protected=True)
+        launch_many(aws, 30, state="stopped")
+        assert {aws.ec2.instances[i].api["Placement"]["AvailabilityZone"] for i in ids} == set(ZONES)
+        return ids
+
+    @pytest.mark.parametrize("processes", [2, 3])  # 2: one child lists two zones
+    def test_every_machine_once_and_as_the_threads_list_it(self, aws, processes):
+        ids = self.fleet_of_three_zones(aws)
+        on_threads = fleet(aws).discover(TagKeys())
+        in_children = Fleet(aws.ec2, aws.autoscaling, listing_processes=processes).discover(TagKeys())
+        assert [m.instance_id for m in in_children] == sorted(ids)
+        assert in_children == on_threads  # facts, owners, groups and protection included
+        assert sum(m.asg_name == "workers" and m.asg_protected for m in in_children) == 60
+        # The children listed the zones (on their copies of the fake); this process only joined the groups.
+        assert aws.ec2.calls["DescribeInstances"] == 3  # the listing on threads above, one page a zone
+
+    def test_a_zone_that_fails_in_its_child_fails_the_listing(self, aws, monkeypatch):
+        self.fleet_of_three_zones(aws)
+        listed = aws.ec2.describe_instances
+
+        def refuse_zone_b(**kw):
+            if any(f["Name"] == "availability-zone" and f["Values"] == [ZONES[1]] for f in kw.get("Filters", ())):
+                raise client_error("DescribeInstances", "RequestLimitExceeded")
+            return listed(**kw)
+
+        monkeypatch.setattr(aws.ec2, "describe_instances", refuse_zone_b)
+        with pytest.raises(ClientError) as raised:
+            Fleet(aws.ec2, aws.autoscaling, listing_processes=3).discover(TagKeys())
+        assert error_code(raised.value) == "RequestLimitExceeded"
+
+    def test_a_child_that_dies_without_an_answer_fails_the_listing(self, aws, monkeypatch):
+        self.fleet_of_three_zones(aws)
+        listed = aws.ec2.describe_instances
+
+        def die_in_zone_c(**kw):
+            if any(f["Name"] == "availability-zone" and f["Values"] == [ZONES[2]] for f in kw.get("Filters", ())):
+                os._exit(9)  # killed: out of memory, say
+            return listed(**kw)
+
+        monkeypatch.setattr(aws.ec2, "describe_instances", die_in_zone_c)
+        with pytest.raises(ProcessFailed, match="without an answer"):
+            Fleet(aws.ec2, aws.autoscaling, listing_processes=3).discover(TagKeys())
+
+
+class TestRunInProcesses:
+    def test_answers_in_order_from_separate_processes(self):
+        answers = run_in_processes(lambda n: (n * n, os.getpid()), [3, 1, 2])
+        assert [a for a, _ in answers] == [9, 1, 4]
+        assert len({pid for _, pid in answers} | {os.getpid()}) == 4
+
+    def test_an_answer_that_cannot_travel_is_a_failure_not_a_gap(self):
+        with pytest.raises(ProcessFailed, match="could not be sent"):
+            run_in_processes(lambda n: (lambda: n) if n == 2 else n, [1, 2, 3])
+
+    def test_a_botocore_client_is_made_anew_for_a_child_and_a_fake_is_its_own_copy(self, aws):
+        member = {"aws_access_key_id": "AKIAMEMBER", "aws_secret_access_key": "secret", "aws_session_token": "tok"}
+        parent = client("ec2", "eu-west-1", endpoint_url="http://127.0.0.1:1", credentials=member)
+        child = for_this_process(parent)
+        assert child is not parent and child.meta.endpoint_url == parent.meta.endpoint_url
+        assert child.meta.region_name == "eu-west-1"
+        # The same identity (a member account's stays that account's), not the default chain's.
+        frozen = child._request_signer._credentials.get_frozen_credentials()
+        assert (frozen.access_key, frozen.secret_key, frozen.token) == ("AKIAMEMBER", "secret", "tok")
+        assert for_this_process(aws.ec2) is aws.ec2
 
 
 class TestGroups:
