@@ -152,7 +152,8 @@ class Fleet:
             # Notebook instances that cannot be described again are not acted on; EC2 machines are checked.
             ec2 = [m for m in machines if not m.is_notebook]
             current = {m.instance_id: m for m in self.describe_ids([m.instance_id for m in ec2], tags)}
-        return {m.instance_id for m in machines if current.get(m.instance_id) == m}
+        # A member account's machines carry their account and region (this Fleet's clients work in them).
+        return {m.instance_id for m in machines if (c := current.get(m.instance_id)) and _where(c, m) == m}
 
     def describe_ids(self, instance_ids: Sequence[str], tags: TagKeys) -> list[Machine]:
         """Those of the given machines that discovery would list now (running, tagged), described afresh:
@@ -392,3 +393,8 @@ def _bisect(ids: Sequence[str], call: Callable[[Sequence[str]], None]) -> list[A
         halves = run_concurrently(lambda part: _bisect(part, call), [ids[:half], ids[half:]], 2)
         return halves[0] + halves[1]
     return [ActionOutcome(i) for i in ids]
+
+
+def _where(found: Machine, listed: Machine) -> Machine:
+    """`found` (as this Fleet describes it) in the account and region `listed` was swept in."""
+    return replace(found, account=listed.account, region=listed.region) if listed.account else found

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from botocore.exceptions import ClientError
 
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, chunks, error_code, run_concurrently, wall_clock
-from idle_reaper.core.records import MachineRecord, State
+from idle_reaper.core.records import MachineRecord, State, parse_machine_key
 
 DDB_BATCH_GET = 100
 OWNER_INDEX = "owner-index"  # the state table's GSI on owner_slack_id (the Slack status and keep commands)
@@ -28,16 +28,37 @@ SWEEP_LEASE = timedelta(minutes=15)
 # Lifecycle state (DynamoDB) and its in-memory twin
 
 
+def _machine_pk(key: str) -> str:
+    """A machine's partition key: its records.machine_key (the instance id alone for the hub's machines, so
+    their items are what they were before organization mode) after "machine#". A key that no machine_key made
+    is refused here, before anything is read or written."""
+    parse_machine_key(key)
+    return f"machine#{key}"
+
+
+def _machine_keys(keys: Sequence[str]) -> list[str]:
+    """The machine keys among `keys`, without repeats: text that is no key (a name typed in Slack) names no
+    record, so loading it finds nothing instead of failing."""
+    found = []
+    for key in sorted(set(keys)):
+        try:
+            parse_machine_key(key)
+        except ValueError:
+            continue
+        found.append(key)
+    return found
+
+
 @dataclass(frozen=True)
 class AuditEntry:
-    instance_id: str
+    instance_id: str  # the machine's key (records.machine_key): the instance id alone for the hub's machines
     at: datetime
     entry: Mapping[str, Any]
 
 
 def _audit_item(a: AuditEntry) -> dict[str, Any]:
     return {
-        "pk": f"machine#{a.instance_id}",
+        "pk": _machine_pk(a.instance_id),
         "sk": f"audit#{a.at.isoformat()}#{a.entry.get('action', '')}",
         "expires_at": int((a.at + timedelta(days=AUDIT_TTL_DAYS)).timestamp()),
         "entry": json.dumps(a.entry, default=str, sort_keys=True),
@@ -49,7 +70,10 @@ class StateStore(Protocol):
     conditional write of the machine's record, so claiming costs no extra call, and every later write by
     another sweep fails until the claim is released or its lease (SWEEP_LEASE, on the store's clock) ends."""
 
-    def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]: ...
+    def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
+        """The records of these machine keys (records.machine_key; the instance id for the hub's machines),
+        by key."""
+        ...
 
     def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
         """Write `record` if the stored version is record.version - 1 (or absent for version 1).
@@ -114,7 +138,7 @@ _DATE_FIELDS = {
 
 
 def record_to_item(record: MachineRecord) -> dict[str, Any]:
-    item: dict[str, Any] = {"pk": f"machine#{record.instance_id}", "sk": "state"}
+    item: dict[str, Any] = {"pk": _machine_pk(record.key), "sk": "state"}
     for f in fields(record):
         value = getattr(record, f.name)
         if value is None:
@@ -167,15 +191,15 @@ class DynamoStateStore:
     def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
         def get(batch: Sequence[str]) -> list[MachineRecord]:
             found: list[MachineRecord] = []
-            request = {self.table: {"Keys": [self._wire({"pk": f"machine#{i}", "sk": "state"}) for i in batch]}}
+            request = {self.table: {"Keys": [self._wire({"pk": _machine_pk(i), "sk": "state"}) for i in batch]}}
             while request:
                 out = self.dynamodb.batch_get_item(RequestItems=request)
                 found += [item_to_record(self._plain(raw)) for raw in out["Responses"].get(self.table, [])]
                 request = out.get("UnprocessedKeys") or {}
             return found
 
-        batches = list(chunks(sorted(set(instance_ids)), DDB_BATCH_GET))
-        return {r.instance_id: r for found in run_concurrently(get, batches, DDB_WORKERS) for r in found}
+        batches = list(chunks(_machine_keys(instance_ids), DDB_BATCH_GET))
+        return {r.key: r for found in run_concurrently(get, batches, DDB_WORKERS) for r in found}
 
     def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
         now = self.clock()
@@ -212,7 +236,7 @@ class DynamoStateStore:
     def claim_of(self, instance_id: str) -> tuple[str, datetime] | None:
         """The sweep holding a live claim on the machine, and until when; None when free."""
         out = self.dynamodb.get_item(
-            TableName=self.table, Key=self._wire({"pk": f"machine#{instance_id}", "sk": "state"}), ConsistentRead=True
+            TableName=self.table, Key=self._wire({"pk": _machine_pk(instance_id), "sk": "state"}), ConsistentRead=True
         )
         item = self._plain(out.get("Item", {}))
         if "claim_until" not in item:
@@ -295,7 +319,7 @@ class DynamoStateStore:
         out = self.dynamodb.query(
             TableName=self.table,
             KeyConditionExpression="pk = :pk AND begins_with(sk, :audit)",
-            ExpressionAttributeValues=self._wire({":pk": f"machine#{instance_id}", ":audit": "audit#"}),
+            ExpressionAttributeValues=self._wire({":pk": _machine_pk(instance_id), ":audit": "audit#"}),
         )
         return [json.loads(self._plain(raw)["entry"]) for raw in out["Items"]]
 
@@ -353,7 +377,7 @@ class InMemoryStateStore:
             return self._save(record, holder, hold=hold)
 
     def _save(self, record: MachineRecord, holder: str | None, *, hold: bool) -> bool:
-        now, instance_id = self.clock(), record.instance_id
+        now, instance_id = self.clock(), record.key
         stored = self.records.get(instance_id)
         if stored is not None and stored.version != record.version - 1:
             return False

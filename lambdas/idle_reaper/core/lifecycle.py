@@ -302,7 +302,9 @@ def decide(
     """The per-machine lifecycle: the event this sweep sees and the transition it makes (TRANSITIONS).
     Read it top to bottom: the first rule that applies decides. `kind`: what kind of machine it is
     (kinds.classify); `ref` is already the machine's own (kind_policy)."""
-    record = previous or MachineRecord(instance_id=machine.instance_id, team=machine.team)
+    record = previous or MachineRecord(
+        instance_id=machine.instance_id, team=machine.team, account=machine.account, region=machine.region
+    )
     how = handling(kind, machine.instance_type, ref.policy) if ref.policy is not None and not machine.asg_name else None
     base = _carried_over(record, machine, ref, assessment, now, kind)
     seen = _Sweep(machine, ref, assessment, record, base, now, dry_run, kind, how)

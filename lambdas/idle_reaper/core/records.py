@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from functools import lru_cache
+from typing import NamedTuple
 
 
 class State(StrEnum):
@@ -40,6 +42,51 @@ MACHINE_ACTIONS = frozenset(
     {Action.STOP, Action.HIBERNATE, Action.PROTECT, Action.UNPROTECT, Action.TERMINATE, Action.TERMINATE_INSTANCE}
 )
 REAP_ACTIONS = frozenset({Action.STOP, Action.HIBERNATE, Action.UNPROTECT, Action.TERMINATE, Action.TERMINATE_INSTANCE})
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity: a machine is (account, region, instance)
+
+_ACCOUNT = re.compile(r"^\d{12}$")
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$")
+_INSTANCE = re.compile(r"^[^/\s]{1,128}$")  # an EC2 id, or a SageMaker notebook's name
+
+
+class MachineId(NamedTuple):
+    """Which machine: `account` and `region` are None for a machine in the hub's own account (single-account
+    mode, and the hub's machines in organization mode), both set for a machine in a member account."""
+
+    instance_id: str
+    account: str | None = None
+    region: str | None = None
+
+
+def machine_key(instance_id: str, account: str | None = None, region: str | None = None) -> str:
+    """The one text that names a machine in the state table, its audit trail and Slack references: the
+    instance id alone for the hub's machines (as every record was before organization mode: no migration),
+    `<account>/<region>/<instance-id>` for a member account's. The same instance id in two accounts gives two
+    keys. parse_machine_key reads it back; nothing else formats or splits a machine key."""
+    if not _INSTANCE.match(instance_id):
+        raise ValueError(f"not an instance id: {instance_id!r}")
+    if account is None and region is None:
+        return instance_id
+    if account is None or region is None or not _ACCOUNT.match(account) or not _REGION.match(region):
+        raise ValueError(f"a member machine needs a 12-digit account and a region, got {account!r} and {region!r}")
+    return f"{account}/{region}/{instance_id}"
+
+
+def parse_machine_key(key: str) -> MachineId:
+    """The machine a key names (machine_key's inverse); ValueError for text no machine_key made."""
+    parts = key.split("/")
+    if len(parts) == 1:
+        found = MachineId(parts[0])
+    elif len(parts) == 3:
+        found = MachineId(parts[2], parts[0], parts[1])
+    else:
+        raise ValueError(f"not a machine key: {key!r}")
+    if machine_key(*found) != key:  # raises for a bad part; a round trip catches anything else
+        raise ValueError(f"not a machine key: {key!r}")
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,6 +159,15 @@ class MachineRecord:
     # (UTC), and how many such reads: "2026-W47:23.5:61,2026-W48:12.0:9", the last two weeks. The weekly
     # digest's under-used machines read it (core/digest.py: with_peak, under_used).
     week_peaks: str = ""
+    # Organization mode: the member account and region the machine runs in (None: the hub's own account).
+    # Written only when set, so a hub machine's item is what it always was.
+    account: str | None = None
+    region: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Its key in the state table (machine_key)."""
+        return machine_key(self.instance_id, self.account, self.region)
 
 
 # ---------------------------------------------------------------------------------------------

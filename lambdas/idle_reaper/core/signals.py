@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from idle_reaper.core.kinds import InstanceFacts, family_of
+from idle_reaper.core.records import machine_key
 from idle_reaper.core.time_of_day import UsageMarks, epoch_day, epoch_hours
 from idle_reaper.policy import TeamPolicy
 
@@ -35,6 +36,19 @@ class Machine:
     asg_protected: bool = False
     hibernation_configured: bool = False
     facts: InstanceFacts = field(default_factory=InstanceFacts)  # what DescribeInstances says of its kind
+    # Organization mode: the member account and region it runs in (None: the hub's own account).
+    account: str | None = None
+    region: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Its key in the state table and Slack references (records.machine_key)."""
+        return machine_key(self.instance_id, self.account, self.region)
+
+    @property
+    def where(self) -> str:
+        """ ", account A in R" for a member account's machine, for explanations; "" for the hub's."""
+        return f", account {self.account} in {self.region}" if self.account else ""
 
     @property
     def family(self) -> str:

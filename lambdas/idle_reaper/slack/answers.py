@@ -63,7 +63,7 @@ class Effects:
     def _audit(self, record: MachineRecord, at: datetime, entry: dict[str, object]) -> None:
         """What a person did, for the weekly digest; a lost entry never undoes or fails the answer."""
         with contextlib.suppress(Exception):
-            self.store.audit(record.instance_id, at, entry)
+            self.store.audit(record.key, at, entry)
 
     def _audit_answer(self, record: MachineRecord, action: str, user: str, at: datetime) -> None:
         cost = hourly_price(record.instance_type or "")
@@ -111,7 +111,7 @@ class Effects:
         refused = self.keep(user, record, policy, until)
         if refused:
             return refused
-        kept = self.store.load([record.instance_id]).get(record.instance_id, record)
+        kept = self.store.load([record.key]).get(record.key, record)
         when = date_token(kept.snoozed_until or until)
         return Reply(f"Kept {machine_label(record.name, record.instance_id)} until {when}.")
 
@@ -123,7 +123,7 @@ class Effects:
         now = self.clock()
         action = Action.UNPROTECT if record.asg_name else Action.STOP
         # A stopped machine's message offers "Start it again"; a released group member's does not.
-        start_ref = None if record.asg_name else self.slack.new_ref(record.instance_id, now)
+        start_ref = None if record.asg_name else self.slack.new_ref(record.key, now)
         stopped = stopped_by_person(record, user, action, now, start_ref)
         if not self.store.save(stopped):
             return Reply(ANSWERED_ALREADY)

@@ -195,7 +195,7 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
         SectionBlock(
             text=_mrkdwn(sentence, SECTION_CHARS),
             fields=[
-                _field("Instance", f"`{m.instance_id}` · {escape(m.instance_type)}"),
+                _field("Instance", f"`{m.instance_id}`{m.where} · {escape(m.instance_type)}"),
                 _field("Team", escape(m.team)),
                 _field("Cost", f"{money(decision.hourly_cost)} per hour"),
                 _field("Idle for", f"{idle_minutes:.0f} min"),
@@ -330,9 +330,9 @@ class ListedGroup:
 
     def is_current(self, record: MachineRecord | None) -> bool:
         """Whether the machine's warning from this message still stands (its buttons would act)."""
-        if record is None or not record.warning_ref or record.instance_id not in self.refs:
+        if record is None or not record.warning_ref or record.key not in self.refs:
             return False
-        return secrets.compare_digest(record.warning_ref, self.refs[record.instance_id])
+        return secrets.compare_digest(record.warning_ref, self.refs[record.key])
 
     def entries(self, notes: Mapping[str, tuple[str, str | None]], *, current: set[str]) -> list[Listed]:
         out = []
@@ -364,7 +364,7 @@ def owner_warning_line(decision: Decision, now: datetime) -> str:
     joined = escape("; ".join(more))
     note = f" {joined[:1].upper()}{joined[1:]}." if more else ""
     return fit(
-        f"{name}`{m.instance_id}` · {escape(m.instance_type)} · team {escape(m.team)}\n"
+        f"{name}`{m.instance_id}`{m.where} · {escape(m.instance_type)} · team {escape(m.team)}\n"
         f"*{verb.capitalize()} at {date_token(planned_stop(decision, now))}* unless kept.{note} {escape(why)}",
         SECTION_CHARS,
         mrkdwn=True,

@@ -215,11 +215,11 @@ class SlackDelivery(OwnerDirectory):
         self.clock = clock or (lambda: datetime.now(UTC))
         self.logger = logger
 
-    def new_ref(self, instance_id: str, now: datetime | None = None, ref: str | None = None) -> str:
+    def new_ref(self, key: str, now: datetime | None = None, ref: str | None = None) -> str:
         """A button reference that finds the machine: `ref` when the sweep made it already (it is on the
         machine's record from the claim on, so the buttons work the moment the message exists), else new."""
         ref = ref or secrets.token_urlsafe(18)
-        self.store.put_lookup(f"ref#{ref}", instance_id, (now or self.clock()) + REF_TTL)
+        self.store.put_lookup(f"ref#{ref}", key, (now or self.clock()) + REF_TTL)  # the machine key
         return ref
 
     def find_warning(self, decision: Decision) -> Delivery | None:
@@ -387,7 +387,7 @@ class SlackDelivery(OwnerDirectory):
         if self.listed_group(record.group_ref) is None:
             return False
         line = {"text": f"*{escape(title)}*: {detail}", "start": start_ref}
-        self.store.put_lookup(f"groupline#{record.group_ref}#{record.instance_id}", json.dumps(line), now + REF_TTL)
+        self.store.put_lookup(f"groupline#{record.group_ref}#{record.key}", json.dumps(line), now + REF_TTL)
         return True
 
     def render_listed(self, record: MachineRecord) -> bool:
@@ -406,7 +406,7 @@ class SlackDelivery(OwnerDirectory):
                 start = note.get("start")
                 notes[instance_id] = (note["text"], start if isinstance(start, str) else None)
         records = self.store.load(list(listed.ids))
-        records[record.instance_id] = record
+        records[record.key] = record
         current = {i for i, r in records.items() if listed.is_current(r)}
         blocks = owner_message_blocks(listed.entries(notes, current=current), group_ref, title=listed.title)
         waiting = len([i for i in listed.ids if i in current and i not in notes])
@@ -469,7 +469,7 @@ class SlackNotifier(SlackDelivery):
             if not targets:
                 self._raise_if_permanent(m, faults)
                 return None
-            ref = self.new_ref(m.instance_id, now, decision.record.warning_ref)
+            ref = self.new_ref(m.key, now, decision.record.warning_ref)
         except (SlackApiError, SlackClientError, OSError, *AwsError) as exc:
             self._failed("warning", m.instance_id, exc, m.owner or "owner")
             return None
@@ -488,7 +488,7 @@ class SlackNotifier(SlackDelivery):
             FALLBACK_CHARS,
             mrkdwn=True,
         )
-        metadata = warning_metadata([m.instance_id], [ref])
+        metadata = warning_metadata([m.key], [ref])
         messages = self._post_to(targets, text, blocks, faults, m.instance_id, metadata)
         if not messages:
             self._raise_if_permanent(m, faults)
@@ -505,7 +505,7 @@ class SlackNotifier(SlackDelivery):
         now = record.updated_at or self.clock()
         reason = escape(decision.reason)
         if decision.action in (Action.STOP, Action.HIBERNATE):
-            ref = self.new_ref(m.instance_id, now)
+            ref = self.new_ref(m.key, now)
             saving = decision.saving.text() if decision.saving else f"~{money(decision.hourly_cost)}/h"
             if decision.kind.reservation is not None:
                 saving = f"nothing (its {decision.kind.reservation.label} is billed either way)"
@@ -581,11 +581,9 @@ class SlackNotifier(SlackDelivery):
             return [self._given_up(d.machine, faults) for d in part]
         try:
             listed = ListedGroup(
-                ids=tuple(d.machine.instance_id for d in part),
-                refs={
-                    d.machine.instance_id: self.new_ref(d.machine.instance_id, now, d.record.warning_ref) for d in part
-                },
-                lines={d.machine.instance_id: owner_warning_line(d, now) for d in part},
+                ids=tuple(d.machine.key for d in part),
+                refs={d.machine.key: self.new_ref(d.machine.key, now, d.record.warning_ref) for d in part},
+                lines={d.machine.key: owner_warning_line(d, now) for d in part},
             )
             group_ref = secrets.token_urlsafe(18)
             self.store.put_lookup(f"group#{group_ref}", listed.to_json(), now + REF_TTL)
@@ -610,7 +608,7 @@ class SlackNotifier(SlackDelivery):
         return [
             Delivery(
                 messages=tuple(messages),
-                ref=listed.refs[d.machine.instance_id],
+                ref=listed.refs[d.machine.key],
                 owner_slack_id=owner_id,
                 undelivered=tuple(self._reason(d.machine, f) for f in faults if f.permanent),
                 group_ref=group_ref,
@@ -631,9 +629,9 @@ class SlackNotifier(SlackDelivery):
             channel = str(self.client.conversations_open(users=owner_id)["channel"]["id"])
             shown = list(stopped[:OWNER_MESSAGE_MACHINES])
             listed = ListedGroup(
-                ids=tuple(r.instance_id for r in shown),
-                refs={r.instance_id: self.new_ref(r.instance_id, now) for r in shown},
-                lines={r.instance_id: quiet_stop_line(r) for r in shown},
+                ids=tuple(r.key for r in shown),
+                refs={r.key: self.new_ref(r.key, now) for r in shown},
+                lines={r.key: quiet_stop_line(r) for r in shown},
                 title=fit(f"During quiet hours, idle-reaper stopped {len(stopped)} of your machines", HEADER_CHARS),
             )
             group_ref = secrets.token_urlsafe(18)
@@ -656,6 +654,6 @@ class SlackNotifier(SlackDelivery):
             return None
         message = (f"{out['channel']}|{out['ts']}",)
         return [
-            Delivery(messages=message, ref=listed.refs.get(r.instance_id), owner_slack_id=owner_id, group_ref=group_ref)
+            Delivery(messages=message, ref=listed.refs.get(r.key), owner_slack_id=owner_id, group_ref=group_ref)
             for r in stopped
         ]

@@ -171,7 +171,7 @@ def _alert_and_audit(
         if instance_id in written and d.action is Action.WARN and d.applied and d.handling and d.handling.tell_admins:
             _alert_kind_notice(adapters, d, settings, now)
         if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
-            audits.append(AuditEntry(instance_id, now, explain(d)))
+            audits.append(AuditEntry(d.machine.key, now, explain(d)))
         audits += _running_again(d, previous.get(instance_id), now)
     _audit(adapters.store, audits)
 
@@ -183,7 +183,7 @@ def _running_again(d: Decision, before: MachineRecord | None, now: datetime) -> 
     m = d.machine
     # A released group member never stopped: it is running again (protected, busy) from now.
     since = m.launch_time if before.last_action_at is None or m.launch_time >= before.last_action_at else now
-    return [AuditEntry(m.instance_id, now, running_again_entry(m.instance_id, m.team, m.owner, m.instance_type, since))]
+    return [AuditEntry(m.key, now, running_again_entry(m.instance_id, m.team, m.owner, m.instance_type, since))]
 
 
 # Conversations posted to at once. Slack allows about one message a second in a conversation and several
@@ -297,7 +297,9 @@ def _stand_down(
     error: str = CHANGED_SINCE_LISTED,
 ) -> Decision:
     """Put back the record as it was before this sweep claimed the machine, and release the claim."""
-    before = previous.get(d.machine.instance_id) or MachineRecord(d.machine.instance_id, d.machine.team)
+    before = previous.get(d.machine.instance_id) or MachineRecord(
+        d.machine.instance_id, d.machine.team, account=d.machine.account, region=d.machine.region
+    )
     record = replace(before, version=d.record.version + 1)
     with contextlib.suppress(*AwsError):
         store.save(record, sweep_id)  # if this fails, the claim lapses after SWEEP_LEASE
@@ -416,11 +418,11 @@ def _alert_undeliverable(adapters: Adapters, d: Decision, settings: Settings, no
         until = record.warned_at + timedelta(minutes=policy.undelivered_warning_max_minutes)
         held = f" It is not stopped before {until:%Y-%m-%d %H:%M} UTC (undelivered_warning_max_minutes) unless kept."
     text = (
-        f"the idle warning for {m.name or m.instance_id} ({m.instance_id}, team {m.team}, owner {m.owner or 'none'}) "
-        f"was not delivered and is not retried: {record.delivery_error}.{held} "
+        f"the idle warning for {m.name or m.instance_id} ({m.instance_id}{m.where}, team {m.team}, owner "
+        f"{m.owner or 'none'}) was not delivered and is not retried: {record.delivery_error}.{held} "
         "Fix the cause (the Owner tag, the team's slack_channel, the bot's membership); `idle-reaper status` shows it."
     )
-    alert_once(adapters, f"undeliverable#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
+    alert_once(adapters, f"undeliverable#{m.key}@{record.warned_at.isoformat()}", text, settings, now)
 
 
 def _alert_kind_notice(adapters: Adapters, d: Decision, settings: Settings, now: datetime) -> None:
@@ -430,11 +432,11 @@ def _alert_kind_notice(adapters: Adapters, d: Decision, settings: Settings, now:
     assert how is not None and d.record.warned_at is not None
     cost = f"; it costs about ${d.hourly_cost:,.2f} an hour at the on-demand rate" if d.hourly_cost is not None else ""
     text = (
-        f"idle: {m.name or m.instance_id} ({m.instance_id}, {m.instance_type}, team {m.team}, owner "
+        f"idle: {m.name or m.instance_id} ({m.instance_id}{m.where}, {m.instance_type}, team {m.team}, owner "
         f"{m.owner or 'none'}). {notice_sentence(d.kind, how, m.instance_type).rstrip('.')}{cost}. Its owner was told "
         "too."
     )
-    alert_once(adapters, f"kind-notice#{m.instance_id}@{d.record.warned_at.isoformat()}", text, settings, now)
+    alert_once(adapters, f"kind-notice#{m.key}@{d.record.warned_at.isoformat()}", text, settings, now)
 
 
 def _alert_partly_delivered(
@@ -445,10 +447,10 @@ def _alert_partly_delivered(
     m, record = d.machine, d.record
     assert record.warned_at is not None
     text = (
-        f"the idle warning for {m.name or m.instance_id} ({m.instance_id}, team {m.team}) was delivered, "
+        f"the idle warning for {m.name or m.instance_id} ({m.instance_id}{m.where}, team {m.team}) was delivered, "
         f"but not to every target: {'; '.join(undelivered)}"
     )
-    alert_once(adapters, f"partly-undelivered#{m.instance_id}@{record.warned_at.isoformat()}", text, settings, now)
+    alert_once(adapters, f"partly-undelivered#{m.key}@{record.warned_at.isoformat()}", text, settings, now)
 
 
 # Errors a later call may not meet (throttling, an outage, the network); every other refusal is EC2's answer
@@ -572,8 +574,11 @@ def _record_outcome(store: StateStore, d: Decision, sweep_id: str) -> Decision:
 
 def explain(d: Decision) -> dict[str, Any]:
     a = d.assessment
+    # A member account's machine says which account and region it runs in; a hub machine's row is unchanged.
+    where = {"account": d.machine.account, "region": d.machine.region} if d.machine.account else {}
     return {
         "instance_id": d.machine.instance_id,
+        **where,
         "team": d.machine.team,
         "owner": d.machine.owner,
         "instance_type": d.machine.instance_type,

@@ -47,7 +47,7 @@ def report_quiet_hours(
         # quiet_stop_at, was written with the claim); one refused or never attempted did not.
         did_stop = d.error is None or d.error.startswith(OUTCOME_NOT_RECORDED)
         if d.record.quiet_stop_at == now and did_stop and d.record.state is State.REAPED:
-            stopped[d.machine.team].append(d.machine.instance_id)
+            stopped[d.machine.team].append(d.machine.key)
 
     def add_stopped(index: dict[str, list[str]]) -> dict[str, list[str]]:
         for team, ids in stopped.items():
@@ -129,17 +129,17 @@ def _send_quiet_summaries(adapters: Adapters, notifier: OwnerNotifier, ids: list
         oldest = min(r.quiet_stop_at or now for r in stopped)
         # One summary per owner per sweep: the shards of a sweep share its time, and whichever claims the owner
         # first tells all of the owner's stops; the others leave them to it.
-        owner = stopped[0].owner_slack_id or owner_key(stopped[0].owner) or stopped[0].instance_id
+        owner = stopped[0].owner_slack_id or owner_key(stopped[0].owner) or stopped[0].key
         owner_claim = f"quiet-summary-owner#{owner}@{now.isoformat()}"
         if not store.claim_once(owner_claim, now):
-            retry += [r.instance_id for r in stopped] if now - oldest < QUIET_REPORT_GIVE_UP else []
+            retry += [r.key for r in stopped] if now - oldest < QUIET_REPORT_GIVE_UP else []
             continue
-        keys = {r.instance_id: f"quiet-summary#{r.instance_id}@{(r.quiet_stop_at or now).isoformat()}" for r in stopped}
-        group = [r for r in stopped if store.claim_once(keys[r.instance_id], now)]
+        keys = {r.key: f"quiet-summary#{r.key}@{(r.quiet_stop_at or now).isoformat()}" for r in stopped}
+        group = [r for r in stopped if store.claim_once(keys[r.key], now)]
         # A stop claimed elsewhere is being told by another shard or sweep (or was): kept in the index until
         # its record says it was told, in case that post fails.
-        claimed = {r.instance_id for r in group}
-        held = [r.instance_id for r in stopped if r.instance_id not in claimed]
+        claimed = {r.key for r in group}
+        held = [r.key for r in stopped if r.key not in claimed]
         if held and now - oldest < QUIET_REPORT_GIVE_UP:
             retry += held
         if not group:
@@ -155,9 +155,9 @@ def _send_quiet_summaries(adapters: Adapters, notifier: OwnerNotifier, ids: list
         if deliveries is None:
             store.release_claim(owner_claim)
             for r in group:
-                store.release_claim(keys[r.instance_id])
+                store.release_claim(keys[r.key])
             if now - oldest < QUIET_REPORT_GIVE_UP:
-                retry += [r.instance_id for r in group]
+                retry += [r.key for r in group]
             else:
                 logger.warning("quiet hours summary given up", extra={"instance_ids": [r.instance_id for r in group]})
             continue

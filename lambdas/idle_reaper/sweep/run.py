@@ -73,9 +73,12 @@ def run_sweep(
     time_left: Callable[[], float] | None = None,
     instance_ids: Sequence[str] | None = None,
     listed: Sequence[Machine] | None = None,
+    member: tuple[str, str] | None = None,
 ) -> SweepReport:
     """One sweep: of the machines `instance_ids` alone, described afresh, when given (a shard); of the
     machines the planner `listed` moments ago, when given (a fleet that fits one invocation); else of all.
+    `member`: the (account, region) of a member account this sweep works in through `adapters` made with its
+    credentials (organization mode; sweep/members.py); None: the hub's own account.
 
     `time_left` (seconds left in the invocation, e.g. from the Lambda context): once it falls under
     FINISH_RESERVE the sweep starts no new work (no claim, no post) and finishes what it began, so it never
@@ -100,16 +103,7 @@ def run_sweep(
         if ref.policy is None:
             warnings.append(f"invalid team policy, team in safe mode: {ref.error}")
 
-    try:
-        if instance_ids is not None:
-            machines = adapters.fleet.describe_ids(instance_ids, settings.tags)
-        elif listed is not None:
-            machines = list(listed)
-        else:
-            machines = adapters.fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)
-        records = adapters.store.load([m.instance_id for m in machines])
-    except AwsError as exc:
-        raise SweepCannotRun(f"cannot list machines or read the state table ({error_code(exc)}): {exc}") from None
+    machines, records = _machines_and_records(adapters, settings, instance_ids, listed, member)
 
     def ref_for(team: str) -> TeamPolicyRef:
         if not teams_readable:
@@ -192,6 +186,31 @@ def run_sweep(
         teams_in_safe_mode=sorted(safe_mode),
         read=SweepRead(settings, refs if teams_readable else None, machines, signals),
     )
+
+
+def _machines_and_records(
+    adapters: Adapters,
+    settings: Settings,
+    instance_ids: Sequence[str] | None,
+    listed: Sequence[Machine] | None,
+    member: tuple[str, str] | None,
+) -> tuple[list[Machine], dict[str, MachineRecord]]:
+    """The machines this sweep works on (run_sweep says which), and their records by instance id."""
+    try:
+        if instance_ids is not None:
+            machines = adapters.fleet.describe_ids(instance_ids, settings.tags)
+        elif listed is not None:
+            machines = list(listed)
+        else:
+            machines = adapters.fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)
+        if member is not None:
+            machines = [replace(m, account=member[0], region=member[1]) for m in machines]
+        # One sweep (or shard) works in one account and region, where instance ids are unique: below, records
+        # are looked up by instance id; in the state table they are keyed by account, region and id.
+        records = {r.instance_id: r for r in adapters.store.load([m.key for m in machines]).values()}
+    except AwsError as exc:
+        raise SweepCannotRun(f"cannot list machines or read the state table ({error_code(exc)}): {exc}") from None
+    return machines, records
 
 
 def _not_due(
