@@ -1,15 +1,37 @@
 """Organization mode: each sweep makes sure the hub can work in every member account and region, and says so
-when it cannot (issue 30). The sweep does not yet read or act on machines there; this is the part that finds
-the accounts, holds their credentials for the sweep, and reports the accounts it cannot reach."""
+when it cannot (issue 30); and sweeps each (account, region) in place through the member role's credentials,
+as a machine of its own identity (records.machine_key), leaving excluded accounts untouched."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime
 
-from idle_reaper.aws.accounts import AccountFailure, MemberAccess, MemberCheck, Reason, save_member_check
+from idle_reaper.aws.accounts import (
+    AccountFailure,
+    MemberAccess,
+    MemberAccount,
+    MemberCheck,
+    MemberCredentials,
+    Reason,
+    save_member_check,
+)
+from idle_reaper.aws.clients import error_code, run_concurrently
+from idle_reaper.aws.fleet import Fleet
+from idle_reaper.aws.metrics import MetricsReader
+from idle_reaper.aws.notebooks import NotebookInstances
+from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.notify import logger as logger  # re-exported: handlers log through it
-from idle_reaper.sweep.adapters import Adapters, alert_once
+from idle_reaper.organization import (
+    ORGANIZATION_PARAMETER,
+    OrganizationSettings,
+    parse_organization_settings,
+)
+from idle_reaper.policy import PolicyError, Settings, TeamPolicy
+from idle_reaper.sweep.adapters import Adapters, SweepReport, alert_once
+from idle_reaper.sweep.run import run_sweep
 
 
 def check_member_accounts(adapters: Adapters, members: MemberAccess, now: datetime) -> list[str]:
@@ -66,3 +88,119 @@ def check_member_accounts(adapters: Adapters, members: MemberAccess, now: dateti
     # Accounts listed as suspended are shown in `status`, not alerted: closing an account is a choice.
     lines += [f"account {s.account} left out: {s.detail}" for s in listing.skipped if s.reason is Reason.SUSPENDED]
     return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweeping the member accounts: each (account, region) a unit, through the member role's credentials
+
+MEMBER_SWEEP_WORKERS = 4  # units swept at once: a slow or throttled account holds one worker, not the others
+
+
+@dataclass(frozen=True)
+class UnitOutcome:
+    """What one (account, region) of the member sweep came to."""
+
+    account: str
+    region: str
+    report: SweepReport | None = None  # None: not swept (excluded, no credentials, or it failed)
+    excluded_machines: int | None = None  # an excluded account: its opted-in machines, counted, never touched
+    error: str | None = None
+
+    def describe(self) -> str:
+        where = f"account {self.account} in {self.region}"
+        if self.error:
+            return f"{where} not swept: {self.error}"
+        if self.excluded_machines is not None:
+            return f"{where} excluded: {self.excluded_machines} opted-in machine(s) counted, none touched"
+        assert self.report is not None
+        return f"{where}: {len(self.report.decisions)} machine(s) swept"
+
+
+def load_organization_settings(adapters: Adapters) -> OrganizationSettings:
+    """`{prefix}/organization` (absent: nothing excluded, no other defaults). Raises PolicyError naming the
+    parameter and the field when it is invalid."""
+    name = f"{adapters.policies.prefix}/{ORGANIZATION_PARAMETER}"
+    stored = adapters.policies.read(name)
+    return parse_organization_settings(name, stored.value) if stored else OrganizationSettings()
+
+
+class _AccountPolicies(PolicyStore):
+    """The hub's policies as one member account gets them: the team policies as they are, and the account's
+    own default policy (OrganizationSettings.default_for) for teams without one."""
+
+    def __init__(self, hub: PolicyStore, default: TeamPolicy | None) -> None:
+        super().__init__(hub.ssm, hub.prefix)
+        self.default = default
+
+    def load_settings(self) -> tuple[Settings, int | None]:
+        settings, version = super().load_settings()
+        if self.default is None:
+            return settings, version
+        return settings.model_copy(update={"default_policy": self.default}), version
+
+
+def member_adapters(hub: Adapters, credentials: MemberCredentials, default: TeamPolicy | None) -> Adapters:
+    """The hub's adapters for one member (account, region): EC2, Auto Scaling, SageMaker and CloudWatch
+    through the member role's credentials there; policies, the state table and Slack are the hub's."""
+    return replace(
+        hub,
+        policies=_AccountPolicies(hub.policies, default),
+        fleet=Fleet(
+            credentials.client("ec2"),
+            credentials.client("autoscaling"),
+            NotebookInstances(credentials.client("sagemaker")),
+        ),
+        metrics=MetricsReader(credentials.client("cloudwatch")),
+        studio=None,  # the daily Studio note is the hub's
+    )
+
+
+def sweep_member_accounts(
+    adapters: Adapters,
+    members: MemberAccess,
+    now: datetime,
+    *,
+    dry_run: bool = False,
+    workers: int = MEMBER_SWEEP_WORKERS,
+    make_adapters: Callable[[Adapters, MemberCredentials, TeamPolicy | None], Adapters] = member_adapters,
+) -> list[UnitOutcome]:
+    """Sweep every enrolled (account, region) in place, each through its own credentials (reused while valid,
+    aws/accounts.py). An account or OU that `{prefix}/organization` excludes is never acted on: its opted-in
+    machines are only counted. One unit's failure (no credentials, AccessDenied, throttling, an error in its
+    sweep) is its outcome and never stops the others; the reasons are reported by check_member_accounts.
+    Invalid organization settings sweep no member account (less, never more) and are said once a day."""
+    try:
+        org = load_organization_settings(adapters)
+    except PolicyError as exc:
+        settings, _ = adapters.policies.load_settings()
+        alert_once(
+            adapters,
+            f"organization-settings#{now:%Y-%m-%d}",
+            f"idle-reaper sweeps no member account while its organization settings are invalid: {exc}",
+            settings,
+            now,
+        )
+        return [UnitOutcome("-", "-", error=f"organization settings invalid, no member account swept: {exc}")]
+    base, _ = adapters.policies.load_settings()
+    listing = members.directory.current()
+    units = [(a, r) for a in listing.accounts for r in members.config.regions]
+
+    def sweep_unit(unit: tuple[MemberAccount, str]) -> UnitOutcome:
+        account, region = unit
+        held = members.sessions.credentials(account.id, region, started=now)
+        if isinstance(held, AccountFailure):
+            return UnitOutcome(account.id, region, error=held.describe())
+        default = org.default_for(account.id, account.parents, base.default_policy)
+        unit_adapters = make_adapters(adapters, held, default if default is not base.default_policy else None)
+        try:
+            if org.excludes(account.id, account.parents):
+                found = unit_adapters.fleet.discover(base.tags, notebooks=base.sagemaker_notebooks)
+                return UnitOutcome(account.id, region, excluded_machines=len(found))
+            report = run_sweep(unit_adapters, now=now, dry_run=dry_run, member=(account.id, region))
+        except Exception as exc:  # contained: one account's fault never reaches the others
+            if error_code(exc) in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
+                members.sessions.forget(account.id, region)
+            return UnitOutcome(account.id, region, error=f"{type(exc).__name__}: {exc}"[:300])
+        return UnitOutcome(account.id, region, report=report)
+
+    return run_concurrently(sweep_unit, units, workers)

@@ -1,0 +1,172 @@
+"""Organization mode: the hub sweeps every member (account, region) through that account's member-role
+credentials, over the in-memory fakes (testkit/aws, testkit/aws/organization.py). Excluded accounts are only
+counted, per-account defaults apply, and one account's failure never reaches the others."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from idle_reaper.aws.accounts import MemberAccess, MemberCredentials, OrganizationConfig
+from idle_reaper.core.records import machine_key
+from idle_reaper.policy import Settings, TeamPolicy
+from idle_reaper.sweep.adapters import Adapters
+from idle_reaper.sweep.delivery import explain
+from idle_reaper.sweep.members import member_adapters, sweep_member_accounts
+from testkit.aws import CountingStateStore, FakeAws, steady
+from testkit.aws.clients import client_error
+from testkit.aws.organization import FakeOrganizations, FakeSts
+
+REGION = "eu-west-1"
+HUB = "999999999999"
+NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
+PREFIX = "/idle-reaper"
+
+
+class RoleMissingSts(FakeSts):
+    """STS that refuses the member role of some accounts (no member stack there, or an SCP)."""
+
+    def __init__(self, refused: set[str]) -> None:
+        super().__init__(lambda: datetime.now(UTC))
+        self.refused = refused
+
+    def assume_role(self, RoleArn: str, RoleSessionName: str, DurationSeconds: int = 3600) -> dict[str, Any]:
+        if RoleArn.split(":")[4] in self.refused:
+            self._call("AssumeRole", {"RoleArn": RoleArn})
+            raise client_error("AssumeRole", "AccessDenied", "not authorized to perform sts:AssumeRole", 403)
+        return super().assume_role(RoleArn, RoleSessionName, DurationSeconds)
+
+
+@dataclass(frozen=True)
+class WorldCredentials:
+    """Stands in for MemberCredentials: the clients of one fake account."""
+
+    world: FakeAws
+
+    def client(self, service: str) -> Any:
+        return {"ec2": self.world.ec2, "autoscaling": self.world.autoscaling, "cloudwatch": self.world.cloudwatch}.get(
+            service
+        )
+
+
+class Organization:
+    def __init__(self, organization_settings: dict[str, Any] | None) -> None:
+        self.orgs = FakeOrganizations()
+        self.dev = self.orgs.add_ou(self.orgs.root)
+        self.prod = self.orgs.add_ou(self.orgs.root)
+        self.a = self.orgs.add_account(self.dev, "sandbox-a")
+        self.b = self.orgs.add_account(self.dev, "sandbox-b")
+        self.c = self.orgs.add_account(self.prod, "production")
+        self.d = self.orgs.add_account(self.dev, "no-member-stack")
+        self.hub = FakeAws()
+        self.hub.ssm.store(f"{PREFIX}/settings", Settings(sagemaker_notebooks=False).model_dump_json())
+        self.hub.ssm.store(f"{PREFIX}/teams/ml", '{"idle_minutes": 90, "warn_minutes": 30}')
+        if organization_settings is not None:
+            text = json.dumps(organization_settings).replace("PROD_OU", self.prod).replace("ACCOUNT_B", self.b)
+            self.hub.ssm.store(f"{PREFIX}/organization", text)
+        self.worlds = {acct: FakeAws() for acct in (self.a, self.b, self.c, self.d)}
+        self.store = CountingStateStore()
+        self.sts = RoleMissingSts({self.d})
+        config = OrganizationConfig(prefix="idle-reaper", targets=(self.orgs.root,), regions=(REGION,), hub_account=HUB)
+        directory = config.directory(self.orgs)
+        self.members = MemberAccess(config, directory, config.sessions("sweep", directory, self.sts))
+        self.made_for: list[str] = []
+
+    def launch(self, account: str, team: str = "ml", profile: Any = None) -> str:
+        return self.worlds[account].launch(
+            "m5.large", team=team, profile=profile or steady(1.0), launch_time=NOW - timedelta(days=1)
+        )
+
+    def adapters(self) -> Adapters:
+        return self.hub.adapters(store=self.store)
+
+    def make(self, hub: Adapters, credentials: MemberCredentials, default: TeamPolicy | None) -> Adapters:
+        self.made_for.append(credentials.account)
+        return member_adapters(hub, WorldCredentials(self.worlds[credentials.account]), default)  # type: ignore[arg-type]
+
+    def sweep(self, now: datetime) -> dict[str, Any]:
+        outcomes = sweep_member_accounts(self.adapters(), self.members, now, make_adapters=self.make)
+        return {o.account: o for o in outcomes}
+
+
+def test_every_member_account_is_swept_through_its_own_clients() -> None:
+    org = Organization({"exclude": ["PROD_OU"]})
+    same = {acct: org.launch(acct) for acct in (org.a, org.b)}
+    assert same[org.a] == same[org.b]
+    busy = org.launch(org.a, profile=steady(80.0))
+    org.sweep(NOW - timedelta(minutes=30))
+    out = org.sweep(NOW)
+    # A and B: warned, then stopped, each in its own account, under its own key.
+    for acct in (org.a, org.b):
+        rows = {explain(d)["instance_id"]: explain(d) for d in out[acct].report.decisions}
+        assert rows[same[acct]]["action"] == "stop" and rows[same[acct]]["account"] == acct
+        assert [r["InstanceIds"] for r in org.worlds[acct].ec2.requests_of("StopInstances")] == [[same[acct]]]
+    assert explain(next(d for d in out[org.a].report.decisions if d.machine.instance_id == busy))["action"] == "none"
+    assert set(org.store.records) == {
+        machine_key(same[org.a], org.a, REGION),
+        machine_key(same[org.b], org.b, REGION),
+        machine_key(busy, org.a, REGION),
+    }
+    # The hub's own fakes were never used for a member's machines.
+    assert org.hub.ec2.calls == {} and org.hub.cloudwatch.calls == {}
+    # D: its role is refused; reported as its outcome, the others swept all the same.
+    assert "the member role is missing" in (out[org.d].error or "") and out[org.d].report is None
+
+
+def test_an_excluded_account_is_counted_and_never_touched() -> None:
+    org = Organization({"exclude": ["PROD_OU"]})
+    org.launch(org.c)
+    org.launch(org.c)
+    for t in (NOW - timedelta(minutes=30), NOW):
+        out = org.sweep(t)
+    assert out[org.c].excluded_machines == 2 and out[org.c].report is None
+    prod = org.worlds[org.c]
+    assert prod.write_calls() == 0 and prod.cloudwatch.calls == {}
+    assert set(prod.ec2.calls) <= {"DescribeInstances", "DescribeAvailabilityZones"}
+    assert not any(r.account == org.c for r in org.store.records.values())
+    assert "excluded: 2 opted-in machine(s) counted, none touched" in out[org.c].describe()
+
+
+def test_an_account_default_policy_applies_to_teams_without_their_own() -> None:
+    org = Organization(
+        {"defaults": [{"accounts": ["ACCOUNT_B"], "default_policy": {"idle_minutes": 30, "warn_minutes": 10}}]}
+    )
+    in_a, in_b = org.launch(org.a, team="sandbox"), org.launch(org.b, team="sandbox")
+    ml_in_b = org.launch(org.b, team="ml")
+    out = org.sweep(NOW)
+    window = {
+        (acct, explain(d)["instance_id"]): explain(d)["window_minutes"]
+        for acct in (org.a, org.b)
+        for d in out[acct].report.decisions
+    }
+    assert window[(org.a, in_a)] == Settings().default_policy.idle_minutes  # the settings' default
+    assert window[(org.b, in_b)] == 30  # B's own default
+    assert window[(org.b, ml_in_b)] == 90  # a team policy applies in every account
+
+
+def test_one_failing_account_does_not_stop_the_others() -> None:
+    org = Organization(None)
+    org.launch(org.a)
+    in_b = org.launch(org.b)
+    org.worlds[org.a].ec2.inject("DescribeInstances", "UnauthorizedOperation")  # an SCP denies the sweep in A
+    for t in (NOW - timedelta(minutes=30), NOW):
+        out = org.sweep(t)
+    assert out[org.a].report is None and "UnauthorizedOperation" in out[org.a].error
+    assert [r["InstanceIds"] for r in org.worlds[org.b].ec2.requests_of("StopInstances")] == [[in_b]]
+    assert out[org.c].report is not None  # nothing excluded: production is swept like the rest
+
+
+@pytest.mark.parametrize(
+    "bad", [{"exclude": ["12345"]}, {"defaults": [{"accounts": ["ACCOUNT_B"], "default_policy": {"idle_minutes": 1}}]}]
+)
+def test_invalid_organization_settings_sweep_no_member_account(bad: dict[str, Any]) -> None:
+    org = Organization(bad)
+    org.launch(org.a)
+    out = sweep_member_accounts(org.adapters(), org.members, NOW, make_adapters=org.make)
+    assert len(out) == 1 and "/idle-reaper/organization" in (out[0].error or "")
+    assert org.made_for == [] and org.sts.calls == {}
+    assert all(w.ec2.calls == {} for w in org.worlds.values())
