@@ -21,7 +21,7 @@ from idle_reaper.notify import logger
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport
 from idle_reaper.sweep.doctor import run_daily_doctor
 from idle_reaper.sweep.fanout import SHARD_SIZE, SweepTotals, plan_sweep
-from idle_reaper.sweep.members import check_member_accounts
+from idle_reaper.sweep.members import check_member_accounts, sweep_member_accounts
 from idle_reaper.sweep.regions import report_unwatched_regions
 from idle_reaper.sweep.run import run_sweep
 
@@ -99,6 +99,10 @@ def check_members(adapters: Adapters, now: datetime, context: LambdaContext) -> 
         return
     for line in check_member_accounts(adapters, members, now):
         logger.info(line)
+    # Then each member (account, region) is swept in place, through the credentials the check holds.
+    time_left = lambda: context.get_remaining_time_in_millis() / 1000  # noqa: E731
+    for outcome in sweep_member_accounts(adapters, members, now, time_left=time_left):
+        logger.info(outcome.describe())
 
 
 @logger.inject_lambda_context(log_event=False)

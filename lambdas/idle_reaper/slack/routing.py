@@ -9,10 +9,12 @@ state table, never by a scan."""
 
 from __future__ import annotations
 
+import functools
 import hmac
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
+from idle_reaper.aws.accounts import AccountFailure, MemberAccess
 from idle_reaper.aws.clients import AwsError
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
@@ -43,6 +46,13 @@ DEFAULT_SWEEP_MINUTES = 5
 NOT_CURRENT = "This message is no longer current (it was answered already, or replaced); nothing changed."
 
 
+@functools.cache
+def answer_access() -> MemberAccess | None:
+    """Organization mode's credentials for answers (the answer role's sessions), kept while the function is warm;
+    None in single-account mode."""
+    return MemberAccess.from_environment("answer")
+
+
 class Region:
     """One region's state table, policies, fleet and effects, each built on first use."""
 
@@ -53,9 +63,11 @@ class Region:
         ssm_prefix: str,
         slack_client: WebClient,
         clock: Callable[[], datetime],
+        members: Callable[[], MemberAccess | None] | None = None,
     ) -> None:
         self.connect, self.table, self.ssm_prefix = connect, table, ssm_prefix
         self.slack_client, self.clock = slack_client, clock
+        self.members = members  # None: answer_access, the function's own
 
     @cached_property
     def store(self) -> StateStore:
@@ -72,6 +84,26 @@ class Region:
     @cached_property
     def effects(self) -> Effects:
         return Effects(self.store, self.fleet, SlackNotifier(self.slack_client, self.store, self.clock), self.clock)
+
+    def effects_on(self, record: MachineRecord) -> Effects | Reply:
+        """Where an answer that acts on the machine (stop, start, terminate) acts: this region's account, or, for
+        a member account's machine, that account and region through the member role (organization mode). A
+        Reply, and nothing done, when that account cannot be reached (it left the organization, its role is
+        missing, ...) or this deployment no longer works in other accounts."""
+        if record.account is None or record.region is None:
+            return self.effects
+        label = machine_label(record.name, record.instance_id)
+        members = (self.members or answer_access)()
+        if members is None:
+            return Reply(
+                f"{label} runs in account {record.account}, and this deployment no longer works in other accounts; "
+                "nothing changed."
+            )
+        held = members.sessions.credentials(record.account, record.region)
+        if isinstance(held, AccountFailure):
+            return Reply(f"idle-reaper cannot act on {label} right now: {held.describe()}. Nothing changed.")
+        fleet = Fleet(held.client("ec2"), held.client("autoscaling"), NotebookInstances(held.client("sagemaker")))
+        return replace(self.effects, fleet=fleet)
 
     # -----------------------------------------------------------------------------------------
     # Records
@@ -183,12 +215,15 @@ class Router:
         policy, refusal = region.authorize(user, record)
         if refusal:
             return Reply(refusal)
-        if action == "stop_now":
-            return region.effects.stop_now(user, record)
-        if action == "start_again":
-            return region.effects.start_again(user, record)
-        if action == "terminate_now":
-            return region.effects.terminate_now(user, record)
+        if action in ("stop_now", "start_again", "terminate_now"):
+            effects = region.effects_on(record)
+            if isinstance(effects, Reply):
+                return effects
+            if action == "stop_now":
+                return effects.stop_now(user, record)
+            if action == "start_again":
+                return effects.start_again(user, record)
+            return effects.terminate_now(user, record)
         until = keep_until(action, policy, region.clock())
         assert until is not None  # every other action is a keep
         return region.effects.keep(user, record, policy, until)

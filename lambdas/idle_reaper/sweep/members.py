@@ -4,6 +4,7 @@ as a machine of its own identity (records.machine_key), leaving excluded account
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -161,6 +162,7 @@ def sweep_member_accounts(
     now: datetime,
     *,
     dry_run: bool = False,
+    time_left: Callable[[], float] | None = None,
     workers: int = MEMBER_SWEEP_WORKERS,
     make_adapters: Callable[[Adapters, MemberCredentials, TeamPolicy | None], Adapters] = member_adapters,
 ) -> list[UnitOutcome]:
@@ -170,18 +172,21 @@ def sweep_member_accounts(
     sweep) is its outcome and never stops the others; the reasons are reported by check_member_accounts.
     Invalid organization settings sweep no member account (less, never more) and are said once a day."""
     try:
+        base, _ = adapters.policies.load_settings()
         org = load_organization_settings(adapters)
     except PolicyError as exc:
-        settings, _ = adapters.policies.load_settings()
-        alert_once(
-            adapters,
-            f"organization-settings#{now:%Y-%m-%d}",
-            f"idle-reaper sweeps no member account while its organization settings are invalid: {exc}",
-            settings,
-            now,
-        )
-        return [UnitOutcome("-", "-", error=f"organization settings invalid, no member account swept: {exc}")]
-    base, _ = adapters.policies.load_settings()
+        if "organization" in str(exc):
+            with contextlib.suppress(Exception):
+                alert_once(
+                    adapters,
+                    f"organization-settings#{now:%Y-%m-%d}",
+                    f"idle-reaper sweeps no member account while its organization settings are invalid: {exc}",
+                    adapters.policies.load_settings()[0],
+                    now,
+                )
+        return [UnitOutcome("-", "-", error=f"settings invalid, no member account swept: {exc}")]
+    except Exception as exc:  # contained: the hub's own sweep is done; the next sweep tries again
+        return [UnitOutcome("-", "-", error=f"no member account swept: {type(exc).__name__}: {exc}"[:300])]
     listing = members.directory.current()
     units = [(a, r) for a in listing.accounts for r in members.config.regions]
 
@@ -196,7 +201,9 @@ def sweep_member_accounts(
             if org.excludes(account.id, account.parents):
                 found = unit_adapters.fleet.discover(base.tags, notebooks=base.sagemaker_notebooks)
                 return UnitOutcome(account.id, region, excluded_machines=len(found))
-            report = run_sweep(unit_adapters, now=now, dry_run=dry_run, member=(account.id, region))
+            report = run_sweep(
+                unit_adapters, now=now, dry_run=dry_run, member=(account.id, region), time_left=time_left
+            )
         except Exception as exc:  # contained: one account's fault never reaches the others
             if error_code(exc) in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
                 members.sessions.forget(account.id, region)

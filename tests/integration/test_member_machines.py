@@ -1,0 +1,113 @@
+"""Organization mode end to end (issue 30), against moto in server mode with several accounts and the local
+Slack fake: the hub sweeps a machine in a member account through that account's member role, warns its owner,
+and a click on "Stop now" stops it in that account, through that account's credentials."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from test_accounts import Org, denied, org, real_sts  # noqa: F401  (org: the organization fixture)
+from test_slack import _replies_from, click, ephemeral_text, silent  # noqa: F401  (_replies_from: the Slack fake for replies)
+
+from idle_reaper.aws import DynamoStateStore, client, table_name
+from idle_reaper.aws.accounts import MemberAccess, MemberCredentials
+from idle_reaper.core.records import machine_key
+from idle_reaper.slack import routing
+from idle_reaper.sweep import Adapters
+from idle_reaper.sweep.members import sweep_member_accounts
+from idle_reaper_tools import local
+from idle_reaper_tools.demo import at
+
+pytestmark = pytest.mark.integration
+
+REGION = "us-east-1"
+
+
+def member_instance(held: MemberCredentials, owner: str, launched: datetime) -> str:
+    """An opted-in machine in the member account, quiet since `launched`, as its own EC2 and CloudWatch see it."""
+    from moto.ec2.models import ec2_backends
+
+    tags = {"Name": "trainer", "Team": "ml", "Owner": owner, local.MANAGED_TAG: "true"}
+    out = held.client("ec2").run_instances(
+        ImageId=local.AMI,
+        MinCount=1,
+        MaxCount=1,
+        InstanceType="m5.large",
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
+    )
+    instance_id: str = out["Instances"][0]["InstanceId"]
+    ec2_backends[held.account][REGION].get_instance(instance_id).launch_time = launched.astimezone(UTC).replace(
+        tzinfo=None
+    )
+    points, t = [], launched
+    while t < launched + timedelta(hours=10):
+        dims = [{"Name": "InstanceId", "Value": instance_id}]
+        points.append({"MetricName": "CPUUtilization", "Dimensions": dims, "Timestamp": t, "Value": 1.0})
+        t += timedelta(minutes=5)
+    for i in range(0, len(points), 500):
+        held.client("cloudwatch").put_metric_data(Namespace="AWS/EC2", MetricData=points[i : i + 500])
+    return instance_id
+
+
+def states(held: MemberCredentials, instance_id: str) -> str:
+    out = held.client("ec2").describe_instances(InstanceIds=[instance_id])
+    return str(out["Reservations"][0]["Instances"][0]["State"]["Name"])
+
+
+def test_warning_click_and_stop_in_a_member_account(
+    org: Org,  # noqa: F811
+    slack: Any,
+    clock: dict[str, object],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION], "hubAccount": local.ACCOUNT}
+    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+    cached = routing.answer_access  # the function's own, kept while warm: cleared before and after
+    cached.cache_clear()
+    try:
+        members = MemberAccess.from_environment("sweep")
+        assert members is not None
+        training = members.sessions.credentials(org.accounts["training"], REGION)
+        sandbox = members.sessions.credentials(org.accounts["alice-sandbox"], REGION)
+        assert isinstance(training, MemberCredentials) and isinstance(sandbox, MemberCredentials)
+        in_training = member_instance(training, "U0BOB", at(8))
+        in_sandbox = member_instance(sandbox, "U0ALICE", at(8))
+
+        clock["t"] = at(14)
+        outcomes = {o.account: o for o in sweep_member_accounts(Adapters.from_environment(), members, at(14))}
+        (decision,) = outcomes[training.account].report.decisions  # type: ignore[union-attr]
+        assert (decision.machine.account, decision.action.value) == (training.account, "warn")
+        post = next(c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "D0BOB")
+        assert training.account in json.dumps(post.params["blocks"])  # the warning says which account
+        # The click on bob's warning acts in the training account, through its member role.
+        ref = next(b["elements"][0]["value"] for b in post.params["blocks"] if b["type"] == "actions")
+        assert silent(click("U0BOB", "stop_now", ref))
+        assert states(training, in_training) in ("stopping", "stopped")
+        assert states(sandbox, in_sandbox) == "running"  # the other account's machine is untouched
+        assert not client("ec2").describe_instances()["Reservations"]  # nothing ever ran in the hub
+        store = DynamoStateStore(client("dynamodb"), table_name())
+        key = machine_key(in_training, training.account, REGION)
+        record = store.load([key])[key]
+        assert record.account == training.account and record.last_action == "stop"
+        assert in_training not in store.load([in_training])  # never under the hub's bare key
+
+        # Alice's account can no longer be reached (its member role is gone): her click is answered with why,
+        # and nothing changes, here or anywhere else.
+        sts = real_sts({sandbox.account: denied(sandbox.account)})
+        config_now = members.config
+        directory = config_now.directory()
+        refused = MemberAccess(config_now, directory, config_now.sessions("answer", directory, sts))
+        monkeypatch.setattr(routing, "answer_access", lambda: refused)
+        alice = next(c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "D0ALICE")
+        ref = next(b["elements"][0]["value"] for b in alice.params["blocks"] if b["type"] == "actions")
+        text = ephemeral_text(click("U0ALICE", "stop_now", ref))
+        assert f"account {sandbox.account} in {REGION}" in text and "Nothing changed" in text
+        assert states(sandbox, in_sandbox) == "running"
+        key = machine_key(in_sandbox, sandbox.account, REGION)
+        assert store.load([key])[key].state.value == "warned"
+    finally:
+        cached.cache_clear()
