@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 from test_accounts import Org, denied, org, real_sts  # noqa: F401  (org: the organization fixture)
-from test_slack import _replies_from, click, ephemeral_text, silent  # noqa: F401  (_replies_from: the Slack fake for replies)
+from test_slack import _replies_from, click, ephemeral_text, silent  # noqa: F401  (_replies_from: replies)
+from test_unwatched_regions import run_with
 
 from idle_reaper.aws import DynamoStateStore, client, table_name
 from idle_reaper.aws.accounts import MemberAccess, MemberCredentials
@@ -31,14 +32,7 @@ def member_instance(held: MemberCredentials, owner: str, launched: datetime) -> 
     from moto.ec2.models import ec2_backends
 
     tags = {"Name": "trainer", "Team": "ml", "Owner": owner, local.MANAGED_TAG: "true"}
-    out = held.client("ec2").run_instances(
-        ImageId=local.AMI,
-        MinCount=1,
-        MaxCount=1,
-        InstanceType="m5.large",
-        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
-    )
-    instance_id: str = out["Instances"][0]["InstanceId"]
+    instance_id = run_with(held.client("ec2"), tags)
     ec2_backends[held.account][REGION].get_instance(instance_id).launch_time = launched.astimezone(UTC).replace(
         tzinfo=None
     )

@@ -17,7 +17,12 @@ pytestmark = pytest.mark.integration
 
 
 def run_in(region: str, tags: dict[str, str]) -> str:
-    out = aws_module.client("ec2", region).run_instances(
+    return run_with(aws_module.client("ec2", region), tags)
+
+
+def run_with(ec2: Any, tags: dict[str, str]) -> str:
+    """An m5.large with these tags, launched by this EC2 client (its region, its account)."""
+    out = ec2.run_instances(
         ImageId=local.AMI,
         MinCount=1,
         MaxCount=1,

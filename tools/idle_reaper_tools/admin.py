@@ -23,6 +23,7 @@ from idle_reaper.aws.accounts import MemberCheck, last_member_check
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
 from idle_reaper.core.kinds import NEVER_STOPPED, NOTEBOOK_GAPS, TERMINABLE, Kind, recorded_saving
 from idle_reaper.core.reading import parse_next_read
+from idle_reaper.core.records import machine_key
 from idle_reaper.core.studio import StudioFinding
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import (
@@ -606,14 +607,16 @@ def status_rows(
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     for record in records:
-        seen.add(record.instance_id)
-        machine = machines.get(record.instance_id)
+        # `machines` are the hub account's: a member account's record (organization mode) is not one of them.
+        machine = machines.get(record.instance_id) if record.account is None else None
+        seen.add(record.key)
         team = machine.team if machine else record.team
         ref = aws.policy_for(team, refs, settings).at(now) if refs is not None else None
         action, when = next_step(record, ref.policy if ref else None, machine, now)
         rows.append(
             {
                 "instance_id": record.instance_id,
+                **({"account": record.account, "region": record.region} if record.account else {}),
                 "name": machine.name if machine else record.name,
                 "team": team,
                 "owner": machine.owner if machine else record.owner,
@@ -634,7 +637,9 @@ def status_rows(
                 "human_signal": _human_signal(record),
                 # Sources the machine's collector cannot read (a password-protected Jupyter, ...): a person
                 # there may go unseen.
-                "collector_cannot_read": list(gaps.get(record.instance_id, [])) or None,
+                "collector_cannot_read": (list(gaps.get(record.instance_id, [])) or None)
+                if record.account is None
+                else None,
                 # What kind of machine it is, and what stopping it saves an hour (0 for reserved capacity, for
                 # Spot the most it can be: the reaper does not read Spot prices).
                 "kind": record.machine_kind or None,
@@ -713,7 +718,7 @@ def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
         ),
         (
             (
-                r["instance_id"],
+                machine_key(r["instance_id"], r.get("account"), r.get("region")),  # account/region/id in a member
                 r["name"] or "-",
                 r["team"],
                 r["owner"] or "-",

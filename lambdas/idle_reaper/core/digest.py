@@ -544,9 +544,7 @@ def _warnings(
 ) -> tuple[int, int]:
     """Warnings given this week, and those that led to no stop: the machine was busy again (its next event is
     another warning or it was seen running) without a stop or a keep. One still open now is not counted."""
-    open_warnings = {
-        (r.instance_id, r.warned_at.isoformat()) for r in records if r.warned_at and r.state is State.WARNED
-    }
+    open_warnings = {(r.key, r.warned_at.isoformat()) for r in records if r.warned_at and r.state is State.WARNED}
     by_machine: dict[str, list[Event]] = defaultdict(list)
     for e in events:
         by_machine[e.instance_id].append(e)

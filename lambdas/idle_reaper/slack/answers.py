@@ -211,7 +211,9 @@ class Effects:
 def status_reply(mine: Iterable[MachineRecord]) -> Reply:
     """`/idle-reaper status`: the caller's machines, their state and why (team and reason quote tags: escaped)."""
     lines = [
-        f"• {machine_label(r.name, r.instance_id)} · {escape(r.team)} · *{r.state.value}*: {escape(r.reason)}"
+        f"• {machine_label(r.name, r.instance_id)}"
+        + (f" · account {r.account} ({r.region})" if r.account else "")
+        + f" · {escape(r.team)} · *{r.state.value}*: {escape(r.reason)}"
         + (f" · {human}" if (human := describe_human_signal(r.human_signal)) else "")
         for r in sorted(mine, key=lambda r: (r.team, r.name or r.instance_id))
     ]

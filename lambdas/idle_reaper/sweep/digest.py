@@ -125,7 +125,7 @@ def _send(
             if store.claim_once(claim_key(team, admins_week), now):
                 policy = policy_for(team, refs, settings).policy or settings.default_policy
                 claimed.append(_Due(team, team, policy, admins_week))
-    names = {r.instance_id: r.name or r.instance_id for r in records}
+    names = {r.key: r.name or r.instance_id for r in records}  # audit entries name machines by key
     weeks = [d.week.span(d.policy.timezone) for d in claimed]
     exempt = _read_exempt(metrics, records, settings, min(lo for lo, _ in weeks), now)
     return [

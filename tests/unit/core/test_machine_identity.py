@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 
 from idle_reaper.aws.state import InMemoryStateStore, item_to_record, record_to_item
 from idle_reaper.core.records import MachineId, MachineRecord, machine_key, parse_machine_key
+from idle_reaper.core.signals import Machine
 from idle_reaper.policy import Settings
+from idle_reaper.slack.answers import status_reply
 from idle_reaper.sweep import run_sweep
 from idle_reaper.sweep.delivery import explain
+from idle_reaper_tools.admin import format_status, status_rows
 from testkit.aws import FakeAws, steady
 
 A, B = "111111111111", "222222222222"
@@ -146,3 +149,18 @@ def test_hub_sweep_is_unchanged_by_identity() -> None:
     assert set(store.records) == {instance_id}
     assert store.records[instance_id].account is None
     assert "account" not in explain(report.decisions[0]) and "region" not in explain(report.decisions[0])
+
+
+def test_status_names_the_account_and_never_mixes_a_member_machine_with_the_hubs() -> None:
+    hub_machine = Machine("i-0abc", "m5.large", "hub-team", NOW - timedelta(days=1), owner="hub-owner")
+    hub = MachineRecord("i-0abc", "hub-team", owner="hub-owner", owner_slack_id="U0ME", version=1)
+    member = MachineRecord("i-0abc", "ml", account=A, region=REGION, owner="ann", owner_slack_id="U0ME", version=1)
+    rows = status_rows([hub, member], {"i-0abc": hub_machine}, None, Settings(), NOW)
+    by_account = {r.get("account"): r for r in rows}
+    assert set(by_account) == {None, A} and len(rows) == 2  # the hub's running machine is not listed twice
+    assert (by_account[A]["team"], by_account[A]["owner"], by_account[A]["region"]) == ("ml", "ann", REGION)
+    assert by_account[None]["team"] == "hub-team"
+    table = format_status(rows, NOW)
+    assert f"{A}/{REGION}/i-0abc" in table
+    text = status_reply([hub, member]).text
+    assert f"account {A} ({REGION})" in text and text.count("account ") == 1
