@@ -5,17 +5,18 @@ and a click on "Stop now" stops it in that account, through that account's crede
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from test_accounts import Org, denied, org, real_sts  # noqa: F401  (org: the organization fixture)
-from test_slack import _replies_from, click, ephemeral_text, silent  # noqa: F401  (_replies_from: replies)
+from test_slack import _replies_from, click, command, ephemeral_text, silent  # noqa: F401  (_replies_from)
 from test_unwatched_regions import run_with
 
 from idle_reaper.aws import DynamoStateStore, client, table_name
 from idle_reaper.aws.accounts import MemberAccess, MemberCredentials
-from idle_reaper.core.records import machine_key
+from idle_reaper.core.records import MachineRecord, State, machine_key
 from idle_reaper.slack import routing
 from idle_reaper.sweep import Adapters
 from idle_reaper.sweep.members import sweep_member_accounts
@@ -105,3 +106,22 @@ def test_warning_click_and_stop_in_a_member_account(
         assert store.load([key])[key].state.value == "warned"
     finally:
         cached.cache_clear()
+
+
+def test_keep_asks_which_when_one_instance_id_runs_in_two_accounts(aws: object, slack: Any, clock: Any) -> None:
+    """`/idle-reaper keep` finds carol's machine in whichever account it runs; the same id (or name) in two
+    accounts is never guessed: she is shown both keys, and naming one keeps that one only."""
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    store = DynamoStateStore(client("dynamodb"), table_name())
+    a, b = "111111111111", "222222222222"
+    for account in (a, b):
+        record = MachineRecord("i-0abc", "ml", State.WARNED, account=account, region=REGION, owner_slack_id="U0CAROL")
+        assert store.save(replace(record, version=1, name="trainer", owner="U0CAROL", warned_at=at(13)))
+    for target in ("trainer", "i-0abc"):
+        text = ephemeral_text(command("U0CAROL", f"keep {target} 2h"))
+        assert f"`{machine_key('i-0abc', a, REGION)}`" in text and f"`{machine_key('i-0abc', b, REGION)}`" in text
+    assert {r.state for r in store.load([machine_key("i-0abc", x, REGION) for x in (a, b)]).values()} == {State.WARNED}
+    text = ephemeral_text(command("U0CAROL", f"keep {machine_key('i-0abc', b, REGION)} 2h"))
+    assert text.startswith("Kept trainer")
+    states = {r.account: r.state for r in store.load([machine_key("i-0abc", x, REGION) for x in (a, b)]).values()}
+    assert states == {a: State.WARNED, b: State.SNOOZED}

@@ -31,7 +31,7 @@ from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import DynamoStateStore, StateStore
 from idle_reaper.core.answers import keep_until, may_answer, parse_duration
 from idle_reaper.core.doctor import Finding
-from idle_reaper.core.records import MachineRecord
+from idle_reaper.core.records import MachineId, MachineRecord, parse_machine_key
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy, parse_team_policy
 from idle_reaper.slack.answers import Effects, Reply, doctor_reply, help_reply, status_reply
 from idle_reaper.slack.blocks import machine_label
@@ -44,6 +44,15 @@ DOCTOR_SECONDS = 20.0
 SWEEP_MINUTES_ENV = "IDLE_REAPER_SWEEP_MINUTES"  # the stack's sweep interval, for deploy.last_sweep
 DEFAULT_SWEEP_MINUTES = 5
 NOT_CURRENT = "This message is no longer current (it was answered already, or replaced); nothing changed."
+
+
+def parse_machine_key_or_none(text: str) -> MachineId | None:
+    """A member machine's key (`account/region/id`) typed in a command, else None."""
+    try:
+        found = parse_machine_key(text)
+    except ValueError:
+        return None
+    return found if found.account else None
 
 
 @functools.cache
@@ -120,9 +129,10 @@ class Region:
         return self.store.records_of_owner(user)
 
     def find(self, user: str, target: str) -> list[MachineRecord]:
-        """`keep <target>`: the caller's own machines by name or id; anyone's by instance id."""
-        mine = [r for r in self.records_of_owner(user) if target in (r.instance_id, r.name)]
-        if mine or not target.startswith("i-"):
+        """`keep <target>`: the caller's own machines by name, instance id or machine key (`account/region/id`,
+        for one of the same id in two accounts); anyone's by instance id or machine key."""
+        mine = [r for r in self.records_of_owner(user) if target in (r.instance_id, r.name, r.key)]
+        if mine or not (target.startswith("i-") or parse_machine_key_or_none(target)):
             return mine
         return list(self.store.load([target]).values())
 
@@ -289,8 +299,9 @@ class Router:
             return Reply(f"Not a duration: `{duration_text}` (try `2h`, `90m` or `1h30m`).")
         for region in self.regions:
             matches = region.find(user, target)
-            if len(matches) > 1:
-                return Reply(f"{len(matches)} of your machines are named `{target}`; use the instance id.")
+            if len(matches) > 1:  # one name twice, or one instance id in two accounts: which one?
+                which = ", ".join(f"`{r.key}`" for r in sorted(matches, key=lambda r: r.key))
+                return Reply(f"{len(matches)} of your machines are `{target}`: {which}. Keep one by naming it so.")
             if matches:
                 record = matches[0]
                 policy, refusal = region.authorize(user, record)
