@@ -106,6 +106,7 @@ class UnitOutcome:
     report: SweepReport | None = None  # None: not swept (excluded, no credentials, or it failed)
     excluded_machines: int | None = None  # an excluded account: its opted-in machines, counted, never touched
     error: str | None = None
+    reached: bool = True  # False: no credentials there (check_member_accounts tells the admins of those)
 
     def describe(self) -> str:
         where = f"account {self.account} in {self.region}"
@@ -194,7 +195,7 @@ def sweep_member_accounts(
         account, region = unit
         held = members.sessions.credentials(account.id, region, started=now)
         if isinstance(held, AccountFailure):
-            return UnitOutcome(account.id, region, error=held.describe())
+            return UnitOutcome(account.id, region, error=held.describe(), reached=False)
         default = org.default_for(account.id, account.parents, base.default_policy)
         unit_adapters = make_adapters(adapters, held, default if default is not base.default_policy else None)
         try:
@@ -210,4 +211,18 @@ def sweep_member_accounts(
             return UnitOutcome(account.id, region, error=f"{type(exc).__name__}: {exc}"[:300])
         return UnitOutcome(account.id, region, report=report)
 
-    return run_concurrently(sweep_unit, units, workers)
+    outcomes = run_concurrently(sweep_unit, units, workers)
+    names = {a.id: a.name for a in listing.accounts}
+    for o in outcomes:
+        if o.error and o.reached:  # reached, but its sweep failed: the admins hear once a day per account
+            with contextlib.suppress(Exception):
+                alert_once(
+                    adapters,
+                    f"member-sweep#{o.account}#{now:%Y-%m-%d}",
+                    f"idle-reaper could not sweep member account {o.account} {names.get(o.account, '')!r} in "
+                    f"{o.region}: {o.error}. Its machines there are not looked at (none stopped, no owner told) until "
+                    "this is fixed; the other accounts are not affected.",
+                    base,
+                    now,
+                )
+    return outcomes

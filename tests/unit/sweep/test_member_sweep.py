@@ -13,6 +13,7 @@ import pytest
 
 from idle_reaper.aws.accounts import MemberAccess, MemberCredentials, OrganizationConfig
 from idle_reaper.core.records import machine_key
+from idle_reaper.notify import LoggingNotifier, logger
 from idle_reaper.policy import Settings, TeamPolicy
 from idle_reaper.sweep.adapters import Adapters
 from idle_reaper.sweep.delivery import explain
@@ -70,6 +71,7 @@ class Organization:
             self.hub.ssm.store(f"{PREFIX}/organization", text)
         self.worlds = {acct: FakeAws() for acct in (self.a, self.b, self.c, self.d)}
         self.store = CountingStateStore()
+        self.notifier = LoggingNotifier(logger, delivers=True)
         self.sts = RoleMissingSts({self.d})
         config = OrganizationConfig(prefix="idle-reaper", targets=(self.orgs.root,), regions=(REGION,), hub_account=HUB)
         directory = config.directory(self.orgs)
@@ -82,7 +84,7 @@ class Organization:
         )
 
     def adapters(self) -> Adapters:
-        return self.hub.adapters(store=self.store)
+        return self.hub.adapters(store=self.store, notifier=self.notifier)
 
     def make(self, hub: Adapters, credentials: MemberCredentials, default: TeamPolicy | None) -> Adapters:
         self.made_for.append(credentials.account)
@@ -156,6 +158,9 @@ def test_one_failing_account_does_not_stop_the_others() -> None:
     for t in (NOW - timedelta(minutes=30), NOW):
         out = org.sweep(t)
     assert out[org.a].report is None and "UnauthorizedOperation" in out[org.a].error
+    # The admins heard of A once that day (two sweeps), of nothing else; D (no credentials) is the check's to tell.
+    alerts = [text for kind, text in org.notifier.sent if kind == "admin_alert"]
+    assert len(alerts) == 1 and f"member account {org.a} 'sandbox-a' in {REGION}" in alerts[0]
     assert [r["InstanceIds"] for r in org.worlds[org.b].ec2.requests_of("StopInstances")] == [[in_b]]
     assert out[org.c].report is not None  # nothing excluded: production is swept like the rest
 
