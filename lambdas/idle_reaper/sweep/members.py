@@ -95,6 +95,7 @@ def check_member_accounts(adapters: Adapters, members: MemberAccess, now: dateti
 # Sweeping the member accounts: each (account, region) a unit, through the member role's credentials
 
 MEMBER_SWEEP_WORKERS = 4  # units swept at once: a slow or throttled account holds one worker, not the others
+UNIT_RESERVE_SECONDS = 45.0  # no unit is started with less left in the invocation: the next sweep takes it
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,8 @@ def sweep_member_accounts(
 
     def sweep_unit(unit: tuple[MemberAccount, str]) -> UnitOutcome:
         account, region = unit
+        if time_left is not None and time_left() < UNIT_RESERVE_SECONDS:
+            return UnitOutcome(account.id, region, error="not reached in this invocation's time", reached=False)
         held = members.sessions.credentials(account.id, region, started=now)
         if isinstance(held, AccountFailure):
             return UnitOutcome(account.id, region, error=held.describe(), reached=False)

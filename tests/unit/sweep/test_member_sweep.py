@@ -175,3 +175,16 @@ def test_invalid_organization_settings_sweep_no_member_account(bad: dict[str, An
     assert len(out) == 1 and "/idle-reaper/organization" in (out[0].error or "")
     assert org.made_for == [] and org.sts.calls == {}
     assert all(w.ec2.calls == {} for w in org.worlds.values())
+
+
+def test_units_are_not_started_when_the_invocation_is_short_of_time() -> None:
+    org = Organization(None)
+    org.launch(org.a)
+    left = iter([120.0, 10.0, 10.0, 10.0])  # room for one unit only, then short of time
+    outcomes = sweep_member_accounts(
+        org.adapters(), org.members, NOW, make_adapters=org.make, workers=1, time_left=lambda: next(left, 10.0)
+    )
+    swept = [o for o in outcomes if o.report is not None]
+    assert len(swept) == 1 and org.made_for == [swept[0].account]
+    assert all("time" in (o.error or "") and not o.reached for o in outcomes if o.report is None)
+    assert not [kind for kind, _ in org.notifier.sent if kind == "admin_alert"]
