@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from idle_reaper.aws.clients import AwsError, error_code
+from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.doctor import gather_group_tags, gather_policy, gather_signals
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
@@ -40,6 +40,7 @@ from idle_reaper.core.signals import Machine
 from idle_reaper.notify import logger
 from idle_reaper.policy import Settings
 from idle_reaper.slack.doctor import SlackReader, gather_people, gather_slack, slack_reader
+from idle_reaper.slack.owners import OWNER_CACHE_TTL
 from idle_reaper.sweep.adapters import Adapters, SweepRead, alert_once
 from idle_reaper.sweep.fanout import LAST_SWEEP_KEY
 
@@ -74,7 +75,7 @@ def gather_last_sweep(store: StateStore, now: datetime) -> LastSweep | Literal["
 
 
 def _cache_reader(store: StateStore, now: datetime) -> Callable[[str], str | None]:
-    """The sweep's owner cache, read (never written); an unreadable item is a miss."""
+    """The sweep's owner cache, read; an unreadable item is a miss."""
 
     def cached(key: str) -> str | None:
         try:
@@ -83,6 +84,22 @@ def _cache_reader(store: StateStore, now: datetime) -> Callable[[str], str | Non
             return None
 
     return cached
+
+
+def _cache_writer(store: StateStore, now: datetime) -> Callable[[Mapping[str, str]], None]:
+    """The daily check's resolved owners, into the sweep's owner cache (slack/owners.py: the same keys and
+    lifetime), so the sweep does not resolve them again. A write that fails is only a later lookup."""
+
+    def write(found: Mapping[str, str]) -> None:
+        def put(item: tuple[str, str]) -> None:
+            try:
+                store.put_lookup(f"owner#{item[0]}", item[1], now + OWNER_CACHE_TTL)
+            except AwsError:
+                pass
+
+        run_concurrently(put, sorted(found.items()), DDB_WORKERS)
+
+    return write
 
 
 def run_checks(
@@ -178,8 +195,8 @@ def daily_subset(
 ) -> tuple[list[Finding], int]:
     """The cheap checks, on what the sweep read: teams in safe mode, GPU machines without GPU metrics (the
     sweep's own reads; only the GPU machines it did not read this time are read, CPU and GPU alone), the bot's
-    membership of the team channels, unresolved owners (the sweep's owner cache first). A check's fault makes
-    it unknown. Returns the findings and the owner-cache reads made."""
+    membership of the team channels, unresolved owners (the sweep's owner cache first, and what is resolved is
+    written to it). A check's fault makes it unknown. Returns the findings and the owner-cache reads made."""
     findings: list[Finding] = []
     refs = dict(read.refs or {})
     if read.refs is None:
@@ -216,7 +233,7 @@ def daily_subset(
             return cache(key)
 
         try:
-            owned, contacts = gather_people(reader, read.machines, refs, cached)
+            owned, contacts = gather_people(reader, read.machines, refs, cached, _cache_writer(adapters.store, now))
             findings += [f for f in check_people(owned, contacts) if f.check == "people.owners"]
         except Exception as exc:
             findings.append(unknown("people.owners", f"{type(exc).__name__}: {exc}"))
