@@ -11,11 +11,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from slack_sdk import WebClient
 from test_doctor import ADMIN, ADMIN_CHANNEL, MEMBER, OWNER, TEAM_CHANNEL, healthy, launch_and_publish
 
 from idle_reaper import aws
 from idle_reaper.handlers import slack as slack_handler
 from idle_reaper.handlers import sweep as sweep_handler
+from idle_reaper.slack import SlackNotifier
 from idle_reaper.sweep import Adapters, run_sweep
 from idle_reaper.sweep.adapters import SweepRead
 from idle_reaper.sweep.doctor import DailyDoctor, list_afresh, run_daily_doctor
@@ -93,6 +95,22 @@ def test_the_daily_check_reuses_the_sweeps_reads(healthy: dict[str, str], slack:
     asked = [c.method for c in slack.calls if c.method != "chat.postMessage" and c.method != "conversations.open"]
     assert sorted(asked) == ["auth.test", "conversations.info", "conversations.info", "users.info"]
     assert done.slack_calls == 4
+
+
+def test_what_the_daily_check_resolves_goes_to_the_sweeps_owner_cache(healthy: dict[str, str], slack: Any) -> None:
+    """bob@example.com is not cached: the daily check looks him up once and caches him as the sweep does, so
+    the sweep's own resolution (and tomorrow's check) asks Slack nothing."""
+    adapters = Adapters.from_environment()
+    now = datetime.now(UTC)
+    assert adapters.store.get_lookup("owner#bob@example.com", now) is None
+    daily(adapters, now)
+    assert [c.params["email"] for c in slack.calls_to("users.lookupByEmail")] == ["bob@example.com"]
+    assert adapters.store.get_lookup("owner#bob@example.com", now) == OWNER
+    slack.calls.clear()
+    notifier = SlackNotifier(WebClient(token="xoxb-test", base_url=slack.url), adapters.store, clock=lambda: now)
+    assert notifier.resolve_owner("bob@example.com") == OWNER and not slack.calls_to("users.lookupByEmail")
+    daily(adapters, now + timedelta(days=1))
+    assert not slack.calls_to("users.lookupByEmail")
 
 
 def test_a_machine_the_sweep_did_not_read_is_read_for_its_gpu_alone(healthy: dict[str, str], slack: Any) -> None:

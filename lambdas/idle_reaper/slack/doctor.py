@@ -4,6 +4,7 @@ None when Slack could not be asked. A reader with a deadline asks nothing past i
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
@@ -105,10 +106,8 @@ class SlackReader:
         """users.list pages (the sweep's bulk owner lookup) until every email and id is found, the listing ends,
         or the deadline; a Slack fault ends it early (what was listed before stays)."""
         listing = UsersListing()
-        try:
+        with contextlib.suppress(SLACK_DOWN):
             listing.read(self.client, emails, ids, self._may_ask)
-        except SLACK_DOWN:
-            pass
         return listing
 
 

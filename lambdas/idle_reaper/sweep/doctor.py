@@ -6,6 +6,7 @@ not be gathered, in time or at all, is "could not check" (unknown), never ok."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -92,10 +93,8 @@ def _cache_writer(store: StateStore, now: datetime) -> Callable[[Mapping[str, st
 
     def write(found: Mapping[str, str]) -> None:
         def put(item: tuple[str, str]) -> None:
-            try:
+            with contextlib.suppress(AwsError):
                 store.put_lookup(f"owner#{item[0]}", item[1], now + OWNER_CACHE_TTL)
-            except AwsError:
-                pass
 
         run_concurrently(put, sorted(found.items()), DDB_WORKERS)
 
