@@ -106,7 +106,7 @@ class SlackReader:
         """users.list pages (the sweep's bulk owner lookup) until every email and id is found, the listing ends,
         or the deadline; a Slack fault ends it early (what was listed before stays)."""
         listing = UsersListing()
-        with contextlib.suppress(SLACK_DOWN):
+        with contextlib.suppress(*SLACK_DOWN):
             listing.read(self.client, emails, ids, self._may_ask)
         return listing
 

@@ -93,7 +93,7 @@ def _cache_writer(store: StateStore, now: datetime) -> Callable[[Mapping[str, st
 
     def write(found: Mapping[str, str]) -> None:
         def put(item: tuple[str, str]) -> None:
-            with contextlib.suppress(AwsError):
+            with contextlib.suppress(*AwsError):
                 store.put_lookup(f"owner#{item[0]}", item[1], now + OWNER_CACHE_TTL)
 
         run_concurrently(put, sorted(found.items()), DDB_WORKERS)
