@@ -11,7 +11,8 @@ slack/owners.py) from 20 uncached owners on, else one users.lookupByEmail each. 
 The sweep's daily subset (sweep/doctor.py daily_subset) is measured the same way, twice: after a sweep in
 place (it reuses the sweep's reads: only GPU machines the sweep did not read are read, CPU and GPU alone; the
 sweep measured is the second of a steady fleet, whose busy machines are not due),
-and after a sweep handed to the fan-out (it lists the fleet again and reads every GPU machine).
+and after a sweep handed to the fan-out (it checks the machines the planner listed, not listing them again, and
+reads every GPU machine).
 
 The deploy checks (finding the stack in every enabled region, then its schedule, alarm topic, concurrency and
 association) are counted against moto in server mode with AWS's real answers in front
@@ -220,8 +221,9 @@ def measure_daily(size: int, owners: int) -> dict[str, object]:
         daily_subset(adapters, report.read, NOW, None)
         after_sweep = fake.calls() - before
         out["in_place_aws_calls"] = dict(sorted(after_sweep.items()))
+    listed = adapters.fleet.discover(Settings().tags)  # what the fan-out's planner listed (handlers/sweep.py)
     before = fake.calls()
-    read = list_afresh(adapters)
+    read = list_afresh(adapters, listed)
     daily_subset(adapters, read, NOW, None)
     fanned_out = fake.calls() - before
     out["fanned_out_aws_calls"] = dict(sorted(fanned_out.items()))

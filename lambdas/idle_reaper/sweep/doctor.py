@@ -170,11 +170,13 @@ FAILING_KEY = "doctor#failing"  # what the last daily run remembered (core.docto
 FAILING_KEEP = timedelta(days=40)  # longer than a claim lives (aws.state.CLAIM_TTL_DAYS)
 
 
-def list_afresh(adapters: Adapters) -> SweepRead:
-    """For a sweep handed to the fan-out, whose machines the planner does not keep: listed again."""
+def list_afresh(adapters: Adapters, listed: Sequence[Machine] | None = None) -> SweepRead:
+    """For a sweep handed to the fan-out (whose shards read their own machines): the settings and team
+    policies, and the machines the planner `listed` (listed again only when there are none)."""
     settings, _ = adapters.policies.load_settings()
     refs = adapters.policies.load_teams(settings)
-    return SweepRead(settings, refs, adapters.fleet.discover(settings.tags, notebooks=False), {})
+    machines = list(listed) if listed is not None else adapters.fleet.discover(settings.tags, notebooks=False)
+    return SweepRead(settings, refs, machines, {})
 
 
 @dataclass
@@ -284,10 +286,12 @@ def run_daily_doctor(
     now: datetime,
     read: SweepRead | None,
     time_left: Callable[[], float],
+    listed: Sequence[Machine] | None = None,
 ) -> DailyDoctor | None:
     """The daily subset, on the day's first sweep with DAILY_MIN_SECONDS left (claimed once a day), after the
     sweep's own work. It never raises: a fault is logged, and a check it touches is unknown. Nothing is told
-    in a dry run. `read`: what the sweep read (None: list the fleet again)."""
+    in a dry run. `read`: what the sweep read; else `listed`, what the fan-out's planner listed; with neither,
+    the fleet is listed again."""
     if time_left() < DAILY_MIN_SECONDS:
         return None
     started = time.monotonic()
@@ -295,7 +299,7 @@ def run_daily_doctor(
     try:
         if not adapters.store.claim_once(f"doctor#day#{now:%Y-%m-%d}", now):
             return None
-        read = read or list_afresh(adapters)
+        read = read or list_afresh(adapters, listed)
         slack, _ = slack_reader(DAILY_SLACK_SECONDS, started + DAILY_SLACK_SECONDS)
         findings, lookups = daily_subset(adapters, read, now, slack)
         told = [] if read.settings.dry_run else tell_new_failures(adapters, findings, read.settings, now)
