@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 import urllib.parse
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +16,7 @@ from slack_sdk import WebClient
 from test_doctor import ADMIN, ADMIN_CHANNEL, MEMBER, OWNER, TEAM_CHANNEL, healthy, launch_and_publish
 
 from idle_reaper import aws
+from idle_reaper.aws.deploy import DEPLOY_CHECKS
 from idle_reaper.handlers import slack as slack_handler
 from idle_reaper.handlers import sweep as sweep_handler
 from idle_reaper.slack import SlackNotifier
@@ -22,6 +24,7 @@ from idle_reaper.sweep import Adapters, run_sweep
 from idle_reaper.sweep.adapters import SweepRead
 from idle_reaper.sweep.doctor import DailyDoctor, list_afresh, run_daily_doctor
 from idle_reaper_tools.fake_slack import BOT_USER, LambdaContextStub, signed_request
+from testkit.deploy_answers import STACK, DeployAnswers
 
 pytestmark = pytest.mark.integration
 __all__ = ["healthy"]  # the fixture, shared with test_doctor.py
@@ -217,3 +220,41 @@ def test_the_slack_command_refuses_who_is_not_an_admin(healthy: dict[str, str], 
     for user in (MEMBER, "U0BOB"):
         assert doctor_command(slack, user) == refusal
     assert not slack.calls_to("auth.test") and not slack.calls_to("conversations.info")
+
+
+def test_the_slack_command_runs_the_deploy_checks_and_a_broken_schedule_is_a_failing_line(
+    healthy: dict[str, str], deployed: DeployAnswers, slack: Any
+) -> None:
+    ok = doctor_command(slack, ADMIN)
+    assert ok.endswith(" checks ok.")
+    checks = int(ok.split("all ")[1].split(" ")[0])
+    assert checks >= 6 + 12, "the deploy checks are among them"
+    stack = aws.client("cloudformation").describe_stacks(StackName=STACK)["Stacks"][0]
+    rule = next(o["OutputValue"] for o in stack["Outputs"] if o["OutputKey"] == "SweepScheduleName")
+    aws.client("events").disable_rule(Name=rule)
+
+    text = doctor_command(slack, ADMIN)
+
+    assert "1 fail" in text.splitlines()[0]
+    (failing,) = [line for line in text.splitlines() if line.startswith("•")]
+    assert failing.startswith("• *FAIL* `deploy.schedule`: ") and rule in failing and "DISABLED" in failing
+    assert f"fix: aws events enable-rule --name {rule} --region us-east-1" in text
+    assert deployed.count("DescribeRule") == 2 and deployed.count("GetAccountSettings") == 2
+
+
+def test_a_deploy_check_that_cannot_finish_in_time_is_unknown_and_the_answer_still_comes(
+    healthy: dict[str, str], deployed: DeployAnswers, slack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def hangs(*_: Any) -> str:
+        time.sleep(3.0)
+        return "ENABLED"
+
+    monkeypatch.setattr("idle_reaper.aws.deploy.rule_state", hangs)
+    monkeypatch.setattr("idle_reaper.slack.routing.DEPLOY_STAGE_SECONDS", 1.0)
+    started = time.monotonic()
+    text = doctor_command(slack, ADMIN)
+    assert time.monotonic() - started < 2.9, "answered without waiting for the hanging call"
+    unknown = [line for line in text.splitlines() if line.startswith("• *UNKNOWN*")]
+    assert {line.split("`")[1] for line in unknown} == set(DEPLOY_CHECKS)
+    assert all("could not check: out of time" in line for line in unknown)
+    assert "*OK*" not in text and "FAIL" not in text

@@ -8,18 +8,30 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
+from idle_reaper.aws.deploy import (
+    DEPLOY_CHECKS,
+    OUT_OF_TIME,
+    STACK_ENV,
+    default_stack_name,
+    deploy_findings,
+    describe_stack,
+)
 from idle_reaper.aws.doctor import gather_group_tags, gather_policy, gather_signals
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import StateStore
+from idle_reaper.core.deploy_checks import AssociationFacts, Unreadable
 from idle_reaper.core.doctor import (
     DAILY_CHECKS,
     SIGNAL_WINDOW_MINUTES,
@@ -45,7 +57,6 @@ from idle_reaper.slack.owners import OWNER_CACHE_TTL
 from idle_reaper.sweep.adapters import Adapters, SweepRead, alert_once
 from idle_reaper.sweep.fanout import LAST_SWEEP_KEY
 
-OUT_OF_TIME = "out of time"
 # The fleet and its metrics are read only with this much time left; the rest is said to be unknown.
 AWS_STAGE_SECONDS = 5.0
 
@@ -99,6 +110,31 @@ def _cache_writer(store: StateStore, now: datetime) -> Callable[[Mapping[str, st
         run_concurrently(put, sorted(found.items()), DDB_WORKERS)
 
     return write
+
+
+def stack_checks(
+    connect: Callable[[str], Any], region: str, deadline: float
+) -> tuple[list[Finding], AssociationFacts | Unreadable | None]:
+    """The deploy checks of the stack this runs in (IDLE_REAPER_STACK; else the stack of the table's prefix)
+    for `/idle-reaper doctor`, with its agent association's facts. Bounded by `deadline` (time.monotonic()):
+    what is not finished by then, even a call that hangs, is unknown, never ok."""
+    name = os.environ.get(STACK_ENV) or default_stack_name()
+    clients = {service: connect(service) for service in ("cloudformation", "events", "sns", "lambda", "ssm")}
+
+    def run() -> tuple[list[Finding], AssociationFacts | Unreadable | None]:
+        try:
+            stack = describe_stack(clients["cloudformation"], name)
+            return deploy_findings(clients.__getitem__, region, name, stack, deadline)
+        except Exception as exc:  # a check's fault is its unknown (CannotRun: credentials refused)
+            return [unknown(c, f"{type(exc).__name__}: {exc}") for c in DEPLOY_CHECKS], None
+
+    pool = ThreadPoolExecutor(1)
+    try:
+        return pool.submit(run).result(timeout=max(0.0, deadline - time.monotonic()))
+    except FutureTimeout:
+        return [unknown(c, OUT_OF_TIME) for c in DEPLOY_CHECKS], None
+    finally:
+        pool.shutdown(wait=False)  # a call still hanging finishes (read-only) unobserved
 
 
 def run_checks(
