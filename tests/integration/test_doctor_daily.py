@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from slack_sdk import WebClient
-from test_doctor import ADMIN, ADMIN_CHANNEL, MEMBER, OWNER, TEAM_CHANNEL, healthy, launch_and_publish
+from test_doctor import ADMIN, ADMIN_CHANNEL, MEMBER, OWNER, TEAM_CHANNEL, healthy, launch_and_publish, snapshot
 
 from idle_reaper import aws
 from idle_reaper.aws.deploy import DEPLOY_CHECKS
@@ -258,3 +258,16 @@ def test_a_deploy_check_that_cannot_finish_in_time_is_unknown_and_the_answer_sti
     assert {line.split("`")[1] for line in unknown} == set(DEPLOY_CHECKS)
     assert all("could not check: out of time" in line for line in unknown)
     assert "*OK*" not in text and "FAIL" not in text
+
+
+def test_the_slack_command_changes_nothing(healthy: dict[str, str], slack: Any) -> None:
+    """Not even the owner cache: an owner no sweep has resolved is looked up, and not written down."""
+    slack.users_by_email["carol@example.com"] = "U0CAROL"
+    aws.client("ec2").create_tags(Resources=[healthy["mail"]], Tags=[{"Key": "Owner", "Value": "carol@example.com"}])
+    aws.client("ssm").put_parameter(Name="/idle-reaper/teams/cv", Value="{", Type="String", Overwrite=True)
+    before = snapshot(slack)
+    text = doctor_command(slack, ADMIN)
+    assert "`policy.teams`" in text and "cv" in text
+    assert [c.params["email"] for c in slack.calls_to("users.lookupByEmail")] == ["carol@example.com"]
+    assert snapshot(slack) == before
+    assert not slack.calls_to("chat.postMessage") and not slack.calls_to("conversations.open")
