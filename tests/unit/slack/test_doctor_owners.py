@@ -152,3 +152,36 @@ def test_a_deleted_user_does_not_resolve() -> None:
     assert answer["user3@example.com"] is False and answer["user4@example.com"] is True
     assert answer["U00000004"] is True
     assert workspace.calls == {"users.list": 1}
+
+
+class Down(Workspace):
+    """Slack answers nothing (503 past the client's retries) to any of the owner calls."""
+
+    def users_list(self, limit: int, cursor: str | None = None) -> dict[str, Any]:
+        self.calls["users.list"] += 1
+        raise error("service_unavailable", 503)
+
+    def users_lookupByEmail(self, email: str) -> dict[str, Any]:
+        self.calls["users.lookupByEmail"] += 1
+        raise error("service_unavailable", 503)
+
+    def users_info(self, user: str) -> dict[str, Any]:
+        self.calls["users.info"] += 1
+        raise error("service_unavailable", 503)
+
+
+def test_slack_down_leaves_every_uncached_owner_unknown_and_writes_nothing() -> None:
+    people = {f"user{i}@example.com": f"U{i:08d}" for i in range(40)}
+    owners = [*people, "U00000001"]
+    written: dict[str, str] = {}
+    owned, _ = gather_people(
+        SlackReader(Down(people)),  # type: ignore[arg-type]
+        fleet(80, owners),
+        {},
+        cached=lambda key: "U00000000" if key == "owner#user0@example.com" else None,
+        resolved_to=written.update,
+    )
+    answer = resolved(owned)
+    assert answer["user0@example.com"] is True, "the sweep's cache still counts"
+    assert {answer[o] for o in owners[1:]} == {None}, "could not check, never resolved nor refused"
+    assert not written
