@@ -35,7 +35,7 @@ STOP_BATCH = 200  # StopInstances documents no limit; smaller batches fail small
 SPOT_REQUEST_FILTER_VALUES = 200  # request ids in one DescribeSpotInstanceRequests filter
 RESERVATIONS_PER_CALL = 100  # capacity reservation ids in one DescribeCapacityReservations call
 ACTION_WORKERS = 8
-# Child processes the planner lists the zones in, at most (Lambda's largest function has 6 vCPUs): parsing
+# Child processes the planner lists the zones (and a full zone's parts) in, at most (Lambda's largest function has 6 vCPUs): parsing
 # DescribeInstances is botocore CPU, about 0.35 ms an instance (benchmarks/botocore_cpu.py), which threads
 # cannot overlap under the GIL; processes can, one vCPU each.
 LISTING_PROCESSES = 6
@@ -131,7 +131,7 @@ class Fleet:
         self.ec2 = ec2
         self.autoscaling = autoscaling
         self.notebooks = notebooks
-        # Child processes a discovery lists the zones in (1: threads of this process; the planner uses more).
+        # Child processes a discovery lists in (1: threads of this process; the planner uses more).
         self.listing_processes = max(1, min(listing_processes, LISTING_PROCESSES))
         # Why notebook instances could not be listed at the last discovery (None: they were, or none asked).
         self.notebooks_unlisted: str | None = None
