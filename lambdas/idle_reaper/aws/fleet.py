@@ -35,9 +35,9 @@ STOP_BATCH = 200  # StopInstances documents no limit; smaller batches fail small
 SPOT_REQUEST_FILTER_VALUES = 200  # request ids in one DescribeSpotInstanceRequests filter
 RESERVATIONS_PER_CALL = 100  # capacity reservation ids in one DescribeCapacityReservations call
 ACTION_WORKERS = 8
-# Child processes the planner lists the zones (and a full zone's parts) in, at most (Lambda's largest function has 6 vCPUs): parsing
-# DescribeInstances is botocore CPU, about 0.35 ms an instance (benchmarks/botocore_cpu.py), which threads
-# cannot overlap under the GIL; processes can, one vCPU each.
+# Child processes the planner lists the zones (and a full zone's parts) in, at most (Lambda's largest function
+# has 6 vCPUs): parsing DescribeInstances is botocore CPU, about 0.35 ms an instance (benchmarks/botocore_cpu.py),
+# which threads cannot overlap under the GIL; processes can, one vCPU each.
 LISTING_PROCESSES = 6
 PAGE_SIZE = 1000  # DescribeInstances' largest page
 
