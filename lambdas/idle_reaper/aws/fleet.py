@@ -115,6 +115,75 @@ def _joined(listings: Iterable[tuple[list[Machine], dict[str, str]]]) -> tuple[l
     return machines, asg_tagged
 
 
+def _filters(tags: TagKeys, only: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    filters = [
+        {"Name": "instance-state-name", "Values": ["running"]},
+        {"Name": "tag-key", "Values": [tags.team]},
+        *only,
+    ]
+    if tags.managed:
+        # The reaper's own opt-in: a cost-allocation `Team` tag alone never makes a machine reapable.
+        filters.append({"Name": f"tag:{tags.managed}", "Values": ["true"]})
+    return filters
+
+
+def _machines_of(pages: Iterable[Mapping[str, Any]], tags: TagKeys) -> tuple[list[Machine], dict[str, str]]:
+    machines: list[Machine] = []
+    asg_tagged: dict[str, str] = {}
+    for page in pages:
+        for reservation in page["Reservations"]:
+            for inst in reservation["Instances"]:
+                tag = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                if not tag.get(tags.team, "").strip():
+                    continue  # an empty team tag names no team (and IAM lets us act only on "?*")
+                machines.append(
+                    Machine(
+                        instance_id=inst["InstanceId"],
+                        instance_type=inst["InstanceType"],
+                        team=tag[tags.team],
+                        launch_time=inst["LaunchTime"].astimezone(UTC),
+                        name=tag.get("Name"),
+                        owner=tag.get(tags.owner),
+                        exempt_tag=tag.get(tags.exempt),
+                        hibernation_configured=bool(inst.get("HibernationOptions", {}).get("Configured")),
+                        facts=InstanceFacts.of(inst, tag),
+                    )
+                )
+                # Only members carry this AWS-managed tag: ask the ASG API about their groups alone.
+                if tag.get("aws:autoscaling:groupName"):
+                    asg_tagged[inst["InstanceId"]] = tag["aws:autoscaling:groupName"]
+    return machines, asg_tagged
+
+
+def _listed_once(parts: Sequence[Sequence[str]], listed: Sequence[Sequence[Machine]]) -> set[str]:
+    """The ids the parts listed, each checked to be of its own part and listed once (ListingIncomplete if not)."""
+    seen: set[str] = set()
+    for values, machines in zip(parts, listed, strict=True):
+        for m in machines:
+            if not any(matches_id_part(m.instance_id, v) for v in values) or m.instance_id in seen:
+                raise ListingIncomplete(
+                    what=f"the listing by instance id returned {m.instance_id} for the part {list(values)}, "
+                    "or twice: EC2 did not apply the instance-id filter as documented; nothing was swept"
+                )
+            seen.add(m.instance_id)
+    return seen
+
+
+def _spread(ec2: Any, processes: int, fn: Callable[[Any, Any], Result], items: Sequence[Any]) -> list[Result]:
+    """`fn(ec2 client, item)` over `items`, results in order: in up to `processes` child processes
+    (items dealt round-robin, threads within each, a client of the child's own), else on threads here."""
+    processes = min(processes, len(items))
+    if processes <= 1:
+        return run_concurrently(lambda item: fn(ec2, item), items, ACTION_WORKERS)
+
+    def share_of(share: Sequence[Any]) -> list[Result]:
+        own = for_this_process(ec2)
+        return run_concurrently(lambda item: fn(own, item), share, ACTION_WORKERS)
+
+    shares = run_in_processes(share_of, [items[i::processes] for i in range(processes)])
+    return [shares[i % processes][i // processes] for i in range(len(items))]
+
+
 @dataclass(frozen=True)
 class ActionOutcome:
     instance_id: str
@@ -168,7 +237,7 @@ class Fleet:
         would: a fleet listed in part is never swept as if it were whole."""
         zones = self._zones()
         units: list[list[dict[str, Any]]] = [[{"Name": "availability-zone", "Values": [z]}] for z in zones] or [[]]
-        firsts = self._spread(lambda ec2, unit: self._first_page(ec2, tags, unit), units)
+        firsts = _spread(self.ec2, self.listing_processes, lambda ec2, unit: self._first_page(ec2, tags, unit), units)
         listings = [(machines, tagged) for machines, tagged, more in firsts if not more]
         split = [
             (unit, {m.instance_id for m in machines})
@@ -189,19 +258,13 @@ class Fleet:
         unit's first page listed is listed by a part or no longer running as discovery lists it (so none
         missed: an EC2 that took the wildcard literally, or ignored it, fails here, never sweeps a part)."""
         parts = [(unit, values) for unit, _ in split for values in ID_PARTS]
-        listed = self._spread(
+        listed = _spread(
+            self.ec2,
+            self.listing_processes,
             lambda ec2, part: self._list(tags, [*part[0], {"Name": "instance-id", "Values": list(part[1])}], ec2),
             parts,
         )
-        seen: set[str] = set()
-        for (_, values), (machines, _) in zip(parts, listed, strict=True):
-            for m in machines:
-                if not any(matches_id_part(m.instance_id, v) for v in values) or m.instance_id in seen:
-                    raise ListingIncomplete(
-                        what=f"the listing by instance id returned {m.instance_id} for the part {list(values)}, "
-                        "or twice: EC2 did not apply the instance-id filter as documented; nothing was swept"
-                    )
-                seen.add(m.instance_id)
+        seen = _listed_once([values for _, values in parts], [machines for machines, _ in listed])
         missed = sorted(set().union(*(first for _, first in split)) - seen)
         if missed:  # listed by a first page, by no part: stopped (or untagged) since, or missed by the parts
             batches = list(chunks(missed, FILTER_VALUES))
@@ -220,26 +283,12 @@ class Fleet:
                 )
         return listed
 
-    def _spread(self, fn: Callable[[Any, Any], Result], items: Sequence[Any]) -> list[Result]:
-        """`fn(ec2 client, item)` over `items`, results in order: in up to `listing_processes` child processes
-        (items dealt round-robin, threads within each, a client of the child's own), else on threads here."""
-        processes = min(self.listing_processes, len(items))
-        if processes <= 1:
-            return run_concurrently(lambda item: fn(self.ec2, item), items, ACTION_WORKERS)
-
-        def share_of(share: Sequence[Any]) -> list[Result]:
-            ec2 = for_this_process(self.ec2)
-            return run_concurrently(lambda item: fn(ec2, item), share, ACTION_WORKERS)
-
-        shares = run_in_processes(share_of, [items[i::processes] for i in range(processes)])
-        return [shares[i % processes][i // processes] for i in range(len(items))]
-
     def _first_page(
         self, ec2: Any, tags: TagKeys, only: list[dict[str, Any]]
     ) -> tuple[list[Machine], dict[str, str], bool]:
         """The first page of a unit's listing (a page of 1,000), and whether more pages follow."""
-        page = ec2.describe_instances(Filters=self._filters(tags, only), MaxResults=PAGE_SIZE)
-        machines, asg_tagged = self._machines_of([page], tags)
+        page = ec2.describe_instances(Filters=_filters(tags, only), MaxResults=PAGE_SIZE)
+        machines, asg_tagged = _machines_of([page], tags)
         return machines, asg_tagged, bool(page.get("NextToken"))
 
     def _zones(self) -> list[str]:
@@ -282,54 +331,15 @@ class Fleet:
         batches = list(chunks(sorted(set(instance_ids)), FILTER_VALUES))
         return self._with_membership(*_joined(run_concurrently(describe, batches, ACTION_WORKERS))) + found
 
-    def _filters(self, tags: TagKeys, only: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        filters = [
-            {"Name": "instance-state-name", "Values": ["running"]},
-            {"Name": "tag-key", "Values": [tags.team]},
-            *only,
-        ]
-        if tags.managed:
-            # The reaper's own opt-in: a cost-allocation `Team` tag alone never makes a machine reapable.
-            filters.append({"Name": f"tag:{tags.managed}", "Values": ["true"]})
-        return filters
-
     def _list(self, tags: TagKeys, only: list[dict[str, Any]], ec2: Any = None) -> tuple[list[Machine], dict[str, str]]:
         """The machines DescribeInstances lists (through `ec2`, this fleet's client unless given), and the group
         each member's tag names (instance id -> group)."""
         pages = (
             (ec2 or self.ec2)
             .get_paginator("describe_instances")
-            .paginate(Filters=self._filters(tags, only), PaginationConfig={"PageSize": PAGE_SIZE})
+            .paginate(Filters=_filters(tags, only), PaginationConfig={"PageSize": PAGE_SIZE})
         )
-        return self._machines_of(pages, tags)
-
-    @staticmethod
-    def _machines_of(pages: Iterable[Mapping[str, Any]], tags: TagKeys) -> tuple[list[Machine], dict[str, str]]:
-        machines: list[Machine] = []
-        asg_tagged: dict[str, str] = {}
-        for page in pages:
-            for reservation in page["Reservations"]:
-                for inst in reservation["Instances"]:
-                    tag = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                    if not tag.get(tags.team, "").strip():
-                        continue  # an empty team tag names no team (and IAM lets us act only on "?*")
-                    machines.append(
-                        Machine(
-                            instance_id=inst["InstanceId"],
-                            instance_type=inst["InstanceType"],
-                            team=tag[tags.team],
-                            launch_time=inst["LaunchTime"].astimezone(UTC),
-                            name=tag.get("Name"),
-                            owner=tag.get(tags.owner),
-                            exempt_tag=tag.get(tags.exempt),
-                            hibernation_configured=bool(inst.get("HibernationOptions", {}).get("Configured")),
-                            facts=InstanceFacts.of(inst, tag),
-                        )
-                    )
-                    # Only members carry this AWS-managed tag: ask the ASG API about their groups alone.
-                    if tag.get("aws:autoscaling:groupName"):
-                        asg_tagged[inst["InstanceId"]] = tag["aws:autoscaling:groupName"]
-        return machines, asg_tagged
+        return _machines_of(pages, tags)
 
     def _with_membership(self, machines: list[Machine], asg_tagged: Mapping[str, str]) -> list[Machine]:
         membership = self._membership(asg_tagged)
