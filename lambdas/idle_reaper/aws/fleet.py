@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC
@@ -163,7 +164,7 @@ def _listed_once(parts: Sequence[Sequence[str]], listed: Sequence[Sequence[Machi
             if not any(matches_id_part(m.instance_id, v) for v in values) or m.instance_id in seen:
                 raise ListingIncomplete(
                     what=f"the listing by instance id returned {m.instance_id} for the part {list(values)}, "
-                    "or twice: EC2 did not apply the instance-id filter as documented; nothing was swept"
+                    "or twice: EC2 did not apply the instance-id filter as documented"
                 )
             seen.add(m.instance_id)
     return seen
@@ -182,6 +183,19 @@ def _spread(ec2: Any, processes: int, fn: Callable[[Any, Any], Result], items: S
 
     shares = run_in_processes(share_of, [items[i::processes] for i in range(processes)])
     return [shares[i % processes][i // processes] for i in range(len(items))]
+
+
+def _listed_whole(fleet: Fleet, tags: TagKeys, split: Sequence[tuple[list[dict[str, Any]], set[str]]]) -> list[Any]:
+    """The full zones listed in parts; or, when EC2 answered the parts wrongly (an id outside its part, or twice,
+    or a first page's machine in no part), listed page after page as before the parts. AWS documents filter
+    wildcards for describe calls in general, not instance-id by name: an EC2 that does not apply them costs a
+    sweep its speed, never its machines."""
+    try:
+        return fleet._listed_in_parts(tags, split)
+    except ListingIncomplete as exc:
+        logging.getLogger(__name__).warning("listing full zones in sequence: %s", exc)
+        units = [unit for unit, _ in split]
+        return _spread(fleet.ec2, fleet.listing_processes, lambda ec2, unit: fleet._list(tags, unit, ec2), units)
 
 
 @dataclass(frozen=True)
@@ -245,7 +259,7 @@ class Fleet:
             if more
         ]
         if split:
-            listings += self._listed_in_parts(tags, split)
+            listings += _listed_whole(self, tags, split)
         machines, asg_tagged = _joined(listings)
         machines.sort(key=lambda m: m.instance_id)  # one order whatever part answered first
         return self._with_membership(machines, asg_tagged)
@@ -279,7 +293,7 @@ class Fleet:
                 raise ListingIncomplete(
                     what=f"{len(still)} running machine(s) (such as {still[0].instance_id}) were listed by a zone's "
                     "first page but by none of its parts by instance id: EC2 did not apply the instance-id "
-                    "wildcard as documented; nothing was swept"
+                    "wildcard as documented"
                 )
         return listed
 
