@@ -261,7 +261,7 @@ def print_size(size: int, results: list[Measured], zones: int = len(ZONES)) -> b
         if max(r.botocore_by_op[op] for r in results) >= 0.05:
             row(f"  {op}", [r.botocore_by_op[op] for r in results], ",.1f")
     row("modelled wall, s", [r.wall_s for r in results], ",.1f")
-    row(f"  planner (zones listed in processes, {PLANNER_VCPUS} vCPUs), s", [r.planner_s for r in results], ",.1f")
+    row(f"  planner (listed in processes, {PLANNER_VCPUS} vCPUs), s", [r.planner_s for r in results], ",.1f")
     row("shards", [r.shards for r in results])
     row("invocations (planner + shard workers + gather)", [r.invocations for r in results])
     row("longest invocation, s", [r.longest_s for r in results], ",.1f")
@@ -428,9 +428,9 @@ def time_planner(
 
 
 def print_planner(size: int, seed: int, cpu: BotocoreCpu | None) -> None:
-    """The planner alone at `size`: the fleet evenly over the region's zones, and all in one (its worst case:
-    one child lists the whole fleet), against the listing on threads of one process (before)."""
-    print(f"\n== the planner alone at {size:,} machines ({PLANNER_VCPUS} vCPUs, zones in child processes) ==")
+    """The planner alone at `size`: the fleet evenly over the region's zones, and all in one (a full zone is listed
+    again in parts by instance id, so the children share it), against the listing on threads of one process."""
+    print(f"\n== the planner alone at {size:,} machines ({PLANNER_VCPUS} vCPUs, zones and parts in child processes) ==")
     runs = ((len(ZONES), 1, "on threads of one process (before)"), (len(ZONES), LISTING_PROCESSES, "in processes"))
     for zones, processes, how in (*runs, (1, LISTING_PROCESSES, "in processes")):
         wall = time_planner(size, seed, cpu, sleep=False, processes=processes, zones=zones, vcpus=PLANNER_VCPUS)

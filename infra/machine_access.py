@@ -20,7 +20,7 @@ from infra.constructs import suppress
 # reservations say what kind of machine each is (core/kinds.py).
 SWEEP_READS = (
     "ec2:DescribeInstances",
-    "ec2:DescribeAvailabilityZones",  # the fleet is listed one zone per thread (aws/fleet.py)
+    "ec2:DescribeAvailabilityZones",  # the fleet is listed by zone, side by side (aws/fleet.py)
     "ec2:DescribeSpotInstanceRequests",
     "ec2:DescribeCapacityReservations",
     "autoscaling:DescribeAutoScalingGroups",

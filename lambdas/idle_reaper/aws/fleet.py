@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from idle_reaper.aws.clients import (
     CALL_WIDE_ERRORS,
@@ -35,10 +36,70 @@ STOP_BATCH = 200  # StopInstances documents no limit; smaller batches fail small
 SPOT_REQUEST_FILTER_VALUES = 200  # request ids in one DescribeSpotInstanceRequests filter
 RESERVATIONS_PER_CALL = 100  # capacity reservation ids in one DescribeCapacityReservations call
 ACTION_WORKERS = 8
-# Child processes the planner lists the zones in, at most (Lambda's largest function has 6 vCPUs): parsing
-# DescribeInstances is botocore CPU, about 0.35 ms an instance (benchmarks/botocore_cpu.py), which threads
-# cannot overlap under the GIL; processes can, one vCPU each.
+# Child processes the planner lists the zones (and a full zone's parts) in, at most (Lambda's largest function
+# has 6 vCPUs): parsing DescribeInstances is botocore CPU, about 0.35 ms an instance (benchmarks/botocore_cpu.py),
+# which threads cannot overlap under the GIL; processes can, one vCPU each.
 LISTING_PROCESSES = 6
+PAGE_SIZE = 1000  # DescribeInstances' largest page
+
+
+# ---------------------------------------------------------------------------------------------
+# Listing a zone in parts: by the last hex digit of the instance id
+
+
+# An instance id is "i-" and 8 or 17 lowercase hex digits, so its last character is one of these 16, and the
+# EC2 filter value "i-*<d>" matches exactly the ids ending in <d>: EC2's describe filters take wildcards ("*"
+# zero or more characters, "?" zero or one; Amazon EC2 User Guide, "List and filter using the CLI and API"), and
+# a value matches the whole id, not a substring of it. So these parts are disjoint and every id is in one
+# (`partition_errors` proves it of any partition by suffixes; tests check it of this one and refuse wrong ones).
+ID_DIGITS = "0123456789abcdef"
+ID_PARTS: tuple[tuple[str, ...], ...] = tuple((f"i-*{d}",) for d in ID_DIGITS)
+_ID_PREFIX = "i-*"
+
+
+def matches_id_part(instance_id: str, value: str) -> bool:
+    """Whether the instance-id filter value `value` ("i-*" and a suffix of hex digits) matches `instance_id`."""
+    return value.startswith(_ID_PREFIX) and instance_id.startswith("i-") and instance_id.endswith(value[3:])
+
+
+def partition_errors(parts: Sequence[Sequence[str]]) -> list[str]:
+    """Why `parts` (each the instance-id filter values of one part, OR-ed) does not split every instance id into
+    exactly one part; empty when it does. Values must be "i-*" and a suffix of k hex digits (the same k for all):
+    an id's last k digits are then one of the 16**k strings of k digits, and an id is in the parts holding its
+    suffix; so the parts are a partition if and only if every such string is the suffix of exactly one value."""
+    values = [v for part in parts for v in part]
+    errors = [
+        f"{v!r} is not 'i-*' and hex digits"
+        for v in values
+        if not v.startswith(_ID_PREFIX) or not v[3:] or set(v[3:]) - set(ID_DIGITS)
+    ]
+    if errors or not values:
+        return errors or ["no parts"]
+    lengths = {len(v) - 3 for v in values}
+    if len(lengths) > 1:
+        return [f"suffixes of different lengths {sorted(lengths)}: the parts cannot be shown disjoint"]
+    (k,) = lengths
+    if k > 8:
+        return [f"suffixes of {k} digits: an id may have only 8"]
+    owners: dict[str, int] = {}
+    for index, part in enumerate(parts):
+        for v in part:
+            if v[3:] in owners:
+                errors.append(f"ids ending in {v[3:]!r} are in parts {owners[v[3:]]} and {index}")
+            owners[v[3:]] = index
+    if len(owners) < len(ID_DIGITS) ** k:
+        errors.append(f"{len(ID_DIGITS) ** k - len(owners)} suffixes of {k} digits are in no part")
+    return errors
+
+
+class ListingIncomplete(BotoCoreError):
+    """EC2's answers to a listing in parts do not add up to the whole (a part listed an id outside it, two parts
+    listed one machine, or the parts missed a running machine): the fleet is not swept from it."""
+
+    fmt = "{what}"
+
+
+Result = TypeVar("Result")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,6 +114,88 @@ def _joined(listings: Iterable[tuple[list[Machine], dict[str, str]]]) -> tuple[l
         machines += found
         asg_tagged.update(tagged)
     return machines, asg_tagged
+
+
+def _filters(tags: TagKeys, only: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    filters = [
+        {"Name": "instance-state-name", "Values": ["running"]},
+        {"Name": "tag-key", "Values": [tags.team]},
+        *only,
+    ]
+    if tags.managed:
+        # The reaper's own opt-in: a cost-allocation `Team` tag alone never makes a machine reapable.
+        filters.append({"Name": f"tag:{tags.managed}", "Values": ["true"]})
+    return filters
+
+
+def _machines_of(pages: Iterable[Mapping[str, Any]], tags: TagKeys) -> tuple[list[Machine], dict[str, str]]:
+    machines: list[Machine] = []
+    asg_tagged: dict[str, str] = {}
+    for page in pages:
+        for reservation in page["Reservations"]:
+            for inst in reservation["Instances"]:
+                tag = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                if not tag.get(tags.team, "").strip():
+                    continue  # an empty team tag names no team (and IAM lets us act only on "?*")
+                machines.append(
+                    Machine(
+                        instance_id=inst["InstanceId"],
+                        instance_type=inst["InstanceType"],
+                        team=tag[tags.team],
+                        launch_time=inst["LaunchTime"].astimezone(UTC),
+                        name=tag.get("Name"),
+                        owner=tag.get(tags.owner),
+                        exempt_tag=tag.get(tags.exempt),
+                        hibernation_configured=bool(inst.get("HibernationOptions", {}).get("Configured")),
+                        facts=InstanceFacts.of(inst, tag),
+                    )
+                )
+                # Only members carry this AWS-managed tag: ask the ASG API about their groups alone.
+                if tag.get("aws:autoscaling:groupName"):
+                    asg_tagged[inst["InstanceId"]] = tag["aws:autoscaling:groupName"]
+    return machines, asg_tagged
+
+
+def _listed_once(parts: Sequence[Sequence[str]], listed: Sequence[Sequence[Machine]]) -> set[str]:
+    """The ids the parts listed, each checked to be of its own part and listed once (ListingIncomplete if not)."""
+    seen: set[str] = set()
+    for values, machines in zip(parts, listed, strict=True):
+        for m in machines:
+            if not any(matches_id_part(m.instance_id, v) for v in values) or m.instance_id in seen:
+                raise ListingIncomplete(
+                    what=f"the listing by instance id returned {m.instance_id} for the part {list(values)}, "
+                    "or twice: EC2 did not apply the instance-id filter as documented"
+                )
+            seen.add(m.instance_id)
+    return seen
+
+
+def _spread(ec2: Any, processes: int, fn: Callable[[Any, Any], Result], items: Sequence[Any]) -> list[Result]:
+    """`fn(ec2 client, item)` over `items`, results in order: in up to `processes` child processes
+    (items dealt round-robin, threads within each, a client of the child's own), else on threads here."""
+    processes = min(processes, len(items))
+    if processes <= 1:
+        return run_concurrently(lambda item: fn(ec2, item), items, ACTION_WORKERS)
+
+    def share_of(share: Sequence[Any]) -> list[Result]:
+        own = for_this_process(ec2)
+        return run_concurrently(lambda item: fn(own, item), share, ACTION_WORKERS)
+
+    shares = run_in_processes(share_of, [items[i::processes] for i in range(processes)])
+    return [shares[i % processes][i // processes] for i in range(len(items))]
+
+
+def _listed_whole(fleet: Fleet, tags: TagKeys, split: Sequence[tuple[list[dict[str, Any]], set[str]]]) -> list[Any]:
+    """The full zones listed in parts; or, when EC2 answered the parts wrongly (an id outside its part, or twice,
+    or a first page's machine in no part), listed page after page as before the parts. AWS documents filter
+    wildcards for describe calls in general, not instance-id by name: an EC2 that does not apply them costs a
+    sweep its speed, never its machines."""
+    try:
+        return fleet._listed_in_parts(tags, split)
+    except ListingIncomplete as exc:
+        logging.getLogger(__name__).warning("listing full zones in sequence: %s", exc)
+        units = [unit for unit, _ in split]
+        return _spread(fleet.ec2, fleet.listing_processes, lambda ec2, unit: fleet._list(tags, unit, ec2), units)
 
 
 @dataclass(frozen=True)
@@ -71,7 +214,7 @@ class Fleet:
         self.ec2 = ec2
         self.autoscaling = autoscaling
         self.notebooks = notebooks
-        # Child processes a discovery lists the zones in (1: threads of this process; the planner uses more).
+        # Child processes a discovery lists in (1: threads of this process; the planner uses more).
         self.listing_processes = max(1, min(listing_processes, LISTING_PROCESSES))
         # Why notebook instances could not be listed at the last discovery (None: they were, or none asked).
         self.notebooks_unlisted: str | None = None
@@ -98,34 +241,69 @@ class Fleet:
         """Running machines carrying the team tag (and the opt-in tag, when one is set), joined with their
         ASG membership and protection.
 
-        Listed by Availability Zone: DescribeInstances pages follow each other (each needs the last one's
-        token), 200 pages at 200,000 machines; split by zone (every instance is in exactly one) the pages of
-        each zone run beside the others'. With `listing_processes` > 1 the zones are listed in that many
-        child processes (zones dealt round-robin, threads within each), so botocore's parsing runs on as many
-        vCPUs; else on threads of this process. Any zone's failure fails the listing, as one listing's would:
-        a fleet listed in part is never swept as if it were whole."""
+        DescribeInstances pages follow each other (each needs the last one's token): 200 pages at 200,000
+        machines. So the fleet is listed in parts that list side by side: first by Availability Zone (every
+        instance is in exactly one), one page each; a zone whose first page comes back full with a NextToken
+        is then listed again in ID_PARTS parts, by the last hex digit of the instance id (`_listed_in_parts`),
+        however the fleet spreads over the zones. With `listing_processes` > 1 each round runs in that many
+        child processes (the units dealt round-robin, threads within each), so botocore's parsing runs on as
+        many vCPUs; else on threads of this process. Any part's failure fails the listing, as one listing's
+        would: a fleet listed in part is never swept as if it were whole."""
         zones = self._zones()
-        if len(zones) < 2:
-            return self._describe(tags, [])
-        processes = min(self.listing_processes, len(zones))
-        if processes > 1:
-            shares = run_in_processes(
-                lambda share: self._list_zones(for_this_process(self.ec2), tags, share),
-                [zones[i::processes] for i in range(processes)],
-            )
-        else:
-            shares = [self._list_zones(self.ec2, tags, zones)]
-        machines, asg_tagged = _joined(shares)
-        machines.sort(key=lambda m: m.instance_id)  # one order whatever zone answered first
+        units: list[list[dict[str, Any]]] = [[{"Name": "availability-zone", "Values": [z]}] for z in zones] or [[]]
+        firsts = _spread(self.ec2, self.listing_processes, lambda ec2, unit: self._first_page(ec2, tags, unit), units)
+        listings = [(machines, tagged) for machines, tagged, more in firsts if not more]
+        split = [
+            (unit, {m.instance_id for m in machines})
+            for unit, (machines, _, more) in zip(units, firsts, strict=True)
+            if more
+        ]
+        if split:
+            listings += _listed_whole(self, tags, split)
+        machines, asg_tagged = _joined(listings)
+        machines.sort(key=lambda m: m.instance_id)  # one order whatever part answered first
         return self._with_membership(machines, asg_tagged)
 
-    def _list_zones(self, ec2: Any, tags: TagKeys, zones: Sequence[str]) -> tuple[list[Machine], dict[str, str]]:
-        """These zones' machines (one thread a zone) and the group each member's tag names."""
+    def _listed_in_parts(
+        self, tags: TagKeys, split: Sequence[tuple[list[dict[str, Any]], set[str]]]
+    ) -> list[tuple[list[Machine], dict[str, str]]]:
+        """Each unit (its filters, and the ids its first page listed) listed again in ID_PARTS parts, side by
+        side, and checked: a part lists only ids of its own part (so no machine twice), and every machine the
+        unit's first page listed is listed by a part or no longer running as discovery lists it (so none
+        missed: an EC2 that took the wildcard literally, or ignored it, fails here, never sweeps a part)."""
+        parts = [(unit, values) for unit, _ in split for values in ID_PARTS]
+        listed = _spread(
+            self.ec2,
+            self.listing_processes,
+            lambda ec2, part: self._list(tags, [*part[0], {"Name": "instance-id", "Values": list(part[1])}], ec2),
+            parts,
+        )
+        seen = _listed_once([values for _, values in parts], [machines for machines, _ in listed])
+        missed = sorted(set().union(*(first for _, first in split)) - seen)
+        if missed:  # listed by a first page, by no part: stopped (or untagged) since, or missed by the parts
+            batches = list(chunks(missed, FILTER_VALUES))
+            still = _joined(
+                run_concurrently(
+                    lambda batch: self._list(tags, [{"Name": "instance-id", "Values": list(batch)}]),
+                    batches,
+                    ACTION_WORKERS,
+                )
+            )[0]
+            if still:
+                raise ListingIncomplete(
+                    what=f"{len(still)} running machine(s) (such as {still[0].instance_id}) were listed by a zone's "
+                    "first page but by none of its parts by instance id: EC2 did not apply the instance-id "
+                    "wildcard as documented"
+                )
+        return listed
 
-        def in_zone(zone: str) -> tuple[list[Machine], dict[str, str]]:
-            return self._list(tags, [{"Name": "availability-zone", "Values": [zone]}], ec2)
-
-        return _joined(run_concurrently(in_zone, zones, ACTION_WORKERS))
+    def _first_page(
+        self, ec2: Any, tags: TagKeys, only: list[dict[str, Any]]
+    ) -> tuple[list[Machine], dict[str, str], bool]:
+        """The first page of a unit's listing (a page of 1,000), and whether more pages follow."""
+        page = ec2.describe_instances(Filters=_filters(tags, only), MaxResults=PAGE_SIZE)
+        machines, asg_tagged = _machines_of([page], tags)
+        return machines, asg_tagged, bool(page.get("NextToken"))
 
     def _zones(self) -> list[str]:
         """The region's zones an instance can run in (local zones the account opted into included); none
@@ -168,49 +346,15 @@ class Fleet:
         batches = list(chunks(sorted(set(instance_ids)), FILTER_VALUES))
         return self._with_membership(*_joined(run_concurrently(describe, batches, ACTION_WORKERS))) + found
 
-    def _describe(self, tags: TagKeys, only: list[dict[str, Any]]) -> list[Machine]:
-        return self._with_membership(*self._list(tags, only))
-
     def _list(self, tags: TagKeys, only: list[dict[str, Any]], ec2: Any = None) -> tuple[list[Machine], dict[str, str]]:
         """The machines DescribeInstances lists (through `ec2`, this fleet's client unless given), and the group
         each member's tag names (instance id -> group)."""
-        machines: list[Machine] = []
-        asg_tagged: dict[str, str] = {}
-        filters = [
-            {"Name": "instance-state-name", "Values": ["running"]},
-            {"Name": "tag-key", "Values": [tags.team]},
-            *only,
-        ]
-        if tags.managed:
-            # The reaper's own opt-in: a cost-allocation `Team` tag alone never makes a machine reapable.
-            filters.append({"Name": f"tag:{tags.managed}", "Values": ["true"]})
-        for page in (
+        pages = (
             (ec2 or self.ec2)
             .get_paginator("describe_instances")
-            .paginate(Filters=filters, PaginationConfig={"PageSize": 1000})
-        ):
-            for reservation in page["Reservations"]:
-                for inst in reservation["Instances"]:
-                    tag = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                    if not tag.get(tags.team, "").strip():
-                        continue  # an empty team tag names no team (and IAM lets us act only on "?*")
-                    machines.append(
-                        Machine(
-                            instance_id=inst["InstanceId"],
-                            instance_type=inst["InstanceType"],
-                            team=tag[tags.team],
-                            launch_time=inst["LaunchTime"].astimezone(UTC),
-                            name=tag.get("Name"),
-                            owner=tag.get(tags.owner),
-                            exempt_tag=tag.get(tags.exempt),
-                            hibernation_configured=bool(inst.get("HibernationOptions", {}).get("Configured")),
-                            facts=InstanceFacts.of(inst, tag),
-                        )
-                    )
-                    # Only members carry this AWS-managed tag: ask the ASG API about their groups alone.
-                    if tag.get("aws:autoscaling:groupName"):
-                        asg_tagged[inst["InstanceId"]] = tag["aws:autoscaling:groupName"]
-        return machines, asg_tagged
+            .paginate(Filters=_filters(tags, only), PaginationConfig={"PageSize": PAGE_SIZE})
+        )
+        return _machines_of(pages, tags)
 
     def _with_membership(self, machines: list[Machine], asg_tagged: Mapping[str, str]) -> list[Machine]:
         membership = self._membership(asg_tagged)

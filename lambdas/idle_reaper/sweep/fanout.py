@@ -43,8 +43,9 @@ SHARD_SIZE = 10_000
 # they keep GetMetricData under its quota (metric_workers), the one that binds at that size.
 SHARDS_AT_ONCE = 20
 # vCPUs of the sweep function, the planner (infra/stack.py gives it PLANNER_VCPUS x 1,769 MB): its discovery lists
-# the Availability Zones in child processes (aws.fleet.LISTING_PROCESSES), so botocore's parsing of 200,000
-# instances (~70 s of CPU) runs on this many vCPUs at once. Three: most regions have three zones or more.
+# the Availability Zones, and a full zone's parts by instance id, in child processes (aws.fleet.LISTING_PROCESSES),
+# so botocore's parsing of 200,000 instances (~70 s of CPU) runs on this many vCPUs at once, however the fleet
+# spreads over the zones.
 PLANNER_VCPUS = 3
 MANIFEST_TTL = timedelta(days=1)
 FAILED_SHARDS_ALERT_AFTER = 3  # consecutive sweeps with a failed shard before the admins are told

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import math
 import os
+import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from botocore.exceptions import ClientError
 
 from idle_reaper.aws import Fleet, MetricsReader, PolicyStore
+from idle_reaper.aws import fleet as fleet_module
 from idle_reaper.aws.clients import ProcessFailed, client, error_code, for_this_process, run_in_processes
+from idle_reaper.aws.fleet import ID_PARTS, ListingIncomplete, partition_errors
 from idle_reaper.core import assess
 from idle_reaper.policy import DEFAULT_GPU_FAMILIES, MetricSettings, PolicyError, Settings, TagKeys
 from testkit.aws import FakeAws, client_error, steady
-from testkit.aws.fleet import ZONES
+from testkit.aws.fleet import ZONES, filter_value_matcher
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
 DAY_AGO = NOW - timedelta(days=1)
@@ -35,6 +38,11 @@ def launch_many(aws: FakeAws, n: int, instance_type: str = "m5.large", **kw) -> 
 
 def fleet(aws: FakeAws) -> Fleet:
     return Fleet(aws.ec2, aws.autoscaling)
+
+
+def id_values(request: dict) -> list[str] | None:
+    """The instance-id filter's values of a DescribeInstances request (None: no such filter)."""
+    return next((list(f["Values"]) for f in request["Filters"] if f["Name"] == "instance-id"), None)
 
 
 def stop_sizes(aws: FakeAws) -> list[int]:
@@ -153,15 +161,17 @@ class TestDiscover:
             "tag:idle-reaper:managed": ["true"],
         }
 
-    def test_without_the_zones_the_fleet_is_listed_in_one_sequence_and_a_failed_zone_fails_the_listing(self, aws):
+    def test_without_the_zones_the_fleet_is_listed_in_parts_by_id_and_a_failed_part_fails_the_listing(self, aws):
         wanted = launch_many(aws, 1200)
         aws.ec2.inject("DescribeAvailabilityZones", "UnauthorizedOperation")
-        assert sorted(m.instance_id for m in fleet(aws).discover(TagKeys())) == sorted(wanted)
+        assert [m.instance_id for m in fleet(aws).discover(TagKeys())] == sorted(wanted)
         requests = aws.ec2.requests_of("DescribeInstances")
-        assert len(requests) == 2 and not any(f["Name"] == "availability-zone" for f in requests[0]["Filters"])
-        # One zone's listing fails: the whole listing fails, never a fleet listed in part.
-        aws.ec2.clear_faults()
-        aws.ec2.inject("DescribeInstances", "UnauthorizedOperation", on_calls=[4])
+        # The region's first page is full: the region is listed again in 16 parts by the id's last digit.
+        assert not any(f["Name"] == "availability-zone" for r in requests for f in r["Filters"])
+        assert id_values(requests[0]) is None
+        assert sorted(id_values(r) for r in requests[1:]) == [[f"i-*{d}"] for d in "0123456789abcdef"]
+        # One part's listing fails: the whole listing fails, never a fleet listed in part.
+        aws.ec2.inject("DescribeInstances", "UnauthorizedOperation", on_calls=[17 + 5])  # a part's, next time
         with pytest.raises(ClientError):
             fleet(aws).discover(TagKeys())
 
@@ -285,6 +295,138 @@ class TestDiscoverInProcesses:
         monkeypatch.setattr(aws.ec2, "describe_instances", die_in_zone_c)
         with pytest.raises(ProcessFailed, match="without an answer"):
             Fleet(aws.ec2, aws.autoscaling, listing_processes=3).discover(TagKeys())
+
+
+class TestDiscoverInParts:
+    """A zone whose first page comes back full is listed again in 16 parts by the instance id's last hex digit
+    (EC2 filter wildcards), side by side: the listing no longer depends on how the fleet spreads over zones.
+    The parts are a partition (proven, and checked against EC2's answers); any doubt fails the listing."""
+
+    def one_zone_fleet(self, aws: FakeAws, n: int = 2500) -> list[str]:
+        aws.autoscaling.add_group("gpu")
+        ids = launch_many(aws, n - 40) + launch_many(aws, 40, group="gpu", protected=True)
+        launch_many(aws, 30, state="stopped")
+        for inst in aws.ec2.instances.values():
+            inst.api["Placement"]["AvailabilityZone"] = ZONES[0]  # a GPU capacity cluster: one zone
+        return ids
+
+    @pytest.mark.parametrize("processes", [1, 3])
+    def test_a_full_zone_is_listed_in_16_parts_each_machine_once(self, aws, processes):
+        ids = self.one_zone_fleet(aws)
+        machines = Fleet(aws.ec2, aws.autoscaling, listing_processes=processes).discover(TagKeys())
+        assert [m.instance_id for m in machines] == sorted(ids)
+        assert sum(m.asg_name == "gpu" and m.asg_protected for m in machines) == 40
+        if processes == 1:  # (in processes the children call their own copies of the fake)
+            requests = aws.ec2.requests_of("DescribeInstances")
+            firsts = [r for r in requests if id_values(r) is None]
+            zones = [z for r in firsts for f in r["Filters"] if f["Name"] == "availability-zone" for z in f["Values"]]
+            assert sorted(zones) == sorted(ZONES)  # one first page a zone; only the full one is split
+            parts = [r for r in requests if id_values(r) is not None]
+            assert sorted(id_values(r)[0] for r in parts) == [f"i-*{d}" for d in "0123456789abcdef"]
+            assert all(
+                f["Values"] == [ZONES[0]] for r in parts for f in r["Filters"] if f["Name"] == "availability-zone"
+            )
+            assert len(parts) == 16  # 2,500 machines: one page a part
+        on_threads = fleet(aws).discover(TagKeys())
+        assert machines == on_threads
+
+    def test_the_parts_are_a_partition_of_every_instance_id(self):
+        assert partition_errors(ID_PARTS) == []
+        # Checked against EC2's own matching (the fake's, written from the User Guide), not the code's:
+        parts = [filter_value_matcher(values) for values in ID_PARTS]
+        rng = random.Random(5)
+        ids = [f"i-{rng.getrandbits(68):017x}" for _ in range(2000)]
+        ids += [f"i-{rng.getrandbits(32):08x}" for _ in range(500)]  # the older, 8-digit ids
+        assert all(sum(part(i) for part in parts) == 1 for i in ids)
+
+    @pytest.mark.parametrize(
+        "wrong",
+        [
+            ID_PARTS[:15],  # digit f in no part
+            (*ID_PARTS, ("i-*3",)),  # digit 3 in two parts
+            (*ID_PARTS[:10], ("i-*A", "i-*B", "i-*C", "i-*D", "i-*E", "i-*F")),  # EC2 ids are lowercase
+            (*ID_PARTS[1:], ("i-*00", "i-*10")),  # 14 of the 16 ids ending in 0 in no part, and unprovable
+            tuple((f"i-{d}*",) for d in "0123456789abcdef"),  # the first digit: a prefix, not a suffix
+            (),
+        ],
+    )
+    def test_a_wrong_partition_is_refused(self, wrong):
+        assert partition_errors(wrong) != []
+
+    @pytest.mark.parametrize(
+        "parts",
+        [
+            ID_PARTS[:15],  # ids ending in f: listed by the first page, by no part
+            (*ID_PARTS, ("i-*3",)),  # ids ending in 3: listed twice
+        ],
+    )
+    def test_a_wrong_partition_in_use_is_caught_and_the_zone_listed_in_sequence(self, aws, monkeypatch, parts):
+        ids = self.one_zone_fleet(aws)
+        monkeypatch.setattr(fleet_module, "ID_PARTS", parts)
+        caught: list[Exception] = []
+        listed_in_parts = fleet_module.Fleet._listed_in_parts
+
+        def watched(self, *args):
+            try:
+                return listed_in_parts(self, *args)
+            except ListingIncomplete as exc:
+                caught.append(exc)
+                raise
+
+        monkeypatch.setattr(fleet_module.Fleet, "_listed_in_parts", watched)
+        machines = fleet(aws).discover(TagKeys())
+        assert len(caught) == 1  # the wrong partition was seen for what it is
+        assert [m.instance_id for m in machines] == sorted(ids)  # and every machine listed once all the same
+
+    @pytest.mark.parametrize("ec2", ["takes the wildcard literally (moto)", "ignores the instance-id filter"])
+    def test_an_ec2_that_does_not_apply_the_wildcard_is_listed_in_sequence_whole(self, aws, monkeypatch, ec2):
+        ids = self.one_zone_fleet(aws)
+        listed = aws.ec2.describe_instances
+
+        def describe(**kw):
+            filters = kw.get("Filters", ())
+            values = id_values(kw) if filters else None
+            if values and values[0].startswith("i-*"):
+                if ec2.startswith("takes"):
+                    return {"Reservations": []}  # no id equals "i-*0"
+                kw["Filters"] = [f for f in filters if f["Name"] != "instance-id"]
+            return listed(**kw)
+
+        monkeypatch.setattr(aws.ec2, "describe_instances", describe)
+        machines = fleet(aws).discover(TagKeys())
+        assert [m.instance_id for m in machines] == sorted(ids)  # never a part of the fleet swept as the whole
+
+    def test_a_machine_stopped_after_the_first_page_is_no_miss(self, aws, monkeypatch):
+        ids = self.one_zone_fleet(aws)
+        listed = aws.ec2.describe_instances
+        stopped: list[str] = []
+
+        def describe(**kw):
+            page = listed(**kw)
+            if not stopped and page.get("NextToken") and id_values(kw) is None:
+                stopped.append(page["Reservations"][0]["Instances"][0]["InstanceId"])
+                aws.ec2.instances[stopped[0]].set_state("stopped")  # stopped by its owner meanwhile
+            return page
+
+        monkeypatch.setattr(aws.ec2, "describe_instances", describe)
+        machines = fleet(aws).discover(TagKeys())
+        assert [m.instance_id for m in machines] == sorted(set(ids) - set(stopped))
+        # Its absence was checked: described again by id, no longer running.
+        assert [id_values(r) for r in aws.ec2.requests_of("DescribeInstances")][-1] == stopped
+
+    def test_a_part_that_fails_in_its_child_fails_the_listing(self, aws, monkeypatch):
+        self.one_zone_fleet(aws)
+        listed = aws.ec2.describe_instances
+
+        def refuse_part_7(**kw):
+            if id_values(kw) == ["i-*7"]:
+                raise client_error("DescribeInstances", "RequestLimitExceeded")
+            return listed(**kw)
+
+        monkeypatch.setattr(aws.ec2, "describe_instances", refuse_part_7)
+        with pytest.raises(ClientError) as raised:
+            Fleet(aws.ec2, aws.autoscaling, listing_processes=3).discover(TagKeys())
+        assert error_code(raised.value) == "RequestLimitExceeded"
 
 
 class TestRunInProcesses:
