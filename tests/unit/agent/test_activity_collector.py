@@ -532,6 +532,7 @@ def test_collect_takes_the_minimum_over_every_source(tmp_path: Path, jupyter: Fa
 def test_no_human_session_publishes_the_cap(tmp_path: Path) -> None:
     settings = agent.Settings(
         utmp_path=str(DATA / "utmp-no-sessions.bin"),
+        dev_root=str(make_dev(tmp_path, {})),  # not this machine's /dev, whose terminals are anyone's
         proc_root=str(fake_proc(tmp_path)),
         homes=[str(tmp_path)],
         environ={},
