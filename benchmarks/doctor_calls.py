@@ -2,13 +2,17 @@
 
 Runs the doctor's REAL gatherers (PolicyStore, Fleet.discover, the last hour of metrics in the sweep's
 GetMetricData batches) over the counting in-memory fakes of testkit/aws/ for fleets of several sizes.
-Slack calls are counted from what the gatherers ask: one auth.test, one conversations.info per channel,
-one users.info per admin or member, and one call per distinct Owner the sweep's cache does not hold.
+Slack calls are counted by running the REAL Slack gatherers (gather_slack, gather_people) against an in-process
+workspace holding every owner: one auth.test, one conversations.info per channel, one users.info per admin or
+member, and for the owners the sweep's cache does not hold, users.list pages of 200 users (the sweep's bulk path,
+slack/owners.py) from 20 uncached owners on, else one users.lookupByEmail each. Printed with their API time at
+0.25 s a call and the minutes of Slack's documented per-method allowance they use (Tier 2 users.list: 20 a minute).
 
 The sweep's daily subset (sweep/doctor.py daily_subset) is measured the same way, twice: after a sweep in
 place (it reuses the sweep's reads: only GPU machines the sweep did not read are read, CPU and GPU alone; the
 sweep measured is the second of a steady fleet, whose busy machines are not due),
-and after a sweep handed to the fan-out (it lists the fleet again and reads every GPU machine).
+and after a sweep handed to the fan-out (it checks the machines the planner listed, not listing them again, and
+reads every GPU machine).
 
 The deploy checks (finding the stack in every enabled region, then its schedule, alarm topic, concurrency and
 association) are counted against moto in server mode with AWS's real answers in front
@@ -26,8 +30,11 @@ import json
 import math
 import os
 import sys
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 for path in (ROOT, ROOT / "tools"):
@@ -38,7 +45,10 @@ os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
 from idle_reaper.aws import Fleet, MetricsReader, PolicyStore  # noqa: E402
 from idle_reaper.aws.doctor import gather_policy, gather_signals  # noqa: E402
 from idle_reaper.aws.state import InMemoryStateStore  # noqa: E402
+from idle_reaper.core.doctor import MANIFEST_BOT_SCOPES  # noqa: E402
+from idle_reaper.core.signals import Machine  # noqa: E402
 from idle_reaper.policy import Settings  # noqa: E402
+from idle_reaper.slack.doctor import SlackReader, gather_people, gather_slack  # noqa: E402
 from idle_reaper.sweep import SHARD_SIZE, run_sweep  # noqa: E402
 from idle_reaper.sweep.doctor import daily_subset, list_afresh  # noqa: E402
 from testkit.aws import FakeAws, steady  # noqa: E402
@@ -70,6 +80,66 @@ def seconds_of(calls: dict[str, int]) -> float:
     return round(sum(LATENCY.get(op, 0.05) * n for op, n in calls.items()), 1)
 
 
+# Slack's documented rate limits, calls a minute per method (Tier 2, 3, 4; the fake holds the same floor).
+TIER_PER_MINUTE = {"users.list": 20, "users.lookupByEmail": 50, "users.info": 100, "conversations.info": 50}
+SLACK_LATENCY = 0.25  # a Slack Web API call (benchmarks/slack_throughput.py)
+
+
+class Workspace:
+    """The Slack Web API calls the doctor's Slack gatherers make, answered in-process for a workspace where
+    every owner is a user (the bot in every channel), each call counted by method."""
+
+    def __init__(self, people: dict[str, str]) -> None:
+        self.people = people  # email -> user id
+        self.by_id = sorted(people.items(), key=lambda item: item[1])
+        self.calls: Counter[str] = Counter()
+
+    def auth_test(self) -> Any:
+        self.calls["auth.test"] += 1
+        return SimpleNamespace(headers={"x-oauth-scopes": ",".join(sorted(MANIFEST_BOT_SCOPES))})
+
+    def conversations_info(self, channel: str) -> dict[str, Any]:
+        self.calls["conversations.info"] += 1
+        return {"channel": {"id": channel, "is_member": True}}
+
+    def users_info(self, user: str) -> dict[str, Any]:
+        self.calls["users.info"] += 1
+        return {"user": {"id": user, "deleted": False}}
+
+    def users_lookupByEmail(self, email: str) -> dict[str, Any]:
+        self.calls["users.lookupByEmail"] += 1
+        return {"user": {"id": self.people[email.lower()]}}
+
+    def users_list(self, limit: int, cursor: str | None = None) -> dict[str, Any]:
+        self.calls["users.list"] += 1
+        start = int(cursor or 0)
+        page = [{"id": uid, "profile": {"email": email}} for email, uid in self.by_id[start : start + limit]]
+        more = start + limit < len(self.by_id)
+        return {"members": page, "response_metadata": {"next_cursor": str(start + limit) if more else ""}}
+
+
+def slack_figures(calls: Counter[str]) -> dict[str, object]:
+    """The calls, their API time one after another, and the minutes of Slack's documented per-method allowance
+    they use (under 1: every call fits one minute's allowance, no 429 at all)."""
+    return {
+        "slack_calls": dict(sorted(calls.items())),
+        "slack_calls_total": sum(calls.values()),
+        "slack_seconds_sequential": round(sum(calls.values()) * SLACK_LATENCY, 1),
+        "slack_tier_minutes": round(max(n / TIER_PER_MINUTE.get(m, 100) for m, n in calls.items()), 2),
+    }
+
+
+def measure_slack(machines: list[Machine], settings: Settings, refs: Any, cached: bool) -> dict[str, object]:
+    """The REAL Slack gatherers (gather_slack, gather_people: the sweep's bulk owner path) over a workspace of
+    the fleet's owners; `cached`: the sweep's owner cache holds every owner (else none)."""
+    owners = sorted({m.owner for m in machines if m.owner})
+    workspace = Workspace({o.lower(): f"U{n:08d}" for n, o in enumerate(owners)})
+    reader = SlackReader(workspace)  # type: ignore[arg-type]
+    gather_slack(reader, True, settings, refs)
+    gather_people(reader, machines, refs, (lambda key: "U-cached") if cached else (lambda key: None))
+    return {"workspace_users": len(owners), **slack_figures(workspace.calls)}
+
+
 def measure(size: int, owners: int) -> dict[str, object]:
     fake = fleet(size, owners)
     settings, _, refs = gather_policy(PolicyStore(fake.ssm, "/idle-reaper"))
@@ -78,15 +148,17 @@ def measure(size: int, owners: int) -> dict[str, object]:
     calls = fake.calls()
     aws_seconds = seconds_of(calls)
     distinct_owners = len({m.owner for m in machines})
-    slack = 1 + TEAMS + distinct_owners  # auth.test, conversations.info, one lookup per owner (none cached)
     return {
         "machines": size,
         "aws_calls": dict(sorted(calls.items())),
         "aws_calls_total": sum(calls.values()),
         "aws_seconds_sequential": aws_seconds,
         "dynamodb_owner_cache_reads": distinct_owners,
-        "slack_calls_uncached": slack,
-        "slack_calls_cached": 1 + TEAMS,
+        "owners": distinct_owners,
+        "slack_uncached": measure_slack(machines, settings, refs, cached=False),
+        "slack_cached": measure_slack(machines, settings, refs, cached=True),
+        # What one users.lookupByEmail per owner (the path before the bulk listing) would take.
+        "one_lookup_per_owner_tier_minutes": round(distinct_owners / TIER_PER_MINUTE["users.lookupByEmail"], 1),
     }
 
 
@@ -149,8 +221,9 @@ def measure_daily(size: int, owners: int) -> dict[str, object]:
         daily_subset(adapters, report.read, NOW, None)
         after_sweep = fake.calls() - before
         out["in_place_aws_calls"] = dict(sorted(after_sweep.items()))
+    listed = adapters.fleet.discover(Settings().tags)  # what the fan-out's planner listed (handlers/sweep.py)
     before = fake.calls()
-    read = list_afresh(adapters)
+    read = list_afresh(adapters, listed)
     daily_subset(adapters, read, NOW, None)
     fanned_out = fake.calls() - before
     out["fanned_out_aws_calls"] = dict(sorted(fanned_out.items()))

@@ -22,6 +22,7 @@ from constructs import Construct, Node
 
 from idle_reaper import __version__
 from idle_reaper.aws.accounts import ORGANIZATION_ENV
+from idle_reaper.aws.deploy import STACK_ENV
 from idle_reaper.organization import OrganizationContext, organization_from_context
 from idle_reaper.policy import Settings, TeamPolicy
 from idle_reaper.sweep import PLANNER_VCPUS, SHARDS_AT_ONCE
@@ -59,7 +60,15 @@ DOCTOR_READS = (
     "autoscaling:DescribeAutoScalingGroups",
     "autoscaling:DescribeTags",
     "cloudwatch:GetMetricData",
+    "lambda:GetAccountSettings",  # deploy.concurrency: the account's quota
 )
+# ... and its own stack's deploy checks (idle_reaper.aws.deploy), each on that stack's own resource alone.
+DOCTOR_STACK_READS = (
+    "cloudformation:DescribeStacks",
+    "cloudformation:GetTemplate",
+    "cloudformation:ListStackResources",
+)
+DOCTOR_TOPIC_READS = ("sns:GetTopicAttributes", "sns:ListSubscriptionsByTopic")
 SWEEP_MINUTES_ENV = "IDLE_REAPER_SWEEP_MINUTES"  # slack/routing.py: deploy.last_sweep judges by the schedule
 POLICY_READS = ("ssm:GetParameter", "ssm:GetParametersByPath")
 # Exactly the item calls each function makes (aws.DynamoStateStore); DeleteItem is granted to the sweep
@@ -341,6 +350,7 @@ class IdleReaperStack(Stack):
                 **environment,
                 "IDLE_REAPER_REGIONS": ",".join(all_regions),
                 SWEEP_MINUTES_ENV: str(props.schedule_minutes),
+                STACK_ENV: self.stack_name,  # `/idle-reaper doctor` checks its own stack
             },
             timeout=Duration.seconds(30),
             # A cold start imports pydantic, slack-sdk and Powertools from source (Lambda's code is read-only:
@@ -448,12 +458,7 @@ class IdleReaperStack(Stack):
             props,
             secret,
             all_regions,
-            self.format_arn(
-                service="lambda",
-                resource="function",
-                resource_name=slack_function_name,
-                arn_format=ArnFormat.COLON_RESOURCE_NAME,
-            ),
+            self._slack_function_arn(slack_function_name),
         )
         self._grant_alarms(alarm_relay.role, props, secret)
         self._grant_digest(digest.role, props, table, secret)
@@ -525,6 +530,13 @@ class IdleReaperStack(Stack):
         if gpu is not None:
             gpu.report_failures_to(monitoring.topic)
             CfnOutput(self, "GpuAgentAssociationId", value=gpu.association.attr_association_id)
+        self._grant_slack_doctor(
+            slack.role,
+            schedule,
+            monitoring.topic.topic_arn,
+            [sweep.function.function_arn, self._slack_function_arn(slack_function_name)],
+            gpu.association.attr_association_id if gpu is not None else None,
+        )
         if props.organization is not None and self.region == all_regions[0]:
             # The hub: the first listed region's stack holds the member StackSet.
             self._add_members(props, props.organization, [sweep, shard_worker, slack])
@@ -661,6 +673,48 @@ class IdleReaperStack(Stack):
         for statement in statements:
             role.add_to_principal_policy(statement)
         MachineAccess(self, props.managed_tag_key).suppress_wildcards(role, props.ssm_prefix, reads=DOCTOR_READS)
+
+    def _slack_function_arn(self, name: str) -> str:
+        """The Slack function's ARN by its explicit name: its own role names it without a dependency cycle."""
+        return self.format_arn(
+            service="lambda", resource="function", resource_name=name, arn_format=ArnFormat.COLON_RESOURCE_NAME
+        )
+
+    def _grant_slack_doctor(
+        self,
+        role: iam.IRole,
+        schedule: events.Rule,
+        topic_arn: str,
+        reserving_functions: Sequence[str],
+        association_id: str | None,
+    ) -> None:
+        """`/idle-reaper doctor`'s deploy checks (idle_reaper.aws.deploy): read-only, each on this stack's own
+        resource (the stack, its schedule rule, alarm topic, the functions it reserves concurrency for, its agent
+        association); the account's concurrency quota is in DOCTOR_READS (no resource-level permission)."""
+        statements = [
+            iam.PolicyStatement(sid="DoctorReadsItsStack", actions=list(DOCTOR_STACK_READS), resources=[self.stack_id]),
+            iam.PolicyStatement(
+                sid="DoctorReadsItsSchedule", actions=["events:DescribeRule"], resources=[schedule.rule_arn]
+            ),
+            iam.PolicyStatement(
+                sid="DoctorReadsItsAlarmTopic", actions=list(DOCTOR_TOPIC_READS), resources=[topic_arn]
+            ),
+            iam.PolicyStatement(
+                sid="DoctorReadsItsReservations",
+                actions=["lambda:GetFunctionConcurrency"],
+                resources=list(reserving_functions),
+            ),
+        ]
+        if association_id is not None:
+            statements.append(
+                iam.PolicyStatement(
+                    sid="DoctorReadsItsAgentAssociation",
+                    actions=["ssm:DescribeAssociation"],
+                    resources=[self.format_arn(service="ssm", resource="association", resource_name=association_id)],
+                )
+            )
+        for statement in statements:
+            role.add_to_principal_policy(statement)
 
     def _grant_alarms(self, role: iam.IRole, props: IdleReaperProps, secret: secretsmanager.ISecret) -> None:
         for statement in self._settings_and_secret(props, secret):

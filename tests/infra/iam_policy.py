@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 ACCOUNT = "123456789012"
+STACK_NAME = "IdleReaper"  # every region's stack's CloudFormation name (IdleReaperProps.stack_name)
+STACK_UUID = "4e2b8c10-7a3d-11ef-9f2e-0a1b2c3d4e5f"  # CloudFormation appends one to a stack's ARN
+ASSOCIATION_ID = "5b1e0a7c-3d2f-4e8a-9c61-0f2b7d4e8a13"
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,11 @@ class Environment:
         if kind == "AWS::StepFunctions::StateMachine":
             arn = self.arn("states", f"stateMachine:{name}")
             return {"Ref": arn, "Arn": arn}
+        if kind == "AWS::Events::Rule":
+            arn = self.arn("events", f"rule/{name}")
+            return {"Ref": name, "Arn": arn}
+        if kind == "AWS::SSM::Association":  # AWS makes up the association's id
+            return {"Ref": ASSOCIATION_ID, "AssociationId": ASSOCIATION_ID}
         if kind == "AWS::IAM::Role":
             return {"Ref": name, "Arn": f"arn:{self.partition}:iam::{self.account}:role/{name}"}
         raise NotImplementedError(f"no realistic name for a {kind} ({logical_id})")
@@ -80,6 +88,8 @@ class Environment:
                 "AWS::Region": self.region,
                 "AWS::AccountId": self.account,
                 "AWS::URLSuffix": "amazonaws.com",
+                "AWS::StackName": STACK_NAME,
+                "AWS::StackId": self.arn("cloudformation", f"stack/{STACK_NAME}/{STACK_UUID}"),
             }
             return pseudo[args] if args in pseudo else self._physical(args)["Ref"]
         if function == "Fn::GetAtt":

@@ -8,6 +8,7 @@ from typing import Any
 from synthesis import Synth
 
 import idle_reaper
+from idle_reaper.aws.deploy import STACK_ENV
 from idle_reaper.core.deploy_checks import ASSOCIATION_OUTPUT, SCHEDULE_OUTPUT, TOPIC_OUTPUT, VERSION_OUTPUT
 from idle_reaper_tools.doctor_deploy import default_stack_name, stack_name_for
 from infra.stack import IdleReaperProps
@@ -44,3 +45,15 @@ def test_the_stack_carries_its_version_and_names_the_sweep_schedule_the_topic_an
 def test_the_doctor_looks_for_the_stack_by_the_name_cdk_gives_it() -> None:
     assert default_stack_name() == IdleReaperProps().stack_name == "IdleReaper"
     assert stack_name_for("idle-reaper-staging") == IdleReaperProps(prefix="idle-reaper-staging").stack_name
+
+
+def test_the_slack_function_knows_its_stack_for_the_deploy_checks(synth: Synth) -> None:
+    """`/idle-reaper doctor` checks the stack it runs in: the Slack function is told its CloudFormation name."""
+    template: dict[str, Any] = synth.template()
+    [slack] = [
+        v["Properties"]
+        for v in template["Resources"].values()
+        if v["Type"] == "AWS::Lambda::Function"
+        and v["Properties"].get("Handler") == "idle_reaper.handlers.slack.handler"
+    ]
+    assert slack["Environment"]["Variables"][STACK_ENV] == IdleReaperProps().stack_name

@@ -133,7 +133,20 @@ DOCTOR_CALLS = [
     call("autoscaling:DescribeAutoScalingGroups", "*"),
     call("autoscaling:DescribeTags", "*"),  # the groups' opt-in tags (deploy.groups)
     call("cloudwatch:GetMetricData", "*"),
+    call("lambda:GetAccountSettings", "*"),  # deploy.concurrency: the account's quota (no resource-level permission)
 ]
+# ... and its own stack's deploy checks (idle_reaper.aws.deploy), on the resources the stack's outputs name:
+# test_the_slack_doctor_reads_its_own_stacks_deploy_and_no_other checks them on the template's real ARNs.
+DOCTOR_DEPLOY_READS = {
+    "cloudformation:DescribeStacks",
+    "cloudformation:GetTemplate",
+    "cloudformation:ListStackResources",
+    "events:DescribeRule",
+    "sns:GetTopicAttributes",
+    "sns:ListSubscriptionsByTopic",
+    "lambda:GetFunctionConcurrency",
+    "ssm:DescribeAssociation",
+}
 SLACK_CALLS = [
     *(
         request
@@ -319,6 +332,56 @@ def test_what_a_function_must_not_do_is_denied(home: dict[str, Any], role: str) 
     assert not allowed, f"{role} may do what it must not: {allowed}"
 
 
+def doctor_deploy_calls(template: dict[str, Any], region: str = HOME) -> list[Request]:
+    """The deploy checks' calls, on the real ARNs of what the stack's outputs name (what aws/deploy.py reads)."""
+    env = Environment(region, template)
+    wanted = ("SweepScheduleName", "AlarmTopicArn", "GpuAgentAssociationId")
+    outputs = {k: env.resolve(template["Outputs"][k]["Value"]) for k in wanted}
+    rule = next(
+        env.resolve({"Fn::GetAtt": [logical, "Arn"]})
+        for logical, r in template["Resources"].items()
+        if r["Type"] == "AWS::Events::Rule" and env.resolve({"Ref": logical}) == outputs["SweepScheduleName"]
+    )
+    reserving = [
+        env.resolve({"Fn::GetAtt": [logical, "Arn"]})
+        for logical, r in template["Resources"].items()
+        if r["Type"] == "AWS::Lambda::Function" and r["Properties"].get("ReservedConcurrentExecutions")
+    ]
+    assert len(reserving) == 2, "the sweep's and the Slack endpoint's reservations"
+    stack = env.resolve({"Ref": "AWS::StackId"})
+    association = f"arn:aws:ssm:{region}:{ACCOUNT}:association/{outputs['GpuAgentAssociationId']}"
+    return [
+        *(call(a, stack, region) for a in ("cloudformation:DescribeStacks", "cloudformation:GetTemplate")),
+        call("cloudformation:ListStackResources", stack, region),
+        call("events:DescribeRule", rule, region),
+        call("sns:GetTopicAttributes", outputs["AlarmTopicArn"], region),
+        call("sns:ListSubscriptionsByTopic", outputs["AlarmTopicArn"], region),
+        *(call("lambda:GetFunctionConcurrency", f, region) for f in reserving),
+        call("ssm:DescribeAssociation", association, region),
+    ]
+
+
+def test_the_slack_doctor_reads_its_own_stacks_deploy_and_no_other(home: dict[str, Any]) -> None:
+    calls = doctor_deploy_calls(home)
+    assert {c.action for c in calls} == DOCTOR_DEPLOY_READS
+    slack = statements_of(home, ROLES["slack"].handler)
+    refused = [r for r in calls if decide(slack, r) != "Allow"]
+    assert not refused, f"`/idle-reaper doctor` would get AccessDenied for: {refused}"
+    elsewhere = {
+        "cloudformation": f"arn:aws:cloudformation:{HOME}:{ACCOUNT}:stack/payments/0f1e2d3c-aaaa-bbbb-cccc-0123",
+        "events": f"arn:aws:events:{HOME}:{ACCOUNT}:rule/payments-nightly",
+        "sns": f"arn:aws:sns:{HOME}:{ACCOUNT}:payments-alerts",
+        "lambda": function(HOME, "payments"),
+        "ssm": f"arn:aws:ssm:{HOME}:{ACCOUNT}:association/00000000-1111-2222-3333-444444444444",
+    }
+    others = [call(c.action, elsewhere[c.action.split(":")[0]]) for c in calls]
+    allowed = [r for r in others if decide(slack, r) == "Allow"]
+    assert not allowed, f"the Slack function may read another stack's deploy: {allowed}"
+    for role in ("sweep", "shard_worker", "gather", "alarms", "digest"):  # only the Slack endpoint runs them
+        statements = statements_of(home, ROLES[role].handler)
+        assert not [r for r in calls if decide(statements, r) == "Allow"], role
+
+
 def test_only_the_first_listed_region_counts_the_regions_without_a_stack(synth: Synth) -> None:
     """The count is made once for the account: the other stacks' sweeps list nothing outside their region."""
     statements = statements_of(synth.template(f"IdleReaper-{OTHER}"), ROLES["sweep"].handler, OTHER)
@@ -377,6 +440,7 @@ def test_every_call_in_the_runtime_is_in_a_roles_list() -> None:
     found = set().union(*(calls_in(p.read_text()) for p in (REPO_ROOT / "lambdas" / "idle_reaper").rglob("*.py")))
     assert {"ec2:StopInstances", "autoscaling:TerminateInstanceInAutoScalingGroup", "dynamodb:DeleteItem"} <= found
     listed = {r.action for role in ROLES.values() for r in role.allowed} | CLI_ONLY | ORGANIZATION_MODE
+    listed |= DOCTOR_DEPLOY_READS
     assert found - listed == set(), "calls no role is checked for"
 
 

@@ -322,6 +322,7 @@ def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[
                 "autoscaling:DescribeAutoScalingGroups",
                 "autoscaling:DescribeTags",  # `/idle-reaper doctor`: the groups' opt-in tags
                 "cloudwatch:GetMetricData",
+                "lambda:GetAccountSettings",  # `/idle-reaper doctor`: deploy.concurrency's quota
                 "sagemaker:ListNotebookInstances",  # no resource-level permission either
                 "sagemaker:ListApps",
                 "xray:PutTraceSegments",

@@ -237,28 +237,33 @@ def test_slack_down_or_rate_limited_is_unknown_never_ok(
     assert code == 0  # nothing is known to fail
 
 
+def snapshot(slack: Any) -> dict[str, Any]:
+    """Every table item, parameter, instance and group tag, schedule rule state and Slack message and file."""
+    items = aws.client("dynamodb").scan(TableName=aws.table_name())["Items"]
+    params = aws.client("ssm").get_parameters_by_path(Path="/idle-reaper", Recursive=True)["Parameters"]
+    tags = aws.client("ec2").describe_tags()["Tags"]
+    group_tags = aws.client("autoscaling").describe_tags()["Tags"]
+    rules = aws.client("events").list_rules()["Rules"]
+    return {
+        "items": sorted(json.dumps(i, sort_keys=True) for i in items),
+        "params": sorted((p["Name"], p["Version"], p["Value"]) for p in params),
+        "tags": sorted((t["ResourceId"], t["Key"], t["Value"]) for t in tags),
+        "group_tags": sorted((t["ResourceId"], t["Key"], t["Value"]) for t in group_tags),
+        "rules": sorted((r["Name"], r["State"]) for r in rules),
+        "messages": dict(slack.messages),
+        "files": dict(slack.files),
+    }
+
+
 def test_the_doctor_changes_nothing(healthy: dict[str, str], slack: Any, capsys: Any) -> None:
     _bad_team_policy(slack)
     slack.users_by_email["carol@example.com"] = "U0CAROL"
     local.launch("carol", "m5.large", team="ml", launch_time=at(8), owner="carol@example.com")
 
-    def snapshot() -> dict[str, Any]:
-        ddb = aws.client("dynamodb")
-        items = ddb.scan(TableName=aws.table_name())["Items"]
-        params = aws.client("ssm").get_parameters_by_path(Path="/idle-reaper", Recursive=True)["Parameters"]
-        tags = aws.client("ec2").describe_tags()["Tags"]
-        return {
-            "items": sorted(json.dumps(i, sort_keys=True) for i in items),
-            "params": sorted((p["Name"], p["Version"], p["Value"]) for p in params),
-            "tags": sorted((t["ResourceId"], t["Key"], t["Value"]) for t in tags),
-            "messages": dict(slack.messages),
-            "files": dict(slack.files),
-        }
-
-    before = snapshot()
+    before = snapshot(slack)
     code, _ = doctor(capsys)
     assert code == 1
-    assert snapshot() == before
+    assert snapshot(slack) == before
     assert not slack.calls_to("chat.postMessage") and not slack.calls_to("conversations.open")
 
 

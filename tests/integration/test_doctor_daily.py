@@ -6,20 +6,25 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 import urllib.parse
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from test_doctor import ADMIN, ADMIN_CHANNEL, MEMBER, OWNER, TEAM_CHANNEL, healthy, launch_and_publish
+from slack_sdk import WebClient
+from test_doctor import ADMIN, ADMIN_CHANNEL, MEMBER, OWNER, TEAM_CHANNEL, healthy, launch_and_publish, snapshot
 
 from idle_reaper import aws
+from idle_reaper.aws.deploy import DEPLOY_CHECKS
 from idle_reaper.handlers import slack as slack_handler
 from idle_reaper.handlers import sweep as sweep_handler
+from idle_reaper.slack import SlackNotifier
 from idle_reaper.sweep import Adapters, run_sweep
 from idle_reaper.sweep.adapters import SweepRead
 from idle_reaper.sweep.doctor import DailyDoctor, list_afresh, run_daily_doctor
 from idle_reaper_tools.fake_slack import BOT_USER, LambdaContextStub, signed_request
+from testkit.deploy_answers import STACK, DeployAnswers
 
 pytestmark = pytest.mark.integration
 __all__ = ["healthy"]  # the fixture, shared with test_doctor.py
@@ -93,6 +98,22 @@ def test_the_daily_check_reuses_the_sweeps_reads(healthy: dict[str, str], slack:
     asked = [c.method for c in slack.calls if c.method != "chat.postMessage" and c.method != "conversations.open"]
     assert sorted(asked) == ["auth.test", "conversations.info", "conversations.info", "users.info"]
     assert done.slack_calls == 4
+
+
+def test_what_the_daily_check_resolves_goes_to_the_sweeps_owner_cache(healthy: dict[str, str], slack: Any) -> None:
+    """bob@example.com is not cached: the daily check looks him up once and caches him as the sweep does, so
+    the sweep's own resolution (and tomorrow's check) asks Slack nothing."""
+    adapters = Adapters.from_environment()
+    now = datetime.now(UTC)
+    assert adapters.store.get_lookup("owner#bob@example.com", now) is None
+    daily(adapters, now)
+    assert [c.params["email"] for c in slack.calls_to("users.lookupByEmail")] == ["bob@example.com"]
+    assert adapters.store.get_lookup("owner#bob@example.com", now) == OWNER
+    slack.calls.clear()
+    notifier = SlackNotifier(WebClient(token="xoxb-test", base_url=slack.url), adapters.store, clock=lambda: now)
+    assert notifier.resolve_owner("bob@example.com") == OWNER and not slack.calls_to("users.lookupByEmail")
+    daily(adapters, now + timedelta(days=1))
+    assert not slack.calls_to("users.lookupByEmail")
 
 
 def test_a_machine_the_sweep_did_not_read_is_read_for_its_gpu_alone(healthy: dict[str, str], slack: Any) -> None:
@@ -199,3 +220,54 @@ def test_the_slack_command_refuses_who_is_not_an_admin(healthy: dict[str, str], 
     for user in (MEMBER, "U0BOB"):
         assert doctor_command(slack, user) == refusal
     assert not slack.calls_to("auth.test") and not slack.calls_to("conversations.info")
+
+
+def test_the_slack_command_runs_the_deploy_checks_and_a_broken_schedule_is_a_failing_line(
+    healthy: dict[str, str], deployed: DeployAnswers, slack: Any
+) -> None:
+    ok = doctor_command(slack, ADMIN)
+    assert ok.endswith(" checks ok.")
+    checks = int(ok.split("all ")[1].split(" ")[0])
+    assert checks >= 6 + 12, "the deploy checks are among them"
+    stack = aws.client("cloudformation").describe_stacks(StackName=STACK)["Stacks"][0]
+    rule = next(o["OutputValue"] for o in stack["Outputs"] if o["OutputKey"] == "SweepScheduleName")
+    aws.client("events").disable_rule(Name=rule)
+
+    text = doctor_command(slack, ADMIN)
+
+    assert "1 fail" in text.splitlines()[0]
+    (failing,) = [line for line in text.splitlines() if line.startswith("•")]
+    assert failing.startswith("• *FAIL* `deploy.schedule`: ") and rule in failing and "DISABLED" in failing
+    assert f"fix: aws events enable-rule --name {rule} --region us-east-1" in text
+    assert deployed.count("DescribeRule") == 2 and deployed.count("GetAccountSettings") == 2
+
+
+def test_a_deploy_check_that_cannot_finish_in_time_is_unknown_and_the_answer_still_comes(
+    healthy: dict[str, str], deployed: DeployAnswers, slack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def hangs(*_: Any) -> str:
+        time.sleep(3.0)
+        return "ENABLED"
+
+    monkeypatch.setattr("idle_reaper.aws.deploy.rule_state", hangs)
+    monkeypatch.setattr("idle_reaper.slack.routing.DEPLOY_STAGE_SECONDS", 1.0)
+    started = time.monotonic()
+    text = doctor_command(slack, ADMIN)
+    assert time.monotonic() - started < 2.9, "answered without waiting for the hanging call"
+    unknown = [line for line in text.splitlines() if line.startswith("• *UNKNOWN*")]
+    assert {line.split("`")[1] for line in unknown} == set(DEPLOY_CHECKS)
+    assert all("could not check: out of time" in line for line in unknown)
+    assert "*OK*" not in text and "FAIL" not in text
+
+
+def test_the_slack_command_changes_nothing(healthy: dict[str, str], slack: Any) -> None:
+    """Not even the owner cache: an owner no sweep has resolved is looked up, and not written down."""
+    slack.users_by_email["carol@example.com"] = "U0CAROL"
+    aws.client("ec2").create_tags(Resources=[healthy["mail"]], Tags=[{"Key": "Owner", "Value": "carol@example.com"}])
+    aws.client("ssm").put_parameter(Name="/idle-reaper/teams/cv", Value="{", Type="String", Overwrite=True)
+    before = snapshot(slack)
+    text = doctor_command(slack, ADMIN)
+    assert "`policy.teams`" in text and "cv" in text
+    assert [c.params["email"] for c in slack.calls_to("users.lookupByEmail")] == ["carol@example.com"]
+    assert snapshot(slack) == before
+    assert not slack.calls_to("chat.postMessage") and not slack.calls_to("conversations.open")

@@ -13,6 +13,7 @@ import pytest
 from test_doctor import by_status, doctor
 
 from idle_reaper import aws
+from idle_reaper.aws.deploy import DEPLOY_CHECKS as STACK_CHECKS
 from idle_reaper_tools import cli, local
 from idle_reaper_tools.demo import at
 from testkit.deploy_answers import (
@@ -31,15 +32,7 @@ from testkit.function_url import slack_function_url
 pytestmark = pytest.mark.integration
 
 THREE_REGIONS = ["eu-west-1", "us-east-1", "us-west-2"]
-DEPLOY_CHECKS = {
-    "deploy.stack",
-    "deploy.version",
-    "deploy.schedule",
-    "deploy.alarm_topic",
-    "deploy.alarm_subscribers",
-    "deploy.concurrency",
-    "deploy.regions",
-}
+DEPLOY_CHECKS = {*STACK_CHECKS, "deploy.regions"}  # a stack's own, then the regions without one
 
 
 def outputs(region: str = "us-east-1") -> dict[str, str]:

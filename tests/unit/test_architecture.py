@@ -31,6 +31,8 @@ LAYERS: dict[str, int] = {
 
 
 def layer(module: str) -> int:
+    if module == "idle_reaper":  # the package itself holds its __version__ alone: below every layer
+        return -1
     best = max((name for name in LAYERS if module == name or module.startswith(name + ".")), key=len, default=None)
     assert best is not None, f"{module} belongs to no layer: add it to LAYERS"
     return LAYERS[best]

@@ -2,15 +2,15 @@
 its schedule, alarm topic, reserved concurrency and agent association, and ping its Slack endpoint.
 
 Thin gatherers, read-only (Describe/Get/List calls and one signed ping that the handler answers without doing
-anything); the decisions are idle_reaper.core.deploy_checks'. Calls per region with a stack: DescribeStacks,
-DescribeRule, GetTopicAttributes, ListSubscriptionsByTopic, GetAccountSettings, GetTemplate,
-ListStackResources, one GetFunctionConcurrency per function the template reserves for, DescribeAssociation.
+anything); the decisions are idle_reaper.core.deploy_checks'. A stack's own facts are read by
+idle_reaper.aws.deploy, which `/idle-reaper doctor` runs too (its calls are listed there).
 Without --region: DescribeRegions, one DescribeStacks per enabled region (8 at once), and the sweep's own count of the
 regions without a stack (DescribeRegions, one paginated DescribeInstances each).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -19,38 +19,35 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import boto3
 from slack_sdk.signature import SignatureVerifier
 
-import idle_reaper
 from idle_reaper import aws
-from idle_reaper.aws.clients import DEFAULT_DEPLOY_PREFIX
+from idle_reaper.aws.deploy import (
+    CannotRun,
+    default_stack_name,
+    deploy_findings,
+    describe_stack,
+    refused_credentials,
+    stack_name_for,
+)
 from idle_reaper.aws.regions import count_unwatched
 from idle_reaper.core.deploy_checks import (
-    ASSOCIATION_OUTPUT,
-    SCHEDULE_OUTPUT,
-    TOPIC_OUTPUT,
     UNREADABLE,
-    AssociationFacts,
-    ConcurrencyFacts,
     EndpointAnswer,
     RegionScan,
     StackFacts,
-    Subscription,
     Unreadable,
-    check_alarm_topic,
-    check_concurrency,
     check_endpoint,
     check_regions,
-    check_schedule,
-    check_stack,
     in_region,
     with_association,
 )
 from idle_reaper.core.doctor import Finding
 from idle_reaper.policy import PolicyError, TagKeys
+
+__all__ = ["CannotRun", "check_deploy", "default_stack_name", "stack_name_for"]
 
 PING_TIMEOUT_SECONDS = 10.0
 REGIONS_AT_ONCE = 8
@@ -61,143 +58,6 @@ PING_PAYLOAD = json.dumps(
 # Run one region's other checks (policy, Slack, people, signals, last sweep, groups); the flag is True for the
 # first region only, so --send-test posts once.
 RegionalChecks = Callable[[str, bool], list[Finding]]
-
-
-class CannotRun(Exception):
-    """Nothing can be checked (no credentials, no region): one line, exit 2."""
-
-
-def stack_name_for(prefix: str) -> str:
-    """The CloudFormation name infra/stack.py gives the stack of a prefix."""
-    return "IdleReaper" if prefix == DEFAULT_DEPLOY_PREFIX else prefix
-
-
-def default_stack_name() -> str:
-    """The stack of the state table this command reads (IDLE_REAPER_TABLE is `<prefix>-state`)."""
-    return stack_name_for(aws.deploy_prefix())
-
-
-# What AWS answers credentials it does not accept (unknown, expired, or signed wrong): nothing can be checked.
-REFUSED_CREDENTIALS = frozenset(
-    {
-        "AuthFailure",
-        "UnrecognizedClientException",
-        "InvalidClientTokenId",
-        "ExpiredToken",
-        "ExpiredTokenException",
-        "SignatureDoesNotMatch",
-    }
-)
-
-
-def _refused(exc: Exception) -> CannotRun | None:
-    if isinstance(exc, aws.AwsError) and aws.error_code(exc) in REFUSED_CREDENTIALS:
-        return CannotRun(
-            f"AWS refused the credentials ({aws.error_code(exc)}): renew them (aws sso login, aws configure)"
-        )
-    return None
-
-
-def _missing(exc: Exception, *codes: str) -> bool:
-    return isinstance(exc, aws.AwsError) and aws.error_code(exc) in codes
-
-
-def describe_stack(cloudformation: Any, name: str) -> StackFacts | Unreadable | None:
-    try:
-        stack = cloudformation.describe_stacks(StackName=name)["Stacks"][0]
-    except aws.AwsError as exc:
-        # CloudFormation answers a missing stack with a ValidationError "Stack with id X does not exist".
-        if _missing(exc, "ValidationError") and "does not exist" in str(exc):
-            return None
-        if refused := _refused(exc):
-            raise refused from None
-        return UNREADABLE
-    outputs = {o["OutputKey"]: str(o.get("OutputValue", "")) for o in stack.get("Outputs", [])}
-    return StackFacts(name, stack["StackStatus"], stack.get("StackStatusReason"), outputs)
-
-
-def rule_state(events: Any, rule: str | None) -> str | Unreadable | None:
-    if rule is None:
-        return None
-    try:
-        return str(events.describe_rule(Name=rule)["State"])
-    except aws.AwsError as exc:
-        return None if _missing(exc, "ResourceNotFoundException") else UNREADABLE
-
-
-def topic_facts(sns: Any, topic: str | None) -> tuple[str | Unreadable | None, list[Subscription] | Unreadable]:
-    if topic is None:
-        return None, []
-    try:
-        policy: str | Unreadable | None = sns.get_topic_attributes(TopicArn=topic)["Attributes"].get("Policy")
-    except aws.AwsError:
-        policy = UNREADABLE
-    try:
-        subscriptions = [
-            Subscription(s["Protocol"], s["Endpoint"], s["SubscriptionArn"].startswith("arn:"))
-            for page in sns.get_paginator("list_subscriptions_by_topic").paginate(TopicArn=topic)
-            for s in page["Subscriptions"]
-        ]
-    except aws.AwsError:
-        return policy, UNREADABLE
-    return policy, subscriptions
-
-
-def _template(cloudformation: Any, name: str) -> dict[str, Any]:
-    body = cloudformation.get_template(StackName=name, TemplateStage="Original")["TemplateBody"]
-    parsed = json.loads(body) if isinstance(body, str) else body  # boto3 parses a JSON template itself
-    if not isinstance(parsed, dict):
-        raise ValueError("the template is not a JSON object")
-    return parsed
-
-
-def concurrency_facts(cloudformation: Any, lambda_: Any, name: str) -> ConcurrencyFacts | None:
-    """The account's quota, what the stack's template reserves per function, and what those functions hold."""
-    try:
-        limit = lambda_.get_account_settings()["AccountLimit"]
-        wanted_by_id = {
-            logical: int(resource["Properties"]["ReservedConcurrentExecutions"])
-            for logical, resource in _template(cloudformation, name).get("Resources", {}).items()
-            if resource.get("Type") == "AWS::Lambda::Function"
-            and "ReservedConcurrentExecutions" in resource.get("Properties", {})
-        }
-        physical = {
-            r["LogicalResourceId"]: r.get("PhysicalResourceId") or r["LogicalResourceId"]
-            for page in cloudformation.get_paginator("list_stack_resources").paginate(StackName=name)
-            for r in page["StackResourceSummaries"]
-            if r["LogicalResourceId"] in wanted_by_id
-        }
-        wanted: dict[str, int] = {}
-        held: dict[str, int] = {}
-        for logical, n in wanted_by_id.items():
-            function = physical.get(logical, logical)
-            wanted[function] = n
-            held[function] = _reserved(lambda_, function) if n else 0
-    except (*aws.AwsError, ValueError, TypeError, KeyError):
-        return None
-    return ConcurrencyFacts(
-        int(limit["ConcurrentExecutions"]), int(limit["UnreservedConcurrentExecutions"]), wanted, held
-    )
-
-
-def _reserved(lambda_: Any, function: str) -> int:
-    try:
-        return int(lambda_.get_function_concurrency(FunctionName=function).get("ReservedConcurrentExecutions") or 0)
-    except aws.AwsError as exc:
-        if _missing(exc, "ResourceNotFoundException"):
-            return 0  # the function is gone (a rolled-back create): it holds nothing
-        raise
-
-
-def association_facts(ssm: Any, association: str | None) -> AssociationFacts | Unreadable | None:
-    if association is None:
-        return None
-    try:
-        overview = ssm.describe_association(AssociationId=association)["AssociationDescription"].get("Overview", {})
-    except aws.AwsError:
-        return UNREADABLE
-    counts = {str(k): int(v) for k, v in overview.get("AssociationStatusAggregatedCount", {}).items()}
-    return AssociationFacts(association, overview.get("Status"), counts)
 
 
 def ping_endpoint(url: str, signing_secret: str | None) -> EndpointAnswer | None:
@@ -238,21 +98,6 @@ def _signing_secret() -> str | None:
         return None
 
 
-def deploy_findings(region: str, name: str, stack: StackFacts | Unreadable | None) -> list[Finding]:
-    """The stack's own checks in one region (the schedule, alarm topic and concurrency only where it exists)."""
-    findings = check_stack(region, name, stack, idle_reaper.__version__)
-    if not isinstance(stack, StackFacts):
-        return findings
-    outputs = stack.outputs
-    cloudformation = aws.client("cloudformation", region)
-    schedule = outputs.get(SCHEDULE_OUTPUT)
-    findings.append(check_schedule(region, schedule, rule_state(aws.client("events", region), schedule)))
-    topic = outputs.get(TOPIC_OUTPUT)
-    findings += check_alarm_topic(region, topic, *topic_facts(aws.client("sns", region), topic))
-    findings.append(check_concurrency(region, concurrency_facts(cloudformation, aws.client("lambda", region), name)))
-    return findings
-
-
 def _tags(home: str) -> TagKeys:
     """The opt-in and team tag keys of the settings where the doctor runs (the defaults if unreadable)."""
     try:
@@ -266,7 +111,7 @@ def scan_regions(home: str, name: str) -> tuple[dict[str, StackFacts | Unreadabl
     try:
         enabled = sorted(r["RegionName"] for r in aws.client("ec2", home).describe_regions()["Regions"])
     except aws.AwsError as exc:
-        if refused := _refused(exc):
+        if refused := refused_credentials(exc):
             raise refused from None
         return {home: describe_stack(aws.client("cloudformation", home), name)}, None
     # One DescribeStacks per region, REGIONS_AT_ONCE at a time (clients made here: sessions are not thread-safe).
@@ -306,13 +151,8 @@ def check_deploy(region: str | None, name: str, endpoint: str | None, regional: 
         checked = checked or [home]
     findings: list[Finding] = []
     for i, here in enumerate(checked):
-        stack = stacks.get(here)
-        association = (
-            association_facts(aws.client("ssm", here), stack.outputs.get(ASSOCIATION_OUTPUT))
-            if isinstance(stack, StackFacts)
-            else None
-        )
-        ours = deploy_findings(here, name, stack)
+        connect = functools.partial(aws.client, region=here)
+        ours, association = deploy_findings(connect, here, name, stacks.get(here))
         findings += in_region(here, [*ours, *with_association(regional(here, i == 0), association)])
     if not region:
         findings.append(check_regions(scan))

@@ -20,7 +20,7 @@ from idle_reaper.aws.regions import current_region
 from idle_reaper.notify import logger
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport
 from idle_reaper.sweep.doctor import run_daily_doctor
-from idle_reaper.sweep.fanout import SHARD_SIZE, SweepTotals, plan_sweep
+from idle_reaper.sweep.fanout import SHARD_SIZE, Plan, SweepTotals, plan_sweep
 from idle_reaper.sweep.members import check_member_accounts
 from idle_reaper.sweep.regions import report_unwatched_regions
 from idle_reaper.sweep.run import run_sweep
@@ -78,11 +78,14 @@ def count_unwatched_regions(adapters: Adapters, now: datetime, context: LambdaCo
         logger.warning(line)
 
 
-def check_daily(adapters: Adapters, now: datetime, context: LambdaContext, report: SweepReport | None) -> None:
+def check_daily(
+    adapters: Adapters, now: datetime, context: LambdaContext, report: SweepReport | None, plan: Plan
+) -> None:
     """The doctor's daily subset, on the day's first sweep, after its work (sweep/doctor.py: bounded, never
-    raises); a sweep handed to the fan-out has no report, so the fleet is listed again for it."""
+    raises): on what the sweep read, or, for a sweep handed to the fan-out, on the machines the plan listed
+    (the fleet is listed once either way)."""
     read = report.read if report is not None else None
-    run_daily_doctor(adapters, now, read, lambda: context.get_remaining_time_in_millis() / 1000)
+    run_daily_doctor(adapters, now, read, lambda: context.get_remaining_time_in_millis() / 1000, plan.listed)
 
 
 @functools.cache
@@ -118,7 +121,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             metrics.add_metric("SweepShards", MetricUnit.Count, plan.shards)
             logger.info("sweep fanned out", extra={"shards": plan.shards, "machines": plan.machines})
             count_unwatched_regions(adapters, now, context)
-            check_daily(adapters, now, context, None)
+            check_daily(adapters, now, context, None, plan)
             check_members(adapters, now, context)
             return {"machines": plan.machines, "shards": plan.shards, "dry_run": plan.dry_run}
         report = run_sweep(
@@ -129,7 +132,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             time_left=lambda: context.get_remaining_time_in_millis() / 1000,
         )
         count_unwatched_regions(adapters, now, context)
-        check_daily(adapters, now, context, report)
+        check_daily(adapters, now, context, report, plan)
         check_members(adapters, now, context)
     except SweepCannotRun as exc:
         metrics.add_metric("SweepErrors", MetricUnit.Count, 1)

@@ -4,8 +4,10 @@ None when Slack could not be asked. A reader with a deadline asks nothing past i
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
@@ -21,7 +23,7 @@ from idle_reaper.core.doctor import (
 from idle_reaper.core.signals import Machine
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.slack.notifier import SlackNotConfigured, load_secrets, make_client
-from idle_reaper.slack.owners import EMAIL, MAX_EMAIL_CHARS, SLACK_USER_ID
+from idle_reaper.slack.owners import BULK_RESOLVE_FROM, EMAIL, MAX_EMAIL_CHARS, SLACK_USER_ID, UsersListing
 
 SLACK_DOWN = (SlackClientError, OSError)
 
@@ -88,24 +90,25 @@ class SlackReader:
             return None
         return not (info.get("user") or {}).get("deleted")
 
-    def email_exists(self, email: str) -> bool | None:
+    def email_user(self, email: str) -> str | Literal[False] | None:
+        """The user id an email belongs to, False when it is nobody's, None when Slack could not be asked."""
         if not self._may_ask():
             return None
         try:
-            self.client.users_lookupByEmail(email=email)
+            response = self.client.users_lookupByEmail(email=email)
         except SlackApiError as exc:
             return False if slack_error(exc) == "users_not_found" else None
         except SLACK_DOWN:
             return None
-        return True
+        return str((response.get("user") or {}).get("id") or "") or False
 
-    def owner_resolves(self, owner: str | None) -> bool | None:
-        owner = (owner or "").strip()
-        if SLACK_USER_ID.match(owner):
-            return self.user_exists(owner)
-        if not owner or len(owner) > MAX_EMAIL_CHARS or not EMAIL.match(owner):
-            return False
-        return self.email_exists(owner)
+    def users_listing(self, emails: set[str], ids: frozenset[str]) -> UsersListing:
+        """users.list pages (the sweep's bulk owner lookup) until every email and id is found, the listing ends,
+        or the deadline; a Slack fault ends it early (what was listed before stays)."""
+        listing = UsersListing()
+        with contextlib.suppress(*SLACK_DOWN):
+            listing.read(self.client, emails, ids, self._may_ask)
+        return listing
 
 
 def slack_reader(budget_seconds: float, deadline: float | None = None) -> tuple[SlackReader | None, bool]:
@@ -171,10 +174,14 @@ def gather_people(
     machines: Sequence[Machine] | None,
     refs: Mapping[str, TeamPolicyRef],
     cached: Callable[[str], str | None] = lambda key: None,
+    resolved_to: Callable[[Mapping[str, str]], None] | None = None,
 ) -> tuple[list[OwnedMachine] | None, list[TeamContacts]]:
-    """Each distinct Owner asked once: an email the sweep already resolved (its 7-day cache in the state table,
-    read, never written) costs no Slack call; the rest go to users.info or users.lookupByEmail. Past the
-    reader's deadline the rest are not looked at (could not check)."""
+    """Each distinct Owner asked once, as the sweep resolves owners (slack/owners.py): an email the sweep
+    already resolved (its 7-day cache in the state table) costs no Slack call; from BULK_RESOLVE_FROM uncached
+    owners on, pages of users.list (200 users a call) find them all, and only what a listing cut short did not
+    reach is asked one by one (users.lookupByEmail, users.info). Past the reader's deadline nothing more is
+    asked: could not check. `resolved_to` receives the emails resolved (lower case -> user id), for the
+    sweep's cache; the command line passes none (it writes nothing)."""
     teams = [
         TeamContacts(team, ref.policy.slack_channel, len(ref.policy.members))
         for team, ref in refs.items()
@@ -183,11 +190,33 @@ def gather_people(
     if machines is None:
         return None, teams
     resolved: dict[str, bool | None] = {}
+    emails: dict[str, list[str]] = {}  # uncached email (lower case) -> the owners that spell it
+    ids: set[str] = set()
     for owner in sorted({(m.owner or "").strip() for m in machines}):
-        if reader is not None and reader.out_of_time:
-            resolved[owner] = None  # not reached in time: could not check
-        elif EMAIL.match(owner) and cached(f"owner#{owner.lower()}"):
+        if SLACK_USER_ID.match(owner):
+            ids.add(owner)
+        elif not owner or len(owner) > MAX_EMAIL_CHARS or not EMAIL.match(owner):
+            resolved[owner] = False
+        elif cached(f"owner#{owner.lower()}"):
             resolved[owner] = True
         else:
-            resolved[owner] = reader.owner_resolves(owner) if reader else (None if owner else False)
+            emails.setdefault(owner.lower(), []).append(owner)
+    found: dict[str, str] = {}
+    if reader is not None and len(emails) + len(ids) >= BULK_RESOLVE_FROM:
+        listing = reader.users_listing(set(emails), frozenset(ids))
+        found.update(listing.emails)
+        for email in list(emails):
+            if email in listing.emails or listing.complete:
+                resolved.update(dict.fromkeys(emails.pop(email), email in listing.emails))
+        resolved.update(dict.fromkeys(listing.ids, True))
+        ids -= listing.ids  # an id the listing did not show is asked for (users.info says whether it exists)
+    for email, spellings in emails.items():
+        user = reader.email_user(email) if reader is not None else None
+        if user:
+            found[email] = user
+        resolved.update(dict.fromkeys(spellings, None if user is None else bool(user)))
+    for user in ids:
+        resolved[user] = reader.user_exists(user) if reader is not None else None
+    if found and resolved_to is not None:
+        resolved_to(found)
     return [OwnedMachine(m.instance_id, m.team, m.owner, resolved[(m.owner or "").strip()]) for m in machines], teams

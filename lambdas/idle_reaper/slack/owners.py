@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +14,7 @@ from idle_reaper.aws.state import StateStore
 
 OWNER_CACHE_TTL = timedelta(days=7)
 BULK_RESOLVE_FROM = 20  # uncached owner emails from which users.list pages beat users.lookupByEmail calls
+USERS_LIST_PAGE = 200  # users a users.list page (Slack recommends no more than 200)
 USERS_LIST_MAX_PAGES = 250  # 50,000 users at 200 a page
 SLACK_USER_ID = re.compile(r"^[UW][A-Z0-9]{2,31}$")
 EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
@@ -87,18 +88,50 @@ class OwnerDirectory:
 
     def _listed_users(self, emails: set[str]) -> tuple[dict[str, str], bool]:
         """The users.list pages until every email is found: (email -> user id, whether the listing ended)."""
-        found: dict[str, str] = {}
-        cursor: str | None = None
+        listing = UsersListing()
         try:
-            for _ in range(USERS_LIST_MAX_PAGES):
-                page = self.client.users_list(limit=200, cursor=cursor)
-                for user in page.get("members") or []:
-                    email = str((user.get("profile") or {}).get("email") or "").lower()
-                    if email in emails and not user.get("deleted") and not user.get("is_bot"):
-                        found[email] = str(user["id"])
-                cursor = (page.get("response_metadata") or {}).get("next_cursor")
-                if not cursor or len(found) == len(emails):
-                    return found, not cursor
+            listing.read(self.client, emails)
         except (SlackApiError, SlackClientError, OSError) as exc:
             self._failed("owner lookup", f"{len(emails)} owners", exc, "users.list")
-        return found, False
+        return listing.emails, listing.complete
+
+
+class UsersListing:
+    """What pages of users.list (USERS_LIST_PAGE a page, Tier 2) say about some emails and user ids: the
+    active users found by email, the ids found, and whether the whole workspace was listed (then an email or id
+    not found names nobody). A Slack error propagates; what was read before it stays."""
+
+    def __init__(self) -> None:
+        self.emails: dict[str, str] = {}  # email (lower case) -> user id
+        self.ids: set[str] = set()  # of the ids asked for, those listed as active users
+        self.complete = False
+        self.pages = 0
+
+    def read(
+        self,
+        client: WebClient,
+        emails: set[str],
+        ids: frozenset[str] = frozenset(),
+        may_ask: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """Pages until every email and id is found, the listing ends, or `may_ask` says no more."""
+        cursor: str | None = None
+        for _ in range(USERS_LIST_MAX_PAGES):
+            if not may_ask():
+                return
+            page = client.users_list(limit=USERS_LIST_PAGE, cursor=cursor)
+            self.pages += 1
+            for user in page.get("members") or []:
+                if user.get("deleted") or user.get("is_bot"):
+                    continue
+                email = str((user.get("profile") or {}).get("email") or "").lower()
+                if email in emails:
+                    self.emails[email] = str(user["id"])
+                if user.get("id") in ids:
+                    self.ids.add(str(user["id"]))
+            cursor = (page.get("response_metadata") or {}).get("next_cursor")
+            if not cursor:
+                self.complete = True
+                return
+            if len(self.emails) == len(emails) and len(self.ids) == len(ids):
+                return

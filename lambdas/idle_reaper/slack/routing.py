@@ -38,6 +38,7 @@ from idle_reaper.slack.requests import ButtonWork, CommandWork, chosen_action
 
 # `/idle-reaper doctor` runs in the endpoint's asynchronous invocation (30 s timeout): this long at most.
 DOCTOR_SECONDS = 20.0
+DEPLOY_STAGE_SECONDS = 6.0  # of which the deploy checks (about ten in-region Describe/Get calls) take at most this
 SWEEP_MINUTES_ENV = "IDLE_REAPER_SWEEP_MINUTES"  # the stack's sweep interval, for deploy.last_sweep
 DEFAULT_SWEEP_MINUTES = 5
 NOT_CURRENT = "This message is no longer current (it was answered already, or replaced); nothing changed."
@@ -102,15 +103,22 @@ class Region:
         return str(getattr(getattr(self.connect("ssm"), "meta", None), "region_name", "this region"))
 
     def doctor(self, deadline: float) -> list[Finding]:
-        """Every check of this region (sweep/doctor.py), imported here: a click's cold start never loads it."""
-        from idle_reaper.sweep.doctor import Account, run_checks
+        """Every check of this region: its own stack's deploy checks first (aws/deploy.py, at most
+        DEPLOY_STAGE_SECONDS), then the rest (sweep/doctor.py). Imported here: a click's cold start never loads
+        them. What is not reached by `deadline` is unknown."""
+        from idle_reaper.core.deploy_checks import with_association
+        from idle_reaper.sweep.doctor import Account, run_checks, stack_checks
 
+        deploy, association = stack_checks(
+            self.connect, self.name, min(deadline, time.monotonic() + DEPLOY_STAGE_SECONDS)
+        )
         account = Account(self.policies, self.fleet, MetricsReader(self.connect("cloudwatch")), self.store)
         minutes = int(os.environ.get(SWEEP_MINUTES_ENV) or DEFAULT_SWEEP_MINUTES)
         reader = SlackReader(self.slack_client, deadline)
-        return run_checks(
+        findings = run_checks(
             account, reader, signing_secret=True, now=self.clock(), sweep_minutes=minutes, deadline=deadline
         )
+        return [*deploy, *with_association(findings, association)]
 
     def _settings(self) -> Settings:
         try:

@@ -6,19 +6,32 @@ not be gathered, in time or at all, is "could not check" (unknown), never ok."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
-from idle_reaper.aws.clients import AwsError, error_code
+from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
+from idle_reaper.aws.deploy import (
+    DEPLOY_CHECKS,
+    OUT_OF_TIME,
+    STACK_ENV,
+    default_stack_name,
+    deploy_findings,
+    describe_stack,
+)
 from idle_reaper.aws.doctor import gather_group_tags, gather_policy, gather_signals
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import StateStore
+from idle_reaper.core.deploy_checks import AssociationFacts, Unreadable
 from idle_reaper.core.doctor import (
     DAILY_CHECKS,
     SIGNAL_WINDOW_MINUTES,
@@ -40,10 +53,10 @@ from idle_reaper.core.signals import Machine
 from idle_reaper.notify import logger
 from idle_reaper.policy import Settings
 from idle_reaper.slack.doctor import SlackReader, gather_people, gather_slack, slack_reader
+from idle_reaper.slack.owners import OWNER_CACHE_TTL
 from idle_reaper.sweep.adapters import Adapters, SweepRead, alert_once
 from idle_reaper.sweep.fanout import LAST_SWEEP_KEY
 
-OUT_OF_TIME = "out of time"
 # The fleet and its metrics are read only with this much time left; the rest is said to be unknown.
 AWS_STAGE_SECONDS = 5.0
 
@@ -74,7 +87,7 @@ def gather_last_sweep(store: StateStore, now: datetime) -> LastSweep | Literal["
 
 
 def _cache_reader(store: StateStore, now: datetime) -> Callable[[str], str | None]:
-    """The sweep's owner cache, read (never written); an unreadable item is a miss."""
+    """The sweep's owner cache, read; an unreadable item is a miss."""
 
     def cached(key: str) -> str | None:
         try:
@@ -83,6 +96,45 @@ def _cache_reader(store: StateStore, now: datetime) -> Callable[[str], str | Non
             return None
 
     return cached
+
+
+def _cache_writer(store: StateStore, now: datetime) -> Callable[[Mapping[str, str]], None]:
+    """The daily check's resolved owners, into the sweep's owner cache (slack/owners.py: the same keys and
+    lifetime), so the sweep does not resolve them again. A write that fails is only a later lookup."""
+
+    def write(found: Mapping[str, str]) -> None:
+        def put(item: tuple[str, str]) -> None:
+            with contextlib.suppress(*AwsError):
+                store.put_lookup(f"owner#{item[0]}", item[1], now + OWNER_CACHE_TTL)
+
+        run_concurrently(put, sorted(found.items()), DDB_WORKERS)
+
+    return write
+
+
+def stack_checks(
+    connect: Callable[[str], Any], region: str, deadline: float
+) -> tuple[list[Finding], AssociationFacts | Unreadable | None]:
+    """The deploy checks of the stack this runs in (IDLE_REAPER_STACK; else the stack of the table's prefix)
+    for `/idle-reaper doctor`, with its agent association's facts. Bounded by `deadline` (time.monotonic()):
+    what is not finished by then, even a call that hangs, is unknown, never ok."""
+    name = os.environ.get(STACK_ENV) or default_stack_name()
+    clients = {service: connect(service) for service in ("cloudformation", "events", "sns", "lambda", "ssm")}
+
+    def run() -> tuple[list[Finding], AssociationFacts | Unreadable | None]:
+        try:
+            stack = describe_stack(clients["cloudformation"], name)
+            return deploy_findings(clients.__getitem__, region, name, stack, deadline)
+        except Exception as exc:  # a check's fault is its unknown (CannotRun: credentials refused)
+            return [unknown(c, f"{type(exc).__name__}: {exc}") for c in DEPLOY_CHECKS], None
+
+    pool = ThreadPoolExecutor(1)
+    try:
+        return pool.submit(run).result(timeout=max(0.0, deadline - time.monotonic()))
+    except FutureTimeout:
+        return [unknown(c, OUT_OF_TIME) for c in DEPLOY_CHECKS], None
+    finally:
+        pool.shutdown(wait=False)  # a call still hanging finishes (read-only) unobserved
 
 
 def run_checks(
@@ -154,11 +206,13 @@ FAILING_KEY = "doctor#failing"  # what the last daily run remembered (core.docto
 FAILING_KEEP = timedelta(days=40)  # longer than a claim lives (aws.state.CLAIM_TTL_DAYS)
 
 
-def list_afresh(adapters: Adapters) -> SweepRead:
-    """For a sweep handed to the fan-out, whose machines the planner does not keep: listed again."""
+def list_afresh(adapters: Adapters, listed: Sequence[Machine] | None = None) -> SweepRead:
+    """For a sweep handed to the fan-out (whose shards read their own machines): the settings and team
+    policies, and the machines the planner `listed` (listed again only when there are none)."""
     settings, _ = adapters.policies.load_settings()
     refs = adapters.policies.load_teams(settings)
-    return SweepRead(settings, refs, adapters.fleet.discover(settings.tags, notebooks=False), {})
+    machines = list(listed) if listed is not None else adapters.fleet.discover(settings.tags, notebooks=False)
+    return SweepRead(settings, refs, machines, {})
 
 
 @dataclass
@@ -178,8 +232,8 @@ def daily_subset(
 ) -> tuple[list[Finding], int]:
     """The cheap checks, on what the sweep read: teams in safe mode, GPU machines without GPU metrics (the
     sweep's own reads; only the GPU machines it did not read this time are read, CPU and GPU alone), the bot's
-    membership of the team channels, unresolved owners (the sweep's owner cache first). A check's fault makes
-    it unknown. Returns the findings and the owner-cache reads made."""
+    membership of the team channels, unresolved owners (the sweep's owner cache first, and what is resolved is
+    written to it). A check's fault makes it unknown. Returns the findings and the owner-cache reads made."""
     findings: list[Finding] = []
     refs = dict(read.refs or {})
     if read.refs is None:
@@ -216,7 +270,7 @@ def daily_subset(
             return cache(key)
 
         try:
-            owned, contacts = gather_people(reader, read.machines, refs, cached)
+            owned, contacts = gather_people(reader, read.machines, refs, cached, _cache_writer(adapters.store, now))
             findings += [f for f in check_people(owned, contacts) if f.check == "people.owners"]
         except Exception as exc:
             findings.append(unknown("people.owners", f"{type(exc).__name__}: {exc}"))
@@ -268,10 +322,12 @@ def run_daily_doctor(
     now: datetime,
     read: SweepRead | None,
     time_left: Callable[[], float],
+    listed: Sequence[Machine] | None = None,
 ) -> DailyDoctor | None:
     """The daily subset, on the day's first sweep with DAILY_MIN_SECONDS left (claimed once a day), after the
     sweep's own work. It never raises: a fault is logged, and a check it touches is unknown. Nothing is told
-    in a dry run. `read`: what the sweep read (None: list the fleet again)."""
+    in a dry run. `read`: what the sweep read; else `listed`, what the fan-out's planner listed; with neither,
+    the fleet is listed again."""
     if time_left() < DAILY_MIN_SECONDS:
         return None
     started = time.monotonic()
@@ -279,7 +335,7 @@ def run_daily_doctor(
     try:
         if not adapters.store.claim_once(f"doctor#day#{now:%Y-%m-%d}", now):
             return None
-        read = read or list_afresh(adapters)
+        read = read or list_afresh(adapters, listed)
         slack, _ = slack_reader(DAILY_SLACK_SECONDS, started + DAILY_SLACK_SECONDS)
         findings, lookups = daily_subset(adapters, read, now, slack)
         told = [] if read.settings.dry_run else tell_new_failures(adapters, findings, read.settings, now)

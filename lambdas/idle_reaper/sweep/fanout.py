@@ -64,7 +64,9 @@ class Plan:
     shards: int
     machines: int
     dry_run: bool
-    listed: tuple[Machine, ...] = field(default=(), repr=False, compare=False)  # for a sweep in place
+    # What the planner listed: swept from here in place; for a sweep handed to the fan-out, what the daily
+    # doctor checks (handlers/sweep.py), so the fleet is listed once. Never part of the execution's input.
+    listed: tuple[Machine, ...] = field(default=(), repr=False, compare=False)
 
     def execution_input(self) -> dict[str, Any]:
         """The state machine's input: the Map runs one worker per entry of `shards`."""
@@ -196,7 +198,8 @@ def plan_sweep(
     in_place: bool = False,
 ) -> Plan:
     """List the fleet once and write one manifest (its instance ids) per shard to the state table.
-    `in_place`: a fleet that fits one shard is swept by the caller from `Plan.listed`, no manifest written."""
+    `in_place`: a fleet that fits one shard is swept by the caller from `Plan.listed`, no manifest written.
+    `Plan.listed` holds the machines listed either way (the shard workers read their manifests, not it)."""
     if shard_size < 1:
         raise ValueError("shard_size must be at least 1")
     sweep_id = sweep_id or uuid.uuid4().hex
@@ -221,7 +224,7 @@ def plan_sweep(
     except AwsError as exc:
         raise SweepCannotRun(f"cannot write the shard manifests ({error_code(exc)}): {exc}") from None
     logger.info("sweep planned", extra={"sweep_id": sweep_id, "shards": shards, "machines": len(machines)})
-    return replace(plan, listed=())
+    return plan
 
 
 def metric_workers(concurrent_shards: int) -> int:
