@@ -48,11 +48,16 @@ def local_aws() -> Iterator[LocalAws]:
     from moto.server import ThreadedMotoServer
 
     _studio_without_apps()
+    _quicker_local_world()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     saved = {k: os.environ.get(k) for k in _ENV}
     os.environ.update(
+        # moto gives each region's EC2 its ~1,300 public AMIs (each with a snapshot and a volume): about a second
+        # of CPU for every region EC2 is first asked about after each reset. Nothing here reads images (every
+        # machine is launched from AMI, which is not one of them, and moto does not check it), so none are loaded.
+        MOTO_EC2_LOAD_DEFAULT_AMIS="false",
         AWS_ENDPOINT_URL=f"http://{host}:{port}",
         AWS_ACCESS_KEY_ID="testing",
         AWS_SECRET_ACCESS_KEY="testing",
@@ -82,6 +87,7 @@ def _studio_without_apps() -> None:
 
 
 _ENV = (
+    "MOTO_EC2_LOAD_DEFAULT_AMIS",
     "AWS_ENDPOINT_URL",
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
@@ -89,6 +95,75 @@ _ENV = (
     "AWS_REGION",
     "AWS_PROFILE",
 )
+
+
+def _quicker_local_world() -> None:
+    """Costs of the local world that no answer depends on, paid on every client and every request:
+
+    - botocore reads a service's model into a new ServiceModel (whose operation models it builds again, on first
+      use) and builds a new client class (a method per operation: EC2 has about 800) for every client it makes,
+      though both depend only on the service and the session: here each is built once per service and session,
+      and every client is still made anew (its own endpoint, credentials, config and a copy of the session's
+      event handlers as they are when it is made);
+    - moto's server finds the backend for a request's host by listing its package directory and trying a few
+      hundred URL patterns, and lists its response class's methods, for every request: here once per host and
+      once per class (the answers depend on nothing else).
+
+    Idempotent; only the local world (tests, demo, benchmarks) runs it, never Lambda."""
+    import weakref
+
+    import botocore.client
+    import moto.core.responses
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    creator: Any = botocore.client.ClientCreator  # private methods: neither botocore nor its stubs declare them
+    responses: Any = moto.core.responses
+    if getattr(creator, "_idle_reaper_quicker", False):
+        return
+    creator._idle_reaper_quicker = True
+
+    models: weakref.WeakKeyDictionary[Any, dict[tuple[str, str | None], Any]] = weakref.WeakKeyDictionary()
+    load_model = creator._load_service_model
+
+    def load_service_model(self: Any, service_name: str, api_version: str | None = None) -> Any:
+        loaded = models.setdefault(self._loader, {})
+        key = (service_name, api_version)
+        if key not in loaded:
+            loaded[key] = load_model(self, service_name, api_version)
+        return loaded[key]
+
+    classes: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], type]] = weakref.WeakKeyDictionary()
+    create_class = creator._create_client_class
+
+    def create_client_class(self: Any, service_name: str, service_model: Any) -> type:
+        built = classes.setdefault(self._event_emitter, {})
+        key = (service_name, service_model.api_version)
+        if key not in built:
+            built[key] = create_class(self, service_name, service_model)
+        return built[key]
+
+    creator._load_service_model = load_service_model
+    creator._create_client_class = create_client_class
+
+    backend_for_host = DomainDispatcherApplication.get_backend_for_host
+    backends: dict[str | None, Any] = {}
+
+    def get_backend_for_host(self: Any, host: str | None) -> Any:
+        if host not in backends:
+            backends[host] = backend_for_host(self, host)
+        return backends[host]
+
+    DomainDispatcherApplication.get_backend_for_host = get_backend_for_host  # type: ignore[method-assign]
+
+    method_names = responses.method_names_from_class
+    names: dict[type, list[str]] = {}
+
+    def method_names_from_class(clazz: type) -> list[str]:
+        if clazz not in names:
+            names[clazz] = method_names(clazz)
+        return names[clazz]
+
+    responses.method_names_from_class = method_names_from_class
 
 
 def quiet_server_logs() -> None:
