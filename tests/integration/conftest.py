@@ -12,8 +12,13 @@ from testkit.deploy_answers import DeployAnswers, deploy_stack, real_deploy_answ
 
 
 @pytest.fixture
-def real_answers(aws: Any) -> Iterator[DeployAnswers]:
-    """AWS's real answers where moto has none (testkit/deploy_answers.py), us-east-1 enabled."""
+def real_answers(aws: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[DeployAnswers]:
+    """AWS's real answers where moto has none (testkit/deploy_answers.py), us-east-1 enabled. The answers sit
+    on the session, which a client copies when it is made: the Slack handler's kept clients (made by an
+    earlier test) are dropped, so the ones it makes now have the answers in front of moto too."""
+    from idle_reaper.handlers import slack as slack_handler
+
+    monkeypatch.setattr(slack_handler, "_clients", {})
     with real_deploy_answers() as answers:
         yield answers
 

@@ -5,6 +5,7 @@ Not used in Lambda (moto is a development dependency and is imported lazily)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -48,6 +49,7 @@ def local_aws() -> Iterator[LocalAws]:
     from moto.server import ThreadedMotoServer
 
     _studio_without_apps()
+    _atomic_dynamodb_writes()
     _quicker_local_world()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -74,6 +76,33 @@ def local_aws() -> Iterator[LocalAws]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _atomic_dynamodb_writes() -> None:
+    """DynamoDB applies a conditional write atomically; moto's server checks the condition and then writes, on
+    whichever of its threads took the request, with nothing between them: two overlapping claims
+    (`attribute_not_exists`) could both succeed. One lock around moto's writes answers as DynamoDB does."""
+    import threading
+
+    from moto.dynamodb.models import DynamoDBBackend
+
+    backend: Any = DynamoDBBackend
+    if getattr(backend, "_idle_reaper_atomic", False):
+        return
+    backend._idle_reaper_atomic = True
+    lock = threading.RLock()
+
+    def atomic(write: Any) -> Any:
+        @functools.wraps(write)
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return write(*args, **kwargs)
+
+        return locked
+
+    for name in ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item"):
+        if hasattr(backend, name):
+            setattr(backend, name, atomic(getattr(backend, name)))
 
 
 def _studio_without_apps() -> None:
