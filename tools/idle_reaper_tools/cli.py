@@ -181,6 +181,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_doctor)
 
+    from idle_reaper_tools.import_state import cmd_import_state
+
+    organization = sub.add_parser(
+        "organization", help="organization mode: move a single-account stack's state into the hub"
+    ).add_subparsers(dest="organization_command", required=True)
+    p = organization.add_parser(
+        "import-state",
+        help="copy an account's single-account state table into the hub's, under the member keys",
+        description="Copy a single-account stack's machine records (snoozes, warnings in flight, history) and "
+        "audit items into the hub's state table as the machines of a member account (docs/deploying.md, "
+        "Organizations). Conditional writes: the hub's newer records are kept; running it again changes nothing.",
+    )
+    p.add_argument("--from-table", required=True, help="the old stack's state table (name or ARN)")
+    p.add_argument("--account", required=True, help="the member account it ran in (12 digits)")
+    p.add_argument("--region", required=True, help="the region it ran in (one of the hub's member regions)")
+    p.add_argument(
+        "--from-role", metavar="ROLE_ARN", help="a role in that account to read the old table with (default: yours)"
+    )
+    p.add_argument(
+        "--same-slack-app",
+        action="store_true",
+        help="the old stack's Slack app is the hub's: keep its warnings' buttons and messages (default: the hub "
+        "warns again with its own app)",
+    )
+    p.add_argument(
+        "--while-watched", action="store_true", help="import although the hub is not told to exclude the account"
+    )
+    p.add_argument("--dry-run", action="store_true", help="print what would be copied, write nothing")
+    p.set_defaults(func=cmd_import_state)
+
     from idle_reaper_tools.report import cmd_report, iso_week
 
     p = sub.add_parser("report", help="the weekly digest of a team (or of every team) from the state table")

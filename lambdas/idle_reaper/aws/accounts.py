@@ -327,8 +327,11 @@ class OrganizationConfig:
     def from_environment(cls) -> OrganizationConfig | None:
         """None in single-account mode (the variable is unset)."""
         text = os.environ.get(ORGANIZATION_ENV, "")
-        if not text:
-            return None
+        return cls.from_json(text) if text else None
+
+    @classmethod
+    def from_json(cls, text: str) -> OrganizationConfig:
+        """The variable's value, as the hub stack writes it (the CLI reads it from the hub's function)."""
         data = json.loads(text)
         return cls(
             prefix=str(data["prefix"]),

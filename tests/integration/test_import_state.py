@@ -1,0 +1,297 @@
+"""`idle-reaper organization import-state` (issue 30, moving an account into organization mode) against moto in
+server mode: the old single-account stack's table lives in the member account (same name as the hub's, another
+account), the hub's in the hub account. Its records, audit history, button references and owner cache arrive
+under the member keys; a click on an old warning finds the machine there; a newer hub record is kept; a second
+run changes nothing; every bad input is refused with nothing written."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from test_accounts import Org, org  # noqa: F401  (org: the organization fixture)
+from test_slack import _replies_from, click, silent  # noqa: F401  (_replies_from: the fake the replies come from)
+
+from idle_reaper import aws
+from idle_reaper.aws import DynamoStateStore
+from idle_reaper.aws.accounts import MemberAccess
+from idle_reaper.core.records import MachineRecord, State, machine_key
+from idle_reaper.slack import routing
+from idle_reaper.sweep.quiet_hours import QUIET_INDEX
+from idle_reaper_tools import cli, local
+from idle_reaper_tools.demo import at
+
+pytestmark = pytest.mark.integration
+
+REGION = "us-east-1"
+NOW = at(14)
+TABLE = "idle-reaper-state"  # the old stack's table: the same name as the hub's, in the member account
+LATER = datetime.now(UTC) + timedelta(days=7)  # lookups live in real time
+
+
+class Moving:
+    """The hub (organization mode, the training account excluded) and the training account's old table."""
+
+    def __init__(self, organization: Org, monkeypatch: pytest.MonkeyPatch) -> None:
+        local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+        targets = [organization.ml]
+        config = {"prefix": "idle-reaper", "targets": targets, "regions": [REGION], "hubAccount": local.ACCOUNT}
+        monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+        self.org = organization
+        self.account = organization.accounts["training"]
+        self.role = f"arn:aws:iam::{self.account}:role/OrganizationAccountAccessRole"
+        self.exclude([self.account])
+        assumed = aws.client("sts").assume_role(RoleArn=self.role, RoleSessionName="test")["Credentials"]
+        self.old_ddb = aws.client(
+            "dynamodb",
+            REGION,
+            credentials={
+                "aws_access_key_id": assumed["AccessKeyId"],
+                "aws_secret_access_key": assumed["SecretAccessKey"],
+                "aws_session_token": assumed["SessionToken"],
+            },
+        )
+        aws.create_table(self.old_ddb, TABLE)
+        self.old = DynamoStateStore(self.old_ddb, TABLE)
+        self.hub = DynamoStateStore(aws.client("dynamodb"), aws.table_name())
+
+    def exclude(self, accounts: list[str]) -> None:
+        aws.client("ssm").put_parameter(
+            Name="/idle-reaper/organization", Value=json.dumps({"exclude": accounts}), Type="String", Overwrite=True
+        )
+
+    def key(self, instance_id: str) -> str:
+        return machine_key(instance_id, self.account, REGION)
+
+    def run(self, *extra: str, account: str | None = None, table: str = TABLE, role: str | None = "") -> int:
+        argv = ["organization", "import-state", "--from-table", table, "--account", account or self.account]
+        argv += ["--region", REGION, *extra]
+        if role is not None:
+            argv += ["--from-role", role or self.role]
+        return cli.main(argv)
+
+    def hub_items(self) -> list[dict[str, Any]]:
+        items = aws.client("dynamodb").scan(TableName=aws.table_name())["Items"]
+        return sorted(items, key=lambda i: (i["pk"]["S"], i["sk"]["S"]))
+
+
+@pytest.fixture
+def moving(org: Org, monkeypatch: pytest.MonkeyPatch) -> Moving:  # noqa: F811
+    return Moving(org, monkeypatch)
+
+
+def seed_old_state(m: Moving) -> None:
+    """What a single-account stack leaves: a snooze, a warning in flight (shared message, button reference), a
+    machine stopped in quiet hours whose owner is not told yet, history, the owner cache, and its own chores."""
+    base = MachineRecord("i-0snoozed", "ml", version=3, owner="bob@example.com", owner_slack_id="U0BOB")
+    records = [
+        replace(
+            base,
+            state=State.SNOOZED,
+            idle_since=at(12),
+            snoozed_until=at(18),
+            snoozed_by="U0BOB",
+            snoozes_today=1,
+            snooze_day="2026-11-20",
+            quiet_history="9:120,13:45",
+            updated_at=at(13, 50),
+        ),
+        replace(
+            base,
+            instance_id="i-0warned",
+            name="trainer",
+            state=State.WARNED,
+            idle_since=at(13),
+            warned_at=at(13, 40),
+            warning_delivered_at=at(13, 40),
+            stop_not_before=at(14, 0),
+            warning_ref="REF-WARNED",
+            group_ref="GROUP-1",
+            messages=("D0BOB|1700000000.000100",),
+            updated_at=at(13, 40),
+        ),
+        replace(base, instance_id="i-0quiet", state=State.REAPED, quiet_stop_at=at(3), updated_at=at(3)),
+        replace(base, instance_id="i-0newer", state=State.IDLE, reason="old", updated_at=at(10)),
+    ]
+    for record in records:
+        assert m.old.save(record)
+    m.old.audit("i-0snoozed", at(12, 30), {"action": "keep", "by": "U0BOB"})
+    m.old.audit("i-0snoozed", at(9), {"action": "warn"})
+    m.old.audit("i-0warned", at(13, 40), {"action": "warn"})
+    m.old.put_lookup("ref#REF-WARNED", "i-0warned", LATER)
+    m.old.put_lookup("ref#REF-OLD", "i-0gone", LATER)  # a machine the old table no longer has: not copied
+    group = {"ids": ["i-0warned"], "refs": {"i-0warned": "REF-WARNED"}, "lines": {"i-0warned": "trainer"}, "title": ""}
+    m.old.put_lookup("group#GROUP-1", json.dumps(group), LATER)
+    m.old.put_lookup("groupline#GROUP-1#i-0warned", json.dumps({"text": "kept", "start": None}), LATER)
+    m.old.put_lookup("owner#bob@example.com", "U0BOB", LATER)
+    m.old.put_lookup(QUIET_INDEX, json.dumps({"ml": ["i-0quiet"]}), LATER)
+    m.old.put_lookup("last-sweep", "{}", LATER)  # the old deployment's own bookkeeping: left behind
+    assert m.old.claim_once("doctor#day#2026-11-20", NOW)
+    # The hub already knows i-0newer under its member key, newer than the old table's: kept.
+    hub_newer = MachineRecord(
+        "i-0newer",
+        "ml",
+        State.ACTIVE,
+        version=7,
+        reason="busy (hub)",
+        updated_at=at(13),
+        account=m.account,
+        region=REGION,
+    )
+    assert m.hub.save(hub_newer)
+
+
+def test_import_keeps_snoozes_warnings_and_history_under_the_member_keys(
+    moving: Moving, slack: Any, clock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    m = moving
+    seed_old_state(m)
+    assert m.run("--same-slack-app") == 0
+    out = capsys.readouterr().out
+    assert f"i-0snoozed -> {m.key('i-0snoozed')}: copy" in out
+    assert f"i-0newer -> {m.key('i-0newer')}: keep the hub's (newer)" in out
+    assert "records: 3 copied, 1 kept" in out
+    assert "audit items: 3 copied, 0 already there" in out
+    assert "button references: 1 copied" in out
+    assert "owner cache entries: 1 copied" in out
+    assert "quiet-hours summaries still owed: 1 machine(s) added" in out
+    assert "not copied: 1 once items of the old deployment" in out
+
+    moved = m.hub.load([m.key(i) for i in ("i-0snoozed", "i-0warned", "i-0quiet", "i-0newer")])
+    snoozed, warned = moved[m.key("i-0snoozed")], moved[m.key("i-0warned")]
+    assert (snoozed.account, snoozed.region, snoozed.instance_id) == (m.account, REGION, "i-0snoozed")
+    assert (snoozed.state, snoozed.snoozed_until, snoozed.snoozed_by) == (State.SNOOZED, at(18), "U0BOB")
+    assert (snoozed.snoozes_today, snoozed.quiet_history, snoozed.version) == (1, "9:120,13:45", 3)
+    assert (warned.state, warned.warning_ref, warned.messages) == (
+        State.WARNED,
+        "REF-WARNED",
+        ("D0BOB|1700000000.000100",),
+    )
+    assert warned.stop_not_before == at(14) and warned.group_ref == "GROUP-1"
+    assert moved[m.key("i-0newer")].reason == "busy (hub)" and moved[m.key("i-0newer")].version == 7
+    assert not m.hub.load(["i-0snoozed", "i-0warned"])  # never under the bare keys: those are the hub's machines
+    # History, under the member key, entry for entry.
+    assert sorted(e["action"] for e in m.hub.history(m.key("i-0snoozed"))) == ["keep", "warn"]
+    assert m.hub.get_lookup("ref#REF-WARNED", NOW) == m.key("i-0warned")
+    assert m.hub.get_lookup("ref#REF-OLD", NOW) is None
+    group = json.loads(m.hub.get_lookup("group#GROUP-1", NOW) or "{}")
+    assert group["ids"] == [m.key("i-0warned")] and group["refs"] == {m.key("i-0warned"): "REF-WARNED"}
+    assert m.hub.get_lookup(f"groupline#GROUP-1#{m.key('i-0warned')}", NOW) is not None
+    assert m.hub.get_lookup("owner#bob@example.com", NOW) == "U0BOB"
+    assert json.loads(m.hub.get_lookup(QUIET_INDEX, NOW) or "{}") == {"ml": [m.key("i-0quiet")]}
+    assert m.hub.get_lookup("last-sweep", NOW) is None and m.hub.claim_once("doctor#day#2026-11-20", NOW)
+
+    # Running it again changes nothing.
+    before = m.hub_items()
+    assert m.run("--same-slack-app") == 0
+    out = capsys.readouterr().out
+    assert "records: 0 copied, 4 kept" in out and "audit items: 0 copied, 3 already there" in out
+    assert "already imported" in out
+    assert m.hub_items() == before
+
+    # A click on the old warning's button (the same Slack app, now the hub's) keeps the machine under its new key.
+    routing.answer_access.cache_clear()
+    try:
+        assert MemberAccess.from_environment("answer") is not None
+        assert silent(click("U0BOB", "keep_2h", "REF-WARNED"))
+    finally:
+        routing.answer_access.cache_clear()
+    kept = m.hub.load([m.key("i-0warned")])[m.key("i-0warned")]
+    assert (kept.state, kept.snoozed_by) == (State.SNOOZED, "U0BOB")
+    assert m.old.load(["i-0warned"])["i-0warned"].state is State.WARNED  # the old table is only read
+
+
+def test_another_slack_app_warns_again_and_keeps_the_snoozes(
+    moving: Moving, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --same-slack-app an old button cannot reach the hub: no reference is copied, the warning in
+    flight goes back to idle (the hub warns again with its own buttons), and the snooze is kept."""
+    m = moving
+    seed_old_state(m)
+    assert m.run() == 0
+    assert "warning in flight: the hub warns again" in capsys.readouterr().out
+    moved = m.hub.load([m.key("i-0warned"), m.key("i-0snoozed")])
+    warned = moved[m.key("i-0warned")]
+    assert (warned.state, warned.warned_at, warned.warning_ref, warned.messages) == (State.IDLE, None, None, ())
+    assert warned.idle_since == at(13)  # its quiet stretch is kept: the hub warns at once, stops warn_minutes later
+    assert moved[m.key("i-0snoozed")].snoozed_until == at(18)
+    assert m.hub.get_lookup("ref#REF-WARNED", NOW) is None and m.hub.get_lookup("group#GROUP-1", NOW) is None
+    assert m.hub.get_lookup("owner#bob@example.com", NOW) == "U0BOB"
+
+
+def test_a_later_change_in_the_old_table_is_copied_and_the_hub_record_is_guarded(moving: Moving) -> None:
+    """A click answered by the old stack after the first import (its record newer than the hub's copy) is
+    brought over by a second run; a record the hub has changed since is not overwritten."""
+    m = moving
+    seed_old_state(m)
+    assert m.run("--same-slack-app") == 0
+    old = m.old.load(["i-0warned"])["i-0warned"]
+    assert m.old.save(
+        replace(old, version=old.version + 1, state=State.SNOOZED, snoozed_until=at(16), updated_at=at(14))
+    )
+    assert m.run("--same-slack-app") == 0
+    copied = m.hub.load([m.key("i-0warned")])[m.key("i-0warned")]
+    assert (copied.state, copied.snoozed_until) == (State.SNOOZED, at(16))
+    assert copied.version == 4  # past the hub's copy (3): a sweep that read the first copy cannot write over it
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(moving: Moving, capsys: pytest.CaptureFixture[str]) -> None:
+    m = moving
+    seed_old_state(m)
+    before = m.hub_items()
+    assert m.run("--same-slack-app", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert f"i-0warned -> {m.key('i-0warned')}: copy" in out
+    assert "records: 3 to copy, 1 kept (the hub's is newer), 0 already imported" in out
+    assert "audit items: 3 to copy, 0 already there" in out and "dry run: nothing was written" in out
+    assert m.hub_items() == before
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("missing table", "no such table"),
+        ("short account", "an AWS account id is 12 digits"),
+        ("account outside the targets", "not a member account of this hub"),
+        ("the hub's own account", "the hub's own account"),
+        ("region not watched", "the hub does not watch it"),
+        ("the hub's own table", "is the hub's own table"),
+        ("not excluded", "is not excluded"),
+        ("role of another account", "not of"),
+        ("live claim", "the old stack's sweep holds 1 machine(s)"),
+    ],
+)
+def test_bad_inputs_are_refused_with_nothing_written(
+    moving: Moving, case: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    m = moving
+    seed_old_state(m)
+    before = m.hub_items()
+    if case == "missing table":
+        code = m.run(table="no-such-state")
+    elif case == "short account":
+        code = m.run(account="12345", role=None)
+    elif case == "account outside the targets":
+        code = m.run(account=m.org.accounts["payments"], role=None)
+    elif case == "the hub's own account":
+        code = m.run(account=local.ACCOUNT, role=None)
+    elif case == "region not watched":
+        argv = ["organization", "import-state", "--from-table", TABLE, "--account", m.account, "--region", "eu-west-1"]
+        code = cli.main(argv)
+    elif case == "the hub's own table":
+        code = m.run(role=None)  # the caller's own credentials: the hub account's table of that name
+    elif case == "not excluded":
+        m.exclude([m.org.accounts["alice-sandbox"]])
+        code = m.run()
+    elif case == "role of another account":
+        code = m.run(role=f"arn:aws:iam::{m.org.accounts['alice-sandbox']}:role/OrganizationAccountAccessRole")
+    else:
+        record = m.old.load(["i-0snoozed"])["i-0snoozed"]
+        assert m.old.save(replace(record, version=record.version + 1), "old-sweep", hold=True)
+        code = m.run()
+    assert code == 1
+    assert expected in capsys.readouterr().err
+    assert m.hub_items() == before

@@ -1,0 +1,587 @@
+"""`idle-reaper organization import-state`: an account that ran a single-account stack joins the hub with its
+state (issue 30, "Moving an account").
+
+The old stack's state table keys its machines `machine#<instance-id>`; the hub keys a member account's machines
+`machine#<account>/<region>/<instance-id>` (core/records.py machine_key). This copies, from the old table into
+the hub's, under the member keys:
+
+- every machine record (snoozes, warnings in flight, quiet history, usage profile, owner, ...), with its
+  `account` and `region` set;
+- every audit item (the machine's history, its sort key and TTL unchanged);
+- with `same_slack_app` (the old stack's Slack app is the hub's, so its buttons now reach the hub): the button
+  references (`ref#`), the shared messages (`group#`, `groupline#`) with their machine keys rewritten, so a
+  click on an old warning finds the machine under its new key and the hub edits the old message in place.
+  Without it, an old button cannot reach the hub (its app's request URL is the old stack's endpoint) and the
+  hub's bot cannot edit the old app's messages: references and messages are not copied, and a warning in flight
+  goes back to "idle" so the hub warns again with buttons that work (the stop waits `warn_minutes` from that
+  new warning). Snoozes are kept either way.
+- the owner cache (email -> Slack user id), and the machines stopped during quiet hours whose owners have
+  not been told yet (the hub's quiet-hours index), so the morning summary still comes.
+
+Everything else in the old table belongs to the old deployment (its sweeps' manifests and claims, its one-time
+admin alerts, its doctor's memory) and is left behind, counted.
+
+Every write is conditional: nothing of the hub's is overwritten except a machine record that is older than
+the old table's (by `updated_at`) and unchanged since it was read; a hub record that is newer or the same is
+kept. So a second run changes nothing, and a run after a late click on the old stack copies only that click.
+A live claim of the old stack's sweep on any machine refuses the whole import (the old reaper is running).
+The plan is pure (plan_import, compare); the CLI (admin.py cmd_import_state) checks the inputs and wires."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from idle_reaper import aws
+from idle_reaper.aws.accounts import ORGANIZATION_ENV, MemberAccount, OrganizationConfig
+from idle_reaper.aws.clients import chunks, error_code, wall_clock
+from idle_reaper.aws.state import DDB_BATCH_GET, StateStore, item_to_record, record_to_item
+from idle_reaper.core.records import MachineRecord, State, machine_key, parse_machine_key
+from idle_reaper.organization import ORGANIZATION_PARAMETER, OrganizationSettings, parse_organization_settings
+from idle_reaper.policy import PolicyError
+from idle_reaper.sweep.quiet_hours import QUIET_INDEX, QUIET_INDEX_ATTEMPTS, QUIET_INDEX_TTL
+from idle_reaper_tools.admin import EXIT_ERROR, _Fail, _run
+
+Key = tuple[str, str]  # (pk, sk)
+
+# What a moved warning's record says until the hub warns again.
+REWARN_REASON = "moved into organization mode: warned again from the hub's Slack app"
+
+KIND_NAMES = {
+    "audit": "audit items",
+    "ref": "button references",
+    "group": "shared messages",
+    "groupline": "shared message lines",
+    "owner": "owner cache entries",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan (pure)
+
+
+@dataclass(frozen=True)
+class RecordMove:
+    old_key: str  # the instance id (the old table's key)
+    record: MachineRecord  # as it will be written under its member key
+    expires_at: int | None
+    hub: MachineRecord | None = None  # the hub's record under the member key, when there is one
+    rewarn: bool = False  # a warning in flight that the hub will send again
+
+    @property
+    def verdict(self) -> str:
+        """ "copy", "newer" (the hub's record is newer: kept), "same" (already imported: kept)."""
+        if self.hub is None:
+            return "copy"
+        if self.hub.updated_at is None or self.record.updated_at is None:
+            return "newer"  # cannot tell which is newer: the hub's is never overwritten on a guess
+        if self.hub.updated_at > self.record.updated_at:
+            return "newer"
+        if self.hub.updated_at == self.record.updated_at:
+            return "same"
+        return "copy"
+
+
+@dataclass(frozen=True)
+class ItemCopy:
+    kind: str  # "audit", "ref", "group", "groupline", "owner"
+    item: dict[str, Any]  # the hub's item, plain values
+    exists: bool = False  # the hub has an item under this key (kept)
+
+    @property
+    def key(self) -> Key:
+        return (str(self.item["pk"]), str(self.item["sk"]))
+
+
+@dataclass
+class ImportPlan:
+    account: str
+    region: str
+    records: list[RecordMove] = field(default_factory=list)
+    items: list[ItemCopy] = field(default_factory=list)
+    quiet: dict[str, list[str]] = field(default_factory=dict)  # team -> member keys still to be told
+    left: Counter[str] = field(default_factory=Counter)  # what was not copied, by kind
+    claimed: list[tuple[str, datetime]] = field(default_factory=list)  # old machines a sweep holds, until
+
+    def member_key(self, instance_id: str) -> str:
+        return machine_key(instance_id, self.account, self.region)
+
+
+def _live(item: Mapping[str, Any], now: datetime) -> bool:
+    expires = item.get("expires_at")
+    return expires is None or int(expires) > now.timestamp()
+
+
+def _without_old_messages(record: MachineRecord) -> tuple[MachineRecord, bool]:
+    """The record with no reference to the old Slack app's messages; a warning in flight goes back to idle (its
+    quiet stretch, snoozes and history kept), so the hub's next sweep warns again with its own buttons."""
+    moved = replace(record, messages=(), warning_ref=None, group_ref=None)
+    if record.state is not State.WARNED:
+        return moved, False
+    return (
+        replace(
+            moved,
+            state=State.IDLE,
+            warned_at=None,
+            warning_delivered_at=None,
+            stop_not_before=None,
+            warning_post_started_at=None,
+            delivery_error=None,
+            warning_held=False,
+            reason=REWARN_REASON,
+        ),
+        True,
+    )
+
+
+def plan_import(
+    old_items: Iterable[Mapping[str, Any]], account: str, region: str, *, same_slack_app: bool, now: datetime
+) -> ImportPlan:
+    """What to write into the hub's table for the old table's items (plain values, as a Scan gives them)."""
+    plan = ImportPlan(account, region)
+    lookups: dict[str, Mapping[str, Any]] = {}
+    for item in old_items:
+        pk, sk = str(item.get("pk", "")), str(item.get("sk", ""))
+        kind, _, rest = pk.partition("#")
+        if kind == "machine":
+            try:
+                found = parse_machine_key(rest)
+            except ValueError:
+                plan.left["unreadable machine items"] += 1
+                continue
+            if found.account is not None:  # a hub's table, not a single-account stack's
+                plan.left["member machines' items (the old table is a hub's)"] += 1
+                continue
+            if sk == "state":
+                _add_record(plan, item, rest, same_slack_app, now)
+            elif sk.startswith("audit#"):
+                audit = {**item, "pk": f"machine#{plan.member_key(rest)}"}
+                plan.items.append(ItemCopy("audit", audit))
+            else:
+                plan.left["other machine items"] += 1
+        elif kind == "lookup" and sk == "lookup" and _live(item, now):
+            lookups[rest] = item
+        elif kind == "lookup":
+            plan.left["expired lookups"] += 1
+        else:
+            plan.left[f"{kind or 'unnamed'} items of the old deployment"] += 1
+    moved = {m.old_key: m.record.key for m in plan.records}
+    for name, item in sorted(lookups.items()):
+        copied = _lookup_copy(name, item, moved, same_slack_app)
+        if copied is not None:
+            plan.items.append(copied)
+        elif name == QUIET_INDEX:
+            _add_quiet(plan, str(item.get("value", "")), moved)
+        else:
+            plan.left[f"{name.split('#')[0]} lookups of the old deployment"] += 1
+    return plan
+
+
+def _add_record(plan: ImportPlan, item: Mapping[str, Any], instance_id: str, same_app: bool, now: datetime) -> None:
+    claim_until = item.get("claim_until")
+    if claim_until is not None and int(claim_until) > now.timestamp():
+        plan.claimed.append((instance_id, datetime.fromtimestamp(int(claim_until), tz=UTC)))
+    record = replace(item_to_record(item), instance_id=instance_id, account=plan.account, region=plan.region)
+    rewarn = False
+    if not same_app:
+        record, rewarn = _without_old_messages(record)
+    expires = item.get("expires_at")
+    plan.records.append(RecordMove(instance_id, record, int(expires) if expires is not None else None, rewarn=rewarn))
+
+
+def _lookup_copy(name: str, item: Mapping[str, Any], moved: Mapping[str, str], same_app: bool) -> ItemCopy | None:
+    """The hub's copy of one live lookup of the old table, its machine keys rewritten; None: not copied."""
+    kind, _, rest = name.partition("#")
+    value = str(item.get("value", ""))
+
+    def copy(new_name: str, new_value: str) -> ItemCopy:
+        return ItemCopy(kind, {**item, "pk": f"lookup#{new_name}", "value": new_value})
+
+    if kind == "owner":  # email -> Slack user id: the same workspace's
+        return copy(name, value)
+    if not same_app:
+        return None
+    if kind == "ref" and value in moved:  # a button's reference -> the machine's key
+        return copy(name, moved[value])
+    if kind == "groupline":  # groupline#<group ref>#<machine key> -> that machine's line in a shared message
+        group_ref, _, old_key = rest.rpartition("#")
+        return copy(f"groupline#{group_ref}#{moved[old_key]}", value) if old_key in moved else None
+    if kind == "group":  # a shared message: the machines it lists, their references and lines, by key
+        try:
+            data = json.loads(value)
+            ids = [moved[i] for i in data["ids"]]
+            refs = {moved[k]: v for k, v in data["refs"].items()}
+            lines = {moved[k]: v for k, v in data["lines"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None  # unreadable, or lists a machine the old table has no record of: the message stays as is
+        return copy(name, json.dumps({**data, "ids": ids, "refs": refs, "lines": lines}))
+    return None
+
+
+def _add_quiet(plan: ImportPlan, raw: str, moved: Mapping[str, str]) -> None:
+    try:
+        index = json.loads(raw)
+    except ValueError:
+        index = None
+    if not isinstance(index, dict):
+        plan.left["unreadable quiet-hours index"] += 1
+        return
+    for team, ids in index.items():
+        keys = [moved[i] for i in ids if isinstance(i, str) and i in moved] if isinstance(ids, list) else []
+        if keys:
+            plan.quiet[str(team)] = keys
+
+
+def compare(plan: ImportPlan, hub_items: Mapping[Key, Mapping[str, Any]]) -> ImportPlan:
+    """The plan against what the hub's table holds under the same keys (its records and items)."""
+    records = []
+    for move in plan.records:
+        found = hub_items.get((f"machine#{move.record.key}", "state"))
+        records.append(replace(move, hub=item_to_record(found) if found is not None else None))
+    plan.records = records
+    plan.items = [replace(c, exists=c.key in hub_items) for c in plan.items]
+    return plan
+
+
+def target_keys(plan: ImportPlan) -> list[Key]:
+    return [(f"machine#{m.record.key}", "state") for m in plan.records] + [c.key for c in plan.items]
+
+
+def merged_quiet_index(index: dict[str, list[str]], adding: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """The hub's quiet-hours index with the moved machines added (once each)."""
+    out = {team: list(ids) for team, ids in index.items()}
+    for team, keys in adding.items():
+        out[team] = [*out.get(team, []), *(k for k in keys if k not in out.get(team, []))]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The tables (DynamoDB)
+
+
+class Table:
+    """One state table through plain DynamoDB calls: a Scan of all its items, BatchGetItem by key, and the
+    import's conditional writes."""
+
+    def __init__(self, dynamodb: Any, name: str) -> None:
+        from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+        self.dynamodb = dynamodb
+        self.name = name
+        self._ser, self._de = TypeSerializer(), TypeDeserializer()
+
+    def arn(self) -> str:
+        """The table's ARN; raises ClientError ResourceNotFoundException when there is no such table."""
+        return str(self.dynamodb.describe_table(TableName=self.name)["Table"]["TableArn"])
+
+    def scan(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        for page in self.dynamodb.get_paginator("scan").paginate(TableName=self.name, ConsistentRead=True):
+            items += [self._plain(raw) for raw in page["Items"]]
+        return items
+
+    def get_many(self, keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
+        found: dict[Key, dict[str, Any]] = {}
+        for batch in chunks(sorted(set(keys)), DDB_BATCH_GET):
+            wire = [self._wire({"pk": pk, "sk": sk}) for pk, sk in batch]
+            request: dict[str, Any] = {self.name: {"Keys": wire, "ConsistentRead": True}}
+            while request:
+                out = self.dynamodb.batch_get_item(RequestItems=request)
+                for raw in out["Responses"].get(self.name, []):
+                    item = self._plain(raw)
+                    found[(str(item["pk"]), str(item["sk"]))] = item
+                request = out.get("UnprocessedKeys") or {}
+        return found
+
+    def put_if(self, item: Mapping[str, Any], condition: str, values: Mapping[str, Any] | None = None) -> bool:
+        """A conditional PutItem; False when the condition does not hold."""
+        try:
+            self.dynamodb.put_item(
+                TableName=self.name,
+                Item=self._wire(item),
+                ConditionExpression=condition,
+                **({"ExpressionAttributeValues": self._wire(values)} if values else {}),
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def _wire(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: self._ser.serialize(v) for k, v in item.items()}
+
+    def _plain(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: self._de.deserialize(v) for k, v in item.items()}
+
+
+@dataclass
+class Outcome:
+    """What a run wrote, by kind: copied, and kept (the hub's was there, newer or written meanwhile)."""
+
+    copied: Counter[str] = field(default_factory=Counter)
+    kept: Counter[str] = field(default_factory=Counter)
+    quiet_added: int = 0
+
+
+def apply(
+    plan: ImportPlan, hub: Table, now: datetime, update_quiet: Callable[[Mapping[str, Sequence[str]]], int]
+) -> Outcome:
+    """Write the plan into the hub's table, each write conditional on what compare() saw: never over a hub
+    record that is newer, the same, or changed since it was read, nor over any other item of the hub's."""
+    out = Outcome()
+    for move in plan.records:
+        if move.verdict != "copy":
+            out.kept["records"] += 1
+            continue
+        item = record_to_item(move.record)
+        if move.expires_at is not None:
+            item["expires_at"] = move.expires_at
+        if move.hub is None:
+            done = hub.put_if(item, "attribute_not_exists(pk)")
+        else:
+            # Newer than the hub's: written over it only while the hub's is as read and no sweep holds it, with
+            # a version past the hub's, so a sweep that read the hub's record cannot write over this one.
+            item["version"] = max(move.record.version, move.hub.version + 1)
+            done = hub.put_if(
+                item,
+                "version = :version AND updated_at = :updated"
+                " AND (attribute_not_exists(claim_until) OR claim_until <= :now)",
+                {
+                    ":version": move.hub.version,
+                    ":updated": record_to_item(move.hub)["updated_at"],
+                    ":now": int(now.timestamp()),
+                },
+            )
+        (out.copied if done else out.kept)["records"] += 1
+    for copy in plan.items:
+        kind = KIND_NAMES[copy.kind]
+        if copy.exists:
+            out.kept[kind] += 1
+            continue
+        # A lookup the hub has is never replaced while it lives; an expired one (TTL deletes lazily) may be.
+        condition = (
+            "attribute_not_exists(pk)" if copy.kind == "audit" else "attribute_not_exists(pk) OR expires_at <= :now"
+        )
+        values = None if copy.kind == "audit" else {":now": int(now.timestamp())}
+        (out.copied if hub.put_if(copy.item, condition, values) else out.kept)[kind] += 1
+    if plan.quiet:
+        out.quiet_added = update_quiet(plan.quiet)
+    return out
+
+
+def add_to_quiet_index(store: StateStore, adding: Mapping[str, Sequence[str]], now: datetime) -> int:
+    """Add the moved machines to the hub's quiet-hours index (read, merge, conditional write; again when a sweep
+    wrote it first). Returns how many were added."""
+    for _ in range(QUIET_INDEX_ATTEMPTS):
+        raw = store.get_lookup(QUIET_INDEX, now)
+        try:
+            index = json.loads(raw) if raw else {}
+        except ValueError:
+            index = None
+        if not isinstance(index, dict) or not all(isinstance(v, list) for v in index.values()):
+            raise RuntimeError(f"the hub's quiet-hours index is unreadable: {(raw or '')[:100]!r}")
+        after = merged_quiet_index(index, adding)
+        added = sum(len(v) for v in after.values()) - sum(len(v) for v in index.values())
+        if not added:
+            return 0
+        text = json.dumps(after, sort_keys=True)
+        if store.replace_lookup(QUIET_INDEX, text, now + QUIET_INDEX_TTL, expected=raw, now=now):
+            return added
+    raise RuntimeError(f"the hub's quiet-hours index changed under the import {QUIET_INDEX_ATTEMPTS} times")
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+_ACCOUNT = re.compile(r"^\d{12}$")
+_ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::(\d{12}):role/[\w+=,.@/-]{1,512}$")
+_TABLE_ARN = re.compile(r"^arn:aws[a-z-]*:dynamodb:([a-z0-9-]+):(\d{12}):table/([\w.-]{3,255})$")
+_TABLE_NAME = re.compile(r"^[\w.-]{3,255}$")
+
+
+def _organization_config() -> OrganizationConfig:
+    """The hub's organization settings, as its functions get them: IDLE_REAPER_ORGANIZATION when set, else
+    the hub's Slack function's environment (`<prefix>-slack`, the prefix from IDLE_REAPER_TABLE)."""
+    config = OrganizationConfig.from_environment()
+    if config is not None:
+        return config
+    function = f"{aws.deploy_prefix()}-slack"
+    try:
+        found = aws.client("lambda").get_function_configuration(FunctionName=function)
+    except ClientError as exc:
+        if error_code(exc) == "ResourceNotFoundException":
+            raise _Fail(
+                f"no hub here: this region has no function {function} (set IDLE_REAPER_TABLE to the hub's table, "
+                "and run where the hub is deployed)"
+            ) from None
+        raise
+    text = found.get("Environment", {}).get("Variables", {}).get(ORGANIZATION_ENV)
+    if not text:
+        raise _Fail(f"{function} is not in organization mode: there is no hub to import into (docs/deploying.md)")
+    return OrganizationConfig.from_json(text)
+
+
+def _source_table(args: argparse.Namespace) -> Table:
+    """The old table, read with the member account's credentials (--from-role) or the caller's own."""
+    table = str(args.from_table)
+    arn = _TABLE_ARN.match(table)
+    if arn is None and not _TABLE_NAME.match(table):
+        raise _Fail(f"--from-table {table!r}: not a DynamoDB table name or table ARN")
+    if arn is not None and (arn.group(1), arn.group(2)) != (args.region, args.account):
+        raise _Fail(
+            f"--from-table {table}: that table is in account {arn.group(2)}, region {arn.group(1)}, not in the "
+            f"account and region being moved ({args.account}, {args.region})"
+        )
+    credentials = None
+    if args.from_role:
+        role = _ROLE_ARN.match(args.from_role)
+        if role is None:
+            raise _Fail(f"--from-role {args.from_role!r}: not an IAM role ARN (arn:aws:iam::<account>:role/<name>)")
+        if role.group(1) != args.account:
+            raise _Fail(f"--from-role {args.from_role}: a role of account {role.group(1)}, not of {args.account}")
+        given = aws.client("sts").assume_role(RoleArn=args.from_role, RoleSessionName="idle-reaper-import-state")
+        c = given["Credentials"]
+        credentials = {
+            "aws_access_key_id": c["AccessKeyId"],
+            "aws_secret_access_key": c["SecretAccessKey"],
+            "aws_session_token": c["SessionToken"],
+        }
+    return Table(aws.client("dynamodb", args.region, credentials=credentials), table)
+
+
+def _member(args: argparse.Namespace) -> MemberAccount:
+    """The account being moved, as the hub lists it; a _Fail when it is not one of the hub's members."""
+    if not _ACCOUNT.match(args.account):
+        raise _Fail(f"--account {args.account!r}: an AWS account id is 12 digits")
+    config = _organization_config()
+    if args.region not in config.regions:
+        raise _Fail(
+            f"--region {args.region!r}: the hub does not watch it (member regions: {', '.join(config.regions)})"
+        )
+    if args.account == config.hub_account:
+        raise _Fail(f"--account {args.account} is the hub's own account: its machines keep their keys, nothing to move")
+    listing = config.directory().current()
+    if listing.error is not None:
+        raise _Fail(f"cannot list the organization's member accounts ({listing.error})", EXIT_ERROR)
+    member = next((a for a in listing.accounts if a.id == args.account), None)
+    if member is None:
+        skipped = next((s for s in listing.skipped if s.account == args.account), None)
+        why = f" ({skipped.describe()})" if skipped else ""
+        raise _Fail(
+            f"--account {args.account} is not a member account of this hub: not an active account under "
+            f"{', '.join(config.targets)}{why}"
+        )
+    return member
+
+
+def _tables(args: argparse.Namespace, hub: Table) -> Table:
+    """The old table, once it is known to exist and not to be the hub's own."""
+    source = _source_table(args)
+    try:
+        source_arn = source.arn()
+    except ClientError as exc:
+        if error_code(exc) == "ResourceNotFoundException":
+            raise _Fail(f"--from-table {source.name}: no such table in account {args.account}, {args.region}") from None
+        raise _Fail(f"--from-table {source.name}: cannot read it ({error_code(exc)}: {exc})", EXIT_ERROR) from None
+    try:
+        hub_arn = hub.arn()
+    except ClientError as exc:
+        raise _Fail(f"the hub's table {hub.name}: cannot read it ({error_code(exc)})", EXIT_ERROR) from None
+    if source_arn == hub_arn:
+        raise _Fail(f"--from-table {source.name} is the hub's own table: nothing to import")
+    return source
+
+
+def _exclusion_note(args: argparse.Namespace, member: MemberAccount) -> str:
+    """Whether the hub sweeps the account already: an import into a hub that does must be asked for."""
+    name = f"{aws.ssm_prefix()}/{ORGANIZATION_PARAMETER}"
+    try:
+        stored = aws.PolicyStore(aws.client("ssm"), aws.ssm_prefix()).read(name)
+        organization = parse_organization_settings(name, stored.value) if stored else OrganizationSettings()
+    except PolicyError as exc:
+        raise _Fail(f"{exc}: fix it first") from None
+    if organization.excludes(member.id, member.parents):
+        return f"account {member.id} ({member.name}) is excluded in {name}: the hub does not sweep it yet"
+    note = (
+        f"account {member.id} ({member.name}) is not excluded in {name}: the hub may be sweeping it already, and "
+        "its newer records are kept"
+    )
+    if not (args.dry_run or args.while_watched):
+        raise _Fail(
+            f"{note}. Exclude it first (docs/deploying.md, Organizations, moving an account), or pass "
+            "--while-watched to import anyway"
+        )
+    return note
+
+
+def describe_move(move: RecordMove, now: datetime) -> str:
+    r = move.record
+    what = {"copy": "copy", "newer": "keep the hub's (newer)", "same": "already imported"}[move.verdict]
+    facts = [r.state.value]
+    if r.snoozed_until is not None and r.snoozed_until > now:
+        facts.append(f"kept until {r.snoozed_until:%Y-%m-%d %H:%M} UTC by {r.snoozed_by or 'someone'}")
+    if r.state is State.WARNED and r.stop_not_before is not None:
+        facts.append(f"warned, stop not before {r.stop_not_before:%Y-%m-%d %H:%M} UTC")
+    if move.rewarn:
+        facts.append("warning in flight: the hub warns again")
+    return f"  {move.old_key} -> {r.key}: {what} ({'; '.join(facts)})"
+
+
+def cmd_import_state(args: argparse.Namespace) -> int:
+    def body() -> int:
+        now = wall_clock()  # claims and TTLs are about real time, as in the state table
+        hub = Table(aws.client("dynamodb"), aws.table_name())
+        member = _member(args)
+        source = _tables(args, hub)
+        note = _exclusion_note(args, member)
+        plan = plan_import(source.scan(), args.account, args.region, same_slack_app=args.same_slack_app, now=now)
+        if plan.claimed:
+            until = max(u for _, u in plan.claimed)
+            ids = ", ".join(i for i, _ in plan.claimed[:5])
+            raise _Fail(
+                f"the old stack's sweep holds {len(plan.claimed)} machine(s) ({ids}) until {until:%H:%M:%S} UTC: "
+                "disable its schedule (SweepScheduleName) and run again after that; nothing was written"
+            )
+        plan = compare(plan, hub.get_many(target_keys(plan)))
+        verb = "would import" if args.dry_run else "importing"
+        print(f"{verb} {source.name} (account {args.account}, {args.region}) into {hub.name}")
+        print(f"  {note}")
+        for move in plan.records:
+            print(describe_move(move, now))
+        if args.dry_run:
+            verdicts = Counter(m.verdict for m in plan.records)
+            print(
+                f"records: {verdicts['copy']} to copy, {verdicts['newer']} kept (the hub's is newer), "
+                f"{verdicts['same']} already imported"
+            )
+            kinds = Counter((c.kind, c.exists) for c in plan.items)
+            for kind in sorted({k for k, _ in kinds}):
+                print(f"{KIND_NAMES[kind]}: {kinds[(kind, False)]} to copy, {kinds[(kind, True)]} already there")
+            if plan.quiet:
+                print(f"quiet-hours summaries still owed: {sum(len(v) for v in plan.quiet.values())} machine(s)")
+        else:
+            store = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name())
+            done = apply(plan, hub, now, lambda adding: add_to_quiet_index(store, adding, now))
+            print(f"records: {done.copied['records']} copied, {done.kept['records']} kept (the hub's)")
+            for kind in sorted(set(done.copied) | set(done.kept)):
+                if kind != "records":
+                    print(f"{kind}: {done.copied[kind]} copied, {done.kept[kind]} already there")
+            if plan.quiet:
+                print(f"quiet-hours summaries still owed: {done.quiet_added} machine(s) added to the hub's")
+        for kind, count in sorted(plan.left.items()):
+            print(f"not copied: {count} {kind}")
+        if args.dry_run:
+            print("dry run: nothing was written")
+        return 0
+
+    return _run(body)
