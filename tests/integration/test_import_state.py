@@ -13,13 +13,16 @@ from typing import Any
 
 import pytest
 from test_accounts import Org, org  # noqa: F401  (org: the organization fixture)
+from test_member_machines import member_instance, states
 from test_slack import _replies_from, click, silent  # noqa: F401  (_replies_from: the fake the replies come from)
 
 from idle_reaper import aws
 from idle_reaper.aws import DynamoStateStore
-from idle_reaper.aws.accounts import MemberAccess
+from idle_reaper.aws.accounts import AccountFailure, MemberAccess
 from idle_reaper.core.records import MachineRecord, State, machine_key
 from idle_reaper.slack import routing
+from idle_reaper.sweep import Adapters
+from idle_reaper.sweep.members import sweep_member_accounts
 from idle_reaper.sweep.quiet_hours import QUIET_INDEX
 from idle_reaper_tools import cli, local
 from idle_reaper_tools.demo import at
@@ -118,7 +121,7 @@ def seed_old_state(m: Moving) -> None:
     ]
     for record in records:
         assert m.old.save(record)
-    m.old.audit("i-0snoozed", at(12, 30), {"action": "keep", "by": "U0BOB"})
+    m.old.audit("i-0snoozed", at(12, 30), {"action": "keep", "by": "U0BOB", "instance_id": "i-0snoozed"})
     m.old.audit("i-0snoozed", at(9), {"action": "warn"})
     m.old.audit("i-0warned", at(13, 40), {"action": "warn"})
     m.old.put_lookup("ref#REF-WARNED", "i-0warned", LATER)
@@ -127,6 +130,7 @@ def seed_old_state(m: Moving) -> None:
     m.old.put_lookup("group#GROUP-1", json.dumps(group), LATER)
     m.old.put_lookup("groupline#GROUP-1#i-0warned", json.dumps({"text": "kept", "start": None}), LATER)
     m.old.put_lookup("owner#bob@example.com", "U0BOB", LATER)
+    m.old.put_lookup("ref#REF-EXPIRED", "i-0warned", datetime.now(UTC) - timedelta(minutes=1))  # TTL not run yet
     m.old.put_lookup(QUIET_INDEX, json.dumps({"ml": ["i-0quiet"]}), LATER)
     m.old.put_lookup("last-sweep", "{}", LATER)  # the old deployment's own bookkeeping: left behind
     assert m.old.claim_once("doctor#day#2026-11-20", NOW)
@@ -174,9 +178,13 @@ def test_import_keeps_snoozes_warnings_and_history_under_the_member_keys(
     assert moved[m.key("i-0newer")].reason == "busy (hub)" and moved[m.key("i-0newer")].version == 7
     assert not m.hub.load(["i-0snoozed", "i-0warned"])  # never under the bare keys: those are the hub's machines
     # History, under the member key, entry for entry.
-    assert sorted(e["action"] for e in m.hub.history(m.key("i-0snoozed"))) == ["keep", "warn"]
+    history = sorted(m.hub.history(m.key("i-0snoozed")), key=lambda e: str(e["action"]))
+    assert [e["action"] for e in history] == ["keep", "warn"]
+    # A machine's entry says where it runs, as the hub's own entries for member machines do.
+    assert (history[0]["instance_id"], history[0]["account"], history[0]["region"]) == ("i-0snoozed", m.account, REGION)
     assert m.hub.get_lookup("ref#REF-WARNED", NOW) == m.key("i-0warned")
     assert m.hub.get_lookup("ref#REF-OLD", NOW) is None
+    assert "ref#REF-EXPIRED" not in json.dumps(m.hub_items()) and "not copied: 1 expired items" in out
     group = json.loads(m.hub.get_lookup("group#GROUP-1", NOW) or "{}")
     assert group["ids"] == [m.key("i-0warned")] and group["refs"] == {m.key("i-0warned"): "REF-WARNED"}
     assert m.hub.get_lookup(f"groupline#GROUP-1#{m.key('i-0warned')}", NOW) is not None
@@ -220,6 +228,53 @@ def test_another_slack_app_warns_again_and_keeps_the_snoozes(
     assert moved[m.key("i-0snoozed")].snoozed_until == at(18)
     assert m.hub.get_lookup("ref#REF-WARNED", NOW) is None and m.hub.get_lookup("group#GROUP-1", NOW) is None
     assert m.hub.get_lookup("owner#bob@example.com", NOW) == "U0BOB"
+
+
+@pytest.mark.parametrize("same_app", [False, True])
+def test_after_the_move_the_hub_stops_only_on_a_warning_that_could_be_answered(
+    moving: Moving, slack: Any, same_app: bool
+) -> None:
+    """The old stack warned at 13:40 and the stop is due at 14:00. When its buttons reach the hub (the same
+    Slack app), the hub's first sweep stops the machine as the old stack would have; when they cannot, the
+    hub warns again with its own buttons and the machine keeps running."""
+    m = moving
+    members = MemberAccess.from_environment("sweep")
+    assert members is not None
+    held = members.sessions.credentials(m.account, REGION)
+    assert not isinstance(held, AccountFailure)
+    instance = member_instance(held, "U0BOB", at(8))
+    record = MachineRecord(
+        instance,
+        "ml",
+        State.WARNED,
+        version=5,
+        owner="U0BOB",
+        owner_slack_id="U0BOB",
+        idle_since=at(8),
+        warned_at=at(13, 40),
+        warning_delivered_at=at(13, 40),
+        stop_not_before=at(14),
+        warning_ref="REF-OLD-APP",
+        messages=("D0BOB|1700000000.000200",),
+        observed_at=at(14),  # the old stack's last sweep
+        updated_at=at(14),
+    )
+    assert m.old.save(record)
+    assert m.run(*(["--same-slack-app"] if same_app else [])) == 0
+    m.exclude([])  # the move is done: the hub sweeps the account
+    outcomes = {o.account: o for o in sweep_member_accounts(Adapters.from_environment(), members, at(14, 5))}
+    report = outcomes[m.account].report
+    assert report is not None
+    (decision,) = report.decisions
+    if same_app:
+        assert decision.action.value == "stop", decision.reason
+        assert states(held, instance) in ("stopping", "stopped")
+        return
+    assert decision.action.value == "warn" and states(held, instance) == "running"
+    post = next(c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "D0BOB")
+    new_ref = next(b["elements"][0]["value"] for b in post.params["blocks"] if b["type"] == "actions")
+    assert new_ref != "REF-OLD-APP"
+    assert m.hub.load([m.key(instance)])[m.key(instance)].warning_ref == new_ref
 
 
 def test_a_later_change_in_the_old_table_is_copied_and_the_hub_record_is_guarded(moving: Moving) -> None:

@@ -151,7 +151,9 @@ def plan_import(
     for item in old_items:
         pk, sk = str(item.get("pk", "")), str(item.get("sk", ""))
         kind, _, rest = pk.partition("#")
-        if kind == "machine":
+        if not _live(item, now):  # TTL deletes lazily: what has expired is gone already
+            plan.left["expired items"] += 1
+        elif kind == "machine":
             try:
                 found = parse_machine_key(rest)
             except ValueError:
@@ -163,14 +165,12 @@ def plan_import(
             if sk == "state":
                 _add_record(plan, item, rest, same_slack_app, now)
             elif sk.startswith("audit#"):
-                audit = {**item, "pk": f"machine#{plan.member_key(rest)}"}
-                plan.items.append(ItemCopy("audit", audit))
+                entry = _member_entry(str(item.get("entry", "")), account, region)
+                plan.items.append(ItemCopy("audit", {**item, "pk": f"machine#{plan.member_key(rest)}", "entry": entry}))
             else:
                 plan.left["other machine items"] += 1
-        elif kind == "lookup" and sk == "lookup" and _live(item, now):
+        elif kind == "lookup" and sk == "lookup":
             lookups[rest] = item
-        elif kind == "lookup":
-            plan.left["expired lookups"] += 1
         else:
             plan.left[f"{kind or 'unnamed'} items of the old deployment"] += 1
     moved = {m.old_key: m.record.key for m in plan.records}
@@ -183,6 +183,18 @@ def plan_import(
         else:
             plan.left[f"{name.split('#')[0]} lookups of the old deployment"] += 1
     return plan
+
+
+def _member_entry(text: str, account: str, region: str) -> str:
+    """An audit entry as the hub writes a member machine's (sweep/delivery.py explain): with its account and
+    region beside its instance id. An unreadable entry is copied as it is."""
+    try:
+        entry = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(entry, dict) or "instance_id" not in entry:
+        return text
+    return json.dumps({**entry, "account": account, "region": region}, default=str, sort_keys=True)
 
 
 def _add_record(plan: ImportPlan, item: Mapping[str, Any], instance_id: str, same_app: bool, now: datetime) -> None:
