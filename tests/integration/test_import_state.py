@@ -7,6 +7,7 @@ run changes nothing; every bad input is refused with nothing written."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -350,3 +351,48 @@ def test_bad_inputs_are_refused_with_nothing_written(
     assert code == 1
     assert expected in capsys.readouterr().err
     assert m.hub_items() == before
+
+
+def hub_slack_function(environment: dict[str, str]) -> None:
+    """The hub's Slack function, as the stack names it (<prefix>-slack), with this environment."""
+    import io
+    import zipfile
+
+    trust = {
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}]
+    }
+    role = aws.client("iam").create_role(RoleName="slack-fn", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+    code = io.BytesIO()
+    with zipfile.ZipFile(code, "w") as z:
+        z.writestr("index.py", "def handler(event, context):\n    return None\n")
+    aws.client("lambda").create_function(
+        FunctionName="idle-reaper-slack",
+        Runtime="python3.12",
+        Role=role,
+        Handler="index.handler",
+        Code={"ZipFile": code.getvalue()},
+        Environment={"Variables": environment},
+    )
+
+
+@pytest.mark.parametrize("hub", ["organization mode", "single-account mode", "no function"])
+def test_the_hub_is_read_from_its_slack_function_when_the_environment_does_not_say(
+    moving: Moving, monkeypatch: pytest.MonkeyPatch, hub: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An admin's shell has no IDLE_REAPER_ORGANIZATION: the hub's settings come from its Slack function."""
+    m = moving
+    seed_old_state(m)
+    config = os.environ["IDLE_REAPER_ORGANIZATION"]
+    monkeypatch.delenv("IDLE_REAPER_ORGANIZATION")
+    if hub == "organization mode":
+        hub_slack_function({"IDLE_REAPER_ORGANIZATION": config})
+    elif hub == "single-account mode":
+        hub_slack_function({"IDLE_REAPER_TABLE": TABLE})
+    assert m.run("--dry-run") == (0 if hub == "organization mode" else 1)
+    captured = capsys.readouterr()
+    if hub == "organization mode":
+        assert "records: 3 to copy" in captured.out
+    elif hub == "single-account mode":
+        assert "idle-reaper-slack is not in organization mode" in captured.err
+    else:
+        assert "no hub here" in captured.err
