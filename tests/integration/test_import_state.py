@@ -27,6 +27,7 @@ from idle_reaper.sweep.members import sweep_member_accounts
 from idle_reaper.sweep.quiet_hours import QUIET_INDEX
 from idle_reaper_tools import cli, local
 from idle_reaper_tools.demo import at
+from idle_reaper_tools.import_state import plan_import
 
 pytestmark = pytest.mark.integration
 
@@ -396,3 +397,30 @@ def test_the_hub_is_read_from_its_slack_function_when_the_environment_does_not_s
         assert "idle-reaper-slack is not in organization mode" in captured.err
     else:
         assert "no hub here" in captured.err
+
+
+def test_the_plan_leaves_out_what_is_not_a_single_account_stack_s() -> None:
+    """Pure: a hub's table given as the old one (member keys), a shared message naming a machine the old table
+    has no record of, an unreadable quiet-hours index: each left out and counted, never guessed at."""
+    account = "210987654321"
+    live = int((datetime.now(UTC) + timedelta(days=1)).timestamp())
+    items = [
+        {"pk": "machine#i-0a", "sk": "state", "instance_id": "i-0a", "team": "ml", "state": "idle", "version": 2},
+        {"pk": f"machine#{account}/us-east-1/i-0b", "sk": "state", "instance_id": "i-0b", "team": "ml"},
+        {"pk": "machine#not a key", "sk": "state"},
+        {"pk": "lookup#group#G", "sk": "lookup", "value": json.dumps({"ids": ["i-0gone"], "refs": {}, "lines": {}})},
+        {"pk": f"lookup#{QUIET_INDEX}", "sk": "lookup", "value": "[not json", "expires_at": live},
+        {"pk": "lookup#ref#R", "sk": "lookup", "value": "i-0a", "expires_at": live},
+    ]
+    plan = plan_import(items, account, REGION, same_slack_app=True, now=datetime.now(UTC))
+    assert [m.record.key for m in plan.records] == [machine_key("i-0a", account, REGION)]
+    assert [(c.kind, c.item["value"]) for c in plan.items] == [("ref", machine_key("i-0a", account, REGION))]
+    assert plan.left == {
+        "member machines' items (the old table is a hub's)": 1,
+        "unreadable machine items": 1,
+        "button references and shared messages (no record of their machine)": 1,
+        "unreadable quiet-hours index": 1,
+    }
+    other_app = plan_import(items, account, REGION, same_slack_app=False, now=datetime.now(UTC))
+    assert not other_app.items
+    assert other_app.left["button references and shared messages (the old Slack app's)"] == 2

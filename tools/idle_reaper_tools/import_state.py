@@ -180,6 +180,9 @@ def plan_import(
             plan.items.append(copied)
         elif name == QUIET_INDEX:
             _add_quiet(plan, str(item.get("value", "")), moved)
+        elif name.split("#")[0] in ("ref", "group", "groupline"):
+            why = "no record of their machine" if same_slack_app else "the old Slack app's"
+            plan.left[f"button references and shared messages ({why})"] += 1
         else:
             plan.left[f"{name.split('#')[0]} lookups of the old deployment"] += 1
     return plan
