@@ -364,16 +364,16 @@ class TestDiscoverInParts:
         ids = self.one_zone_fleet(aws)
         monkeypatch.setattr(fleet_module, "ID_PARTS", parts)
         caught: list[Exception] = []
-        listed_in_parts = fleet_module.Fleet._listed_in_parts
+        listed_in_parts = fleet_module._listed_in_parts
 
-        def watched(self, *args):
+        def watched(*args):
             try:
-                return listed_in_parts(self, *args)
+                return listed_in_parts(*args)
             except ListingIncomplete as exc:
                 caught.append(exc)
                 raise
 
-        monkeypatch.setattr(fleet_module.Fleet, "_listed_in_parts", watched)
+        monkeypatch.setattr(fleet_module, "_listed_in_parts", watched)
         machines = fleet(aws).discover(TagKeys())
         assert len(caught) == 1  # the wrong partition was seen for what it is
         assert [m.instance_id for m in machines] == sorted(ids)  # and every machine listed once all the same
