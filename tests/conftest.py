@@ -26,9 +26,15 @@ def moto_server() -> Iterator[object]:
 
 @pytest.fixture
 def aws(moto_server: object) -> Iterator[object]:
-    """A clean emulated account for each test."""
+    """A clean emulated account for each test. The Slack handler keeps its boto3 clients for a container's life:
+    they are dropped before and after, so a test's are made against its own account (and any answers it puts in
+    front of moto, which a client copies from the session when it is made)."""
+    from idle_reaper.handlers import slack as slack_handler
+
     moto_server.reset()  # type: ignore[attr-defined]
+    slack_handler.reset_clients()
     yield moto_server
+    slack_handler.reset_clients()
 
 
 @pytest.fixture(scope="session")

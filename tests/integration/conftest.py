@@ -12,13 +12,10 @@ from testkit.deploy_answers import DeployAnswers, deploy_stack, real_deploy_answ
 
 
 @pytest.fixture
-def real_answers(aws: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[DeployAnswers]:
+def real_answers(aws: Any) -> Iterator[DeployAnswers]:
     """AWS's real answers where moto has none (testkit/deploy_answers.py), us-east-1 enabled. The answers sit
-    on the session, which a client copies when it is made: the Slack handler's kept clients (made by an
-    earlier test) are dropped, so the ones it makes now have the answers in front of moto too."""
-    from idle_reaper.handlers import slack as slack_handler
-
-    monkeypatch.setattr(slack_handler, "_clients", {})
+    on the session, which a client copies when it is made: the Slack handler's clients are made afresh in each
+    test (the `aws` fixture drops its kept ones), so they have the answers in front of moto too."""
     with real_deploy_answers() as answers:
         yield answers
 

@@ -35,9 +35,8 @@ def idle(_t: datetime) -> tuple[float, float | None]:
 
 
 @pytest.fixture
-def answers(aws: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ec2Answers]:
-    # The Slack handler keeps its clients for the container's life: this test's must meet this test's answers.
-    monkeypatch.setattr(slack_handler, "_clients", {})
+def answers(aws: Any) -> Iterator[Ec2Answers]:
+    # The Slack handler's clients are made within the test (the `aws` fixture drops the kept ones): they meet these.
     with ec2_answers.real_ec2_answers() as answers:
         yield answers
 

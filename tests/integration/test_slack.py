@@ -570,7 +570,6 @@ def test_clients_are_built_only_for_the_regions_consulted(notebook, slack, clock
         return real(service, region)
 
     monkeypatch.setattr(slack_handler, "client", counting)
-    monkeypatch.setattr(slack_handler, "_clients", {})
     assert silent(click("U0BOB", "keep_2h", warning_ref(slack)))
     assert set(built) == {"us-east-1"}, "the reference was found in the local region: no other region's clients"
 

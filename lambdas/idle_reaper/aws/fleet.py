@@ -185,17 +185,63 @@ def _spread(ec2: Any, processes: int, fn: Callable[[Any, Any], Result], items: S
     return [shares[i % processes][i // processes] for i in range(len(items))]
 
 
-def _listed_whole(fleet: Fleet, tags: TagKeys, split: Sequence[tuple[list[dict[str, Any]], set[str]]]) -> list[Any]:
-    """The full zones listed in parts; or, when EC2 answered the parts wrongly (an id outside its part, or twice,
-    or a first page's machine in no part), listed page after page as before the parts. AWS documents filter
-    wildcards for describe calls in general, not instance-id by name: an EC2 that does not apply them costs a
-    sweep its speed, never its machines."""
+Listing = tuple[list[Machine], dict[str, str]]  # machines, and instance id -> the group its tag names
+Split = Sequence[tuple[list[dict[str, Any]], set[str]]]  # the full zones: each one's filters, its first page's ids
+
+
+def _described(ec2: Any, tags: TagKeys, only: list[dict[str, Any]]) -> Listing:
+    """The machines DescribeInstances lists through `ec2` (every page), and the group each member's tag names
+    (instance id -> group)."""
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=_filters(tags, only), PaginationConfig={"PageSize": PAGE_SIZE}
+    )
+    return _machines_of(pages, tags)
+
+
+def _listed_full_zones(ec2: Any, processes: int, tags: TagKeys, split: Split) -> list[Listing]:
+    """The full zones listed in parts (`_listed_in_parts`); or, when EC2 answered the parts wrongly (an id outside
+    its part, or twice, or a first page's machine in no part), listed page after page as before the parts. AWS
+    documents filter wildcards for describe calls in general, not instance-id by name: an EC2 that does not apply
+    them costs a sweep its speed, never its machines."""
     try:
-        return fleet._listed_in_parts(tags, split)
+        return _listed_in_parts(ec2, processes, tags, split)
     except ListingIncomplete as exc:
         logging.getLogger(__name__).warning("listing full zones in sequence: %s", exc)
         units = [unit for unit, _ in split]
-        return _spread(fleet.ec2, fleet.listing_processes, lambda ec2, unit: fleet._list(tags, unit, ec2), units)
+        return _spread(ec2, processes, lambda own, unit: _described(own, tags, unit), units)
+
+
+def _listed_in_parts(ec2: Any, processes: int, tags: TagKeys, split: Split) -> list[Listing]:
+    """Each unit (its filters, and the ids its first page listed) listed again in ID_PARTS parts, side by
+    side, and checked: a part lists only ids of its own part (so no machine twice), and every machine the
+    unit's first page listed is listed by a part or no longer running as discovery lists it (so none
+    missed: an EC2 that took the wildcard literally, or ignored it, raises ListingIncomplete here, never
+    sweeps a part)."""
+    parts = [(unit, values) for unit, _ in split for values in ID_PARTS]
+    listed = _spread(
+        ec2,
+        processes,
+        lambda own, part: _described(own, tags, [*part[0], {"Name": "instance-id", "Values": list(part[1])}]),
+        parts,
+    )
+    seen = _listed_once([values for _, values in parts], [machines for machines, _ in listed])
+    missed = sorted(set().union(*(first for _, first in split)) - seen)
+    if missed:  # listed by a first page, by no part: stopped (or untagged) since, or missed by the parts
+        batches = list(chunks(missed, FILTER_VALUES))
+        still = _joined(
+            run_concurrently(
+                lambda batch: _described(ec2, tags, [{"Name": "instance-id", "Values": list(batch)}]),
+                batches,
+                ACTION_WORKERS,
+            )
+        )[0]
+        if still:
+            raise ListingIncomplete(
+                what=f"{len(still)} running machine(s) (such as {still[0].instance_id}) were listed by a zone's "
+                "first page but by none of its parts by instance id: EC2 did not apply the instance-id "
+                "wildcard as documented"
+            )
+    return listed
 
 
 @dataclass(frozen=True)
@@ -259,43 +305,10 @@ class Fleet:
             if more
         ]
         if split:
-            listings += _listed_whole(self, tags, split)
+            listings += _listed_full_zones(self.ec2, self.listing_processes, tags, split)
         machines, asg_tagged = _joined(listings)
         machines.sort(key=lambda m: m.instance_id)  # one order whatever part answered first
         return self._with_membership(machines, asg_tagged)
-
-    def _listed_in_parts(
-        self, tags: TagKeys, split: Sequence[tuple[list[dict[str, Any]], set[str]]]
-    ) -> list[tuple[list[Machine], dict[str, str]]]:
-        """Each unit (its filters, and the ids its first page listed) listed again in ID_PARTS parts, side by
-        side, and checked: a part lists only ids of its own part (so no machine twice), and every machine the
-        unit's first page listed is listed by a part or no longer running as discovery lists it (so none
-        missed: an EC2 that took the wildcard literally, or ignored it, fails here, never sweeps a part)."""
-        parts = [(unit, values) for unit, _ in split for values in ID_PARTS]
-        listed = _spread(
-            self.ec2,
-            self.listing_processes,
-            lambda ec2, part: self._list(tags, [*part[0], {"Name": "instance-id", "Values": list(part[1])}], ec2),
-            parts,
-        )
-        seen = _listed_once([values for _, values in parts], [machines for machines, _ in listed])
-        missed = sorted(set().union(*(first for _, first in split)) - seen)
-        if missed:  # listed by a first page, by no part: stopped (or untagged) since, or missed by the parts
-            batches = list(chunks(missed, FILTER_VALUES))
-            still = _joined(
-                run_concurrently(
-                    lambda batch: self._list(tags, [{"Name": "instance-id", "Values": list(batch)}]),
-                    batches,
-                    ACTION_WORKERS,
-                )
-            )[0]
-            if still:
-                raise ListingIncomplete(
-                    what=f"{len(still)} running machine(s) (such as {still[0].instance_id}) were listed by a zone's "
-                    "first page but by none of its parts by instance id: EC2 did not apply the instance-id "
-                    "wildcard as documented"
-                )
-        return listed
 
     def _first_page(
         self, ec2: Any, tags: TagKeys, only: list[dict[str, Any]]
@@ -341,20 +354,10 @@ class Fleet:
         found = self.notebooks.discover(tags, names) if self.notebooks is not None and names else []
 
         def describe(batch: Sequence[str]) -> tuple[list[Machine], dict[str, str]]:
-            return self._list(tags, [{"Name": "instance-id", "Values": list(batch)}])
+            return _described(self.ec2, tags, [{"Name": "instance-id", "Values": list(batch)}])
 
         batches = list(chunks(sorted(set(instance_ids)), FILTER_VALUES))
         return self._with_membership(*_joined(run_concurrently(describe, batches, ACTION_WORKERS))) + found
-
-    def _list(self, tags: TagKeys, only: list[dict[str, Any]], ec2: Any = None) -> tuple[list[Machine], dict[str, str]]:
-        """The machines DescribeInstances lists (through `ec2`, this fleet's client unless given), and the group
-        each member's tag names (instance id -> group)."""
-        pages = (
-            (ec2 or self.ec2)
-            .get_paginator("describe_instances")
-            .paginate(Filters=_filters(tags, only), PaginationConfig={"PageSize": PAGE_SIZE})
-        )
-        return _machines_of(pages, tags)
 
     def _with_membership(self, machines: list[Machine], asg_tagged: Mapping[str, str]) -> list[Machine]:
         membership = self._membership(asg_tagged)

@@ -77,6 +77,12 @@ def regional_client(service: str, region: str | None = None) -> Any:
     return _clients[service, region]
 
 
+def reset_clients() -> None:
+    """Forget the kept clients: the next ones are made afresh (tests: each against its own emulated account,
+    with whatever answers it put in front of it)."""
+    _clients.clear()
+
+
 def lambda_client() -> Any:
     return regional_client("lambda")
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 import os
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import NoReturn
 
 import pytest
 from botocore.exceptions import ClientError
@@ -43,6 +45,33 @@ def fleet(aws: FakeAws) -> Fleet:
 def id_values(request: dict) -> list[str] | None:
     """The instance-id filter's values of a DescribeInstances request (None: no such filter)."""
     return next((list(f["Values"]) for f in request["Filters"] if f["Name"] == "instance-id"), None)
+
+
+def in_zone(zone: str) -> Callable[[dict], bool]:
+    """Whether a DescribeInstances request lists the zone `zone`."""
+    return lambda request: any(
+        f["Name"] == "availability-zone" and f["Values"] == [zone] for f in request.get("Filters", ())
+    )
+
+
+def refuse(
+    aws: FakeAws,
+    monkeypatch: pytest.MonkeyPatch,
+    when: Callable[[dict], bool],
+    refusal: Callable[[], NoReturn] | None = None,
+) -> None:
+    """DescribeInstances refuses the requests `when` picks (RequestLimitExceeded, or `refusal()`: a child killed,
+    say) and answers the others as ever."""
+    listed = aws.ec2.describe_instances
+
+    def describe(**request):
+        if when(request):
+            if refusal is not None:
+                refusal()
+            raise client_error("DescribeInstances", "RequestLimitExceeded")
+        return listed(**request)
+
+    monkeypatch.setattr(aws.ec2, "describe_instances", describe)
 
 
 def stop_sizes(aws: FakeAws) -> list[int]:
@@ -271,28 +300,14 @@ class TestDiscoverInProcesses:
 
     def test_a_zone_that_fails_in_its_child_fails_the_listing(self, aws, monkeypatch):
         self.fleet_of_three_zones(aws)
-        listed = aws.ec2.describe_instances
-
-        def refuse_zone_b(**kw):
-            if any(f["Name"] == "availability-zone" and f["Values"] == [ZONES[1]] for f in kw.get("Filters", ())):
-                raise client_error("DescribeInstances", "RequestLimitExceeded")
-            return listed(**kw)
-
-        monkeypatch.setattr(aws.ec2, "describe_instances", refuse_zone_b)
+        refuse(aws, monkeypatch, in_zone(ZONES[1]))
         with pytest.raises(ClientError) as raised:
             Fleet(aws.ec2, aws.autoscaling, listing_processes=3).discover(TagKeys())
         assert error_code(raised.value) == "RequestLimitExceeded"
 
     def test_a_child_that_dies_without_an_answer_fails_the_listing(self, aws, monkeypatch):
         self.fleet_of_three_zones(aws)
-        listed = aws.ec2.describe_instances
-
-        def die_in_zone_c(**kw):
-            if any(f["Name"] == "availability-zone" and f["Values"] == [ZONES[2]] for f in kw.get("Filters", ())):
-                os._exit(9)  # killed: out of memory, say
-            return listed(**kw)
-
-        monkeypatch.setattr(aws.ec2, "describe_instances", die_in_zone_c)
+        refuse(aws, monkeypatch, in_zone(ZONES[2]), lambda: os._exit(9))  # killed: out of memory, say
         with pytest.raises(ProcessFailed, match="without an answer"):
             Fleet(aws.ec2, aws.autoscaling, listing_processes=3).discover(TagKeys())
 
@@ -364,16 +379,16 @@ class TestDiscoverInParts:
         ids = self.one_zone_fleet(aws)
         monkeypatch.setattr(fleet_module, "ID_PARTS", parts)
         caught: list[Exception] = []
-        listed_in_parts = fleet_module.Fleet._listed_in_parts
+        listed_in_parts = fleet_module._listed_in_parts
 
-        def watched(self, *args):
+        def watched(*args):
             try:
-                return listed_in_parts(self, *args)
+                return listed_in_parts(*args)
             except ListingIncomplete as exc:
                 caught.append(exc)
                 raise
 
-        monkeypatch.setattr(fleet_module.Fleet, "_listed_in_parts", watched)
+        monkeypatch.setattr(fleet_module, "_listed_in_parts", watched)
         machines = fleet(aws).discover(TagKeys())
         assert len(caught) == 1  # the wrong partition was seen for what it is
         assert [m.instance_id for m in machines] == sorted(ids)  # and every machine listed once all the same
@@ -416,14 +431,7 @@ class TestDiscoverInParts:
 
     def test_a_part_that_fails_in_its_child_fails_the_listing(self, aws, monkeypatch):
         self.one_zone_fleet(aws)
-        listed = aws.ec2.describe_instances
-
-        def refuse_part_7(**kw):
-            if id_values(kw) == ["i-*7"]:
-                raise client_error("DescribeInstances", "RequestLimitExceeded")
-            return listed(**kw)
-
-        monkeypatch.setattr(aws.ec2, "describe_instances", refuse_part_7)
+        refuse(aws, monkeypatch, lambda request: id_values(request) == ["i-*7"])
         with pytest.raises(ClientError) as raised:
             Fleet(aws.ec2, aws.autoscaling, listing_processes=3).discover(TagKeys())
         assert error_code(raised.value) == "RequestLimitExceeded"
