@@ -9,6 +9,10 @@ no boto3, no Slack, no clock. docs/policy.md ("The weekly digest") defines every
   Each stretch belongs to the team the machine was in when it was stopped, and is counted once.
 - A keep ("keep" answers) wastes the machine's hourly cost from the answer until the keep ends, the machine
   is next heard of, or the end point: idle hours a person chose to pay for.
+- Organization mode: every figure also belongs to the account the machine runs in (its machine key says
+  which; none: the hub's own account). A digest with any member account's machine in it says them by account
+  (`account_label`: the account's name from the directory and its id; an account the directory no longer lists,
+  say one that left the organization, by its id). A digest of the hub's account alone has no account section.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, MachineRecord, State
+from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, MachineRecord, State, parse_machine_key
 from idle_reaper.core.signals import Signals
 from idle_reaper.policy import DAYS, TeamPolicy
 
@@ -44,6 +48,24 @@ TOP_MACHINES = 5
 # A machine's record seen this recently means it still runs (records are refreshed at least hourly).
 FRESH_RECORD = timedelta(hours=2)
 ADMINS = "admins"  # the admins' digest destination
+HUB_ACCOUNT = "the hub's account"  # how the digest names the hub's own account beside member accounts
+
+
+def account_of(key: str) -> str | None:
+    """The member account a machine key names (None: the hub's own account, or a key no sweep wrote)."""
+    try:
+        return parse_machine_key(key).account
+    except ValueError:
+        return None
+
+
+def account_label(account: str | None, names: Mapping[str, str]) -> str:
+    """An account as people read it: its name and id ("sandbox-a (111111111111)"), the id alone when the
+    directory does not name it (it left the organization, or has no name), HUB_ACCOUNT for the hub's own."""
+    if account is None:
+        return HUB_ACCOUNT
+    name = (names.get(account) or "").strip()
+    return f"{name} ({account})" if name and name != account else account
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,6 +153,7 @@ class Event:
     by: str = ""  # who answered (keep, stop now, start again)
     until: datetime | None = None  # a keep's end
     warned_at: str = ""
+    account: str | None = None  # the member account (None: the hub's own)
 
 
 def _time(value: Any) -> datetime | None:
@@ -168,6 +191,7 @@ def events_of(entries: Iterable[tuple[str, datetime, Mapping[str, Any]]]) -> lis
                 by=str(entry.get("snoozed_by") or entry.get("by") or ""),
                 until=_time(entry.get("snoozed_until")),
                 warned_at=str(entry.get("warned_at") or ""),
+                account=account_of(instance_id),
             )
         )
     # At the same moment: the sweep's warning or stop, then the machine running (again: a stop it came back
@@ -226,6 +250,7 @@ class Stretch:
     end: datetime | None  # None: still open at the end point
     hourly: float | None  # what it saves (a stop) or costs (a keep) an hour; None: no price known
     by: str = ""
+    account: str | None = None  # the member account (None: the hub's own)
 
     def hours_in(self, lo: datetime, hi: datetime) -> float:
         end = min(self.end or hi, hi)
@@ -267,8 +292,8 @@ def _stretch(e: Event, end: datetime | None) -> Stretch:
     if e.action in RECOVERING:
         cap = e.at + RECOVERY_HORIZON
         end = cap if end is None else min(end, cap)
-        return Stretch(e.instance_id, e.team, e.owner, e.action, e.at, end, e.hourly_savings, e.by)
-    return Stretch(e.instance_id, e.team, e.owner, KEEP, e.at, end, e.hourly_cost, e.by)
+        return Stretch(e.instance_id, e.team, e.owner, e.action, e.at, end, e.hourly_savings, e.by, e.account)
+    return Stretch(e.instance_id, e.team, e.owner, KEEP, e.at, end, e.hourly_cost, e.by, e.account)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,6 +353,7 @@ class UnderUsed:
     peak: float
     smaller: str
     saves_hourly: float
+    account: str | None = None
 
 
 def under_used(
@@ -347,7 +373,13 @@ def under_used(
             continue
         out.append(
             UnderUsed(
-                r.instance_id, r.name or r.instance_id, r.instance_type or "", peak, smaller, price - prices[smaller]
+                r.instance_id,
+                r.name or r.instance_id,
+                r.instance_type or "",
+                peak,
+                smaller,
+                price - prices[smaller],
+                r.account,
             )
         )
     return sorted(out, key=lambda u: (-u.saves_hourly, u.name))
@@ -387,6 +419,8 @@ class AtRisk:
     state: str  # unknown, safe_mode or exempt
     hourly_cost: float | None
     idle_hours: float | None = None  # exempt: hours of the week it sat idle (None: not read, or no data)
+    account: str | None = None  # the member account (None: the hub's own)
+    key: str = ""  # its machine key (records.machine_key): what exempt_idle is keyed by
 
 
 @dataclass(frozen=True)
@@ -418,6 +452,9 @@ class Digest:
     trend: list[TrendWeek] = field(default_factory=list)
     top_waste: list[tuple[str, float]] = field(default_factory=list)  # machine, kept dollars
     teams: dict[str, tuple[float, float]] = field(default_factory=dict)  # admins: team -> (recovered, wasted)
+    # Organization mode: account (None: the hub's) -> (recovered, wasted); empty when the hub's account is alone.
+    accounts: dict[str | None, tuple[float, float]] = field(default_factory=dict)
+    account_names: Mapping[str, str] = field(default_factory=dict)  # account id -> its name (the directory's)
     idle_minutes: int | None = None
 
     @property
@@ -441,10 +478,14 @@ def _in_scope(team: str | None, item_team: str) -> bool:
     return team is None or item_team == team
 
 
-def _week_money(all_stretches: Sequence[Stretch], team: str | None, lo: datetime, hi: datetime) -> tuple[float, float]:
+def _week_money(
+    all_stretches: Sequence[Stretch], team: str | None, lo: datetime, hi: datetime, account: str | bool | None = True
+) -> tuple[float, float]:
+    """Recovered and wasted dollars of [lo, hi) of one team (None: all), in one account (True: all; None: the
+    hub's)."""
     recovered = wasted = 0.0
     for s in all_stretches:
-        if _in_scope(team, s.team) and s.hourly is not None:
+        if _in_scope(team, s.team) and (account is True or s.account == account) and s.hourly is not None:
             money = s.hours_in(lo, hi) * s.hourly
             if s.kind == KEEP:
                 wasted += money
@@ -472,15 +513,25 @@ def build_digest(
     policy: TeamPolicy | None = None,
     prices: Mapping[str, float] | None = None,
     exempt_idle: Mapping[str, float | None] | None = None,
+    account_names: Mapping[str, str] | None = None,
 ) -> Digest:
     """The digest of `week` (in `zone`) for one team, or for every team (team None: the admins'), from the
-    audit entries (of this week and the TREND_WEEKS before, and any stop still open) and the records now."""
+    audit entries (of this week and the TREND_WEEKS before, and any stop still open) and the records now.
+    `exempt_idle`: idle hours of exempt machines by machine key. `account_names`: member account id -> name."""
     events = events_of(entries)
     records = list(records)
     all_stretches = stretches(events)
     lo, week_end = week.span(zone)
     hi = min(week_end, now)
-    d = Digest(team or ADMINS, team, week, lo, hi, idle_minutes=policy.idle_minutes if policy else None)
+    d = Digest(
+        team or ADMINS,
+        team,
+        week,
+        lo,
+        hi,
+        idle_minutes=policy.idle_minutes if policy else None,
+        account_names=dict(account_names or {}),
+    )
     d.has_data = _has_data(events, all_stretches, team, lo, hi)
 
     kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
@@ -523,7 +574,7 @@ def build_digest(
     d.warnings, d.warnings_without_stop = _warnings(events, records, team, lo, hi)
     d.suggestion = window_suggestion(d)
     idle = exempt_idle or {}
-    d.at_risk = [replace(a, idle_hours=idle.get(a.instance_id)) for a in _at_risk(records, team, now, prices or {})]
+    d.at_risk = [replace(a, idle_hours=idle.get(a.key)) for a in _at_risk(records, team, now, prices or {})]
     d.under_used = under_used(records, week, team, prices or {})
     for back in range(TREND_WEEKS - 1, -1, -1):
         w = week.previous(back) if back else week
@@ -536,7 +587,21 @@ def build_digest(
             team_money = _week_money(all_stretches, t, lo, hi)
             if any(team_money) or any(e.team == t and lo <= e.at < hi for e in events):
                 d.teams[t] = team_money
+    d.accounts = _by_account(events, all_stretches, d, team, lo, hi)
     return d
+
+
+def _by_account(
+    events: Sequence[Event], all_stretches: Sequence[Stretch], d: Digest, team: str | None, lo: datetime, hi: datetime
+) -> dict[str | None, tuple[float, float]]:
+    """Each account's recovered and wasted dollars of the week, for every account with anything this digest
+    tells (money, an event, a machine not watched, an under-used one); empty when that is the hub's alone."""
+    seen: set[str | None] = {e.account for e in events if _in_scope(team, e.team) and lo <= e.at < hi}
+    seen |= {s.account for s in all_stretches if _in_scope(team, s.team) and s.hours_in(lo, hi) > 0}
+    seen |= {a.account for a in d.at_risk} | {u.account for u in d.under_used}
+    if seen <= {None}:
+        return {}
+    return {a: _week_money(all_stretches, team, lo, hi, a) for a in seen}
 
 
 def _warnings(
@@ -576,7 +641,15 @@ def _at_risk(
     states = (State.UNKNOWN, State.SAFE_MODE, State.EXEMPT)
     return sorted(
         (
-            AtRisk(r.instance_id, r.name or r.instance_id, r.team, r.state.value, prices.get(r.instance_type or ""))
+            AtRisk(
+                r.instance_id,
+                r.name or r.instance_id,
+                r.team,
+                r.state.value,
+                prices.get(r.instance_type or ""),
+                account=r.account,
+                key=r.key,
+            )
             for r in records
             if r.state in states and _in_scope(team, r.team) and running_now(r, now)
         ),
@@ -675,7 +748,8 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
     if d.at_risk:
         costly = sum(a.hourly_cost or 0.0 for a in d.at_risk)
         shown = ", ".join(
-            f"{a.name} ({a.state.replace('_', ' ')}{', ' + _usd(a.hourly_cost) + '/h' if a.hourly_cost else ''})"
+            f"{a.name} ({_in_account(d, a.account)}{a.state.replace('_', ' ')}"
+            f"{', ' + _usd(a.hourly_cost) + '/h' if a.hourly_cost else ''})"
             for a in d.at_risk[:10]
         )
         more = f" and {len(d.at_risk) - 10} more" if len(d.at_risk) > 10 else ""
@@ -687,7 +761,8 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
             lines.append(exempt_line)
     if d.under_used:
         shown = ", ".join(
-            f"{u.name} ({u.instance_type}, never above {u.peak:g} %: {u.smaller} would save {_usd(u.saves_hourly)}/h)"
+            f"{u.name} ({_in_account(d, u.account)}{u.instance_type}, never above {u.peak:g} %: {u.smaller} would "
+            f"save {_usd(u.saves_hourly)}/h)"
             for u in d.under_used[:5]
         )
         lines.append(
@@ -698,11 +773,36 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
             "By team: "
             + "; ".join(f"{t} saved {_usd(r)}, kept idle {_usd(w)}" for t, (r, w) in sorted(d.teams.items()))
         )
+    if d.accounts:
+        lines.append(_accounts_line(d))
     trend = [f"{t.week.label} {_usd(t.recovered) if t.has_data else 'no data'}" for t in d.trend]
     lines.append("Saved, last 8 weeks: " + " · ".join(trend))
     if chart_note:
         lines.append(f"_{chart_note}_")
     return "\n".join(lines)
+
+
+def _in_account(d: Digest, account: str | None) -> str:
+    """A member machine's account before its other facts ("sandbox-a, "); nothing in a digest of the hub's
+    account alone, and for the hub's own machines."""
+    if not d.accounts or account is None:
+        return ""
+    return f"{(d.account_names.get(account) or '').strip() or account}, "
+
+
+def _accounts_line(d: Digest) -> str:
+    """Organization mode: the week's money per account, and the machines not watched in each."""
+    not_watched: dict[str | None, int] = defaultdict(int)
+    for a in d.at_risk:
+        not_watched[a.account] += 1
+    parts = []
+    for account in sorted(d.accounts, key=lambda a: (a is not None, account_label(a, d.account_names))):
+        recovered, wasted = d.accounts[account]
+        unwatched = f", {not_watched[account]} not watched" if not_watched[account] else ""
+        parts.append(
+            f"{account_label(account, d.account_names)} saved {_usd(recovered)}, kept idle {_usd(wasted)}{unwatched}"
+        )
+    return "By account: " + "; ".join(parts)
 
 
 def _recovered_line(d: Digest) -> str:
