@@ -34,13 +34,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         logger.warning("Slack unavailable: no weekly digest is sent", extra={"why": type(exc).__name__})
         sender = None
     policies = PolicyStore(client("ssm"), ssm_prefix())
-    members = MemberAccess.from_environment("digest")  # organization mode: names, and exempt machines in place
+    members = MemberAccess.from_environment("digest")  # organization mode: the accounts' names
     outcomes = send_due_digests(
         store,
         policies,
         sender,
         now,
         metrics=MetricsReader(client("cloudwatch")),
-        accounts=(lambda: DigestAccounts.of(members, now)) if members is not None else None,
+        accounts=(lambda: DigestAccounts.of(members)) if members is not None else None,
     )
     return {"digests": [o.__dict__ for o in outcomes]}

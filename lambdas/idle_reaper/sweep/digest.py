@@ -55,26 +55,36 @@ class DigestOutcome:
 @dataclass(frozen=True)
 class DigestAccounts:
     """What the digest knows of member accounts (organization mode): their names, and CloudWatch in each
-    (account, region), None where the member role cannot be assumed."""
+    (account, region) through a member role's credentials, None where it cannot be read there."""
 
     names: Mapping[str, str] = field(default_factory=dict)
     metrics_in: Callable[[str, str], MetricsReader | None] = lambda account, region: None
 
     @classmethod
-    def of(cls, members: MemberAccess, now: datetime) -> DigestAccounts:
-        listing = members.directory.current()  # never raises: a failed listing keeps the last (or none)
+    def of(cls, members: MemberAccess) -> DigestAccounts:
+        """The weekly digest's function: the accounts' names from the directory (a failed listing keeps the last,
+        or none: then ids). It reads no member account's CloudWatch: the member role trusts the sweep and the
+        Slack endpoint only (issue 30), so a member account's exempt machines are "no data", never read with
+        the hub's CloudWatch. Where a role the member role trusts runs the digest, `metrics_in` may be
+        member_metrics(members, now)."""
+        return cls({a.id: a.name for a in members.directory.current().accounts})
 
-        def metrics_in(account: str, region: str) -> MetricsReader | None:
-            held = members.sessions.credentials(account, region, started=now)
-            if isinstance(held, AccountFailure):
-                logger.warning(
-                    "exempt machines of a member account not read for the digest",
-                    extra={"account": account, "region": region, "why": held.describe()},
-                )
-                return None
-            return MetricsReader(held.client("cloudwatch"))
 
-        return cls({a.id: a.name for a in listing.accounts}, metrics_in)
+def member_metrics(members: MemberAccess, now: datetime) -> Callable[[str, str], MetricsReader | None]:
+    """CloudWatch in a member (account, region) through the member role (credentials reused while valid); None
+    where the role cannot be assumed (said in the log with its reason)."""
+
+    def metrics_in(account: str, region: str) -> MetricsReader | None:
+        held = members.sessions.credentials(account, region, started=now)
+        if isinstance(held, AccountFailure):
+            logger.warning(
+                "exempt machines of a member account not read for the digest",
+                extra={"account": account, "region": region, "why": held.describe()},
+            )
+            return None
+        return MetricsReader(held.client("cloudwatch"))
+
+    return metrics_in
 
 
 @dataclass(frozen=True)

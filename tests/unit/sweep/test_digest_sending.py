@@ -202,7 +202,6 @@ def test_without_metrics_exempt_machines_say_nothing_of_idle_time_and_a_failed_r
 def test_a_member_machines_exempt_week_is_read_in_its_own_account_never_the_hubs() -> None:
     from idle_reaper.aws.metrics import MetricsReader
     from idle_reaper.core import State
-    from idle_reaper.core.records import machine_key
     from idle_reaper.sweep.digest import DigestAccounts
     from testkit.aws.metrics import FakeCloudWatch
 
