@@ -327,8 +327,11 @@ class OrganizationConfig:
     def from_environment(cls) -> OrganizationConfig | None:
         """None in single-account mode (the variable is unset)."""
         text = os.environ.get(ORGANIZATION_ENV, "")
-        if not text:
-            return None
+        return cls.from_text(text) if text else None
+
+    @classmethod
+    def from_text(cls, text: str) -> OrganizationConfig:
+        """IDLE_REAPER_ORGANIZATION's JSON, as the hub stack gives it to its functions."""
         data = json.loads(text)
         return cls(
             prefix=str(data["prefix"]),
