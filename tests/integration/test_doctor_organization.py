@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from test_accounts import Org, denied, org, real_sts  # noqa: F401  (org: the organization fixture)
+from test_unwatched_regions import run_with
 
 from idle_reaper import aws
 from idle_reaper.aws.accounts import (
@@ -35,14 +36,7 @@ REGION = "us-east-1"
 def gpu_machine(held: MemberCredentials, now: datetime, *, gpu: bool) -> str:
     """An opted-in GPU machine in the member account, publishing CPU (and, with `gpu`, GPU) for the last hour."""
     tags = {"Name": "trainer", "Team": "ml", "Owner": "U0BOB", local.MANAGED_TAG: "true"}
-    out = held.client("ec2").run_instances(
-        ImageId=local.AMI,
-        MinCount=1,
-        MaxCount=1,
-        InstanceType="g5.xlarge",
-        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
-    )
-    instance_id: str = out["Instances"][0]["InstanceId"]
+    instance_id = run_with(held.client("ec2"), tags, "g5.xlarge")
     dims = [{"Name": "InstanceId", "Value": instance_id}]
     times = [now - timedelta(minutes=m) for m in range(60, 0, -5)]
     cloudwatch = held.client("cloudwatch")
@@ -110,7 +104,7 @@ def test_the_cli_doctor_reports_each_member_account_as_the_last_sweep_saw_it(org
     template = json.dumps({"Resources": {"Nothing": {"Type": "AWS::CloudFormation::WaitConditionHandle"}}})
     cloudformation.create_stack_set(StackSetName="idle-reaper-members", TemplateBody=template)
     cloudformation.create_stack_instances(StackSetName="idle-reaper-members", Accounts=[training], Regions=[REGION])
-    findings = by_check(cli_doctor.member_checks(REGION, "IdleReaper", 5, now, True))
+    findings = by_check(cli_doctor.member_checks(REGION, "IdleReaper", 5, now, True, {}))
     lines = {f.subjects[0]: f for f in findings["members.account"]}
     assert sorted(lines) == [sandbox]
     assert (
@@ -121,5 +115,5 @@ def test_the_cli_doctor_reports_each_member_account_as_the_last_sweep_saw_it(org
     assert findings["members.gpu"][0].status == "unknown"
     # An old check says nothing of the roles now: unknown, never ok.
     save_member_check(store, MemberCheck(now - timedelta(hours=2), 2, 2, ()), now)
-    findings = by_check(cli_doctor.member_checks(REGION, "IdleReaper", 5, now, True))
+    findings = by_check(cli_doctor.member_checks(REGION, "IdleReaper", 5, now, True, {}))
     assert "members" not in findings and len(findings["members.unknown"][0].subjects) == 2

@@ -20,13 +20,13 @@ def run_in(region: str, tags: dict[str, str]) -> str:
     return run_with(aws_module.client("ec2", region), tags)
 
 
-def run_with(ec2: Any, tags: dict[str, str]) -> str:
-    """An m5.large with these tags, launched by this EC2 client (its region, its account)."""
+def run_with(ec2: Any, tags: dict[str, str], instance_type: str = "m5.large") -> str:
+    """A machine (an m5.large unless told) with these tags, launched by this EC2 client (its region, account)."""
     out = ec2.run_instances(
         ImageId=local.AMI,
         MinCount=1,
         MaxCount=1,
-        InstanceType="m5.large",
+        InstanceType=instance_type,
         TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
     )
     instance_id: str = out["Instances"][0]["InstanceId"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from idle_reaper import aws
@@ -20,6 +20,7 @@ from idle_reaper.slack.doctor import SLACK_DOWN, SlackReader, slack_error, slack
 from idle_reaper.sweep.doctor import CLI_GPU_UNREAD, Account, members_as_last_checked
 from idle_reaper.sweep.doctor import run_checks as run_region_checks
 
+MEMBERS_OUTPUT = "MemberStackSetId"  # the hub stack's output in organization mode (infra/stack.py)
 SLACK_BUDGET_SECONDS = 20.0  # rate-limit retries past this make a fact unknown, not the doctor slow
 TEST_MESSAGE = "idle-reaper doctor: a test message. Warnings about idle machines will reach you here."
 
@@ -59,9 +60,12 @@ def send_test(reader: SlackReader | None, settings: Settings, user: str | None) 
     )[0]
 
 
-def organization_of(region: str | None, stack: str) -> OrganizationConfig | None:
-    """The organization the stack in `region` sweeps: its sweep function's IDLE_REAPER_ORGANIZATION (the hub's
-    first region only). None: single-account mode, or not the hub's region."""
+def organization_of(region: str | None, stack: str, outputs: Mapping[str, str]) -> OrganizationConfig | None:
+    """The organization the stack in `region` sweeps: its sweep function's IDLE_REAPER_ORGANIZATION. Only the
+    hub's stack (the first region of an organization-mode deploy) has the `MemberStackSetId` output: elsewhere,
+    and in single-account mode, nothing more is read."""
+    if MEMBERS_OUTPUT not in outputs:
+        return None
     try:
         pages = aws.client("cloudformation", region).get_paginator("list_stack_resources").paginate(StackName=stack)
         sweep = next(
@@ -82,12 +86,14 @@ def organization_of(region: str | None, stack: str) -> OrganizationConfig | None
     return OrganizationConfig.from_text(text) if text else None
 
 
-def member_checks(region: str | None, stack: str, sweep_minutes: int, now: datetime, first: bool) -> list[Finding]:
+def member_checks(
+    region: str | None, stack: str, sweep_minutes: int, now: datetime, first: bool, outputs: Mapping[str, str]
+) -> list[Finding]:
     """Organization mode, from the hub's region: every member account and region as the sweep's last check saw
     its member role, with its member stack instance's status; their GPU metrics are the hub's roles' to read
     (`/idle-reaper doctor`), said once as unknown. Nothing in single-account mode. IDLE_REAPER_ORGANIZATION set
     here stands for the stack's (checked from the first region)."""
-    config = (OrganizationConfig.from_environment() if first else None) or organization_of(region, stack)
+    config = (OrganizationConfig.from_environment() if first else None) or organization_of(region, stack, outputs)
     if config is None:
         return []
     listing = config.directory(aws.client("organizations")).current()
@@ -108,6 +114,7 @@ def run_checks(
     send_test_to: str | None = None,
     stack: str | None = None,
     first: bool = True,
+    outputs: Mapping[str, str] | None = None,
 ) -> list[Finding]:
     account = Account(
         policies=aws.PolicyStore(aws.client("ssm", region), aws.ssm_prefix()),
@@ -119,7 +126,7 @@ def run_checks(
     now = datetime.now(UTC)
     findings = run_region_checks(account, reader, signing_secret=signing, now=now, sweep_minutes=sweep_minutes)
     if stack is not None:
-        findings += member_checks(region, stack, sweep_minutes, now, first)
+        findings += member_checks(region, stack, sweep_minutes, now, first, outputs or {})
     if send_test_to is not None:
         try:
             settings, _ = account.policies.load_settings()
@@ -147,8 +154,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             args.region,
             args.stack or default_stack_name(),
             args.endpoint,
-            lambda region, first: run_checks(
-                region, args.sweep_minutes, args.send_test if first else None, args.stack or default_stack_name(), first
+            lambda region, first, outputs: run_checks(
+                region,
+                args.sweep_minutes,
+                args.send_test if first else None,
+                args.stack or default_stack_name(),
+                first,
+                outputs,
             ),
         )
     except CannotRun as exc:

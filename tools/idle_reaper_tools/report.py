@@ -16,9 +16,9 @@ from idle_reaper.core.digest import (
     Week,
     account_of,
     build_digest,
-    digest_text,
     parse_week,
 )
+from idle_reaper.core.digest_text import digest_text
 from idle_reaper.policy import PolicyError
 from idle_reaper.pricing import DEFAULT_PRICES
 

@@ -28,10 +28,10 @@ from idle_reaper.core.digest import (
     build_digest,
     claim_key,
     digest_due,
-    digest_text,
     idle_hours,
     running_now,
 )
+from idle_reaper.core.digest_text import digest_text
 from idle_reaper.core.records import MachineRecord, State
 from idle_reaper.core.signals import Signals, has_no_gpu, is_gpu_type
 from idle_reaper.notify import logger

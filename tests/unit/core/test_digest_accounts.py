@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from idle_reaper.core.digest import HUB_ACCOUNT, Week, account_label, build_digest, digest_text, running_again_entry
+from idle_reaper.core.digest import Week, build_digest, running_again_entry
+from idle_reaper.core.digest_text import HUB_ACCOUNT, account_label, digest_text
 from idle_reaper.core.records import MachineRecord, State, machine_key
 
 W47 = Week(2026, 47)
