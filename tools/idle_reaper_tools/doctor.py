@@ -10,10 +10,10 @@ import json
 import sys
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from idle_reaper import aws
 from idle_reaper.aws.accounts import ORGANIZATION_ENV, OrganizationConfig, last_member_check
-from idle_reaper.aws.doctor import member_stack_instances
 from idle_reaper.core.doctor import Finding, check_members, failed, listed, outcomes, tally, unknown
 from idle_reaper.policy import PolicyError, Settings
 from idle_reaper.slack.doctor import SLACK_DOWN, SlackReader, slack_error, slack_reader
@@ -84,6 +84,34 @@ def organization_of(region: str | None, stack: str, outputs: Mapping[str, str]) 
         return None  # the deploy checks say what cannot be read
     text = found.get("Environment", {}).get("Variables", {}).get(ORGANIZATION_ENV)
     return OrganizationConfig.from_text(text) if text else None
+
+
+def member_stack_instances(cloudformation: Any, stack_set_name: str) -> dict[tuple[str, str], str] | None:
+    """The member StackSet's stack instances: (account, region) -> "" when current, else its status and reason
+    ("OUTDATED/FAILED: ..."). Called as the management account, then as a delegated administrator. None: the
+    StackSet could not be read (not this account's, or not allowed): not checked."""
+    for call_as in ("SELF", "DELEGATED_ADMIN"):
+        found: dict[tuple[str, str], str] = {}
+        try:
+            pages = cloudformation.get_paginator("list_stack_instances").paginate(
+                StackSetName=stack_set_name, CallAs=call_as
+            )
+            for page in pages:
+                for instance in page["Summaries"]:
+                    status = str(instance.get("Status") or "")
+                    detailed = str((instance.get("StackInstanceStatus") or {}).get("DetailedStatus") or "")
+                    if status == "CURRENT" and detailed in ("", "SUCCEEDED"):
+                        found[(instance["Account"], instance["Region"])] = ""
+                        continue
+                    reason = str(instance.get("StatusReason") or "")
+                    text = f"{status}/{detailed}" if detailed else status
+                    found[(instance["Account"], instance["Region"])] = f"{text}: {reason}" if reason else text
+        except aws.AwsError as exc:
+            if call_as == "SELF" and aws.error_code(exc) in ("StackSetNotFoundException", "ValidationError"):
+                continue
+            return None
+        return found
+    return None
 
 
 def member_checks(

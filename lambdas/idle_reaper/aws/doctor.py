@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from idle_reaper.aws.clients import AwsError, error_code
+from idle_reaper.aws.clients import AwsError
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.policies import PolicyStore, policy_for
 from idle_reaper.core.doctor import SIGNAL_WINDOW_MINUTES, MachineSignals, PolicyFacts
@@ -92,31 +92,3 @@ def gather_group_tags(autoscaling: Any, groups: set[str], tag: str) -> set[str] 
     except AwsError:
         return None
     return tagged
-
-
-def member_stack_instances(cloudformation: Any, stack_set_name: str) -> dict[tuple[str, str], str] | None:
-    """The member StackSet's stack instances: (account, region) -> "" when current, else its status and reason
-    ("OUTDATED/FAILED: ..."). Called as the management account, then as a delegated administrator. None: the
-    StackSet could not be read (not this account's, or not allowed): not checked."""
-    for call_as in ("SELF", "DELEGATED_ADMIN"):
-        found: dict[tuple[str, str], str] = {}
-        try:
-            pages = cloudformation.get_paginator("list_stack_instances").paginate(
-                StackSetName=stack_set_name, CallAs=call_as
-            )
-            for page in pages:
-                for instance in page["Summaries"]:
-                    status = str(instance.get("Status") or "")
-                    detailed = str((instance.get("StackInstanceStatus") or {}).get("DetailedStatus") or "")
-                    if status == "CURRENT" and detailed in ("", "SUCCEEDED"):
-                        found[(instance["Account"], instance["Region"])] = ""
-                        continue
-                    reason = str(instance.get("StatusReason") or "")
-                    text = f"{status}/{detailed}" if detailed else status
-                    found[(instance["Account"], instance["Region"])] = f"{text}: {reason}" if reason else text
-        except AwsError as exc:
-            if call_as == "SELF" and error_code(exc) in ("StackSetNotFoundException", "ValidationError"):
-                continue
-            return None
-        return found
-    return None
