@@ -123,3 +123,49 @@ def test_accounts_not_reached_by_the_deadline_are_unknown_and_the_others_are_not
     assert len(reached) == 24
     assert not reached[(stuck, REGIONS[0])] and not reached[(stuck, REGIONS[1])]
     assert sum(reached.values()) == 22  # every other unit was read
+
+
+def test_the_cli_finds_the_organization_in_the_hub_stacks_sweep_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`idle-reaper doctor` reads IDLE_REAPER_ORGANIZATION from the sweep function of a stack with the
+    MemberStackSetId output only: a single-account stack costs no call."""
+    import json
+
+    from idle_reaper.aws.accounts import ORGANIZATION_ENV
+    from idle_reaper_tools import doctor as cli_doctor
+
+    asked: list[str] = []
+    config = {"prefix": "ml", "targets": ["ou-ab12-cd34ef56"], "regions": ["eu-west-1"], "hubAccount": "9" * 12}
+
+    class Pages:
+        def paginate(self, StackName: str) -> list[dict[str, Any]]:
+            asked.append(f"ListStackResources {StackName}")
+            resources = [
+                {"ResourceType": "AWS::IAM::Role", "LogicalResourceId": "SweepRole1", "PhysicalResourceId": "r"},
+                {
+                    "ResourceType": "AWS::Lambda::Function",
+                    "LogicalResourceId": "SlackFunctionAB",
+                    "PhysicalResourceId": "s",
+                },
+                {
+                    "ResourceType": "AWS::Lambda::Function",
+                    "LogicalResourceId": "SweepFunction12",
+                    "PhysicalResourceId": "fn",
+                },
+            ]
+            return [{"StackResourceSummaries": resources}]
+
+    class Clients:
+        def get_paginator(self, name: str) -> Pages:
+            return Pages()
+
+        def get_function_configuration(self, FunctionName: str) -> dict[str, Any]:
+            asked.append(f"GetFunctionConfiguration {FunctionName}")
+            return {"Environment": {"Variables": {ORGANIZATION_ENV: json.dumps(config)}}}
+
+    monkeypatch.setattr(cli_doctor.aws, "client", lambda service, region=None: Clients())
+    assert cli_doctor.organization_of("eu-west-1", "ml", {"Version": "1"}) is None and asked == []
+    found = cli_doctor.organization_of("eu-west-1", "ml", {"MemberStackSetId": "ml-members:1"})
+    assert found == OrganizationConfig(
+        prefix="ml", targets=("ou-ab12-cd34ef56",), regions=("eu-west-1",), hub_account="9" * 12
+    )
+    assert asked == ["ListStackResources ml", "GetFunctionConfiguration fn"]
