@@ -130,6 +130,7 @@ def test_the_cli_finds_the_organization_in_the_hub_stacks_sweep_function(monkeyp
     MemberStackSetId output only: a single-account stack costs no call."""
     import json
 
+    from idle_reaper import aws as aws_module
     from idle_reaper.aws.accounts import ORGANIZATION_ENV
     from idle_reaper_tools import doctor as cli_doctor
 
@@ -162,7 +163,7 @@ def test_the_cli_finds_the_organization_in_the_hub_stacks_sweep_function(monkeyp
             asked.append(f"GetFunctionConfiguration {FunctionName}")
             return {"Environment": {"Variables": {ORGANIZATION_ENV: json.dumps(config)}}}
 
-    monkeypatch.setattr(cli_doctor.aws, "client", lambda service, region=None: Clients())
+    monkeypatch.setattr(aws_module, "client", lambda service, region=None: Clients())
     assert cli_doctor.organization_of("eu-west-1", "ml", {"Version": "1"}) is None and asked == []
     found = cli_doctor.organization_of("eu-west-1", "ml", {"MemberStackSetId": "ml-members:1"})
     assert found == OrganizationConfig(
