@@ -184,7 +184,7 @@ def measure_deploy(enabled: int, stacks: int) -> dict[str, object]:
         for region in DEFAULT_REGIONS[:stacks]:
             deploy_stack(answers, region)
         answers.calls.clear()
-        check_deploy(None, "IdleReaper", None, lambda region, first: [])
+        check_deploy(None, "IdleReaper", None, lambda region, first, outputs: [])
     calls: dict[str, int] = {}
     for (_, operation), n in answers.calls.items():
         calls[operation] = calls.get(operation, 0) + n

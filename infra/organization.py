@@ -201,10 +201,13 @@ ACCOUNT_STATUS = ("organizations:DescribeAccount",)
 
 
 def grant_member_access(
-    roles: Sequence[iam.IRole], *, lists_accounts: iam.IRole, prefix: str, organization_id: str
+    roles: Sequence[iam.IRole], *, lists_accounts: Sequence[iam.IRole], prefix: str, organization_id: str
 ) -> None:
     """The hub roles may assume the member role in any account of the organization, and nothing else across
-    accounts: the role name is the member stack's, and the role must belong to this organization."""
+    accounts: the role name is the member stack's, and the role must belong to this organization. Those of
+    `lists_accounts` also list the accounts: the sweep's planner, and the Slack endpoint's `/idle-reaper
+    doctor`, which checks every member account (a role of `lists_accounts` not in `roles`, the weekly digest's,
+    lists them only to name them)."""
     pattern = f"arn:{Aws.PARTITION}:iam::*:role/{member_role_name(prefix, '*')}"
     for role in roles:
         role.add_to_principal_policy(
@@ -215,7 +218,7 @@ def grant_member_access(
                 conditions={"StringEquals": {"aws:ResourceOrgID": organization_id}},
             )
         )
-        reads = [*ORGANIZATION_LISTING, *ACCOUNT_STATUS] if role is lists_accounts else list(ACCOUNT_STATUS)
+        reads = [*ORGANIZATION_LISTING, *ACCOUNT_STATUS] if role in lists_accounts else list(ACCOUNT_STATUS)
         role.add_to_principal_policy(iam.PolicyStatement(sid="ReadOrganization", actions=reads, resources=["*"]))
         suppress(
             role,
@@ -226,5 +229,18 @@ def grant_member_access(
                 "aws:ResourceOrgID condition keeps it inside this organization. The organization's accounts and "
                 "OUs are read (never changed) wherever they are.",
                 applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:.+:iam::\*:role\/.+-member-\*$/"), "Resource::*"],
+            ),
+        )
+    for role in (r for r in lists_accounts if r not in roles):
+        role.add_to_principal_policy(
+            iam.PolicyStatement(sid="ListOrganization", actions=list(ORGANIZATION_LISTING), resources=["*"])
+        )
+        suppress(
+            role,
+            NagPackSuppression(
+                id="AwsSolutions-IAM5",
+                reason="The organization's accounts and OUs are listed (never changed) to name member accounts; "
+                "Organizations' listing calls have no resource-level permissions.",
+                applies_to=["Resource::*"],
             ),
         )

@@ -539,13 +539,21 @@ class IdleReaperStack(Stack):
         )
         if props.organization is not None and self.region == all_regions[0]:
             # The hub: the first listed region's stack holds the member StackSet.
-            self._add_members(props, props.organization, [sweep, shard_worker, slack])
+            self._add_members(props, props.organization, [sweep, shard_worker, slack], listers=[sweep, slack, digest])
 
     def _add_members(
-        self, props: IdleReaperProps, organization: OrganizationContext, functions: list[ReaperFunction]
+        self,
+        props: IdleReaperProps,
+        organization: OrganizationContext,
+        functions: list[ReaperFunction],
+        *,
+        listers: list[ReaperFunction],
     ) -> None:
         """The hub: the member StackSet, and the hub functions that act in member accounts may assume the member
-        role and are told where the members are (aws/accounts.py, OrganizationConfig)."""
+        role and are told where the members are (aws/accounts.py, OrganizationConfig). `listers` list the
+        accounts: the sweep's planner, the Slack endpoint's `/idle-reaper doctor` (every member account), and the
+        weekly digest, which names them and assumes no member role (the member role trusts the sweep and the
+        Slack endpoint only: a member account's exempt machines are "no data" in the digest)."""
         roles: list[iam.IRole] = [f.role for f in functions]
         template = member_template(
             MemberSettings(
@@ -566,7 +574,10 @@ class IdleReaperStack(Stack):
             hub_roles=roles,
         )
         grant_member_access(
-            roles, lists_accounts=roles[0], prefix=props.prefix, organization_id=organization.organization_id
+            roles,
+            lists_accounts=[f.role for f in listers],
+            prefix=props.prefix,
+            organization_id=organization.organization_id,
         )
         members_env = self.to_json_string(
             {
@@ -577,7 +588,7 @@ class IdleReaperStack(Stack):
                 "partition": self.partition,
             }
         )
-        for function in functions:
+        for function in dict.fromkeys([*functions, *listers]):
             function.function.add_environment(ORGANIZATION_ENV, members_env)
         CfnOutput(self, "MemberStackSetId", value=members.stack_set.attr_stack_set_id)
 

@@ -27,6 +27,7 @@ from idle_reaper.policy import (
     _identifier,
     _parse_object,
     _validated,
+    with_source,
 )
 
 # The shapes AWS documents for each id (Organizations API reference, "Id" and "ParentId" patterns).
@@ -159,12 +160,20 @@ class OrganizationSettings(_Strict):
 
     def default_for(self, account: str, parents: tuple[str, ...], base: TeamPolicy) -> TeamPolicy:
         """The default policy in an account: the entry naming the account itself, else the one naming its
-        nearest OU, else `base` (settings.default_policy)."""
+        nearest OU, else `base` (settings.default_policy). The policy returned says which entry it came from
+        (policy.default_source: explanations, `status` and `policy show` name it, not settings.default_policy)."""
         for key in (account, *parents):
-            for entry in self.defaults:
+            for index, entry in enumerate(self.defaults):
                 if key in entry.accounts:
-                    return entry.default_policy
+                    return with_source(entry.default_policy, default_label(index, account, key))
         return base
+
+
+def default_label(index: int, account: str, key: str) -> str:
+    """How an explanation names an account's own default: the field of `{prefix}/organization` it is, and
+    whether it applies to the account by its id or through an OU it sits in."""
+    field = f"{ORGANIZATION_PARAMETER}.defaults[{index}].default_policy"
+    return f"{field} (account {account})" if key == account else f"{field} (account {account} via {key})"
 
 
 def parse_organization_settings(parameter: str, text: str) -> OrganizationSettings:

@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StringConstraints,
     ValidationError,
     ValidationInfo,
@@ -243,6 +244,11 @@ def _located(title: str, problems: list[tuple[tuple[str | int, ...], str, Any]])
 
 class TeamPolicy(_Strict):
     """How one team wants its idle machines treated."""
+
+    # Where this policy came from when it is a default other than settings.default_policy (organization mode:
+    # a member account's own default, organization.py default_for). Not a field: never stored, dumped or shown
+    # in the schema; only said in explanations (default_source).
+    _source: str | None = PrivateAttr(default=None)
 
     idle_minutes: int = Field(90, ge=15, le=1440, description="Quiet this long (minutes) means idle.")
     warn_minutes: int = Field(30, ge=0, le=1440, description="The owner is warned this many minutes before the stop.")
@@ -632,12 +638,28 @@ def parse_team_policy(parameter: str, text: str, default: TeamPolicy) -> TeamPol
     return _validated(parameter, TeamPolicy, {**default.model_dump(), **data})
 
 
+DEFAULT_SOURCE = "settings.default_policy"
+
+
+def with_source(policy: TeamPolicy, source: str) -> TeamPolicy:
+    """A copy of `policy` that says it came from `source` when it serves as a default (default_source)."""
+    labelled = policy.model_copy()
+    labelled._source = source
+    return labelled
+
+
+def default_source(settings: Settings) -> str:
+    """What an explanation names as the origin of the default policy in force: `settings.default_policy`, or
+    the organization setting a member account's default came from (with_source)."""
+    return settings.default_policy._source or DEFAULT_SOURCE
+
+
 class TeamPolicyRef(_Strict):
     """A resolved policy together with where it came from, recorded with every decision."""
 
     team: str
     policy: TeamPolicy | None  # None: the stored policy is invalid; the team is in safe mode
-    source: str  # the SSM parameter name, or "settings.default_policy"
+    source: str  # the SSM parameter name, "settings.default_policy", or an account's default (default_source)
     version: int | None  # the SSM parameter version, None for the default
     error: str | None = None
     schedule: str | None = None  # the schedule override in force, e.g. "schedules[1] 'weekend'"

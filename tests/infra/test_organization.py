@@ -279,10 +279,12 @@ def test_the_hub_roles_may_assume_member_roles_of_the_organization_only(hub: dic
             *(call(action, "*", "us-east-1") for action in ORGANIZATION_CHANGES),
         ):
             assert decide(statements, other) == "ImplicitDeny", (construct, other)
-        # The planner lists the accounts; each role that assumes member roles may ask about one account.
+        # The planner, `/idle-reaper doctor` (the Slack endpoint) and the digest (to name them) list the accounts;
+        # each role that assumes member roles may ask about one account.
         lists = {a: decide(statements, call(a, "*", "us-east-1")) == "Allow" for a in ORGANIZATION_CALLS}
         assert lists == {
-            a: construct == "Sweep" or (a == "organizations:DescribeAccount" and acts_in_members)
+            a: (a == "organizations:DescribeAccount" and acts_in_members)
+            or (a != "organizations:DescribeAccount" and construct in ("Sweep", "Slack", "Digest"))
             for a in ORGANIZATION_CALLS
         }, construct
 
@@ -309,7 +311,7 @@ def test_the_hub_functions_that_act_in_members_are_told_where_they_are(
         variables = function["Properties"].get("Environment", {}).get("Variables", {})
         if ORGANIZATION_ENV in variables:
             told[logical_id.split("Function")[0]] = env.resolve(variables[ORGANIZATION_ENV])
-    assert sorted(told) == ["ShardWorker", "Slack", "Sweep"]
+    assert sorted(told) == ["Digest", "ShardWorker", "Slack", "Sweep"]
     monkeypatch.setenv(ORGANIZATION_ENV, told["Sweep"])
     assert OrganizationConfig.from_environment() == OrganizationConfig(
         prefix="idle-reaper", targets=tuple(TARGETS), regions=tuple(MEMBER_REGIONS), hub_account=ACCOUNT

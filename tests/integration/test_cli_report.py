@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_accounts import org  # noqa: F401  (the organization fixture)
 
 from idle_reaper import aws as reaper_aws
 from idle_reaper.core.digest import running_again_entry
@@ -64,3 +65,27 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(
         code = int(exc.code or 0)
     assert code == 2 and error in capsys.readouterr().err
     assert not png.exists()
+
+
+def test_report_in_organization_mode_says_each_account_by_name(org: Any, capsys: Any) -> None:  # noqa: F811
+    """Member accounts are named from AWS Organizations; one it no longer lists (it left) is said by its id."""
+    from idle_reaper.core.records import machine_key
+
+    local.init_account(teams={"ml": "{}"})
+    store = reaper_aws.DynamoStateStore(reaper_aws.client("dynamodb"), reaper_aws.table_name())
+    training, gone = org.accounts["training"], "444444444444"
+    stopped, back = MONDAY + timedelta(hours=10), MONDAY + timedelta(hours=13)  # 3 h each
+    for key, hourly in (
+        ("i-0abc", 1.0),  # the hub's
+        (machine_key("i-0abc", training, "us-east-1"), 2.0),  # the same id in training
+        (machine_key("i-0abc", gone, "us-east-1"), 1.0),  # an account that has left the organization
+    ):
+        store.audit(key, stopped, {"action": "stop", "team": "ml", "hourly_savings": hourly, "error": None})
+        store.audit(key, back, running_again_entry(key, "ml", "ada", "g5.xlarge", back))
+    assert cli.main(["report", "--week", "2026-W47", "--now", "2026-11-23T09:00:00Z"]) == 0
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if x.startswith("By account: "))
+    assert line == (
+        "By account: the hub's account saved $3.00, kept idle $0.00; 444444444444 saved $3.00, kept idle $0.00; "
+        f"training ({training}) saved $6.00, kept idle $0.00"
+    )

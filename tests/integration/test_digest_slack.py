@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
+from test_accounts import denied, org, real_sts  # noqa: F401  (org: the organization fixture)
 
 from idle_reaper import aws as reaper_aws
-from idle_reaper.core.digest import running_again_entry, week_of
+from idle_reaper.core.digest import claim_key, running_again_entry, week_of
 from idle_reaper.handlers import digest
 from idle_reaper.policy import Settings, TeamPolicy
 from idle_reaper_tools import local
@@ -84,3 +85,86 @@ def test_the_fake_completes_only_files_that_were_uploaded(slack: Any) -> None:
         client.files_getUploadURLExternal(filename="chart.png", length=0)
     done = client.files_upload_v2(channel="C0ML", content=b"\x89PNG", filename="c.png", initial_comment="hi")
     assert done["file"]["name"] == "c.png" and slack.messages_in("C0ML")[0]["text"] == "hi"
+
+
+def test_in_organization_mode_the_digest_names_each_account_and_reads_exempt_machines_in_their_own(
+    last_week: datetime,
+    slack: Any,
+    org: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The handler names member accounts from Organizations (one that has left, by its id); an exempt member
+    machine's week is read through its account's member role (member_metrics), never with the hub's CloudWatch,
+    and an account whose role is refused leaves its machine "no data"."""
+    import json
+
+    from idle_reaper.aws.accounts import MemberAccess, MemberCredentials
+    from idle_reaper.core import MachineRecord, State
+    from idle_reaper.core.records import machine_key
+    from idle_reaper.slack.digest import DigestSender
+    from idle_reaper.slack.notifier import load_secrets, make_client
+    from idle_reaper.sweep.digest import DigestAccounts, member_metrics, send_week_digests
+
+    region = "us-east-1"
+    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [region], "hubAccount": local.ACCOUNT}
+    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+    training, sandbox, gone = org.accounts["training"], org.accounts["alice-sandbox"], "444444444444"
+    store = reaper_aws.DynamoStateStore(reaper_aws.client("dynamodb"), reaper_aws.table_name())
+    stopped, back = last_week + timedelta(days=3), last_week + timedelta(days=3, hours=2)
+    for account, hourly in ((training, 2.0), (gone, 1.0)):
+        key = machine_key("i-0abc", account, region)  # the hub's own i-0abc stopped too (the fixture)
+        store.audit(key, stopped, {"action": "stop", "team": "ml", "hourly_savings": hourly, "error": None})
+        store.audit(key, back, running_again_entry(key, "ml", "ada", "g5.xlarge", back))
+    digest.handler({}, CTX)
+    [admins] = slack.messages_in("C0ADMIN")
+    line = next(x for x in admins["text"].splitlines() if x.startswith("By account: "))
+    assert line == (
+        "By account: the hub's account saved $5.03, kept idle $0.00; 444444444444 saved $2.00, kept idle $0.00; "
+        f"training ({training}) saved $4.00, kept idle $0.00"
+    )
+
+    # Exempt machines: the same id in the hub (busy all week), in training (idle all week), in alice's sandbox
+    # (its role refused).
+    members = MemberAccess.from_environment("sweep")
+    assert members is not None
+    held = members.sessions.credentials(training, region)
+    assert isinstance(held, MemberCredentials)
+    for cloudwatch, cpu in ((reaper_aws.client("cloudwatch"), 90.0), (held.client("cloudwatch"), 1.0)):
+        t, points = last_week - timedelta(hours=1), []
+        while t < last_week + timedelta(days=7):
+            dims = [{"Name": "InstanceId", "Value": "i-0exempt"}]
+            points.append({"MetricName": "CPUUtilization", "Dimensions": dims, "Timestamp": t, "Value": cpu})
+            t += timedelta(minutes=5)
+        for i in range(0, len(points), 1000):
+            cloudwatch.put_metric_data(Namespace="AWS/EC2", MetricData=points[i : i + 1000])
+    now = last_week + timedelta(days=7, minutes=30)
+    for account, name in ((None, "hub-box"), (training, "training-box"), (sandbox, "sandbox-box")):
+        record = MachineRecord(
+            "i-0exempt",
+            "ml",
+            State.EXEMPT,
+            name=name,
+            instance_type="m5.large",
+            updated_at=now,
+            account=account,
+            region=region if account else None,
+        )
+        assert store.save(record)
+    for destination in ("admins", "ml"):  # sent once above: claimed for the week
+        store.release_claim(claim_key(destination, week_of(last_week)))
+    sts = real_sts({sandbox: denied(sandbox)})
+    refused = MemberAccess(members.config, members.directory, members.config.sessions("digest", members.directory, sts))
+    sent = send_week_digests(
+        store,
+        reaper_aws.PolicyStore(reaper_aws.client("ssm"), reaper_aws.ssm_prefix()),
+        DigestSender(make_client(load_secrets().bot_token, 60.0)),
+        week_of(last_week),
+        now,
+        metrics=reaper_aws.MetricsReader(reaper_aws.client("cloudwatch")),
+        accounts=lambda: DigestAccounts({training: "training"}, member_metrics(refused, now)),
+        render=lambda *_: b"\x89PNG fake",
+    )
+    assert {o.destination for o in sent} == {"admins", "ml"}
+    ml = slack.messages_in("C0ML")[-1]["text"]
+    # training's machine idle all week (168 h at $0.096); the hub's busy; alice's not read: no data.
+    assert f"Still wasted, exempt and idle: ${168 * 0.096:,.2f} (168 h): training-box 168 h; no data for 1." in ml

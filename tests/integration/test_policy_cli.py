@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from test_accounts import org  # noqa: F401  (the organization fixture)
 
 from idle_reaper import aws
 from idle_reaper.core import State
@@ -400,3 +401,30 @@ def aws_ssm():
 
 def aws_module_create_table() -> None:
     aws.create_table(aws.client("dynamodb"), aws.table_name())
+
+
+def test_show_in_a_member_account_names_the_organization_entry_its_default_comes_from(org, capsys):  # noqa: F811
+    local.init_account(teams={"ml": json.dumps({"idle_minutes": 90, "warn_minutes": 30})})
+    organization = {
+        "defaults": [{"accounts": [org.sandbox], "default_policy": {"idle_minutes": 30, "warn_minutes": 10}}]
+    }
+    aws_ssm().put_parameter(Name="/idle-reaper/organization", Value=json.dumps(organization), Type="String")
+    sandbox, training = org.accounts["alice-sandbox"], org.accounts["training"]
+    code, out, _ = run(capsys, "policy", "show", "--account", sandbox, "--json")
+    shown = json.loads(out)
+    label = f"organization.defaults[0].default_policy (account {sandbox} via {org.sandbox})"
+    assert code == 0 and shown["account"] == sandbox and shown["policy"]["idle_minutes"] == 30
+    assert shown["sources"]["idle_minutes"] == label and shown["sources"]["gpu_threshold_percent"] == "built-in default"
+    code, out, _ = run(capsys, "policy", "show", "--account", sandbox)
+    assert code == 0 and out.splitlines()[0] == f"default policy in account {sandbox}: {label}"
+    # A team's own fields are its parameter's, in every account.
+    code, out, _ = run(capsys, "policy", "show", "ml", "--account", sandbox, "--json")
+    shown = json.loads(out)
+    assert shown["sources"]["idle_minutes"] == f"team parameter {ML}@v1" and shown["policy"]["idle_minutes"] == 90
+    # An account no entry names follows settings.default_policy, as everywhere.
+    code, out, _ = run(capsys, "policy", "show", "--account", training, "--json")
+    assert code == 0 and json.loads(out)["sources"]["idle_minutes"].startswith("settings.default_policy (")
+    # Not an account id: a clear error, nothing read.
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["policy", "show", "--account", "12345"])
+    assert raised.value.code == 2 and "not an AWS account id (12 digits): '12345'" in capsys.readouterr().err

@@ -20,13 +20,13 @@ def run_in(region: str, tags: dict[str, str]) -> str:
     return run_with(aws_module.client("ec2", region), tags)
 
 
-def run_with(ec2: Any, tags: dict[str, str]) -> str:
-    """An m5.large with these tags, launched by this EC2 client (its region, its account)."""
+def run_with(ec2: Any, tags: dict[str, str], instance_type: str = "m5.large") -> str:
+    """A machine (an m5.large unless told) with these tags, launched by this EC2 client (its region, account)."""
     out = ec2.run_instances(
         ImageId=local.AMI,
         MinCount=1,
         MaxCount=1,
-        InstanceType="m5.large",
+        InstanceType=instance_type,
         TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
     )
     instance_id: str = out["Instances"][0]["InstanceId"]
@@ -200,3 +200,29 @@ def test_a_throttled_count_never_takes_the_sweep_down(aws: object, slack: Any, m
     assert result["machines"] == 1 and result["errors"] == 0
     store = aws_module.DynamoStateStore(aws_module.client("dynamodb"), aws_module.table_name())
     assert box in store.load([box]), "the machine was swept"
+
+
+def test_in_organization_mode_the_count_says_it_is_the_hubs_account(
+    aws: object, slack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idle_reaper.policy import Settings
+    from idle_reaper.sweep import report_unwatched_regions
+
+    monkeypatch.setenv("IDLE_REAPER_REGIONS", "us-east-1")
+    organization = {"prefix": "idle-reaper", "targets": ["r-ab12"], "regions": ["us-east-1", "eu-west-1"]}
+    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps({**organization, "hubAccount": local.ACCOUNT}))
+    local.init_account(Settings(admins=["U0ADMIN"]))
+    run_in("eu-north-1", {"Team": "ml", "idle-reaper:managed": "true"})
+    lines = report_unwatched_regions(
+        sweep_adapters(), lambda r: aws_module.client("ec2", r), "us-east-1", datetime.now(UTC)
+    )
+    assert lines == [
+        f"eu-north-1 has no idle-reaper stack in the hub's account {local.ACCOUNT}: 1 running instances, 1 tagged "
+        "for idle-reaper"
+    ]
+    (alert,) = admin_alerts(slack)
+    assert f"in eu-north-1 in the hub's account {local.ACCOUNT}" in alert
+    assert (
+        "Member accounts are not counted: the hub sees them only in the organization's regions, us-east-1, eu-west-1"
+        in alert
+    )

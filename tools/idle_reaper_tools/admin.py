@@ -26,12 +26,14 @@ from idle_reaper.core.reading import parse_next_read
 from idle_reaper.core.records import machine_key
 from idle_reaper.core.studio import StudioFinding
 from idle_reaper.notify import LoggingNotifier
+from idle_reaper.organization import ORGANIZATION_PARAMETER, OrganizationSettings, parse_organization_settings
 from idle_reaper.policy import (
     PolicyError,
     Settings,
     TeamPolicy,
     TeamPolicyRef,
     active_schedules,
+    default_source,
     effective_policy,
     json_schema,
     parse_settings,
@@ -384,15 +386,55 @@ def cmd_put(args: argparse.Namespace) -> int:
 
 
 def _sources(
-    policy: TeamPolicy, team_fields: Iterable[str], team_label: str | None, stored: StoredSettings
+    policy: TeamPolicy,
+    team_fields: Iterable[str],
+    team_label: str | None,
+    stored: StoredSettings,
+    account_default: tuple[TeamPolicy, str] | None = None,
 ) -> dict[str, str]:
     team_set = set(team_fields)
     settings_set = stored.settings.default_policy.model_fields_set if stored.parameter else set()
     settings_label = f"settings.default_policy ({stored.label})"
+    if account_default is not None:  # the account's own default stands in for settings.default_policy
+        settings_set, settings_label = account_default[0].model_fields_set, account_default[1]
     return {
         name: team_label if team_label and name in team_set else settings_label if name in settings_set else BUILT_IN
         for name in type(policy).model_fields
     }
+
+
+def _parents(account: str) -> tuple[str, ...]:
+    """The OUs an account sits in, nearest first (AWS Organizations ListParents); () when they cannot be read,
+    said on stderr (then only an entry naming the account itself applies)."""
+    organizations, parents, child = aws.client("organizations"), [], account
+    try:
+        while found := organizations.list_parents(ChildId=child)["Parents"]:
+            if found[0]["Type"] != "ORGANIZATIONAL_UNIT":
+                break
+            child = found[0]["Id"]
+            parents.append(child)
+    except aws.AwsError as exc:
+        print(
+            f"idle-reaper: the OUs of {account} could not be read ({aws.error_code(exc)}); entries naming an OU are "
+            "not applied",
+            file=sys.stderr,
+        )
+        return ()
+    return tuple(parents)
+
+
+def _account_default(store: aws.PolicyStore, account: str, settings: Settings) -> tuple[TeamPolicy, str]:
+    """The default policy in a member account, and where it comes from (organization.defaults[i], or
+    settings.default_policy when no entry names the account or its OUs)."""
+    name = f"{store.prefix}/{ORGANIZATION_PARAMETER}"
+    stored = store.read(name)
+    try:
+        org = parse_organization_settings(name, stored.value) if stored else OrganizationSettings()
+    except PolicyError as exc:
+        _print_problems(exc)
+        raise _Fail("the organization settings are invalid: the sweep touches no member account") from None
+    policy = org.default_for(account, _parents(account), settings.default_policy)
+    return policy, default_source(settings.model_copy(update={"default_policy": policy}))
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -403,6 +445,13 @@ def cmd_show(args: argparse.Namespace) -> int:
         team_label: str | None = None
         team_fields: list[str] = []
         policy = stored_settings.settings.default_policy
+        account_default = None
+        if args.account:
+            account_default = _account_default(store, args.account, stored_settings.settings)
+            if account_default[0] is policy:
+                account_default = None  # no entry names it: settings.default_policy, as everywhere
+            else:
+                policy = account_default[0]
         if args.team:
             _check_team(args.team)
             param = store.read(store.team_name(args.team))
@@ -417,9 +466,13 @@ def cmd_show(args: argparse.Namespace) -> int:
                 team_label = f"team parameter {param.name}@v{param.version}"
                 team_fields = list(json.loads(param.value))
                 header = f"team {args.team}: {param.name} v{param.version}, modified {_fmt_time(param.last_modified)}"
+        elif account_default is not None:
+            header = f"default policy in account {args.account}: {account_default[1]}"
         else:
             header = f"default policy: settings.default_policy in {stored_settings.label}"
-        sources = _sources(policy, team_fields, team_label, stored_settings)
+        if args.account:
+            header += f" (in account {args.account})" if args.team else ""
+        sources = _sources(policy, team_fields, team_label, stored_settings, account_default)
         doc = policy_document(policy)
         active = active_schedules(policy, now)
         effective = policy_document(effective_policy(policy, now))
@@ -428,6 +481,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 json.dumps(
                     {
                         "team": args.team,
+                        "account": args.account,
                         "policy": doc,
                         "sources": sources,
                         "now": now.isoformat(),

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -23,6 +24,12 @@ def parse_time(text: str) -> datetime:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO-8601 time: {text!r}") from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def account_id(text: str) -> str:
+    if not re.fullmatch(r"\d{12}", text):
+        raise argparse.ArgumentTypeError(f"not an AWS account id (12 digits): {text[:40]!r}")
+    return text
 
 
 def positive_int(text: str) -> int:
@@ -145,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=admin.cmd_plan)
     p = policy.add_parser("show", help="the effective policy, defaults filled in, and where each value came from")
     p.add_argument("team", nargs="?", help="a team (default: the default policy)")
+    p.add_argument(
+        "--account",
+        type=account_id,
+        help="organization mode: as in this member account (its own default policy, if the organization settings "
+        "give it one)",
+    )
     p.add_argument("--now", type=parse_time, help="which schedules are in force at this time (default: now)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=admin.cmd_show)

@@ -8,16 +8,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
-from datetime import UTC, datetime
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from idle_reaper import aws
-from idle_reaper.core.doctor import Finding, failed, listed, outcomes, tally, unknown
+from idle_reaper.aws.accounts import ORGANIZATION_ENV, OrganizationConfig, last_member_check
+from idle_reaper.core.doctor import Finding, check_members, failed, listed, outcomes, tally, unknown
 from idle_reaper.policy import PolicyError, Settings
 from idle_reaper.slack.doctor import SLACK_DOWN, SlackReader, slack_error, slack_reader
-from idle_reaper.sweep.doctor import Account
+from idle_reaper.sweep.doctor import CLI_GPU_UNREAD, Account, members_as_last_checked
 from idle_reaper.sweep.doctor import run_checks as run_region_checks
 
+MEMBERS_OUTPUT = "MemberStackSetId"  # the hub stack's output in organization mode (infra/stack.py)
 SLACK_BUDGET_SECONDS = 20.0  # rate-limit retries past this make a fact unknown, not the doctor slow
 TEST_MESSAGE = "idle-reaper doctor: a test message. Warnings about idle machines will reach you here."
 
@@ -57,7 +60,90 @@ def send_test(reader: SlackReader | None, settings: Settings, user: str | None) 
     )[0]
 
 
-def run_checks(region: str | None = None, sweep_minutes: int = 5, send_test_to: str | None = None) -> list[Finding]:
+def organization_of(region: str | None, stack: str, outputs: Mapping[str, str]) -> OrganizationConfig | None:
+    """The organization the stack in `region` sweeps: its sweep function's IDLE_REAPER_ORGANIZATION. Only the
+    hub's stack (the first region of an organization-mode deploy) has the `MemberStackSetId` output: elsewhere,
+    and in single-account mode, nothing more is read."""
+    if MEMBERS_OUTPUT not in outputs:
+        return None
+    try:
+        pages = aws.client("cloudformation", region).get_paginator("list_stack_resources").paginate(StackName=stack)
+        sweep = next(
+            (
+                r["PhysicalResourceId"]
+                for page in pages
+                for r in page["StackResourceSummaries"]
+                if r["ResourceType"] == "AWS::Lambda::Function" and r["LogicalResourceId"].startswith("SweepFunction")
+            ),
+            None,
+        )
+        if sweep is None:
+            return None
+        found = aws.client("lambda", region).get_function_configuration(FunctionName=sweep)
+    except aws.AwsError:
+        return None  # the deploy checks say what cannot be read
+    text = found.get("Environment", {}).get("Variables", {}).get(ORGANIZATION_ENV)
+    return OrganizationConfig.from_json(text) if text else None
+
+
+def member_stack_instances(cloudformation: Any, stack_set_name: str) -> dict[tuple[str, str], str] | None:
+    """The member StackSet's stack instances: (account, region) -> "" when current, else its status and reason
+    ("OUTDATED/FAILED: ..."). Called as the management account, then as a delegated administrator. None: the
+    StackSet could not be read (not this account's, or not allowed): not checked."""
+    for call_as in ("SELF", "DELEGATED_ADMIN"):
+        found: dict[tuple[str, str], str] = {}
+        try:
+            pages = cloudformation.get_paginator("list_stack_instances").paginate(
+                StackSetName=stack_set_name, CallAs=call_as
+            )
+            for page in pages:
+                for instance in page["Summaries"]:
+                    status = str(instance.get("Status") or "")
+                    detailed = str((instance.get("StackInstanceStatus") or {}).get("DetailedStatus") or "")
+                    if status == "CURRENT" and detailed in ("", "SUCCEEDED"):
+                        found[(instance["Account"], instance["Region"])] = ""
+                        continue
+                    reason = str(instance.get("StatusReason") or "")
+                    text = f"{status}/{detailed}" if detailed else status
+                    found[(instance["Account"], instance["Region"])] = f"{text}: {reason}" if reason else text
+        except aws.AwsError as exc:
+            if call_as == "SELF" and aws.error_code(exc) in ("StackSetNotFoundException", "ValidationError"):
+                continue
+            return None
+        return found
+    return None
+
+
+def member_checks(
+    region: str | None, stack: str, sweep_minutes: int, now: datetime, first: bool, outputs: Mapping[str, str]
+) -> list[Finding]:
+    """Organization mode, from the hub's region: every member account and region as the sweep's last check saw
+    its member role, with its member stack instance's status; their GPU metrics are the hub's roles' to read
+    (`/idle-reaper doctor`), said once as unknown. Nothing in single-account mode. IDLE_REAPER_ORGANIZATION set
+    here stands for the stack's (checked from the first region)."""
+    config = (OrganizationConfig.from_environment() if first else None) or organization_of(region, stack, outputs)
+    if config is None:
+        return []
+    listing = config.directory(aws.client("organizations")).current()
+    store = aws.DynamoStateStore(aws.client("dynamodb", region), aws.table_name())
+    try:
+        check = last_member_check(store, now)
+    except aws.AwsError:
+        check = None
+    fresh = timedelta(minutes=max(15, 3 * sweep_minutes))
+    stacks = member_stack_instances(aws.client("cloudformation", region), f"{config.prefix}-members")
+    read = members_as_last_checked(check, listing, config.regions, now, fresh, stacks)
+    return check_members(read.units, listing_error=read.listing_error, skipped=read.skipped, gpu_unread=CLI_GPU_UNREAD)
+
+
+def run_checks(
+    region: str | None = None,
+    sweep_minutes: int = 5,
+    send_test_to: str | None = None,
+    stack: str | None = None,
+    first: bool = True,
+    outputs: Mapping[str, str] | None = None,
+) -> list[Finding]:
     account = Account(
         policies=aws.PolicyStore(aws.client("ssm", region), aws.ssm_prefix()),
         fleet=aws.Fleet(aws.client("ec2", region), aws.client("autoscaling", region)),
@@ -67,6 +153,8 @@ def run_checks(region: str | None = None, sweep_minutes: int = 5, send_test_to: 
     reader, signing = slack_reader(SLACK_BUDGET_SECONDS)
     now = datetime.now(UTC)
     findings = run_region_checks(account, reader, signing_secret=signing, now=now, sweep_minutes=sweep_minutes)
+    if stack is not None:
+        findings += member_checks(region, stack, sweep_minutes, now, first, outputs or {})
     if send_test_to is not None:
         try:
             settings, _ = account.policies.load_settings()
@@ -94,7 +182,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             args.region,
             args.stack or default_stack_name(),
             args.endpoint,
-            lambda region, first: run_checks(region, args.sweep_minutes, args.send_test if first else None),
+            lambda region, first, outputs: run_checks(
+                region,
+                args.sweep_minutes,
+                args.send_test if first else None,
+                args.stack or default_stack_name(),
+                first,
+                outputs,
+            ),
         )
     except CannotRun as exc:
         print(f"idle-reaper: doctor cannot run: {exc}", file=sys.stderr)

@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import boto3
@@ -56,8 +56,8 @@ PING_PAYLOAD = json.dumps(
 )  # an interaction that is no button: answered, nothing done
 
 # Run one region's other checks (policy, Slack, people, signals, last sweep, groups); the flag is True for the
-# first region only, so --send-test posts once.
-RegionalChecks = Callable[[str, bool], list[Finding]]
+# first region only, so --send-test posts once; the mapping is the stack's outputs there ({}: none read).
+RegionalChecks = Callable[[str, bool, Mapping[str, str]], list[Finding]]
 
 
 def ping_endpoint(url: str, signing_secret: str | None) -> EndpointAnswer | None:
@@ -153,7 +153,9 @@ def check_deploy(region: str | None, name: str, endpoint: str | None, regional: 
     for i, here in enumerate(checked):
         connect = functools.partial(aws.client, region=here)
         ours, association = deploy_findings(connect, here, name, stacks.get(here))
-        findings += in_region(here, [*ours, *with_association(regional(here, i == 0), association)])
+        facts = stacks.get(here)
+        outputs = facts.outputs if isinstance(facts, StackFacts) else {}
+        findings += in_region(here, [*ours, *with_association(regional(here, i == 0, outputs), association)])
     if not region:
         findings.append(check_regions(scan))
     if endpoint:

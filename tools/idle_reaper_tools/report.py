@@ -10,7 +10,15 @@ from pathlib import Path
 
 from idle_reaper import aws
 from idle_reaper.aws.policies import policy_for
-from idle_reaper.core.digest import RECOVERY_HORIZON, TREND_WEEKS, Week, build_digest, digest_text, parse_week
+from idle_reaper.core.digest import (
+    RECOVERY_HORIZON,
+    TREND_WEEKS,
+    Week,
+    account_of,
+    build_digest,
+    parse_week,
+)
+from idle_reaper.core.digest_text import digest_text
 from idle_reaper.policy import PolicyError
 from idle_reaper.pricing import DEFAULT_PRICES
 
@@ -20,6 +28,21 @@ def iso_week(text: str) -> Week:
         return parse_week(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def account_names(accounts: set[str]) -> dict[str, str]:
+    """The names of member accounts, from AWS Organizations (the management account, or a delegated
+    administrator, may list them); {} when they cannot be listed: the digest then says each by its id."""
+    if not accounts:
+        return {}
+    try:
+        pages = aws.client("organizations").get_paginator("list_accounts").paginate()
+        return {a["Id"]: str(a.get("Name", "")) for page in pages for a in page["Accounts"] if a["Id"] in accounts}
+    except Exception as exc:  # not allowed, or not in an organization: ids only
+        print(
+            f"idle-reaper: account names not listed ({type(exc).__name__}); accounts are shown by id", file=sys.stderr
+        )
+        return {}
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -60,6 +83,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         zone=policy.timezone,
         policy=policy if args.team else None,
         prices=DEFAULT_PRICES,
+        account_names=account_names(
+            {r.account for r in records if r.account} | {a for i, _, _ in entries if (a := account_of(i))}
+        ),
     )
     print(digest_text(digest))
     if png_path is not None:

@@ -14,6 +14,7 @@ from idle_reaper.policy import (
     PolicyError,
     Settings,
     TeamPolicyRef,
+    default_source,
     parse_settings,
     parse_team_policy,
 )
@@ -153,5 +154,5 @@ class LostUpdate(Exception):
 
 def policy_for(team: str, refs: Mapping[str, TeamPolicyRef], settings: Settings) -> TeamPolicyRef:
     return refs.get(team) or TeamPolicyRef(
-        team=team, policy=settings.default_policy, source="settings.default_policy", version=None
+        team=team, policy=settings.default_policy, source=default_source(settings), version=None
     )

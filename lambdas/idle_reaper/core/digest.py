@@ -9,6 +9,12 @@ no boto3, no Slack, no clock. docs/policy.md ("The weekly digest") defines every
   Each stretch belongs to the team the machine was in when it was stopped, and is counted once.
 - A keep ("keep" answers) wastes the machine's hourly cost from the answer until the keep ends, the machine
   is next heard of, or the end point: idle hours a person chose to pay for.
+- Organization mode: every figure also belongs to the account the machine runs in (its machine key says
+  which; none: the hub's own account). A digest with any member account's machine in it says them by account
+  (core/digest_text.py names each: its name from the directory and its id; an account the directory no longer
+  lists, say one that left the organization, by its id). A digest of the hub's account alone has none.
+
+Its words, the Slack text, are core/digest_text.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, MachineRecord, State
+from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, MachineRecord, State, parse_machine_key
 from idle_reaper.core.signals import Signals
 from idle_reaper.policy import DAYS, TeamPolicy
 
@@ -44,6 +50,14 @@ TOP_MACHINES = 5
 # A machine's record seen this recently means it still runs (records are refreshed at least hourly).
 FRESH_RECORD = timedelta(hours=2)
 ADMINS = "admins"  # the admins' digest destination
+
+
+def account_of(key: str) -> str | None:
+    """The member account a machine key names (None: the hub's own account, or a key no sweep wrote)."""
+    try:
+        return parse_machine_key(key).account
+    except ValueError:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,6 +145,7 @@ class Event:
     by: str = ""  # who answered (keep, stop now, start again)
     until: datetime | None = None  # a keep's end
     warned_at: str = ""
+    account: str | None = None  # the member account (None: the hub's own)
 
 
 def _time(value: Any) -> datetime | None:
@@ -168,6 +183,7 @@ def events_of(entries: Iterable[tuple[str, datetime, Mapping[str, Any]]]) -> lis
                 by=str(entry.get("snoozed_by") or entry.get("by") or ""),
                 until=_time(entry.get("snoozed_until")),
                 warned_at=str(entry.get("warned_at") or ""),
+                account=account_of(instance_id),
             )
         )
     # At the same moment: the sweep's warning or stop, then the machine running (again: a stop it came back
@@ -226,6 +242,7 @@ class Stretch:
     end: datetime | None  # None: still open at the end point
     hourly: float | None  # what it saves (a stop) or costs (a keep) an hour; None: no price known
     by: str = ""
+    account: str | None = None  # the member account (None: the hub's own)
 
     def hours_in(self, lo: datetime, hi: datetime) -> float:
         end = min(self.end or hi, hi)
@@ -267,8 +284,8 @@ def _stretch(e: Event, end: datetime | None) -> Stretch:
     if e.action in RECOVERING:
         cap = e.at + RECOVERY_HORIZON
         end = cap if end is None else min(end, cap)
-        return Stretch(e.instance_id, e.team, e.owner, e.action, e.at, end, e.hourly_savings, e.by)
-    return Stretch(e.instance_id, e.team, e.owner, KEEP, e.at, end, e.hourly_cost, e.by)
+        return Stretch(e.instance_id, e.team, e.owner, e.action, e.at, end, e.hourly_savings, e.by, e.account)
+    return Stretch(e.instance_id, e.team, e.owner, KEEP, e.at, end, e.hourly_cost, e.by, e.account)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,6 +345,7 @@ class UnderUsed:
     peak: float
     smaller: str
     saves_hourly: float
+    account: str | None = None
 
 
 def under_used(
@@ -347,7 +365,13 @@ def under_used(
             continue
         out.append(
             UnderUsed(
-                r.instance_id, r.name or r.instance_id, r.instance_type or "", peak, smaller, price - prices[smaller]
+                r.instance_id,
+                r.name or r.instance_id,
+                r.instance_type or "",
+                peak,
+                smaller,
+                price - prices[smaller],
+                r.account,
             )
         )
     return sorted(out, key=lambda u: (-u.saves_hourly, u.name))
@@ -387,6 +411,8 @@ class AtRisk:
     state: str  # unknown, safe_mode or exempt
     hourly_cost: float | None
     idle_hours: float | None = None  # exempt: hours of the week it sat idle (None: not read, or no data)
+    account: str | None = None  # the member account (None: the hub's own)
+    key: str = ""  # its machine key (records.machine_key): what exempt_idle is keyed by
 
 
 @dataclass(frozen=True)
@@ -418,6 +444,9 @@ class Digest:
     trend: list[TrendWeek] = field(default_factory=list)
     top_waste: list[tuple[str, float]] = field(default_factory=list)  # machine, kept dollars
     teams: dict[str, tuple[float, float]] = field(default_factory=dict)  # admins: team -> (recovered, wasted)
+    # Organization mode: account (None: the hub's) -> (recovered, wasted); empty when the hub's account is alone.
+    accounts: dict[str | None, tuple[float, float]] = field(default_factory=dict)
+    account_names: Mapping[str, str] = field(default_factory=dict)  # account id -> its name (the directory's)
     idle_minutes: int | None = None
 
     @property
@@ -441,10 +470,14 @@ def _in_scope(team: str | None, item_team: str) -> bool:
     return team is None or item_team == team
 
 
-def _week_money(all_stretches: Sequence[Stretch], team: str | None, lo: datetime, hi: datetime) -> tuple[float, float]:
+def _week_money(
+    all_stretches: Sequence[Stretch], team: str | None, lo: datetime, hi: datetime, account: str | bool | None = True
+) -> tuple[float, float]:
+    """Recovered and wasted dollars of [lo, hi) of one team (None: all), in one account (True: all; None: the
+    hub's)."""
     recovered = wasted = 0.0
     for s in all_stretches:
-        if _in_scope(team, s.team) and s.hourly is not None:
+        if _in_scope(team, s.team) and (account is True or s.account == account) and s.hourly is not None:
             money = s.hours_in(lo, hi) * s.hourly
             if s.kind == KEEP:
                 wasted += money
@@ -472,15 +505,25 @@ def build_digest(
     policy: TeamPolicy | None = None,
     prices: Mapping[str, float] | None = None,
     exempt_idle: Mapping[str, float | None] | None = None,
+    account_names: Mapping[str, str] | None = None,
 ) -> Digest:
     """The digest of `week` (in `zone`) for one team, or for every team (team None: the admins'), from the
-    audit entries (of this week and the TREND_WEEKS before, and any stop still open) and the records now."""
+    audit entries (of this week and the TREND_WEEKS before, and any stop still open) and the records now.
+    `exempt_idle`: idle hours of exempt machines by machine key. `account_names`: member account id -> name."""
     events = events_of(entries)
     records = list(records)
     all_stretches = stretches(events)
     lo, week_end = week.span(zone)
     hi = min(week_end, now)
-    d = Digest(team or ADMINS, team, week, lo, hi, idle_minutes=policy.idle_minutes if policy else None)
+    d = Digest(
+        team or ADMINS,
+        team,
+        week,
+        lo,
+        hi,
+        idle_minutes=policy.idle_minutes if policy else None,
+        account_names=dict(account_names or {}),
+    )
     d.has_data = _has_data(events, all_stretches, team, lo, hi)
 
     kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
@@ -523,7 +566,7 @@ def build_digest(
     d.warnings, d.warnings_without_stop = _warnings(events, records, team, lo, hi)
     d.suggestion = window_suggestion(d)
     idle = exempt_idle or {}
-    d.at_risk = [replace(a, idle_hours=idle.get(a.instance_id)) for a in _at_risk(records, team, now, prices or {})]
+    d.at_risk = [replace(a, idle_hours=idle.get(a.key)) for a in _at_risk(records, team, now, prices or {})]
     d.under_used = under_used(records, week, team, prices or {})
     for back in range(TREND_WEEKS - 1, -1, -1):
         w = week.previous(back) if back else week
@@ -536,7 +579,21 @@ def build_digest(
             team_money = _week_money(all_stretches, t, lo, hi)
             if any(team_money) or any(e.team == t and lo <= e.at < hi for e in events):
                 d.teams[t] = team_money
+    d.accounts = _by_account(events, all_stretches, d, team, lo, hi)
     return d
+
+
+def _by_account(
+    events: Sequence[Event], all_stretches: Sequence[Stretch], d: Digest, team: str | None, lo: datetime, hi: datetime
+) -> dict[str | None, tuple[float, float]]:
+    """Each account's recovered and wasted dollars of the week, for every account with anything this digest
+    tells (money, an event, a machine not watched, an under-used one); empty when that is the hub's alone."""
+    seen: set[str | None] = {e.account for e in events if _in_scope(team, e.team) and lo <= e.at < hi}
+    seen |= {s.account for s in all_stretches if _in_scope(team, s.team) and s.hours_in(lo, hi) > 0}
+    seen |= {a.account for a in d.at_risk} | {u.account for u in d.under_used}
+    if seen <= {None}:
+        return {}
+    return {a: _week_money(all_stretches, team, lo, hi, a) for a in seen}
 
 
 def _warnings(
@@ -576,7 +633,15 @@ def _at_risk(
     states = (State.UNKNOWN, State.SAFE_MODE, State.EXEMPT)
     return sorted(
         (
-            AtRisk(r.instance_id, r.name or r.instance_id, r.team, r.state.value, prices.get(r.instance_type or ""))
+            AtRisk(
+                r.instance_id,
+                r.name or r.instance_id,
+                r.team,
+                r.state.value,
+                prices.get(r.instance_type or ""),
+                account=r.account,
+                key=r.key,
+            )
             for r in records
             if r.state in states and _in_scope(team, r.team) and running_now(r, now)
         ),
@@ -626,97 +691,3 @@ def idle_hours(signals: Signals, policy: TeamPolicy, lo: datetime, hi: datetime,
     if not hours or (gpu and not any(marks[1] for marks in hours.values())):
         return None  # nothing read, or a GPU type whose GPU was never seen: unknown, never idle
     return float(sum(1 for cpu, seen_gpu, busy in hours.values() if cpu and (seen_gpu or not gpu) and not busy))
-
-
-# ---------------------------------------------------------------------------------------------
-# The words
-
-
-def _usd(value: float) -> str:
-    return f"${value:,.2f}"
-
-
-def _exempt_idle_line(at_risk: Sequence[AtRisk]) -> str:
-    """Exempt machines that sat idle this week (read for the digest only; never acted on)."""
-    exempt = [a for a in at_risk if a.state == State.EXEMPT.value]
-    if not exempt:
-        return ""
-    read = [a for a in exempt if a.idle_hours is not None]
-    idle = sorted((a for a in read if a.idle_hours), key=lambda a: -(a.idle_hours or 0) * (a.hourly_cost or 0))
-    hours = sum(a.idle_hours or 0.0 for a in idle)
-    dollars = sum((a.idle_hours or 0.0) * (a.hourly_cost or 0.0) for a in idle)
-    unread = f"; no data for {len(exempt) - len(read)}" if len(read) < len(exempt) else ""
-    if not idle:
-        return f"Exempt and idle: nothing ({len(read)} exempt machine(s) read{unread})."
-    shown = ", ".join(f"{a.name} {a.idle_hours:g} h" for a in idle[:5])
-    return f"Still wasted, exempt and idle: {_usd(dollars)} ({hours:g} h): {shown}{unread}."
-
-
-def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") -> str:
-    """The digest as Slack mrkdwn text (team names and owners come from tags: the caller escapes nothing
-    else). `redirected`: a team without a channel, posted in the admin channel. `chart_note`: why the chart
-    is missing, when it is."""
-    who = f"team {d.team}" if d.team else "all teams (admins)"
-    head = f"*idle-reaper weekly digest: {who}, {d.week.label}* ({d.start:%Y-%m-%d} to {d.end:%Y-%m-%d %H:%M} UTC)"
-    lines = [head]
-    if redirected:
-        lines.append(f"_Team {d.team} has no slack_channel in its policy: its digest is posted here, to the admins._")
-    if not d.has_data:
-        lines.append("No data for this week: idle-reaper recorded no stop, warning or answer for it.")
-    else:
-        lines.append(_recovered_line(d))
-        lines.append(_kept_line(d))
-        lines.append(
-            f"Stops: {d.stops}, of which {d.unwanted_stops} started again within an hour (unwanted). "
-            f"Warnings: {d.warnings}, of which {d.warnings_without_stop} led to no stop."
-        )
-        if d.suggestion:
-            lines.append(f"Suggestion: {d.suggestion}")
-    if d.at_risk:
-        costly = sum(a.hourly_cost or 0.0 for a in d.at_risk)
-        shown = ", ".join(
-            f"{a.name} ({a.state.replace('_', ' ')}{', ' + _usd(a.hourly_cost) + '/h' if a.hourly_cost else ''})"
-            for a in d.at_risk[:10]
-        )
-        more = f" and {len(d.at_risk) - 10} more" if len(d.at_risk) > 10 else ""
-        lines.append(
-            f"Not watched right now ({_usd(costly)}/h): {shown}{more}. Unknown: no data; safe mode: invalid policy; "
-            "exempt: tagged, never acted on."
-        )
-        if exempt_line := _exempt_idle_line(d.at_risk):
-            lines.append(exempt_line)
-    if d.under_used:
-        shown = ", ".join(
-            f"{u.name} ({u.instance_type}, never above {u.peak:g} %: {u.smaller} would save {_usd(u.saves_hourly)}/h)"
-            for u in d.under_used[:5]
-        )
-        lines.append(
-            f"Under-used (busy, but its busiest GPU, or CPU, stayed low all week): {shown}. A suggestion only."
-        )
-    if d.teams:
-        lines.append(
-            "By team: "
-            + "; ".join(f"{t} saved {_usd(r)}, kept idle {_usd(w)}" for t, (r, w) in sorted(d.teams.items()))
-        )
-    trend = [f"{t.week.label} {_usd(t.recovered) if t.has_data else 'no data'}" for t in d.trend]
-    lines.append("Saved, last 8 weeks: " + " · ".join(trend))
-    if chart_note:
-        lines.append(f"_{chart_note}_")
-    return "\n".join(lines)
-
-
-def _recovered_line(d: Digest) -> str:
-    if not d.recovered:
-        return "Saved: $0.00 (no stops this week)."
-    parts = [f"{r.count} {word} ({r.hours:,.1f} h, {_usd(r.dollars)})" for word, r in sorted(d.recovered.items())]
-    unpriced = f"; {d.unpriced_hours:,.1f} h more at no known price" if d.unpriced_hours else ""
-    total = f"*{_usd(d.recovered_dollars)}* over {d.recovered_hours:,.1f} machine-hours"
-    return f"Saved: {total}: {', '.join(parts)}{unpriced}."
-
-
-def _kept_line(d: Digest) -> str:
-    if not d.kept:
-        return "Kept idle by answers: nothing."
-    owners = ", ".join(f"{k.owner}: {k.keeps} keep(s), {k.hours:,.1f} h, {_usd(k.dollars)}" for k in d.kept[:5])
-    more = f" and {len(d.kept) - 5} more owners" if len(d.kept) > 5 else ""
-    return f"Still wasted, kept idle by answers: {_usd(d.kept_dollars)} ({d.kept_hours:,.1f} h). {owners}{more}."

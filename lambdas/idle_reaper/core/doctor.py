@@ -509,3 +509,182 @@ def remember(previous: Mapping[str, Sequence[str]], findings: Sequence[Finding])
         if kept:
             failing[check] = kept
     return Remembered(failing, tuple(cleared))
+
+
+# ---------------------------------------------------------------------------------------------
+# Organization mode: every member account
+
+# What to do about a member account the hub cannot work in, by accounts.Reason (its value).
+MEMBER_FIXES = {
+    "role-missing": "make sure the member StackSet has a current stack instance in this account and region "
+    "(CloudFormation > StackSets > <prefix>-members > Stack instances) and that its role trusts this hub's roles",
+    "denied-by-scp": "allow sts:AssumeRole on <prefix>-member-<region> for the hub's roles in the service control "
+    "policies above this account",
+    "region-disabled": "enable the region in this account, or take it out of the organization's regions",
+    "suspended": "nothing, if the account was closed on purpose: it is not swept any more",
+    "left-organization": "nothing, if it left on purpose: it is not swept any more",
+    "error": "see the detail; the sweep reports the same in `idle-reaper status`",
+}
+MEMBER_STACK_FIX = "read the stack instance's status reason (CloudFormation > StackSets > <prefix>-members) and fix it"
+MEMBER_GPU_FIX = (
+    "give those machines the GPU agent tag (the member stack's association installs the CloudWatch agent with the "
+    "GPU config); docs/deploying.md, step 7"
+)
+MEMBER_WARN_ONLY = frozenset({"suspended", "left-organization"})  # a choice someone made, not a fault
+MEMBER_UNKNOWN = frozenset({"throttled"})  # cannot tell now: unknown, never ok
+
+
+@dataclass(frozen=True)
+class MemberUnitFacts:
+    """What the doctor learned of one member account in one region. Nothing learned is not "ok": `reached`
+    False (out of time) and a failed read (`unreadable`) are unknown."""
+
+    account: str
+    name: str
+    region: str
+    reached: bool = True
+    role_reason: str | None = None  # why the member role could not be assumed (accounts.Reason); None: assumed
+    role_detail: str = ""  # what it means and AWS's error ("the member role is missing ... (AccessDenied: ...)")
+    stack: str | None = None  # the member stack instance's status where it is not current; None: current/not read
+    excluded: bool = False  # organization settings exclude it: its machines are not read
+    gpu: Sequence[MachineSignals] | None = None  # the last hour of its GPU machines; None: not read
+    unreadable: str = ""  # a read in the account failed after the role was assumed
+
+
+def _member_label(unit: MemberUnitFacts) -> str:
+    name = unit.name.strip()
+    return f"{unit.account} {name!r}" if name and name != unit.account else unit.account
+
+
+def _unit_problem(unit: MemberUnitFacts) -> tuple[Status, str] | None:
+    """What is wrong with one (account, region), and how bad; None: healthy, or not known (see _unit_unknown)."""
+    if not unit.reached:
+        return None
+    if unit.role_reason is not None and unit.role_reason not in MEMBER_UNKNOWN:
+        status: Status = "warn" if unit.role_reason in MEMBER_WARN_ONLY else "fail"
+        return status, f"{unit.region}: {unit.role_reason}: {unit.role_detail}"
+    problems = []
+    if unit.stack:
+        problems.append(f"member stack {unit.stack}")
+    if unit.gpu is not None and (no_gpu := _no_gpu(unit.gpu)):
+        problems.append(f"{len(no_gpu)} GPU machine(s) without GPU metrics in the last hour: {listed(no_gpu)}")
+    return ("fail", f"{unit.region}: {'; '.join(problems)}") if problems else None
+
+
+def _unit_fixes(unit: MemberUnitFacts) -> list[str]:
+    if unit.role_reason is not None:
+        return [MEMBER_FIXES.get(unit.role_reason, MEMBER_FIXES["error"])]
+    return [
+        *([MEMBER_STACK_FIX] if unit.stack else []),
+        *([MEMBER_GPU_FIX] if unit.gpu and _no_gpu(unit.gpu) else []),
+    ]
+
+
+def _no_gpu(read: Sequence[MachineSignals]) -> list[str]:
+    return sorted(m.instance_id for m in read if m.complete and m.gpu_expected and m.cpu and not m.gpu)
+
+
+def _unit_unknown(unit: MemberUnitFacts, gpu_unread: str | None = None) -> str | None:
+    """Why one (account, region) could not be told healthy; None: it could."""
+    if not unit.reached:
+        return "not reached in time"
+    if unit.role_reason in MEMBER_UNKNOWN:
+        return unit.role_detail or unit.role_reason
+    if unit.role_reason is not None:
+        return None
+    if unit.unreadable:
+        return unit.unreadable
+    if not unit.excluded and not gpu_unread and (unit.gpu is None or any(not m.complete for m in unit.gpu)):
+        return "its GPU machines' metrics could not be read"
+    return None
+
+
+def check_members(
+    units: Sequence[MemberUnitFacts],
+    *,
+    listing_error: str | None = None,
+    skipped: Sequence[str] = (),
+    gpu_unread: str | None = None,
+) -> list[Finding]:
+    """Organization mode: one line per member account with a problem (each region's problem named, with the
+    fix of each), one line for the account-regions that could not be checked (unknown, never ok), and a count
+    of the healthy accounts (every region's role assumed and its GPU machines publishing). `skipped`: accounts
+    the listing left out (suspended), said once. `gpu_unread`: why no member account's GPU metrics were read
+    (the CLI, whose credentials are not the hub's), said once as unknown."""
+    out: list[Finding] = []
+    if gpu_unread:
+        out.append(unknown("members.gpu", gpu_unread, "ask `/idle-reaper doctor` in Slack: it runs as the hub"))
+    if listing_error:
+        out.append(
+            unknown(
+                "members.listing",
+                f"the member accounts could not be listed ({listing_error}); the last listing was checked",
+                "check the hub's access to AWS Organizations",
+            )
+        )
+    by_account: dict[str, list[MemberUnitFacts]] = {}
+    for unit in units:
+        by_account.setdefault(unit.account, []).append(unit)
+    healthy, unknowns = 0, []
+    for account in sorted(by_account):
+        regions = sorted(by_account[account], key=lambda u: u.region)
+        problems = [(p, u) for u in regions if (p := _unit_problem(u)) is not None]
+        not_known = [
+            f"{account}/{u.region} ({why})" for u in regions if (why := _unit_unknown(u, gpu_unread)) is not None
+        ]
+        unknowns += not_known
+        if problems:
+            worst = "fail" if any(status == "fail" for (status, _), _ in problems) else "warn"
+            fixes = dict.fromkeys(fix for _, u in problems for fix in _unit_fixes(u))
+            out.append(
+                Finding(
+                    check="members.account",
+                    status=worst,
+                    subjects=(account,),
+                    message=f"member account {_member_label(regions[0])}: "
+                    + "; ".join(text for (_, text), _ in problems),
+                    fix="; ".join(fixes),
+                )
+            )
+        elif not not_known:
+            healthy += 1
+    if skipped:
+        out.append(
+            Finding(
+                check="members.suspended",
+                status="warn",
+                subjects=tuple(skipped),
+                message=f"{len(skipped)} account(s) under the targets are suspended or closed, not swept: "
+                f"{listed(list(skipped))}",
+                fix=MEMBER_FIXES["suspended"],
+            )
+        )
+    if unknowns:
+        out.append(
+            Finding(
+                check="members.unknown",
+                status="unknown",
+                subjects=tuple(unknowns),
+                message=f"could not check {len(unknowns)} member account-region(s): {listed(unknowns)}",
+                fix="run the doctor again; a member account not checked is not known to be healthy",
+            )
+        )
+    if not by_account:
+        out.append(
+            Finding(
+                check="members",
+                status="warn",
+                message="no member account is enrolled under the target OUs",
+                fix="check the targets in the `organization` context, and that the accounts are ACTIVE",
+            )
+        )
+    elif healthy:
+        out.append(
+            Finding(
+                check="members",
+                status="ok",
+                message=f"{healthy} of {len(by_account)} member account(s) healthy in every region: the member role "
+                "assumed, its GPU machines publishing GPU metrics",
+            )
+        )
+    return out

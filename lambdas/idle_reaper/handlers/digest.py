@@ -10,6 +10,7 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from idle_reaper.aws.accounts import MemberAccess
 from idle_reaper.aws.clients import client, ssm_prefix, table_name
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.policies import PolicyStore
@@ -17,7 +18,7 @@ from idle_reaper.aws.state import DynamoStateStore
 from idle_reaper.notify import logger
 from idle_reaper.slack.digest import DigestSender
 from idle_reaper.slack.notifier import load_secrets, make_client
-from idle_reaper.sweep.digest import send_due_digests
+from idle_reaper.sweep.digest import DigestAccounts, send_due_digests
 
 SLACK_BUDGET_SECONDS = 60.0
 
@@ -33,5 +34,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         logger.warning("Slack unavailable: no weekly digest is sent", extra={"why": type(exc).__name__})
         sender = None
     policies = PolicyStore(client("ssm"), ssm_prefix())
-    outcomes = send_due_digests(store, policies, sender, now, metrics=MetricsReader(client("cloudwatch")))
+    members = MemberAccess.from_environment("digest")  # organization mode: the accounts' names
+    outcomes = send_due_digests(
+        store,
+        policies,
+        sender,
+        now,
+        metrics=MetricsReader(client("cloudwatch")),
+        accounts=(lambda: DigestAccounts.of(members)) if members is not None else None,
+    )
     return {"digests": [o.__dict__ for o in outcomes]}

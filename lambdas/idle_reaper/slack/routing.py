@@ -14,6 +14,7 @@ import hmac
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 from datetime import datetime
 from functools import cached_property
@@ -44,7 +45,21 @@ DOCTOR_SECONDS = 20.0
 DEPLOY_STAGE_SECONDS = 6.0  # of which the deploy checks (about ten in-region Describe/Get calls) take at most this
 SWEEP_MINUTES_ENV = "IDLE_REAPER_SWEEP_MINUTES"  # the stack's sweep interval, for deploy.last_sweep
 DEFAULT_SWEEP_MINUTES = 5
+MEMBER_GRACE_SECONDS = 2.0  # the member accounts' checks end at the deadline; their findings are awaited this long
 NOT_CURRENT = "This message is no longer current (it was answered already, or replaced); nothing changed."
+
+
+def member_results(pending: Future[list[Finding]], deadline: float) -> list[Finding]:
+    """The member accounts' findings, waited for until just past `deadline` (the checks stop themselves there);
+    not back by then: unknown, never ok."""
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    from idle_reaper.core.doctor import unknown
+
+    try:
+        return pending.result(timeout=max(0.0, deadline - time.monotonic()) + MEMBER_GRACE_SECONDS)
+    except FutureTimeout:
+        return [unknown("members", "out of time")]
 
 
 def parse_machine_key_or_none(text: str) -> MachineId | None:
@@ -148,9 +163,19 @@ class Region:
         """Every check of this region: its own stack's deploy checks first (aws/deploy.py, at most
         DEPLOY_STAGE_SECONDS), then the rest (sweep/doctor.py). Imported here: a click's cold start never loads
         them. What is not reached by `deadline` is unknown."""
-        from idle_reaper.core.deploy_checks import with_association
-        from idle_reaper.sweep.doctor import Account, run_checks, stack_checks
+        from concurrent.futures import ThreadPoolExecutor
 
+        from idle_reaper.core.deploy_checks import with_association
+        from idle_reaper.sweep.doctor import Account, member_findings, run_checks, stack_checks
+
+        # Organization mode: every member account and region, beside this region's checks, by the same deadline.
+        members = (self.members or answer_access)()
+        pool = ThreadPoolExecutor(1)  # no thread until something is submitted
+        fleet_wide = (
+            pool.submit(member_findings, members, self.policies, self.clock(), deadline)
+            if members is not None
+            else None
+        )
         deploy, association = stack_checks(
             self.connect, self.name, min(deadline, time.monotonic() + DEPLOY_STAGE_SECONDS)
         )
@@ -160,7 +185,11 @@ class Region:
         findings = run_checks(
             account, reader, signing_secret=True, now=self.clock(), sweep_minutes=minutes, deadline=deadline
         )
-        return [*deploy, *with_association(findings, association)]
+        found = [*deploy, *with_association(findings, association)]
+        if fleet_wide is not None:
+            found += member_results(fleet_wide, deadline)
+        pool.shutdown(wait=False)
+        return found
 
     def _settings(self) -> Settings:
         try:

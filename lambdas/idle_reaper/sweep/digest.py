@@ -1,14 +1,21 @@
 """The weekly digest, hour by hour: which destinations are due (core.digest.digest_due), each claimed once per
 ISO week in the state table (claim_once: overlapping invocations and sweeps send it once), the figures from
-the audit trail and records (core.digest.build_digest), the chart (slack.chart) and the post (slack.digest)."""
+the audit trail and records (core.digest.build_digest), the chart (slack.chart) and the post (slack.digest).
+
+Organization mode (DigestAccounts): the member accounts' names come from the directory (Organizations), and an
+exempt member machine's week is read in its own account through the member role, never with the hub's
+CloudWatch (the same instance id there is another machine, or none); an account that cannot be reached leaves
+its exempt machines "no data"."""
 
 from __future__ import annotations
 
 import contextlib
+from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
+from idle_reaper.aws.accounts import AccountFailure, MemberAccess
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.policies import PolicyStore, policy_for
 from idle_reaper.aws.state import StateStore
@@ -21,10 +28,10 @@ from idle_reaper.core.digest import (
     build_digest,
     claim_key,
     digest_due,
-    digest_text,
     idle_hours,
     running_now,
 )
+from idle_reaper.core.digest_text import digest_text
 from idle_reaper.core.records import MachineRecord, State
 from idle_reaper.core.signals import Signals, has_no_gpu, is_gpu_type
 from idle_reaper.notify import logger
@@ -46,6 +53,41 @@ class DigestOutcome:
 
 
 @dataclass(frozen=True)
+class DigestAccounts:
+    """What the digest knows of member accounts (organization mode): their names, and CloudWatch in each
+    (account, region) through a member role's credentials, None where it cannot be read there."""
+
+    names: Mapping[str, str] = field(default_factory=dict)
+    metrics_in: Callable[[str, str], MetricsReader | None] = lambda account, region: None
+
+    @classmethod
+    def of(cls, members: MemberAccess) -> DigestAccounts:
+        """The weekly digest's function: the accounts' names from the directory (a failed listing keeps the last,
+        or none: then ids). It reads no member account's CloudWatch: the member role trusts the sweep and the
+        Slack endpoint only (issue 30), so a member account's exempt machines are "no data", never read with
+        the hub's CloudWatch. Where a role the member role trusts runs the digest, `metrics_in` may be
+        member_metrics(members, now)."""
+        return cls({a.id: a.name for a in members.directory.current().accounts})
+
+
+def member_metrics(members: MemberAccess, now: datetime) -> Callable[[str, str], MetricsReader | None]:
+    """CloudWatch in a member (account, region) through the member role (credentials reused while valid); None
+    where the role cannot be assumed (said in the log with its reason)."""
+
+    def metrics_in(account: str, region: str) -> MetricsReader | None:
+        held = members.sessions.credentials(account, region, started=now)
+        if isinstance(held, AccountFailure):
+            logger.warning(
+                "exempt machines of a member account not read for the digest",
+                extra={"account": account, "region": region, "why": held.describe()},
+            )
+            return None
+        return MetricsReader(held.client("cloudwatch"))
+
+    return metrics_in
+
+
+@dataclass(frozen=True)
 class _Due:
     destination: str
     team: str | None
@@ -62,6 +104,7 @@ def send_due_digests(
     render: Callable[[Digest, dict[str, str]], bytes] | None = None,
     prices: Mapping[str, float] = DEFAULT_PRICES,
     metrics: MetricsReader | None = None,
+    accounts: Callable[[], DigestAccounts] | None = None,
 ) -> list[DigestOutcome]:
     """Send every digest due at `now` that nobody sent yet. Teams with a policy parameter are due at their own
     digest time; the admins, and teams on the default policy, at the default policy's. A digest that cannot be
@@ -73,7 +116,7 @@ def send_due_digests(
         policy = refs[team].policy or settings.default_policy  # a team in safe mode still hears how it went
         if week := digest_due(policy, now):
             due.append(_Due(team, team, policy, week))
-    return _send(store, sender, settings, refs, due, now, render, prices, metrics)
+    return _send(store, sender, settings, refs, due, now, render, prices, metrics, accounts)
 
 
 def send_week_digests(
@@ -86,6 +129,7 @@ def send_week_digests(
     render: Callable[[Digest, dict[str, str]], bytes] | None = None,
     prices: Mapping[str, float] = DEFAULT_PRICES,
     metrics: MetricsReader | None = None,
+    accounts: Callable[[], DigestAccounts] | None = None,
 ) -> list[DigestOutcome]:
     """Every destination's digest of `week` as of `now`, whatever the digest time (the demo's simulated day),
     claimed once like the hourly ones."""
@@ -93,7 +137,7 @@ def send_week_digests(
     refs = policies.load_teams(settings)
     due = [_Due(ADMINS, None, settings.default_policy, week)]
     due += [_Due(team, team, refs[team].policy or settings.default_policy, week) for team in sorted(refs)]
-    return _send(store, sender, settings, refs, due, now, render, prices, metrics)
+    return _send(store, sender, settings, refs, due, now, render, prices, metrics, accounts)
 
 
 def _send(
@@ -106,6 +150,7 @@ def _send(
     render: Callable[[Digest, dict[str, str]], bytes] | None,
     prices: Mapping[str, float],
     metrics: MetricsReader | None = None,
+    accounts: Callable[[], DigestAccounts] | None = None,
 ) -> list[DigestOutcome]:
     claimed = [d for d in due if store.claim_once(claim_key(d.destination, d.week), now)]
     if not claimed:
@@ -127,31 +172,54 @@ def _send(
                 claimed.append(_Due(team, team, policy, admins_week))
     names = {r.key: r.name or r.instance_id for r in records}  # audit entries name machines by key
     weeks = [d.week.span(d.policy.timezone) for d in claimed]
-    exempt = _read_exempt(metrics, records, settings, min(lo for lo, _ in weeks), now)
+    known = accounts() if accounts is not None else DigestAccounts()  # only once a digest is claimed
+    exempt = _read_exempt(metrics, known, records, settings, min(lo for lo, _ in weeks), now)
     return [
-        _send_one(store, sender, d, entries, records, names, settings, now, render, prices, exempt, refs)
+        _send_one(store, sender, d, entries, records, names, settings, now, render, prices, exempt, refs, known)
         for d in claimed
     ]
 
 
 def _read_exempt(
-    metrics: MetricsReader | None, records: list[MachineRecord], settings: Settings, start: datetime, now: datetime
+    metrics: MetricsReader | None,
+    accounts: DigestAccounts,
+    records: list[MachineRecord],
+    settings: Settings,
+    start: datetime,
+    now: datetime,
 ) -> dict[str, Signals]:
-    """The week's CPU (and GPU) of the machines exempt now: the sweep never reads them, so whether they sat
-    idle is read here, once a week, for the digest only. A read that fails leaves them "no data"."""
-    exempt = [r for r in records if r.state is State.EXEMPT and running_now(r, now)]
-    if metrics is None or not exempt:
-        return {}
+    """The week's CPU (and GPU) of the machines exempt now, by machine key: the sweep never reads them, so
+    whether they sat idle is read here, once a week, for the digest only. The hub's machines with `metrics`, a
+    member account's in that account and region (`accounts.metrics_in`), never one with another's. A read that
+    fails, or an account that cannot be reached, leaves them "no data"."""
+    where: dict[tuple[str | None, str | None], list[MachineRecord]] = defaultdict(list)
+    for r in records:
+        if r.state is State.EXEMPT and running_now(r, now):
+            where[(r.account, r.region)].append(r)
     signals: dict[str, Signals] = {}
     families = settings.gpu_instance_families
-    for gpu in (True, False):
-        ids = [r.instance_id for r in exempt if has_no_gpu(r.instance_type or "", families) != gpu]
-        if not ids:
+    for (account, region), exempt in sorted(where.items(), key=lambda w: (w[0][0] or "", w[0][1] or "")):
+        reader = metrics
+        if account is not None or region is not None:
+            try:
+                reader = accounts.metrics_in(account or "", region or "")
+            except Exception as exc:  # contained: that account's exempt machines are "no data"
+                logger.warning("member account not reached for the digest", extra={"error": type(exc).__name__})
+                reader = None
+        if reader is None:
             continue
-        try:
-            signals.update(metrics.fetch(ids, settings.metrics, start=start, end=now, human=False, gpu=gpu))
-        except Exception as exc:  # the digest goes out without these figures, and says "no data"
-            logger.warning("exempt machines not read for the digest", extra={"error": type(exc).__name__})
+        for gpu in (True, False):
+            chosen = [r for r in exempt if has_no_gpu(r.instance_type or "", families) != gpu]
+            if not chosen:
+                continue
+            try:
+                read = reader.fetch(
+                    [r.instance_id for r in chosen], settings.metrics, start=start, end=now, human=False, gpu=gpu
+                )
+            except Exception as exc:  # the digest goes out without these figures, and says "no data"
+                logger.warning("exempt machines not read for the digest", extra={"error": type(exc).__name__})
+                continue
+            signals.update({r.key: read[r.instance_id] for r in chosen if r.instance_id in read})
     return signals
 
 
@@ -168,19 +236,20 @@ def _send_one(
     prices: Mapping[str, float],
     exempt: Mapping[str, Signals],
     refs: Mapping[str, TeamPolicyRef],
+    accounts: DigestAccounts,
 ) -> DigestOutcome:
     lo, hi = due.week.span(due.policy.timezone)
     families = settings.gpu_instance_families
     exempt_idle = {
-        r.instance_id: idle_hours(
-            exempt[r.instance_id],
+        r.key: idle_hours(
+            exempt[r.key],
             policy_for(r.team, refs, settings).policy or settings.default_policy,
             lo,
             min(hi, now),
             gpu=is_gpu_type(r.instance_type or "", families),
         )
         for r in records
-        if r.instance_id in exempt
+        if r.key in exempt
     }
     digest = build_digest(
         entries,
@@ -192,6 +261,7 @@ def _send_one(
         policy=due.policy,
         prices=prices,
         exempt_idle=exempt_idle,
+        account_names=accounts.names,
     )
     channel = due.policy.slack_channel if due.team else None
     redirected = due.team is not None and channel is None

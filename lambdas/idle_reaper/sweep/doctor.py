@@ -11,12 +11,23 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from idle_reaper.aws.accounts import (
+    ADVICE,
+    AccountFailure,
+    Directory,
+    MemberAccess,
+    MemberAccount,
+    MemberCheck,
+    MemberCredentials,
+    Reason,
+    classify,
+)
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.deploy import (
     DEPLOY_CHECKS,
@@ -37,10 +48,12 @@ from idle_reaper.core.doctor import (
     SIGNAL_WINDOW_MINUTES,
     Finding,
     LastSweep,
+    MemberUnitFacts,
     PolicyFacts,
     check_gpu_metrics,
     check_groups,
     check_last_sweep,
+    check_members,
     check_people,
     check_policy,
     check_signals,
@@ -51,7 +64,8 @@ from idle_reaper.core.doctor import (
 )
 from idle_reaper.core.signals import Machine
 from idle_reaper.notify import logger
-from idle_reaper.policy import Settings
+from idle_reaper.organization import ORGANIZATION_PARAMETER, OrganizationSettings, parse_organization_settings
+from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
 from idle_reaper.slack.doctor import SlackReader, gather_people, gather_slack, slack_reader
 from idle_reaper.slack.owners import OWNER_CACHE_TTL
 from idle_reaper.sweep.adapters import Adapters, SweepRead, alert_once
@@ -195,6 +209,161 @@ def run_checks(
         owned, contacts = gather_people(reader, machines, refs, _cache_reader(account.store, now))
         findings += check_people(owned, contacts)
     return findings
+
+
+# ---------------------------------------------------------------------------------------------
+# Organization mode: every member account and region
+
+MEMBER_WORKERS = 8  # (account, region) units looked at once: a slow account holds one worker, not the others
+MEMBER_UNIT_SECONDS = 3.0  # a unit is not started with less time than this left: it is unknown, never ok
+
+
+@dataclass(frozen=True)
+class MembersRead:
+    """What the doctor read of the member accounts: one fact per enrolled (account, region)."""
+
+    units: list[MemberUnitFacts]
+    listing_error: str | None
+    skipped: list[str]  # accounts the listing left out (suspended or closed)
+
+
+def member_reads(held: MemberCredentials) -> tuple[Fleet, MetricsReader]:
+    """The opted-in machines and their metrics in one member (account, region), through its member role."""
+    return Fleet(held.client("ec2"), held.client("autoscaling")), MetricsReader(held.client("cloudwatch"))
+
+
+def organization_settings(policies: PolicyStore) -> OrganizationSettings | None:
+    """`{prefix}/organization` (absent: nothing excluded); None when it cannot be read or is invalid (the doctor
+    then reads every member account's machines: the sweep touches none of them meanwhile, and says so)."""
+    name = f"{policies.prefix}/{ORGANIZATION_PARAMETER}"
+    try:
+        stored = policies.read(name)
+        return parse_organization_settings(name, stored.value) if stored else OrganizationSettings()
+    except (PolicyError, *AwsError):
+        return None
+
+
+def gather_members(
+    members: MemberAccess,
+    settings: Settings,
+    refs: Mapping[str, TeamPolicyRef],
+    now: datetime,
+    deadline: float,
+    *,
+    organization: OrganizationSettings | None = None,
+    workers: int = MEMBER_WORKERS,
+    reads_in: Callable[[MemberCredentials], tuple[Fleet, MetricsReader]] = member_reads,
+) -> MembersRead:
+    """Every enrolled (account, region): whether the member role can be assumed (credentials reused while
+    valid; a refusal classified: accounts.classify), and whether its GPU machines published GPU metrics in the
+    last hour (their CPU and GPU alone, as the sweep's daily check reads). An excluded account's role is
+    checked, its machines are not read. `workers` units at once; what is not done by `deadline`
+    (time.monotonic()), even a call that hangs, is unknown."""
+    listing = members.directory.current()
+    units = [(a, r) for a in listing.accounts for r in members.config.regions]
+
+    def one(unit: tuple[MemberAccount, str]) -> MemberUnitFacts:
+        account, region = unit
+        facts = MemberUnitFacts(account.id, account.name, region)
+        if _time_left(deadline) < MEMBER_UNIT_SECONDS:
+            return replace(facts, reached=False)
+        held = members.sessions.credentials(account.id, region, started=now)
+        if isinstance(held, AccountFailure):
+            return replace(facts, role_reason=held.reason.value, role_detail=f"{ADVICE[held.reason]} ({held.detail})")
+        if organization is not None and organization.excludes(account.id, account.parents):
+            return replace(facts, excluded=True)
+        try:
+            fleet, metrics = reads_in(held)
+            machines = fleet.discover(settings.tags, notebooks=False)
+            return replace(facts, gpu=gather_signals(metrics, machines, settings, refs, now, gpu_only=True))
+        except Exception as exc:  # one account's fault is its own finding
+            failure = classify(exc, account.id, region)
+            if failure.reason in (Reason.ROLE_MISSING, Reason.DENIED_BY_SCP):  # assumed, then refused a read
+                detail = f"the member role was assumed, but may not list the machines or read them ({failure.detail})"
+                return replace(facts, role_reason=Reason.ERROR.value, role_detail=detail)
+            return replace(facts, unreadable=failure.detail)
+
+    pool = ThreadPoolExecutor(max(1, min(workers, len(units) or 1)))
+    try:
+        futures = [pool.submit(one, unit) for unit in units]
+        wait(futures, timeout=max(0.0, _time_left(deadline)))
+        found = [
+            f.result() if f.done() and not f.cancelled() else MemberUnitFacts(a.id, a.name, r, reached=False)
+            for f, (a, r) in zip(futures, units, strict=True)
+        ]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a call still hanging finishes (read-only) unobserved
+    skipped = [s.account for s in listing.skipped if s.reason is Reason.SUSPENDED]
+    return MembersRead(found, listing.error, skipped)
+
+
+def member_findings(
+    members: MemberAccess,
+    policies: PolicyStore,
+    now: datetime,
+    deadline: float,
+    *,
+    reads_in: Callable[[MemberCredentials], tuple[Fleet, MetricsReader]] = member_reads,
+    workers: int = MEMBER_WORKERS,
+) -> list[Finding]:
+    """`/idle-reaper doctor` in organization mode (the Slack endpoint's role, one the member role trusts): every
+    member account and region, bounded by `deadline`; never raises."""
+    try:
+        settings, _ = policies.load_settings()
+        refs = policies.load_teams(settings)
+        read = gather_members(
+            members,
+            settings,
+            refs,
+            now,
+            deadline,
+            organization=organization_settings(policies),
+            reads_in=reads_in,
+            workers=workers,
+        )
+    except Exception as exc:  # the settings unreadable or invalid (policy.settings says which): unknown
+        return [unknown("members", f"{type(exc).__name__}: {exc}"[:300])]
+    return check_members(read.units, listing_error=read.listing_error, skipped=read.skipped)
+
+
+# What `idle-reaper doctor` says of member accounts' GPU metrics: the CLI runs with a person's credentials, which
+# the member role does not trust (only the hub's sweep and Slack endpoint roles), so it cannot read them there.
+CLI_GPU_UNREAD = "a member account's metrics can be read by the hub's roles only, not with these credentials"
+
+
+def members_as_last_checked(
+    check: MemberCheck | None,
+    listing: Directory,
+    regions: Sequence[str],
+    now: datetime,
+    fresh: timedelta,
+    stacks: Mapping[tuple[str, str], str] | None = None,
+) -> MembersRead:
+    """`idle-reaper doctor` in organization mode: each enrolled (account, region) as the sweep's last check of
+    the member accounts saw it (aws/accounts.py MemberCheck: the hub's own AssumeRole, with its reason), and
+    the member stack's instance status (`stacks`: "" current, else what is wrong; a unit not in it has no
+    stack instance; None: not read). A check older than `fresh`, or none, leaves the roles unknown."""
+    failures = {(f.account, f.region): f for f in (check.failures if check else ())}
+    stale = None
+    if check is None:
+        stale = "the sweep has not checked the member accounts (none in the last week)"
+    elif now - check.checked_at > fresh:
+        stale = f"the sweep last checked the member accounts at {check.checked_at:%Y-%m-%d %H:%M} UTC"
+    units = []
+    for account in listing.accounts:
+        for region in regions:
+            facts = MemberUnitFacts(account.id, account.name, region)
+            if stacks is not None:
+                facts = replace(facts, stack=stacks.get((account.id, region), "missing (no stack instance)") or None)
+            failure = failures.get((account.id, region))
+            if failure is not None:
+                detail = f"{ADVICE[failure.reason]} ({failure.detail}; as the last sweep saw it)"
+                facts = replace(facts, role_reason=failure.reason.value, role_detail=detail)
+            elif stale:
+                facts = replace(facts, unreadable=stale)
+            units.append(facts)
+    skipped = [s.account for s in listing.skipped if s.reason is Reason.SUSPENDED]
+    return MembersRead(units, listing.error, skipped)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,10 +13,10 @@ from idle_reaper.core.digest import (
     build_digest,
     claim_key,
     digest_due,
-    digest_text,
     parse_week,
     running_again_entry,
 )
+from idle_reaper.core.digest_text import digest_text
 from idle_reaper.core.records import MachineRecord, State
 from idle_reaper.policy import PolicyError, TeamPolicy, parse_team_policy
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from idle_reaper.organization import member_role_arn, member_role_name, parse_organization_settings
-from idle_reaper.policy import PolicyError, TeamPolicy
+from idle_reaper.policy import PolicyError, Settings, TeamPolicy, default_source
 
 PARAMETER = "/idle-reaper/organization"
 SANDBOX, PROD, OTHER = "111111111111", "222222222222", "333333333333"
@@ -65,6 +65,17 @@ def test_the_nearest_named_default_wins_and_unnamed_accounts_keep_the_settings_d
     in_ou = settings.default_for(OTHER, ("ou-ab12-team0001", SANDBOX_OU), base)
     assert (in_ou.idle_minutes, in_ou.warn_minutes) == (45, TeamPolicy().warn_minutes)  # the rest: the defaults
     assert settings.default_for(PROD, (PROD_OU,), base) == base
+    # Each says which entry of the organization settings it is, and how the account came by it.
+    on_settings = Settings(default_policy=base)
+    assert default_source(on_settings) == "settings.default_policy"
+    own = on_settings.model_copy(update={"default_policy": settings.default_for(SANDBOX, (SANDBOX_OU,), base)})
+    assert default_source(own) == f"organization.defaults[1].default_policy (account {SANDBOX})"
+    via = on_settings.model_copy(update={"default_policy": in_ou})
+    assert default_source(via) == f"organization.defaults[0].default_policy (account {OTHER} via {SANDBOX_OU})"
+    assert in_ou.model_dump() == settings.defaults[0].default_policy.model_dump()  # the label is not a field
+    assert (
+        "_source" not in json.dumps(in_ou.model_dump()) and "source" not in TeamPolicy.model_json_schema()["properties"]
+    )
 
 
 def test_the_member_role_is_one_per_region_named_after_the_prefix() -> None:

@@ -197,3 +197,60 @@ def test_without_metrics_exempt_machines_say_nothing_of_idle_time_and_a_failed_r
     send_due_digests(store, policies, DigestSender(slack), MONDAY_9, render=no_chart, metrics=MetricsReader(cloudwatch))  # type: ignore[arg-type]
     ml = next(t for t in slack.texts() if "team ml" in t)
     assert "Exempt and idle: nothing (0 exempt machine(s) read; no data for 1)." in ml
+
+
+def test_a_member_machines_exempt_week_is_read_in_its_own_account_never_the_hubs() -> None:
+    from idle_reaper.aws.metrics import MetricsReader
+    from idle_reaper.core import State
+    from idle_reaper.sweep.digest import DigestAccounts
+    from testkit.aws.metrics import FakeCloudWatch
+
+    a, b, region = "111111111111", "222222222222", "eu-west-1"
+    store, policies = world()
+    hub, in_a = FakeCloudWatch(), FakeCloudWatch()
+    # The same instance id: busy all week in the hub, idle all week in A. B cannot be reached.
+    hub.add("i-same", lambda t: (80.0, None), W47 - timedelta(days=1))
+    in_a.add("i-same", lambda t: (1.0, None), W47 - timedelta(days=1))
+    for account, name in ((None, "hub-box"), (a, "a-box"), (b, "b-box")):
+        record = MachineRecord(
+            "i-same",
+            "ml",
+            name=name,
+            state=State.EXEMPT,
+            instance_type="m5.large",
+            updated_at=MONDAY_9,
+            account=account,
+            region=region if account else None,
+        )
+        store.records[record.key] = record
+    asked: list[tuple[str, str]] = []
+
+    def metrics_in(account: str, where: str) -> MetricsReader | None:
+        asked.append((account, where))
+        return MetricsReader(in_a) if account == a else None  # B: its member role cannot be assumed
+
+    slack = RecordingSlack()
+    send_due_digests(
+        store,
+        policies,
+        DigestSender(slack),  # type: ignore[arg-type]
+        MONDAY_9,
+        render=no_chart,
+        metrics=MetricsReader(hub),  # type: ignore[arg-type]
+        accounts=lambda: DigestAccounts({a: "sandbox-a"}, metrics_in),
+    )
+    assert sorted(asked) == [(a, region), (b, region)]
+    ml = next(t for t in slack.texts() if "team ml" in t)
+    # A's machine idle all week (168 h at $0.096), the hub's busy, B's unknown: never the hub's data for them.
+    assert f"Still wasted, exempt and idle: ${168 * 0.096:,.2f} (168 h): a-box 168 h; no data for 1." in ml
+    assert "a-box (sandbox-a, exempt, $0.10/h)" in ml and "b-box (222222222222, exempt" in ml
+    # Each CloudWatch was asked once per kind of read, for its own machine only.
+    assert len(hub.requests) == 1 and len(in_a.requests) == 1
+    assert "By account: the hub's account saved" in ml
+
+
+def test_a_single_account_digest_has_no_account_section() -> None:
+    store, policies = world()
+    slack = RecordingSlack()
+    send_due_digests(store, policies, DigestSender(slack), MONDAY_9, render=no_chart)  # type: ignore[arg-type]
+    assert slack.texts() and not any("By account" in t or "the hub's account" in t for t in slack.texts())

@@ -148,6 +148,18 @@ def test_an_account_default_policy_applies_to_teams_without_their_own() -> None:
     assert window[(org.a, in_a)] == Settings().default_policy.idle_minutes  # the settings' default
     assert window[(org.b, in_b)] == 30  # B's own default
     assert window[(org.b, ml_in_b)] == 90  # a team policy applies in every account
+    # The explanation (and so `status` and the warning) names where each policy came from.
+    source = {
+        (acct, explain(d)["instance_id"]): explain(d)["policy"]
+        for acct in (org.a, org.b)
+        for d in out[acct].report.decisions
+    }
+    assert source[(org.a, in_a)] == "settings.default_policy"
+    assert source[(org.b, in_b)] == f"organization.defaults[0].default_policy (account {org.b})"
+    assert source[(org.b, ml_in_b)].startswith(f"{PREFIX}/teams/ml@v")
+    assert {r.policy_version for r in org.store.records.values() if r.account == org.b and r.team == "sandbox"} == {
+        f"organization.defaults[0].default_policy (account {org.b})"
+    }
 
 
 def test_one_failing_account_does_not_stop_the_others() -> None:

@@ -1,0 +1,139 @@
+"""The weekly digest in words: the Slack mrkdwn text of a core.digest.Digest (docs/policy.md "The weekly digest").
+
+Pure, like core/digest.py, whose figures it says; kept apart so the figures and the words each read in one file."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+from idle_reaper.core.digest import AtRisk, Digest
+from idle_reaper.core.records import State
+
+HUB_ACCOUNT = "the hub's account"  # how the digest names the hub's own account beside member accounts
+
+
+def account_label(account: str | None, names: Mapping[str, str]) -> str:
+    """An account as people read it: its name and id ("sandbox-a (111111111111)"), the id alone when the
+    directory does not name it (it left the organization, or has no name), HUB_ACCOUNT for the hub's own."""
+    if account is None:
+        return HUB_ACCOUNT
+    name = (names.get(account) or "").strip()
+    return f"{name} ({account})" if name and name != account else account
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.2f}"
+
+
+def _exempt_idle_line(at_risk: Sequence[AtRisk]) -> str:
+    """Exempt machines that sat idle this week (read for the digest only; never acted on)."""
+    exempt = [a for a in at_risk if a.state == State.EXEMPT.value]
+    if not exempt:
+        return ""
+    read = [a for a in exempt if a.idle_hours is not None]
+    idle = sorted((a for a in read if a.idle_hours), key=lambda a: -(a.idle_hours or 0) * (a.hourly_cost or 0))
+    hours = sum(a.idle_hours or 0.0 for a in idle)
+    dollars = sum((a.idle_hours or 0.0) * (a.hourly_cost or 0.0) for a in idle)
+    unread = f"; no data for {len(exempt) - len(read)}" if len(read) < len(exempt) else ""
+    if not idle:
+        return f"Exempt and idle: nothing ({len(read)} exempt machine(s) read{unread})."
+    shown = ", ".join(f"{a.name} {a.idle_hours:g} h" for a in idle[:5])
+    return f"Still wasted, exempt and idle: {_usd(dollars)} ({hours:g} h): {shown}{unread}."
+
+
+def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") -> str:
+    """The digest as Slack mrkdwn text (team names and owners come from tags: the caller escapes nothing
+    else). `redirected`: a team without a channel, posted in the admin channel. `chart_note`: why the chart
+    is missing, when it is."""
+    who = f"team {d.team}" if d.team else "all teams (admins)"
+    head = f"*idle-reaper weekly digest: {who}, {d.week.label}* ({d.start:%Y-%m-%d} to {d.end:%Y-%m-%d %H:%M} UTC)"
+    lines = [head]
+    if redirected:
+        lines.append(f"_Team {d.team} has no slack_channel in its policy: its digest is posted here, to the admins._")
+    if not d.has_data:
+        lines.append("No data for this week: idle-reaper recorded no stop, warning or answer for it.")
+    else:
+        lines.append(_recovered_line(d))
+        lines.append(_kept_line(d))
+        lines.append(
+            f"Stops: {d.stops}, of which {d.unwanted_stops} started again within an hour (unwanted). "
+            f"Warnings: {d.warnings}, of which {d.warnings_without_stop} led to no stop."
+        )
+        if d.suggestion:
+            lines.append(f"Suggestion: {d.suggestion}")
+    if d.at_risk:
+        costly = sum(a.hourly_cost or 0.0 for a in d.at_risk)
+        shown = ", ".join(
+            f"{a.name} ({_in_account(d, a.account)}{a.state.replace('_', ' ')}"
+            f"{', ' + _usd(a.hourly_cost) + '/h' if a.hourly_cost else ''})"
+            for a in d.at_risk[:10]
+        )
+        more = f" and {len(d.at_risk) - 10} more" if len(d.at_risk) > 10 else ""
+        lines.append(
+            f"Not watched right now ({_usd(costly)}/h): {shown}{more}. Unknown: no data; safe mode: invalid policy; "
+            "exempt: tagged, never acted on."
+        )
+        if exempt_line := _exempt_idle_line(d.at_risk):
+            lines.append(exempt_line)
+    if d.under_used:
+        shown = ", ".join(
+            f"{u.name} ({_in_account(d, u.account)}{u.instance_type}, never above {u.peak:g} %: {u.smaller} would "
+            f"save {_usd(u.saves_hourly)}/h)"
+            for u in d.under_used[:5]
+        )
+        lines.append(
+            f"Under-used (busy, but its busiest GPU, or CPU, stayed low all week): {shown}. A suggestion only."
+        )
+    if d.teams:
+        lines.append(
+            "By team: "
+            + "; ".join(f"{t} saved {_usd(r)}, kept idle {_usd(w)}" for t, (r, w) in sorted(d.teams.items()))
+        )
+    if d.accounts:
+        lines.append(_accounts_line(d))
+    trend = [f"{t.week.label} {_usd(t.recovered) if t.has_data else 'no data'}" for t in d.trend]
+    lines.append("Saved, last 8 weeks: " + " · ".join(trend))
+    if chart_note:
+        lines.append(f"_{chart_note}_")
+    return "\n".join(lines)
+
+
+def _in_account(d: Digest, account: str | None) -> str:
+    """A member machine's account before its other facts ("sandbox-a, "); nothing in a digest of the hub's
+    account alone, and for the hub's own machines."""
+    if not d.accounts or account is None:
+        return ""
+    return f"{(d.account_names.get(account) or '').strip() or account}, "
+
+
+def _accounts_line(d: Digest) -> str:
+    """Organization mode: the week's money per account, and the machines not watched in each."""
+    not_watched: dict[str | None, int] = defaultdict(int)
+    for a in d.at_risk:
+        not_watched[a.account] += 1
+    parts = []
+    for account in sorted(d.accounts, key=lambda a: (a is not None, account_label(a, d.account_names))):
+        recovered, wasted = d.accounts[account]
+        unwatched = f", {not_watched[account]} not watched" if not_watched[account] else ""
+        parts.append(
+            f"{account_label(account, d.account_names)} saved {_usd(recovered)}, kept idle {_usd(wasted)}{unwatched}"
+        )
+    return "By account: " + "; ".join(parts)
+
+
+def _recovered_line(d: Digest) -> str:
+    if not d.recovered:
+        return "Saved: $0.00 (no stops this week)."
+    parts = [f"{r.count} {word} ({r.hours:,.1f} h, {_usd(r.dollars)})" for word, r in sorted(d.recovered.items())]
+    unpriced = f"; {d.unpriced_hours:,.1f} h more at no known price" if d.unpriced_hours else ""
+    total = f"*{_usd(d.recovered_dollars)}* over {d.recovered_hours:,.1f} machine-hours"
+    return f"Saved: {total}: {', '.join(parts)}{unpriced}."
+
+
+def _kept_line(d: Digest) -> str:
+    if not d.kept:
+        return "Kept idle by answers: nothing."
+    owners = ", ".join(f"{k.owner}: {k.keeps} keep(s), {k.hours:,.1f} h, {_usd(k.dollars)}" for k in d.kept[:5])
+    more = f" and {len(d.kept) - 5} more owners" if len(d.kept) > 5 else ""
+    return f"Still wasted, kept idle by answers: {_usd(d.kept_dollars)} ({d.kept_hours:,.1f} h). {owners}{more}."
