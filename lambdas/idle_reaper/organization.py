@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from idle_reaper.policy import (
     PolicyError,
+    Settings,
     TeamPolicy,
     _describe,
     _identifier,
@@ -167,6 +168,15 @@ class OrganizationSettings(_Strict):
                 if key in entry.accounts:
                     return with_source(entry.default_policy, default_label(index, account, key))
         return base
+
+    def settings_in(self, settings: Settings, account: str, parents: tuple[str, ...]) -> Settings:
+        """The hub's settings as one member account's machines get them: the account's own default policy
+        (default_for) for teams without a policy, and as the base of the team policies' unset fields, as the
+        sweep applies it (sweep/members.py). `settings` itself when no entry names the account or its OUs."""
+        default = self.default_for(account, parents, settings.default_policy)
+        if default is settings.default_policy:
+            return settings
+        return settings.model_copy(update={"default_policy": default})
 
 
 def default_label(index: int, account: str, key: str) -> str:

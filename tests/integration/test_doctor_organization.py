@@ -98,7 +98,9 @@ def test_the_cli_doctor_reports_each_member_account_as_the_last_sweep_saw_it(org
     training, sandbox = organization.accounts["training"], organization.accounts["alice-sandbox"]
     store = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name())
     missing = AccountFailure(sandbox, REGION, Reason.ROLE_MISSING, "AccessDenied: not authorized")
-    save_member_check(store, MemberCheck(now - timedelta(minutes=5), 2, 1, (missing,)), now)
+    save_member_check(
+        store, MemberCheck(now - timedelta(minutes=5), 2, 1, (missing,), checked=(training, sandbox)), now
+    )
     # The member StackSet has a stack instance in training only.
     cloudformation = aws.client("cloudformation")
     template = json.dumps({"Resources": {"Nothing": {"Type": "AWS::CloudFormation::WaitConditionHandle"}}})
@@ -111,7 +113,9 @@ def test_the_cli_doctor_reports_each_member_account_as_the_last_sweep_saw_it(org
         f"{REGION}: role-missing: " in lines[sandbox].message and "as the last sweep saw it" in lines[sandbox].message
     )
     # training: its role assumed by the last sweep, its stack instance current; its metrics not readable from here.
-    assert findings["members"][0].message.startswith("1 of 2 member account(s) healthy")
+    assert findings["members"][0].message == (
+        "1 of 2 member account(s) in every region: member role assumed (as the sweep last saw it)"
+    )
     assert findings["members.gpu"][0].status == "unknown"
     # An old check says nothing of the roles now: unknown, never ok.
     save_member_check(store, MemberCheck(now - timedelta(hours=2), 2, 2, ()), now)

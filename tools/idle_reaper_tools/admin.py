@@ -26,7 +26,7 @@ from idle_reaper.core.reading import parse_next_read
 from idle_reaper.core.records import machine_key
 from idle_reaper.core.studio import StudioFinding
 from idle_reaper.notify import LoggingNotifier
-from idle_reaper.organization import ORGANIZATION_PARAMETER, OrganizationSettings, parse_organization_settings
+from idle_reaper.organization import OrganizationSettings
 from idle_reaper.policy import (
     PolicyError,
     Settings,
@@ -426,10 +426,8 @@ def _parents(account: str) -> tuple[str, ...]:
 def _account_default(store: aws.PolicyStore, account: str, settings: Settings) -> tuple[TeamPolicy, str]:
     """The default policy in a member account, and where it comes from (organization.defaults[i], or
     settings.default_policy when no entry names the account or its OUs)."""
-    name = f"{store.prefix}/{ORGANIZATION_PARAMETER}"
-    stored = store.read(name)
     try:
-        org = parse_organization_settings(name, stored.value) if stored else OrganizationSettings()
+        org = store.load_organization()
     except PolicyError as exc:
         _print_problems(exc)
         raise _Fail("the organization settings are invalid: the sweep touches no member account") from None
@@ -653,10 +651,12 @@ def status_rows(
     settings: Settings,
     now: datetime,
     collector_gaps: Mapping[str, Sequence[str]] | None = None,
+    in_account: Callable[[str], tuple[Settings, Mapping[str, TeamPolicyRef] | None]] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per machine in the state table (and per running machine no sweep has seen yet).
     `refs` None: the team policies could not be read. `collector_gaps`: per machine, the sources its
-    activity collector reports it cannot read (None: not asked)."""
+    activity collector reports it cannot read (None: not asked). `in_account`: a member account's settings and
+    team policies, with its own default policy as the sweep applies it (None: the hub's)."""
     gaps = collector_gaps or {}
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -665,7 +665,8 @@ def status_rows(
         machine = machines.get(record.instance_id) if record.account is None else None
         seen.add(record.key)
         team = machine.team if machine else record.team
-        ref = aws.policy_for(team, refs, settings).at(now) if refs is not None else None
+        here, here_refs = in_account(record.account) if in_account and record.account else (settings, refs)
+        ref = aws.policy_for(team, here_refs, here).at(now) if here_refs is not None else None
         action, when = next_step(record, ref.policy if ref else None, machine, now)
         rows.append(
             {
@@ -838,6 +839,41 @@ def _studio_findings(refs: Mapping[str, TeamPolicyRef] | None, settings: Setting
         return []
 
 
+def _member_settings(
+    store: aws.PolicyStore, settings: Settings, refs: Mapping[str, TeamPolicyRef] | None
+) -> Callable[[str], tuple[Settings, Mapping[str, TeamPolicyRef] | None]]:
+    """A member account's settings (its own default policy, OrganizationSettings.settings_in) and its team
+    policies read with that default as their base, as the sweep reads them. Read on the first member record
+    (a single-account status costs nothing more); each account's OUs and each default's team policies once.
+    Organization settings that cannot be read: the hub's, said on stderr."""
+    by_default: dict[str, Mapping[str, TeamPolicyRef] | None] = {settings.default_policy.model_dump_json(): refs}
+    known: dict[str, tuple[Settings, Mapping[str, TeamPolicyRef] | None]] = {}
+    org: list[OrganizationSettings | None] = []
+
+    def in_account(account: str) -> tuple[Settings, Mapping[str, TeamPolicyRef] | None]:
+        if not org:
+            try:
+                org.append(store.load_organization())
+            except (PolicyError, *aws.AwsError) as exc:
+                _err(f"cannot read the organization settings ({exc}); member machines shown with the hub's default")
+                org.append(None)
+        if org[0] is None:
+            return settings, refs
+        if account not in known:
+            mine = org[0].settings_in(settings, account, _parents(account) if org[0].defaults else ())
+            default = mine.default_policy.model_dump_json()
+            if refs is not None and default not in by_default:
+                try:
+                    by_default[default] = store.load_teams(mine)
+                except aws.AwsError as exc:
+                    _err(f"cannot read team policies ({aws.error_code(exc)}); next actions in {account} not shown")
+                    by_default[default] = None
+            known[account] = mine, by_default.get(default)
+        return known[account]
+
+    return in_account
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     def body() -> int:
         now: datetime = args.now or datetime.now(UTC)
@@ -859,7 +895,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         except aws.AwsError as exc:
             _err(f"cannot read what the activity collectors report ({aws.error_code(exc)}); not shown")
             gaps = {}
-        rows = status_rows(records, machines, refs, settings, now, gaps)
+        rows = status_rows(records, machines, refs, settings, now, gaps, _member_settings(store, settings, refs))
         if args.team:
             rows = [r for r in rows if r["team"] == args.team]
         if args.owner:

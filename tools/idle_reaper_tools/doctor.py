@@ -8,19 +8,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from idle_reaper import aws
-from idle_reaper.aws.accounts import ORGANIZATION_ENV, OrganizationConfig, last_member_check
+from idle_reaper.aws.accounts import ORGANIZATION_ENV, Directory, MemberCheck, OrganizationConfig, last_member_check
 from idle_reaper.core.doctor import Finding, check_members, failed, listed, outcomes, tally, unknown
 from idle_reaper.policy import PolicyError, Settings
 from idle_reaper.slack.doctor import SLACK_DOWN, SlackReader, slack_error, slack_reader
-from idle_reaper.sweep.doctor import CLI_GPU_UNREAD, Account, members_as_last_checked
+from idle_reaper.sweep.doctor import CLI_GPU_UNREAD, Account, members_as_last_checked, within
 from idle_reaper.sweep.doctor import run_checks as run_region_checks
 
 MEMBERS_OUTPUT = "MemberStackSetId"  # the hub stack's output in organization mode (infra/stack.py)
+# The member checks (the Organizations listing, the StackSet's instances) end by then, as in Slack: late is unknown.
+MEMBERS_SECONDS = 20.0
 SLACK_BUDGET_SECONDS = 20.0  # rate-limit retries past this make a fact unknown, not the doctor slow
 TEST_MESSAGE = "idle-reaper doctor: a test message. Warnings about idle machines will reach you here."
 
@@ -119,21 +122,48 @@ def member_checks(
 ) -> list[Finding]:
     """Organization mode, from the hub's region: every member account and region as the sweep's last check saw
     its member role, with its member stack instance's status; their GPU metrics are the hub's roles' to read
-    (`/idle-reaper doctor`), said once as unknown. Nothing in single-account mode. IDLE_REAPER_ORGANIZATION set
-    here stands for the stack's (checked from the first region)."""
+    (`/idle-reaper doctor`), said once as unknown. The listing and the stack instances are bounded by
+    MEMBERS_SECONDS, as in Slack: what is late, or unreadable, is unknown. Nothing in single-account mode.
+    IDLE_REAPER_ORGANIZATION set here stands for the stack's (checked from the first region)."""
     config = (OrganizationConfig.from_environment() if first else None) or organization_of(region, stack, outputs)
     if config is None:
         return []
-    listing = config.directory(aws.client("organizations")).current()
+    deadline = time.monotonic() + MEMBERS_SECONDS
+    late = f"not done in {MEMBERS_SECONDS:.0f} s"
+    listing = within(
+        deadline,
+        config.directory(aws.client("organizations")).current,
+        Directory((), error=f"AWS Organizations did not answer in time ({late})"),
+    )
     store = aws.DynamoStateStore(aws.client("dynamodb", region), aws.table_name())
+    check: MemberCheck | str | None
     try:
         check = last_member_check(store, now)
-    except aws.AwsError:
-        check = None
+    except aws.AwsError as exc:
+        check = f"{aws.error_code(exc)}: {exc}"[:300]
+    except ValueError as exc:  # what is stored is not a check: unknown, with why
+        check = str(exc)
     fresh = timedelta(minutes=max(15, 3 * sweep_minutes))
-    stacks = member_stack_instances(aws.client("cloudformation", region), f"{config.prefix}-members")
+    cloudformation = aws.client("cloudformation", region)
+    stack_set = f"{config.prefix}-members"
+    not_read: dict[tuple[str, str], str] | None = None
+    stacks, stacks_late = within(
+        deadline, lambda: (member_stack_instances(cloudformation, stack_set), ""), (not_read, late)
+    )
     read = members_as_last_checked(check, listing, config.regions, now, fresh, stacks)
-    return check_members(read.units, listing_error=read.listing_error, skipped=read.skipped, gpu_unread=CLI_GPU_UNREAD)
+    findings = check_members(
+        read.units, listing_error=read.listing_error, skipped=read.skipped, gpu_unread=CLI_GPU_UNREAD
+    )
+    if stacks is None:
+        why = stacks_late or "not this account's StackSet, or not allowed"
+        findings.append(
+            unknown(
+                "members.stacks",
+                f"the member StackSet's stack instances could not be listed ({why})",
+                "run the doctor as the management account or the StackSets delegated administrator",
+            )
+        )
+    return findings
 
 
 def run_checks(

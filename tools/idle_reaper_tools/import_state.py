@@ -45,7 +45,6 @@ from idle_reaper.aws.accounts import ORGANIZATION_ENV, MemberAccount, Organizati
 from idle_reaper.aws.clients import chunks, error_code, wall_clock
 from idle_reaper.aws.state import DDB_BATCH_GET, StateStore, item_to_record, record_to_item
 from idle_reaper.core.records import MachineRecord, State, machine_key, parse_machine_key
-from idle_reaper.organization import ORGANIZATION_PARAMETER, OrganizationSettings, parse_organization_settings
 from idle_reaper.policy import PolicyError
 from idle_reaper.sweep.quiet_hours import QUIET_INDEX, QUIET_INDEX_ATTEMPTS, QUIET_INDEX_TTL
 from idle_reaper_tools.admin import EXIT_ERROR, _Fail, _run
@@ -519,10 +518,10 @@ def _tables(args: argparse.Namespace, hub: Table) -> Table:
 
 def _exclusion_note(args: argparse.Namespace, member: MemberAccount) -> str:
     """Whether the hub sweeps the account already: an import into a hub that does must be asked for."""
-    name = f"{aws.ssm_prefix()}/{ORGANIZATION_PARAMETER}"
+    store = aws.PolicyStore(aws.client("ssm"), aws.ssm_prefix())
+    name = store.organization_name
     try:
-        stored = aws.PolicyStore(aws.client("ssm"), aws.ssm_prefix()).read(name)
-        organization = parse_organization_settings(name, stored.value) if stored else OrganizationSettings()
+        organization = store.load_organization()
     except PolicyError as exc:
         raise _Fail(f"{exc}: fix it first") from None
     if organization.excludes(member.id, member.parents):

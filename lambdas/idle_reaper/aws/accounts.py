@@ -97,6 +97,10 @@ class Directory:
     listed_at: datetime | None = None
     error: str | None = None  # the listing failed; `accounts` are the last good listing's (or none)
 
+    def parents_of(self, account: str) -> tuple[str, ...]:
+        """The OUs a listed account sits in, nearest first, as the sweep sees them; () when it is not listed."""
+        return next((a.parents for a in self.accounts if a.id == account), ())
+
 
 def _detail(exc: Exception) -> str:
     if isinstance(exc, ClientError):
@@ -388,6 +392,9 @@ class MemberCheck:
     failures: tuple[AccountFailure, ...]
     listing_error: str | None = None
     listed_at: datetime | None = None
+    # The accounts it tried (each in every member region). None: a check stored before this was kept; then no
+    # account is known to have been checked (the doctor says each is unknown, never healthy).
+    checked: tuple[str, ...] | None = None
 
 
 def save_member_check(store: StateStore, check: MemberCheck, at: datetime) -> None:
@@ -401,25 +408,31 @@ def save_member_check(store: StateStore, check: MemberCheck, at: datetime) -> No
         ],
         "listing_error": check.listing_error,
         "listed_at": check.listed_at.isoformat() if check.listed_at else None,
+        **({"checked": list(check.checked)} if check.checked is not None else {}),
     }
     store.put_lookup(MEMBERS_KEY, json.dumps(value), at + MEMBERS_KEEP)
 
 
 def last_member_check(store: StateStore, now: datetime) -> MemberCheck | None:
-    """The last check a sweep stored (None: never, single-account mode, or over a week ago)."""
+    """The last check a sweep stored (None: never, single-account mode, or over a week ago). Raises AwsError
+    when it cannot be read, ValueError when what is stored is not a check (corrupt)."""
     raw = store.get_lookup(MEMBERS_KEY, now)
     if raw is None:
         return None
-    value = json.loads(raw)
-    failures = tuple(
-        AccountFailure(f["account"], f["region"], Reason(f["reason"]), f["detail"]) for f in value["failures"]
-    )
-    listed_at = value.get("listed_at")
-    return MemberCheck(
-        datetime.fromisoformat(value["checked_at"]),
-        int(value["accounts"]),
-        int(value["units"]),
-        failures,
-        value.get("listing_error"),
-        datetime.fromisoformat(listed_at) if listed_at else None,
-    )
+    try:
+        value = json.loads(raw)
+        failures = tuple(
+            AccountFailure(f["account"], f["region"], Reason(f["reason"]), f["detail"]) for f in value["failures"]
+        )
+        listed_at, checked = value.get("listed_at"), value.get("checked")
+        return MemberCheck(
+            datetime.fromisoformat(value["checked_at"]),
+            int(value["accounts"]),
+            int(value["units"]),
+            failures,
+            value.get("listing_error"),
+            datetime.fromisoformat(listed_at) if listed_at else None,
+            None if checked is None else tuple(str(a) for a in checked),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"the stored member check is not readable ({type(exc).__name__}: {exc})"[:300]) from None

@@ -10,6 +10,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from idle_reaper.aws.clients import error_code
+from idle_reaper.organization import ORGANIZATION_PARAMETER, OrganizationSettings, parse_organization_settings
 from idle_reaper.policy import (
     PolicyError,
     Settings,
@@ -46,6 +47,18 @@ class PolicyStore:
                 return Settings(), None
             raise
         return parse_settings(self.settings_name, param["Value"]), int(param["Version"])
+
+    @property
+    def organization_name(self) -> str:
+        return f"{self.prefix}/{ORGANIZATION_PARAMETER}"
+
+    def load_organization(self) -> OrganizationSettings:
+        """`{prefix}/organization` (organization mode's exclusions and per-account defaults); absent: nothing
+        excluded, no other defaults. Raises PolicyError naming the parameter and each bad field when it is
+        invalid, AwsError when it cannot be read. The one reader of it: the sweep, the doctor, `status`, `policy
+        show`, the import and Slack answers all see the same settings."""
+        stored = self.read(self.organization_name)
+        return parse_organization_settings(stored.name, stored.value) if stored else OrganizationSettings()
 
     def load_teams(self, settings: Settings) -> dict[str, TeamPolicyRef]:
         refs: dict[str, TeamPolicyRef] = {}

@@ -614,17 +614,19 @@ def check_members(
     out: list[Finding] = []
     if gpu_unread:
         out.append(unknown("members.gpu", gpu_unread, "ask `/idle-reaper doctor` in Slack: it runs as the hub"))
-    if listing_error:
-        out.append(
-            unknown(
-                "members.listing",
-                f"the member accounts could not be listed ({listing_error}); the last listing was checked",
-                "check the hub's access to AWS Organizations",
-            )
-        )
     by_account: dict[str, list[MemberUnitFacts]] = {}
     for unit in units:
         by_account.setdefault(unit.account, []).append(unit)
+    if listing_error:
+        # With no earlier listing, nothing is known of the member accounts: not "none enrolled" (a warning).
+        known = "the last listing was checked" if by_account else "no earlier listing is known: none was checked"
+        out.append(
+            unknown(
+                "members.listing",
+                f"the member accounts could not be listed ({listing_error}); {known}",
+                "check the hub's access to AWS Organizations",
+            )
+        )
     healthy, unknowns = 0, []
     for account in sorted(by_account):
         regions = sorted(by_account[account], key=lambda u: u.region)
@@ -669,7 +671,7 @@ def check_members(
                 fix="run the doctor again; a member account not checked is not known to be healthy",
             )
         )
-    if not by_account:
+    if not by_account and not listing_error:  # with a listing error: unknown, said above
         out.append(
             Finding(
                 check="members",
@@ -679,12 +681,13 @@ def check_members(
             )
         )
     elif healthy:
+        # Say only what was checked: where no GPU metrics were read (the CLI), the role as the sweep last saw it.
+        seen = (
+            "in every region: member role assumed (as the sweep last saw it)"
+            if gpu_unread
+            else "healthy in every region: the member role assumed, its GPU machines publishing GPU metrics"
+        )
         out.append(
-            Finding(
-                check="members",
-                status="ok",
-                message=f"{healthy} of {len(by_account)} member account(s) healthy in every region: the member role "
-                "assumed, its GPU machines publishing GPU metrics",
-            )
+            Finding(check="members", status="ok", message=f"{healthy} of {len(by_account)} member account(s) {seen}")
         )
     return out

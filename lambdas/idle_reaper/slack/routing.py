@@ -220,9 +220,25 @@ class Region:
                 continue  # an unreadable group grants nothing
         return members
 
+    def _in_account(self, settings: Settings, record: MachineRecord) -> Settings:
+        """The settings a member account's machine is swept with: the account's own default policy (its entry
+        in `{prefix}/organization`, by its id or an OU it sits in, as the directory lists it), as the sweep
+        applies it. The hub's when the organization settings cannot be read (the sweep then touches no member
+        machine) or this deployment no longer works in other accounts."""
+        members = (self.members or answer_access)() if record.account else None
+        if members is None or record.account is None:
+            return settings
+        try:
+            org = self.policies.load_organization()
+        except (PolicyError, *AwsError):
+            return settings
+        parents = members.directory.current().parents_of(record.account) if org.defaults else ()
+        return org.settings_in(settings, record.account, parents)
+
     def authorize(self, user: str, record: MachineRecord) -> tuple[TeamPolicy, str | None]:
-        """The policy that governs the answer, and a refusal when `user` may not answer for `record`."""
-        settings = self._settings()
+        """The policy that governs the answer (a member account's machine: with that account's default
+        policy), and a refusal when `user` may not answer for `record`."""
+        settings = self._in_account(self._settings(), record)
         policy = self._policy(record.team, settings)
         # User groups cost a Slack call each: asked only when the owner, members and admins did not match.
         if may_answer(user, record, policy, settings.admins) or may_answer(

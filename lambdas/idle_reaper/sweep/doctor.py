@@ -11,11 +11,11 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from idle_reaper.aws.accounts import (
     ADVICE,
@@ -64,12 +64,14 @@ from idle_reaper.core.doctor import (
 )
 from idle_reaper.core.signals import Machine
 from idle_reaper.notify import logger
-from idle_reaper.organization import ORGANIZATION_PARAMETER, OrganizationSettings, parse_organization_settings
+from idle_reaper.organization import OrganizationSettings
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
 from idle_reaper.slack.doctor import SlackReader, gather_people, gather_slack, slack_reader
 from idle_reaper.slack.owners import OWNER_CACHE_TTL
 from idle_reaper.sweep.adapters import Adapters, SweepRead, alert_once
 from idle_reaper.sweep.fanout import LAST_SWEEP_KEY
+
+T = TypeVar("T")
 
 # The fleet and its metrics are read only with this much time left; the rest is said to be unknown.
 AWS_STAGE_SECONDS = 5.0
@@ -142,11 +144,21 @@ def stack_checks(
         except Exception as exc:  # a check's fault is its unknown (CannotRun: credentials refused)
             return [unknown(c, f"{type(exc).__name__}: {exc}") for c in DEPLOY_CHECKS], None
 
+    late: tuple[list[Finding], AssociationFacts | Unreadable | None] = (
+        [unknown(c, OUT_OF_TIME) for c in DEPLOY_CHECKS],
+        None,
+    )
+    return within(deadline, run, late)
+
+
+def within(deadline: float, call: Callable[[], T], late: T) -> T:
+    """`call()`, or `late` when it is not done by `deadline` (time.monotonic()), even a call that hangs: a
+    read not finished in time is unknown, never ok. What `call` raises is raised."""
     pool = ThreadPoolExecutor(1)
     try:
-        return pool.submit(run).result(timeout=max(0.0, deadline - time.monotonic()))
+        return pool.submit(call).result(timeout=max(0.0, deadline - time.monotonic()))
     except FutureTimeout:
-        return [unknown(c, OUT_OF_TIME) for c in DEPLOY_CHECKS], None
+        return late
     finally:
         pool.shutdown(wait=False)  # a call still hanging finishes (read-only) unobserved
 
@@ -235,10 +247,8 @@ def member_reads(held: MemberCredentials) -> tuple[Fleet, MetricsReader]:
 def organization_settings(policies: PolicyStore) -> OrganizationSettings | None:
     """`{prefix}/organization` (absent: nothing excluded); None when it cannot be read or is invalid (the doctor
     then reads every member account's machines: the sweep touches none of them meanwhile, and says so)."""
-    name = f"{policies.prefix}/{ORGANIZATION_PARAMETER}"
     try:
-        stored = policies.read(name)
-        return parse_organization_settings(name, stored.value) if stored else OrganizationSettings()
+        return policies.load_organization()
     except (PolicyError, *AwsError):
         return None
 
@@ -287,14 +297,21 @@ def gather_members(
     try:
         futures = [pool.submit(one, unit) for unit in units]
         wait(futures, timeout=max(0.0, _time_left(deadline)))
-        found = [
-            f.result() if f.done() and not f.cancelled() else MemberUnitFacts(a.id, a.name, r, reached=False)
-            for f, (a, r) in zip(futures, units, strict=True)
-        ]
+        found = [_unit_result(f, MemberUnitFacts(a.id, a.name, r)) for f, (a, r) in zip(futures, units, strict=True)]
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # a call still hanging finishes (read-only) unobserved
     skipped = [s.account for s in listing.skipped if s.reason is Reason.SUSPENDED]
     return MembersRead(found, listing.error, skipped)
+
+
+def _unit_result(future: Future[MemberUnitFacts], facts: MemberUnitFacts) -> MemberUnitFacts:
+    """One unit's facts; not done in time: not reached; its check raised: that unit alone is unknown, with why."""
+    if not future.done() or future.cancelled():
+        return replace(facts, reached=False)
+    failed = future.exception()
+    if failed is not None:
+        return replace(facts, unreadable=f"its check failed ({type(failed).__name__}: {failed})"[:300])
+    return future.result()
 
 
 def member_findings(
@@ -331,8 +348,11 @@ def member_findings(
 CLI_GPU_UNREAD = "a member account's metrics can be read by the hub's roles only, not with these credentials"
 
 
+NOT_IN_CHECK = "not in the sweep's last check"
+
+
 def members_as_last_checked(
-    check: MemberCheck | None,
+    check: MemberCheck | str | None,
     listing: Directory,
     regions: Sequence[str],
     now: datetime,
@@ -342,13 +362,20 @@ def members_as_last_checked(
     """`idle-reaper doctor` in organization mode: each enrolled (account, region) as the sweep's last check of
     the member accounts saw it (aws/accounts.py MemberCheck: the hub's own AssumeRole, with its reason), and
     the member stack's instance status (`stacks`: "" current, else what is wrong; a unit not in it has no
-    stack instance; None: not read). A check older than `fresh`, or none, leaves the roles unknown."""
-    failures = {(f.account, f.region): f for f in (check.failures if check else ())}
+    stack instance; None: not read). Known only for what that check tried: an account it did not (one that
+    joined since, or any account of a check stored without its accounts) is unknown, as are all of them when
+    the check is older than `fresh`, absent, or unreadable (`check` a string: why)."""
+    unreadable = check if isinstance(check, str) else None
+    last = check if isinstance(check, MemberCheck) else None
+    failures = {(f.account, f.region): f for f in (last.failures if last else ())}
     stale = None
-    if check is None:
+    if unreadable is not None:
+        stale = f"the sweep's last check of the member accounts could not be read ({unreadable})"
+    elif last is None:
         stale = "the sweep has not checked the member accounts (none in the last week)"
-    elif now - check.checked_at > fresh:
-        stale = f"the sweep last checked the member accounts at {check.checked_at:%Y-%m-%d %H:%M} UTC"
+    elif now - last.checked_at > fresh:
+        stale = f"the sweep last checked the member accounts at {last.checked_at:%Y-%m-%d %H:%M} UTC"
+    checked = set(last.checked) if last and last.checked is not None else set()
     units = []
     for account in listing.accounts:
         for region in regions:
@@ -361,6 +388,8 @@ def members_as_last_checked(
                 facts = replace(facts, role_reason=failure.reason.value, role_detail=detail)
             elif stale:
                 facts = replace(facts, unreadable=stale)
+            elif account.id not in checked:
+                facts = replace(facts, unreadable=NOT_IN_CHECK)
             units.append(facts)
     skipped = [s.account for s in listing.skipped if s.reason is Reason.SUSPENDED]
     return MembersRead(units, listing.error, skipped)

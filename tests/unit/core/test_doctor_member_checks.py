@@ -108,3 +108,19 @@ def test_the_cli_says_once_that_it_cannot_read_member_metrics_and_checks_the_sta
 def test_no_member_account_is_a_warning_not_ok() -> None:
     [finding] = check_members([])
     assert (finding.check, finding.status) == ("members", "warn")
+
+
+def test_a_failed_listing_with_no_account_known_is_unknown_not_none_enrolled() -> None:
+    [finding] = check_members([], listing_error="AccessDeniedException: not allowed")
+    assert (finding.check, finding.status) == ("members.listing", "unknown")
+    assert "AccessDeniedException" in finding.message and "no earlier listing is known" in finding.message
+    # With an earlier listing, that listing's accounts are checked and said so.
+    findings = check_members([healthy(A, "eu-west-1")], listing_error="Throttling")
+    assert "the last listing was checked" in next(f for f in findings if f.check == "members.listing").message
+
+
+def test_where_no_gpu_metrics_were_read_the_ok_line_does_not_claim_them() -> None:
+    findings = check_members([MemberUnitFacts(A, "a", "eu-west-1")], gpu_unread="not with these credentials")
+    [ok] = [f for f in findings if f.check == "members"]
+    assert ok.message == "1 of 1 member account(s) in every region: member role assumed (as the sweep last saw it)"
+    assert "GPU" not in ok.message

@@ -170,3 +170,27 @@ def test_the_cli_finds_the_organization_in_the_hub_stacks_sweep_function(monkeyp
         prefix="ml", targets=("ou-ab12-cd34ef56",), regions=("eu-west-1",), hub_account="9" * 12
     )
     assert asked == ["ListStackResources ml", "GetFunctionConfiguration fn"]
+
+
+def test_one_unit_whose_check_raises_is_unknown_and_every_other_account_is_still_reported() -> None:
+    org = Organization(["sandbox-a", "broken", "no-stack"], refused={"no-stack": "not authorized to perform"})
+    org.launch("sandbox-a", REGIONS[0], gpu=None)  # a GPU machine without GPU metrics: a failure to report
+    broken = org.ids["broken"]
+    sessions = org.members.sessions
+    real = sessions.credentials
+
+    def credentials(account: str, region: str, *, started: datetime | None = None) -> Any:
+        if account == broken and region == REGIONS[1]:
+            raise KeyError("Expiration")  # a malformed STS answer, say: raised past the sessions' own catch
+        return real(account, region, started=started)
+
+    sessions.credentials = credentials  # type: ignore[method-assign]
+    findings = member_findings(org.members, org.policies, NOW, time.monotonic() + 10, reads_in=org.reads_in)
+    by_check: dict[str, list[Any]] = {}
+    for f in findings:
+        by_check.setdefault(f.check, []).append(f)
+    assert "members" not in by_check or by_check["members"][0].status == "ok"
+    failing = {f.subjects[0] for f in by_check["members.account"]}
+    assert failing == {org.ids["sandbox-a"], org.ids["no-stack"]}  # the others' results are not hidden
+    [unknown] = by_check["members.unknown"]
+    assert unknown.subjects == (f"{broken}/{REGIONS[1]} (its check failed (KeyError: 'Expiration'))",)
