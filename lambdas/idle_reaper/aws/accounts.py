@@ -451,6 +451,23 @@ class MemberSweep:
     failed_more: int = 0  # failed units beyond those kept
     deferred: int = 0
 
+    def lines(self) -> list[str]:
+        """What `status` (the CLI, and `/idle-reaper status` for admins) says of it, plain text."""
+        lines = [
+            f"Member accounts, last sweep {self.swept_at:%Y-%m-%d %H:%M} UTC: {self.swept} of {self.units} "
+            f"account-regions swept ({self.machines} machines)"
+            + (f", {self.deferred} left to the next sweep (time ran short)" if self.deferred else "")
+        ]
+        for account, name, machines in self.excluded:
+            label = f"{account} {name!r}" if name else account
+            lines.append(f"  excluded, never touched: account {label}: {machines} opted-in machine(s)")
+        for f in self.failed:
+            label = f"{f.account} {f.name!r}" if f.name else f.account
+            lines.append(f"  not swept: account {label} in {f.region}: {f.why}")
+        if self.failed_more:
+            lines.append(f"  and {self.failed_more} more account-regions not swept (see the shard workers' logs)")
+        return lines
+
 
 def save_member_sweep(store: StateStore, sweep: MemberSweep, at: datetime) -> None:
     value = {
