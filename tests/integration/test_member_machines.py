@@ -17,10 +17,11 @@ from test_unwatched_regions import run_with
 from idle_reaper.aws import DynamoStateStore, client, table_name
 from idle_reaper.aws.accounts import MemberAccess, MemberCredentials
 from idle_reaper.core.records import MachineRecord, State, machine_key
+from idle_reaper.policy import Settings
 from idle_reaper.slack import routing
-from idle_reaper.sweep import Adapters
+from idle_reaper.sweep import Adapters, GatherTask, ShardTask, gather_sweep, plan_sweep, run_shard
 from idle_reaper.sweep.members import sweep_member_accounts
-from idle_reaper_tools import local
+from idle_reaper_tools import cli, local
 from idle_reaper_tools.demo import at
 
 pytestmark = pytest.mark.integration
@@ -125,3 +126,56 @@ def test_keep_asks_which_when_one_instance_id_runs_in_two_accounts(aws: object, 
     assert text.startswith("Kept trainer")
     states = {r.account: r.state for r in store.load([machine_key("i-0abc", x, REGION) for x in (a, b)]).values()}
     assert states == {a: State.WARNED, b: State.SNOOZED}
+
+
+def test_member_units_go_through_plan_shard_worker_and_gather_and_status_shows_them(
+    org: Org,  # noqa: F811
+    slack: Any,
+    clock: dict[str, object],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The fan-out in organization mode, end to end against moto: the planner writes the member units as a shard
+    after the hub's own, the shard worker sweeps them through the member roles, the gather step sums them and
+    keeps the sweep's member summary, which `status` (CLI, and /idle-reaper status for admins) shows."""
+    local.init_account(
+        Settings(admins=["U0ADMIN"]), teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)}
+    )
+    client("ssm").put_parameter(
+        Name="/idle-reaper/organization", Value=json.dumps({"exclude": [org.sandbox]}), Type="String", Overwrite=True
+    )
+    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION], "hubAccount": local.ACCOUNT}
+    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+    members = MemberAccess.from_environment("sweep")
+    assert members is not None
+    training = members.sessions.credentials(org.accounts["training"], REGION)
+    sandbox = members.sessions.credentials(org.accounts["alice-sandbox"], REGION)
+    assert isinstance(training, MemberCredentials) and isinstance(sandbox, MemberCredentials)
+    in_training = member_instance(training, "U0BOB", at(8))
+    in_sandbox = member_instance(sandbox, "U0ALICE", at(8))
+
+    clock["t"] = at(14)
+    adapters = Adapters.from_environment()
+    plan = plan_sweep(adapters, now=at(14), members=members, sweep_id="org-sweep")
+    # The hub's own (no machines) is shard 0; the two enrolled accounts (the closed one left out) shard 1.
+    assert (plan.shards, plan.member_shards, plan.member_units) == (1, 1, 2)
+    for index in range(plan.all_shards):
+        run_shard(adapters, ShardTask(sweep_id=plan.sweep_id, now=plan.now, shard=index), members=members)
+    gathered = gather_sweep(adapters, GatherTask(sweep_id=plan.sweep_id, now=plan.now, shards=[0, 1]))
+    assert gathered.failed == {} and gathered.machines == 1
+    assert gathered.accounts[training.account].warned == 1 and sandbox.account not in gathered.accounts
+    store = DynamoStateStore(client("dynamodb"), table_name())
+    assert store.load([machine_key(in_training, training.account, REGION)])
+    assert not store.load([machine_key(in_sandbox, sandbox.account, REGION)])  # excluded: never recorded
+    assert states(sandbox, in_sandbox) == "running"
+
+    assert cli.main(["status", "--now", at(14).isoformat()]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 2 account-regions swept (1 machines)" in out
+    assert f"excluded, never touched: account {sandbox.account} 'alice-sandbox': 1 opted-in machine(s)" in out
+    assert cli.main(["status", "--json", "--now", at(14).isoformat()]) == 0
+    [found] = [json.loads(x)["member_sweep"] for x in capsys.readouterr().out.splitlines() if "member_sweep" in x]
+    assert found["excluded"] == [{"account": sandbox.account, "name": "alice-sandbox", "opted_in_machines": 1}]
+    # Admins see it in Slack too; an owner sees only their own machines.
+    assert "excluded, never touched" in ephemeral_text(command("U0ADMIN", "status"))
+    assert "excluded" not in ephemeral_text(command("U0BOB", "status"))
