@@ -335,7 +335,7 @@ def print_organization(accounts: int, regions: int, machines: int, runs: list[Sw
     units = accounts * regions
     print(
         f"\n== {accounts:,} accounts x {regions} regions x {machines} machines = {units * machines:,} machines "
-        f"({units:,} units, {MEMBER_UNITS_PER_SHARD} a member shard, {MEMBER_SWEEP_WORKERS} at once; "
+        f"({units:,} units, at most {MEMBER_UNITS_PER_SHARD} a member shard, {MEMBER_SWEEP_WORKERS} at once; "
         f"benchmark ran {build_s:.0f} s here) =="
     )
     print(f"  {'':<{WIDTH}}" + "".join(f"{h:>12}" for h in LABELS[: len(runs)]))

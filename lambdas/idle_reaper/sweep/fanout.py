@@ -278,13 +278,16 @@ def plan_sweep(
     in_place: bool = False,
     members: MemberAccess | None = None,
     units_per_shard: int = MEMBER_UNITS_PER_SHARD,
+    shards_at_once: int = SHARDS_AT_ONCE,
 ) -> Plan:
     """List the fleet once and write one manifest (its instance ids) per shard to the state table.
     `in_place`: a fleet that fits one shard is swept by the caller from `Plan.listed`, no manifest written.
     `Plan.listed` holds the machines listed either way (the shard workers read their manifests, not it).
     `members` (organization mode): the enrolled accounts (the directory's cached listing) in member shards of
     (account, region) units after the machine shards; with any, the plan is never in place (the hub's own
-    machines are shard 0 however few), so one gather step sums every account."""
+    machines are shard 0 however few), so one gather step sums every account. Member shards hold at most
+    `units_per_shard` units, fewer when that leaves some of the Map's `shards_at_once` lanes idle: a small
+    organization is spread over every lane, as its units wait on the network, not the CPU."""
     if shard_size < 1:
         raise ValueError("shard_size must be at least 1")
     sweep_id = sweep_id or uuid.uuid4().hex
@@ -297,7 +300,10 @@ def plan_sweep(
     shards = max(1, -(-len(machines) // shard_size))
     groups = []
     if members is not None:  # the listing is cached; a failed one keeps the last good listing
-        groups = member_groups(members.directory.current().accounts, members.config.regions, units_per_shard)
+        accounts, regions = members.directory.current().accounts, members.config.regions
+        lanes = max(1, shards_at_once - shards)
+        per_group = min(units_per_shard, max(len(regions), -(-len(accounts) * len(regions) // lanes)))
+        groups = member_groups(accounts, regions, per_group)
     plan = Plan(
         sweep_id,
         now,

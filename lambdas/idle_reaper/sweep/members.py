@@ -102,9 +102,10 @@ def check_member_accounts(adapters: Adapters, members: MemberAccess, now: dateti
 # Sweeping the member accounts: each (account, region) a unit, through the member role's credentials
 
 # Units swept at once: a slow or throttled account holds one worker, not the others. A unit waits on the network
-# most of its time (listing, metric reads, the state table): benchmarks/organization_sweep.py measures a 40-unit
-# member shard at ~33 s with 4 at once and ~23 s with 8, where the CPU of the units' requests starts to bind.
-MEMBER_SWEEP_WORKERS = 8
+# most of its time (a chain of SSM, listing, metric read and state table calls, ~1 s however few its machines):
+# benchmarks/organization_sweep.py measured a member shard of 40 units of 50 machines at ~33 s with 4 at once and
+# ~23 s with 8, where the CPU of the units' requests starts to bind; units of a machine or two gain up to 16.
+MEMBER_SWEEP_WORKERS = 16
 UNIT_RESERVE_SECONDS = 45.0  # no unit is started with less left in the invocation: the next sweep takes it
 
 
@@ -259,12 +260,12 @@ def _none_swept(units: Sequence[tuple[MemberAccount, str]] | None, why: str) -> 
 # Member units as fan-out units: the planner writes manifests of (account, region) units beside the machine
 # shards; a shard worker sweeps its manifest's units; the gather step sums them and keeps their outcomes.
 
-# Units per member shard. A unit of the issue's size (50 machines) takes ~1-2 s of modelled wall (AssumeRole,
-# its clients, one listing, one or two metric reads, the state table; benchmarks/organization_sweep.py), so 40
-# units, 8 at once (MEMBER_SWEEP_WORKERS), take ~20 s: under a tenth of the worker's timeout, a fair share of
-# the Map's waves, and a manifest of a few KB. A unit far larger (an account-region with thousands of machines)
-# is what UNIT_RESERVE_SECONDS is for: the units not started in time are left to the next sweep, counted.
-MEMBER_UNITS_PER_SHARD = 40
+# Units per member shard, at most. A unit of the issue's size (50 machines) takes ~1-3 s of modelled wall
+# (AssumeRole, its clients, one listing, one or two metric reads, the state table) and ~0.3 s of CPU
+# (benchmarks/organization_sweep.py), so 64 units, 16 at once (MEMBER_SWEEP_WORKERS), take ~30 s: an eighth of
+# the worker's timeout, and a manifest of a few KB. A unit far larger (an account-region with thousands of
+# machines) is what UNIT_RESERVE_SECONDS is for: the units not started in time are left to the next sweep, counted.
+MEMBER_UNITS_PER_SHARD = 64
 MEMBER_MANIFEST = "members"  # the key of a member shard's manifest (a machine shard's is a list of ids)
 
 

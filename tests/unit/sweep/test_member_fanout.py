@@ -63,7 +63,9 @@ def sweep_members(org: Organization) -> Any:
 def test_the_planner_writes_member_shards_after_the_machine_shards() -> None:
     org = two_region_org()
     hub_ids = [org.hub.launch("m5.large", team="ml", profile=steady(1.0), launch_time=NOW - timedelta(days=1))]
-    plan = plan_sweep(org.adapters(), now=NOW, in_place=True, members=org.members, units_per_shard=2, sweep_id="s1")
+    plan = plan_sweep(
+        org.adapters(), now=NOW, in_place=True, members=org.members, units_per_shard=2, shards_at_once=2, sweep_id="s1"
+    )
     # Four accounts of one region, two units a shard: two member shards after the one machine shard, and the
     # plan is not swept in place even though the hub's own machines fit one shard.
     assert (plan.shards, plan.member_shards, plan.member_units) == (1, 2, 4)
@@ -75,6 +77,16 @@ def test_the_planner_writes_member_shards_after_the_machine_shards() -> None:
     assert members[0][0]["regions"] == [REGION] and members[0][0]["name"] == "sandbox-a"
     # The organization listed once (cached), nothing swept by the planner.
     assert org.made_for == [] and org.sts.calls == {}
+
+
+@pytest.mark.parametrize(("lanes", "groups"), [(20, [1, 1, 1, 1]), (3, [2, 2]), (2, [3, 1])])
+def test_a_small_organization_is_spread_over_the_maps_lanes(lanes: int, groups: list[int]) -> None:
+    org = two_region_org()
+    plan = plan_sweep(
+        org.adapters(), now=NOW, members=org.members, units_per_shard=3, shards_at_once=lanes, sweep_id="s"
+    )
+    manifests = [json.loads(org.store.get_lookup(manifest_key("s", i), NOW) or "") for i in range(1, plan.all_shards)]
+    assert [len(m["members"]) for m in manifests] == groups
 
 
 def test_without_members_a_small_fleet_is_still_swept_in_place() -> None:
@@ -93,7 +105,7 @@ def run_plan(
     fail: frozenset[int] = frozenset(),
 ) -> Any:
     adapters = org.adapters()
-    plan = plan_sweep(adapters, now=now, members=org.members, units_per_shard=2, sweep_id=sweep_id)
+    plan = plan_sweep(adapters, now=now, members=org.members, units_per_shard=2, shards_at_once=2, sweep_id=sweep_id)
     results = []
     for index in range(plan.all_shards):
         if index in fail:
