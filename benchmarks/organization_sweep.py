@@ -7,7 +7,7 @@ and FakeSts (testkit/aws/organization.py).
 The latency model is benchmarks/sweep_latency.py's: every call charged its in-region latency (testkit LATENCY)
 on the lanes of the pool that makes it, botocore's CPU per request (measured now, botocore_cpu.py) and the
 code's own CPU serial; plus STS AssumeRole (50 ms) and Organizations (150 ms a call), and the CPU of making
-each member unit's four clients (EC2, Auto Scaling, SageMaker, CloudWatch: measured now, charged serially).
+the clients each member unit uses (EC2, Auto Scaling, SageMaker, CloudWatch: measured now, charged serially).
 Each invocation is timed alone, as its own Lambda runs it, and composed as Step Functions runs them (the Map
 SHARDS_AT_ONCE at a time).
 
@@ -98,11 +98,14 @@ class Clock:
 
 @dataclass(frozen=True)
 class WorldCredentials:
-    """Stands in for MemberCredentials: one (account, region)'s fakes as its clients."""
+    """Stands in for MemberCredentials: one (account, region)'s fakes as its clients, each charged the CPU of
+    making a real one (member_adapters makes them when first used)."""
 
     world: FakeAws
+    model: LatencyModel
 
     def client(self, service: str) -> Any:
+        self.model.charge_cpu(f"client:{service}", {}, {})
         return {"ec2": self.world.ec2, "autoscaling": self.world.autoscaling, "cloudwatch": self.world.cloudwatch}.get(
             service
         )
@@ -228,9 +231,7 @@ def run_organization(
     processes = [access("sweep") for _ in range(SHARDS_AT_ONCE)]  # the Map's warm worker processes
 
     def make(hub_adapters: Adapters, held: MemberCredentials, default: TeamPolicy | None) -> Adapters:
-        for service in CLIENTS:
-            model.charge_cpu(f"client:{service}", {}, {})
-        return member_adapters(hub_adapters, WorldCredentials(worlds[(held.account, held.region)]), default)  # type: ignore[arg-type]
+        return member_adapters(hub_adapters, WorldCredentials(worlds[(held.account, held.region)], model), default)  # type: ignore[arg-type]
 
     def sweep_members(*args: Any, **kwargs: Any) -> Any:
         return sweep_member_accounts(*args, make_adapters=make, workers=unit_workers, **kwargs)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from idle_reaper.aws.accounts import (
     AccountFailure,
+    LazyClient,
     MemberAccess,
     MemberAccount,
     MemberCheck,
@@ -157,16 +158,17 @@ class _AccountPolicies(PolicyStore):
 
 def member_adapters(hub: Adapters, credentials: MemberCredentials, default: TeamPolicy | None) -> Adapters:
     """The hub's adapters for one member (account, region): EC2, Auto Scaling, SageMaker and CloudWatch
-    through the member role's credentials there; policies, the state table and Slack are the hub's."""
+    through the member role's credentials there, each client made when first used; policies, the state table
+    and Slack are the hub's."""
     return replace(
         hub,
         policies=_AccountPolicies(hub.policies, default),
         fleet=Fleet(
-            credentials.client("ec2"),
-            credentials.client("autoscaling"),
-            NotebookInstances(credentials.client("sagemaker")),
+            LazyClient(lambda: credentials.client("ec2")),
+            LazyClient(lambda: credentials.client("autoscaling")),
+            NotebookInstances(LazyClient(lambda: credentials.client("sagemaker"))),
         ),
-        metrics=MetricsReader(credentials.client("cloudwatch")),
+        metrics=MetricsReader(LazyClient(lambda: credentials.client("cloudwatch"))),
         studio=None,  # the daily Studio note is the hub's
     )
 

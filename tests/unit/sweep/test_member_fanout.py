@@ -10,14 +10,14 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from test_member_sweep import NOW, REGION, Organization
+from test_member_sweep import NOW, REGION, Organization, WorldCredentials
 
 from idle_reaper.aws.accounts import MemberAccount, OrganizationConfig, last_member_sweep
 from idle_reaper.core.records import machine_key
 from idle_reaper.handlers.sweep import emit_sweep_metrics
 from idle_reaper.sweep import GatherTask, ShardDone, ShardTask, SweepCannotRun, gather_sweep, manifest_key
 from idle_reaper.sweep.fanout import plan_sweep, result_key, run_shard
-from idle_reaper.sweep.members import member_groups, sweep_member_accounts
+from idle_reaper.sweep.members import member_adapters, member_groups, sweep_member_accounts
 from testkit.aws import steady
 
 REGIONS = ("eu-west-1", "us-east-1")
@@ -254,3 +254,25 @@ def test_metrics_carry_an_account_dimension(capsys: pytest.CaptureFixture[str]) 
     assert names == {"MachinesScanned", "MachinesIdle", "MachinesReaped", "MachinesUnknown"}
     # The team blobs are as before: no account in them.
     assert any("team" in b and "account" not in b for b in blobs)
+
+
+def test_a_member_unit_makes_only_the_clients_its_sweep_uses() -> None:
+    org = two_region_org()  # notebooks off
+    org.launch(org.a)
+    made: list[tuple[str, str]] = []
+
+    def make(hub: Any, credentials: Any, default: Any) -> Any:
+        world = WorldCredentials(org.worlds[credentials.account])
+
+        class Counted:
+            def client(self, service: str) -> Any:
+                made.append((credentials.account, service))
+                return world.client(service)
+
+        return member_adapters(hub, Counted(), default)  # type: ignore[arg-type]
+
+    outcomes = sweep_member_accounts(org.adapters(), org.members, NOW, make_adapters=make)
+    assert sum(o.report is not None for o in outcomes) == 3
+    # A has a machine to read; B and C have none (no metric read); no account has a group or notebooks.
+    assert sorted(s for a, s in made if a == org.a) == ["cloudwatch", "ec2"]
+    assert [s for a, s in made if a == org.b] == ["ec2"] and [s for a, s in made if a == org.c] == ["ec2"]
