@@ -24,6 +24,7 @@ The planner is one process (reserved concurrency 1), warm from sweep to sweep: i
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import random
@@ -46,7 +47,8 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 from botocore_cpu import BotocoreCpu, describe, measure  # noqa: E402
 from organization_calls import organization  # noqa: E402
 from sweep_cost import PREFIX, T0, build_fleet  # noqa: E402
-from sweep_latency import LOG, STATE_OVERHEAD_S, SWEEP_TIMEOUT_S, Segments, map_wall, request_cpu  # noqa: E402
+from sweep_latency import LOG, STATE_OVERHEAD_S, SWEEP_TIMEOUT_S, WIDTH, Segments, map_wall, request_cpu  # noqa: E402
+from sweep_latency import row as latency_row  # noqa: E402
 
 from idle_reaper import sweep as sweep_module  # noqa: E402
 from idle_reaper.aws.accounts import (  # noqa: E402
@@ -324,12 +326,7 @@ def run_organization(
     return runs
 
 
-WIDTH = 58
-
-
-def row(label: str, values: Sequence[float], spec: str = ",.1f", suffix: str = "") -> None:
-    width = 12 - len(suffix)
-    print(f"  {label:<{WIDTH}}" + "".join(f"{v:>{width}{spec}}{suffix}" for v in values))
+row = functools.partial(latency_row, spec=",.1f")
 
 
 def print_organization(accounts: int, regions: int, machines: int, runs: list[SweepRun], build_s: float) -> bool:
@@ -340,11 +337,11 @@ def print_organization(accounts: int, regions: int, machines: int, runs: list[Sw
         f"benchmark ran {build_s:.0f} s here) =="
     )
     print(f"  {'':<{WIDTH}}" + "".join(f"{h:>12}" for h in LABELS[: len(runs)]))
-    row("machines swept", [r.machines for r in runs], ",.0f")
-    row("units swept | failed | left to the next sweep", [r.units_swept for r in runs], ",.0f")
-    row("  failed", [r.units_failed for r in runs], ",.0f")
-    row("  left to the next sweep (time)", [r.deferred for r in runs], ",.0f")
-    row("shards (the hub's own machines + member units)", [len(r.shard_walls) for r in runs], ",.0f")
+    row("machines swept", [r.machines for r in runs], spec=",.0f")
+    row("units swept", [r.units_swept for r in runs], spec=",.0f")
+    row("  failed", [r.units_failed for r in runs], spec=",.0f")
+    row("  left to the next sweep (time)", [r.deferred for r in runs], spec=",.0f")
+    row("shards (the hub's own machines + member units)", [len(r.shard_walls) for r in runs], spec=",.0f")
     row("planner: listing, manifests, s", [r.planner_s for r in runs])
     row("  its credential check after StartExecution, s", [r.check_s for r in runs])
     row(f"Map ({SHARDS_AT_ONCE} at once): slowest wave's end, s", [r.map_s for r in runs])
@@ -355,12 +352,12 @@ def print_organization(accounts: int, regions: int, machines: int, runs: list[Sw
     )
     row("gather, s", [r.gather_s for r in runs])
     row("total wall (planner + Map + gather), s", [r.wall_s for r in runs])
-    row("  share of the 5-minute schedule", [100 * r.wall_s / SCHEDULE_S for r in runs], ",.0f", "%")
+    row("  share of the 5-minute schedule", [100 * r.wall_s / SCHEDULE_S for r in runs], spec=",.0f", suffix="%")
     row("longest invocation, s", [r.longest_s for r in runs])
-    row("  share of its timeout", [100 * r.longest_s / SWEEP_TIMEOUT_S for r in runs], ",.0f", "%")
-    row("AssumeRole calls: shard workers", [r.assume_workers for r in runs], ",.0f")
-    row("AssumeRole calls: the planner's credential check", [r.assume_planner for r in runs], ",.0f")
-    row("Organizations calls", [r.organizations_calls for r in runs], ",.0f")
+    row("  share of its timeout", [100 * r.longest_s / SWEEP_TIMEOUT_S for r in runs], spec=",.0f", suffix="%")
+    row("AssumeRole calls: shard workers", [r.assume_workers for r in runs], spec=",.0f")
+    row("AssumeRole calls: the planner's credential check", [r.assume_planner for r in runs], spec=",.0f")
+    row("Organizations calls", [r.organizations_calls for r in runs], spec=",.0f")
     row("AssumeRole latency charged (serial sum), s", [r.assume_latency_s for r in runs])
     row("member clients made, CPU (serial sum), s", [r.client_cpu_s for r in runs])
     row("botocore's CPU (serialise, sign, parse, clients), s", [r.botocore_s for r in runs])
@@ -393,20 +390,25 @@ def print_comparison(n: int, seed: int, cpu: BotocoreCpu | None, clients: dict[s
     print(f"  {'':<{WIDTH}}" + "".join(f"{h:>12}" for h in LABELS))
     row(f"{n:,} machines in one account (swept in place), s", [r.wall_s for r in single])
     row(f"{n:,} accounts x 1 machine (fanned out), s", [r.wall_s for r in member])
+    row("  of which the hourly account listing (planner), s", [r.planner_s for r in member])
     row("  the same with AssumeRole free, s", [r.wall_s for r in free])
-    row("per machine: one account, ms", [1000 * r.wall_s / n for r in single], ",.2f")
-    row("per machine: one account each, ms", [1000 * r.wall_s / n for r in member], ",.2f")
+    row("per machine: one account, ms", [1000 * r.wall_s / n for r in single], spec=",.2f")
+    row("per machine: one account each, ms", [1000 * r.wall_s / n for r in member], spec=",.2f")
     row(
         "  of the difference, AssumeRole's, ms",
         [1000 * (m.wall_s - f.wall_s) / n for m, f in zip(member, free, strict=True)],
-        ",.2f",
+        spec=",.2f",
     )
     row(
-        "  the rest (a unit's clients, listing, state, hand-offs), ms",
+        "  the rest (clients, listing, reads, state), ms",
         [1000 * (f.wall_s - s.wall_s) / n for f, s in zip(free, single, strict=True)],
-        ",.2f",
+        spec=",.2f",
     )
-    row("AssumeRole calls (workers + planner's check)", [r.assume_workers + r.assume_planner for r in member], ",.0f")
+    row(
+        "AssumeRole calls (workers + planner's check)",
+        [r.assume_workers + r.assume_planner for r in member],
+        spec=",.0f",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from idle_reaper.aws.accounts import MemberAccess
 from idle_reaper.aws.clients import client
 from idle_reaper.aws.regions import current_region
+from idle_reaper.core.reports import TeamTotals
 from idle_reaper.notify import logger
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport
 from idle_reaper.sweep.doctor import run_daily_doctor
@@ -37,33 +38,35 @@ metrics = Metrics(namespace="IdleReaper", service="idle-reaper")
 FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # the state machine that sweeps a fleet shard by shard
 
 
+def _emit_counts(dimension: str, value: str, t: TeamTotals, *, all_counts: bool = True) -> None:
+    """One EMF blob of counts under one dimension; `all_counts` False: the four an account is split by."""
+    blob = EphemeralMetrics(namespace="IdleReaper")
+    blob.add_dimension(dimension, value)
+    blob.add_metric("MachinesScanned", MetricUnit.Count, t.scanned)
+    blob.add_metric("MachinesIdle", MetricUnit.Count, t.idle)
+    if all_counts:
+        blob.add_metric("WarningsSent", MetricUnit.Count, t.warned)
+    blob.add_metric("MachinesReaped", MetricUnit.Count, t.reaped)
+    if all_counts:
+        blob.add_metric("MachinesProtected", MetricUnit.Count, t.protected)
+    blob.add_metric("MachinesUnknown", MetricUnit.Count, t.unknown)
+    if all_counts:
+        blob.add_metric("Snoozes", MetricUnit.Count, t.snoozed)  # machines kept by someone now
+        blob.add_metric("EstimatedHourlySavings", MetricUnit.NoUnit, round(t.hourly_savings, 4))
+    blob.flush_metrics()
+
+
 def emit_team_metrics(totals: SweepTotals) -> None:
     """One EMF blob per team, so dashboards can split every count by team."""
     for team, team_totals in sorted(totals.teams.items()):
-        team_metrics = EphemeralMetrics(namespace="IdleReaper")
-        team_metrics.add_dimension("team", team)
-        team_metrics.add_metric("MachinesScanned", MetricUnit.Count, team_totals.scanned)
-        team_metrics.add_metric("MachinesIdle", MetricUnit.Count, team_totals.idle)
-        team_metrics.add_metric("WarningsSent", MetricUnit.Count, team_totals.warned)
-        team_metrics.add_metric("MachinesReaped", MetricUnit.Count, team_totals.reaped)
-        team_metrics.add_metric("MachinesProtected", MetricUnit.Count, team_totals.protected)
-        team_metrics.add_metric("MachinesUnknown", MetricUnit.Count, team_totals.unknown)
-        team_metrics.add_metric("Snoozes", MetricUnit.Count, team_totals.snoozed)  # machines kept by someone now
-        team_metrics.add_metric("EstimatedHourlySavings", MetricUnit.NoUnit, round(team_totals.hourly_savings, 4))
-        team_metrics.flush_metrics()
+        _emit_counts("team", team, team_totals)
 
 
 def emit_account_metrics(totals: SweepTotals) -> None:
     """Organization mode: one EMF blob per account (the hub's own under its account id), the team metrics'
     names under an `account` dimension, so dashboards can split the organization by account."""
     for account, account_totals in sorted(totals.accounts.items()):
-        account_metrics = EphemeralMetrics(namespace="IdleReaper")
-        account_metrics.add_dimension("account", account)
-        account_metrics.add_metric("MachinesScanned", MetricUnit.Count, account_totals.scanned)
-        account_metrics.add_metric("MachinesIdle", MetricUnit.Count, account_totals.idle)
-        account_metrics.add_metric("MachinesReaped", MetricUnit.Count, account_totals.reaped)
-        account_metrics.add_metric("MachinesUnknown", MetricUnit.Count, account_totals.unknown)
-        account_metrics.flush_metrics()
+        _emit_counts("account", account, account_totals, all_counts=False)
 
 
 def emit_sweep_metrics(metrics: Metrics, totals: SweepTotals, shards_failed: int = 0) -> None:
