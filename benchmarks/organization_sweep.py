@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
 import os
 import random
 import sys
@@ -44,10 +43,18 @@ for path in (ROOT, ROOT / "benchmarks", ROOT / "lambdas"):
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-from botocore_cpu import BotocoreCpu, describe, measure  # noqa: E402
+from botocore_cpu import BotocoreCpu  # noqa: E402
 from organization_calls import organization  # noqa: E402
 from sweep_cost import PREFIX, T0, build_fleet  # noqa: E402
-from sweep_latency import LOG, STATE_OVERHEAD_S, SWEEP_TIMEOUT_S, WIDTH, Segments, map_wall, request_cpu  # noqa: E402
+from sweep_latency import (  # noqa: E402
+    STATE_OVERHEAD_S,
+    SWEEP_TIMEOUT_S,
+    WIDTH,
+    Segments,
+    map_wall,
+    measured_botocore,
+    request_cpu,
+)
 from sweep_latency import row as latency_row  # noqa: E402
 
 from idle_reaper import sweep as sweep_module  # noqa: E402
@@ -421,21 +428,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-botocore", action="store_true", help="charge latency only, not botocore's CPU")
     args = parser.parse_args(argv)
     print("idle-reaper organization sweep: the real planner, shard workers and gather over per-account fakes")
-    cpu = None
-    if not args.no_botocore:
-        cpu = measure()
-        print("botocore CPU, measured now with real botocore against stubbed answers (botocore_cpu.py):")
-        for line in describe(cpu):
-            print(f"  {line}")
+    cpu = measured_botocore(skip=args.no_botocore)
     clients = client_cpu_s()
     print(
         "a member unit's clients, CPU each (measured now): "
         + ", ".join(f"{s} {c * 1000:.1f} ms" for s, c in clients.items())
         + f" = {sum(clients.values()) * 1000:.0f} ms a unit"
     )
-    handler = sweep_module.logger.registered_handler
-    if isinstance(handler, logging.StreamHandler):  # after measure(), which sends the log to /dev/null
-        handler.setStream(LOG)  # type: ignore[arg-type]
     regions = REGIONS[: args.regions]
     started = time.perf_counter()
     runs = run_organization(args.accounts, regions, args.machines, seed=args.seed, cpu=cpu, clients=clients)
