@@ -169,11 +169,11 @@ def test_member_units_go_through_the_planner_shard_workers_and_gather_and_status
     sweep_handler.member_access.cache_clear()  # the functions' own, kept while warm
     try:
         # The hub's own machines (none) fit in place, yet with member units the sweep is fanned out: shard 0 the
-        # hub's, shard 1 the two enrolled accounts (the closed one left out).
-        assert sweep_handler.handler({}, LambdaContextStub()) == {"machines": 0, "shards": 2, "dry_run": False}
+        # hub's, then the two enrolled accounts (the closed one left out), a shard each (the Map has lanes to spare).
+        assert sweep_handler.handler({}, LambdaContextStub()) == {"machines": 0, "shards": 3, "dry_run": False}
         [execution] = sfn.list_executions(stateMachineArn=arn)["executions"]
         plan = json.loads(sfn.describe_execution(executionArn=execution["executionArn"])["input"])
-        assert plan["shards"] == [0, 1]
+        assert plan["shards"] == [0, 1, 2]
         results = []
         for shard in plan["shards"]:
             event = {k: plan[k] for k in ("sweep_id", "now", "dry_run", "concurrent_shards")} | {"shard": shard}
@@ -182,7 +182,7 @@ def test_member_units_go_through_the_planner_shard_workers_and_gather_and_status
         gathered = fanout.gather_handler({**plan, "results": results}, LambdaContextStub())
     finally:
         sweep_handler.member_access.cache_clear()
-    assert gathered["machines"] == 1 and gathered["shards"] == 2 and gathered["shards_failed"] == []
+    assert gathered["machines"] == 1 and gathered["shards"] == 3 and gathered["shards_failed"] == []
     by_account = {b["account"]: b for b in emf_blobs(capsys.readouterr().out) if "account" in b}
     assert set(by_account) == {local.ACCOUNT, training.account}  # the excluded account is not swept
     assert by_account[training.account]["MachinesScanned"] == 1 and by_account[local.ACCOUNT]["MachinesScanned"] == 0
