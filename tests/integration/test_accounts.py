@@ -299,6 +299,11 @@ def test_a_sweep_holds_member_credentials_and_tells_the_admins_once_a_day_per_ac
     assert f"cannot work in member account {sandbox} 'alice-sandbox' (role-missing)" in alert
     assert "us-east-1" in alert and "eu-west-1" in alert and "the other accounts are not affected" in alert
     assert members.sessions.assume_calls == 4
+    # The doctor tells accounts this check covered from those it never saw (joined since): it keeps their ids.
+    kept = last_member_check(adapters.store, clock.now)
+    assert kept is not None and kept.checked is not None
+    assert sorted(kept.checked) == sorted(a.id for a in members.directory.current().accounts)
+    assert sandbox in kept.checked
 
     # Later sweeps the same day: credentials reused, the failing account asked again, no second alert.
     clock.now += timedelta(minutes=5)

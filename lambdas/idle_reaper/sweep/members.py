@@ -32,11 +32,9 @@ from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.notify import logger as logger  # re-exported: handlers log through it
 from idle_reaper.organization import (
-    ORGANIZATION_PARAMETER,
     AccountId,
     OrganizationSettings,
     RegionName,
-    parse_organization_settings,
 )
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, alert_once
@@ -60,6 +58,7 @@ def check_member_accounts(adapters: Adapters, members: MemberAccess, now: dateti
             failures=(*failures, *listing.skipped),
             listing_error=listing.error,
             listed_at=listing.listed_at,
+            checked=tuple(a.id for a in listing.accounts),
         )
         save_member_check(adapters.store, check, now)
         settings, _ = adapters.policies.load_settings()
@@ -136,9 +135,7 @@ class UnitOutcome:
 def load_organization_settings(adapters: Adapters) -> OrganizationSettings:
     """`{prefix}/organization` (absent: nothing excluded, no other defaults). Raises PolicyError naming the
     parameter and the field when it is invalid."""
-    name = f"{adapters.policies.prefix}/{ORGANIZATION_PARAMETER}"
-    stored = adapters.policies.read(name)
-    return parse_organization_settings(name, stored.value) if stored else OrganizationSettings()
+    return adapters.policies.load_organization()
 
 
 class _AccountPolicies(PolicyStore):
