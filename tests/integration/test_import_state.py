@@ -348,6 +348,7 @@ def test_a_hub_record_with_a_keep_or_its_own_warning_is_kept_and_a_later_old_kee
     if case in ("old keep later", "old keep into hub warning"):
         old = replace(old, state=State.SNOOZED, snoozed_until=_soon(5), snoozed_by="U0BOB")
     assert m.hub.save(hub) and m.old.save(old)
+    ttl = [i["expires_at"] for i in m.hub_items() if i["pk"]["S"] == f"machine#{m.key('i-0both')}"]
     assert m.run() == 0
     out = capsys.readouterr().out
     found = m.hub.load([m.key("i-0both")])[m.key("i-0both")]
@@ -367,6 +368,7 @@ def test_a_hub_record_with_a_keep_or_its_own_warning_is_kept_and_a_later_old_kee
     # The old stack's later keep lives on in the hub's record (its warning and state as the hub left them).
     assert (found.snoozed_until, found.snoozed_by) == (_soon(5), "U0BOB")
     assert found.version == 5 and found.warning_ref == hub.warning_ref
+    assert [i["expires_at"] for i in m.hub_items() if i["pk"]["S"] == f"machine#{m.key('i-0both')}"] == ttl
     assert "the old stack's keep until" in out
     assert "1 kept (the hub's), the old stack's later keep carried into 1" in out
     before = m.hub_items()
