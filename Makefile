@@ -39,6 +39,7 @@ bench: sync
 	$(RUN) python benchmarks/slack_throughput.py
 	$(RUN) python benchmarks/doctor_calls.py --sizes 50000
 	$(RUN) python benchmarks/organization_calls.py
+	$(RUN) python benchmarks/organization_sweep.py
 	$(RUN) python benchmarks/read_when_due.py
 	$(RUN) python benchmarks/kind_lookups.py
 	$(RUN) python benchmarks/savings.py

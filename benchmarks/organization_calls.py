@@ -3,8 +3,8 @@ scale the issue names (1,000 accounts x 4 regions), over the counting fakes of t
 
 Runs the REAL aws.accounts.AccountDirectory and MemberSessions. Latencies: testkit's ORGANIZATION_LATENCY
 (AssumeRole 50 ms, Organizations 150 ms a call), scheduled on the pool's lanes as benchmarks/sweep_latency.py
-does. It measures what exists today (discovery and credentials); the sweep does not cross accounts yet, so the
-whole sweep of 200,000 machines in member accounts is not measured here.
+does. It measures discovery and credentials alone; the whole sweep of 200,000 machines in member accounts (the
+planner, the member shards, the gather step) is benchmarks/organization_sweep.py.
 
     python benchmarks/organization_calls.py [--accounts 1000] [--regions 4] [--every 5]
 """

@@ -455,6 +455,21 @@ def check_planner(size: int, seed: int, cpu: BotocoreCpu | None) -> bool:
     return within
 
 
+def measured_botocore(*, skip: bool) -> BotocoreCpu | None:
+    """botocore's CPU per request, measured now and printed (None: `skip`, latency only); then the sweep's log
+    goes to LOG (counted, not kept)."""
+    cpu = None
+    if not skip:
+        cpu = measure()
+        print("and its botocore CPU, measured now with real botocore against stubbed answers (botocore_cpu.py):")
+        for line in describe(cpu):
+            print(f"  {line}")
+    handler = sweep_module.logger.registered_handler
+    if isinstance(handler, logging.StreamHandler):  # after measure(), which sends the log to /dev/null
+        handler.setStream(LOG)  # type: ignore[arg-type]
+    return cpu
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,10000,50000,200000", help="comma-separated fleet sizes")
@@ -473,15 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     print("idle-reaper sweep latency model: the real run_sweep over counting fakes, every call charged its latency")
-    cpu = None
-    if not args.no_botocore:
-        cpu = measure()
-        print("and its botocore CPU, measured now with real botocore against stubbed answers (botocore_cpu.py):")
-        for line in describe(cpu):
-            print(f"  {line}")
-    handler = sweep_module.logger.registered_handler
-    if isinstance(handler, logging.StreamHandler):  # after measure(), which sends the log to /dev/null
-        handler.setStream(LOG)  # type: ignore[arg-type]
+    cpu = measured_botocore(skip=args.no_botocore)
     ok = True
     measured = {}
     for size in [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]:

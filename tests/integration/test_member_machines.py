@@ -17,11 +17,16 @@ from test_unwatched_regions import run_with
 from idle_reaper.aws import DynamoStateStore, client, table_name
 from idle_reaper.aws.accounts import MemberAccess, MemberCredentials
 from idle_reaper.core.records import MachineRecord, State, machine_key
+from idle_reaper.handlers import fanout
+from idle_reaper.handlers import sweep as sweep_handler
+from idle_reaper.policy import Settings
 from idle_reaper.slack import routing
 from idle_reaper.sweep import Adapters
 from idle_reaper.sweep.members import sweep_member_accounts
-from idle_reaper_tools import local
+from idle_reaper_tools import cli, local
 from idle_reaper_tools.demo import at
+from idle_reaper_tools.fake_slack import LambdaContextStub
+from testkit.emf import emf_blobs
 
 pytestmark = pytest.mark.integration
 
@@ -125,3 +130,74 @@ def test_keep_asks_which_when_one_instance_id_runs_in_two_accounts(aws: object, 
     assert text.startswith("Kept trainer")
     states = {r.account: r.state for r in store.load([machine_key("i-0abc", x, REGION) for x in (a, b)]).values()}
     assert states == {a: State.WARNED, b: State.SNOOZED}
+
+
+def test_member_units_go_through_the_planner_shard_workers_and_gather_and_status_shows_them(
+    org: Org,  # noqa: F811
+    slack: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The fan-out in organization mode, end to end against moto through the handlers: the scheduled planner
+    writes the member units as a shard after the hub's own and starts the state machine, the shard workers sweep
+    them through the member roles, the gather step sums them (per-account metrics) and keeps the sweep's member
+    summary, which `status` (CLI, and /idle-reaper status for admins) shows."""
+    local.init_account(
+        Settings(admins=["U0ADMIN"]), teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)}
+    )
+    client("ssm").put_parameter(
+        Name="/idle-reaper/organization", Value=json.dumps({"exclude": [org.sandbox]}), Type="String", Overwrite=True
+    )
+    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION], "hubAccount": local.ACCOUNT}
+    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+    sfn = client("stepfunctions")
+    arn = sfn.create_state_machine(
+        name="idle-reaper-sweep",
+        definition=json.dumps({"StartAt": "Wait", "States": {"Wait": {"Type": "Pass", "End": True}}}),
+        roleArn="arn:aws:iam::123456789012:role/idle-reaper-sweep",
+    )["stateMachineArn"]
+    monkeypatch.setenv(sweep_handler.FANOUT_ENV, arn)
+    members = MemberAccess.from_environment("sweep")
+    assert members is not None
+    training = members.sessions.credentials(org.accounts["training"], REGION)
+    sandbox = members.sessions.credentials(org.accounts["alice-sandbox"], REGION)
+    assert isinstance(training, MemberCredentials) and isinstance(sandbox, MemberCredentials)
+    now = datetime.now(UTC)  # the handlers use the wall clock
+    in_training = member_instance(training, "U0BOB", now - timedelta(hours=3))
+    in_sandbox = member_instance(sandbox, "U0ALICE", now - timedelta(hours=3))
+
+    sweep_handler.member_access.cache_clear()  # the functions' own, kept while warm
+    try:
+        # The hub's own machines (none) fit in place, yet with member units the sweep is fanned out: shard 0 the
+        # hub's, then the two enrolled accounts (the closed one left out), a shard each (the Map has lanes to spare).
+        assert sweep_handler.handler({}, LambdaContextStub()) == {"machines": 0, "shards": 3, "dry_run": False}
+        [execution] = sfn.list_executions(stateMachineArn=arn)["executions"]
+        plan = json.loads(sfn.describe_execution(executionArn=execution["executionArn"])["input"])
+        assert plan["shards"] == [0, 1, 2]
+        results = []
+        for shard in plan["shards"]:
+            event = {k: plan[k] for k in ("sweep_id", "now", "dry_run", "concurrent_shards")} | {"shard": shard}
+            results.append(fanout.shard_handler(event, LambdaContextStub()))
+        capsys.readouterr()
+        gathered = fanout.gather_handler({**plan, "results": results}, LambdaContextStub())
+    finally:
+        sweep_handler.member_access.cache_clear()
+    assert gathered["machines"] == 1 and gathered["shards"] == 3 and gathered["shards_failed"] == []
+    by_account = {b["account"]: b for b in emf_blobs(capsys.readouterr().out) if "account" in b}
+    assert set(by_account) == {local.ACCOUNT, training.account}  # the excluded account is not swept
+    assert by_account[training.account]["MachinesScanned"] == 1 and by_account[local.ACCOUNT]["MachinesScanned"] == 0
+    store = DynamoStateStore(client("dynamodb"), table_name())
+    assert store.load([machine_key(in_training, training.account, REGION)])
+    assert not store.load([machine_key(in_sandbox, sandbox.account, REGION)])  # excluded: never recorded
+    assert states(sandbox, in_sandbox) == "running"
+
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 2 account-regions swept (1 machines)" in out
+    assert f"excluded, never touched: account {sandbox.account} 'alice-sandbox': 1 opted-in machine(s)" in out
+    assert cli.main(["status", "--json"]) == 0
+    [found] = [json.loads(x)["member_sweep"] for x in capsys.readouterr().out.splitlines() if "member_sweep" in x]
+    assert found["excluded"] == [{"account": sandbox.account, "name": "alice-sandbox", "opted_in_machines": 1}]
+    # Admins see it in Slack too; an owner sees only their own machines.
+    assert "excluded, never touched" in ephemeral_text(command("U0ADMIN", "status"))
+    assert "excluded" not in ephemeral_text(command("U0BOB", "status"))

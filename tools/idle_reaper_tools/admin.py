@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from idle_reaper import aws
-from idle_reaper.aws.accounts import MemberCheck, last_member_check
+from idle_reaper.aws.accounts import MemberCheck, MemberSweep, last_member_check, last_member_sweep
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
 from idle_reaper.core.kinds import NEVER_STOPPED, NOTEBOOK_GAPS, TERMINABLE, Kind, recorded_saving
 from idle_reaper.core.reading import parse_next_read
@@ -827,6 +827,20 @@ def format_member_check(check: MemberCheck) -> str:
     return "\n".join(lines)
 
 
+def member_sweep_json(sweep: MemberSweep) -> dict[str, object]:
+    """The last member sweep as `status --json` prints it."""
+    return {
+        "swept_at": sweep.swept_at.isoformat(),
+        "units": sweep.units,
+        "swept": sweep.swept,
+        "machines": sweep.machines,
+        "deferred": sweep.deferred,
+        "excluded": [{"account": a, "name": n, "opted_in_machines": c} for a, n, c in sweep.excluded],
+        "failed": [f.__dict__ for f in sweep.failed],
+        "failed_more": sweep.failed_more,
+    }
+
+
 def _studio_findings(refs: Mapping[str, TeamPolicyRef] | None, settings: Settings) -> list[StudioFinding]:
     """Running Studio apps whose idle shutdown is off or longer than their team's window; none shown (said on
     stderr) when Studio cannot be read."""
@@ -866,6 +880,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             rows = [r for r in rows if (r["owner"] or "").lower() == args.owner.lower()]
         unwatched = aws.last_unwatched(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
         members = last_member_check(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
+        member_sweep = last_member_sweep(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
         studio = _studio_findings(refs, settings) if settings.sagemaker_notebooks else []
         if args.json:
             for row in rows:
@@ -892,12 +907,16 @@ def cmd_status(args: argparse.Namespace) -> int:
                         }
                     )
                 )
+            if member_sweep:
+                print(json.dumps({"member_sweep": member_sweep_json(member_sweep)}, sort_keys=True))
         else:
             print(format_status(rows, now))
             if unwatched:
                 print(format_unwatched(*unwatched))
             if members:
                 print(format_member_check(members))
+            if member_sweep:
+                print("\n".join(member_sweep.lines()))
             if studio:
                 print("\nStudio apps that would outlast their team's idle window (reported, not stopped):")
                 print("\n".join(f"  {f.line()}" for f in studio))

@@ -236,6 +236,24 @@ class MemberCredentials:
         )
 
 
+class LazyClient:
+    """A client made on its first use: a member unit makes only the clients its sweep calls (each costs 5-50 ms
+    of CPU; one account-region with nothing due to read needs no CloudWatch client, one without Auto Scaling
+    groups no Auto Scaling client, and notebooks off no SageMaker client)."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._made: Any = None
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        if self._made is None:
+            with self._lock:
+                if self._made is None:
+                    self._made = self._make()
+        return getattr(self._made, name)
+
+
 _SESSION_NAME = re.compile(r"[^\w+=,.@-]")
 
 
@@ -422,4 +440,83 @@ def last_member_check(store: StateStore, now: datetime) -> MemberCheck | None:
         failures,
         value.get("listing_error"),
         datetime.fromisoformat(listed_at) if listed_at else None,
+    )
+
+
+# The last sweep of the member accounts (organization mode), for `status`: a lookup item of the hub's state
+# table, written by the gather step (or by the planner when it swept everything in place).
+MEMBER_SWEEP_KEY = "member-sweep"
+
+
+@dataclass(frozen=True)
+class UnitFailure:
+    """An (account, region) the last sweep could not sweep, and why."""
+
+    account: str
+    region: str
+    name: str
+    why: str
+
+
+@dataclass(frozen=True)
+class MemberSweep:
+    """What the last sweep did in the member accounts: units swept, excluded accounts (their opted-in machines
+    counted, never touched), units that failed and why; units it ran short of time for are only counted."""
+
+    swept_at: datetime
+    units: int
+    swept: int
+    machines: int
+    excluded: tuple[tuple[str, str, int], ...]  # (account, name, opted-in machines)
+    failed: tuple[UnitFailure, ...]
+    failed_more: int = 0  # failed units beyond those kept
+    deferred: int = 0
+
+    def lines(self) -> list[str]:
+        """What `status` (the CLI, and `/idle-reaper status` for admins) says of it, plain text."""
+        lines = [
+            f"Member accounts, last sweep {self.swept_at:%Y-%m-%d %H:%M} UTC: {self.swept} of {self.units} "
+            f"account-regions swept ({self.machines} machines)"
+            + (f", {self.deferred} left to the next sweep (time ran short)" if self.deferred else "")
+        ]
+        for account, name, machines in self.excluded:
+            label = f"{account} {name!r}" if name else account
+            lines.append(f"  excluded, never touched: account {label}: {machines} opted-in machine(s)")
+        for f in self.failed:
+            label = f"{f.account} {f.name!r}" if f.name else f.account
+            lines.append(f"  not swept: account {label} in {f.region}: {f.why}")
+        if self.failed_more:
+            lines.append(f"  and {self.failed_more} more account-regions not swept (see the shard workers' logs)")
+        return lines
+
+
+def save_member_sweep(store: StateStore, sweep: MemberSweep, at: datetime) -> None:
+    value = {
+        "swept_at": sweep.swept_at.isoformat(),
+        "units": sweep.units,
+        "swept": sweep.swept,
+        "machines": sweep.machines,
+        "excluded": [list(e) for e in sweep.excluded],
+        "failed": [f.__dict__ for f in sweep.failed],
+        "failed_more": sweep.failed_more,
+        "deferred": sweep.deferred,
+    }
+    store.put_lookup(MEMBER_SWEEP_KEY, json.dumps(value), at + MEMBERS_KEEP)
+
+
+def last_member_sweep(store: StateStore, now: datetime) -> MemberSweep | None:
+    """The last member sweep a sweep stored (None: never, single-account mode, or over a week ago)."""
+    raw = store.get_lookup(MEMBER_SWEEP_KEY, now)
+    if raw is None:
+        return None
+    value = json.loads(raw)
+    return MemberSweep(
+        swept_at=datetime.fromisoformat(value["swept_at"]),
+        units=int(value["units"]),
+        swept=int(value["swept"]),
+        machines=int(value["machines"]),
+        excluded=tuple((str(a), str(n), int(c)) for a, n, c in value["excluded"]),
+        failed=tuple(UnitFailure(**f) for f in value["failed"]),
+        failed_more=int(value.get("failed_more", 0)),
+        deferred=int(value.get("deferred", 0)),
     )

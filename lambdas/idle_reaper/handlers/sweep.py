@@ -17,10 +17,19 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from idle_reaper.aws.accounts import MemberAccess
 from idle_reaper.aws.clients import client
 from idle_reaper.aws.regions import current_region
+from idle_reaper.core.reports import TeamTotals
 from idle_reaper.notify import logger
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport
 from idle_reaper.sweep.doctor import run_daily_doctor
-from idle_reaper.sweep.fanout import SHARD_SIZE, Plan, SweepTotals, plan_sweep
+from idle_reaper.sweep.fanout import (
+    SHARD_SIZE,
+    Plan,
+    SweepTotals,
+    member_totals,
+    note_member_sweep,
+    plan_sweep,
+    sum_totals,
+)
 from idle_reaper.sweep.members import check_member_accounts, sweep_member_accounts
 from idle_reaper.sweep.regions import report_unwatched_regions
 from idle_reaper.sweep.run import run_sweep
@@ -29,25 +38,41 @@ metrics = Metrics(namespace="IdleReaper", service="idle-reaper")
 FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # the state machine that sweeps a fleet shard by shard
 
 
+def _emit_counts(dimension: str, value: str, t: TeamTotals, *, all_counts: bool = True) -> None:
+    """One EMF blob of counts under one dimension; `all_counts` False: the four an account is split by."""
+    blob = EphemeralMetrics(namespace="IdleReaper")
+    blob.add_dimension(dimension, value)
+    blob.add_metric("MachinesScanned", MetricUnit.Count, t.scanned)
+    blob.add_metric("MachinesIdle", MetricUnit.Count, t.idle)
+    if all_counts:
+        blob.add_metric("WarningsSent", MetricUnit.Count, t.warned)
+    blob.add_metric("MachinesReaped", MetricUnit.Count, t.reaped)
+    if all_counts:
+        blob.add_metric("MachinesProtected", MetricUnit.Count, t.protected)
+    blob.add_metric("MachinesUnknown", MetricUnit.Count, t.unknown)
+    if all_counts:
+        blob.add_metric("Snoozes", MetricUnit.Count, t.snoozed)  # machines kept by someone now
+        blob.add_metric("EstimatedHourlySavings", MetricUnit.NoUnit, round(t.hourly_savings, 4))
+    blob.flush_metrics()
+
+
 def emit_team_metrics(totals: SweepTotals) -> None:
     """One EMF blob per team, so dashboards can split every count by team."""
     for team, team_totals in sorted(totals.teams.items()):
-        team_metrics = EphemeralMetrics(namespace="IdleReaper")
-        team_metrics.add_dimension("team", team)
-        team_metrics.add_metric("MachinesScanned", MetricUnit.Count, team_totals.scanned)
-        team_metrics.add_metric("MachinesIdle", MetricUnit.Count, team_totals.idle)
-        team_metrics.add_metric("WarningsSent", MetricUnit.Count, team_totals.warned)
-        team_metrics.add_metric("MachinesReaped", MetricUnit.Count, team_totals.reaped)
-        team_metrics.add_metric("MachinesProtected", MetricUnit.Count, team_totals.protected)
-        team_metrics.add_metric("MachinesUnknown", MetricUnit.Count, team_totals.unknown)
-        team_metrics.add_metric("Snoozes", MetricUnit.Count, team_totals.snoozed)  # machines kept by someone now
-        team_metrics.add_metric("EstimatedHourlySavings", MetricUnit.NoUnit, round(team_totals.hourly_savings, 4))
-        team_metrics.flush_metrics()
+        _emit_counts("team", team, team_totals)
+
+
+def emit_account_metrics(totals: SweepTotals) -> None:
+    """Organization mode: one EMF blob per account (the hub's own under its account id), the team metrics'
+    names under an `account` dimension, so dashboards can split the organization by account."""
+    for account, account_totals in sorted(totals.accounts.items()):
+        _emit_counts("account", account, account_totals, all_counts=False)
 
 
 def emit_sweep_metrics(metrics: Metrics, totals: SweepTotals, shards_failed: int = 0) -> None:
     """The metrics of one sweep, swept in place or gathered from its shards: the same names either way."""
     emit_team_metrics(totals)
+    emit_account_metrics(totals)
     metrics.add_metric("SweepDurationMs", MetricUnit.Milliseconds, totals.duration_ms)
     metrics.add_metric("SweepErrors", MetricUnit.Count, totals.errors)
     # Machines the sweep ran out of time for (left untouched to the next sweep): the fleet outgrows a shard.
@@ -94,18 +119,28 @@ def member_access() -> MemberAccess | None:
     return MemberAccess.from_environment("sweep")
 
 
-def check_members(adapters: Adapters, now: datetime, context: LambdaContext) -> None:
+def check_members(
+    adapters: Adapters, now: datetime, context: LambdaContext, *, sweep: bool = False
+) -> SweepTotals | None:
     """Organization mode, after the sweep is started or done: credentials in every member account and region,
-    failures kept for `status` and told to the admins once a day per account (a side job, like the count)."""
+    failures kept for `status` and told to the admins once a day per account (a side job, like the count).
+    `sweep` (no state machine: a local run): then each member (account, region) is swept right here, through
+    the credentials the check holds, and its totals returned (the fan-out sweeps them in member shards)."""
     members = member_access()
     if members is None or context.get_remaining_time_in_millis() / 1000 < UNWATCHED_COUNT_SECONDS:
-        return
+        return None
     for line in check_member_accounts(adapters, members, now):
         logger.info(line)
-    # Then each member (account, region) is swept in place, through the credentials the check holds.
+    if not sweep:
+        return None
     time_left = lambda: context.get_remaining_time_in_millis() / 1000  # noqa: E731
-    for outcome in sweep_member_accounts(adapters, members, now, time_left=time_left):
+    outcomes = sweep_member_accounts(adapters, members, now, time_left=time_left)
+    for outcome in outcomes:
         logger.info(outcome.describe())
+    totals = member_totals(outcomes)
+    if totals.units:
+        note_member_sweep(adapters, totals.units, now)
+    return totals
 
 
 @logger.inject_lambda_context(log_event=False)
@@ -116,18 +151,29 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     fanout = os.environ.get(FANOUT_ENV)
     try:
         # Without the state machine (a local run), one invocation sweeps everything, time-aware.
-        plan = plan_sweep(adapters, now=now, in_place=True, shard_size=SHARD_SIZE if fanout else sys.maxsize)
-        if fanout and plan.shards > 1:
+        # Organization mode with the state machine: member (account, region) units are shards of their own.
+        members = member_access() if fanout else None
+        plan = plan_sweep(
+            adapters,
+            now=now,
+            in_place=True,
+            shard_size=SHARD_SIZE if fanout else sys.maxsize,
+            members=members,
+        )
+        if fanout and not plan.in_place:
             # The execution is named after the sweep: a duplicate scheduled event cannot start it twice.
             client("stepfunctions").start_execution(
                 stateMachineArn=fanout, name=plan.sweep_id, input=json.dumps(plan.execution_input())
             )
-            metrics.add_metric("SweepShards", MetricUnit.Count, plan.shards)
-            logger.info("sweep fanned out", extra={"shards": plan.shards, "machines": plan.machines})
+            metrics.add_metric("SweepShards", MetricUnit.Count, plan.all_shards)
+            logger.info(
+                "sweep fanned out",
+                extra={"shards": plan.all_shards, "machines": plan.machines, "member_units": plan.member_units},
+            )
             count_unwatched_regions(adapters, now, context)
             check_daily(adapters, now, context, None, plan)
             check_members(adapters, now, context)
-            return {"machines": plan.machines, "shards": plan.shards, "dry_run": plan.dry_run}
+            return {"machines": plan.machines, "shards": plan.all_shards, "dry_run": plan.dry_run}
         report = run_sweep(
             adapters,
             now=now,
@@ -137,11 +183,14 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         )
         count_unwatched_regions(adapters, now, context)
         check_daily(adapters, now, context, report, plan)
-        check_members(adapters, now, context)
+        hub = member_access()
+        in_members = check_members(adapters, now, context, sweep=True)
     except SweepCannotRun as exc:
         metrics.add_metric("SweepErrors", MetricUnit.Count, 1)
         logger.error("sweep could not run", extra={"error": str(exc)})
         raise  # a failed invocation is alarmed (and sent to the dead-letter destination)
-    totals = SweepTotals.of(report)
+    totals = SweepTotals.of(report, hub.config.hub_account if hub is not None else None)
+    if in_members is not None:
+        totals = SweepTotals(**sum_totals([totals, in_members]))
     emit_sweep_metrics(metrics, totals)
     return {"machines": totals.machines, "errors": totals.errors, "dry_run": totals.dry_run}

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from idle_reaper.aws.accounts import MemberSweep
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.state import StateStore
 from idle_reaper.core.answers import snooze, started_by_person, stopped_by_person, terminated_by_person
@@ -208,8 +209,9 @@ class Effects:
         return None
 
 
-def status_reply(mine: Iterable[MachineRecord]) -> Reply:
-    """`/idle-reaper status`: the caller's machines, their state and why (team and reason quote tags: escaped)."""
+def status_reply(mine: Iterable[MachineRecord], members: MemberSweep | None = None) -> Reply:
+    """`/idle-reaper status`: the caller's machines, their state and why (team and reason quote tags: escaped);
+    `members` (organization mode, shown to admins): the last sweep's excluded accounts and failed units."""
     lines = [
         f"• {machine_label(r.name, r.instance_id)}"
         + (f" · account {r.account} ({r.region})" if r.account else "")
@@ -217,9 +219,14 @@ def status_reply(mine: Iterable[MachineRecord]) -> Reply:
         + (f" · {human}" if (human := describe_human_signal(r.human_signal)) else "")
         for r in sorted(mine, key=lambda r: (r.team, r.name or r.instance_id))
     ]
-    if not lines:
-        return Reply("You own no machines idle-reaper knows of (owners come from the `Owner` tag).")
-    return Reply("Your machines:\n" + "\n".join(lines))
+    text = (
+        "Your machines:\n" + "\n".join(lines)
+        if lines
+        else "You own no machines idle-reaper knows of (owners come from the `Owner` tag)."
+    )
+    if members is None:
+        return Reply(text)
+    return Reply(fit(text + "\n\n" + "\n".join(escape(line) for line in members.lines()), DOCTOR_REPLY_CHARS))
 
 
 def doctor_reply(findings: list[Finding], where: str) -> Reply:

@@ -23,7 +23,7 @@ from typing import Any
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-from idle_reaper.aws.accounts import AccountFailure, MemberAccess
+from idle_reaper.aws.accounts import AccountFailure, MemberAccess, MemberSweep, last_member_sweep
 from idle_reaper.aws.clients import AwsError
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
@@ -33,6 +33,7 @@ from idle_reaper.aws.state import DynamoStateStore, StateStore
 from idle_reaper.core.answers import keep_until, may_answer, parse_duration
 from idle_reaper.core.doctor import Finding
 from idle_reaper.core.records import MachineId, MachineRecord, parse_machine_key
+from idle_reaper.notify import logger
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy, parse_team_policy
 from idle_reaper.slack.answers import Effects, Reply, doctor_reply, help_reply, status_reply
 from idle_reaper.slack.blocks import machine_label
@@ -313,7 +314,8 @@ class Router:
         if verb == "doctor":
             return self.doctor(user, command)
         if verb == "status":
-            return status_reply(r for region in self.regions for r in region.records_of_owner(user))
+            mine = [r for region in self.regions for r in region.records_of_owner(user)]
+            return status_reply(mine, self.member_sweep(user))
         if verb == "keep":
             if len(words) != 3:
                 return Reply(
@@ -321,6 +323,18 @@ class Router:
                 )
             return self._keep(user, words[1], words[2])
         return help_reply(command, None if verb == "help" else verb)
+
+    def member_sweep(self, user: str) -> MemberSweep | None:
+        """For an admin, organization mode: what the last sweep did in the member accounts (excluded accounts,
+        failed units). None for anyone else, in single-account mode, or when it cannot be read."""
+        region = self.regions[0]
+        try:
+            if user not in region._settings().admins:
+                return None
+            return last_member_sweep(region.store, region.clock())
+        except (*AwsError, ValueError, KeyError) as exc:
+            logger.warning("member sweep not read for status", extra={"error": str(exc)})
+            return None
 
     def doctor(self, user: str, command: str) -> Reply:
         """`/idle-reaper doctor`: this region's checks, for its admins only (they list other teams' machines

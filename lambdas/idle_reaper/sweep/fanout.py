@@ -6,13 +6,14 @@ import heapq
 import json
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from idle_reaper.aws.accounts import MemberAccess, save_member_sweep
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.metrics import (
     GET_METRIC_DATA_SECONDS,
@@ -28,6 +29,18 @@ from idle_reaper.core.reports import (
 from idle_reaper.core.signals import Machine
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, load_sweep_settings
+from idle_reaper.sweep.members import (
+    MEMBER_MANIFEST,
+    MEMBER_UNITS_PER_SHARD,
+    MemberManifest,
+    UnitOutcome,
+    UnitResult,
+    member_groups,
+    member_sweep,
+    parse_member_manifest,
+    sweep_member_accounts,
+    units_of_manifest,
+)
 from idle_reaper.sweep.run import run_sweep
 
 # ---------------------------------------------------------------------------------------------
@@ -58,16 +71,28 @@ _WARNINGS_KEPT = 20  # per shard result: the first few say what went wrong; the 
 @dataclass(frozen=True)
 class Plan:
     """One sweep's shards. Step Functions passes at most 256 KB between states and 200,000 instance ids do
-    not fit: only the sweep id, its time and the shard indices travel; each worker reads its own manifest."""
+    not fit: only the sweep id, its time and the shard indices travel; each worker reads its own manifest.
+    Organization mode: the member shards' indices follow the machine shards' (0 .. shards-1)."""
 
     sweep_id: str
     now: datetime
-    shards: int
+    shards: int  # machine shards (the hub account's own machines)
     machines: int
     dry_run: bool
     # What the planner listed: swept from here in place; for a sweep handed to the fan-out, what the daily
     # doctor checks (handlers/sweep.py), so the fleet is listed once. Never part of the execution's input.
     listed: tuple[Machine, ...] = field(default=(), repr=False, compare=False)
+    member_shards: int = 0  # shards of member (account, region) units, indices shards .. all_shards-1
+    member_units: int = 0
+
+    @property
+    def all_shards(self) -> int:
+        return self.shards + self.member_shards
+
+    @property
+    def in_place(self) -> bool:
+        """Whether the caller sweeps it in place (one machine shard, no member units): no manifest written."""
+        return self.all_shards == 1
 
     def execution_input(self) -> dict[str, Any]:
         """The state machine's input: the Map runs one worker per entry of `shards`."""
@@ -75,8 +100,8 @@ class Plan:
             "sweep_id": self.sweep_id,
             "now": self.now.isoformat(),
             "dry_run": self.dry_run,
-            "shards": list(range(self.shards)),
-            "concurrent_shards": min(self.shards, SHARDS_AT_ONCE),
+            "shards": list(range(self.all_shards)),
+            "concurrent_shards": min(self.all_shards, SHARDS_AT_ONCE),
         }
 
 
@@ -120,25 +145,79 @@ class SweepTotals(BaseModel):
     teams_in_safe_mode: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     dry_run: bool = False
+    # Organization mode: the counts per account (the hub's own machines under the hub's account id), and each
+    # member (account, region) unit's outcome.
+    accounts: dict[str, TeamTotals] = Field(default_factory=dict)
+    units: list[UnitResult] = Field(default_factory=list)
 
     @classmethod
-    def of(cls, report: SweepReport) -> SweepTotals:
+    def of(cls, report: SweepReport, account: str | None = None) -> SweepTotals:
+        """A sweep's totals; `account` (organization mode): the account its machines are in, counted apart."""
         undelivered = [d for d in report.decisions if d.state is State.WARNED and d.record.warning_delivered_at is None]
+        teams = dict(report.summary.teams)
         return cls(
             machines=len(report.decisions),
             errors=len(report.errors),
             deferred=len(report.deferred),
             undelivered=len(undelivered),
             duration_ms=report.duration_ms,
-            teams=dict(report.summary.teams),
+            teams=teams,
             teams_in_safe_mode=report.teams_in_safe_mode,
             warnings=report.warnings[:_WARNINGS_KEPT],
             dry_run=report.dry_run,
+            accounts={account: merge_totals(teams.values())} if account is not None else {},
         )
 
     @property
     def hourly_savings(self) -> float:
         return sum(t.hourly_savings for t in self.teams.values())
+
+
+def merge_totals(totals: Iterable[TeamTotals]) -> TeamTotals:
+    """Counts summed (a flag: any of them)."""
+    into = TeamTotals()
+    for t in totals:
+        for f in fields(TeamTotals):
+            mine, theirs = getattr(into, f.name), getattr(t, f.name)
+            setattr(into, f.name, (mine or theirs) if isinstance(mine, bool) else mine + theirs)
+    return into
+
+
+def _merge_by_key(parts: Iterable[dict[str, TeamTotals]]) -> dict[str, TeamTotals]:
+    grouped: dict[str, list[TeamTotals]] = defaultdict(list)
+    for part in parts:
+        for key, t in part.items():
+            grouped[key].append(t)
+    return {key: merge_totals(ts) for key, ts in grouped.items()}
+
+
+def sum_totals(parts: Sequence[SweepTotals], **extra: Any) -> dict[str, Any]:
+    """Several sweeps' (or shards') totals as one: the fields of a SweepTotals, to build one of it or its kin.
+    The duration is the longest part's (they ran side by side)."""
+    return {
+        "machines": sum(t.machines for t in parts),
+        "errors": sum(t.errors for t in parts),
+        "deferred": sum(t.deferred for t in parts),
+        "undelivered": sum(t.undelivered for t in parts),
+        "duration_ms": max((t.duration_ms for t in parts), default=0.0),
+        "teams": _merge_by_key(t.teams for t in parts),
+        "teams_in_safe_mode": sorted({team for t in parts for team in t.teams_in_safe_mode}),
+        "warnings": [w for t in parts for w in t.warnings],
+        "dry_run": any(t.dry_run for t in parts),
+        "accounts": _merge_by_key(t.accounts for t in parts),
+        "units": [u for t in parts for u in t.units],
+        **extra,
+    }
+
+
+def member_totals(outcomes: Sequence[UnitOutcome]) -> SweepTotals:
+    """The totals of member units swept (sweep_member_accounts' outcomes): summed, per account, each unit's
+    outcome kept."""
+    swept = [SweepTotals.of(o.report, o.account) for o in outcomes if o.report is not None]
+    merged = SweepTotals(**sum_totals(swept))
+    merged.units = [UnitResult.of(o) for o in outcomes if o.account != "-"]
+    merged.warnings += [f"member {o.describe()}" for o in outcomes if o.error and not o.deferred][:_WARNINGS_KEPT]
+    return merged
 
 
 class Gathered(SweepTotals):
@@ -197,10 +276,18 @@ def plan_sweep(
     sweep_id: str | None = None,
     shard_size: int = SHARD_SIZE,
     in_place: bool = False,
+    members: MemberAccess | None = None,
+    units_per_shard: int = MEMBER_UNITS_PER_SHARD,
+    shards_at_once: int = SHARDS_AT_ONCE,
 ) -> Plan:
     """List the fleet once and write one manifest (its instance ids) per shard to the state table.
     `in_place`: a fleet that fits one shard is swept by the caller from `Plan.listed`, no manifest written.
-    `Plan.listed` holds the machines listed either way (the shard workers read their manifests, not it)."""
+    `Plan.listed` holds the machines listed either way (the shard workers read their manifests, not it).
+    `members` (organization mode): the enrolled accounts (the directory's cached listing) in member shards of
+    (account, region) units after the machine shards; with any, the plan is never in place (the hub's own
+    machines are shard 0 however few), so one gather step sums every account. Member shards hold at most
+    `units_per_shard` units, fewer when that leaves some of the Map's `shards_at_once` lanes idle: a small
+    organization is spread over every lane, as its units wait on the network, not the CPU."""
     if shard_size < 1:
         raise ValueError("shard_size must be at least 1")
     sweep_id = sweep_id or uuid.uuid4().hex
@@ -211,20 +298,45 @@ def plan_sweep(
     except AwsError as exc:
         raise SweepCannotRun(f"cannot list machines ({error_code(exc)}): {exc}") from None
     shards = max(1, -(-len(machines) // shard_size))
-    plan = Plan(sweep_id, now, shards, len(machines), dry_run or settings.dry_run, tuple(machines))
-    if in_place and shards == 1:
+    groups = []
+    if members is not None:  # the listing is cached; a failed one keeps the last good listing
+        accounts, regions = members.directory.current().accounts, members.config.regions
+        lanes = max(1, shards_at_once - shards)
+        per_group = min(units_per_shard, max(len(regions), -(-len(accounts) * len(regions) // lanes)))
+        groups = member_groups(accounts, regions, per_group)
+    plan = Plan(
+        sweep_id,
+        now,
+        shards,
+        len(machines),
+        dry_run or settings.dry_run,
+        tuple(machines),
+        member_shards=len(groups),
+        member_units=sum(len(g) for g in groups),
+    )
+    if in_place and plan.in_place:
         return plan
-    manifests = split_into_shards(machines, shards)
+    manifests: list[Any] = [*split_into_shards(machines, shards)]
+    manifests += [MemberManifest.of(group).model_dump(mode="json") for group in groups]
     expires = now + MANIFEST_TTL
 
     def write(index: int) -> None:
         adapters.store.put_lookup(manifest_key(sweep_id, index), json.dumps(manifests[index]), expires)
 
     try:
-        run_concurrently(write, list(range(shards)), DDB_WORKERS)
+        run_concurrently(write, list(range(plan.all_shards)), DDB_WORKERS)
     except AwsError as exc:
         raise SweepCannotRun(f"cannot write the shard manifests ({error_code(exc)}): {exc}") from None
-    logger.info("sweep planned", extra={"sweep_id": sweep_id, "shards": shards, "machines": len(machines)})
+    logger.info(
+        "sweep planned",
+        extra={
+            "sweep_id": sweep_id,
+            "shards": shards,
+            "machines": len(machines),
+            "member_shards": plan.member_shards,
+            "member_units": plan.member_units,
+        },
+    )
     return plan
 
 
@@ -236,10 +348,17 @@ def metric_workers(concurrent_shards: int) -> int:
 
 
 def run_shard(
-    adapters: Adapters, task: ShardTask, *, time_left: Callable[[], float] | None = None
+    adapters: Adapters,
+    task: ShardTask,
+    *,
+    time_left: Callable[[], float] | None = None,
+    members: MemberAccess | None = None,
+    sweep_members: Callable[..., list[UnitOutcome]] = sweep_member_accounts,
 ) -> tuple[SweepReport, SweepTotals]:
-    """Sweep one shard of a plan and record its totals for the gather step. A missing manifest (expired,
-    or the plan failed) sweeps nothing and fails the shard."""
+    """Sweep one shard of a plan and record its totals for the gather step. A missing or malformed manifest
+    (expired, the plan failed) sweeps nothing and fails the shard. A member shard's (account, region) units
+    are swept through `members`' credentials, several at once, time-aware: one unit's failure is its outcome,
+    never the shard's. `members` also names the hub's account, under which a machine shard's counts go."""
     sweep_id, index = task.sweep_id, task.shard
     try:
         manifest = adapters.store.get_lookup(manifest_key(sweep_id, index), task.now)
@@ -247,19 +366,40 @@ def run_shard(
         raise SweepCannotRun(f"cannot read shard {index}'s manifest ({error_code(exc)}): {exc}") from None
     if manifest is None:
         raise SweepCannotRun(f"shard {index} of sweep {sweep_id} has no manifest; nothing was changed")
-    ids = [str(i) for i in json.loads(manifest)]
-    workers = metric_workers(task.concurrent_shards)
-    if workers != adapters.metrics.workers:
-        adapters = replace(adapters, metrics=MetricsReader(adapters.metrics.cloudwatch, workers=workers))
-    report = run_sweep(
-        adapters,
-        now=task.now,
-        dry_run=task.dry_run,
-        sweep_id=f"{sweep_id}-{index}",
-        time_left=time_left,
-        instance_ids=ids,
-    )
-    totals = SweepTotals.of(report)
+    where = f"shard {index}'s manifest of sweep {sweep_id}"
+    try:
+        value = json.loads(manifest)
+    except ValueError:
+        raise SweepCannotRun(f"{where} is not JSON; nothing was changed") from None
+    if isinstance(value, dict) and MEMBER_MANIFEST in value:
+        units = parse_member_manifest(value, where).units()
+        if members is None:
+            raise SweepCannotRun(f"{where} names member accounts, but this hub is not in organization mode")
+        outcomes = sweep_members(adapters, members, task.now, dry_run=task.dry_run, time_left=time_left, units=units)
+        report = SweepReport(
+            now=task.now,
+            dry_run=task.dry_run,
+            decisions=[d for o in outcomes if o.report is not None for d in o.report.decisions],
+            settings_version=next((o.report.settings_version for o in outcomes if o.report is not None), None),
+            sweep_id=f"{sweep_id}-{index}",
+        )
+        totals = member_totals(outcomes)
+        totals.dry_run = task.dry_run or totals.dry_run
+    elif isinstance(value, list) and all(isinstance(i, str) for i in value):
+        workers = metric_workers(task.concurrent_shards)
+        if workers != adapters.metrics.workers:
+            adapters = replace(adapters, metrics=MetricsReader(adapters.metrics.cloudwatch, workers=workers))
+        report = run_sweep(
+            adapters,
+            now=task.now,
+            dry_run=task.dry_run,
+            sweep_id=f"{sweep_id}-{index}",
+            time_left=time_left,
+            instance_ids=value,
+        )
+        totals = SweepTotals.of(report, members.config.hub_account if members is not None else None)
+    else:
+        raise SweepCannotRun(f"{where} is neither a list of instance ids nor member units; nothing was changed")
     try:
         adapters.store.put_lookup(result_key(sweep_id, index), totals.model_dump_json(), task.now + MANIFEST_TTL)
     except AwsError as exc:  # what it did is recorded per machine; only the summary is lost
@@ -290,36 +430,43 @@ def gather_sweep(adapters: Adapters, task: GatherTask) -> Gathered:
             failed[index] = result
         else:
             done.append(result)
-    teams: dict[str, TeamTotals] = defaultdict(TeamTotals)
-    for totals in done:
-        for team, t in totals.teams.items():
-            into = teams[team]
-            for f in fields(TeamTotals):
-                mine, theirs = getattr(into, f.name), getattr(t, f.name)
-                setattr(into, f.name, (mine or theirs) if isinstance(mine, bool) else mine + theirs)
     shard_warnings = [
         f"shard {i} failed, its machines are untouched until the next sweep: {why}" for i, why in failed.items()
     ]
-    gathered = Gathered(
-        sweep_id=task.sweep_id,
-        shards=len(shards),
-        failed=failed,
-        machines=sum(t.machines for t in done),
-        errors=sum(t.errors for t in done),
-        deferred=sum(t.deferred for t in done),
-        undelivered=sum(t.undelivered for t in done),
-        duration_ms=max((t.duration_ms for t in done), default=0.0),
-        teams=dict(teams),
-        teams_in_safe_mode=sorted({team for t in done for team in t.teams_in_safe_mode}),
-        warnings=[w for t in done for w in t.warnings] + shard_warnings,
-        dry_run=task.dry_run or any(t.dry_run for t in done),
-    )
+    parts = sum_totals(done, sweep_id=task.sweep_id, shards=len(shards), failed=failed)
+    gathered = Gathered(**{**parts, "warnings": parts["warnings"] + shard_warnings})
+    gathered.dry_run = task.dry_run or gathered.dry_run
+    # A failed member shard's units are each a failed unit (its manifest says which): `status` names them.
+    gathered.units += _units_of_failed_shards(adapters, task, failed)
     for warning in shard_warnings:
         logger.warning(warning, extra={"sweep_id": task.sweep_id})
     if not gathered.dry_run:
         note_failed_shards(adapters, len(failed), task.now)
         note_last_sweep(adapters, gathered, task.now)
+        if gathered.units:
+            note_member_sweep(adapters, gathered.units, task.now)
     return gathered
+
+
+def _units_of_failed_shards(adapters: Adapters, task: GatherTask, failed: dict[int, str]) -> list[UnitResult]:
+    def units(index: int) -> list[UnitResult]:
+        try:
+            stored = adapters.store.get_lookup(manifest_key(task.sweep_id, index), task.now)
+        except AwsError:
+            return []
+        found = units_of_manifest(stored) if stored else None
+        why = f"its shard ({index}) failed: {failed[index]}"
+        return [UnitResult(account=a.id, region=r, name=a.name, error=why) for a, r in found or ()]
+
+    return [u for found in run_concurrently(units, sorted(failed), DDB_WORKERS) for u in found]
+
+
+def note_member_sweep(adapters: Adapters, units: Sequence[UnitResult], now: datetime) -> None:
+    """Organization mode: what the sweep did in the member accounts, kept for `status` (never raises)."""
+    try:
+        save_member_sweep(adapters.store, member_sweep(units, now), now)
+    except AwsError as exc:
+        logger.warning("could not record the member accounts' sweep", extra={"error": error_code(exc)})
 
 
 def note_last_sweep(adapters: Adapters, gathered: Gathered, now: datetime) -> None:

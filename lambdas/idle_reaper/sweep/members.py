@@ -5,18 +5,24 @@ as a machine of its own identity (records.machine_key), leaving excluded account
 from __future__ import annotations
 
 import contextlib
+import json
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from idle_reaper.aws.accounts import (
     AccountFailure,
+    LazyClient,
     MemberAccess,
     MemberAccount,
     MemberCheck,
     MemberCredentials,
+    MemberSweep,
     Reason,
+    UnitFailure,
     save_member_check,
 )
 from idle_reaper.aws.clients import error_code, run_concurrently
@@ -27,11 +33,13 @@ from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.notify import logger as logger  # re-exported: handlers log through it
 from idle_reaper.organization import (
     ORGANIZATION_PARAMETER,
+    AccountId,
     OrganizationSettings,
+    RegionName,
     parse_organization_settings,
 )
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy
-from idle_reaper.sweep.adapters import Adapters, SweepReport, alert_once
+from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, alert_once
 from idle_reaper.sweep.run import run_sweep
 
 
@@ -94,7 +102,11 @@ def check_member_accounts(adapters: Adapters, members: MemberAccess, now: dateti
 # ---------------------------------------------------------------------------------------------
 # Sweeping the member accounts: each (account, region) a unit, through the member role's credentials
 
-MEMBER_SWEEP_WORKERS = 4  # units swept at once: a slow or throttled account holds one worker, not the others
+# Units swept at once: a slow or throttled account holds one worker, not the others. A unit waits on the network
+# most of its time (a chain of SSM, listing, metric read and state table calls, ~1 s however few its machines):
+# benchmarks/organization_sweep.py measured a member shard of 40 units of 50 machines at ~33 s with 4 at once and
+# ~23 s with 8, where the CPU of the units' requests starts to bind; units of a machine or two gain up to 16.
+MEMBER_SWEEP_WORKERS = 16
 UNIT_RESERVE_SECONDS = 45.0  # no unit is started with less left in the invocation: the next sweep takes it
 
 
@@ -108,6 +120,8 @@ class UnitOutcome:
     excluded_machines: int | None = None  # an excluded account: its opted-in machines, counted, never touched
     error: str | None = None
     reached: bool = True  # False: no credentials there (check_member_accounts tells the admins of those)
+    deferred: bool = False  # not started: the invocation ran short of time; the next sweep takes it
+    name: str = ""  # the account's name in the organization
 
     def describe(self) -> str:
         where = f"account {self.account} in {self.region}"
@@ -144,16 +158,17 @@ class _AccountPolicies(PolicyStore):
 
 def member_adapters(hub: Adapters, credentials: MemberCredentials, default: TeamPolicy | None) -> Adapters:
     """The hub's adapters for one member (account, region): EC2, Auto Scaling, SageMaker and CloudWatch
-    through the member role's credentials there; policies, the state table and Slack are the hub's."""
+    through the member role's credentials there, each client made when first used; policies, the state table
+    and Slack are the hub's."""
     return replace(
         hub,
         policies=_AccountPolicies(hub.policies, default),
         fleet=Fleet(
-            credentials.client("ec2"),
-            credentials.client("autoscaling"),
-            NotebookInstances(credentials.client("sagemaker")),
+            LazyClient(lambda: credentials.client("ec2")),
+            LazyClient(lambda: credentials.client("autoscaling")),
+            NotebookInstances(LazyClient(lambda: credentials.client("sagemaker"))),
         ),
-        metrics=MetricsReader(credentials.client("cloudwatch")),
+        metrics=MetricsReader(LazyClient(lambda: credentials.client("cloudwatch"))),
         studio=None,  # the daily Studio note is the hub's
     )
 
@@ -167,11 +182,13 @@ def sweep_member_accounts(
     time_left: Callable[[], float] | None = None,
     workers: int = MEMBER_SWEEP_WORKERS,
     make_adapters: Callable[[Adapters, MemberCredentials, TeamPolicy | None], Adapters] = member_adapters,
+    units: Sequence[tuple[MemberAccount, str]] | None = None,
 ) -> list[UnitOutcome]:
-    """Sweep every enrolled (account, region) in place, each through its own credentials (reused while valid,
-    aws/accounts.py). An account or OU that `{prefix}/organization` excludes is never acted on: its opted-in
-    machines are only counted. One unit's failure (no credentials, AccessDenied, throttling, an error in its
-    sweep) is its outcome and never stops the others; the reasons are reported by check_member_accounts.
+    """Sweep every enrolled (account, region) in place, or only `units` (a member shard's manifest), each
+    through its own credentials (reused while valid, aws/accounts.py). An account or OU that
+    `{prefix}/organization` excludes is never acted on: its opted-in machines are only counted. One unit's
+    failure (no credentials, AccessDenied, throttling, an error in its sweep) is its outcome and never stops
+    the others; the reasons are reported by check_member_accounts.
     Invalid organization settings sweep no member account (less, never more) and are said once a day."""
     try:
         base, _ = adapters.policies.load_settings()
@@ -186,16 +203,19 @@ def sweep_member_accounts(
                     adapters.policies.load_settings()[0],
                     now,
                 )
-        return [UnitOutcome("-", "-", error=f"settings invalid, no member account swept: {exc}")]
+        return _none_swept(units, f"settings invalid, no member account swept: {exc}")
     except Exception as exc:  # contained: the hub's own sweep is done; the next sweep tries again
-        return [UnitOutcome("-", "-", error=f"no member account swept: {type(exc).__name__}: {exc}"[:300])]
-    listing = members.directory.current()
-    units = [(a, r) for a in listing.accounts for r in members.config.regions]
+        return _none_swept(units, f"no member account swept: {type(exc).__name__}: {exc}"[:300])
+    if units is None:
+        listing = members.directory.current()
+        units = [(a, r) for a in listing.accounts for r in members.config.regions]
 
     def sweep_unit(unit: tuple[MemberAccount, str]) -> UnitOutcome:
         account, region = unit
         if time_left is not None and time_left() < UNIT_RESERVE_SECONDS:
-            return UnitOutcome(account.id, region, error="not reached in this invocation's time", reached=False)
+            return UnitOutcome(
+                account.id, region, error="not reached in this invocation's time", reached=False, deferred=True
+            )
         held = members.sessions.credentials(account.id, region, started=now)
         if isinstance(held, AccountFailure):
             return UnitOutcome(account.id, region, error=held.describe(), reached=False)
@@ -214,8 +234,8 @@ def sweep_member_accounts(
             return UnitOutcome(account.id, region, error=f"{type(exc).__name__}: {exc}"[:300])
         return UnitOutcome(account.id, region, report=report)
 
-    outcomes = run_concurrently(sweep_unit, units, workers)
-    names = {a.id: a.name for a in listing.accounts}
+    names = {a.id: a.name for a, _ in units}
+    outcomes = [replace(o, name=names.get(o.account, "")) for o in run_concurrently(sweep_unit, units, workers)]
     for o in outcomes:
         if o.error and o.reached:  # reached, but its sweep failed: the admins hear once a day per account
             with contextlib.suppress(Exception):
@@ -229,3 +249,148 @@ def sweep_member_accounts(
                     now,
                 )
     return outcomes
+
+
+def _none_swept(units: Sequence[tuple[MemberAccount, str]] | None, why: str) -> list[UnitOutcome]:
+    """Nothing swept: each of a shard's units says why; the in-place sweep of every unit says it once."""
+    if units is None:
+        return [UnitOutcome("-", "-", error=why)]
+    return [UnitOutcome(a.id, r, error=why, name=a.name) for a, r in units]
+
+
+# ---------------------------------------------------------------------------------------------
+# Member units as fan-out units: the planner writes manifests of (account, region) units beside the machine
+# shards; a shard worker sweeps its manifest's units; the gather step sums them and keeps their outcomes.
+
+# Units per member shard, at most. A unit of the issue's size (50 machines) takes ~1-3 s of modelled wall
+# (AssumeRole, its clients, one listing, one or two metric reads, the state table) and ~0.3 s of CPU
+# (benchmarks/organization_sweep.py), so 64 units, 16 at once (MEMBER_SWEEP_WORKERS), take ~30 s: an eighth of
+# the worker's timeout, and a manifest of a few KB. A unit far larger (an account-region with thousands of
+# machines) is what UNIT_RESERVE_SECONDS is for: the units not started in time are left to the next sweep, counted.
+MEMBER_UNITS_PER_SHARD = 64
+MEMBER_MANIFEST = "members"  # the key of a member shard's manifest (a machine shard's is a list of ids)
+
+
+def member_groups(
+    accounts: Sequence[MemberAccount], regions: Sequence[str], per_group: int = MEMBER_UNITS_PER_SHARD
+) -> list[list[tuple[MemberAccount, str]]]:
+    """The (account, region) units in groups of at most `per_group`: accounts by id (so the groups are the
+    same from one sweep to the next while the organization is), an account's regions always in one group
+    (an account with more regions than `per_group` has a group of its own)."""
+    if per_group < 1:
+        raise ValueError("per_group must be at least 1")
+    groups: list[list[tuple[MemberAccount, str]]] = []
+    current: list[tuple[MemberAccount, str]] = []
+    for account in sorted(accounts, key=lambda a: a.id):
+        units = [(account, r) for r in sorted(set(regions))]
+        if current and len(current) + len(units) > per_group:
+            groups.append(current)
+            current = []
+        current.extend(units)
+    if current:
+        groups.append(current)
+    return groups
+
+
+class _ManifestAccount(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: AccountId
+    name: str = Field(default="", max_length=200)
+    parents: list[str] = Field(default_factory=list, max_length=20)
+    regions: list[RegionName] = Field(min_length=1, max_length=40)
+
+
+class MemberManifest(BaseModel):
+    """A member shard's manifest: its accounts (with the name and OUs the planner listed, so a worker needs
+    no listing of its own) and, for each, the regions to sweep."""
+
+    model_config = ConfigDict(extra="forbid")
+    members: list[_ManifestAccount] = Field(min_length=1, max_length=1000)
+
+    @classmethod
+    def of(cls, units: Sequence[tuple[MemberAccount, str]]) -> MemberManifest:
+        regions: dict[str, list[str]] = defaultdict(list)
+        accounts: dict[str, MemberAccount] = {}
+        for account, region in units:
+            accounts.setdefault(account.id, account)
+            regions[account.id].append(region)
+        return cls(
+            members=[
+                _ManifestAccount(id=a.id, name=a.name, parents=list(a.parents), regions=regions[a.id])
+                for a in accounts.values()
+            ]
+        )
+
+    def units(self) -> list[tuple[MemberAccount, str]]:
+        return [(MemberAccount(m.id, m.name, tuple(m.parents)), r) for m in self.members for r in m.regions]
+
+
+def parse_member_manifest(value: object, where: str) -> MemberManifest:
+    """A member manifest as stored (its JSON parsed); a malformed one raises SweepCannotRun naming `where`."""
+    try:
+        return MemberManifest.model_validate(value)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors()[:5])
+        raise SweepCannotRun(f"{where} is not a valid member manifest ({problems}); nothing was changed") from None
+
+
+class UnitResult(BaseModel):
+    """One (account, region) unit's outcome as a shard records it for the gather step and `status`."""
+
+    account: str
+    region: str
+    name: str = ""
+    swept: int | None = None  # machines swept (None: not swept)
+    excluded_machines: int | None = None  # an excluded account: opted-in machines counted, none touched
+    error: str | None = None
+    deferred: bool = False  # not started in time: the next sweep takes it
+
+    @classmethod
+    def of(cls, outcome: UnitOutcome) -> UnitResult:
+        return cls(
+            account=outcome.account,
+            region=outcome.region,
+            name=outcome.name,
+            swept=len(outcome.report.decisions) if outcome.report is not None else None,
+            excluded_machines=outcome.excluded_machines,
+            error=outcome.error,
+            deferred=outcome.deferred,
+        )
+
+
+MEMBER_FAILURES_KEPT = 200  # failed units kept in the summary item (the rest counted): it stays far under 400 KB
+
+
+def member_sweep(results: Sequence[UnitResult], now: datetime) -> MemberSweep:
+    """One sweep's member units as `status` shows them: how many were swept, the excluded accounts with their
+    opted-in machines (never touched), and the units that failed and why (those not reached in time apart)."""
+    excluded: dict[str, int] = defaultdict(int)
+    names: dict[str, str] = {}
+    failed: list[UnitFailure] = []
+    for r in sorted(results, key=lambda r: (r.account, r.region)):
+        names.setdefault(r.account, r.name)
+        if r.excluded_machines is not None:
+            excluded[r.account] += r.excluded_machines
+        elif r.error and not r.deferred:
+            failed.append(UnitFailure(r.account, r.region, r.name, r.error[:300]))
+    return MemberSweep(
+        swept_at=now,
+        units=len(results),
+        swept=sum(r.swept is not None for r in results),
+        machines=sum(r.swept or 0 for r in results),
+        excluded=tuple((a, names[a], n) for a, n in sorted(excluded.items())),
+        failed=tuple(failed[:MEMBER_FAILURES_KEPT]),
+        failed_more=max(0, len(failed) - MEMBER_FAILURES_KEPT),
+        deferred=sum(r.deferred for r in results),
+    )
+
+
+def units_of_manifest(text: str) -> list[tuple[MemberAccount, str]] | None:
+    """The units of a stored member manifest (None: a machine shard's, or unreadable)."""
+    try:
+        value = json.loads(text)
+        if isinstance(value, dict) and MEMBER_MANIFEST in value:
+            return parse_member_manifest(value, "manifest").units()
+    except (ValueError, SweepCannotRun):
+        return None
+    return None
