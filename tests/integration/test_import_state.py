@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 from test_accounts import Org, org  # noqa: F401  (org: the organization fixture)
 from test_member_machines import member_instance, states
 from test_slack import _replies_from, click, silent  # noqa: F401  (_replies_from: the fake the replies come from)
@@ -20,14 +21,17 @@ from test_slack import _replies_from, click, silent  # noqa: F401  (_replies_fro
 from idle_reaper import aws
 from idle_reaper.aws import DynamoStateStore
 from idle_reaper.aws.accounts import AccountFailure, MemberAccess
+from idle_reaper.core import Action, Machine, Signals, assess, decide
+from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MachineRecord, State, machine_key
+from idle_reaper.policy import DEFAULT_GPU_FAMILIES, TeamPolicy, TeamPolicyRef
 from idle_reaper.slack import routing
 from idle_reaper.sweep import Adapters
 from idle_reaper.sweep.members import sweep_member_accounts
 from idle_reaper.sweep.quiet_hours import QUIET_INDEX
 from idle_reaper_tools import cli, local
 from idle_reaper_tools.demo import at
-from idle_reaper_tools.import_state import plan_import
+from idle_reaper_tools.import_state import Table, apply, compare, plan_import, target_keys
 
 pytestmark = pytest.mark.integration
 
@@ -222,7 +226,7 @@ def test_another_slack_app_warns_again_and_keeps_the_snoozes(
     m = moving
     seed_old_state(m)
     assert m.run() == 0
-    assert "warning in flight: the hub warns again" in capsys.readouterr().out
+    assert "the old app's warning dropped: the hub warns again" in capsys.readouterr().out
     moved = m.hub.load([m.key("i-0warned"), m.key("i-0snoozed")])
     warned = moved[m.key("i-0warned")]
     assert (warned.state, warned.warned_at, warned.warning_ref, warned.messages) == (State.IDLE, None, None, ())
@@ -232,13 +236,18 @@ def test_another_slack_app_warns_again_and_keeps_the_snoozes(
     assert m.hub.get_lookup("owner#bob@example.com", NOW) == "U0BOB"
 
 
-@pytest.mark.parametrize("same_app", [False, True])
+@pytest.mark.parametrize(
+    ("state", "same_app"),
+    [(State.WARNED, False), (State.WARNED, True), (State.UNKNOWN, False), (State.SAFE_MODE, False)],
+)
 def test_after_the_move_the_hub_stops_only_on_a_warning_that_could_be_answered(
-    moving: Moving, slack: Any, same_app: bool
+    moving: Moving, slack: Any, state: State, same_app: bool
 ) -> None:
     """The old stack warned at 13:40 and the stop is due at 14:00. When its buttons reach the hub (the same
     Slack app), the hub's first sweep stops the machine as the old stack would have; when they cannot, the
-    hub warns again with its own buttons and the machine keeps running."""
+    hub warns again with its own buttons and the machine keeps running. So too when the old stack's last sweep
+    after its warning saw no data (unknown) or an invalid policy (safe mode): those keep the warning's times, and
+    the hub must not take them for a warning of its own."""
     m = moving
     members = MemberAccess.from_environment("sweep")
     assert members is not None
@@ -248,7 +257,7 @@ def test_after_the_move_the_hub_stops_only_on_a_warning_that_could_be_answered(
     record = MachineRecord(
         instance,
         "ml",
-        State.WARNED,
+        state,
         version=5,
         owner="U0BOB",
         owner_slack_id="U0BOB",
@@ -258,11 +267,16 @@ def test_after_the_move_the_hub_stops_only_on_a_warning_that_could_be_answered(
         stop_not_before=at(14),
         warning_ref="REF-OLD-APP",
         messages=("D0BOB|1700000000.000200",),
-        observed_at=at(14),  # the old stack's last sweep
+        # The old stack's last sweep that saw the machine quiet (one that saw no data, or safe mode, leaves it).
+        observed_at=at(14) if state is State.WARNED else at(13, 40),
         updated_at=at(14),
     )
     assert m.old.save(record)
     assert m.run(*(["--same-slack-app"] if same_app else [])) == 0
+    imported = m.hub.load([m.key(instance)])[m.key(instance)]
+    if not same_app:  # the old app's warning is gone; an unknown or safe-mode record stays so until the hub sees
+        assert (imported.warned_at, imported.stop_not_before, imported.warning_ref) == (None, None, None)
+        assert imported.state is (State.IDLE if state is State.WARNED else state)
     m.exclude([])  # the move is done: the hub sweeps the account
     outcomes = {o.account: o for o in sweep_member_accounts(Adapters.from_environment(), members, at(14, 5))}
     report = outcomes[m.account].report
@@ -295,6 +309,153 @@ def test_a_later_change_in_the_old_table_is_copied_and_the_hub_record_is_guarded
     assert copied.version == 4  # past the hub's copy (3): a sweep that read the first copy cannot write over it
 
 
+SOON = datetime.now(UTC).replace(microsecond=0)  # the import's clock is real time: keeps that last are past it
+
+
+def _soon(hours: float) -> datetime:
+    return SOON + timedelta(hours=hours)
+
+
+@pytest.mark.parametrize(
+    "case", ["hub snoozed", "hub warned", "old keep later", "old keep into hub warning", "hub snooze over"]
+)
+def test_a_hub_record_with_a_keep_or_its_own_warning_is_kept_and_a_later_old_keep_carried_into_it(
+    moving: Moving, case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The old record is newer (by updated_at) than the hub's, yet the hub's is kept when someone pressed Keep
+    on the hub's warning (an active snooze) or the hub sent its own warning (its buttons are the ones that
+    work); when the old record holds a later active keep, that keep is carried into the hub's record. A snooze
+    that is over holds nothing: the newer old record is copied."""
+    m = moving
+    hub_base = MachineRecord(
+        "i-0both", "ml", State.IDLE, version=4, idle_since=at(12), updated_at=at(13), account=m.account, region=REGION
+    )
+    old = MachineRecord("i-0both", "ml", State.IDLE, version=9, idle_since=at(11), reason="old", updated_at=at(14))
+    if case in ("hub snoozed", "old keep later"):
+        hub = replace(hub_base, state=State.SNOOZED, snoozed_until=_soon(1), snoozed_by="U0HUB")
+    elif case == "hub snooze over":
+        hub = replace(hub_base, state=State.SNOOZED, snoozed_until=at(12), snoozed_by="U0HUB")
+    else:
+        hub = replace(
+            hub_base,
+            state=State.WARNED,
+            warned_at=at(12, 50),
+            warning_delivered_at=at(12, 50),
+            stop_not_before=at(13, 10),
+            warning_ref="REF-HUB",
+            messages=("D0BOB|1700000000.000900",),
+        )
+    if case in ("old keep later", "old keep into hub warning"):
+        old = replace(old, state=State.SNOOZED, snoozed_until=_soon(5), snoozed_by="U0BOB")
+    assert m.hub.save(hub) and m.old.save(old)
+    ttl = [i["expires_at"] for i in m.hub_items() if i["pk"]["S"] == f"machine#{m.key('i-0both')}"]
+    assert m.run() == 0
+    out = capsys.readouterr().out
+    found = m.hub.load([m.key("i-0both")])[m.key("i-0both")]
+    if case == "hub snooze over":
+        assert f"-> {m.key('i-0both')}: copy" in out
+        assert (found.reason, found.idle_since) == ("old", at(11))
+        return
+    why = "active snooze" if case in ("hub snoozed", "old keep later") else "the hub's own warning"
+    assert f"-> {m.key('i-0both')}: keep the hub's ({why})" in out
+    assert found.reason != "old" and found.idle_since == at(12)  # the hub's record, not the old one
+    if case == "hub warned":
+        assert (found.state, found.warning_ref, found.messages) == (hub.state, "REF-HUB", hub.messages)
+    if case in ("hub snoozed", "hub warned"):
+        assert (found.snoozed_until, found.snoozed_by, found.version) == (hub.snoozed_until, hub.snoozed_by, 4)
+        assert "records: 0 copied, 1 kept" in out
+        return
+    # The old stack's later keep lives on in the hub's record (its warning and state as the hub left them).
+    assert (found.snoozed_until, found.snoozed_by) == (_soon(5), "U0BOB")
+    assert found.version == 5 and found.warning_ref == hub.warning_ref
+    assert [i["expires_at"] for i in m.hub_items() if i["pk"]["S"] == f"machine#{m.key('i-0both')}"] == ttl
+    assert "the old stack's keep until" in out
+    assert "1 kept (the hub's), the old stack's later keep carried into 1" in out
+    before = m.hub_items()
+    assert m.run() == 0  # and once only
+    assert m.hub_items() == before
+
+
+def test_a_carried_keep_makes_the_hub_keep_the_machine_not_stop_it(moving: Moving) -> None:
+    """The hub warned (stop due 13:10; its record is the newer) and the old stack's owner pressed Keep until later:
+    the keep is carried into the hub's record, and the hub's sweep, through decide(), keeps the machine."""
+    m = moving
+    hub = MachineRecord(
+        "i-0kept",
+        "ml",
+        State.WARNED,
+        version=4,
+        idle_since=at(8),
+        warned_at=at(12, 50),
+        warning_delivered_at=at(12, 50),
+        stop_not_before=at(13, 10),
+        warning_ref="REF-HUB",
+        observed_at=at(13),
+        updated_at=at(13),
+        account=m.account,
+        region=REGION,
+    )
+    old = MachineRecord("i-0kept", "ml", State.SNOOZED, version=2, snoozed_until=_soon(5), updated_at=at(12, 55))
+    assert m.hub.save(hub) and m.old.save(old)
+    assert m.run() == 0
+    record = m.hub.load([m.key("i-0kept")])[m.key("i-0kept")]
+    assert _decide_quiet(hub, at(13, 20)).action is Action.STOP  # without the keep: stopped, as the hub warned
+    decision = _decide_quiet(record, at(13, 20))
+    assert decision.action is Action.NONE and decision.record.snoozed_until == _soon(5), decision.reason
+
+
+def _decide_quiet(record: MachineRecord, now: datetime) -> Decision:
+    """The core's decision for the record's machine, quiet (1 % CPU) for the last three hours."""
+    policy = TeamPolicy(idle_minutes=60, warn_minutes=20)
+    machine = Machine(
+        instance_id=record.instance_id,
+        instance_type="m5.large",
+        team="ml",
+        launch_time=now - timedelta(days=1),
+        account=record.account,
+        region=record.region,
+    )
+    points = [(now - timedelta(minutes=5 * i), 1.0) for i in range(36, 0, -1)]
+    period = timedelta(minutes=5)
+    assessment = assess(machine, Signals(cpu=points), policy, now=now, period=period, gpu_families=DEFAULT_GPU_FAMILIES)
+    ref = TeamPolicyRef(team="ml", policy=policy, source="/idle-reaper/teams/ml", version=1)
+    return decide(machine, ref, assessment, record, now=now)
+
+
+def test_the_overwrite_holds_only_while_the_hub_record_is_as_read_and_unclaimed(moving: Moving) -> None:
+    """Between compare() and apply() a hub sweep writes the record (a new version), or holds a live claim on
+    it: the old record, though newer, is not written over it."""
+    m = moving
+    hub = MachineRecord(
+        "i-0race", "ml", State.IDLE, version=2, reason="hub", updated_at=at(13), account=m.account, region=REGION
+    )
+    assert m.hub.save(hub)
+    assert m.old.save(MachineRecord("i-0race", "ml", State.IDLE, version=6, reason="old", updated_at=at(14)))
+    hub_table = Table(aws.client("dynamodb"), aws.table_name())
+    now = datetime.now(UTC)
+    for race in ("changed", "claimed"):
+        plan = plan_import(Table(m.old_ddb, TABLE).scan(), m.account, REGION, same_slack_app=False, now=now)
+        plan = compare(plan, hub_table.get_many(target_keys(plan)), now)
+        assert [mv.verdict for mv in plan.records] == ["copy"]
+        if race == "changed":
+            hub = replace(hub, version=hub.version + 1, reason="hub swept meanwhile", updated_at=at(13, 30))
+            assert m.hub.save(hub)
+        else:  # a live claim, the record otherwise as read
+            aws.client("dynamodb").update_item(
+                TableName=aws.table_name(),
+                Key={"pk": {"S": f"machine#{m.key('i-0race')}"}, "sk": {"S": "state"}},
+                UpdateExpression="SET claim_until = :until, claim_by = :by",
+                ExpressionAttributeValues={
+                    ":until": {"N": str(int((now + timedelta(minutes=10)).timestamp()))},
+                    ":by": {"S": "hub-sweep"},
+                },
+            )
+        done = apply(plan, hub_table, now, lambda adding: 0)
+        assert (done.copied["records"], done.kept["records"]) == (0, 1), race
+        found = m.hub.load([m.key("i-0race")])[m.key("i-0race")]
+        assert (found.reason, found.version) == (hub.reason, hub.version), race
+
+
 def test_dry_run_prints_the_plan_and_writes_nothing(moving: Moving, capsys: pytest.CaptureFixture[str]) -> None:
     m = moving
     seed_old_state(m)
@@ -319,14 +480,34 @@ def test_dry_run_prints_the_plan_and_writes_nothing(moving: Moving, capsys: pyte
         ("not excluded", "is not excluded"),
         ("role of another account", "not of"),
         ("live claim", "the old stack's sweep holds 1 machine(s)"),
+        ("a table of the caller's account", "not in the account and region being moved"),
+        ("the hub's table in another account", "not the hub's account"),
+        ("role refused", "cannot assume it (AccessDenied"),
+        ("scan denied", "cannot read it (AccessDeniedException"),
     ],
 )
 def test_bad_inputs_are_refused_with_nothing_written(
-    moving: Moving, case: str, expected: str, capsys: pytest.CaptureFixture[str]
+    moving: Moving, case: str, expected: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     m = moving
     seed_old_state(m)
     before = m.hub_items()
+    made = aws.client
+
+    def refusing(operation: str, code: str) -> Any:
+        """aws.client, with AWS's refusal of `operation` (moto allows it) for the member account's calls."""
+
+        def refuse(**_: Any) -> None:
+            raise ClientError({"Error": {"Code": code, "Message": "not authorized"}}, operation)
+
+        def client(service: str, region: str | None = None, **kw: Any) -> Any:
+            found = made(service, region, **kw)
+            if service == "sts" or kw.get("credentials"):
+                found.meta.events.register(f"provide-client-params.{service}.{operation}", refuse)
+            return found
+
+        return client
+
     if case == "missing table":
         code = m.run(table="no-such-state")
     elif case == "short account":
@@ -345,11 +526,25 @@ def test_bad_inputs_are_refused_with_nothing_written(
         code = m.run()
     elif case == "role of another account":
         code = m.run(role=f"arn:aws:iam::{m.org.accounts['alice-sandbox']}:role/OrganizationAccountAccessRole")
+    elif case == "a table of the caller's account":  # --from-role forgotten: another account's table of that name
+        aws.create_table(aws.client("dynamodb"), "idle-reaper-old-state")
+        before = m.hub_items()
+        code = m.run(table="idle-reaper-old-state", role=None)
+    elif case == "the hub's table in another account":  # IDLE_REAPER_TABLE, or the credentials, of another account
+        config = {**json.loads(os.environ["IDLE_REAPER_ORGANIZATION"]), "hubAccount": m.org.accounts["payments"]}
+        monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+        code = m.run()
+    elif case == "role refused":
+        monkeypatch.setattr(aws, "client", refusing("AssumeRole", "AccessDenied"))
+        code = m.run()
+    elif case == "scan denied":
+        monkeypatch.setattr(aws, "client", refusing("Scan", "AccessDeniedException"))
+        code = m.run()
     else:
         record = m.old.load(["i-0snoozed"])["i-0snoozed"]
         assert m.old.save(replace(record, version=record.version + 1), "old-sweep", hold=True)
         code = m.run()
-    assert code == 1
+    assert code == (2 if case in ("role refused", "scan denied") else 1)
     assert expected in capsys.readouterr().err
     assert m.hub_items() == before
 
@@ -408,6 +603,11 @@ def test_the_plan_leaves_out_what_is_not_a_single_account_stack_s() -> None:
         {"pk": "machine#i-0a", "sk": "state", "instance_id": "i-0a", "team": "ml", "state": "idle", "version": 2},
         {"pk": f"machine#{account}/us-east-1/i-0b", "sk": "state", "instance_id": "i-0b", "team": "ml"},
         {"pk": "machine#not a key", "sk": "state"},
+        # Unreadable records of the old table: a bad date, no team, a claim that is not a number.
+        {"pk": "machine#i-0d", "sk": "state", "team": "ml", "state": "idle", "updated_at": "yesterday"},
+        {"pk": "machine#i-0e", "sk": "state", "instance_id": "i-0e", "state": "idle"},
+        {"pk": "machine#i-0f", "sk": "state", "team": "ml", "state": "idle", "claim_until": "soon"},
+        {"pk": "machine#i-0g", "sk": "state", "team": "ml", "state": "idle", "expires_at": "never"},
         {"pk": "lookup#group#G", "sk": "lookup", "value": json.dumps({"ids": ["i-0gone"], "refs": {}, "lines": {}})},
         {"pk": f"lookup#{QUIET_INDEX}", "sk": "lookup", "value": "[not json", "expires_at": live},
         {"pk": "lookup#ref#R", "sk": "lookup", "value": "i-0a", "expires_at": live},
@@ -417,7 +617,7 @@ def test_the_plan_leaves_out_what_is_not_a_single_account_stack_s() -> None:
     assert [(c.kind, c.item["value"]) for c in plan.items] == [("ref", machine_key("i-0a", account, REGION))]
     assert plan.left == {
         "member machines' items (the old table is a hub's)": 1,
-        "unreadable machine items": 1,
+        "unreadable machine items": 5,
         "button references and shared messages (no record of their machine)": 1,
         "unreadable quiet-hours index": 1,
     }

@@ -12,9 +12,11 @@ the hub's, under the member keys:
   references (`ref#`), the shared messages (`group#`, `groupline#`) with their machine keys rewritten, so a
   click on an old warning finds the machine under its new key and the hub edits the old message in place.
   Without it, an old button cannot reach the hub (its app's request URL is the old stack's endpoint) and the
-  hub's bot cannot edit the old app's messages: references and messages are not copied, and a warning in flight
-  goes back to "idle" so the hub warns again with buttons that work (the stop waits `warn_minutes` from that
-  new warning). Snoozes are kept either way.
+  hub's bot cannot edit the old app's messages: references and messages are not copied, and the old app's
+  warning is taken out of every record that holds one (an unknown or safe-mode record keeps the times of the
+  warning before it, which the hub would take for its own): a warning in flight goes back to "idle", so the hub
+  warns again with buttons that work (the stop waits `warn_minutes` from that new warning); an unknown or
+  safe-mode record keeps its state. Snoozes are kept either way.
 - the owner cache (email -> Slack user id), and the machines stopped during quiet hours whose owners have
   not been told yet (the hub's quiet-hours index), so the morning summary still comes.
 
@@ -22,9 +24,14 @@ Everything else in the old table belongs to the old deployment (its sweeps' mani
 admin alerts, its doctor's memory) and is left behind, counted.
 
 Every write is conditional: nothing of the hub's is overwritten except a machine record that is older than
-the old table's (by `updated_at`) and unchanged since it was read; a hub record that is newer or the same is
-kept. So a second run changes nothing, and a run after a late click on the old stack copies only that click.
-A live claim of the old stack's sweep on any machine refuses the whole import (the old reaper is running).
+the old table's (by `updated_at`), unchanged since it was read and not claimed by a hub sweep; a hub record
+that is newer or the same is kept, and so is one with an active snooze (someone pressed Keep on the hub's
+warning) or a warning the hub sent itself. An active keep of the old record's that lasts longer than the kept
+hub record's is carried into it (the same conditions). So a second run changes nothing, and a run after a late
+click on the old stack copies only that click. A live claim of the old stack's sweep on any machine refuses
+the whole import (the old reaper is running); an old table that is not in the account and region being moved
+(read with the caller's credentials when --from-role is forgotten) is refused; an unreadable machine item is
+counted and left behind.
 The plan is pure (plan_import, compare); the CLI (admin.py cmd_import_state) checks the inputs and wires."""
 
 from __future__ import annotations
@@ -34,8 +41,9 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -67,26 +75,45 @@ KIND_NAMES = {
 # The plan (pure)
 
 
+# What compare() decides for a record: "copy" (written under the member key), or the hub's is kept, and why.
+VERDICTS = {
+    "copy": "copy",
+    "newer": "keep the hub's (newer)",
+    "same": "already imported",
+    "snoozed": "keep the hub's (active snooze)",
+    "warned": "keep the hub's (the hub's own warning)",
+    "unreadable": "keep the hub's (unreadable)",
+}
+
+
+@dataclass(frozen=True)
+class OldWarning:
+    """The old record's warning as the old stack sent it, before the import took it out: when, and its messages."""
+
+    warned_at: datetime | None = None
+    refs: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, record: MachineRecord) -> OldWarning:
+        return cls(record.warned_at, _message_refs(record))
+
+
+def _message_refs(record: MachineRecord) -> frozenset[str]:
+    return frozenset(r for r in (record.warning_ref, record.group_ref, *record.messages) if r)
+
+
 @dataclass(frozen=True)
 class RecordMove:
     old_key: str  # the instance id (the old table's key)
     record: MachineRecord  # as it will be written under its member key
     expires_at: int | None
     hub: MachineRecord | None = None  # the hub's record under the member key, when there is one
-    rewarn: bool = False  # a warning in flight that the hub will send again
-
-    @property
-    def verdict(self) -> str:
-        """ "copy", "newer" (the hub's record is newer: kept), "same" (already imported: kept)."""
-        if self.hub is None:
-            return "copy"
-        if self.hub.updated_at is None or self.record.updated_at is None:
-            return "newer"  # cannot tell which is newer: the hub's is never overwritten on a guess
-        if self.hub.updated_at > self.record.updated_at:
-            return "newer"
-        if self.hub.updated_at == self.record.updated_at:
-            return "same"
-        return "copy"
+    rewarn: bool = False  # the old app's warning was taken out: the hub warns again
+    old_warning: OldWarning = OldWarning()  # frozen: one default serves all
+    verdict: str = "copy"  # a key of VERDICTS (compare())
+    # The hub's kept record with the old record's later active keep in it: written over the hub's (apply()).
+    carried: MachineRecord | None = None
+    hub_expires_at: int | None = None  # the hub record's TTL, kept with it
 
 
 @dataclass(frozen=True)
@@ -120,25 +147,33 @@ def _live(item: Mapping[str, Any], now: datetime) -> bool:
 
 
 def _without_old_messages(record: MachineRecord) -> tuple[MachineRecord, bool]:
-    """The record with no reference to the old Slack app's messages; a warning in flight goes back to idle (its
-    quiet stretch, snoozes and history kept), so the hub's next sweep warns again with its own buttons."""
+    """The record with no reference to the old Slack app's messages nor to its warning, whatever the state: an
+    unknown or safe-mode record keeps the times of the warning before it, and the hub would take them for a
+    warning of its own (lifecycle._stretch) and stop a machine whose owner could not answer. A warning in flight
+    goes back to idle (its quiet stretch, snoozes and history kept), so the hub's next sweep warns again with
+    its own buttons; an unknown or safe-mode record stays so until the hub sees the machine."""
     moved = replace(record, messages=(), warning_ref=None, group_ref=None)
-    if record.state is not State.WARNED:
-        return moved, False
-    return (
-        replace(
-            moved,
-            state=State.IDLE,
-            warned_at=None,
-            warning_delivered_at=None,
-            stop_not_before=None,
-            warning_post_started_at=None,
-            delivery_error=None,
-            warning_held=False,
-            reason=REWARN_REASON,
-        ),
-        True,
+    warning = (
+        record.warned_at,
+        record.warning_delivered_at,
+        record.stop_not_before,
+        record.warning_post_started_at,
+        record.delivery_error,
     )
+    if record.state is not State.WARNED and not record.warning_held and all(v is None for v in warning):
+        return moved, False
+    moved = replace(
+        moved,
+        warned_at=None,
+        warning_delivered_at=None,
+        stop_not_before=None,
+        warning_post_started_at=None,
+        delivery_error=None,
+        warning_held=False,
+    )
+    if record.state is State.WARNED:
+        moved = replace(moved, state=State.IDLE, reason=REWARN_REASON)
+    return moved, record.state is not State.REAPED
 
 
 def plan_import(
@@ -150,7 +185,12 @@ def plan_import(
     for item in old_items:
         pk, sk = str(item.get("pk", "")), str(item.get("sk", ""))
         kind, _, rest = pk.partition("#")
-        if not _live(item, now):  # TTL deletes lazily: what has expired is gone already
+        try:
+            live = _live(item, now)
+        except (ValueError, TypeError):
+            plan.left["unreadable machine items" if kind == "machine" else "unreadable items"] += 1
+            continue
+        if not live:  # TTL deletes lazily: what has expired is gone already
             plan.left["expired items"] += 1
         elif kind == "machine":
             try:
@@ -162,7 +202,10 @@ def plan_import(
                 plan.left["member machines' items (the old table is a hub's)"] += 1
                 continue
             if sk == "state":
-                _add_record(plan, item, rest, same_slack_app, now)
+                try:
+                    _add_record(plan, item, rest, same_slack_app, now)
+                except (ValueError, TypeError, KeyError, AttributeError):  # a bad date, no team, a claim not a number
+                    plan.left["unreadable machine items"] += 1
             elif sk.startswith("audit#"):
                 entry = _member_entry(str(item.get("entry", "")), account, region)
                 plan.items.append(ItemCopy("audit", {**item, "pk": f"machine#{plan.member_key(rest)}", "entry": entry}))
@@ -200,15 +243,32 @@ def _member_entry(text: str, account: str, region: str) -> str:
 
 
 def _add_record(plan: ImportPlan, item: Mapping[str, Any], instance_id: str, same_app: bool, now: datetime) -> None:
+    """Plan one machine record; raises ValueError (or TypeError, KeyError) when the item is unreadable."""
     claim_until = item.get("claim_until")
-    if claim_until is not None and int(claim_until) > now.timestamp():
-        plan.claimed.append((instance_id, datetime.fromtimestamp(int(claim_until), tz=UTC)))
-    record = replace(item_to_record(item), instance_id=instance_id, account=plan.account, region=plan.region)
+    claim = int(claim_until) if claim_until is not None else None
+    old = _readable_record({**item, "instance_id": instance_id})
+    record = replace(old, account=plan.account, region=plan.region)
+    expires = item.get("expires_at")
+    expires_at = int(expires) if expires is not None else None
+    if claim is not None and claim > now.timestamp():
+        plan.claimed.append((instance_id, datetime.fromtimestamp(claim, tz=UTC)))
     rewarn = False
     if not same_app:
         record, rewarn = _without_old_messages(record)
-    expires = item.get("expires_at")
-    plan.records.append(RecordMove(instance_id, record, int(expires) if expires is not None else None, rewarn=rewarn))
+    plan.records.append(RecordMove(instance_id, record, expires_at, rewarn=rewarn, old_warning=OldWarning.of(old)))
+
+
+def _readable_record(item: Mapping[str, Any]) -> MachineRecord:
+    """The record of a state item; ValueError (or TypeError, KeyError) for one the import cannot compare safely:
+    a date without its time zone is unreadable too."""
+    record = item_to_record(item)
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if isinstance(value, datetime) and value.tzinfo is None:
+            raise ValueError(f"{f.name}: no time zone")
+    if not isinstance(record.team, str) or not record.team:
+        raise ValueError("no team")
+    return record
 
 
 def _lookup_copy(name: str, item: Mapping[str, Any], moved: Mapping[str, str], same_app: bool) -> ItemCopy | None:
@@ -254,15 +314,64 @@ def _add_quiet(plan: ImportPlan, raw: str, moved: Mapping[str, str]) -> None:
             plan.quiet[str(team)] = keys
 
 
-def compare(plan: ImportPlan, hub_items: Mapping[Key, Mapping[str, Any]]) -> ImportPlan:
+def compare(plan: ImportPlan, hub_items: Mapping[Key, Mapping[str, Any]], now: datetime) -> ImportPlan:
     """The plan against what the hub's table holds under the same keys (its records and items)."""
     records = []
     for move in plan.records:
         found = hub_items.get((f"machine#{move.record.key}", "state"))
-        records.append(replace(move, hub=item_to_record(found) if found is not None else None))
+        if found is None:
+            records.append(move)
+            continue
+        try:
+            hub = _readable_record(found)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            records.append(replace(move, verdict="unreadable"))  # never overwritten on a guess
+            continue
+        expires = found.get("expires_at")
+        ttl = int(expires) if isinstance(expires, (int, Decimal)) else None
+        records.append(_against(replace(move, hub=hub, hub_expires_at=ttl), hub, now))
     plan.records = records
     plan.items = [replace(c, exists=c.key in hub_items) for c in plan.items]
     return plan
+
+
+def _against(move: RecordMove, hub: MachineRecord, now: datetime) -> RecordMove:
+    """The verdict on one record the hub has too. The newer (by updated_at) is kept, except that a hub record
+    with an active snooze (someone pressed Keep on the hub's warning) or a warning the hub sent itself is never
+    overwritten; and an active keep of the old record's that lasts longer than the hub's is carried into the
+    kept record (a person's answer is not lost either way)."""
+    old = move.record
+    if hub.updated_at is not None and hub.updated_at == old.updated_at:
+        return replace(move, verdict="same")
+    if hub.snoozed_until is not None and hub.snoozed_until > now:
+        verdict = "snoozed"
+    elif _hubs_own_warning(hub, move.old_warning):
+        verdict = "warned"
+    elif hub.updated_at is None or old.updated_at is None or hub.updated_at > old.updated_at:
+        verdict = "newer"  # cannot tell which is newer: the hub's is never overwritten on a guess
+    else:
+        return replace(move, verdict="copy")
+    keep = old.snoozed_until
+    if keep is None or keep <= now or (hub.snoozed_until is not None and hub.snoozed_until >= keep):
+        return replace(move, verdict=verdict)
+    same_day = hub.snooze_day == old.snooze_day
+    carried = replace(
+        hub,
+        snoozed_until=keep,
+        snoozed_by=old.snoozed_by,
+        snooze_day=old.snooze_day if old.snooze_day else hub.snooze_day,
+        snoozes_today=max(hub.snoozes_today, old.snoozes_today) if same_day else old.snoozes_today,
+        version=hub.version + 1,
+        updated_at=now,
+    )
+    return replace(move, verdict=verdict, carried=carried)
+
+
+def _hubs_own_warning(hub: MachineRecord, old: OldWarning) -> bool:
+    """The hub's record holds a warning in flight that the hub sent (not one an earlier import copied)."""
+    if hub.state is not State.WARNED:
+        return False
+    return hub.warned_at != old.warned_at or not _message_refs(hub) <= old.refs
 
 
 def target_keys(plan: ImportPlan) -> list[Key]:
@@ -343,6 +452,7 @@ class Outcome:
 
     copied: Counter[str] = field(default_factory=Counter)
     kept: Counter[str] = field(default_factory=Counter)
+    carried: int = 0  # kept hub records that took the old record's later keep
     quiet_added: int = 0
 
 
@@ -355,6 +465,9 @@ def apply(
     for move in plan.records:
         if move.verdict != "copy":
             out.kept["records"] += 1
+            if move.carried is not None and move.hub is not None:
+                item = {**record_to_item(move.carried), **_hub_ttl(move)}
+                out.carried += _put_over(hub, item, move.hub, now)
             continue
         item = record_to_item(move.record)
         if move.expires_at is not None:
@@ -362,19 +475,10 @@ def apply(
         if move.hub is None:
             done = hub.put_if(item, "attribute_not_exists(pk)")
         else:
-            # Newer than the hub's: written over it only while the hub's is as read and no sweep holds it, with
-            # a version past the hub's, so a sweep that read the hub's record cannot write over this one.
+            # Newer than the hub's: written with a version past the hub's, so a sweep that read the hub's record
+            # cannot write over this one.
             item["version"] = max(move.record.version, move.hub.version + 1)
-            done = hub.put_if(
-                item,
-                "version = :version AND updated_at = :updated"
-                " AND (attribute_not_exists(claim_until) OR claim_until <= :now)",
-                {
-                    ":version": move.hub.version,
-                    ":updated": record_to_item(move.hub)["updated_at"],
-                    ":now": int(now.timestamp()),
-                },
-            )
+            done = _put_over(hub, item, move.hub, now)
         (out.copied if done else out.kept)["records"] += 1
     for copy in plan.items:
         kind = KIND_NAMES[copy.kind]
@@ -390,6 +494,22 @@ def apply(
     if plan.quiet:
         out.quiet_added = update_quiet(plan.quiet)
     return out
+
+
+def _put_over(hub: Table, item: Mapping[str, Any], read: MachineRecord, now: datetime) -> bool:
+    """Write over a hub record only while it is as compare() read it and no sweep holds a live claim on it."""
+    values: dict[str, Any] = {":version": read.version, ":now": int(now.timestamp())}
+    if read.updated_at is None:
+        updated = "attribute_not_exists(updated_at)"
+    else:
+        updated, values[":updated"] = "updated_at = :updated", record_to_item(read)["updated_at"]
+    condition = f"version = :version AND {updated} AND (attribute_not_exists(claim_until) OR claim_until <= :now)"
+    return hub.put_if(item, condition, values)
+
+
+def _hub_ttl(move: RecordMove) -> dict[str, Any]:
+    """The hub record's TTL, kept when the import writes its record with a carried keep."""
+    return {"expires_at": move.hub_expires_at} if move.hub_expires_at is not None else {}
 
 
 def add_to_quiet_index(store: StateStore, adding: Mapping[str, Sequence[str]], now: datetime) -> int:
@@ -463,7 +583,14 @@ def _source_table(args: argparse.Namespace) -> Table:
             raise _Fail(f"--from-role {args.from_role!r}: not an IAM role ARN (arn:aws:iam::<account>:role/<name>)")
         if role.group(1) != args.account:
             raise _Fail(f"--from-role {args.from_role}: a role of account {role.group(1)}, not of {args.account}")
-        given = aws.client("sts").assume_role(RoleArn=args.from_role, RoleSessionName="idle-reaper-import-state")
+        try:
+            given = aws.client("sts").assume_role(RoleArn=args.from_role, RoleSessionName="idle-reaper-import-state")
+        except ClientError as exc:
+            raise _Fail(
+                f"--from-role {args.from_role}: cannot assume it ({error_code(exc)}: {exc}). It must exist, trust "
+                "your credentials' account, and your credentials need sts:AssumeRole on it; nothing was written",
+                EXIT_ERROR,
+            ) from None
         c = given["Credentials"]
         credentials = {
             "aws_access_key_id": c["AccessKeyId"],
@@ -473,8 +600,9 @@ def _source_table(args: argparse.Namespace) -> Table:
     return Table(aws.client("dynamodb", args.region, credentials=credentials), table)
 
 
-def _member(args: argparse.Namespace) -> MemberAccount:
-    """The account being moved, as the hub lists it; a _Fail when it is not one of the hub's members."""
+def _member(args: argparse.Namespace) -> tuple[MemberAccount, str]:
+    """The account being moved, as the hub lists it, and the hub's account; a _Fail when it is not one of the
+    hub's members."""
     if not _ACCOUNT.match(args.account):
         raise _Fail(f"--account {args.account!r}: an AWS account id is 12 digits")
     config = _organization_config()
@@ -495,11 +623,13 @@ def _member(args: argparse.Namespace) -> MemberAccount:
             f"--account {args.account} is not a member account of this hub: not an active account under "
             f"{', '.join(config.targets)}{why}"
         )
-    return member
+    return member, config.hub_account
 
 
-def _tables(args: argparse.Namespace, hub: Table) -> Table:
-    """The old table, once it is known to exist and not to be the hub's own."""
+def _tables(args: argparse.Namespace, hub: Table, hub_account: str) -> Table:
+    """The old table, once it is known to exist, not to be the hub's own, and to be in the account and region
+    being moved (a table read with the caller's own credentials, --from-role forgotten, is the caller's
+    account's: its machines are not the member's); and the hub's table the hub account's."""
     source = _source_table(args)
     try:
         source_arn = source.arn()
@@ -513,6 +643,21 @@ def _tables(args: argparse.Namespace, hub: Table) -> Table:
         raise _Fail(f"the hub's table {hub.name}: cannot read it ({error_code(exc)})", EXIT_ERROR) from None
     if source_arn == hub_arn:
         raise _Fail(f"--from-table {source.name} is the hub's own table: nothing to import")
+    found = _TABLE_ARN.match(source_arn)
+    if found is None or (found.group(1), found.group(2)) != (args.region, args.account):
+        where = f"in account {found.group(2)}, region {found.group(1)}" if found else f"{source_arn!r}"
+        raise _Fail(
+            f"--from-table {source.name}: the table read is {where}, not in the account and region being moved "
+            f"({args.account}, {args.region}); pass --from-role with a role of account {args.account}, or the "
+            "table's ARN"
+        )
+    found = _TABLE_ARN.match(hub_arn)
+    if found is None or found.group(2) != hub_account:
+        where = f"in account {found.group(2)}" if found else f"{hub_arn!r}"
+        raise _Fail(
+            f"the hub's table {hub.name} is {where}, not the hub's account {hub_account}: run with the hub "
+            "account's credentials (and IDLE_REAPER_TABLE the hub's table)"
+        )
     return source
 
 
@@ -539,26 +684,37 @@ def _exclusion_note(args: argparse.Namespace, member: MemberAccount) -> str:
 
 
 def describe_move(move: RecordMove, now: datetime) -> str:
-    r = move.record
-    what = {"copy": "copy", "newer": "keep the hub's (newer)", "same": "already imported"}[move.verdict]
+    """One machine's line: what the import does with it, and the facts of the record that is kept."""
+    r = move.record if move.verdict == "copy" or move.hub is None else move.hub
     facts = [r.state.value]
     if r.snoozed_until is not None and r.snoozed_until > now:
         facts.append(f"kept until {r.snoozed_until:%Y-%m-%d %H:%M} UTC by {r.snoozed_by or 'someone'}")
     if r.state is State.WARNED and r.stop_not_before is not None:
         facts.append(f"warned, stop not before {r.stop_not_before:%Y-%m-%d %H:%M} UTC")
-    if move.rewarn:
-        facts.append("warning in flight: the hub warns again")
-    return f"  {move.old_key} -> {r.key}: {what} ({'; '.join(facts)})"
+    if move.rewarn and move.verdict == "copy":
+        facts.append("the old app's warning dropped: the hub warns again")
+    if move.carried is not None and move.carried.snoozed_until is not None:
+        by = move.carried.snoozed_by or "someone"
+        facts.append(f"the old stack's keep until {move.carried.snoozed_until:%Y-%m-%d %H:%M} UTC by {by} carried in")
+    return f"  {move.old_key} -> {move.record.key}: {VERDICTS[move.verdict]} ({'; '.join(facts)})"
 
 
 def cmd_import_state(args: argparse.Namespace) -> int:
     def body() -> int:
         now = wall_clock()  # claims and TTLs are about real time, as in the state table
         hub = Table(aws.client("dynamodb"), aws.table_name())
-        member = _member(args)
-        source = _tables(args, hub)
+        member, hub_account = _member(args)
+        source = _tables(args, hub, hub_account)
         note = _exclusion_note(args, member)
-        plan = plan_import(source.scan(), args.account, args.region, same_slack_app=args.same_slack_app, now=now)
+        try:
+            old_items = source.scan()
+        except ClientError as exc:
+            raise _Fail(
+                f"--from-table {source.name}: cannot read it ({error_code(exc)}: {exc}); it needs dynamodb:Scan on "
+                "the table; nothing was written",
+                EXIT_ERROR,
+            ) from None
+        plan = plan_import(old_items, args.account, args.region, same_slack_app=args.same_slack_app, now=now)
         if plan.claimed:
             until = max(u for _, u in plan.claimed)
             ids = ", ".join(i for i, _ in plan.claimed[:5])
@@ -566,7 +722,7 @@ def cmd_import_state(args: argparse.Namespace) -> int:
                 f"the old stack's sweep holds {len(plan.claimed)} machine(s) ({ids}) until {until:%H:%M:%S} UTC: "
                 "disable its schedule (SweepScheduleName) and run again after that; nothing was written"
             )
-        plan = compare(plan, hub.get_many(target_keys(plan)))
+        plan = compare(plan, hub.get_many(target_keys(plan)), now)
         verb = "would import" if args.dry_run else "importing"
         print(f"{verb} {source.name} (account {args.account}, {args.region}) into {hub.name}")
         print(f"  {note}")
@@ -574,10 +730,14 @@ def cmd_import_state(args: argparse.Namespace) -> int:
             print(describe_move(move, now))
         if args.dry_run:
             verdicts = Counter(m.verdict for m in plan.records)
+            why = {"snoozed": "has an active snooze", "warned": "sent its own warning", "unreadable": "is unreadable"}
+            kept = "".join(f"{verdicts[v]} kept (the hub's {w}), " for v, w in why.items() if verdicts[v])
             print(
-                f"records: {verdicts['copy']} to copy, {verdicts['newer']} kept (the hub's is newer), "
+                f"records: {verdicts['copy']} to copy, {verdicts['newer']} kept (the hub's is newer), {kept}"
                 f"{verdicts['same']} already imported"
             )
+            if carrying := sum(m.carried is not None for m in plan.records):
+                print(f"the old stack's later keep to carry into {carrying} of the hub's records")
             kinds = Counter((c.kind, c.exists) for c in plan.items)
             for kind in sorted({k for k, _ in kinds}):
                 print(f"{KIND_NAMES[kind]}: {kinds[(kind, False)]} to copy, {kinds[(kind, True)]} already there")
@@ -586,7 +746,8 @@ def cmd_import_state(args: argparse.Namespace) -> int:
         else:
             store = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name())
             done = apply(plan, hub, now, lambda adding: add_to_quiet_index(store, adding, now))
-            print(f"records: {done.copied['records']} copied, {done.kept['records']} kept (the hub's)")
+            carried = f", the old stack's later keep carried into {done.carried}" if done.carried else ""
+            print(f"records: {done.copied['records']} copied, {done.kept['records']} kept (the hub's){carried}")
             for kind in sorted(set(done.copied) | set(done.kept)):
                 if kind != "records":
                     print(f"{kind}: {done.copied[kind]} copied, {done.kept[kind]} already there")
