@@ -584,8 +584,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 # status
 
 
-def _reap_word(machine: Machine | None, policy: TeamPolicy, kind: str = "") -> str:
-    if machine is not None and machine.asg_name:
+def _reap_word(asg_name: str | None, policy: TeamPolicy, kind: str = "") -> str:
+    if asg_name:
         return "terminate" if policy.asg_action == "terminate" else "release to its group"
     # What the kind a record keeps makes of the end of the window (core.kinds.handling, from the record).
     if kind in TERMINABLE and policy.terminate_unstoppable_after_minutes is not None:
@@ -604,8 +604,17 @@ def next_step(
     answer). Derived from the record and the policy in force at `now`; the sweep decides for real."""
     if record.state is State.REAPED:
         return "none", None
-    if machine is None:
+    if machine is None and record.account is None:
         return "none: not running", None
+    action, when = _next_step_of_running(record, policy, machine, now)
+    # A member account's machine is not listed by the CLI (its EC2 is in another account): what its record, as
+    # the last sweep there wrote it, says. Never "not running" for a machine nobody here looked at.
+    return (f"{action} (as its account's last sweep saw it)" if machine is None else action), when
+
+
+def _next_step_of_running(
+    record: MachineRecord, policy: TeamPolicy | None, machine: Machine | None, now: datetime
+) -> tuple[str, datetime | None]:
     if record.state is State.EXEMPT:
         return "none: exempt", None
     if policy is None:
@@ -614,8 +623,10 @@ def next_step(
         return "re-check at the next sweep", None
     warn_at = timedelta(minutes=policy.idle_minutes - policy.warn_minutes)
     idle = timedelta(minutes=policy.idle_minutes)
-    reap = _reap_word(machine, policy, record.machine_kind)
-    cap_at = machine.launch_time + timedelta(hours=policy.max_runtime_hours) if policy.max_runtime_hours else None
+    # A member account's machine: its group as its record names it.
+    reap = _reap_word(machine.asg_name if machine else record.asg_name, policy, record.machine_kind)
+    launched = machine.launch_time if machine else None
+    cap_at = launched + timedelta(hours=policy.max_runtime_hours) if launched and policy.max_runtime_hours else None
     if record.state is State.SNOOZED and record.snoozed_until:
         if cap_at is not None and cap_at < record.snoozed_until:
             return "warn if quiet (max_runtime_hours overrides the keep)", max(cap_at, now)
@@ -665,8 +676,8 @@ def status_rows(
         machine = machines.get(record.instance_id) if record.account is None else None
         seen.add(record.key)
         team = machine.team if machine else record.team
-        # A member machine's policy (read on first need: next_step uses it only for a running machine).
-        if in_account is not None and record.account is not None and machine is not None:
+        # A member machine's policy, with its account's own default (read on the first member record).
+        if in_account is not None and record.account is not None:
             here, here_refs = in_account(record.account)
         else:
             here, here_refs = settings, refs

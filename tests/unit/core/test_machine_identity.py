@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from idle_reaper.aws.state import InMemoryStateStore, item_to_record, record_to_item
-from idle_reaper.core.records import MachineId, MachineRecord, machine_key, parse_machine_key
+from idle_reaper.core.records import MachineId, MachineRecord, State, machine_key, parse_machine_key
 from idle_reaper.core.signals import Machine
-from idle_reaper.policy import Settings
+from idle_reaper.policy import Settings, TeamPolicy, TeamPolicyRef
 from idle_reaper.slack.answers import status_reply
 from idle_reaper.sweep import run_sweep
 from idle_reaper.sweep.delivery import explain
@@ -164,3 +164,32 @@ def test_status_names_the_account_and_never_mixes_a_member_machine_with_the_hubs
     assert f"{A}/{REGION}/i-0abc" in table
     text = status_reply([hub, member]).text
     assert f"account {A} ({REGION})" in text and text.count("account ") == 1
+
+
+def test_status_says_what_a_member_machines_record_holds_never_not_running() -> None:
+    """The CLI lists only the hub account's EC2: a member machine is known from its record. A warned one is
+    shown with its stop and when (as its account's last sweep saw it), not as a machine that is not running;
+    a hub record without a running machine is still "not running"."""
+    warned_at = NOW - timedelta(minutes=10)
+    member = MachineRecord(
+        "i-0abc",
+        "ml",
+        account=A,
+        region=REGION,
+        owner="ann",
+        state=State.WARNED,
+        idle_since=NOW - timedelta(minutes=60),
+        warned_at=warned_at,
+        warning_delivered_at=warned_at,
+        version=3,
+    )
+    grouped = replace(member, instance_id="i-0def", asg_name="trainers")  # its group, as its record names it
+    gone = MachineRecord("i-0fff", "ml", owner="bob", state=State.IDLE, idle_since=NOW, version=1)
+    policy = TeamPolicy(idle_minutes=90, warn_minutes=30)
+    refs = {"ml": TeamPolicyRef(team="ml", policy=policy, source="/idle-reaper/teams/ml", version=1)}
+    rows = {r["instance_id"]: r for r in status_rows([member, grouped, gone], {}, refs, Settings(), NOW)}
+    assert rows["i-0abc"]["next_action"] == "stop if still idle (as its account's last sweep saw it)"
+    # The stop: 30 min after the delivered warning, and not before 90 min quiet (the later of the two).
+    assert rows["i-0abc"]["next_at"] == (NOW + timedelta(minutes=30)).isoformat()
+    assert rows["i-0def"]["next_action"] == "release to its group if still idle (as its account's last sweep saw it)"
+    assert rows["i-0fff"]["next_action"] == "none: not running"
