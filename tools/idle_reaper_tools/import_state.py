@@ -51,7 +51,7 @@ from botocore.exceptions import ClientError
 from idle_reaper import aws
 from idle_reaper.aws.accounts import ORGANIZATION_ENV, MemberAccount, OrganizationConfig
 from idle_reaper.aws.clients import chunks, error_code, wall_clock
-from idle_reaper.aws.state import DDB_BATCH_GET, StateStore, item_to_record, record_to_item
+from idle_reaper.aws.state import DDB_BATCH_GET, DynamoStateStore, StateStore, item_to_record, record_to_item
 from idle_reaper.core.records import MachineRecord, State, machine_key, parse_machine_key
 from idle_reaper.policy import PolicyError
 from idle_reaper.sweep.quiet_hours import QUIET_INDEX, QUIET_INDEX_ATTEMPTS, QUIET_INDEX_TTL
@@ -390,60 +390,30 @@ def merged_quiet_index(index: dict[str, list[str]], adding: Mapping[str, Sequenc
 # The tables (DynamoDB)
 
 
-class Table:
-    """One state table through plain DynamoDB calls: a Scan of all its items, BatchGetItem by key, and the
-    import's conditional writes."""
-
-    def __init__(self, dynamodb: Any, name: str) -> None:
-        from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
-
-        self.dynamodb = dynamodb
-        self.name = name
-        self._ser, self._de = TypeSerializer(), TypeDeserializer()
+class Table(DynamoStateStore):
+    """One state table as the import reads and writes it: the state store's DynamoDB calls (batch reads,
+    conditional writes), plus a Scan of all its items and its ARN."""
 
     def arn(self) -> str:
         """The table's ARN; raises ClientError ResourceNotFoundException when there is no such table."""
-        return str(self.dynamodb.describe_table(TableName=self.name)["Table"]["TableArn"])
+        return str(self.dynamodb.describe_table(TableName=self.table)["Table"]["TableArn"])
 
     def scan(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
-        for page in self.dynamodb.get_paginator("scan").paginate(TableName=self.name, ConsistentRead=True):
+        for page in self.dynamodb.get_paginator("scan").paginate(TableName=self.table, ConsistentRead=True):
             items += [self._plain(raw) for raw in page["Items"]]
         return items
 
     def get_many(self, keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
         found: dict[Key, dict[str, Any]] = {}
         for batch in chunks(sorted(set(keys)), DDB_BATCH_GET):
-            wire = [self._wire({"pk": pk, "sk": sk}) for pk, sk in batch]
-            request: dict[str, Any] = {self.name: {"Keys": wire, "ConsistentRead": True}}
-            while request:
-                out = self.dynamodb.batch_get_item(RequestItems=request)
-                for raw in out["Responses"].get(self.name, []):
-                    item = self._plain(raw)
-                    found[(str(item["pk"]), str(item["sk"]))] = item
-                request = out.get("UnprocessedKeys") or {}
+            for item in self._batch_get([{"pk": pk, "sk": sk} for pk, sk in batch], consistent=True):
+                found[(str(item["pk"]), str(item["sk"]))] = item
         return found
 
     def put_if(self, item: Mapping[str, Any], condition: str, values: Mapping[str, Any] | None = None) -> bool:
         """A conditional PutItem; False when the condition does not hold."""
-        try:
-            self.dynamodb.put_item(
-                TableName=self.name,
-                Item=self._wire(item),
-                ConditionExpression=condition,
-                **({"ExpressionAttributeValues": self._wire(values)} if values else {}),
-            )
-        except ClientError as exc:
-            if error_code(exc) == "ConditionalCheckFailedException":
-                return False
-            raise
-        return True
-
-    def _wire(self, item: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: self._ser.serialize(v) for k, v in item.items()}
-
-    def _plain(self, item: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: self._de.deserialize(v) for k, v in item.items()}
+        return self._put_if(item, condition, values or {})
 
 
 @dataclass
@@ -635,19 +605,20 @@ def _tables(args: argparse.Namespace, hub: Table, hub_account: str) -> Table:
         source_arn = source.arn()
     except ClientError as exc:
         if error_code(exc) == "ResourceNotFoundException":
-            raise _Fail(f"--from-table {source.name}: no such table in account {args.account}, {args.region}") from None
-        raise _Fail(f"--from-table {source.name}: cannot read it ({error_code(exc)}: {exc})", EXIT_ERROR) from None
+            missing = f"--from-table {source.table}: no such table in account {args.account}, {args.region}"
+            raise _Fail(missing) from None
+        raise _Fail(f"--from-table {source.table}: cannot read it ({error_code(exc)}: {exc})", EXIT_ERROR) from None
     try:
         hub_arn = hub.arn()
     except ClientError as exc:
-        raise _Fail(f"the hub's table {hub.name}: cannot read it ({error_code(exc)})", EXIT_ERROR) from None
+        raise _Fail(f"the hub's table {hub.table}: cannot read it ({error_code(exc)})", EXIT_ERROR) from None
     if source_arn == hub_arn:
-        raise _Fail(f"--from-table {source.name} is the hub's own table: nothing to import")
+        raise _Fail(f"--from-table {source.table} is the hub's own table: nothing to import")
     found = _TABLE_ARN.match(source_arn)
     if found is None or (found.group(1), found.group(2)) != (args.region, args.account):
         where = f"in account {found.group(2)}, region {found.group(1)}" if found else f"{source_arn!r}"
         raise _Fail(
-            f"--from-table {source.name}: the table read is {where}, not in the account and region being moved "
+            f"--from-table {source.table}: the table read is {where}, not in the account and region being moved "
             f"({args.account}, {args.region}); pass --from-role with a role of account {args.account}, or the "
             "table's ARN"
         )
@@ -655,7 +626,7 @@ def _tables(args: argparse.Namespace, hub: Table, hub_account: str) -> Table:
     if found is None or found.group(2) != hub_account:
         where = f"in account {found.group(2)}" if found else f"{hub_arn!r}"
         raise _Fail(
-            f"the hub's table {hub.name} is {where}, not the hub's account {hub_account}: run with the hub "
+            f"the hub's table {hub.table} is {where}, not the hub's account {hub_account}: run with the hub "
             "account's credentials (and IDLE_REAPER_TABLE the hub's table)"
         )
     return source
@@ -710,7 +681,7 @@ def cmd_import_state(args: argparse.Namespace) -> int:
             old_items = source.scan()
         except ClientError as exc:
             raise _Fail(
-                f"--from-table {source.name}: cannot read it ({error_code(exc)}: {exc}); it needs dynamodb:Scan on "
+                f"--from-table {source.table}: cannot read it ({error_code(exc)}: {exc}); it needs dynamodb:Scan on "
                 "the table; nothing was written",
                 EXIT_ERROR,
             ) from None
@@ -724,7 +695,7 @@ def cmd_import_state(args: argparse.Namespace) -> int:
             )
         plan = compare(plan, hub.get_many(target_keys(plan)), now)
         verb = "would import" if args.dry_run else "importing"
-        print(f"{verb} {source.name} (account {args.account}, {args.region}) into {hub.name}")
+        print(f"{verb} {source.table} (account {args.account}, {args.region}) into {hub.table}")
         print(f"  {note}")
         for move in plan.records:
             print(describe_move(move, now))

@@ -190,16 +190,23 @@ class DynamoStateStore:
 
     def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
         def get(batch: Sequence[str]) -> list[MachineRecord]:
-            found: list[MachineRecord] = []
-            request = {self.table: {"Keys": [self._wire({"pk": _machine_pk(i), "sk": "state"}) for i in batch]}}
-            while request:
-                out = self.dynamodb.batch_get_item(RequestItems=request)
-                found += [item_to_record(self._plain(raw)) for raw in out["Responses"].get(self.table, [])]
-                request = out.get("UnprocessedKeys") or {}
-            return found
+            keys = [{"pk": _machine_pk(i), "sk": "state"} for i in batch]
+            return [item_to_record(item) for item in self._batch_get(keys)]
 
         batches = list(chunks(_machine_keys(instance_ids), DDB_BATCH_GET))
         return {r.key: r for found in run_concurrently(get, batches, DDB_WORKERS) for r in found}
+
+    def _batch_get(self, keys: Sequence[Mapping[str, Any]], *, consistent: bool = False) -> list[dict[str, Any]]:
+        """The items of up to DDB_BATCH_GET keys, as plain values, the keys DynamoDB left unprocessed asked again."""
+        request: dict[str, Any] = {self.table: {"Keys": [self._wire(k) for k in keys]}}
+        if consistent:
+            request[self.table]["ConsistentRead"] = True
+        found: list[dict[str, Any]] = []
+        while request:
+            out = self.dynamodb.batch_get_item(RequestItems=request)
+            found += [self._plain(raw) for raw in out["Responses"].get(self.table, [])]
+            request = out.get("UnprocessedKeys") or {}
+        return found
 
     def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
         now = self.clock()
@@ -217,14 +224,14 @@ class DynamoStateStore:
             condition += " AND (attribute_not_exists(claim_until) OR claim_until <= :now)"
         return self._put_if(item, condition, values)
 
-    def _put_if(self, item: dict[str, Any], condition: str, values: dict[str, Any], **names: str) -> bool:
+    def _put_if(self, item: Mapping[str, Any], condition: str, values: Mapping[str, Any], **names: str) -> bool:
         """A conditional PutItem: False when the condition does not hold (someone wrote first)."""
         try:
             self.dynamodb.put_item(
                 TableName=self.table,
                 Item=self._wire(item),
                 ConditionExpression=condition,
-                ExpressionAttributeValues=self._wire(values),
+                **({"ExpressionAttributeValues": self._wire(values)} if values else {}),
                 **({"ExpressionAttributeNames": {f"#{k}": v for k, v in names.items()}} if names else {}),
             )
         except ClientError as exc:
