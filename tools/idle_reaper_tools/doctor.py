@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from idle_reaper import aws
-from idle_reaper.aws.accounts import ORGANIZATION_ENV, Directory, MemberCheck, OrganizationConfig, last_member_check
+from idle_reaper.aws.accounts import Directory, MemberCheck, OrganizationConfig, last_member_check
 from idle_reaper.core.doctor import Finding, check_members, failed, listed, outcomes, tally, unknown
 from idle_reaper.policy import PolicyError, Settings
 from idle_reaper.slack.doctor import SLACK_DOWN, SlackReader, slack_error, slack_reader
@@ -85,8 +85,7 @@ def organization_of(region: str | None, stack: str, outputs: Mapping[str, str]) 
         found = aws.client("lambda", region).get_function_configuration(FunctionName=sweep)
     except aws.AwsError:
         return None  # the deploy checks say what cannot be read
-    text = found.get("Environment", {}).get("Variables", {}).get(ORGANIZATION_ENV)
-    return OrganizationConfig.from_json(text) if text else None
+    return OrganizationConfig.of_function(found)
 
 
 def member_stack_instances(cloudformation: Any, stack_set_name: str) -> dict[tuple[str, str], str] | None:

@@ -49,7 +49,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from idle_reaper import aws
-from idle_reaper.aws.accounts import ORGANIZATION_ENV, MemberAccount, OrganizationConfig
+from idle_reaper.aws.accounts import MemberAccount, OrganizationConfig
 from idle_reaper.aws.clients import chunks, error_code, wall_clock
 from idle_reaper.aws.state import DDB_BATCH_GET, DynamoStateStore, StateStore, item_to_record, record_to_item
 from idle_reaper.core.records import MachineRecord, State, machine_key, parse_machine_key
@@ -529,10 +529,10 @@ def _organization_config() -> OrganizationConfig:
                 "and run where the hub is deployed)"
             ) from None
         raise
-    text = found.get("Environment", {}).get("Variables", {}).get(ORGANIZATION_ENV)
-    if not text:
+    config = OrganizationConfig.of_function(found)
+    if config is None:
         raise _Fail(f"{function} is not in organization mode: there is no hub to import into (docs/deploying.md)")
-    return OrganizationConfig.from_json(text)
+    return config
 
 
 def _source_table(args: argparse.Namespace) -> Table:

@@ -22,7 +22,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -349,6 +349,13 @@ class OrganizationConfig:
     def from_environment(cls) -> OrganizationConfig | None:
         """None in single-account mode (the variable is unset)."""
         text = os.environ.get(ORGANIZATION_ENV, "")
+        return cls.from_json(text) if text else None
+
+    @classmethod
+    def of_function(cls, configuration: Mapping[str, Any]) -> OrganizationConfig | None:
+        """A deployed function's (Lambda GetFunctionConfiguration's answer): None when it is not in organization
+        mode. How the CLI learns the hub's organization from outside it."""
+        text = configuration.get("Environment", {}).get("Variables", {}).get(ORGANIZATION_ENV)
         return cls.from_json(text) if text else None
 
     @classmethod
