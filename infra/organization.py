@@ -2,8 +2,9 @@
 that puts it there. The hub stack is the single-account stack plus these (infra/stack.py).
 
 The member stack holds only what must live in each account and region: the role the hub's sweep and Slack
-endpoint assume (the machine permissions of infra/machine_access.py, nothing else) and the GPU agent and
-activity collector associations (infra/constructs.py's GpuAgentRollout). It has no Lambda and no file asset:
+endpoint assume (the machine permissions of infra/machine_access.py, nothing else), the read-only role the
+hub's weekly digest assumes (cloudwatch:GetMetricData, nothing else: the digest never gets stop power) and the
+GPU agent and activity collector associations (infra/constructs.py's GpuAgentRollout). It has no Lambda and no file asset:
 a service-managed StackSet cannot read the hub's CDK bootstrap bucket from a member account, so the template
 travels inline (TemplateBody) and the collector's files ride inside the SSM document, as in the hub stack."""
 
@@ -22,16 +23,26 @@ from aws_cdk import aws_iam as iam
 from cdk_nag import AwsSolutionsChecks, NagPackSuppression, RegexAppliesTo
 from constructs import Construct
 
-from idle_reaper.organization import MEMBER_ROLE_SUFFIX, OrganizationContext, member_role_name
+from idle_reaper.organization import (
+    MEMBER_ROLE_SUFFIX,
+    READ_ROLE_SUFFIX,
+    OrganizationContext,
+    member_read_role_name,
+    member_role_name,
+)
 from infra.bundling import REPO_ROOT
 from infra.constructs import GpuAgentRollout, suppress
-from infra.machine_access import MachineAccess
+from infra.machine_access import MachineAccess, in_regions
 
 # CloudFormation's limit on an inline template (TemplateBody); above it a StackSet needs an S3 URL.
 TEMPLATE_BODY_LIMIT = 51_200
 # The hub's roles that act in member accounts: the sweep, its shard workers, and the Slack endpoint.
 HUB_ROLE_PARAMETERS = ("HubSweepRoleArn", "HubShardWorkerRoleArn", "HubAnswerRoleArn")
+# The hub's weekly digest: the one role the read role trusts.
+HUB_DIGEST_PARAMETER = "HubDigestRoleArn"
 HUB_ACCOUNT_PARAMETER = "HubAccountId"
+# What CloudFormation accepts for a hub role's ARN (the parameters' AllowedPattern): an IAM role of one account.
+ROLE_ARN_PATTERN = r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$"
 
 
 def member_agent_parameter_name(prefix: str) -> str:
@@ -53,24 +64,25 @@ class MemberSettings:
 
 
 class MemberStack(Stack):
-    """One member account and region: the hub's role, and the GPU agent and collector rollout.
+    """One member account and region: the hub's role, the digest's read role, and the GPU agent and collector
+    rollout.
 
-    Parameters (set by the StackSet from the hub stack): the ARNs of the hub roles the member role trusts, and
-    the hub's account id (in the hub's own account the hub stack already rolls the agent out, so the member
-    stack there holds only the role)."""
+    Parameters (set by the StackSet from the hub stack): the ARNs of the hub roles the member role trusts, the
+    ARN of the hub's digest role (the read role trusts it alone), and the hub's account id (in the hub's own
+    account the hub stack already rolls the agent out, so the member stack there holds only the roles)."""
 
     def __init__(self, scope: Construct, id: str, *, settings: MemberSettings) -> None:
         super().__init__(
             scope,
             id,
-            description="idle-reaper member: the role the hub assumes, and the GPU agent and activity collector",
+            description="idle-reaper member: the roles the hub assumes, and the GPU agent and activity collector",
             synthesizer=BootstraplessSynthesizer(),  # members have no CDK bootstrap; it also refuses any asset
             analytics_reporting=False,
         )
         hub_roles = [
-            CfnParameter(self, name, type="String", allowed_pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
-            for name in HUB_ROLE_PARAMETERS
+            CfnParameter(self, name, type="String", allowed_pattern=ROLE_ARN_PATTERN) for name in HUB_ROLE_PARAMETERS
         ]
+        hub_digest = CfnParameter(self, HUB_DIGEST_PARAMETER, type="String", allowed_pattern=ROLE_ARN_PATTERN)
         hub_account = CfnParameter(self, HUB_ACCOUNT_PARAMETER, type="String", allowed_pattern=r"^\d{12}$")
         machines = MachineAccess(self, settings.managed_tag_key)
         # Only the hub's roles, and only while they belong to this organization.
@@ -93,6 +105,35 @@ class MemberStack(Stack):
             iam.PolicyStatement(actions=["sts:AssumeRole"], principals=others, conditions=in_organization)
         )
         machines.suppress_wildcards(self.role, settings.ssm_prefix)
+        # The weekly digest reads how idle this account's exempt machines were: their metrics, nothing else.
+        self.read_role = iam.Role(
+            self,
+            "DigestReadRole",
+            role_name=member_read_role_name(settings.prefix, Aws.REGION),
+            description="idle-reaper: assumed by the hub's weekly digest to read machine metrics here (read-only)",
+            assumed_by=iam.ArnPrincipal(hub_digest.value_as_string).with_conditions(in_organization),
+            inline_policies={
+                "Metrics": iam.PolicyDocument(
+                    statements=[
+                        iam.PolicyStatement(
+                            sid="ReadMetrics",
+                            actions=["cloudwatch:GetMetricData"],
+                            resources=["*"],
+                            conditions=in_regions([Aws.REGION]),
+                        )
+                    ]
+                )
+            },
+        )
+        suppress(
+            self.read_role,
+            NagPackSuppression(
+                id="AwsSolutions-IAM5",
+                reason="cloudwatch:GetMetricData has no resource-level permissions (Resource must be *); it is the "
+                "role's only action, in this region only.",
+                applies_to=["Resource::*"],
+            ),
+        )
         if settings.gpu_agent_tag_key:
             rollout = GpuAgentRollout(
                 self,
@@ -148,6 +189,7 @@ class MemberStackSet(Construct):
         stack_set_name: str,
         template: dict[str, Any],
         hub_roles: Sequence[iam.IRole],
+        digest_role: iam.IRole,
     ) -> None:
         super().__init__(scope, id)
         if len(hub_roles) != len(HUB_ROLE_PARAMETERS):
@@ -156,7 +198,7 @@ class MemberStackSet(Construct):
             self,
             "StackSet",
             stack_set_name=stack_set_name,
-            description="idle-reaper member stacks: the role the hub assumes, the GPU agent and activity collector",
+            description="idle-reaper member stacks: the roles the hub assumes, the GPU agent and activity collector",
             permission_model="SERVICE_MANAGED",
             # The management account (SELF) or a delegated administrator for StackSets.
             call_as="DELEGATED_ADMIN" if organization.delegated_admin else "SELF",
@@ -174,6 +216,9 @@ class MemberStackSet(Construct):
                 *(
                     cfn.CfnStackSet.ParameterProperty(parameter_key=key, parameter_value=role.role_arn)
                     for key, role in zip(HUB_ROLE_PARAMETERS, hub_roles, strict=True)
+                ),
+                cfn.CfnStackSet.ParameterProperty(
+                    parameter_key=HUB_DIGEST_PARAMETER, parameter_value=digest_role.role_arn
                 ),
                 cfn.CfnStackSet.ParameterProperty(parameter_key=HUB_ACCOUNT_PARAMETER, parameter_value=Aws.ACCOUNT_ID),
             ],
@@ -244,3 +289,32 @@ def grant_member_access(
                 applies_to=["Resource::*"],
             ),
         )
+
+
+def grant_member_reads(digest_role: iam.IRole, *, prefix: str, organization_id: str) -> None:
+    """The weekly digest may assume the member stacks' read role (cloudwatch:GetMetricData) in any account of the
+    organization, and no other role: not the member role, which acts on machines."""
+    digest_role.add_to_principal_policy(
+        iam.PolicyStatement(
+            sid="AssumeMemberReadRoles",
+            actions=["sts:AssumeRole"],
+            resources=[f"arn:{Aws.PARTITION}:iam::*:role/{member_read_role_name(prefix, '*')}"],
+            conditions={"StringEquals": {"aws:ResourceOrgID": organization_id}},
+        )
+    )
+    digest_role.add_to_principal_policy(
+        iam.PolicyStatement(sid="ReadAccountStatus", actions=list(ACCOUNT_STATUS), resources=["*"])
+    )
+    suppress(
+        digest_role,
+        NagPackSuppression(
+            id="AwsSolutions-IAM5",
+            reason="Member accounts join and leave the organization's OUs without a deploy: the read role is named "
+            "in every account of the organization, and the aws:ResourceOrgID condition keeps it inside this "
+            "organization. An account's status is read (never changed) after a refused AssumeRole.",
+            applies_to=[
+                RegexAppliesTo(regex=rf"/^Resource::arn:.+:iam::\*:role\/.+-{READ_ROLE_SUFFIX}-\*$/"),
+                "Resource::*",
+            ],
+        ),
+    )

@@ -23,7 +23,7 @@ from constructs import Construct, Node
 from idle_reaper import __version__
 from idle_reaper.aws.accounts import ORGANIZATION_ENV
 from idle_reaper.aws.deploy import STACK_ENV
-from idle_reaper.organization import OrganizationContext, organization_from_context
+from idle_reaper.organization import ContextError, OrganizationContext, organization_from_context, role_names_too_long
 from idle_reaper.policy import Settings, TeamPolicy
 from idle_reaper.sweep import PLANNER_VCPUS, SHARDS_AT_ONCE
 from infra.bundling import CHART_PACKAGES, REPO_ROOT, dependency_layer_code
@@ -39,7 +39,13 @@ from infra.constructs import (
 )
 from infra.machine_access import SWEEP_READS, MachineAccess, in_regions
 from infra.notebooks import NotebookAgent
-from infra.organization import MemberSettings, MemberStackSet, grant_member_access, member_template
+from infra.organization import (
+    MemberSettings,
+    MemberStackSet,
+    grant_member_access,
+    grant_member_reads,
+    member_template,
+)
 
 SWEEP_HANDLER = "idle_reaper.handlers.sweep.handler"
 SLACK_HANDLER = "idle_reaper.handlers.slack.handler"
@@ -121,6 +127,8 @@ class IdleReaperProps:
                 "prefix must be 2-32 lowercase letters, digits or '-', starting with a letter and not ending "
                 f"with '-', e.g. idle-reaper-staging (got {self.prefix!r})"
             )
+        if self.organization is not None and (too_long := role_names_too_long(self.prefix, self.organization.regions)):
+            raise ContextError("CDK context: " + "; ".join(too_long))
         if not self.ssm_prefix:
             object.__setattr__(self, "ssm_prefix", f"/{self.prefix}")
         for key, value in (
@@ -539,7 +547,9 @@ class IdleReaperStack(Stack):
         )
         if props.organization is not None and self.region == all_regions[0]:
             # The hub: the first listed region's stack holds the member StackSet.
-            self._add_members(props, props.organization, [sweep, shard_worker, slack], listers=[sweep, slack, digest])
+            self._add_members(
+                props, props.organization, [sweep, shard_worker, slack], listers=[sweep, slack, digest], digest=digest
+            )
 
     def _add_members(
         self,
@@ -548,12 +558,13 @@ class IdleReaperStack(Stack):
         functions: list[ReaperFunction],
         *,
         listers: list[ReaperFunction],
+        digest: ReaperFunction,
     ) -> None:
         """The hub: the member StackSet, and the hub functions that act in member accounts may assume the member
         role and are told where the members are (aws/accounts.py, OrganizationConfig). `listers` list the
         accounts: the sweep's planner, the Slack endpoint's `/idle-reaper doctor` (every member account), and the
-        weekly digest, which names them and assumes no member role (the member role trusts the sweep and the
-        Slack endpoint only: a member account's exempt machines are "no data" in the digest)."""
+        weekly digest, which names them. The digest assumes the member stacks' read role only (GetMetricData:
+        its exempt machines' week), never the member role (which trusts the sweep and the Slack endpoint only)."""
         roles: list[iam.IRole] = [f.role for f in functions]
         template = member_template(
             MemberSettings(
@@ -572,6 +583,7 @@ class IdleReaperStack(Stack):
             stack_set_name=props.member_stack_set_name,
             template=template,
             hub_roles=roles,
+            digest_role=digest.role,
         )
         grant_member_access(
             roles,
@@ -579,6 +591,7 @@ class IdleReaperStack(Stack):
             prefix=props.prefix,
             organization_id=organization.organization_id,
         )
+        grant_member_reads(digest.role, prefix=props.prefix, organization_id=organization.organization_id)
         members_env = self.to_json_string(
             {
                 "prefix": props.prefix,

@@ -61,18 +61,56 @@ AccountOrOuId = Annotated[
 RegionName = Annotated[str, _identifier("an AWS region name (e.g. us-east-1)", r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$", 25)]
 
 MEMBER_ROLE_SUFFIX = "member"
+# The member stack's second role: read-only (cloudwatch:GetMetricData), trusted by the weekly digest alone. Not
+# named like the member role (`{prefix}-member-*`), so the sweep's and the Slack endpoint's permission to assume
+# member roles does not cover it, and the digest's permission covers nothing else.
+READ_ROLE_SUFFIX = "digest-read"
+# Which member role each hub purpose assumes: the sweep (and its shard workers) and a Slack answer act on
+# machines; the digest only reads their metrics.
+ROLE_OF_PURPOSE = {"sweep": MEMBER_ROLE_SUFFIX, "answer": MEMBER_ROLE_SUFFIX, "digest": READ_ROLE_SUFFIX}
+ROLE_NAME_LIMIT = 64  # IAM's limit on a role name
 ORGANIZATION_PARAMETER = "organization"  # {ssm_prefix}/organization
 
 
-def member_role_name(prefix: str, region: str) -> str:
-    """The role the hub assumes in a member account, one per region (each region's member stack owns its
-    own; IAM names are account-wide). Nothing the hub stack creates is named like it, so a hub that sits in a
-    target OU gets its member stack beside its own stack without a clash."""
-    return f"{prefix}-{MEMBER_ROLE_SUFFIX}-{region}"
+def member_role_name(prefix: str, region: str, suffix: str = MEMBER_ROLE_SUFFIX) -> str:
+    """A role the hub assumes in a member account, one per region (each region's member stack owns its own;
+    IAM names are account-wide): the member role, or with `suffix` READ_ROLE_SUFFIX the digest's read role.
+    Nothing the hub stack creates is named like them, so a hub that sits in a target OU gets its member stack
+    beside its own stack without a clash."""
+    return f"{prefix}-{suffix}-{region}"
 
 
-def member_role_arn(partition: str, account: str, prefix: str, region: str) -> str:
-    return f"arn:{partition}:iam::{account}:role/{member_role_name(prefix, region)}"
+def member_read_role_name(prefix: str, region: str) -> str:
+    """The read-only role the weekly digest assumes in a member account (cloudwatch:GetMetricData only)."""
+    return member_role_name(prefix, region, READ_ROLE_SUFFIX)
+
+
+def role_suffix_for(purpose: str) -> str:
+    """The member role a hub purpose assumes (ROLE_OF_PURPOSE); an unknown purpose is refused, never given the
+    role that acts on machines by default."""
+    try:
+        return ROLE_OF_PURPOSE[purpose]
+    except KeyError:
+        raise ValueError(f"no member role for purpose {purpose!r} (one of: {', '.join(ROLE_OF_PURPOSE)})") from None
+
+
+def member_role_arn(partition: str, account: str, prefix: str, region: str, suffix: str = MEMBER_ROLE_SUFFIX) -> str:
+    return f"arn:{partition}:iam::{account}:role/{member_role_name(prefix, region, suffix)}"
+
+
+def role_names_too_long(prefix: str, regions: list[str]) -> list[str]:
+    """`organization.regions[i]` problems: a member stack's role name there over IAM's 64 characters (a
+    deploy prefix of 32 and a long region name), which CloudFormation would refuse in every member account."""
+    problems = []
+    for index, region in enumerate(regions):
+        for suffix in (MEMBER_ROLE_SUFFIX, READ_ROLE_SUFFIX):
+            name = member_role_name(prefix, region, suffix)
+            if len(name) > ROLE_NAME_LIMIT:
+                problems.append(
+                    f"organization.regions[{index}]: the role name {name!r} is {len(name)} characters, over IAM's "
+                    f"{ROLE_NAME_LIMIT} (choose a shorter prefix)"
+                )
+    return problems
 
 
 class _Strict(BaseModel):

@@ -1,10 +1,12 @@
 """Organization mode at deploy time (issue 30): the `organization` context, the hub's StackSet of the member
-stack, the member role's trust and permissions, and single-account mode left exactly as it was."""
+stack, the member role's and the digest's read role's trust and permissions, and single-account mode left
+exactly as it was."""
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from iam_policy import ACCOUNT, Environment, decide, role_statements
 from synthesis import ALARM_EMAIL, REGIONS, Synth, shared_synth, synthesize
 from test_iam import (
     NEVER,
+    lint,
     ORGANIZATION_MODE,
     OTHER,
     call,
@@ -29,7 +32,7 @@ from test_iam import (
 from test_names import physical_names
 
 from idle_reaper.aws.accounts import ORGANIZATION_ENV, OrganizationConfig
-from idle_reaper.organization import ContextError, member_role_name
+from idle_reaper.organization import ContextError, member_read_role_name, member_role_name
 from infra.organization import TEMPLATE_BODY_LIMIT
 from infra.stack import IdleReaperProps
 
@@ -41,6 +44,7 @@ MEMBER_REGIONS = ["eu-west-1", "us-east-2", "ap-south-1"]
 ORGANIZATION = {"organizationId": ORG_ID, "targets": TARGETS, "regions": MEMBER_REGIONS}
 HUB, SECOND = REGIONS
 HUB_ROLES = {"HubSweepRoleArn": "Sweep", "HubShardWorkerRoleArn": "ShardWorker", "HubAnswerRoleArn": "Slack"}
+HUB_DIGEST = {"HubDigestRoleArn": "Digest"}  # the one role the read role trusts
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +79,12 @@ def member(stack_set: dict[str, Any]) -> dict[str, Any]:
 
 def role_logical_id(template: dict[str, Any], construct: str) -> str:
     [found] = [k for k in of_type(template, "AWS::IAM::Role") if k.startswith(f"{construct}Role")]
+    return found
+
+
+def member_stack_role(member: dict[str, Any], construct: str = "HubRole") -> tuple[str, dict[str, Any]]:
+    """The member stack's role (HubRole) or the digest's read role (DigestReadRole): logical id and resource."""
+    [found] = [(k, v) for k, v in of_type(member, "AWS::IAM::Role").items() if k.startswith(construct)]
     return found
 
 
@@ -152,7 +162,7 @@ def test_the_hub_deploys_a_service_managed_stack_set_with_automatic_deployment(
     parameters = {p["ParameterKey"]: p["ParameterValue"] for p in stack_set["Parameters"]}
     assert parameters.pop("HubAccountId") == {"Ref": "AWS::AccountId"}
     assert {k: v["Fn::GetAtt"][0] for k, v in parameters.items()} == {
-        k: role_logical_id(hub, construct) for k, construct in HUB_ROLES.items()
+        k: role_logical_id(hub, construct) for k, construct in {**HUB_ROLES, **HUB_DIGEST}.items()
     }
     # Only the hub (the first listed region's stack) holds it.
     assert not of_type(org.template(f"IdleReaper-{SECOND}"), "AWS::CloudFormation::StackSet")
@@ -165,9 +175,9 @@ def test_a_delegated_administrator_calls_as_one_and_cdk_nag_is_clean(tmp_path: P
     assert rows and all(row[2] in ("Compliant", "Suppressed") for row in rows)
     [found] = of_type(variant.template(), "AWS::CloudFormation::StackSet").values()
     assert found["Properties"]["CallAs"] == "DELEGATED_ADMIN"
-    # Without the GPU agent rollout the member stack is the role alone.
-    types = {r["Type"] for r in json.loads(found["Properties"]["TemplateBody"])["Resources"].values()}
-    assert types == {"AWS::IAM::Role"}
+    # Without the GPU agent rollout the member stack is the two roles alone.
+    types = [r["Type"] for r in json.loads(found["Properties"]["TemplateBody"])["Resources"].values()]
+    assert types == ["AWS::IAM::Role", "AWS::IAM::Role"]
 
 
 # -- the member stack ------------------------------------------------------------------------------
@@ -177,9 +187,15 @@ def test_the_member_template_holds_only_the_role_and_the_associations(
     stack_set: dict[str, Any], member: dict[str, Any]
 ) -> None:
     types = sorted(r["Type"] for r in member["Resources"].values())
-    assert types == ["AWS::IAM::Role", "AWS::SSM::Association", "AWS::SSM::Document", "AWS::SSM::Parameter"]
+    assert types == [
+        "AWS::IAM::Role",
+        "AWS::IAM::Role",
+        "AWS::SSM::Association",
+        "AWS::SSM::Document",
+        "AWS::SSM::Parameter",
+    ]
     # No asset, no bootstrap: only the trust parameters, no rule asking for a CDK bootstrap version.
-    assert sorted(member["Parameters"]) == sorted([*HUB_ROLES, "HubAccountId"])
+    assert sorted(member["Parameters"]) == sorted([*HUB_ROLES, *HUB_DIGEST, "HubAccountId"])
     assert "Rules" not in member and "Lambda" not in json.dumps(member)
     assert len(stack_set["TemplateBody"]) <= TEMPLATE_BODY_LIMIT  # inline: no S3 URL to share with members
     # The collector rides inside the document, as in the hub stack.
@@ -189,23 +205,79 @@ def test_the_member_template_holds_only_the_role_and_the_associations(
     not_hub = member["Conditions"]["NotTheHubAccount"]
     assert not_hub == {"Fn::Not": [{"Fn::Equals": [{"Ref": "AWS::AccountId"}, {"Ref": "HubAccountId"}]}]}
     assert all(r.get("Condition") == "NotTheHubAccount" for r in member["Resources"].values() if "SSM" in r["Type"])
-    [role] = of_type(member, "AWS::IAM::Role").values()
-    assert "Condition" not in role
+    assert all("Condition" not in role for role in of_type(member, "AWS::IAM::Role").values())
 
 
-def test_the_member_role_trusts_only_the_hub_roles_inside_the_organization(member: dict[str, Any]) -> None:
-    [role] = of_type(member, "AWS::IAM::Role").values()
-    trust = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+def trusted_principals(role: dict[str, Any]) -> list[Any]:
+    """Who may assume a member stack's role: each statement an Allow of sts:AssumeRole by role ARNs only, under
+    the organization's condition."""
     principals = []
-    for statement in trust:
+    for statement in role["Properties"]["AssumeRolePolicyDocument"]["Statement"]:
         assert statement["Effect"] == "Allow" and statement["Action"] == "sts:AssumeRole"
         assert statement["Condition"] == {"StringEquals": {"aws:PrincipalOrgID": ORG_ID}}
         assert set(statement["Principal"]) == {"AWS"}  # no service, no account root, no federated principal
         aws = statement["Principal"]["AWS"]
         principals += aws if isinstance(aws, list) else [aws]
-    assert sorted(principals, key=json.dumps) == sorted(({"Ref": p} for p in HUB_ROLES), key=json.dumps)
+    return sorted(principals, key=json.dumps)
+
+
+def test_the_member_role_trusts_only_the_hub_roles_inside_the_organization(member: dict[str, Any]) -> None:
+    _, role = member_stack_role(member)
+    # The sweep, its shard workers and the Slack endpoint: not the digest, which would get stop power.
+    assert trusted_principals(role) == sorted(({"Ref": p} for p in HUB_ROLES), key=json.dumps)
     name = role["Properties"]["RoleName"]
     assert name == {"Fn::Join": ["", ["idle-reaper-member-", {"Ref": "AWS::Region"}]]}
+
+
+def test_the_read_role_trusts_only_the_digest_and_may_only_read_metrics_in_its_region(member: dict[str, Any]) -> None:
+    logical_id, role = member_stack_role(member, "DigestReadRole")
+    assert trusted_principals(role) == [{"Ref": "HubDigestRoleArn"}]
+    assert role["Properties"]["RoleName"] == {"Fn::Join": ["", ["idle-reaper-digest-read-", {"Ref": "AWS::Region"}]]}
+    assert "ManagedPolicyArns" not in role["Properties"]
+    env = Environment(HUB, member)
+    statements = role_statements(member, env, logical_id)
+    assert sorted(a for s in statements for a in s.actions) == ["cloudwatch:GetMetricData"]
+    assert decide(statements, call("cloudwatch:GetMetricData", "*", HUB)) == "Allow"
+    refused = [
+        call("cloudwatch:GetMetricData", "*", OTHER),  # each region's read role reads its own region only
+        *(r for r in MEMBER_CALLS if r.action != "cloudwatch:GetMetricData"),  # no listing, no stop, no start
+        *MEMBER_NEVER,
+        call("cloudwatch:PutMetricData", "*", HUB),
+        call("cloudwatch:GetMetricStatistics", "*", HUB),
+    ]
+    allowed = [r for r in refused if decide(statements, r) == "Allow"]
+    assert not allowed, allowed
+    # What parliament finds in it: nothing (GetMetricData's Resource "*" is what the API requires).
+    for policy in role["Properties"]["Policies"]:
+        assert lint(env.resolve(policy["PolicyDocument"])) == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "",
+        "*",
+        "arn:aws:iam::12345:role/x",  # not an account id
+        "arn:aws:iam::123456789012:user/ada",  # a user, not a role
+        "arn:aws:sts::123456789012:assumed-role/IdleReaper-DigestRole/s",  # a session, not the role
+        "arn:aws:iam::123456789012:role/",  # no name
+        "123456789012",
+    ],
+)
+def test_a_malformed_hub_role_arn_is_refused_by_the_member_template(member: dict[str, Any], value: str) -> None:
+    """CloudFormation checks each parameter against its AllowedPattern (the whole value) before it creates
+    anything: a StackSet operation given such an ARN fails in every account, nothing changed."""
+    for name in [*HUB_ROLES, *HUB_DIGEST]:
+        pattern = member["Parameters"][name]["AllowedPattern"]
+        assert not re.fullmatch(pattern, value), (name, value)
+        # and the ARN the hub passes is accepted
+        assert re.fullmatch(pattern, f"arn:aws:iam::{ACCOUNT}:role/IdleReaper-DigestRole414B3B09-Ab12Cd34Ef56")
+
+
+def test_a_role_name_over_iams_limit_fails_synth_naming_the_region() -> None:
+    context = {"prefix": "p" * 32, "organization": {**ORGANIZATION, "regions": ["eu-west-1", "us-gov-northwestern-12"]}}
+    with pytest.raises(ContextError, match=r"organization\.regions\[1\]: the role name 'p{32}-digest-read-us-gov"):
+        IdleReaperProps.from_context(cdk.App(context=context).node)
 
 
 # What aws/accounts.py calls in organization mode, and what no role may do to the organization.
@@ -243,7 +315,7 @@ def test_the_member_role_may_do_what_the_single_account_roles_do_to_machines_and
     hub: dict[str, Any], member: dict[str, Any]
 ) -> None:
     env = Environment(HUB, member)
-    [role] = of_type(member, "AWS::IAM::Role")
+    role, _ = member_stack_role(member)
     statements = role_statements(member, env, role)
     refused = [r for r in MEMBER_CALLS if decide(statements, r) != "Allow"]
     assert not refused, refused
@@ -267,23 +339,30 @@ def test_the_member_role_may_do_what_the_single_account_roles_do_to_machines_and
 def test_the_hub_roles_may_assume_member_roles_of_the_organization_only(hub: dict[str, Any]) -> None:
     env = Environment(HUB, hub)
     member_role = f"arn:aws:iam::210987654321:role/{member_role_name('idle-reaper', 'ap-south-1')}"
+    read_role = f"arn:aws:iam::210987654321:role/{member_read_role_name('idle-reaper', 'ap-south-1')}"
     in_org = {"aws:ResourceOrgID": ORG_ID}
     for construct in ("Sweep", "ShardWorker", "Slack", "Gather", "Digest", "AlarmRelay"):
         statements = role_statements(hub, env, role_logical_id(hub, construct))
         acts_in_members = construct in ("Sweep", "ShardWorker", "Slack")
         expected = "Allow" if acts_in_members else "ImplicitDeny"
         assert decide(statements, call("sts:AssumeRole", member_role, **in_org)) == expected, construct
+        # The digest assumes the read role, and only it; the roles that act on machines never the read role.
+        reads = "Allow" if construct == "Digest" else "ImplicitDeny"
+        assert decide(statements, call("sts:AssumeRole", read_role, **in_org)) == reads, construct
         for other in (
             call("sts:AssumeRole", member_role, **{"aws:ResourceOrgID": "o-zzzzzzzzzz"}),  # another organization
+            call("sts:AssumeRole", read_role, **{"aws:ResourceOrgID": "o-zzzzzzzzzz"}),
+            call("sts:AssumeRole", "arn:aws:iam::210987654321:role/idle-reaper-digest-write-ap-south-1", **in_org),
+            call("sts:AssumeRole", "arn:aws:iam::210987654321:role/other-digest-read-ap-south-1", **in_org),
             call("sts:AssumeRole", "arn:aws:iam::210987654321:role/OrganizationAccountAccessRole", **in_org),
             *(call(action, "*", "us-east-1") for action in ORGANIZATION_CHANGES),
         ):
             assert decide(statements, other) == "ImplicitDeny", (construct, other)
         # The planner, `/idle-reaper doctor` (the Slack endpoint) and the digest (to name them) list the accounts;
-        # each role that assumes member roles may ask about one account.
+        # each role that assumes member roles (the digest: the read role) may ask about one account.
         lists = {a: decide(statements, call(a, "*", "us-east-1")) == "Allow" for a in ORGANIZATION_CALLS}
         assert lists == {
-            a: (a == "organizations:DescribeAccount" and acts_in_members)
+            a: (a == "organizations:DescribeAccount" and (acts_in_members or construct == "Digest"))
             or (a != "organizations:DescribeAccount" and construct in ("Sweep", "Slack", "Digest"))
             for a in ORGANIZATION_CALLS
         }, construct
@@ -295,6 +374,7 @@ def test_a_hub_inside_a_target_ou_shares_no_name_with_its_member_stack(
     ours, theirs = physical_names(hub), physical_names(member)
     assert theirs == {
         "AWS::IAM::Role idle-reaper-member-REGION",
+        "AWS::IAM::Role idle-reaper-digest-read-REGION",
         "AWS::SSM::Parameter AmazonCloudWatch-idle-reaper-member-gpu",
     }
     assert ours.isdisjoint(theirs), ours & theirs

@@ -32,7 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from idle_reaper.aws.clients import client, error_code, run_concurrently, wall_clock
 from idle_reaper.aws.state import StateStore
-from idle_reaper.organization import member_role_arn
+from idle_reaper.organization import member_role_arn, role_suffix_for
 
 DIRECTORY_TTL = timedelta(hours=1)
 CREDENTIAL_SECONDS = 3600  # the most role chaining allows (a Lambda's role assuming another role)
@@ -271,8 +271,10 @@ def session_name(prefix: str, purpose: str, started: datetime) -> str:
 class MemberSessions:
     """Credentials in member accounts, one set per (account, region), reused while they last.
 
-    `purpose` ("sweep", "answer") and the sweep's start name the role session. `status_of` (the directory's)
-    refines an AccessDenied: an account suspended or removed since it was listed is reported as such."""
+    `purpose` ("sweep", "answer", "digest") chooses the role (organization.ROLE_OF_PURPOSE: the member role
+    for the sweep and an answer, the read-only role for the digest; an unknown purpose is refused) and, with the
+    sweep's start, names the role session. `status_of` (the directory's) refines an AccessDenied: an account
+    suspended or removed since it was listed is reported as such."""
 
     sts: Any
     prefix: str
@@ -283,6 +285,14 @@ class MemberSessions:
     _held: dict[tuple[str, str], MemberCredentials] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     assume_calls: int = 0
+    role_suffix: str = field(init=False, default="")
+
+    def __post_init__(self) -> None:
+        self.role_suffix = role_suffix_for(self.purpose)  # ValueError: no role for that purpose
+
+    def role_arn(self, account: str, region: str) -> str:
+        """The role this purpose assumes in one member account and region."""
+        return member_role_arn(self.partition, account, self.prefix, region, self.role_suffix)
 
     def credentials(
         self, account: str, region: str, *, started: datetime | None = None
@@ -296,7 +306,7 @@ class MemberSessions:
             with self._lock:
                 self.assume_calls += 1
             answer = self.sts.assume_role(
-                RoleArn=member_role_arn(self.partition, account, self.prefix, region),
+                RoleArn=self.role_arn(account, region),
                 RoleSessionName=session_name(self.prefix, self.purpose, started or now),
                 DurationSeconds=CREDENTIAL_SECONDS,
             )

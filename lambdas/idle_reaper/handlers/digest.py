@@ -34,13 +34,14 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         logger.warning("Slack unavailable: no weekly digest is sent", extra={"why": type(exc).__name__})
         sender = None
     policies = PolicyStore(client("ssm"), ssm_prefix())
-    members = MemberAccess.from_environment("digest")  # organization mode: the accounts' names
+    # Organization mode: the accounts' names, and their exempt machines read through the read role.
+    members = MemberAccess.from_environment("digest")
     outcomes = send_due_digests(
         store,
         policies,
         sender,
         now,
         metrics=MetricsReader(client("cloudwatch")),
-        accounts=(lambda: DigestAccounts.of(members)) if members is not None else None,
+        accounts=(lambda: DigestAccounts.of(members, now)) if members is not None else None,
     )
     return {"digests": [o.__dict__ for o in outcomes]}

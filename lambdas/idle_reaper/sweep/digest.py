@@ -3,9 +3,10 @@ ISO week in the state table (claim_once: overlapping invocations and sweeps send
 the audit trail and records (core.digest.build_digest), the chart (slack.chart) and the post (slack.digest).
 
 Organization mode (DigestAccounts): the member accounts' names come from the directory (Organizations), and an
-exempt member machine's week is read in its own account through the member role, never with the hub's
-CloudWatch (the same instance id there is another machine, or none); an account that cannot be reached leaves
-its exempt machines "no data"."""
+exempt member machine's week is read in its own account and region through the member stack's read role
+(cloudwatch:GetMetricData only, trusted by the digest alone), never with the hub's CloudWatch (the same
+instance id there is another machine, or none); an account that cannot be reached leaves its exempt machines
+"no data"."""
 
 from __future__ import annotations
 
@@ -61,25 +62,29 @@ class DigestAccounts:
     metrics_in: Callable[[str, str], MetricsReader | None] = lambda account, region: None
 
     @classmethod
-    def of(cls, members: MemberAccess) -> DigestAccounts:
+    def of(cls, members: MemberAccess, now: datetime) -> DigestAccounts:
         """The weekly digest's function: the accounts' names from the directory (a failed listing keeps the last,
-        or none: then ids). It reads no member account's CloudWatch: the member role trusts the sweep and the
-        Slack endpoint only (issue 30), so a member account's exempt machines are "no data", never read with
-        the hub's CloudWatch. Where a role the member role trusts runs the digest, `metrics_in` may be
-        member_metrics(members, now)."""
-        return cls({a.id: a.name for a in members.directory.current().accounts})
+        or none: then ids), and each member account's CloudWatch through its read role (`members` made for the
+        "digest" purpose: aws/accounts.py MemberSessions assumes the read role, never the member role)."""
+        return cls({a.id: a.name for a in members.directory.current().accounts}, member_metrics(members, now))
 
 
 def member_metrics(members: MemberAccess, now: datetime) -> Callable[[str, str], MetricsReader | None]:
-    """CloudWatch in a member (account, region) through the member role (credentials reused while valid); None
-    where the role cannot be assumed (said in the log with its reason)."""
+    """CloudWatch in a member (account, region) through the role `members.sessions` assumes for its purpose (the
+    digest's: the read role; credentials reused while valid); None where that role cannot be assumed (said in
+    the log with its reason)."""
 
     def metrics_in(account: str, region: str) -> MetricsReader | None:
         held = members.sessions.credentials(account, region, started=now)
         if isinstance(held, AccountFailure):
             logger.warning(
                 "exempt machines of a member account not read for the digest",
-                extra={"account": account, "region": region, "why": held.describe()},
+                extra={
+                    "account": account,
+                    "region": region,
+                    "role": members.sessions.role_arn(account, region),
+                    "why": held.describe(),
+                },
             )
             return None
         return MetricsReader(held.client("cloudwatch"))

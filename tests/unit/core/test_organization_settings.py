@@ -3,11 +3,21 @@ per account or OU, validated like every other setting; and the member role's nam
 
 from __future__ import annotations
 
+import fnmatch
+
 import json
 
 import pytest
 
-from idle_reaper.organization import member_role_arn, member_role_name, parse_organization_settings
+from idle_reaper.organization import (
+    READ_ROLE_SUFFIX,
+    member_read_role_name,
+    member_role_arn,
+    member_role_name,
+    parse_organization_settings,
+    role_names_too_long,
+    role_suffix_for,
+)
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy, default_source
 
 PARAMETER = "/idle-reaper/organization"
@@ -85,3 +95,30 @@ def test_the_member_role_is_one_per_region_named_after_the_prefix() -> None:
     )
     # IAM's limit on a role name holds for the longest prefix and region name.
     assert len(member_role_name("p" * 32, "ap-southeast-5")) <= 64
+
+
+def test_the_digest_has_a_read_role_per_region_that_the_member_role_pattern_does_not_cover() -> None:
+    assert member_read_role_name("idle-reaper", "eu-west-1") == "idle-reaper-digest-read-eu-west-1"
+    assert member_role_arn("aws", SANDBOX, "ml-reaper", "us-east-2", READ_ROLE_SUFFIX) == (
+        f"arn:aws:iam::{SANDBOX}:role/ml-reaper-digest-read-us-east-2"
+    )
+    # The sweep's and the Slack endpoint's `{prefix}-member-*` never matches it, nor the digest's the member role.
+    member_glob, read_glob = member_role_name("idle-reaper", "*"), member_read_role_name("idle-reaper", "*")
+    assert not fnmatch.fnmatchcase(member_read_role_name("idle-reaper", "us-east-1"), member_glob)
+    assert not fnmatch.fnmatchcase(member_role_name("idle-reaper", "us-east-1"), read_glob)
+    assert len(member_read_role_name("p" * 32, "ap-southeast-5")) <= 64
+
+
+def test_each_purpose_assumes_its_own_role_and_an_unknown_purpose_none() -> None:
+    assert role_suffix_for("sweep") == role_suffix_for("answer") == "member"
+    assert role_suffix_for("digest") == READ_ROLE_SUFFIX
+    with pytest.raises(ValueError, match="no member role for purpose 'report'"):
+        role_suffix_for("report")
+
+
+def test_a_role_name_over_iams_limit_is_named_by_its_region() -> None:
+    assert role_names_too_long("p" * 32, ["eu-west-1", "ap-southeast-5"]) == []
+    long_region = "us-gov-northwestern-12"  # the context's pattern allows it; no real region is this long
+    problems = role_names_too_long("p" * 32, ["eu-west-1", long_region])
+    assert len(problems) == 1 and problems[0].startswith("organization.regions[1]: the role name ")
+    assert "digest-read" in problems[0] and "over IAM's 64" in problems[0]
