@@ -4,6 +4,7 @@ text alone and says so."""
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -168,3 +169,100 @@ def test_in_organization_mode_the_digest_names_each_account_and_reads_exempt_mac
     ml = slack.messages_in("C0ML")[-1]["text"]
     # training's machine idle all week (168 h at $0.096); the hub's busy; alice's not read: no data.
     assert f"Still wasted, exempt and idle: ${168 * 0.096:,.2f} (168 h): training-box 168 h; no data for 1." in ml
+
+
+def put_week_of_cpu(cloudwatch: Any, instance_id: str, start: datetime, cpu: float) -> None:
+    """Five-minute CPU datapoints over the week from `start` (and an hour before it)."""
+    t, points = start - timedelta(hours=1), []
+    while t < start + timedelta(days=7):
+        dims = [{"Name": "InstanceId", "Value": instance_id}]
+        points.append({"MetricName": "CPUUtilization", "Dimensions": dims, "Timestamp": t, "Value": cpu})
+        t += timedelta(minutes=5)
+    for i in range(0, len(points), 1000):
+        cloudwatch.put_metric_data(Namespace="AWS/EC2", MetricData=points[i : i + 1000])
+
+
+def test_the_digest_reads_member_exempt_machines_through_the_read_role_and_an_account_without_it_is_no_data(
+    last_week: datetime,
+    slack: Any,
+    org: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hourly handler, end to end: each member account's exempt machine is read in its own account and region
+    through the read role (`<prefix>-digest-read-<region>`, session `<prefix>-digest-...`), never the member role
+    and never the hub's CloudWatch. An account whose StackSet update has not added the read role yet (its member
+    role is there) answers AccessDenied, as AWS does for a missing role: its machine is "no data", the other
+    accounts have their figures, and the digest goes out."""
+    import boto3
+
+    from idle_reaper.aws.accounts import MemberCredentials, MemberSessions
+    from idle_reaper.core import MachineRecord, State
+    from idle_reaper.organization import member_read_role_name, member_role_name
+
+    region = "us-east-1"
+    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [region], "hubAccount": local.ACCOUNT}
+    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+    training, sandbox = org.accounts["training"], org.accounts["alice-sandbox"]
+    # Each member account as its member stack made it, in moto's IAM of that account: training has both roles,
+    # alice's sandbox the member role only. Credentials in each from moto's STS, made before the answers below.
+    operator = MemberSessions(reaper_aws.client("sts"), prefix="idle-reaper", purpose="sweep")
+    held = {a: operator.credentials(a, region) for a in (training, sandbox)}
+    trust = json.dumps({"Version": "2012-10-17", "Statement": []})
+    for account, names in (
+        (training, [member_role_name("idle-reaper", region), member_read_role_name("idle-reaper", region)]),
+        (sandbox, [member_role_name("idle-reaper", region)]),
+    ):
+        creds = held[account]
+        assert isinstance(creds, MemberCredentials)
+        for name in names:
+            creds.client("iam").create_role(RoleName=name, AssumeRolePolicyDocument=trust)
+    iam_of = {a: c.client("iam") for a, c in held.items() if isinstance(c, MemberCredentials)}
+
+    # AWS's answer where moto accepts anything: AccessDenied for a role that does not exist in that account.
+    assumed: list[tuple[str, str]] = []
+
+    def only_existing_roles(params: dict[str, Any], **_: Any) -> None:
+        arn, account = params["RoleArn"], params["RoleArn"].split(":")[4]
+        assumed.append((arn, params["RoleSessionName"]))
+        names = {r["RoleName"] for r in iam_of[account].list_roles()["Roles"]} if account in iam_of else set()
+        if arn.rsplit("/", 1)[1] not in names:
+            raise denied(account)
+
+    events = boto3._get_default_session().events  # the handler's STS client is made after this
+    events.register("provide-client-params.sts.AssumeRole", only_existing_roles, unique_id="only-existing-roles")
+    try:
+        # The same instance id everywhere: busy in the hub, idle all week in training and in alice's sandbox.
+        put_week_of_cpu(reaper_aws.client("cloudwatch"), "i-0exempt", last_week, 90.0)
+        for account in (training, sandbox):
+            creds = held[account]
+            assert isinstance(creds, MemberCredentials)
+            put_week_of_cpu(creds.client("cloudwatch"), "i-0exempt", last_week, 1.0)
+        store = reaper_aws.DynamoStateStore(reaper_aws.client("dynamodb"), reaper_aws.table_name())
+        now = datetime.now(UTC)
+        for account, name in ((None, "hub-box"), (training, "training-box"), (sandbox, "sandbox-box")):
+            record = MachineRecord(
+                "i-0exempt",
+                "ml",
+                State.EXEMPT,
+                name=name,
+                instance_type="m5.large",
+                updated_at=now,
+                account=account,
+                region=region if account else None,
+            )
+            assert store.save(record)
+        result = digest.handler({}, CTX)
+    finally:
+        events.unregister("provide-client-params.sts.AssumeRole", unique_id="only-existing-roles")
+
+    assert {d["destination"] for d in result["digests"]} == {"admins", "ml"}
+    ml = slack.messages_in("C0ML")[-1]["text"]
+    # training's machine idle all week (168 h at $0.096) read in training; the hub's busy one is not wasted; alice's
+    # sandbox (no read role) is not read at all, least of all with the hub's CloudWatch (which says busy).
+    assert f"Still wasted, exempt and idle: ${168 * 0.096:,.2f} (168 h): training-box 168 h; no data for 1." in ml
+    # Only the read role, one AssumeRole per account and region, each session named for the digest.
+    read_role = member_read_role_name("idle-reaper", region)
+    assert sorted(arn for arn, _ in assumed) == sorted(
+        f"arn:aws:iam::{a}:role/{read_role}" for a in (training, sandbox)
+    )
+    assert all(session.startswith("idle-reaper-digest-") for _, session in assumed), assumed
