@@ -4,9 +4,10 @@ that puts it there. The hub stack is the single-account stack plus these (infra/
 The member stack holds only what must live in each account and region: the role the hub's sweep and Slack
 endpoint assume (the machine permissions of infra/machine_access.py, nothing else), the read-only role the
 hub's weekly digest assumes (cloudwatch:GetMetricData, nothing else: the digest never gets stop power) and the
-GPU agent and activity collector associations (infra/constructs.py's GpuAgentRollout). It has no Lambda and no file asset:
-a service-managed StackSet cannot read the hub's CDK bootstrap bucket from a member account, so the template
-travels inline (TemplateBody) and the collector's files ride inside the SSM document, as in the hub stack."""
+GPU agent and activity collector associations (infra/constructs.py's GpuAgentRollout). It has no Lambda and no
+file asset: a service-managed StackSet cannot read the hub's CDK bootstrap bucket from a member account, so the
+template travels inline (TemplateBody) and the collector's files ride inside the SSM document, as in the hub
+stack."""
 
 from __future__ import annotations
 

@@ -16,14 +16,14 @@ from iam_policy import ACCOUNT, Environment, decide, role_statements
 from synthesis import ALARM_EMAIL, REGIONS, Synth, shared_synth, synthesize
 from test_iam import (
     NEVER,
-    _identity_policies,
-    lint,
     ORGANIZATION_MODE,
     OTHER,
+    _identity_policies,
     call,
     fleet_reads,
     group,
     instance,
+    lint,
     notebook,
     on_managed,
     parameter,

@@ -95,8 +95,8 @@ def test_in_organization_mode_the_digest_names_each_account_and_reads_exempt_mac
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The handler names member accounts from Organizations (one that has left, by its id); an exempt member
-    machine's week is read through its account's member role (member_metrics), never with the hub's CloudWatch,
-    and an account whose role is refused leaves its machine "no data"."""
+    machine's week is read through its account's read role (member_metrics with the digest's sessions), never
+    with the hub's CloudWatch, and an account whose role is refused leaves its machine "no data"."""
     import json
 
     from idle_reaper.aws.accounts import MemberAccess, MemberCredentials
@@ -195,7 +195,13 @@ def test_the_digest_reads_member_exempt_machines_through_the_read_role_and_an_ac
     accounts have their figures, and the digest goes out."""
     import boto3
 
-    from idle_reaper.aws.accounts import MemberCredentials, MemberSessions
+    from idle_reaper.aws.accounts import (
+        DIGEST_READS_KEY,
+        MemberCredentials,
+        MemberSessions,
+        Reason,
+        last_member_check,
+    )
     from idle_reaper.core import MachineRecord, State
     from idle_reaper.organization import member_read_role_name, member_role_name
 
@@ -266,3 +272,7 @@ def test_the_digest_reads_member_exempt_machines_through_the_read_role_and_an_ac
         f"arn:aws:iam::{a}:role/{read_role}" for a in (training, sandbox)
     )
     assert all(session.startswith("idle-reaper-digest-") for _, session in assumed), assumed
+    # What the doctor is told: alice's sandbox refused, as AWS answered (a missing role: AccessDenied).
+    kept = last_member_check(store, now, key=DIGEST_READS_KEY)
+    assert kept is not None and kept.checked == tuple(sorted((training, sandbox))) and kept.units == 1
+    assert [(f.account, f.region, f.reason) for f in kept.failures] == [(sandbox, region, Reason.ROLE_MISSING)]

@@ -18,7 +18,7 @@ from idle_reaper.aws.accounts import Directory, MemberCheck, OrganizationConfig,
 from idle_reaper.core.doctor import Finding, check_members, failed, listed, outcomes, tally, unknown
 from idle_reaper.policy import PolicyError, Settings
 from idle_reaper.slack.doctor import SLACK_DOWN, SlackReader, slack_error, slack_reader
-from idle_reaper.sweep.doctor import CLI_GPU_UNREAD, Account, members_as_last_checked, within
+from idle_reaper.sweep.doctor import CLI_GPU_UNREAD, Account, digest_reads, members_as_last_checked, within
 from idle_reaper.sweep.doctor import run_checks as run_region_checks
 
 MEMBERS_OUTPUT = "MemberStackSetId"  # the hub stack's output in organization mode (infra/stack.py)
@@ -149,7 +149,7 @@ def member_checks(
     stacks, stacks_late = within(
         deadline, lambda: (member_stack_instances(cloudformation, stack_set), ""), (not_read, late)
     )
-    read = members_as_last_checked(check, listing, config.regions, now, fresh, stacks)
+    read = members_as_last_checked(check, listing, config.regions, now, fresh, stacks, digest_reads(store, now))
     findings = check_members(
         read.units, listing_error=read.listing_error, skipped=read.skipped, gpu_unread=CLI_GPU_UNREAD
     )

@@ -414,6 +414,9 @@ class MemberAccess:
 
 # The last check of the member accounts, for `status`: a lookup item of the hub's state table.
 MEMBERS_KEY = "member-accounts"
+# The weekly digest's last reads through the member stacks' read role (the accounts with exempt machines it
+# tried, and those where the read role could not be assumed), for the doctor: the same shape, another item.
+DIGEST_READS_KEY = "digest-reads"
 MEMBERS_KEEP = timedelta(days=8)
 
 
@@ -432,7 +435,7 @@ class MemberCheck:
     checked: tuple[str, ...] | None = None
 
 
-def save_member_check(store: StateStore, check: MemberCheck, at: datetime) -> None:
+def save_member_check(store: StateStore, check: MemberCheck, at: datetime, key: str = MEMBERS_KEY) -> None:
     value = {
         "checked_at": check.checked_at.isoformat(),
         "accounts": check.accounts,
@@ -445,13 +448,14 @@ def save_member_check(store: StateStore, check: MemberCheck, at: datetime) -> No
         "listed_at": check.listed_at.isoformat() if check.listed_at else None,
         **({"checked": list(check.checked)} if check.checked is not None else {}),
     }
-    store.put_lookup(MEMBERS_KEY, json.dumps(value), at + MEMBERS_KEEP)
+    store.put_lookup(key, json.dumps(value), at + MEMBERS_KEEP)
 
 
-def last_member_check(store: StateStore, now: datetime) -> MemberCheck | None:
-    """The last check a sweep stored (None: never, single-account mode, or over a week ago). Raises AwsError
-    when it cannot be read, ValueError when what is stored is not a check (corrupt)."""
-    raw = store.get_lookup(MEMBERS_KEY, now)
+def last_member_check(store: StateStore, now: datetime, key: str = MEMBERS_KEY) -> MemberCheck | None:
+    """The last check a sweep stored (None: never, single-account mode, or over a week ago); with `key`
+    DIGEST_READS_KEY, the weekly digest's last reads. Raises AwsError when it cannot be read, ValueError when
+    what is stored is not a check (corrupt)."""
+    raw = store.get_lookup(key, now)
     if raw is None:
         return None
     try:

@@ -526,6 +526,10 @@ MEMBER_FIXES = {
     "error": "see the detail; the sweep reports the same in `idle-reaper status`",
 }
 MEMBER_STACK_FIX = "read the stack instance's status reason (CloudFormation > StackSets > <prefix>-members) and fix it"
+MEMBER_READ_FIX = (
+    "update the member StackSet's stack instance in this account and region (its <prefix>-digest-read-<region> "
+    "role must trust the hub's digest role), and allow sts:AssumeRole on it in the service control policies"
+)
 MEMBER_GPU_FIX = (
     "give those machines the GPU agent tag (the member stack's association installs the CloudWatch agent with the "
     "GPU config); docs/deploying.md, step 7"
@@ -549,6 +553,9 @@ class MemberUnitFacts:
     excluded: bool = False  # organization settings exclude it: its machines are not read
     gpu: Sequence[MachineSignals] | None = None  # the last hour of its GPU machines; None: not read
     unreadable: str = ""  # a read in the account failed after the role was assumed
+    # Why the weekly digest could not assume the read role here, as its last run saw it (its exempt machines
+    # are "no data" there); None: assumed, or not tried (no exempt machine here), or not read.
+    read_role: str | None = None
 
 
 def _member_label(unit: MemberUnitFacts) -> str:
@@ -568,16 +575,20 @@ def _unit_problem(unit: MemberUnitFacts) -> tuple[Status, str] | None:
         problems.append(f"member stack {unit.stack}")
     if unit.gpu is not None and (no_gpu := _no_gpu(unit.gpu)):
         problems.append(f"{len(no_gpu)} GPU machine(s) without GPU metrics in the last hour: {listed(no_gpu)}")
-    return ("fail", f"{unit.region}: {'; '.join(problems)}") if problems else None
+    if problems:
+        return "fail", f"{unit.region}: {'; '.join(problems)}"
+    # Nothing unsafe: only the digest's figures for this account's exempt machines are missing.
+    return ("warn", f"{unit.region}: the weekly digest's read role: {unit.read_role}") if unit.read_role else None
 
 
 def _unit_fixes(unit: MemberUnitFacts) -> list[str]:
     if unit.role_reason is not None:
         return [MEMBER_FIXES.get(unit.role_reason, MEMBER_FIXES["error"])]
-    return [
+    fixes = [
         *([MEMBER_STACK_FIX] if unit.stack else []),
         *([MEMBER_GPU_FIX] if unit.gpu and _no_gpu(unit.gpu) else []),
     ]
+    return fixes or ([MEMBER_READ_FIX] if unit.read_role else [])  # as _unit_problem: the read role alone
 
 
 def _no_gpu(read: Sequence[MachineSignals]) -> list[str]:

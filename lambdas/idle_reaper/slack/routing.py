@@ -173,7 +173,7 @@ class Region:
         members = (self.members or answer_access)()
         pool = ThreadPoolExecutor(1)  # no thread until something is submitted
         fleet_wide = (
-            pool.submit(member_findings, members, self.policies, self.clock(), deadline)
+            pool.submit(member_findings, members, self.policies, self.clock(), deadline, store=self.store)
             if members is not None
             else None
         )

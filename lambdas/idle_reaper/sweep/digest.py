@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from idle_reaper.aws.accounts import AccountFailure, MemberAccess
+from idle_reaper.aws.accounts import DIGEST_READS_KEY, AccountFailure, MemberAccess, MemberCheck, save_member_check
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.policies import PolicyStore, policy_for
 from idle_reaper.aws.state import StateStore
@@ -60,22 +60,31 @@ class DigestAccounts:
 
     names: Mapping[str, str] = field(default_factory=dict)
     metrics_in: Callable[[str, str], MetricsReader | None] = lambda account, region: None
+    # Each (account, region) `metrics_in` tried, and why it could not read there (None: it could): kept for the
+    # doctor (DIGEST_READS_KEY) once the digest has read.
+    tried: dict[tuple[str, str], AccountFailure | None] = field(default_factory=dict)
 
     @classmethod
     def of(cls, members: MemberAccess, now: datetime) -> DigestAccounts:
         """The weekly digest's function: the accounts' names from the directory (a failed listing keeps the last,
         or none: then ids), and each member account's CloudWatch through its read role (`members` made for the
         "digest" purpose: aws/accounts.py MemberSessions assumes the read role, never the member role)."""
-        return cls({a.id: a.name for a in members.directory.current().accounts}, member_metrics(members, now))
+        tried: dict[tuple[str, str], AccountFailure | None] = {}
+        names = {a.id: a.name for a in members.directory.current().accounts}
+        return cls(names, member_metrics(members, now, tried), tried)
 
 
-def member_metrics(members: MemberAccess, now: datetime) -> Callable[[str, str], MetricsReader | None]:
+def member_metrics(
+    members: MemberAccess, now: datetime, tried: dict[tuple[str, str], AccountFailure | None] | None = None
+) -> Callable[[str, str], MetricsReader | None]:
     """CloudWatch in a member (account, region) through the role `members.sessions` assumes for its purpose (the
     digest's: the read role; credentials reused while valid); None where that role cannot be assumed (said in
-    the log with its reason)."""
+    the log with its reason). Each attempt lands in `tried`."""
 
     def metrics_in(account: str, region: str) -> MetricsReader | None:
         held = members.sessions.credentials(account, region, started=now)
+        if tried is not None:
+            tried[(account, region)] = held if isinstance(held, AccountFailure) else None
         if isinstance(held, AccountFailure):
             logger.warning(
                 "exempt machines of a member account not read for the digest",
@@ -179,6 +188,7 @@ def _send(
     weeks = [d.week.span(d.policy.timezone) for d in claimed]
     known = accounts() if accounts is not None else DigestAccounts()  # only once a digest is claimed
     exempt = _read_exempt(metrics, known, records, settings, min(lo for lo, _ in weeks), now)
+    _remember_reads(store, known.tried, now)
     return [
         _send_one(store, sender, d, entries, records, names, settings, now, render, prices, exempt, refs, known)
         for d in claimed
@@ -226,6 +236,20 @@ def _read_exempt(
                 continue
             signals.update({r.key: read[r.instance_id] for r in chosen if r.instance_id in read})
     return signals
+
+
+def _remember_reads(store: StateStore, tried: Mapping[tuple[str, str], AccountFailure | None], now: datetime) -> None:
+    """What the digest could read in member accounts, for `idle-reaper doctor` (a read role missing in an account
+    shows there); never keeps the digest from going out."""
+    if not tried:
+        return
+    failures = tuple(f for _, f in sorted(tried.items()) if f is not None)
+    accounts = tuple(sorted({account for account, _ in tried}))
+    check = MemberCheck(now, len(accounts), len(tried) - len(failures), failures, checked=accounts)
+    try:
+        save_member_check(store, check, now, key=DIGEST_READS_KEY)
+    except Exception as exc:  # the doctor then sees last week's, or none
+        logger.warning("the digest's member reads not kept for the doctor", extra={"error": type(exc).__name__})
 
 
 def _send_one(

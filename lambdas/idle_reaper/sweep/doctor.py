@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 
 from idle_reaper.aws.accounts import (
     ADVICE,
+    DIGEST_READS_KEY,
     AccountFailure,
     Directory,
     MemberAccess,
@@ -27,6 +28,7 @@ from idle_reaper.aws.accounts import (
     MemberCredentials,
     Reason,
     classify,
+    last_member_check,
 )
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.deploy import (
@@ -322,9 +324,11 @@ def member_findings(
     *,
     reads_in: Callable[[MemberCredentials], tuple[Fleet, MetricsReader]] = member_reads,
     workers: int = MEMBER_WORKERS,
+    store: StateStore | None = None,
 ) -> list[Finding]:
     """`/idle-reaper doctor` in organization mode (the Slack endpoint's role, one the member role trusts): every
-    member account and region, bounded by `deadline`; never raises."""
+    member account and region, bounded by `deadline`, and (from `store`) where the weekly digest could not
+    assume its read role; never raises."""
     try:
         settings, _ = policies.load_settings()
         refs = policies.load_teams(settings)
@@ -340,7 +344,33 @@ def member_findings(
         )
     except Exception as exc:  # the settings unreadable or invalid (policy.settings says which): unknown
         return [unknown("members", f"{type(exc).__name__}: {exc}"[:300])]
-    return check_members(read.units, listing_error=read.listing_error, skipped=read.skipped)
+    units = with_digest_reads(read.units, digest_reads(store, now)) if store is not None else read.units
+    return check_members(units, listing_error=read.listing_error, skipped=read.skipped)
+
+
+def digest_reads(store: StateStore, now: datetime) -> MemberCheck | None:
+    """The weekly digest's last reads in member accounts (aws/accounts.py DIGEST_READS_KEY); None when it has
+    not read any in the last week, or they cannot be read (the rest of the doctor's answer does not wait on
+    them: the digest's figures are a report, not a safety)."""
+    try:
+        return last_member_check(store, now, key=DIGEST_READS_KEY)
+    except Exception as exc:
+        logger.warning("the digest's member reads not read for the doctor", extra={"error": type(exc).__name__})
+        return None
+
+
+def with_digest_reads(units: Sequence[MemberUnitFacts], reads: MemberCheck | None) -> list[MemberUnitFacts]:
+    """Each (account, region) where the digest's last run could not assume the member stack's read role (its
+    exempt machines were "no data" there) says so, with AWS's reason and the day."""
+    failures = {(f.account, f.region): f for f in (reads.failures if reads else ())}
+    out = []
+    for unit in units:
+        failure = failures.get((unit.account, unit.region))
+        if failure is not None and reads is not None:
+            why = f"{failure.reason.value} ({failure.detail}; the digest of {reads.checked_at:%Y-%m-%d %H:%M} UTC)"
+            unit = replace(unit, read_role=why)
+        out.append(unit)
+    return out
 
 
 # What `idle-reaper doctor` says of member accounts' GPU metrics: the CLI runs with a person's credentials, which
@@ -358,11 +388,13 @@ def members_as_last_checked(
     now: datetime,
     fresh: timedelta,
     stacks: Mapping[tuple[str, str], str] | None = None,
+    digest: MemberCheck | None = None,
 ) -> MembersRead:
     """`idle-reaper doctor` in organization mode: each enrolled (account, region) as the sweep's last check of
     the member accounts saw it (aws/accounts.py MemberCheck: the hub's own AssumeRole, with its reason), and
     the member stack's instance status (`stacks`: "" current, else what is wrong; a unit not in it has no
-    stack instance; None: not read). Known only for what that check tried: an account it did not (one that
+    stack instance; None: not read), and where the weekly digest's last run (`digest`) could not assume the
+    read role. Known only for what that check tried: an account it did not (one that
     joined since, or any account of a check stored without its accounts) is unknown, as are all of them when
     the check is older than `fresh`, absent, or unreadable (`check` a string: why)."""
     unreadable = check if isinstance(check, str) else None
@@ -392,7 +424,7 @@ def members_as_last_checked(
                 facts = replace(facts, unreadable=NOT_IN_CHECK)
             units.append(facts)
     skipped = [s.account for s in listing.skipped if s.reason is Reason.SUSPENDED]
-    return MembersRead(units, listing.error, skipped)
+    return MembersRead(with_digest_reads(units, digest), listing.error, skipped)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ per account or OU, validated like every other setting; and the member role's nam
 from __future__ import annotations
 
 import fnmatch
-
 import json
 
 import pytest

@@ -15,14 +15,17 @@ import pytest
 
 from idle_reaper import aws
 from idle_reaper.aws.accounts import (
+    DIGEST_READS_KEY,
     MEMBERS_KEY,
     ORGANIZATION_ENV,
+    AccountFailure,
     MemberCheck,
+    Reason,
     last_member_check,
     save_member_check,
 )
 from idle_reaper.aws.state import InMemoryStateStore
-from idle_reaper.core.doctor import Finding
+from idle_reaper.core.doctor import MEMBER_READ_FIX, Finding
 from idle_reaper_tools import doctor as cli_doctor
 from testkit.aws.organization import FakeOrganizations
 
@@ -150,3 +153,26 @@ def test_a_stack_set_that_does_not_answer_in_time_is_unknown(monkeypatch: pytest
     [stacks] = found["members.stacks"]
     assert stacks.status == "unknown" and "not done in" in stacks.message
     assert "members.account" not in found  # not read is not "missing"
+
+
+def test_an_account_where_the_digest_could_not_assume_its_read_role_is_a_warning_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(["training", "sandbox"])
+    training, sandbox = world.ids["training"], world.ids["sandbox"]
+    save_member_check(world.store, MemberCheck(NOW - timedelta(minutes=5), 2, 2, (), checked=(training, sandbox)), NOW)
+    # The digest of Monday read training's exempt machines; sandbox's read role is missing (its member role is not).
+    refused = AccountFailure(sandbox, REGION, Reason.ROLE_MISSING, "AccessDenied: not authorized")
+    monday = NOW - timedelta(days=4)
+    digest = MemberCheck(monday, 2, 1, (refused,), checked=(training, sandbox))
+    save_member_check(world.store, digest, monday, key=DIGEST_READS_KEY)
+    assert last_member_check(world.store, NOW) != digest  # another item than the sweep's check
+    found = world.doctor(monkeypatch)
+    [line] = found["members.account"]
+    assert line.status == "warn" and line.subjects == (sandbox,)
+    assert line.message == (
+        f"member account {sandbox} 'sandbox': {REGION}: the weekly digest's read role: role-missing "
+        "(AccessDenied: not authorized; the digest of 2026-11-23 09:00 UTC)"
+    )
+    assert line.fix == MEMBER_READ_FIX
+    assert [f.message[:31] for f in found["members"]] == ["1 of 2 member account(s) in eve"]

@@ -11,10 +11,20 @@ from typing import Any
 
 import pytest
 
-from idle_reaper.aws.accounts import MemberAccess, MemberCredentials, OrganizationConfig
+from idle_reaper.aws.accounts import (
+    DIGEST_READS_KEY,
+    AccountFailure,
+    MemberAccess,
+    MemberCheck,
+    MemberCredentials,
+    OrganizationConfig,
+    Reason,
+    save_member_check,
+)
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.policies import PolicyStore
+from idle_reaper.aws.state import InMemoryStateStore
 from idle_reaper.policy import Settings
 from idle_reaper.sweep import doctor
 from idle_reaper.sweep.doctor import gather_members, member_findings
@@ -194,3 +204,24 @@ def test_one_unit_whose_check_raises_is_unknown_and_every_other_account_is_still
     assert failing == {org.ids["sandbox-a"], org.ids["no-stack"]}  # the others' results are not hidden
     [unknown] = by_check["members.unknown"]
     assert unknown.subjects == (f"{broken}/{REGIONS[1]} (its check failed (KeyError: 'Expiration'))",)
+
+
+def test_slack_doctor_says_where_the_digest_could_not_assume_its_read_role() -> None:
+    org = Organization(["sandbox-a", "sandbox-b"])
+    a, b = org.ids["sandbox-a"], org.ids["sandbox-b"]
+    store = InMemoryStateStore(lambda: NOW)
+    deadline = time.monotonic() + 30
+    healthy = member_findings(org.members, org.policies, NOW, deadline, reads_in=org.reads_in, store=store)
+    assert [f.message[:34] for f in healthy if f.check == "members"] == ["2 of 2 member account(s) healthy i"]
+    refused = AccountFailure(b, "us-east-2", Reason.DENIED_BY_SCP, "AccessDenied: ... service control policy")
+    save_member_check(store, MemberCheck(NOW, 2, 3, (refused,), checked=(a, b)), NOW, key=DIGEST_READS_KEY)
+    found = member_findings(org.members, org.policies, NOW, deadline, reads_in=org.reads_in, store=store)
+    [line] = [f for f in found if f.check == "members.account"]
+    assert line.status == "warn" and line.subjects == (b,)
+    assert "us-east-2: the weekly digest's read role: denied-by-scp (AccessDenied" in line.message
+    assert "eu-west-1" not in line.message  # its other region was read
+    # A week later the digest's reads have expired with nothing new: no line.
+    later = member_findings(
+        org.members, org.policies, NOW + timedelta(days=9), deadline, reads_in=org.reads_in, store=store
+    )
+    assert not [f for f in later if f.check == "members.account"]
