@@ -100,7 +100,6 @@ def test_in_organization_mode_the_digest_names_each_account_and_reads_exempt_mac
     import json
 
     from idle_reaper.aws.accounts import MemberAccess, MemberCredentials
-    from idle_reaper.core import MachineRecord, State
     from idle_reaper.core.records import machine_key
     from idle_reaper.slack.digest import DigestSender
     from idle_reaper.slack.notifier import load_secrets, make_client
@@ -131,26 +130,9 @@ def test_in_organization_mode_the_digest_names_each_account_and_reads_exempt_mac
     held = members.sessions.credentials(training, region)
     assert isinstance(held, MemberCredentials)
     for cloudwatch, cpu in ((reaper_aws.client("cloudwatch"), 90.0), (held.client("cloudwatch"), 1.0)):
-        t, points = last_week - timedelta(hours=1), []
-        while t < last_week + timedelta(days=7):
-            dims = [{"Name": "InstanceId", "Value": "i-0exempt"}]
-            points.append({"MetricName": "CPUUtilization", "Dimensions": dims, "Timestamp": t, "Value": cpu})
-            t += timedelta(minutes=5)
-        for i in range(0, len(points), 1000):
-            cloudwatch.put_metric_data(Namespace="AWS/EC2", MetricData=points[i : i + 1000])
+        put_week_of_cpu(cloudwatch, "i-0exempt", last_week, cpu)
     now = last_week + timedelta(days=7, minutes=30)
-    for account, name in ((None, "hub-box"), (training, "training-box"), (sandbox, "sandbox-box")):
-        record = MachineRecord(
-            "i-0exempt",
-            "ml",
-            State.EXEMPT,
-            name=name,
-            instance_type="m5.large",
-            updated_at=now,
-            account=account,
-            region=region if account else None,
-        )
-        assert store.save(record)
+    save_exempt_boxes(store, {None: "hub-box", training: "training-box", sandbox: "sandbox-box"}, region, now)
     for destination in ("admins", "ml"):  # sent once above: claimed for the week
         store.release_claim(claim_key(destination, week_of(last_week)))
     sts = real_sts({sandbox: denied(sandbox)})
@@ -182,6 +164,24 @@ def put_week_of_cpu(cloudwatch: Any, instance_id: str, start: datetime, cpu: flo
         cloudwatch.put_metric_data(Namespace="AWS/EC2", MetricData=points[i : i + 1000])
 
 
+def save_exempt_boxes(store: Any, names: dict[str | None, str], region: str, now: datetime) -> None:
+    """An exempt m5.large `i-0exempt` of team ml, running at `now`, in each account (None: the hub's own)."""
+    from idle_reaper.core import MachineRecord, State
+
+    for account, name in names.items():
+        record = MachineRecord(
+            "i-0exempt",
+            "ml",
+            State.EXEMPT,
+            name=name,
+            instance_type="m5.large",
+            updated_at=now,
+            account=account,
+            region=region if account else None,
+        )
+        assert store.save(record)
+
+
 def test_the_digest_reads_member_exempt_machines_through_the_read_role_and_an_account_without_it_is_no_data(
     last_week: datetime,
     slack: Any,
@@ -202,7 +202,6 @@ def test_the_digest_reads_member_exempt_machines_through_the_read_role_and_an_ac
         Reason,
         last_member_check,
     )
-    from idle_reaper.core import MachineRecord, State
     from idle_reaper.organization import member_read_role_name, member_role_name
 
     region = "us-east-1"
@@ -245,18 +244,7 @@ def test_the_digest_reads_member_exempt_machines_through_the_read_role_and_an_ac
             put_week_of_cpu(creds.client("cloudwatch"), "i-0exempt", last_week, 1.0)
         store = reaper_aws.DynamoStateStore(reaper_aws.client("dynamodb"), reaper_aws.table_name())
         now = datetime.now(UTC)
-        for account, name in ((None, "hub-box"), (training, "training-box"), (sandbox, "sandbox-box")):
-            record = MachineRecord(
-                "i-0exempt",
-                "ml",
-                State.EXEMPT,
-                name=name,
-                instance_type="m5.large",
-                updated_at=now,
-                account=account,
-                region=region if account else None,
-            )
-            assert store.save(record)
+        save_exempt_boxes(store, {None: "hub-box", training: "training-box", sandbox: "sandbox-box"}, region, now)
         result = digest.handler({}, CTX)
     finally:
         events.unregister("provide-client-params.sts.AssumeRole", unique_id="only-existing-roles")
