@@ -142,6 +142,7 @@ def test_single_account_mode_synthesizes_exactly_as_without_the_block(synth: Syn
         assert disabled.template(name) == synth.template(name)
     everything = json.dumps([synth.template(n) for n in synth.stack_names])
     assert "AWS::CloudFormation::StackSet" not in everything and "-member-" not in everything
+    assert "digest-read" not in everything and "HubDigestRoleArn" not in everything
 
 
 # -- the StackSet ----------------------------------------------------------------------------------
