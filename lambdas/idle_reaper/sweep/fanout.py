@@ -375,7 +375,15 @@ def run_shard(
         units = parse_member_manifest(value, where).units()
         if members is None:
             raise SweepCannotRun(f"{where} names member accounts, but this hub is not in organization mode")
-        outcomes = sweep_members(adapters, members, task.now, dry_run=task.dry_run, time_left=time_left, units=units)
+        outcomes = sweep_members(
+            adapters,
+            members,
+            task.now,
+            dry_run=task.dry_run,
+            time_left=time_left,
+            units=units,
+            message_scope=sweep_id,  # an owner's machines across every shard of this sweep: one message
+        )
         report = SweepReport(
             now=task.now,
             dry_run=task.dry_run,
@@ -396,6 +404,7 @@ def run_shard(
             sweep_id=f"{sweep_id}-{index}",
             time_left=time_left,
             instance_ids=value,
+            message_scope=sweep_id if members is not None else None,  # organization mode: shared with the members
         )
         totals = SweepTotals.of(report, members.config.hub_account if members is not None else None)
     else:
