@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from idle_reaper.aws.clients import AwsError, run_concurrently
+from idle_reaper.aws.state import StateStore
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.reports import owner_message_groups, owner_message_key
 from idle_reaper.notify import (
@@ -81,7 +82,7 @@ def post_owner_messages(
         try:
             if across and isinstance(notifier, SharedOwnerNotifier) and scope is not None:
                 item = owner_item_key(scope, owner_message_key(group[0], owners))
-                outcomes = post_across(adapters, notifier, item, group, owner_id, out_of_time)
+                outcomes = post_across(adapters.store, notifier, item, group, owner_id, out_of_time)
                 if outcomes is None:
                     return {}  # a lone warning posted alone, by _post
             else:
@@ -161,7 +162,7 @@ class OwnerItem:
 
 
 def post_across(
-    adapters: Adapters,
+    store: StateStore,
     notifier: SharedOwnerNotifier,
     key: str,
     group: list[Decision],
@@ -175,7 +176,6 @@ def post_across(
     POSTING_WAIT_SECONDS; finding its post failed, it takes the lead. Whatever cannot be shared (the item
     unreadable, the wait over, the message full or gone) is posted alone, as in one account: two messages may
     happen, a warning lost may not. None: a lone warning to be posted alone (by the caller, as `warn`)."""
-    store = adapters.store
     now = group[0].record.updated_at or datetime.now(UTC)
     mine = json.dumps({"state": "posting", "by": secrets.token_hex(8)})
 
