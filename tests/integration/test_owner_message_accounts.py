@@ -54,9 +54,14 @@ def held(members: MemberAccess, account: str) -> MemberCredentials:
     return found
 
 
+def landed(slack: Any) -> list[Any]:
+    """The posts Slack took (a refused one is recorded by the fake too, without a ts)."""
+    return [c for c in slack.calls_to("chat.postMessage") if "_ts" in c.params]
+
+
 def the_message(slack: Any, channel: str) -> tuple[str, dict[str, Any]]:
     """The one message posted to `channel`, as it stands now (every edit applied)."""
-    (post,) = [c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == channel]
+    (post,) = [c for c in landed(slack) if c.params["channel"] == channel]
     ts = post.params["_ts"]
     return f"{channel}|{ts}", slack.messages[(channel, ts)]
 
@@ -191,3 +196,71 @@ def test_a_single_account_sweep_writes_no_shared_item(aws: object, slack: Any, c
     keys = [i["pk"]["S"] for i in client("dynamodb").scan(TableName=table_name())["Items"]]
     assert not [k for k in keys if k.startswith("lookup#ownermsg#")]
     assert record(lone).group_ref is None  # a lone warning: a message of its own, no listing
+
+
+def owner_items() -> list[dict[str, Any]]:
+    items = client("dynamodb").scan(TableName=table_name())["Items"]
+    return [json.loads(i["value"]["S"]) for i in items if i["pk"]["S"].startswith("lookup#ownermsg#")]
+
+
+def test_a_failed_post_or_edit_leaves_those_machines_pending_and_the_next_sweep_posts_them(
+    org: Org,  # noqa: F811
+    slack: Any,
+    clock: dict[str, object],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hub's post fails (Slack answers internal_error): its machine stays pending, the first member unit
+    takes the lead and the next joins it. Then a joiner's edit fails: its machine stays pending, unlisted, and
+    is never counted delivered. The next sweep posts both."""
+    members = organization(org, monkeypatch)
+    accounts = {name: held(members, org.accounts[name]) for name in ("training", "alice-sandbox", "research")}
+    bobs = {name: member_instance(creds, "U0BOB", at(8)) for name, creds in accounts.items()}
+    keys = {name: machine_key(i, accounts[name].account, REGION) for name, i in bobs.items()}
+    hub = local.launch("hubbox", "g5.xlarge", team="ml", launch_time=at(8), owner="U0BOB")
+    local.write_metrics(hub, idle, at(8), at(18))
+    listing = {a.id: a for a in members.directory.current().accounts}
+    units = {name: (listing[c.account], REGION) for name, c in accounts.items()}
+
+    slack.errors["chat.postMessage"] = "internal_error"
+    run_sweep(Adapters.from_environment(), now=at(14), message_scope="sweep-1")
+    assert record(hub).warning_delivered_at is None and record(hub).messages == ()
+    assert [item["state"] for item in owner_items()] == ["failed"]
+    slack.errors.clear()
+    first = [units["training"], units["research"]]
+    sweep_member_accounts(Adapters.from_environment(), members, at(14), message_scope="sweep-1", units=first)
+    message, shown = the_message(slack, "D0BOB")
+    text = json.dumps(shown["blocks"])
+    assert bobs["training"] in text and bobs["research"] in text and hub not in text
+    assert {record(keys[n]).messages for n in ("training", "research")} == {(message,)}
+    assert [item["state"] for item in owner_items()] == ["posted"]
+
+    # A later unit of the same sweep whose edit fails: pending, not listed, nothing delivered without a message.
+    slack.errors["chat.update"] = "internal_error"
+    late = [units["alice-sandbox"]]
+    sweep_member_accounts(Adapters.from_environment(), members, at(14), message_scope="sweep-1", units=late)
+    pending = record(keys["alice-sandbox"])
+    assert pending.state is State.WARNED and pending.warning_delivered_at is None and pending.messages == ()
+    assert pending.group_ref is None
+    _, shown = the_message(slack, "D0BOB")
+    assert bobs["alice-sandbox"] not in json.dumps(shown["blocks"])
+    assert len(landed(slack)) == 1
+    listed = routing_listed(record(keys["training"]).group_ref or "")
+    assert keys["alice-sandbox"] not in listed
+
+    # The next sweep posts what is pending: one message for the two, across the hub and the member account.
+    slack.errors.clear()
+    later = at(14) + timedelta(minutes=5)
+    clock["t"] = later
+    run_sweep(Adapters.from_environment(), now=later, message_scope="sweep-2")
+    sweep_member_accounts(Adapters.from_environment(), members, later, message_scope="sweep-2", units=late)
+    posts = landed(slack)
+    assert len(posts) == 2 and posts[1].params["channel"] == "D0BOB"
+    again = f"D0BOB|{posts[1].params['_ts']}"
+    assert record(hub).messages == (again,) and record(keys["alice-sandbox"]).messages == (again,)
+    assert record(hub).warning_delivered_at == later == record(keys["alice-sandbox"]).warning_delivered_at
+    assert record(keys["training"]).messages == (message,)  # delivered before: not posted again
+
+
+def routing_listed(group_ref: str) -> tuple[str, ...]:
+    raw = DynamoStateStore(client("dynamodb"), table_name()).get_lookup(f"group#{group_ref}", at(14))
+    return tuple(json.loads(raw or "{}").get("ids", ()))
