@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackObjectFormationError
 
-from idle_reaper.aws.clients import AwsError
+from idle_reaper.aws.clients import DDB_WORKERS, AwsError, run_concurrently
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MachineRecord
 from idle_reaper.core.signals import Machine
@@ -97,8 +97,12 @@ class SharedMessages(OwnerDirectory):
             return None
         now = self.clock()
         notes: dict[str, tuple[str, str | None]] = {}
-        for instance_id in listed.ids:
-            raw = self.store.get_lookup(f"groupline#{group_ref}#{instance_id}", now)
+
+        def note_of(instance_id: str) -> str | None:
+            return self.store.get_lookup(f"groupline#{group_ref}#{instance_id}", now)
+
+        lines = run_concurrently(note_of, list(listed.ids), DDB_WORKERS)  # the lines' notes, read at once
+        for instance_id, raw in zip(listed.ids, lines, strict=True):
             note = json_object(raw)
             if note and isinstance(note.get("text"), str):
                 start = note.get("start")
