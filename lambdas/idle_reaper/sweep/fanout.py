@@ -254,7 +254,8 @@ def split_into_shards(machines: Sequence[Machine], shards: int) -> list[list[str
         else:
             units[m.instance_id].append(m.instance_id)
     # An owner's standalone machines share a shard, so one sweep's warnings to them share one message
-    # (sweep._post_owner_messages); an owner with very many is split in bounded chunks, to keep shards even.
+    # (sweep.owner_messages.post_owner_messages); an owner with very many is split in bounded chunks, to keep
+    # shards even.
     for owner, ids in by_owner.items():
         ids.sort()
         for start in range(0, len(ids), OWNER_UNIT_MAX):
