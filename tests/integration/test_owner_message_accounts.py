@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from test_accounts import Org, aws_client, new_account, org  # noqa: F401  (org: the organization fixture)
-from test_member_machines import member_instance, states
+from test_member_machines import fan_out, member_instance, states
 from test_slack import _replies_from, click, record, silent  # noqa: F401  (_replies_from: the fake for clicks)
 from test_slack_per_owner import buttons
 
@@ -149,13 +149,7 @@ def test_the_sweep_handlers_share_the_message_between_the_hub_and_the_member_sha
     hub = local.launch("hubbox", "g5.xlarge", team="ml", launch_time=now - timedelta(hours=3), owner="U0BOB")
     local.write_metrics(hub, idle, now - timedelta(hours=3), now + timedelta(hours=1))
     if fanned_out:
-        sfn = client("stepfunctions")
-        arn = sfn.create_state_machine(
-            name="idle-reaper-sweep",
-            definition=json.dumps({"StartAt": "Wait", "States": {"Wait": {"Type": "Pass", "End": True}}}),
-            roleArn="arn:aws:iam::123456789012:role/idle-reaper-sweep",
-        )["stateMachineArn"]
-        monkeypatch.setenv(sweep_handler.FANOUT_ENV, arn)
+        sfn, arn = client("stepfunctions"), fan_out(monkeypatch)
     sweep_handler.member_access.cache_clear()  # the functions' own, kept while warm
     try:
         sweep_handler.handler({}, LambdaContextStub())

@@ -345,15 +345,7 @@ class SlackDelivery(SharedMessages):
         except (SlackObjectFormationError, ValueError) as exc:
             self._failed("update", record.instance_id, exc, record.instance_id)
             return False
-        ok = True
-        for message in record.messages:
-            channel, _, ts = message.partition("|")
-            try:
-                self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks)
-            except (SlackApiError, SlackClientError, OSError) as exc:
-                self._failed("update", record.instance_id, exc, channel)
-                ok = False
-        return ok
+        return not self.edit_copies(record.messages, text, blocks, record.instance_id)
 
     def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
         """DM every admin and post to the admin channel. Raises when nobody received it, so the caller

@@ -122,15 +122,28 @@ class SharedMessages(OwnerDirectory):
         if view is None:
             return False
         text, blocks, _ = view
-        ok = True
-        for message in record.messages:
+        return not self.edit_copies(record.messages, text, blocks, record.instance_id)
+
+    def edit_copies(
+        self,
+        messages: Sequence[str],
+        text: str,
+        blocks: list[dict[str, Any]],
+        subject: str,
+        metadata: dict[str, Any] | None = None,
+    ) -> list[Fault]:
+        """chat.update every copy ("channel|ts") of a message; the faults of those that failed (logged)."""
+        faults = []
+        for message in messages:
             channel, _, ts = message.partition("|")
             try:
-                self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks)
+                if metadata is None:
+                    self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks)
+                else:
+                    self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks, metadata=metadata)
             except (SlackApiError, SlackClientError, OSError) as exc:
-                self._failed("update", record.instance_id, exc, channel)
-                ok = False
-        return ok
+                faults.append(self._failed("update", subject, exc, channel))
+        return faults
 
     def listed_group(self, group_ref: str) -> ListedGroup | None:
         """The machines a shared message lists, by its "Keep all" reference; None when unknown or unreadable."""
@@ -228,14 +241,8 @@ class SharedMessages(OwnerDirectory):
             if sent == (text, blocks):
                 break
             metadata = warning_metadata(list(listed.ids), [listed.refs[i] for i in listed.ids], group_ref)
-            faults = []
-            for message in messages:
-                channel, _, ts = message.partition("|")
-                try:
-                    self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks, metadata=metadata)
-                    edited = True
-                except (SlackApiError, SlackClientError, OSError) as exc:
-                    faults.append(self._failed("update", subject, exc, channel))
+            faults = self.edit_copies(messages, text, blocks, subject, metadata)
+            edited = edited or len(faults) < len(messages)
             if not edited:
                 break
             sent = (text, blocks)
