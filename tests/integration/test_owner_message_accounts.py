@@ -254,6 +254,18 @@ def test_a_failed_post_or_edit_leaves_those_machines_pending_and_the_next_sweep_
     assert record(hub).warning_delivered_at == later == record(keys["alice-sandbox"]).warning_delivered_at
     assert record(keys["training"]).messages == (message,)  # delivered before: not posted again
 
+    # Their stops, due 20 minutes after delivery, each swept in its own account: they edit the two messages.
+    stop = later + timedelta(minutes=25)
+    clock["t"] = stop
+    run_sweep(Adapters.from_environment(), now=stop, message_scope="sweep-3")
+    sweep_member_accounts(Adapters.from_environment(), members, stop, message_scope="sweep-3")
+    assert len(landed(slack)) == 2, "outcomes edit the shared messages, never post anew"
+    assert local.instance_states([hub]) == {hub: "stopped"}
+    assert {states(accounts[n], bobs[n]) for n in bobs} == {"stopped"}
+    for channel_ts in (message, again):
+        edited = json.dumps(slack.messages[tuple(channel_ts.split("|"))]["blocks"])
+        assert edited.count("Stopped") == 2 and "keep_all" not in edited and "start_again" in edited
+
 
 def routing_listed(group_ref: str) -> tuple[str, ...]:
     raw = DynamoStateStore(client("dynamodb"), table_name()).get_lookup(f"group#{group_ref}", at(14))
