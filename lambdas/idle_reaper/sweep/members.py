@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -211,13 +212,17 @@ def sweep_member_accounts(
     workers: int = MEMBER_SWEEP_WORKERS,
     make_adapters: Callable[[Adapters, MemberCredentials, TeamPolicy | None], Adapters] = member_adapters,
     units: Sequence[tuple[MemberAccount, str]] | None = None,
+    message_scope: str | None = None,
 ) -> list[UnitOutcome]:
     """Sweep every enrolled (account, region) in place, or only `units` (a member shard's manifest), each
     through its own credentials (reused while valid, aws/accounts.py). An account or OU that
     `{prefix}/organization` excludes is never acted on: its opted-in machines are only counted. One unit's
     failure (no credentials, AccessDenied, throttling, an error in its sweep) is its outcome and never stops
     the others; the reasons are reported by check_member_accounts.
-    Invalid organization settings sweep no member account (less, never more) and are said once a day."""
+    Invalid organization settings sweep no member account (less, never more) and are said once a day.
+    `message_scope`: the sweep's id, shared with its other shards and the hub's own machines, so that an owner
+    gets one message across every account and region (sweep/owner_messages.py); new when not given."""
+    message_scope = message_scope or uuid.uuid4().hex
     adapters = replace(adapters, policies=ReadOnce(adapters.policies))  # shared by every unit swept here
     try:
         base, _ = adapters.policies.load_settings()
@@ -255,7 +260,12 @@ def sweep_member_accounts(
                 found = unit_adapters.fleet.discover(base.tags, notebooks=base.sagemaker_notebooks)
                 return UnitOutcome(account.id, region, excluded_machines=len(found))
             report = run_sweep(
-                unit_adapters, now=now, dry_run=dry_run, member=(account.id, region), time_left=time_left
+                unit_adapters,
+                now=now,
+                dry_run=dry_run,
+                member=(account.id, region),
+                time_left=time_left,
+                message_scope=message_scope,
             )
         except Exception as exc:  # contained: one account's fault never reaches the others
             if error_code(exc) in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
