@@ -64,6 +64,8 @@ def items_of(operation: str, request: Mapping[str, Any], response: Mapping[str, 
             "queries": len(request.get("MetricDataQueries", [])),
             "datapoints": sum(len(r.get("Timestamps", [])) for r in results),
         }
+    if operation == "dynamodb:BatchGetItem":  # CountingStateStore says how many keys a batch asked for
+        return {"records": int(request.get("Keys", 0))}
     if operation == "ec2:DescribeInstances":
         return {"instances": sum(len(r.get("Instances", [])) for r in response.get("Reservations", []))}
     return {}
@@ -234,25 +236,30 @@ def measure(repeat: int = 20) -> BotocoreCpu:
     ec2 = _stubbed("ec2", {"StopInstances": (xml, stop_body)})
     cpu.other = _cpu_per_call(lambda: ec2.stop_instances(InstanceIds=["i-0123456789abcdef0"]), repeat)
 
-    # DynamoDB through the real adapter: a record's conditional PutItem; BatchGetItem of 100 records.
+    # DynamoDB through the real adapter: a record's conditional PutItem; BatchGetItem of 1 and of 100 records
+    # (a call plus a record: an account-region with one machine reads one record, not a full batch).
     records = _records(200)
     store = DynamoStateStore(None, "idle-reaper-state")
     from idle_reaper.aws.state import record_to_item
 
-    items = [store._wire(record_to_item(r)) for r in records[:100]]
     ddb_json = {"Content-Type": "application/x-amz-json-1.0"}
-    ddb = _stubbed(
-        "dynamodb",
-        {
-            "PutItem": (ddb_json, b"{}"),
-            "BatchGetItem": (ddb_json, json.dumps({"Responses": {"idle-reaper-state": items}}).encode()),
-        },
-    )
-    store.dynamodb = ddb
+    loaded = {}
+    for n in (1, 100):
+        items = [store._wire(record_to_item(r)) for r in records[:n]]
+        store.dynamodb = _stubbed(
+            "dynamodb",
+            {
+                "PutItem": (ddb_json, b"{}"),
+                "BatchGetItem": (ddb_json, json.dumps({"Responses": {"idle-reaper-state": items}}).encode()),
+            },
+        )
+        ids = [r.instance_id for r in records[:n]]
+        loaded[n] = _cpu_per_call(lambda ids=ids: store.load(ids), max(2, repeat // 4) if n > 1 else repeat)
+    per_record = max(0.0, (loaded[100] - loaded[1]) / 99)
+    op = "dynamodb:BatchGetItem"
+    cpu.fixed[op], cpu.per_item[op] = max(0.0, loaded[1] - per_record), {"records": per_record}
     cycle = iter(records * (repeat * 10))
     cpu.fixed["dynamodb:PutItem"] = _cpu_per_call(lambda: store.save(next(cycle)), repeat)
-    ids = [r.instance_id for r in records[:100]]
-    cpu.fixed["dynamodb:BatchGetItem"] = _cpu_per_call(lambda: store.load(ids), max(2, repeat // 4))
     return cpu
 
 
@@ -269,8 +276,9 @@ def describe(cpu: BotocoreCpu) -> list[str]:
         f"DescribeTags: {cpu.fixed['ec2:DescribeTags'] * ms:.2f} ms a call"
         f" + {cpu.per_item['ec2:DescribeTags']['tags'] * ms:.4f} ms a tag (one key of an instance)",
         f"DynamoDB PutItem (a record, through DynamoStateStore): {cpu.fixed['dynamodb:PutItem'] * ms:.2f} ms",
-        f"DynamoDB BatchGetItem (100 records, through DynamoStateStore):"
-        f" {cpu.fixed['dynamodb:BatchGetItem'] * ms:.1f} ms",
+        f"DynamoDB BatchGetItem (through DynamoStateStore): {cpu.fixed['dynamodb:BatchGetItem'] * ms:.2f} ms a call"
+        f" + {cpu.per_item['dynamodb:BatchGetItem']['records'] * ms:.3f} ms a record"
+        f" (100 records: {cpu.cost('dynamodb:BatchGetItem', {'records': 100}) * ms:.1f} ms)",
         f"any other request (StopInstances as the example): {cpu.other * ms:.2f} ms",
     ]
 

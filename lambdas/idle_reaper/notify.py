@@ -109,6 +109,25 @@ class OwnerNotifier(Protocol):
         ...
 
 
+@runtime_checkable
+class SharedOwnerNotifier(Protocol):
+    """A notifier whose owner messages units of one sweep can share (organization mode: an owner's machines in
+    several accounts and regions, each swept on its own, get one message)."""
+
+    def warn_owner(
+        self, decisions: Sequence[Decision], owner_id: str | None = None, *, lone_layout: bool = False
+    ) -> list[Delivery | PermanentDeliveryFailure | None]:
+        """OwnerNotifier.warn_owner; `lone_layout`: a message of one machine looks like a warning of its own."""
+        ...
+
+    def join_owner_message(
+        self, decisions: Sequence[Decision], owner_id: str | None, group_ref: str, messages: Sequence[str]
+    ) -> list[Delivery | PermanentDeliveryFailure | None] | None:
+        """Add `decisions` to the message another unit posted (its "Keep all" reference and its copies); for
+        each machine what warn_owner would return; None: not joined, post a message of its own."""
+        ...
+
+
 class LoggingNotifier:
     """Records notifications as structured log lines. A log line is not a warning a person could
     answer, so by default warnings stay pending (and the stop waits, up to the policy's

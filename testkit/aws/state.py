@@ -30,21 +30,23 @@ class CountingStateStore(InMemoryStateStore):
         self.latency = latency
         self._count_lock = threading.Lock()
 
-    def _request(self, operation: str, n: int = 1) -> None:
+    def _request(self, operation: str, n: int = 1, keys: int = 0) -> None:
+        """`keys`: a BatchGetItem's keys, which its CPU grows with (a count, not the keys themselves)."""
         with self._count_lock:
             self.counts[operation] += n
         if self.latency is not None:
             self.latency.charge(f"dynamodb:{operation}", n)
             for _ in range(n):
-                self.latency.charge_cpu(f"dynamodb:{operation}", {}, {})
+                self.latency.charge_cpu(f"dynamodb:{operation}", {"Keys": keys} if keys else {}, {})
 
     def load(self, instance_ids: Sequence[str]) -> dict[str, MachineRecord]:
         self.counts["load"] += 1
         ids = sorted(set(instance_ids))
 
         def get(start: int) -> dict[str, MachineRecord]:
-            self._request("BatchGetItem")
-            return super(CountingStateStore, self).load(ids[start : start + DDB_BATCH_GET])
+            batch = ids[start : start + DDB_BATCH_GET]
+            self._request("BatchGetItem", keys=len(batch))
+            return super(CountingStateStore, self).load(batch)
 
         records: dict[str, MachineRecord] = {}
         for found in run_concurrently(get, list(range(0, len(ids), DDB_BATCH_GET)), DDB_WORKERS):

@@ -132,6 +132,17 @@ def test_keep_asks_which_when_one_instance_id_runs_in_two_accounts(aws: object, 
     assert states == {a: State.WARNED, b: State.SNOOZED}
 
 
+def fan_out(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A state machine for the scheduled handler to hand its shards to (the test runs them): its ARN."""
+    arn: str = client("stepfunctions").create_state_machine(
+        name="idle-reaper-sweep",
+        definition=json.dumps({"StartAt": "Wait", "States": {"Wait": {"Type": "Pass", "End": True}}}),
+        roleArn="arn:aws:iam::123456789012:role/idle-reaper-sweep",
+    )["stateMachineArn"]
+    monkeypatch.setenv(sweep_handler.FANOUT_ENV, arn)
+    return arn
+
+
 def test_member_units_go_through_the_planner_shard_workers_and_gather_and_status_shows_them(
     org: Org,  # noqa: F811
     slack: Any,
@@ -151,12 +162,7 @@ def test_member_units_go_through_the_planner_shard_workers_and_gather_and_status
     config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION], "hubAccount": local.ACCOUNT}
     monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
     sfn = client("stepfunctions")
-    arn = sfn.create_state_machine(
-        name="idle-reaper-sweep",
-        definition=json.dumps({"StartAt": "Wait", "States": {"Wait": {"Type": "Pass", "End": True}}}),
-        roleArn="arn:aws:iam::123456789012:role/idle-reaper-sweep",
-    )["stateMachineArn"]
-    monkeypatch.setenv(sweep_handler.FANOUT_ENV, arn)
+    arn = fan_out(monkeypatch)
     members = MemberAccess.from_environment("sweep")
     assert members is not None
     training = members.sessions.credentials(org.accounts["training"], REGION)

@@ -50,6 +50,7 @@ from idle_reaper.core.reports import (
     limit_terminations,
     owner_key,
     owner_message_groups,
+    owner_message_key,
     quiet_hours_reports,
 )
 from idle_reaper.core.signals import (
@@ -127,6 +128,7 @@ __all__ = [
     "next_morning",
     "owner_key",
     "owner_message_groups",
+    "owner_message_key",
     "parse_duration",
     "parse_exemption",
     "parse_history",

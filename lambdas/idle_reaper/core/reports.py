@@ -112,6 +112,20 @@ def owner_key(owner: str | None) -> str:
     return (owner or "").strip().lower()
 
 
+def owner_message_key(
+    d: Decision, owners: Mapping[str, str | None] | None = None
+) -> tuple[str, str, str | None] | None:
+    """Which owner message a warning may share: (owner, notify, team channel or None); None when it is posted
+    alone (no warning, no owner or policy, or a warning of another kind). `owners`: as owner_message_groups."""
+    policy = d.policy.policy if d.policy else None
+    owner = owner_key(d.machine.owner) if owners is None else (owners.get(d.machine.instance_id) or "")
+    # A notice or a termination warning says other things and carries other buttons: a message of its own.
+    other_kind = d.handling is not None and d.handling.mode != "stop"
+    if not d.deliver_warning or not owner or policy is None or other_kind:
+        return None
+    return owner, policy.notify, policy.slack_channel if policy.notify != "owner" else None
+
+
 def owner_message_groups(
     decisions: Sequence[Decision], owners: Mapping[str, str | None] | None = None
 ) -> list[list[Decision]]:
@@ -125,15 +139,11 @@ def owner_message_groups(
     groups: dict[tuple[str, str, str | None], list[Decision]] = {}
     alone: list[list[Decision]] = []
     for d in decisions:
-        policy = d.policy.policy if d.policy else None
-        owner = owner_key(d.machine.owner) if owners is None else (owners.get(d.machine.instance_id) or "")
-        # A notice or a termination warning says other things and carries other buttons: a message of its own.
-        other_kind = d.handling is not None and d.handling.mode != "stop"
-        if not d.deliver_warning or not owner or policy is None or other_kind:
+        key = owner_message_key(d, owners)
+        if key is None:
             alone.append([d])
-            continue
-        channel = policy.slack_channel if policy.notify != "owner" else None
-        groups.setdefault((owner, policy.notify, channel), []).append(d)
+        else:
+            groups.setdefault(key, []).append(d)
     return [*groups.values(), *alone]
 
 

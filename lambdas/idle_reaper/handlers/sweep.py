@@ -120,12 +120,13 @@ def member_access() -> MemberAccess | None:
 
 
 def check_members(
-    adapters: Adapters, now: datetime, context: LambdaContext, *, sweep: bool = False
+    adapters: Adapters, now: datetime, context: LambdaContext, *, sweep: str | None = None
 ) -> SweepTotals | None:
     """Organization mode, after the sweep is started or done: credentials in every member account and region,
     failures kept for `status` and told to the admins once a day per account (a side job, like the count).
-    `sweep` (no state machine: a local run): then each member (account, region) is swept right here, through
-    the credentials the check holds, and its totals returned (the fan-out sweeps them in member shards)."""
+    `sweep` (no state machine: a local run; the sweep's id): then each member (account, region) is swept right
+    here, through the credentials the check holds, an owner's warnings sharing the message of the hub's own
+    sweep, and its totals returned (the fan-out sweeps them in member shards)."""
     members = member_access()
     if members is None or context.get_remaining_time_in_millis() / 1000 < UNWATCHED_COUNT_SECONDS:
         return None
@@ -134,7 +135,7 @@ def check_members(
     if not sweep:
         return None
     time_left = lambda: context.get_remaining_time_in_millis() / 1000  # noqa: E731
-    outcomes = sweep_member_accounts(adapters, members, now, time_left=time_left)
+    outcomes = sweep_member_accounts(adapters, members, now, time_left=time_left, message_scope=sweep)
     for outcome in outcomes:
         logger.info(outcome.describe())
     totals = member_totals(outcomes)
@@ -174,17 +175,18 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             check_daily(adapters, now, context, None, plan)
             check_members(adapters, now, context)
             return {"machines": plan.machines, "shards": plan.all_shards, "dry_run": plan.dry_run}
+        hub = member_access()
         report = run_sweep(
             adapters,
             now=now,
             sweep_id=plan.sweep_id,
             listed=plan.listed,
             time_left=lambda: context.get_remaining_time_in_millis() / 1000,
+            message_scope=plan.sweep_id if hub is not None else None,  # shared with the member accounts'
         )
         count_unwatched_regions(adapters, now, context)
         check_daily(adapters, now, context, report, plan)
-        hub = member_access()
-        in_members = check_members(adapters, now, context, sweep=True)
+        in_members = check_members(adapters, now, context, sweep=plan.sweep_id)
     except SweepCannotRun as exc:
         metrics.add_metric("SweepErrors", MetricUnit.Count, 1)
         logger.error("sweep could not run", extra={"error": str(exc)})

@@ -10,7 +10,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from slack_sdk import WebClient
@@ -38,7 +38,6 @@ from idle_reaper.slack.blocks import (
     date_token,
     escape,
     fit,
-    json_object,
     machine_label,
     money,
     owner_message_blocks,
@@ -47,10 +46,10 @@ from idle_reaper.slack.blocks import (
     status_blocks,
     warning_blocks,
 )
-from idle_reaper.slack.owners import OwnerDirectory
+from idle_reaper.slack.shared import REF_TTL as REF_TTL  # re-exported
+from idle_reaper.slack.shared import WARNING_EVENT, SharedMessages, warning_metadata
 
 DEFAULT_API_URL = "https://slack.com/api/"
-REF_TTL = timedelta(days=7)
 
 
 class SlackNotConfigured(Exception):
@@ -194,18 +193,7 @@ def classify(exc: Exception, target: str) -> SlackFault:
     return SlackFault(code, False, f"Slack answered {code}; retried")
 
 
-WARNING_EVENT = "idle_reaper_warning"  # the metadata event type every warning carries
-
-
-def warning_metadata(instance_ids: list[str], refs: list[str], group_ref: str | None = None) -> dict[str, Any]:
-    """Slack message metadata naming the machines and warnings a message carries (what find_warning reads)."""
-    payload: dict[str, Any] = {"instance_ids": instance_ids, "refs": refs}
-    if group_ref:
-        payload["group_ref"] = group_ref
-    return {"event_type": WARNING_EVENT, "event_payload": payload}
-
-
-class SlackDelivery(OwnerDirectory):
+class SlackDelivery(SharedMessages):
     """Slack plumbing: who an owner is, posting to each target on its own, editing messages in place
     (shared ones line by line), admin alerts, and what a failure means."""
 
@@ -214,13 +202,6 @@ class SlackDelivery(OwnerDirectory):
         self.store = store
         self.clock = clock or (lambda: datetime.now(UTC))
         self.logger = logger
-
-    def new_ref(self, key: str, now: datetime | None = None, ref: str | None = None) -> str:
-        """A button reference that finds the machine: `ref` when the sweep made it already (it is on the
-        machine's record from the claim on, so the buttons work the moment the message exists), else new."""
-        ref = ref or secrets.token_urlsafe(18)
-        self.store.put_lookup(f"ref#{ref}", key, (now or self.clock()) + REF_TTL)  # the machine key
-        return ref
 
     def find_warning(self, decision: Decision) -> Delivery | None:
         """A warning whose post was attempted and whose outcome was lost, looked for where it would be: in
@@ -321,10 +302,6 @@ class SlackDelivery(OwnerDirectory):
             )
         return owner_id, targets, faults
 
-    @staticmethod
-    def _reason(m: Machine, fault: SlackFault) -> str:
-        return f"warning for {m.instance_id} (team {fit(m.team, 80)}): {fault.advice}"
-
     def _raise_if_permanent(self, m: Machine, faults: list[SlackFault]) -> None:
         """Nobody got the warning: give up on it only when every failure is permanent."""
         given_up = self._given_up(m, faults)
@@ -368,64 +345,7 @@ class SlackDelivery(OwnerDirectory):
         except (SlackObjectFormationError, ValueError) as exc:
             self._failed("update", record.instance_id, exc, record.instance_id)
             return False
-        ok = True
-        for message in record.messages:
-            channel, _, ts = message.partition("|")
-            try:
-                self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks)
-            except (SlackApiError, SlackClientError, OSError) as exc:
-                self._failed("update", record.instance_id, exc, channel)
-                ok = False
-        return ok
-
-    def note_listed(self, record: MachineRecord, title: str, detail: str, *, start_ref: str | None = None) -> bool:
-        """Remember what happened to a machine listed in a shared message (its line in later edits). False
-        when the shared message is no longer known (its references expired): then it is edited alone."""
-        if not record.group_ref:
-            return False
-        now = self.clock()
-        if self.listed_group(record.group_ref) is None:
-            return False
-        line = {"text": f"*{escape(title)}*: {detail}", "start": start_ref}
-        self.store.put_lookup(f"groupline#{record.group_ref}#{record.key}", json.dumps(line), now + REF_TTL)
-        return True
-
-    def render_listed(self, record: MachineRecord) -> bool:
-        """Edit the shared message `record` is listed in: every machine's line as it stands now (its warning
-        and buttons while the warning is current, else what happened), and "Keep all" while any waits."""
-        group_ref = record.group_ref or ""
-        listed = self.listed_group(group_ref)
-        if listed is None:
-            return False
-        now = self.clock()
-        notes: dict[str, tuple[str, str | None]] = {}
-        for instance_id in listed.ids:
-            raw = self.store.get_lookup(f"groupline#{group_ref}#{instance_id}", now)
-            note = json_object(raw)
-            if note and isinstance(note.get("text"), str):
-                start = note.get("start")
-                notes[instance_id] = (note["text"], start if isinstance(start, str) else None)
-        records = self.store.load(list(listed.ids))
-        records[record.key] = record
-        current = {i for i, r in records.items() if listed.is_current(r)}
-        blocks = owner_message_blocks(listed.entries(notes, current=current), group_ref, title=listed.title)
-        waiting = len([i for i in listed.ids if i in current and i not in notes])
-        text = fit(f"{waiting} of your idle machines still wait for an answer", FALLBACK_CHARS)
-        ok = True
-        for message in record.messages:
-            channel, _, ts = message.partition("|")
-            try:
-                self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks_json(blocks))
-            except (SlackApiError, SlackClientError, OSError) as exc:
-                self._failed("update", record.instance_id, exc, channel)
-                ok = False
-        return ok
-
-    def listed_group(self, group_ref: str) -> ListedGroup | None:
-        """The machines a shared message lists, by its "Keep all" reference; None when unknown or unreadable."""
-        if not group_ref:
-            return None
-        return ListedGroup.from_json(self.store.get_lookup(f"group#{group_ref}", self.clock()))
+        return not self.edit_copies(record.messages, text, blocks, record.instance_id)
 
     def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
         """DM every admin and post to the admin channel. Raises when nobody received it, so the caller
@@ -477,17 +397,7 @@ class SlackNotifier(SlackDelivery):
             blocks = blocks_json(warning_blocks(decision, ref, now))
         except (SlackObjectFormationError, ValueError) as exc:
             raise PermanentDeliveryFailure(self._failed("warning", m.instance_id, exc, m.instance_id).advice) from None
-        label = machine_label(m.name, m.instance_id)
-        mode = decision.handling.mode if decision.handling else "stop"
-        will = {
-            "notify": "is idle; idle-reaper will not stop it",
-            "terminate": "will be terminated unless someone keeps it",
-        }
-        text = fit(
-            f"Idle machine {label} {will.get(mode, 'will be stopped unless someone keeps it')}",
-            FALLBACK_CHARS,
-            mrkdwn=True,
-        )
+        text = self._warning_text(decision)
         metadata = warning_metadata([m.key], [ref])
         messages = self._post_to(targets, text, blocks, faults, m.instance_id, metadata)
         if not messages:
@@ -495,6 +405,21 @@ class SlackNotifier(SlackDelivery):
             return None  # a failure that may pass: the next sweep tries again
         undelivered = tuple(self._reason(m, f) for f in faults if f.permanent)
         return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id, undelivered=undelivered)
+
+    @staticmethod
+    def _warning_text(decision: Decision) -> str:
+        m = decision.machine
+        label = machine_label(m.name, m.instance_id)
+        mode = decision.handling.mode if decision.handling else "stop"
+        will = {
+            "notify": "is idle; idle-reaper will not stop it",
+            "terminate": "will be terminated unless someone keeps it",
+        }
+        return fit(
+            f"Idle machine {label} {will.get(mode, 'will be stopped unless someone keeps it')}",
+            FALLBACK_CHARS,
+            mrkdwn=True,
+        )
 
     def resolved(self, decision: Decision) -> None:
         detail = f"Busy again ({escape(decision.reason)}). Nothing will happen to it."
@@ -547,12 +472,14 @@ class SlackNotifier(SlackDelivery):
     # One message per owner ------------------------------------------------------------------
 
     def warn_owner(
-        self, decisions: Sequence[Decision], owner_id: str | None = None
+        self, decisions: Sequence[Decision], owner_id: str | None = None, *, lone_layout: bool = False
     ) -> list[Delivery | PermanentDeliveryFailure | None]:
         """One message listing every machine of `decisions` (one owner, the same targets: see
         core.owner_message_groups), split past OWNER_MESSAGE_MACHINES. Each machine gets its own buttons'
         reference and its message's "Keep all" reference (Delivery.group_ref). What each machine gets is what
-        `warn` would return for it alone: a part no target received leaves its machines undelivered."""
+        `warn` would return for it alone: a part no target received leaves its machines undelivered.
+        `lone_layout`: a message of one machine looks like `warn`'s (all its buttons) until others join it
+        (join_owner_message) or it is edited; it is listed and carries its group reference all the same."""
         first = decisions[0]
         now = first.record.updated_at or self.clock()
         try:
@@ -565,7 +492,8 @@ class SlackNotifier(SlackDelivery):
         parts = [decisions[i : i + OWNER_MESSAGE_MACHINES] for i in range(0, len(decisions), OWNER_MESSAGE_MACHINES)]
         outcomes: list[Delivery | PermanentDeliveryFailure | None] = []
         for number, part in enumerate(parts, 1):
-            outcomes += self._post_listed(part, owner_id, targets, list(faults), now, (number, len(parts)))
+            numbering = (number, len(parts))
+            outcomes += self._post_listed(part, owner_id, targets, list(faults), now, numbering, lone_layout)
         return outcomes
 
     def _post_listed(
@@ -576,6 +504,7 @@ class SlackNotifier(SlackDelivery):
         faults: list[SlackFault],
         now: datetime,
         numbering: tuple[int, int],
+        lone_layout: bool = False,
     ) -> list[Delivery | PermanentDeliveryFailure | None]:
         if not targets:
             return [self._given_up(d.machine, faults) for d in part]
@@ -590,10 +519,13 @@ class SlackNotifier(SlackDelivery):
         except (SlackApiError, SlackClientError, OSError, *AwsError) as exc:
             self._failed("warning", part[0].machine.instance_id, exc, "state table")
             return [None] * len(part)
+        lone = lone_layout and len(part) == 1
         try:
-            blocks = blocks_json(
-                owner_message_blocks(listed.entries({}, current=set(listed.ids)), group_ref, *numbering)
-            )
+            if lone:
+                blocks = blocks_json(warning_blocks(part[0], listed.refs[listed.ids[0]], now))
+            else:
+                entries = listed.entries({}, current=set(listed.ids))
+                blocks = blocks_json(owner_message_blocks(entries, group_ref, *numbering))
         except (SlackObjectFormationError, ValueError) as exc:
             fault = self._failed("warning", part[0].machine.instance_id, exc, part[0].machine.instance_id)
             return [self._given_up(d.machine, [fault]) for d in part]
@@ -601,6 +533,8 @@ class SlackNotifier(SlackDelivery):
         text = fit(
             f"{len(part)} idle machines of yours will be stopped unless kept: {labels}", FALLBACK_CHARS, mrkdwn=True
         )
+        if lone:
+            text = self._warning_text(part[0])
         metadata = warning_metadata(list(listed.ids), [listed.refs[i] for i in listed.ids], group_ref)
         messages = self._post_to(targets, text, blocks, faults, ",".join(listed.ids), metadata)
         if not messages:

@@ -20,14 +20,12 @@ from idle_reaper.core.kinds import notice_sentence
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.reading import plan_next_read
 from idle_reaper.core.records import MACHINE_ACTIONS, Action, MachineRecord, State
-from idle_reaper.core.reports import (
-    owner_key,
-    owner_message_groups,
-)
-from idle_reaper.notify import Delivery, DeliveryFinder, OwnerNotifier, OwnerResolver, PermanentDeliveryFailure
+from idle_reaper.core.reports import owner_key
+from idle_reaper.notify import Delivery, DeliveryFinder, OwnerResolver, PermanentDeliveryFailure
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings
 from idle_reaper.sweep.adapters import DEFERRED, Adapters, alert_once
+from idle_reaper.sweep.owner_messages import SLACK_WORKERS, owner_post, post_owner_messages
 
 
 def apply_decisions(
@@ -38,8 +36,11 @@ def apply_decisions(
     sweep_id: str,
     now: datetime,
     time_left: Callable[[], float] | None = None,
+    message_scope: str | None = None,
 ) -> tuple[list[Decision], set[str]]:
     """Claim, act, tell, record; returns the decisions and the machines whose record this sweep wrote.
+    `message_scope` (organization mode): the id the units of one sweep share, so that an owner gets one
+    message across them (sweep/owner_messages.py).
 
     Before a machine is posted about or acted on, its record (the intent: warning, stopping, ...) is
     written together with this sweep's claim, conditionally on the version this sweep read and on no other
@@ -117,7 +118,8 @@ def apply_decisions(
     # The budget is asked once per machine posted about; its first answer also decides the owner messages.
     first_answer = [not out_of_time()] if to_post else []
     if first_answer and first_answer[0]:
-        owner_posts = _post_owner_messages(adapters, [w for w in to_post if w.deliver_warning], out_of_time)
+        warnings = [w for w in to_post if w.deliver_warning]
+        owner_posts = post_owner_messages(adapters, warnings, out_of_time, message_scope)
     answers = threading.Lock()
 
     def in_time() -> bool:
@@ -184,12 +186,6 @@ def _running_again(d: Decision, before: MachineRecord | None, now: datetime) -> 
     # A released group member never stopped: it is running again (protected, busy) from now.
     since = m.launch_time if before.last_action_at is None or m.launch_time >= before.last_action_at else now
     return [AuditEntry(m.key, now, running_again_entry(m.instance_id, m.team, m.owner, m.instance_type, since))]
-
-
-# Conversations posted to at once. Slack allows about one message a second in a conversation and several
-# hundred a minute across a workspace (chat.postMessage); 8 conversations at ~0.25 s a post stay well inside
-# the workspace limit, and a 429 is answered by waiting its Retry-After (slack.notifier.make_client).
-SLACK_WORKERS = 8
 
 
 def conversation_lanes(decisions: list[Decision]) -> list[list[Decision]]:
@@ -517,7 +513,7 @@ def _post(
     delivery: Delivery | None = None
     try:
         if d.deliver_warning and owner_posts and d.machine.instance_id in owner_posts:
-            delivery = _owner_post(owner_posts[d.machine.instance_id])
+            delivery = owner_post(owner_posts[d.machine.instance_id])
         elif d.deliver_warning:
             delivery = adapters.notifier.warn(d)
         elif d.notify == "resolved":
@@ -614,61 +610,3 @@ def _audit(store: StateStore, entries: list[AuditEntry]) -> None:
         logger.warning("audit write failed", extra={"error": error_code(exc)})
     for instance_id in failed:
         logger.warning("audit write failed", extra={"instance_id": instance_id})
-
-
-def _post_owner_messages(
-    adapters: Adapters, warnings: list[Decision], out_of_time: Callable[[], bool]
-) -> dict[str, Delivery | PermanentDeliveryFailure | None]:
-    """One message per owner: the warnings of this sweep whose owners are one person (each machine's own
-    Owner tag, resolved to a Slack user) and go to the same places share a message
-    (core.owner_message_groups), posted before each machine's outcome is recorded by _post as for a warning
-    of its own. A lone warning, a machine whose owner does not resolve, or a notifier that cannot group,
-    posts alone. Each message honours the sweep's time budget: one not posted leaves its machines pending.
-    A message that fails leaves each machine it lists undelivered (pending, or its permanent fault)."""
-    notifier = adapters.notifier
-    if not isinstance(notifier, OwnerNotifier):
-        return {}
-    owners: dict[str, str | None] | None = None
-    if len(warnings) > 1 and isinstance(notifier, DeliveryFinder):  # one warning shares no message
-        tags = sorted({(d.machine.owner or "").strip() for d in warnings})
-        resolved: dict[str, str | None] = {}
-        if isinstance(notifier, OwnerResolver):
-            try:
-                resolved = notifier.resolve_owners(tags)
-            except Exception as exc:  # resolved one by one below
-                logger.warning("owners could not be resolved at once", extra={"error": str(exc)})
-
-        def resolve(owner: str) -> str | None:
-            try:
-                return notifier.resolve_owner(owner)
-            except Exception:  # Slack or the table down: this owner's machines are warned alone (pending if that fails)
-                return None
-
-        rest = [tag for tag in tags if tag not in resolved]
-        resolved.update(zip(rest, run_concurrently(resolve, rest, SLACK_WORKERS), strict=True))
-        owners = {d.machine.instance_id: resolved[(d.machine.owner or "").strip()] for d in warnings}
-    shared = [group for group in owner_message_groups(warnings, owners) if len(group) > 1]
-
-    def post(group: list[Decision]) -> dict[str, Delivery | PermanentDeliveryFailure | None]:
-        if out_of_time():
-            return {}  # stays pending: posted alone if time allows, else by the next sweep
-        ids = [d.machine.instance_id for d in group]
-        owner_id = owners.get(ids[0]) if owners else None
-        try:
-            outcomes = notifier.warn_owner(group, owner_id)
-        except Exception as exc:  # a notifier must never break the sweep; the warnings stay pending
-            logger.warning("owner message failed", extra={"instance_ids": ids, "error": str(exc)})
-            outcomes = [None] * len(group)
-        return dict(zip(ids, outcomes, strict=True))
-
-    # Each group is one owner's DM (or its channels): the groups are posted concurrently.
-    posts: dict[str, Delivery | PermanentDeliveryFailure | None] = {}
-    for done in run_concurrently(post, shared, SLACK_WORKERS):
-        posts.update(done)
-    return posts
-
-
-def _owner_post(outcome: Delivery | PermanentDeliveryFailure | None) -> Delivery | None:
-    if isinstance(outcome, PermanentDeliveryFailure):
-        raise outcome
-    return outcome

@@ -254,7 +254,8 @@ def split_into_shards(machines: Sequence[Machine], shards: int) -> list[list[str
         else:
             units[m.instance_id].append(m.instance_id)
     # An owner's standalone machines share a shard, so one sweep's warnings to them share one message
-    # (sweep._post_owner_messages); an owner with very many is split in bounded chunks, to keep shards even.
+    # (sweep.owner_messages.post_owner_messages); an owner with very many is split in bounded chunks, to keep
+    # shards even.
     for owner, ids in by_owner.items():
         ids.sort()
         for start in range(0, len(ids), OWNER_UNIT_MAX):
@@ -375,7 +376,15 @@ def run_shard(
         units = parse_member_manifest(value, where).units()
         if members is None:
             raise SweepCannotRun(f"{where} names member accounts, but this hub is not in organization mode")
-        outcomes = sweep_members(adapters, members, task.now, dry_run=task.dry_run, time_left=time_left, units=units)
+        outcomes = sweep_members(
+            adapters,
+            members,
+            task.now,
+            dry_run=task.dry_run,
+            time_left=time_left,
+            units=units,
+            message_scope=sweep_id,  # an owner's machines across every shard of this sweep: one message
+        )
         report = SweepReport(
             now=task.now,
             dry_run=task.dry_run,
@@ -396,6 +405,7 @@ def run_shard(
             sweep_id=f"{sweep_id}-{index}",
             time_left=time_left,
             instance_ids=value,
+            message_scope=sweep_id if members is not None else None,  # organization mode: shared with the members
         )
         totals = SweepTotals.of(report, members.config.hub_account if members is not None else None)
     else:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -29,7 +31,7 @@ from idle_reaper.aws.clients import error_code, run_concurrently
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.notebooks import NotebookInstances
-from idle_reaper.aws.policies import PolicyStore
+from idle_reaper.aws.policies import PolicyStore, StoredParameter
 from idle_reaper.notify import logger as logger  # re-exported: handlers log through it
 from idle_reaper.organization import (
     AccountId,
@@ -138,19 +140,49 @@ def load_organization_settings(adapters: Adapters) -> OrganizationSettings:
     return adapters.policies.load_organization()
 
 
+class ReadOnce(PolicyStore):
+    """The hub's settings and team parameters as the member units of one invocation share them: read once, not
+    once a unit. Per unit, 4,000 units a sweep would make 8,000 SSM calls or more (one more per 10 teams), past
+    SSM's default 40 a second, and each unit would pay their latency and botocore's CPU. A failed read is not
+    kept: the next unit reads again. Every unit of the invocation so also sees one version of the settings."""
+
+    def __init__(self, hub: PolicyStore) -> None:
+        super().__init__(hub.ssm, hub.prefix)
+        self._hub = hub
+        self._lock = threading.Lock()
+        self._settings: tuple[Settings, int | None] | None = None
+        self._teams: list[StoredParameter] | None = None
+
+    def load_settings(self) -> tuple[Settings, int | None]:
+        with self._lock:
+            if self._settings is None:
+                self._settings = self._hub.load_settings()
+            return self._settings
+
+    def stored_teams(self) -> list[StoredParameter]:
+        with self._lock:
+            if self._teams is None:
+                self._teams = self._hub.stored_teams()
+            return self._teams
+
+
 class _AccountPolicies(PolicyStore):
     """The hub's policies as one member account gets them: the team policies as they are, and the account's
     own default policy (OrganizationSettings.default_for) for teams without one."""
 
     def __init__(self, hub: PolicyStore, default: TeamPolicy | None) -> None:
         super().__init__(hub.ssm, hub.prefix)
+        self._hub = hub
         self.default = default
 
     def load_settings(self) -> tuple[Settings, int | None]:
-        settings, version = super().load_settings()
+        settings, version = self._hub.load_settings()
         if self.default is None:
             return settings, version
         return settings.model_copy(update={"default_policy": self.default}), version
+
+    def stored_teams(self) -> list[StoredParameter]:
+        return self._hub.stored_teams()
 
 
 def member_adapters(hub: Adapters, credentials: MemberCredentials, default: TeamPolicy | None) -> Adapters:
@@ -180,13 +212,18 @@ def sweep_member_accounts(
     workers: int = MEMBER_SWEEP_WORKERS,
     make_adapters: Callable[[Adapters, MemberCredentials, TeamPolicy | None], Adapters] = member_adapters,
     units: Sequence[tuple[MemberAccount, str]] | None = None,
+    message_scope: str | None = None,
 ) -> list[UnitOutcome]:
     """Sweep every enrolled (account, region) in place, or only `units` (a member shard's manifest), each
     through its own credentials (reused while valid, aws/accounts.py). An account or OU that
     `{prefix}/organization` excludes is never acted on: its opted-in machines are only counted. One unit's
     failure (no credentials, AccessDenied, throttling, an error in its sweep) is its outcome and never stops
     the others; the reasons are reported by check_member_accounts.
-    Invalid organization settings sweep no member account (less, never more) and are said once a day."""
+    Invalid organization settings sweep no member account (less, never more) and are said once a day.
+    `message_scope`: the sweep's id, shared with its other shards and the hub's own machines, so that an owner
+    gets one message across every account and region (sweep/owner_messages.py); new when not given."""
+    message_scope = message_scope or uuid.uuid4().hex
+    adapters = replace(adapters, policies=ReadOnce(adapters.policies))  # shared by every unit swept here
     try:
         base, _ = adapters.policies.load_settings()
         org = load_organization_settings(adapters)
@@ -223,7 +260,12 @@ def sweep_member_accounts(
                 found = unit_adapters.fleet.discover(base.tags, notebooks=base.sagemaker_notebooks)
                 return UnitOutcome(account.id, region, excluded_machines=len(found))
             report = run_sweep(
-                unit_adapters, now=now, dry_run=dry_run, member=(account.id, region), time_left=time_left
+                unit_adapters,
+                now=now,
+                dry_run=dry_run,
+                member=(account.id, region),
+                time_left=time_left,
+                message_scope=message_scope,
             )
         except Exception as exc:  # contained: one account's fault never reaches the others
             if error_code(exc) in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):

@@ -74,11 +74,14 @@ def run_sweep(
     instance_ids: Sequence[str] | None = None,
     listed: Sequence[Machine] | None = None,
     member: tuple[str, str] | None = None,
+    message_scope: str | None = None,
 ) -> SweepReport:
     """One sweep: of the machines `instance_ids` alone, described afresh, when given (a shard); of the
     machines the planner `listed` moments ago, when given (a fleet that fits one invocation); else of all.
     `member`: the (account, region) of a member account this sweep works in through `adapters` made with its
-    credentials (organization mode; sweep/members.py); None: the hub's own account.
+    credentials (organization mode; sweep/members.py); None: the hub's own account. `message_scope`
+    (organization mode): the id every unit and shard of this sweep shares, so that an owner's warnings in
+    several of them share one message (sweep/owner_messages.py); None: this sweep's own messages.
 
     `time_left` (seconds left in the invocation, e.g. from the Lambda context): once it falls under
     FINISH_RESERVE the sweep starts no new work (no claim, no post) and finishes what it began, so it never
@@ -162,7 +165,9 @@ def run_sweep(
 
     written: set[str] = set()
     if not dry_run:
-        decisions, written = apply_decisions(adapters, decisions, records, settings, sweep_id, now, time_left)
+        decisions, written = apply_decisions(
+            adapters, decisions, records, settings, sweep_id, now, time_left, message_scope
+        )
         report_quiet_hours(adapters, decisions, refs, settings, now)
     # One log line per machine something happened to (an action, an error, a lifecycle change); the others'
     # explanation is their record (`idle-reaper status`), refreshed at least hourly. A dry run logs all.

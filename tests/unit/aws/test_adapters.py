@@ -10,6 +10,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
+import boto3
 import pytest
 from botocore.exceptions import ClientError
 
@@ -457,6 +458,29 @@ class TestRunInProcesses:
         frozen = child._request_signer._credentials.get_frozen_credentials()
         assert (frozen.access_key, frozen.secret_key, frozen.token) == ("AKIAMEMBER", "secret", "tok")
         assert for_this_process(aws.ec2) is aws.ec2
+
+
+def test_clients_of_one_service_share_their_class_and_keep_their_own_identity():
+    # A member unit makes an EC2 client per account: its class (a method per operation) is built once.
+    made = []
+    boto3._get_default_session().events.register("creating-client-class.ec2", lambda **_: made.append(1))
+    identities = [
+        {"aws_access_key_id": f"AKIA{n}", "aws_secret_access_key": f"secret{n}", "aws_session_token": f"tok{n}"}
+        for n in range(3)
+    ]
+    made_before = len(made)
+    clients = [
+        client("ec2", region, credentials=i)
+        for i, region in zip(identities, ("us-east-1", "eu-west-1", "us-east-1"), strict=True)
+    ]
+    assert len(made) - made_before <= 1  # none when this process made an EC2 client before
+    assert len({type(c) for c in clients}) == 1 and hasattr(clients[0], "describe_instances")
+    frozen = [c._request_signer._credentials.get_frozen_credentials() for c in clients]
+    assert [(f.access_key, f.secret_key, f.token) for f in frozen] == [
+        (i["aws_access_key_id"], i["aws_secret_access_key"], i["aws_session_token"]) for i in identities
+    ]
+    assert [c.meta.region_name for c in clients] == ["us-east-1", "eu-west-1", "us-east-1"]
+    assert type(client("cloudwatch", "us-east-1")) is not type(clients[0])
 
 
 class TestGroups:

@@ -162,6 +162,50 @@ def test_an_account_default_policy_applies_to_teams_without_their_own() -> None:
     }
 
 
+def test_the_hubs_settings_and_team_policies_are_read_once_per_invocation_not_once_per_unit() -> None:
+    # Per unit, an organization of 4,000 units would make 8,000 SSM calls a sweep, past SSM's 40 a second.
+    org = Organization(
+        {"defaults": [{"accounts": ["ACCOUNT_B"], "default_policy": {"idle_minutes": 30, "warn_minutes": 10}}]}
+    )
+    for acct in (org.a, org.b, org.c):
+        org.launch(acct, team="sandbox")
+        org.launch(acct, team="ml")
+    org.hub.ssm.calls.clear()
+    out = org.sweep(NOW)
+    assert all(out[acct].report is not None for acct in (org.a, org.b, org.c))
+    # One read of the settings, one of the teams, one of the organization settings: not one per unit.
+    assert org.hub.ssm.calls == {"GetParameter": 2, "GetParametersByPath": 1}
+    windows = {
+        (acct, explain(d)["team"]): explain(d)["window_minutes"]
+        for acct in (org.a, org.b, org.c)
+        for d in out[acct].report.decisions
+    }
+    assert windows[(org.a, "ml")] == windows[(org.b, "ml")] == 90  # the shared team policy
+    assert windows[(org.b, "sandbox")] == 30  # B's own default, on top of the shared settings
+    assert windows[(org.a, "sandbox")] == Settings().default_policy.idle_minutes
+
+    # Read afresh by the next invocation: a policy changed between sweeps applies at the next one.
+    org.hub.ssm.store(f"{PREFIX}/teams/ml", '{"idle_minutes": 120, "warn_minutes": 30}')
+    out = org.sweep(NOW + timedelta(minutes=5))
+    assert {
+        explain(d)["window_minutes"]
+        for acct in (org.a, org.c)
+        for d in out[acct].report.decisions
+        if d.machine.team == "ml"
+    } == {120}
+
+
+def test_a_failed_settings_read_is_not_kept_for_the_other_units() -> None:
+    org = Organization(None)
+    for acct in (org.a, org.b):
+        org.launch(acct)
+    org.hub.ssm.inject("GetParametersByPath", "ThrottlingException", on_calls=[1])
+    out = org.sweep(NOW)
+    # The first read was throttled; the units after it read again and were swept on the team policy.
+    policies = {explain(d)["policy"] for acct in (org.a, org.b) if out[acct].report for d in out[acct].report.decisions}
+    assert any(p.startswith(f"{PREFIX}/teams/ml@v") for p in policies)
+
+
 def test_one_failing_account_does_not_stop_the_others() -> None:
     org = Organization(None)
     org.launch(org.a)
