@@ -4,6 +4,12 @@ SHELL := /bin/bash
 UV := $(shell command -v uv 2>/dev/null || echo $(CURDIR)/.tools/bin/uv)
 RUN := $(UV) run --frozen
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+# Every interpreter the suite starts (two pytest workers, `cdk synth`'s app, the demo and CLI in subprocesses)
+# imports the same modules: with bytecode cached, each compiles only what no earlier one did (aws_cdk alone is
+# about 6 s of CPU per process without it). An environment's PYTHONDONTWRITEBYTECODE would make every process
+# compile everything again; the cache is kept out of the tree, under .venv/.
+unexport PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX := $(CURDIR)/.venv/pycache
 
 .PHONY: demo test lint typecheck unit integration bench sync
 
@@ -27,11 +33,14 @@ lint: sync
 
 # The whole suite: lint, types, unit, integration (moto server + Slack fake), infra, and a CDK synth
 # with cdk-nag, linted by cfn-lint. pytest exits 5 when it collected no tests; make treats that as the failure it is.
+# worksteal: each worker starts on one half of the suite, in order, and an idle one takes half of what the other
+# has left, so a module's tests mostly stay on one worker (one moto CloudFormation import, one demo run) and the
+# last minute is shared.
 test: sync lint
 	$(MAKE) --no-print-directory synth
 	# Zero errors; W3005 is the DependsOn CDK adds beside a GetAtt on every function's role.
 	$(RUN) cfn-lint --non-zero-exit-code error --ignore-checks W3005 -- cdk.out/*.template.json
-	$(RUN) pytest -n 2 -q -p no:cacheprovider
+	$(RUN) pytest -n 2 --dist worksteal -q -p no:cacheprovider
 
 bench: sync
 	$(RUN) python benchmarks/sweep_cost.py

@@ -94,6 +94,13 @@ def listed_apps() -> dict[str, Any]:
     }
 
 
+@pytest.fixture
+def in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Stubber answers in the order its responses were added: the spaces are read one after another, as one
+    worker reads them, so two spaces' DescribeSpace and ListTags never interleave on the pool's threads."""
+    monkeypatch.setattr("idle_reaper.aws.studio.STUDIO_WORKERS", 1)
+
+
 def stub_studio(stub: Stubber) -> None:
     stub.add_response("list_apps", listed_apps(), {})
     for space, settings, team in (
@@ -122,7 +129,7 @@ def stub_studio(stub: Stubber) -> None:
     )
 
 
-def test_running_apps_are_read_once_per_space_and_domain():
+def test_running_apps_are_read_once_per_space_and_domain(in_order: None) -> None:
     client, stub = stubbed()
     stub_studio(stub)
     with stub:
@@ -143,7 +150,7 @@ class Adapters:
         self.notifier = LoggingNotifier(logger)
 
 
-def test_the_admins_hear_once_a_day_and_a_failed_read_is_tried_again():
+def test_the_admins_hear_once_a_day_and_a_failed_read_is_tried_again(in_order: None) -> None:
     settings = Settings(admins=("U0ADMIN",))
     refs = {
         "ml": TeamPolicyRef(team="ml", policy=TeamPolicy(idle_minutes=60), source="/idle-reaper/teams/ml", version=1)
