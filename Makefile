@@ -7,9 +7,10 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 # Every interpreter the suite starts (two pytest workers, `cdk synth`'s app, the demo and CLI in subprocesses)
 # imports the same modules: with bytecode cached, each compiles only what no earlier one did (aws_cdk alone is
 # about 6 s of CPU per process without it). An environment's PYTHONDONTWRITEBYTECODE would make every process
-# compile everything again; the cache is kept out of the tree, under .venv/.
+# compile everything again. The cache is kept apart from the sources, in .pycache/ (ignored by git); not under
+# .venv/, which the bootstrap's first Python would create before uv can make it a virtual environment.
 unexport PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX := $(CURDIR)/.venv/pycache
+export PYTHONPYCACHEPREFIX := $(CURDIR)/.pycache
 
 .PHONY: demo test lint typecheck unit integration bench sync
 
