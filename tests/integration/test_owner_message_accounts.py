@@ -48,6 +48,12 @@ def organization(org: Org, monkeypatch: pytest.MonkeyPatch) -> MemberAccess:  # 
     return members
 
 
+def swept_at(now: datetime) -> Adapters:
+    """The hub's adapters for a sweep at `now` (the demo's fixed day): Slack's notifier tells that time too, so
+    its references (a week's) are read as they were written, not against today's wall clock."""
+    return Adapters.from_environment(clock=lambda: now)
+
+
 def held(members: MemberAccess, account: str) -> MemberCredentials:
     found = members.sessions.credentials(account, REGION)
     assert isinstance(found, MemberCredentials)
@@ -85,8 +91,8 @@ def test_an_owner_with_machines_in_three_accounts_and_the_hub_gets_one_message(
 
         # The hub's own sweep, then every member (account, region) as a unit of its own (16 at once), as one
         # sweep: the hub's lone warning is posted first, and the member units join its message.
-        run_sweep(Adapters.from_environment(), now=at(14), message_scope="sweep-1")
-        outcomes = sweep_member_accounts(Adapters.from_environment(), members, at(14), message_scope="sweep-1")
+        run_sweep(swept_at(at(14)), now=at(14), message_scope="sweep-1")
+        outcomes = sweep_member_accounts(swept_at(at(14)), members, at(14), message_scope="sweep-1")
         assert all(o.error is None for o in outcomes), [o.describe() for o in outcomes]
 
         message, shown = the_message(slack, "D0BOB")
@@ -185,7 +191,7 @@ def test_a_single_account_sweep_writes_no_shared_item(aws: object, slack: Any, c
     lone = local.launch("c", "g5.xlarge", team="ml", launch_time=at(8), owner="U0ANN")
     for i in [*ids, lone]:
         local.write_metrics(i, idle, at(8), at(18))
-    run_sweep(Adapters.from_environment(), now=at(14))
+    run_sweep(swept_at(at(14)), now=at(14))
     assert len(slack.calls_to("chat.postMessage")) == 2
     keys = [i["pk"]["S"] for i in client("dynamodb").scan(TableName=table_name())["Items"]]
     assert not [k for k in keys if k.startswith("lookup#ownermsg#")]
@@ -216,12 +222,12 @@ def test_a_failed_post_or_edit_leaves_those_machines_pending_and_the_next_sweep_
     units = {name: (listing[c.account], REGION) for name, c in accounts.items()}
 
     slack.errors["chat.postMessage"] = "internal_error"
-    run_sweep(Adapters.from_environment(), now=at(14), message_scope="sweep-1")
+    run_sweep(swept_at(at(14)), now=at(14), message_scope="sweep-1")
     assert record(hub).warning_delivered_at is None and record(hub).messages == ()
     assert [item["state"] for item in owner_items()] == ["failed"]
     slack.errors.clear()
     first = [units["training"], units["research"]]
-    sweep_member_accounts(Adapters.from_environment(), members, at(14), message_scope="sweep-1", units=first)
+    sweep_member_accounts(swept_at(at(14)), members, at(14), message_scope="sweep-1", units=first)
     message, shown = the_message(slack, "D0BOB")
     text = json.dumps(shown["blocks"])
     assert bobs["training"] in text and bobs["research"] in text and hub not in text
@@ -231,7 +237,7 @@ def test_a_failed_post_or_edit_leaves_those_machines_pending_and_the_next_sweep_
     # A later unit of the same sweep whose edit fails: pending, not listed, nothing delivered without a message.
     slack.errors["chat.update"] = "internal_error"
     late = [units["alice-sandbox"]]
-    sweep_member_accounts(Adapters.from_environment(), members, at(14), message_scope="sweep-1", units=late)
+    sweep_member_accounts(swept_at(at(14)), members, at(14), message_scope="sweep-1", units=late)
     pending = record(keys["alice-sandbox"])
     assert pending.state is State.WARNED and pending.warning_delivered_at is None and pending.messages == ()
     assert pending.group_ref is None
@@ -245,8 +251,8 @@ def test_a_failed_post_or_edit_leaves_those_machines_pending_and_the_next_sweep_
     slack.errors.clear()
     later = at(14) + timedelta(minutes=5)
     clock["t"] = later
-    run_sweep(Adapters.from_environment(), now=later, message_scope="sweep-2")
-    sweep_member_accounts(Adapters.from_environment(), members, later, message_scope="sweep-2", units=late)
+    run_sweep(swept_at(later), now=later, message_scope="sweep-2")
+    sweep_member_accounts(swept_at(later), members, later, message_scope="sweep-2", units=late)
     posts = landed(slack)
     assert len(posts) == 2 and posts[1].params["channel"] == "D0BOB"
     again = f"D0BOB|{posts[1].params['_ts']}"
@@ -257,8 +263,8 @@ def test_a_failed_post_or_edit_leaves_those_machines_pending_and_the_next_sweep_
     # Their stops, due 20 minutes after delivery, each swept in its own account: they edit the two messages.
     stop = later + timedelta(minutes=25)
     clock["t"] = stop
-    run_sweep(Adapters.from_environment(), now=stop, message_scope="sweep-3")
-    sweep_member_accounts(Adapters.from_environment(), members, stop, message_scope="sweep-3")
+    run_sweep(swept_at(stop), now=stop, message_scope="sweep-3")
+    sweep_member_accounts(swept_at(stop), members, stop, message_scope="sweep-3")
     assert len(landed(slack)) == 2, "outcomes edit the shared messages, never post anew"
     assert local.instance_states([hub]) == {hub: "stopped"}
     assert {states(accounts[n], bobs[n]) for n in bobs} == {"stopped"}

@@ -122,7 +122,8 @@ def aws_settings_text() -> str:
 
 
 def sweep(now):
-    return run_sweep(Adapters.from_environment(), now=now)
+    # Slack's notifier tells the sweep's time (the demo's fixed day), not today's: its references last a week.
+    return run_sweep(Adapters.from_environment(clock=lambda: now), now=now)
 
 
 def record(instance_id):
@@ -165,7 +166,8 @@ def test_owner_email_is_looked_up_once_and_cached(notebook, slack):
     # A second warning later (after activity resets the stretch) must not look the email up again.
     from idle_reaper.slack import SlackNotifier, make_client
 
-    notifier = SlackNotifier(make_client("xoxb", 5), aws.DynamoStateStore(aws_client("dynamodb"), aws.table_name()))
+    store = aws.DynamoStateStore(aws_client("dynamodb"), aws.table_name())
+    notifier = SlackNotifier(make_client("xoxb", 5), store, lambda: T0 + timedelta(hours=3))  # the same day
     assert notifier.resolve_owner("bob@example.com") == "U0BOB"
     assert len(slack.calls_to("users.lookupByEmail")) == 1
     assert state.owner_slack_id == "U0BOB"

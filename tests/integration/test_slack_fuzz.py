@@ -101,11 +101,11 @@ def _is_b64(text: str) -> bool:
 
 
 @pytest.fixture
-def fleet(aws, slack, caplog):
+def fleet(aws, slack, caplog, clock):  # clock: the handler answers at the sweep's 14:00 of the demo day
     local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
     instance_id = local.launch("notebook", "g5.xlarge", team="ml", launch_time=at(8), owner="U0BOB")
     local.write_metrics(instance_id, lambda _t: (1.0, 0.0), at(11), at(23))
-    (decision,) = run_sweep(Adapters.from_environment(), now=T0).decisions
+    (decision,) = run_sweep(Adapters.from_environment(clock=lambda: T0), now=T0).decisions
     assert decision.action_label == "warn"
     post = slack.calls_to("chat.postMessage")[-1]
     ref = next(b for b in post.params["blocks"] if b["type"] == "actions")["elements"][0]["value"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -90,15 +90,22 @@ class Adapters:
     notebook_config: str = notebook_lifecycle_config(DEFAULT_DEPLOY_PREFIX)
 
     @classmethod
-    def from_environment(cls, notifier: Notifier | None = None, slack_budget_seconds: float = 60.0) -> Adapters:
-        """Real AWS clients; Slack when a bot token is configured, else warnings are only logged."""
+    def from_environment(
+        cls,
+        notifier: Notifier | None = None,
+        slack_budget_seconds: float = 60.0,
+        clock: Callable[[], datetime] | None = None,
+    ) -> Adapters:
+        """Real AWS clients; Slack when a bot token is configured, else warnings are only logged. `clock`: the
+        time Slack's notifier tells (when its references expire), the wall clock unless a caller sweeps at
+        another time (a test's fixed day)."""
         store = DynamoStateStore(client("dynamodb"), table_name())
         if notifier is None:
             from idle_reaper.slack import SlackNotConfigured, SlackNotifier, load_secrets, make_client
 
             try:
                 secrets = load_secrets()
-                notifier = SlackNotifier(make_client(secrets.bot_token, slack_budget_seconds), store)
+                notifier = SlackNotifier(make_client(secrets.bot_token, slack_budget_seconds), store, clock)
             except Exception as exc:  # not configured, or the secret cannot be read: warnings stay pending
                 logger.warning(
                     "Slack unavailable: warnings stay pending, stops wait for undelivered_warning_max_minutes",
