@@ -5,6 +5,7 @@ and a click on "Stop now" stops it in that account, through that account's crede
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -130,6 +131,70 @@ def test_keep_asks_which_when_one_instance_id_runs_in_two_accounts(aws: object, 
     assert text.startswith("Kept trainer")
     states = {r.account: r.state for r in store.load([machine_key("i-0abc", x, REGION) for x in (a, b)]).values()}
     assert states == {a: State.WARNED, b: State.SNOOZED}
+
+
+def test_keep_names_the_hubs_machine_apart_when_a_member_account_runs_the_same_instance_id(
+    aws: object, slack: Any, clock: Any
+) -> None:
+    """The same id in the hub's account and in a member account: the hub's key is the bare id, which matched the
+    member's too, so the hub's machine could never be kept. Each key the "which one?" reply names keeps exactly
+    the machine it names, and the bare id (the hub's full key) keeps the hub's alone."""
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    store = DynamoStateStore(client("dynamodb"), table_name())
+    member = "111111111111"
+    hub = MachineRecord("i-0abc", "ml", State.WARNED, owner_slack_id="U0CAROL")
+    there = replace(hub, account=member, region=REGION)
+    for record in (hub, there):
+        assert store.save(replace(record, version=1, name="trainer", owner="U0CAROL", warned_at=at(13)))
+    keys = [hub.key, there.key]
+    assert keys == ["i-0abc", f"{member}/{REGION}/i-0abc"]
+
+    text = ephemeral_text(command("U0CAROL", "keep trainer 2h"))
+    named = re.findall(r"`([^`]+)`", text.partition(":")[2])
+    assert named == keys and "(the hub's account)" in text
+    assert {r.state for r in store.load(keys).values()} == {State.WARNED}  # asking changes nothing
+    for key in named:  # each named key keeps the one machine it names
+        before = {k: r.state for k, r in store.load(keys).items()}
+        assert ephemeral_text(command("U0CAROL", f"keep {key} 2h")).startswith("Kept trainer (i-0abc)")
+        after = {k: r.state for k, r in store.load(keys).items()}
+        assert [k for k in keys if after[k] != before[k]] == [key] and after[key] == State.SNOOZED
+
+
+def test_keep_by_a_member_machines_bare_instance_id_says_how_to_name_it(
+    aws: object, slack: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admin (or a team member) types the bare id of someone else's machine in a member account: not found by
+    it (the hub's key is the bare id), and the reply says how such a machine is named, not that an instance id
+    would do; the full key keeps it."""
+    local.init_account(
+        Settings(admins=["U0ADMIN"]), teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)}
+    )
+    store = DynamoStateStore(client("dynamodb"), table_name())
+    record = MachineRecord("i-0abc", "ml", State.WARNED, account="111111111111", region=REGION, owner_slack_id="U0BOB")
+    assert store.save(replace(record, version=1, name="trainer", owner="U0BOB", warned_at=at(13)))
+    # Single-account mode: an instance id is how anyone's machine is named; the reply says so, as before.
+    assert "someone else's machine is kept by its instance id." in ephemeral_text(command("U0ADMIN", "keep i-0abc 2h"))
+    config = {
+        "prefix": "idle-reaper",
+        "targets": ["ou-ab12-cd34ef56"],
+        "regions": [REGION],
+        "hubAccount": local.ACCOUNT,
+    }
+    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+    routing.answer_access.cache_clear()
+    try:
+        text = ephemeral_text(command("U0ADMIN", "keep i-0abc 2h"))
+        assert "No machine named `i-0abc` among yours or in the hub's account; nothing changed." in text
+        assert "in a member account by `account/region/instance-id`" in text
+        assert "`/idle-reaper keep 123456789012/us-east-1/i-0abc 2h`" in text
+        missing = ephemeral_text(command("U0ADMIN", f"keep 222222222222/{REGION}/i-0abc 2h"))
+        elsewhere = f"222222222222/{REGION}/i-0abc"
+        assert missing == f"No machine named `{elsewhere}` among yours or in that account and region; nothing changed."
+        assert store.load([record.key])[record.key].state is State.WARNED
+        assert ephemeral_text(command("U0ADMIN", f"keep {record.key} 2h")).startswith("Kept trainer (i-0abc)")
+        assert store.load([record.key])[record.key].state is State.SNOOZED
+    finally:
+        routing.answer_access.cache_clear()
 
 
 def fan_out(monkeypatch: pytest.MonkeyPatch) -> str:
