@@ -43,6 +43,12 @@ from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, al
 from idle_reaper.sweep.run import run_sweep
 
 
+def account_alert_key(account: str, now: datetime) -> str:
+    """The one claim per member account and day under which the admins hear of it, whichever path finds it first
+    (the check's refused credentials, or a unit's failed sweep): at most once a day per account, as promised."""
+    return f"member-account#{account}#{now:%Y-%m-%d}"
+
+
 def check_member_accounts(adapters: Adapters, members: MemberAccess, now: datetime) -> list[str]:
     """List the enrolled accounts (cached an hour), hold credentials in each (account, region) (reused while
     valid), keep what failed for `status`, and tell the admins at most once a day per account that cannot be
@@ -88,7 +94,7 @@ def check_member_accounts(adapters: Adapters, members: MemberAccess, now: dateti
         reasons = sorted({f.reason.value for f in found})
         alert_once(
             adapters,
-            f"member-account#{account}#{now:%Y-%m-%d}",
+            account_alert_key(account, now),
             f"idle-reaper cannot work in member account {account} {names.get(account, '')!r} "
             f"({', '.join(reasons)}): {text}. Its machines are not looked at until this is fixed; the other "
             "accounts are not affected.",
@@ -280,7 +286,7 @@ def sweep_member_accounts(
             with contextlib.suppress(Exception):
                 alert_once(
                     adapters,
-                    f"member-sweep#{o.account}#{now:%Y-%m-%d}",
+                    account_alert_key(o.account, now),
                     f"idle-reaper could not sweep member account {o.account} {names.get(o.account, '')!r} in "
                     f"{o.region}: {o.error}. Its machines there are not looked at (none stopped, no owner told) until "
                     "this is fixed; the other accounts are not affected.",

@@ -17,7 +17,7 @@ from idle_reaper.notify import LoggingNotifier, logger
 from idle_reaper.policy import Settings, TeamPolicy
 from idle_reaper.sweep.adapters import Adapters
 from idle_reaper.sweep.delivery import explain
-from idle_reaper.sweep.members import member_adapters, sweep_member_accounts
+from idle_reaper.sweep.members import check_member_accounts, member_adapters, sweep_member_accounts
 from testkit.aws import CountingStateStore, FakeAws, steady
 from testkit.aws.clients import client_error
 from testkit.aws.organization import FakeOrganizations, FakeSts
@@ -219,6 +219,40 @@ def test_one_failing_account_does_not_stop_the_others() -> None:
     assert len(alerts) == 1 and f"member account {org.a} 'sandbox-a' in {REGION}" in alerts[0]
     assert [r["InstanceIds"] for r in org.worlds[org.b].ec2.requests_of("StopInstances")] == [[in_b]]
     assert out[org.c].report is not None  # nothing excluded: production is swept like the rest
+
+
+def test_an_account_is_told_once_a_day_whether_its_check_or_its_sweep_fails_first() -> None:
+    """The admins are told at most once a day per account: the check's refused credentials and a unit's failed
+    sweep are one account's news, claimed under one key, in either order; the next day it is told again."""
+    org = Organization(None)
+    org.launch(org.a)
+    org.worlds[org.a].ec2.inject("DescribeInstances", "UnauthorizedOperation")
+
+    def alerts() -> list[str]:
+        return [text for kind, text in org.notifier.sent if kind == "admin_alert" and org.a in text]
+
+    def check(now: datetime) -> None:
+        check_member_accounts(org.adapters(), org.members, now)
+
+    # Day 1: the check finds A's role refused and tells; later A's role works but its sweep is denied: silent.
+    org.sts.refused = {org.a, org.d}
+    check(NOW)
+    assert len(alerts()) == 1 and "cannot work in member account" in alerts()[0]
+    org.sts.refused = {org.d}
+    out = org.sweep(NOW + timedelta(minutes=5))
+    assert "UnauthorizedOperation" in (out[org.a].error or "") and out[org.a].reached
+    assert len(alerts()) == 1
+    # Day 2, the other order: the failed sweep tells, the check's refusal later that day is silent.
+    day2 = NOW + timedelta(days=1)
+    org.sweep(day2)
+    assert len(alerts()) == 2 and "could not sweep member account" in alerts()[1]
+    org.sts.refused = {org.a, org.d}
+    org.members.sessions.forget(org.a, REGION)
+    check(day2 + timedelta(minutes=5))
+    assert len(alerts()) == 2
+    # D (no member stack) is another account, told apart from A: once each day, by the check.
+    told_d = [text for kind, text in org.notifier.sent if kind == "admin_alert" and org.d in text]
+    assert len(told_d) == 2
 
 
 @pytest.mark.parametrize(
