@@ -34,11 +34,22 @@ pytestmark = pytest.mark.integration
 REGION = "us-east-1"
 
 
-def member_instance(held: MemberCredentials, owner: str, launched: datetime) -> str:
+class HubAccount:
+    """The hub's own account, where member_instance wants a member's credentials."""
+
+    account = local.ACCOUNT
+
+    def client(self, service: str) -> Any:
+        return client(service)
+
+
+def member_instance(
+    held: MemberCredentials | HubAccount, owner: str, launched: datetime, *, name: str = "trainer"
+) -> str:
     """An opted-in machine in the member account, quiet since `launched`, as its own EC2 and CloudWatch see it."""
     from moto.ec2.models import ec2_backends
 
-    tags = {"Name": "trainer", "Team": "ml", "Owner": owner, local.MANAGED_TAG: "true"}
+    tags = {"Name": name, "Team": "ml", "Owner": owner, local.MANAGED_TAG: "true"}
     instance_id = run_with(held.client("ec2"), tags)
     ec2_backends[held.account][REGION].get_instance(instance_id).launch_time = launched.astimezone(UTC).replace(
         tzinfo=None
@@ -236,12 +247,14 @@ def test_member_units_go_through_the_planner_shard_workers_and_gather_and_status
     now = datetime.now(UTC)  # the handlers use the wall clock
     in_training = member_instance(training, "U0BOB", now - timedelta(hours=3))
     in_sandbox = member_instance(sandbox, "U0ALICE", now - timedelta(hours=3))
+    # Bob has a machine in the hub's own account too: his `status` lists both accounts' machines.
+    in_hub = member_instance(HubAccount(), "U0BOB", now - timedelta(hours=3), name="notebook")
 
     sweep_handler.member_access.cache_clear()  # the functions' own, kept while warm
     try:
-        # The hub's own machines (none) fit in place, yet with member units the sweep is fanned out: shard 0 the
-        # hub's, then the two enrolled accounts (the closed one left out), a shard each (the Map has lanes to spare).
-        assert sweep_handler.handler({}, LambdaContextStub()) == {"machines": 0, "shards": 3, "dry_run": False}
+        # The hub's own machine fits in place, yet with member units the sweep is fanned out: shard 0 the hub's,
+        # then the two enrolled accounts (the closed one left out), a shard each (the Map has lanes to spare).
+        assert sweep_handler.handler({}, LambdaContextStub()) == {"machines": 1, "shards": 3, "dry_run": False}
         [execution] = sfn.list_executions(stateMachineArn=arn)["executions"]
         plan = json.loads(sfn.describe_execution(executionArn=execution["executionArn"])["input"])
         assert plan["shards"] == [0, 1, 2]
@@ -253,10 +266,10 @@ def test_member_units_go_through_the_planner_shard_workers_and_gather_and_status
         gathered = fanout.gather_handler({**plan, "results": results}, LambdaContextStub())
     finally:
         sweep_handler.member_access.cache_clear()
-    assert gathered["machines"] == 1 and gathered["shards"] == 3 and gathered["shards_failed"] == []
+    assert gathered["machines"] == 2 and gathered["shards"] == 3 and gathered["shards_failed"] == []
     by_account = {b["account"]: b for b in emf_blobs(capsys.readouterr().out) if "account" in b}
     assert set(by_account) == {local.ACCOUNT, training.account}  # the excluded account is not swept
-    assert by_account[training.account]["MachinesScanned"] == 1 and by_account[local.ACCOUNT]["MachinesScanned"] == 0
+    assert by_account[training.account]["MachinesScanned"] == 1 and by_account[local.ACCOUNT]["MachinesScanned"] == 1
     store = DynamoStateStore(client("dynamodb"), table_name())
     assert store.load([machine_key(in_training, training.account, REGION)])
     assert not store.load([machine_key(in_sandbox, sandbox.account, REGION)])  # excluded: never recorded
@@ -271,4 +284,10 @@ def test_member_units_go_through_the_planner_shard_workers_and_gather_and_status
     assert found["excluded"] == [{"account": sandbox.account, "name": "alice-sandbox", "opted_in_machines": 1}]
     # Admins see it in Slack too; an owner sees only their own machines.
     assert "excluded, never touched" in ephemeral_text(command("U0ADMIN", "status"))
-    assert "excluded" not in ephemeral_text(command("U0BOB", "status"))
+    mine = ephemeral_text(command("U0BOB", "status"))
+    assert "excluded" not in mine
+    # Bob's machines in every account, each once: the hub's (no account named) and the training account's.
+    lines = [line for line in mine.splitlines() if line.startswith("•")]
+    assert len(lines) == 2
+    assert any(f"notebook ({in_hub})" in line and "account" not in line for line in lines)
+    assert any(f"trainer ({in_training}) · account {training.account} ({REGION})" in line for line in lines)
