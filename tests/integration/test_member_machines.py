@@ -125,6 +125,45 @@ def test_warning_click_and_stop_in_a_member_account(
         cached.cache_clear()
 
 
+def test_a_click_on_a_machine_whose_account_has_left_the_organization_changes_nothing(
+    org: Org,  # noqa: F811
+    slack: Any,
+    clock: dict[str, object],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Alice is warned of her machine in the sandbox account; the account then leaves the organization (moto's
+    Organizations). Her "Stop now" is answered with why, and nothing is stopped or recorded, though the endpoint
+    could still get (or holds) credentials there."""
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION], "hubAccount": local.ACCOUNT}
+    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+    routing.answer_access.cache_clear()
+    try:
+        members = MemberAccess.from_environment("sweep")
+        assert members is not None
+        sandbox = members.sessions.credentials(org.accounts["alice-sandbox"], REGION)
+        assert isinstance(sandbox, MemberCredentials)
+        in_sandbox = member_instance(sandbox, "U0ALICE", at(8))
+        clock["t"] = at(14)
+        sweep_member_accounts(Adapters.from_environment(), members, at(14))
+        alice = next(c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "D0ALICE")
+        ref = next(b["elements"][0]["value"] for b in alice.params["blocks"] if b["type"] == "actions")
+        answering = routing.answer_access()
+        assert answering is not None
+        assert isinstance(answering.sessions.credentials(sandbox.account, REGION), MemberCredentials)  # held
+
+        client("organizations").remove_account_from_organization(AccountId=sandbox.account)
+        text = ephemeral_text(click("U0ALICE", "stop_now", ref))
+        assert f"account {sandbox.account} in {REGION}: the account has left the organization" in text
+        assert "Nothing changed" in text
+        assert states(sandbox, in_sandbox) == "running"
+        store = DynamoStateStore(client("dynamodb"), table_name())
+        key = machine_key(in_sandbox, sandbox.account, REGION)
+        assert store.load([key])[key].state is State.WARNED
+    finally:
+        routing.answer_access.cache_clear()
+
+
 def test_keep_asks_which_when_one_instance_id_runs_in_two_accounts(aws: object, slack: Any, clock: Any) -> None:
     """`/idle-reaper keep` finds carol's machine in whichever account it runs; the same id (or name) in two
     accounts is never guessed: she is shown both keys, and naming one keeps that one only."""

@@ -125,6 +125,13 @@ class Region:
                 f"{label} runs in account {record.account}, and this deployment no longer works in other accounts; "
                 "nothing changed."
             )
+        # Asked afresh (one DescribeAccount): credentials held from before would still work for up to an hour in
+        # an account that has left the organization or been suspended since.
+        gone = members.directory.status_of(record.account)
+        if gone is not None:
+            members.sessions.forget(record.account, record.region)
+            failure = AccountFailure(record.account, record.region, gone, "AWS Organizations, asked now")
+            return Reply(f"idle-reaper cannot act on {label}: {failure.describe()}. Nothing changed.")
         held = members.sessions.credentials(record.account, record.region)
         if isinstance(held, AccountFailure):
             return Reply(f"idle-reaper cannot act on {label} right now: {held.describe()}. Nothing changed.")
