@@ -48,7 +48,9 @@ THROTTLED = frozenset(
 class Reason(StrEnum):
     """Why the hub cannot work in one member account (and region)."""
 
-    ROLE_MISSING = "role-missing"  # AccessDenied on AssumeRole: no member stack there, or its trust is not ours
+    # AccessDenied on AssumeRole: no member stack there (also in a region not enabled in the account: its stack
+    # instance fails there and leaves no role), or its trust is not ours
+    ROLE_MISSING = "role-missing"
     DENIED_BY_SCP = "denied-by-scp"
     THROTTLED = "throttled"
     SUSPENDED = "suspended"  # suspended or closed since it was listed
@@ -58,8 +60,8 @@ class Reason(StrEnum):
 
 
 ADVICE = {
-    Reason.ROLE_MISSING: "the member role is missing (the StackSet has no stack instance there yet, or it failed) "
-    "or does not trust this hub's roles",
+    Reason.ROLE_MISSING: "the member role is missing (the StackSet has no stack instance there yet, or it failed, "
+    "as it does in a region not enabled in this account) or does not trust this hub's roles",
     Reason.DENIED_BY_SCP: "a service control policy denies the hub (allow sts:AssumeRole on the member role)",
     Reason.THROTTLED: "AWS throttled the call; the next sweep tries again",
     Reason.SUSPENDED: "the account is suspended or closed",

@@ -117,6 +117,8 @@ def test_every_member_account_is_swept_through_its_own_clients() -> None:
     assert org.hub.ec2.calls == {} and org.hub.cloudwatch.calls == {}
     # D: its role is refused; reported as its outcome, the others swept all the same.
     assert "the member role is missing" in (out[org.d].error or "") and out[org.d].report is None
+    # A region not enabled in the account looks the same to the hub (no stack instance there, so no role): said so.
+    assert "as it does in a region not enabled in this account" in (out[org.d].error or "")
 
 
 def test_an_excluded_account_is_counted_and_never_touched() -> None:
