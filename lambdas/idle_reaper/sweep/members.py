@@ -27,7 +27,7 @@ from idle_reaper.aws.accounts import (
     UnitFailure,
     save_member_check,
 )
-from idle_reaper.aws.clients import error_code, run_concurrently
+from idle_reaper.aws.clients import run_concurrently
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.notebooks import NotebookInstances
@@ -274,8 +274,9 @@ def sweep_member_accounts(
                 message_scope=message_scope,
             )
         except Exception as exc:  # contained: one account's fault never reaches the others
-            if error_code(exc) in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
-                members.sessions.forget(account.id, region)
+            gone = members.sessions.refused(exc, account.id, region)  # suspended or left since it was listed?
+            if gone is not None:
+                return UnitOutcome(account.id, region, error=gone.describe())
             return UnitOutcome(account.id, region, error=f"{type(exc).__name__}: {exc}"[:300])
         return UnitOutcome(account.id, region, report=report)
 

@@ -257,6 +257,41 @@ def test_an_account_is_told_once_a_day_whether_its_check_or_its_sweep_fails_firs
     assert len(told_d) == 2
 
 
+@pytest.mark.parametrize("code", ["AuthFailure", "UnauthorizedOperation", "OptInRequired", "Blocked"])
+def test_an_account_suspended_while_its_credentials_are_held_is_reported_as_suspended(code: str) -> None:
+    """Credentials held from an earlier sweep still sign calls into an account suspended since: AWS refuses them
+    with an error of its own. The unit says the account is suspended (Organizations, asked then), not the bare
+    error; the credentials are dropped, and the other accounts are swept as ever."""
+    org = Organization(None)
+    org.launch(org.a)
+    in_b = org.launch(org.b)
+    org.sweep(NOW - timedelta(minutes=30))
+    assumed = org.sts.calls["AssumeRole"]
+    org.orgs.accounts[org.a]["Status"] = "SUSPENDED"
+    org.worlds[org.a].ec2.inject("DescribeInstances", code)
+    out = org.sweep(NOW)
+    assert org.sts.calls["AssumeRole"] == assumed + 1  # A's and B's held credentials reused (D's refused again)
+    error = out[org.a].error or ""
+    assert error.startswith(f"account {org.a} in {REGION}: the account is suspended or closed ({code}")
+    assert out[org.a].report is None and org.orgs.calls["DescribeAccount"] >= 1
+    assert [r["InstanceIds"] for r in org.worlds[org.b].ec2.requests_of("StopInstances")] == [[in_b]]
+    # Dropped: the next use of A asks STS again.
+    org.members.sessions.credentials(org.a, REGION)
+    assert org.sts.calls["AssumeRole"] == assumed + 2
+
+
+def test_a_refusal_in_an_active_account_is_reported_as_aws_gave_it_and_its_credentials_dropped() -> None:
+    org = Organization(None)
+    org.launch(org.a)
+    org.worlds[org.a].ec2.inject("DescribeInstances", "UnauthorizedOperation")
+    out = org.sweep(NOW)
+    error = out[org.a].error or ""
+    assert "(UnauthorizedOperation)" in error and "suspended" not in error
+    assumed = org.sts.calls["AssumeRole"]
+    org.members.sessions.credentials(org.a, REGION)  # dropped: a changed role or policy is picked up at once
+    assert org.sts.calls["AssumeRole"] == assumed + 1
+
+
 @pytest.mark.parametrize(
     "bad", [{"exclude": ["12345"]}, {"defaults": [{"accounts": ["ACCOUNT_B"], "default_policy": {"idle_minutes": 1}}]}]
 )
