@@ -745,6 +745,9 @@ def test_a_large_fleet_is_swept_by_a_state_machine_over_shard_indices(template: 
     processor = shards["ItemProcessor"]["States"]
     task = processor[shards["ItemProcessor"]["StartAt"]]
     assert task["Type"] == "Task" and [c["ErrorEquals"] for c in task["Catch"]] == [["States.ALL"]]
+    # A worker throttled by the account's Lambda concurrency waits and tries again before its shard fails.
+    throttled = [r for r in task["Retry"] if r["ErrorEquals"] == ["Lambda.TooManyRequestsException"]]
+    assert len(throttled) == 1 and throttled[0]["MaxAttempts"] >= 3 and throttled[0]["BackoffRate"] > 1
     caught = processor[task["Catch"][0]["Next"]]
     assert caught["Type"] == "Pass" and caught["Parameters"] == {"shard.$": "$.shard", "error.$": "$.error.Error"}
     assert task["Resource"] == worker_id and definition["States"][shards["Next"]]["Resource"] == gather_id
