@@ -69,20 +69,26 @@ def states(held: MemberCredentials, instance_id: str) -> str:
     return str(out["Reservations"][0]["Instances"][0]["State"]["Name"])
 
 
+def in_organization(org: Org, monkeypatch: pytest.MonkeyPatch) -> MemberAccess:  # noqa: F811
+    """The hub in organization mode over the ml OU (its team `ml` idle after an hour): the sweep's member access."""
+    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION], "hubAccount": local.ACCOUNT}
+    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+    members = MemberAccess.from_environment("sweep")
+    assert members is not None
+    return members
+
+
 def test_warning_click_and_stop_in_a_member_account(
     org: Org,  # noqa: F811
     slack: Any,
     clock: dict[str, object],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
-    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION], "hubAccount": local.ACCOUNT}
-    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+    members = in_organization(org, monkeypatch)
     cached = routing.answer_access  # the function's own, kept while warm: cleared before and after
     cached.cache_clear()
     try:
-        members = MemberAccess.from_environment("sweep")
-        assert members is not None
         training = members.sessions.credentials(org.accounts["training"], REGION)
         sandbox = members.sessions.credentials(org.accounts["alice-sandbox"], REGION)
         assert isinstance(training, MemberCredentials) and isinstance(sandbox, MemberCredentials)
@@ -134,13 +140,9 @@ def test_a_click_on_a_machine_whose_account_has_left_the_organization_changes_no
     """Alice is warned of her machine in the sandbox account; the account then leaves the organization (moto's
     Organizations). Her "Stop now" is answered with why, and nothing is stopped or recorded, though the endpoint
     could still get (or holds) credentials there."""
-    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
-    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION], "hubAccount": local.ACCOUNT}
-    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+    members = in_organization(org, monkeypatch)
     routing.answer_access.cache_clear()
     try:
-        members = MemberAccess.from_environment("sweep")
-        assert members is not None
         sandbox = members.sessions.credentials(org.accounts["alice-sandbox"], REGION)
         assert isinstance(sandbox, MemberCredentials)
         in_sandbox = member_instance(sandbox, "U0ALICE", at(8))
