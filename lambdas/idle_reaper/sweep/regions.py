@@ -104,22 +104,18 @@ def report_member_unwatched(
             return []  # the next sweep counts it
         try:
             last = last_member_counted(adapters.store, account.id, now)
-            if last is None or last.date() != now.date():
-                if not adapters.store.claim_once(f"unwatched-regions#{account.id}#{now:%Y-%m-%dT%H}", now):
-                    return []  # this hour's attempt is made (or being made) by another sweep
-                counts, denied = count_unwatched(ec2_of(account.id), watched, settings.tags)
-                found = AccountCount(account.id, account.name, now, tuple(counts), tuple(denied))
-                save_member_unwatched(adapters.store, found, now)
-            else:
-                found = None
+            if last is not None and last.date() == now.date():
+                return []  # counted today
+            if not adapters.store.claim_once(f"unwatched-regions#{account.id}#{now:%Y-%m-%dT%H}", now):
+                return []  # this hour's attempt is made (or being made) by another sweep
+            counts, denied = count_unwatched(ec2_of(account.id), watched, settings.tags)
+            found = AccountCount(account.id, account.name, now, tuple(counts), tuple(denied))
+            save_member_unwatched(adapters.store, found, now)
         except Exception as exc:  # contained: the units are swept; the next hour tries again
-            logger.warning("member account's regions not counted", extra={"account": account.id, "error": str(exc)})
             return [
                 f"could not count member account {label}'s regions outside the organization's: {exc}; tried again "
                 "next hour"
             ]
-        if found is None:
-            return []
         lines = [
             f"{c.region} of member account {label} has no idle-reaper member stack: {c.running} running instances, "
             f"{c.opted_in} tagged for idle-reaper"
