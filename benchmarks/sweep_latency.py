@@ -239,7 +239,7 @@ def run_size(
                 LOG.bytes,
             )
             writes_before = model.charged["dynamodb:PutItem"]
-            extra = Tally()
+            extra, records_scale = Tally(), 1.0
             plan, planner_s, cpu_s = segments.time(
                 lambda now=now: plan_sweep(adapters, now=now, in_place=True, shard_size=shard_size)
             )
@@ -263,6 +263,7 @@ def run_size(
                 # The shards not run: each as the sampled ones, in turn (their calls and CPU scaled up below).
                 extra = Tally.of(model, aws, segments).minus(before_shards).times(plan.shards / len(indices) - 1)
                 shard_walls = [shard_walls[i % len(shard_walls)] for i in range(plan.shards)]
+                records_scale = plan.shards / len(indices)  # only the sampled shards' machines have records
                 cpu_s += shards_cpu * plan.shards / len(indices)
                 model.charge("states:InvokeLambda")
                 gather_task = GatherTask(sweep_id=plan.sweep_id, now=plan.now, shards=indices)
@@ -284,7 +285,7 @@ def run_size(
                     machines=size,
                     state_writes=model.charged["dynamodb:PutItem"] - writes_before + extra.calls["dynamodb:PutItem"],
                     metrics_requested=aws.cloudwatch.metrics_requested - requested_before + extra.metrics_requested,
-                    records_read=len(store.records),
+                    records_read=round(len(store.records) * records_scale),
                     log_bytes=LOG.bytes - log_before + extra.log_bytes,
                     shards=plan.shards,
                     lambda_s=sum(walls),
@@ -380,9 +381,10 @@ def steady_hour_sweeps(every: int) -> tuple[datetime, ...]:
     return tuple(T0 + timedelta(minutes=m) for m in range(35, 95, every))
 
 
-def steady_hour(size: int, seed: int, cpu: BotocoreCpu | None, every: int = 5) -> Measured:
+def steady_hour(size: int, seed: int, cpu: BotocoreCpu | None, every: int = 5, sample: int = 0) -> Measured:
     """One sweep as the average of the steady hour's sweeps (after the first look and the reaping)."""
-    runs = run_size(size, seed, sleep=False, sweeps=(*SWEEPS, *steady_hour_sweeps(every)), cpu=cpu)[len(SWEEPS) :]
+    sweeps = (*SWEEPS, *steady_hour_sweeps(every))
+    runs = run_size(size, seed, sleep=False, sweeps=sweeps, cpu=cpu, sample=sample)[len(SWEEPS) :]
     n = len(runs)
     return Measured(
         calls=sum((r.calls for r in runs), Counter()),
@@ -571,7 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bills = {int(s.replace("_", "")) for s in args.bills.split(",") if s.strip()} if args.bills else {BILL_FLEET}
     for size in sorted(bills & set(measured)):
         for every in sorted({int(e) for e in args.every.split(",")}):
-            ok = print_bill(steady_hour(size, args.seed, cpu, every), every) and ok
+            ok = print_bill(steady_hour(size, args.seed, cpu, every, args.sample_shards), every) and ok
     if args.check:
         ok = check(args.check, args.seed, cpu) and ok
         ok = check_planner(10_000, args.seed, cpu) and ok
