@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 from test_accounts import Org, org  # noqa: F401  (org: the organization fixture)
-from test_member_machines import REGION, fan_out, member_instance
+from test_member_machines import REGION, fan_out, in_organization, member_instance
 from test_slack import _replies_from, command, ephemeral_text  # noqa: F401  (_replies_from: the autouse fixture)
 from test_sweep_faults import admin_alerts
 from test_unwatched_regions import run_in, run_with
@@ -58,24 +58,24 @@ def denying(
     return regions_ec2
 
 
+def admins_hub(org: Org, monkeypatch: pytest.MonkeyPatch) -> tuple[MemberAccess, MemberCredentials]:  # noqa: F811
+    """The hub in organization mode with an admin, and the training account's member credentials."""
+    members = in_organization(org, monkeypatch, Settings(admins=["U0ADMIN"]))
+    training = members.sessions.credentials(org.accounts["training"], REGION)
+    assert isinstance(training, MemberCredentials)
+    return members, training
+
+
 def test_a_member_accounts_other_regions_are_counted_shown_by_name_and_told_once_a_week(
     org: Org,  # noqa: F811
     slack: Any,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    local.init_account(
-        Settings(admins=["U0ADMIN"]), teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)}
-    )
-    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION], "hubAccount": local.ACCOUNT}
-    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
+    members, training = admins_hub(org, monkeypatch)
     monkeypatch.delenv("IDLE_REAPER_REGIONS", raising=False)
     monkeypatch.setattr(members_module, "member_ec2", denying(DENIED))
     arn = fan_out(monkeypatch)
-    members = MemberAccess.from_environment("sweep")
-    assert members is not None
-    training = members.sessions.credentials(org.accounts["training"], REGION)
-    assert isinstance(training, MemberCredentials)
     now = datetime.now(UTC)  # the handlers use the wall clock
     machine = member_instance(training, "U0BOB", now - timedelta(hours=3))
     run_with(training.client("ec2", NORTH), OPTED_IN)
@@ -141,15 +141,7 @@ def test_a_failing_count_never_breaks_the_units_sweep_and_is_tried_again(
     slack: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    local.init_account(
-        Settings(admins=["U0ADMIN"]), teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)}
-    )
-    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION], "hubAccount": local.ACCOUNT}
-    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
-    members = MemberAccess.from_environment("sweep")
-    assert members is not None
-    training = members.sessions.credentials(org.accounts["training"], REGION)
-    assert isinstance(training, MemberCredentials)
+    members, training = admins_hub(org, monkeypatch)
     morning = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
     machine = member_instance(training, "U0BOB", morning - timedelta(hours=3))
     run_with(training.client("ec2", NORTH), OPTED_IN)

@@ -6,11 +6,12 @@ the admins hear once a week per (account, region) where instances are tagged for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from test_member_sweep import NOW, REGION, Organization
+from test_sweep_fanout import Alerts
 
 from idle_reaper.aws.accounts import MemberAccess, MemberCredentials, OrganizationConfig
 from idle_reaper.aws.regions import (
@@ -22,7 +23,6 @@ from idle_reaper.aws.regions import (
     save_member_unwatched,
 )
 from idle_reaper.aws.state import InMemoryStateStore
-from idle_reaper.notify import LoggingNotifier, logger
 from idle_reaper.slack.answers import status_reply
 from idle_reaper.sweep.members import sweep_member_accounts
 from idle_reaper.sweep.regions import MEMBER_COUNT_SECONDS
@@ -30,15 +30,6 @@ from testkit.aws.fleet import FakeEC2
 
 OPTED_IN = {"Team": "ml", "idle-reaper:managed": "true"}
 NORTH, SOUTH = "eu-north-1", "ap-south-1"
-
-
-class Alerts(LoggingNotifier):
-    def __init__(self) -> None:
-        super().__init__(logger, delivers=True)
-        self.alerts: list[str] = []
-
-    def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
-        self.alerts.append(text)
 
 
 class Counted(Organization):
