@@ -217,7 +217,9 @@ def run_size(
     `sample` > 0 runs only that many of a sweep's shards, evenly spread over its indices (the same shards every
     sweep: a plan of the same fleet splits it the same way), and projects the others from them: their calls,
     CPU and writes scaled by shards / sample, each unrun shard's wall the sampled ones' in turn. The shards are
-    drawn from one shuffled fleet, so they are alike; a full run at 200,000 takes hours of CPU here."""
+    drawn from one shuffled fleet, so they are alike; a full run at 200,000 takes hours of CPU here. It holds
+    while the fleet is the same from sweep to sweep, as in SWEEPS (the stops come in the last of them); the
+    bill's steady hour, after the stops, always runs every shard (steady_hour)."""
     bench = build_fleet(size, seed)
     aws = bench.aws
     for instance in aws.ec2.instances.values():
@@ -381,10 +383,12 @@ def steady_hour_sweeps(every: int) -> tuple[datetime, ...]:
     return tuple(T0 + timedelta(minutes=m) for m in range(35, 95, every))
 
 
-def steady_hour(size: int, seed: int, cpu: BotocoreCpu | None, every: int = 5, sample: int = 0) -> Measured:
-    """One sweep as the average of the steady hour's sweeps (after the first look and the reaping)."""
+def steady_hour(size: int, seed: int, cpu: BotocoreCpu | None, every: int = 5) -> Measured:
+    """One sweep as the average of the steady hour's sweeps (after the first look and the reaping). Every
+    shard runs: the reaping stops machines, so later plans split the fleet differently, and a sample of shards
+    would then hold machines no sampled shard has seen (a first look each, not a steady sweep)."""
     sweeps = (*SWEEPS, *steady_hour_sweeps(every))
-    runs = run_size(size, seed, sleep=False, sweeps=sweeps, cpu=cpu, sample=sample)[len(SWEEPS) :]
+    runs = run_size(size, seed, sleep=False, sweeps=sweeps, cpu=cpu)[len(SWEEPS) :]
     n = len(runs)
     return Measured(
         calls=sum((r.calls for r in runs), Counter()),
@@ -548,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sample-shards",
         type=int,
         default=0,
-        help="run only this many of a sharded sweep's shards, spread over its indices, and project the rest (0: all)",
+        help="run only this many of a sharded sweep's shards and project the rest (0: all; the bills run all)",
     )
     parser.add_argument(
         "--zones",
@@ -573,7 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bills = {int(s.replace("_", "")) for s in args.bills.split(",") if s.strip()} if args.bills else {BILL_FLEET}
     for size in sorted(bills & set(measured)):
         for every in sorted({int(e) for e in args.every.split(",")}):
-            ok = print_bill(steady_hour(size, args.seed, cpu, every, args.sample_shards), every) and ok
+            ok = print_bill(steady_hour(size, args.seed, cpu, every), every) and ok
     if args.check:
         ok = check(args.check, args.seed, cpu) and ok
         ok = check_planner(10_000, args.seed, cpu) and ok
