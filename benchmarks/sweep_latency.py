@@ -46,6 +46,7 @@ from idle_reaper import sweep as sweep_module  # noqa: E402
 from idle_reaper.aws.fleet import LISTING_PROCESSES  # noqa: E402
 from idle_reaper.notify import LoggingNotifier  # noqa: E402
 from idle_reaper.sweep import (  # noqa: E402
+    PLANNER_MEMORY_MB,
     PLANNER_VCPUS,
     SHARD_SIZE,
     SHARDS_AT_ONCE,
@@ -296,9 +297,9 @@ LAMBDA_PER_GB_SECOND = 0.0000133334  # arm64
 LAMBDA_PER_MILLION_REQUESTS = 0.20
 LOGS_PER_GB = 0.50
 LAMBDA_GB = 1.769  # the stack's shard worker function (one full vCPU); the gather step is smaller
-# The sweep function (PLANNER_VCPUS x 1,769 MB: its zone listers run in child processes side by side): the planner,
-# and the sweep of a fleet of one shard.
-PLANNER_GB = PLANNER_VCPUS * LAMBDA_GB
+# The sweep function (PLANNER_MEMORY_MB, 6 vCPUs: its zone listers run in child processes side by side): the
+# planner, and the sweep of a fleet of one shard.
+PLANNER_GB = PLANNER_MEMORY_MB / 1000
 STEP_FUNCTIONS_PER_1000_TRANSITIONS = 0.025  # standard workflows
 BILL_FLEET = 10_000
 

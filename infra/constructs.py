@@ -353,6 +353,14 @@ class SweepFanout(Construct):
         sweep_shard = tasks.LambdaInvoke(
             self, "SweepShard", lambda_function=worker, payload_response_only=True, comment="Sweep one shard"
         )
+        # A Map wider than the account's free Lambda concurrency (a young account's quota of 10 or 50) is
+        # throttled, not failed: the shard waits for a worker (2, 4, 8, 16, 32 s), then fails as its own error.
+        sweep_shard.add_retry(
+            errors=["Lambda.TooManyRequestsException"],
+            interval=Duration.seconds(2),
+            backoff_rate=2,
+            max_attempts=5,
+        )
         # Only the error's name goes on: a cause (a stack trace) per shard could exceed the 256 KB state limit.
         sweep_shard.add_catch(
             sfn.Pass(self, "ShardFailed", parameters={"shard.$": "$.shard", "error.$": "$.error.Error"}),

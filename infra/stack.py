@@ -25,7 +25,7 @@ from idle_reaper.aws.accounts import ORGANIZATION_ENV
 from idle_reaper.aws.deploy import STACK_ENV
 from idle_reaper.organization import ContextError, OrganizationContext, organization_from_context, role_names_too_long
 from idle_reaper.policy import Settings, TeamPolicy
-from idle_reaper.sweep import PLANNER_VCPUS, SHARDS_AT_ONCE
+from idle_reaper.sweep import PLANNER_MEMORY_MB, SHARDS_AT_ONCE
 from infra.bundling import CHART_PACKAGES, REPO_ROOT, dependency_layer_code
 from infra.constructs import (
     METRICS_NAMESPACE,
@@ -305,7 +305,7 @@ class IdleReaperStack(Stack):
             # A sweep should end before the next one is due; reserved concurrency 1 makes sure it does.
             timeout=sweep_timeout,
             # The planner lists the zones in child processes, one vCPU each (sweep.fanout.PLANNER_VCPUS).
-            memory_size=PLANNER_VCPUS * ONE_VCPU_MB,
+            memory_size=PLANNER_MEMORY_MB,
             reserved_concurrent_executions=props.sweep_reserved_concurrency or None,
         )
         # A fleet larger than one shard: the sweep above plans it, and this state machine sweeps the shards.

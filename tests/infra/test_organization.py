@@ -145,6 +145,41 @@ def test_single_account_mode_synthesizes_exactly_as_without_the_block(synth: Syn
     assert "digest-read" not in everything and "HubDigestRoleArn" not in everything
 
 
+# What turning a single-account stack into the hub may change in place: the functions' environment (the
+# organization's description), the roles' policies (assuming member roles, reading the organization) and
+# cdk-nag's notes. Nothing else, so no resource is replaced or removed, and the state stays where it is.
+CHANGED_IN_PLACE = {
+    "AWS::Lambda::Function": ("Properties", "Environment"),
+    "AWS::IAM::Policy": ("Properties", "PolicyDocument"),
+}
+
+
+def as_kept(resource: dict[str, Any]) -> dict[str, Any]:
+    """A resource without what may change in place when its stack becomes the hub."""
+    kept = {k: v for k, v in resource.items() if k != "Metadata"}
+    where = CHANGED_IN_PLACE.get(resource["Type"])
+    if where is not None:
+        section, key = where
+        kept[section] = {k: v for k, v in kept[section].items() if k != key}
+    return kept
+
+
+def test_the_hub_accounts_single_account_stack_becomes_the_hub_keeping_every_resource(synth: Synth, org: Synth) -> None:
+    """Moving into organization mode is a `make deploy` of the same stacks: every single-account resource is in
+    the hub under the same logical id and type (the state table above all: its snoozes, warnings in flight and
+    history stay), unchanged but for what CHANGED_IN_PLACE names; the hub only adds (the StackSet)."""
+    assert org.stack_names == synth.stack_names  # the same CloudFormation stacks, updated
+    for name in synth.stack_names:
+        single, hub_template = synth.template(name)["Resources"], org.template(name)["Resources"]
+        assert set(single) <= set(hub_template), f"{name} would lose {sorted(set(single) - set(hub_template))}"
+        changed = sorted(k for k, r in single.items() if as_kept(r) != as_kept(hub_template[k]))
+        assert changed == [], f"{name}: turning it into the hub would replace or alter {changed}"
+        [table] = [k for k, r in single.items() if r["Type"] == "AWS::DynamoDB::Table"]
+        assert hub_template[table] == single[table] and single[table]["DeletionPolicy"] == "Retain"
+        added = {r["Type"] for k, r in hub_template.items() if k not in single}
+        assert added <= {"AWS::CloudFormation::StackSet"}, added
+
+
 # -- the StackSet ----------------------------------------------------------------------------------
 
 

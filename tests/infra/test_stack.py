@@ -739,12 +739,15 @@ def test_a_large_fleet_is_swept_by_a_state_machine_over_shard_indices(template: 
     )
     assert definition["TimeoutSeconds"] <= 30 * 60
     shards = definition["States"][definition["StartAt"]]
-    assert shards["Type"] == "Map" and shards["ItemsPath"] == "$.shards" and shards["MaxConcurrency"] == 20
+    assert shards["Type"] == "Map" and shards["ItemsPath"] == "$.shards" and shards["MaxConcurrency"] == 30
     # Only indices travel (the 256 KB limit): the worker reads its manifest from the state table.
     assert set(shards["ItemSelector"]) == {"sweep_id.$", "now.$", "dry_run.$", "shard.$", "concurrent_shards.$"}
     processor = shards["ItemProcessor"]["States"]
     task = processor[shards["ItemProcessor"]["StartAt"]]
     assert task["Type"] == "Task" and [c["ErrorEquals"] for c in task["Catch"]] == [["States.ALL"]]
+    # A worker throttled by the account's Lambda concurrency waits and tries again before its shard fails.
+    throttled = [r for r in task["Retry"] if r["ErrorEquals"] == ["Lambda.TooManyRequestsException"]]
+    assert len(throttled) == 1 and throttled[0]["MaxAttempts"] >= 3 and throttled[0]["BackoffRate"] > 1
     caught = processor[task["Catch"][0]["Next"]]
     assert caught["Type"] == "Pass" and caught["Parameters"] == {"shard.$": "$.shard", "error.$": "$.error.Error"}
     assert task["Resource"] == worker_id and definition["States"][shards["Next"]]["Resource"] == gather_id
@@ -761,8 +764,9 @@ def test_a_large_fleet_is_swept_by_a_state_machine_over_shard_indices(template: 
     _, sweep = function(template, "idle_reaper.handlers.sweep.handler")
     assert sweep["Environment"]["Variables"]["IDLE_REAPER_FANOUT_ARN"] == {"Ref": machine_id}
     assert worker["Timeout"] == sweep["Timeout"] and worker["MemorySize"] == 1769  # one vCPU
-    # The planner lists the zones in child processes: a vCPU each, as many as the benchmark models.
-    assert sweep["MemorySize"] == PLANNER_VCPUS * 1769 == 5307
+    # The planner lists the zones in child processes: a vCPU each, as many as the benchmark models (Lambda's
+    # largest function, 10,240 MB, has 6).
+    assert sweep["MemorySize"] == 10_240 and PLANNER_VCPUS == 6
     assert "ReservedConcurrentExecutions" not in worker
 
 

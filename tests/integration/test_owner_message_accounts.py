@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from test_accounts import Org, aws_client, new_account, org  # noqa: F401  (org: the organization fixture)
-from test_member_machines import fan_out, member_instance, states
+from test_member_machines import fan_out, in_organization, member_instance, states
 from test_slack import _replies_from, click, record, silent  # noqa: F401  (_replies_from: the fake for clicks)
 from test_slack_per_owner import buttons
 
@@ -41,12 +41,7 @@ def idle(_t: datetime) -> tuple[float, float]:
 def organization(org: Org, monkeypatch: pytest.MonkeyPatch) -> MemberAccess:  # noqa: F811
     """The hub in organization mode over the ml OU, with a third enrolled account (research)."""
     org.accounts["research"] = new_account(aws_client("organizations"), "research", org.ml, org.root)
-    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
-    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION], "hubAccount": local.ACCOUNT}
-    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
-    members = MemberAccess.from_environment("sweep")
-    assert members is not None
-    return members
+    return in_organization(org, monkeypatch)
 
 
 def held(members: MemberAccess, account: str) -> MemberCredentials:

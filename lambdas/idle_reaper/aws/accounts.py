@@ -44,11 +44,29 @@ THROTTLED = frozenset(
     {"Throttling", "ThrottlingException", "TooManyRequestsException", "RequestLimitExceeded", "SlowDown"}
 )
 
+# What a call into a member account answers, with credentials held from before, once the hub may not work there:
+# an SCP or a changed role (AccessDenied, UnauthorizedOperation), and an account suspended or closed meanwhile
+# (AuthFailure, OptInRequired, Blocked, or its credentials no longer recognized).
+REFUSED = frozenset(
+    {
+        "AccessDenied",
+        "AccessDeniedException",
+        "UnauthorizedOperation",
+        "AuthFailure",
+        "OptInRequired",
+        "Blocked",
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
+    }
+)
+
 
 class Reason(StrEnum):
     """Why the hub cannot work in one member account (and region)."""
 
-    ROLE_MISSING = "role-missing"  # AccessDenied on AssumeRole: no member stack there, or its trust is not ours
+    # AccessDenied on AssumeRole: no member stack there (also in a region not enabled in the account: its stack
+    # instance fails there and leaves no role), or its trust is not ours
+    ROLE_MISSING = "role-missing"
     DENIED_BY_SCP = "denied-by-scp"
     THROTTLED = "throttled"
     SUSPENDED = "suspended"  # suspended or closed since it was listed
@@ -58,8 +76,8 @@ class Reason(StrEnum):
 
 
 ADVICE = {
-    Reason.ROLE_MISSING: "the member role is missing (the StackSet has no stack instance there yet, or it failed) "
-    "or does not trust this hub's roles",
+    Reason.ROLE_MISSING: "the member role is missing (the StackSet has no stack instance there yet, or it failed, "
+    "as it does in a region not enabled in this account) or does not trust this hub's roles",
     Reason.DENIED_BY_SCP: "a service control policy denies the hub (allow sts:AssumeRole on the member role)",
     Reason.THROTTLED: "AWS throttled the call; the next sweep tries again",
     Reason.SUSPENDED: "the account is suspended or closed",
@@ -109,6 +127,16 @@ def _detail(exc: Exception) -> str:
     else:
         text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= 300 else text[:299] + "…"
+
+
+def _aws_error(exc: Exception) -> Exception:
+    """AWS's own error behind `exc` (the sweep reports a failed listing as SweepCannotRun, raised from it)."""
+    found: BaseException | None = exc
+    while found is not None:
+        if isinstance(found, ClientError):
+            return found
+        found = found.__cause__ or found.__context__
+    return exc
 
 
 def classify(exc: Exception, account: str, region: str | None) -> AccountFailure:
@@ -334,6 +362,18 @@ class MemberSessions:
         """Drop held credentials (a call with them was refused: the next use assumes the role again)."""
         with self._lock:
             self._held.pop((account, region), None)
+
+    def refused(self, exc: Exception, account: str, region: str) -> AccountFailure | None:
+        """A call made with this account's held credentials was refused: they are dropped (the next use assumes
+        the role again), and when Organizations says the account was suspended or has left since it was listed,
+        that is the failure, instead of AWS's bare refusal for as long as the credentials would have lasted. None:
+        not a refusal, or the account is still an active member (the error is then the caller's to report)."""
+        aws = _aws_error(exc)
+        if error_code(aws) not in REFUSED:
+            return None
+        self.forget(account, region)
+        gone = self.status_of(account) if self.status_of is not None else None
+        return AccountFailure(account, region, gone, _detail(aws)) if gone is not None else None
 
     def _failure(self, exc: Exception, account: str, region: str) -> AccountFailure:
         failure = classify(exc, account, region)

@@ -517,7 +517,9 @@ def remember(previous: Mapping[str, Sequence[str]], findings: Sequence[Finding])
 # What to do about a member account the hub cannot work in, by accounts.Reason (its value).
 MEMBER_FIXES = {
     "role-missing": "make sure the member StackSet has a current stack instance in this account and region "
-    "(CloudFormation > StackSets > <prefix>-members > Stack instances) and that its role trusts this hub's roles",
+    "(CloudFormation > StackSets > <prefix>-members > Stack instances; one that failed because the region is not "
+    "enabled in this account: enable it there, or take it out of the organization's regions) and that its role "
+    "trusts this hub's roles",
     "denied-by-scp": "allow sts:AssumeRole on <prefix>-member-<region> for the hub's roles in the service control "
     "policies above this account",
     "region-disabled": "enable the region in this account, or take it out of the organization's regions",

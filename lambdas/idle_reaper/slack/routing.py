@@ -125,6 +125,13 @@ class Region:
                 f"{label} runs in account {record.account}, and this deployment no longer works in other accounts; "
                 "nothing changed."
             )
+        # Asked afresh (one DescribeAccount): credentials held from before would still work for up to an hour in
+        # an account that has left the organization or been suspended since.
+        gone = members.directory.status_of(record.account)
+        if gone is not None:
+            members.sessions.forget(record.account, record.region)
+            failure = AccountFailure(record.account, record.region, gone, "AWS Organizations, asked now")
+            return Reply(f"idle-reaper cannot act on {label}: {failure.describe()}. Nothing changed.")
         held = members.sessions.credentials(record.account, record.region)
         if isinstance(held, AccountFailure):
             return Reply(f"idle-reaper cannot act on {label} right now: {held.describe()}. Nothing changed.")
@@ -147,11 +154,18 @@ class Region:
 
     def find(self, user: str, target: str) -> list[MachineRecord]:
         """`keep <target>`: the caller's own machines by name, instance id or machine key (`account/region/id`,
-        for one of the same id in two accounts); anyone's by instance id or machine key."""
+        for one of the same id in two accounts); anyone's by instance id or machine key. A machine's full key
+        wins over names and instance ids: the hub's `i-0abc` is its key, so with the same id in a member account
+        (`account/region/i-0abc`) each key still selects exactly one machine."""
         mine = [r for r in self.records_of_owner(user) if target in (r.instance_id, r.name, r.key)]
-        if mine or not (target.startswith("i-") or parse_machine_key_or_none(target)):
-            return mine
+        exact = [r for r in mine if r.key == target]
+        if exact or mine or not (target.startswith("i-") or parse_machine_key_or_none(target)):
+            return exact or mine
         return list(self.store.load([target]).values())
+
+    def in_organization(self) -> bool:
+        """Whether this deployment works in member accounts (organization mode)."""
+        return (self.members or answer_access)() is not None
 
     # -----------------------------------------------------------------------------------------
     # Authorization
@@ -337,7 +351,7 @@ class Router:
                 return Reply(
                     f"Usage: `{command} keep <instance-id-or-name> <duration>`, e.g. `{command} keep i-0abc 2h`"
                 )
-            return self._keep(user, words[1], words[2])
+            return self._keep(user, words[1], words[2], command)
         return help_reply(command, None if verb == "help" else verb)
 
     def member_sweep(self, user: str) -> MemberSweep | None:
@@ -360,19 +374,50 @@ class Router:
             return Reply(f"Only idle-reaper admins (the settings' `admins`) can run `{command} doctor`.")
         return doctor_reply(region.doctor(time.monotonic() + DOCTOR_SECONDS), region.name)
 
-    def _keep(self, user: str, target: str, duration_text: str) -> Reply:
+    def _keep(self, user: str, target: str, duration_text: str, command: str = "/idle-reaper") -> Reply:
         duration = parse_duration(duration_text)
         if duration is None:
             return Reply(f"Not a duration: `{duration_text}` (try `2h`, `90m` or `1h30m`).")
         for region in self.regions:
             matches = region.find(user, target)
             if len(matches) > 1:  # one name twice, or one instance id in two accounts: which one?
-                which = ", ".join(f"`{r.key}`" for r in sorted(matches, key=lambda r: r.key))
-                return Reply(f"{len(matches)} of your machines are `{target}`: {which}. Keep one by naming it so.")
+                return Reply(which_one(target, matches))
             if matches:
                 record = matches[0]
                 policy, refusal = region.authorize(user, record)
                 if refusal:
                     return Reply(refusal)
                 return region.effects.keep_command(user, record, policy, region.clock() + duration)
-        return Reply(f"No machine named `{target}` among yours; someone else's machine is kept by its instance id.")
+        return Reply(not_found(target, self.regions[0].in_organization(), command))
+
+
+def which_one(target: str, matches: list[MachineRecord]) -> str:
+    """`keep <target>` matched several of the caller's machines: each by the key that selects it alone (Region.find:
+    a full key wins), the hub account's named as such when some run in member accounts."""
+    mixed = any(r.account for r in matches)
+
+    def named(r: MachineRecord) -> str:
+        return f"`{r.key}`" + (" (the hub's account)" if mixed and r.account is None else "")
+
+    which = ", ".join(named(r) for r in sorted(matches, key=lambda r: (r.account is not None, r.key)))
+    return f"{len(matches)} of your machines are `{target}`: {which}. Keep one by naming it so."
+
+
+def not_found(target: str, organization: bool, command: str) -> str:
+    """`keep <target>` found nothing the caller may name: what does select a machine. Someone else's machine is
+    found by its key only (an owner's machines come from the owner index, never from a scan): in the hub's account
+    that is its instance id; in a member account `account/region/instance-id` (its warning names the account and
+    region)."""
+    text = f"No machine named `{target}` among yours"
+    if not organization:
+        return text + "; someone else's machine is kept by its instance id."
+    if parse_machine_key_or_none(target):
+        return text + " or in that account and region; nothing changed."
+    instance = target if target.startswith("i-") else "i-0abc"
+    return (
+        text
+        + (" or in the hub's account" if target.startswith("i-") else "")
+        + "; nothing changed. Someone else's machine is kept by its instance id in the hub's account, and in a "
+        "member account by `account/region/instance-id` (its warning names the account and region), e.g. "
+        f"`{command} keep 123456789012/us-east-1/{instance} 2h`."
+    )

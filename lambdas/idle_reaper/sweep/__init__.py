@@ -19,7 +19,9 @@ from idle_reaper.sweep.delivery import (
 from idle_reaper.sweep.fanout import (
     FAILED_SHARDS_ALERT_AFTER,
     MANIFEST_TTL,
+    MIN_SHARD_SIZE,
     OWNER_UNIT_MAX,
+    PLANNER_MEMORY_MB,
     PLANNER_VCPUS,
     SHARD_SIZE,
     SHARDS_AT_ONCE,
@@ -38,6 +40,7 @@ from idle_reaper.sweep.fanout import (
     result_key,
     run_shard,
     run_sharded,
+    shard_count,
     split_into_shards,
 )
 from idle_reaper.sweep.quiet_hours import (
@@ -59,7 +62,9 @@ __all__ = [
     "FAILED_SHARDS_ALERT_AFTER",
     "FINISH_RESERVE",
     "MANIFEST_TTL",
+    "MIN_SHARD_SIZE",
     "OWNER_UNIT_MAX",
+    "PLANNER_MEMORY_MB",
     "PLANNER_VCPUS",
     "QUIET_INDEX",
     "QUIET_INDEX_ATTEMPTS",
@@ -91,5 +96,6 @@ __all__ = [
     "run_shard",
     "run_sharded",
     "run_sweep",
+    "shard_count",
     "split_into_shards",
 ]

@@ -289,6 +289,11 @@ def gather_members(
             machines = fleet.discover(settings.tags, notebooks=False)
             return replace(facts, gpu=gather_signals(metrics, machines, settings, refs, now, gpu_only=True))
         except Exception as exc:  # one account's fault is its own finding
+            gone = members.sessions.refused(exc, account.id, region)  # suspended or left since it was listed
+            if gone is not None:
+                return replace(
+                    facts, role_reason=gone.reason.value, role_detail=f"{ADVICE[gone.reason]} ({gone.detail})"
+                )
             failure = classify(exc, account.id, region)
             if failure.reason in (Reason.ROLE_MISSING, Reason.DENIED_BY_SCP):  # assumed, then refused a read
                 detail = f"the member role was assumed, but may not list the machines or read them ({failure.detail})"

@@ -52,14 +52,20 @@ from idle_reaper.sweep.run import run_sweep
 # ~15-20 s: well inside half of a worker's timeout, and its manifest (~22 bytes an id) inside DynamoDB's
 # 400 KB item limit.
 SHARD_SIZE = 10_000
-# Shards the state machine's Map sweeps at once: 20 x SHARD_SIZE is 200,000 machines in one wave. Together
-# they keep GetMetricData under its quota (metric_workers), the one that binds at that size.
-SHARDS_AT_ONCE = 20
-# vCPUs of the sweep function, the planner (infra/stack.py gives it PLANNER_VCPUS x 1,769 MB): its discovery lists
-# the Availability Zones, and a full zone's parts by instance id, in child processes (aws.fleet.LISTING_PROCESSES),
-# so botocore's parsing of 200,000 instances (~70 s of CPU) runs on this many vCPUs at once, however the fleet
+# A fleet of more than one shard is spread over the Map's idle lanes down to this many machines a shard: a shard
+# worker has one vCPU and its time is mostly CPU (botocore's, a conditional write at a time), so 200,000 machines
+# sweep in 30 shards of 6,667 side by side rather than 20 of 10,000.
+MIN_SHARD_SIZE = 5_000
+# Shards the state machine's Map sweeps at once: 30 x SHARD_SIZE is 300,000 machines in one wave. With one
+# GetMetricData thread each (metric_workers) they keep 30 calls in flight, GetMetricData's quota of 50 a second
+# at 0.6 s a call: the quota that binds at that size.
+SHARDS_AT_ONCE = 30
+# vCPUs of the sweep function, the planner (infra/stack.py gives it PLANNER_MEMORY_MB): its discovery lists the
+# Availability Zones, and a full zone's parts by instance id, in child processes (aws.fleet.LISTING_PROCESSES), so
+# botocore's parsing of 200,000 instances (70-180 s of CPU) runs on this many vCPUs at once, however the fleet
 # spreads over the zones.
-PLANNER_VCPUS = 3
+PLANNER_VCPUS = 6
+PLANNER_MEMORY_MB = 10_240  # Lambda's largest function, the one with 6 vCPUs (1,769 MB a vCPU)
 MANIFEST_TTL = timedelta(days=1)
 FAILED_SHARDS_ALERT_AFTER = 3  # consecutive sweeps with a failed shard before the admins are told
 _FAILED_SWEEPS_KEY = "fanout#consecutive-failed-sweeps"
@@ -269,6 +275,16 @@ def split_into_shards(machines: Sequence[Machine], shards: int) -> list[list[str
     return manifests
 
 
+def shard_count(machines: int, shard_size: int, shards_at_once: int) -> int:
+    """Machine shards for `machines`: at most `shard_size` machines each; a fleet of more than one shard is
+    spread over up to `shards_at_once` lanes, down to MIN_SHARD_SIZE machines a shard (never fewer shards than
+    `shard_size` needs)."""
+    needed = max(1, -(-machines // shard_size))
+    if needed == 1:
+        return 1
+    return max(needed, min(shards_at_once, machines // MIN_SHARD_SIZE))
+
+
 def plan_sweep(
     adapters: Adapters,
     *,
@@ -298,7 +314,7 @@ def plan_sweep(
         machines = adapters.fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)
     except AwsError as exc:
         raise SweepCannotRun(f"cannot list machines ({error_code(exc)}): {exc}") from None
-    shards = max(1, -(-len(machines) // shard_size))
+    shards = shard_count(len(machines), shard_size, shards_at_once)
     groups = []
     if members is not None:  # the listing is cached; a failed one keeps the last good listing
         accounts, regions = members.directory.current().accounts, members.config.regions

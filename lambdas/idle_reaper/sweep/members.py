@@ -27,7 +27,7 @@ from idle_reaper.aws.accounts import (
     UnitFailure,
     save_member_check,
 )
-from idle_reaper.aws.clients import error_code, run_concurrently
+from idle_reaper.aws.clients import run_concurrently
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.notebooks import NotebookInstances
@@ -41,6 +41,12 @@ from idle_reaper.organization import (
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, alert_once
 from idle_reaper.sweep.run import run_sweep
+
+
+def account_alert_key(account: str, now: datetime) -> str:
+    """The one claim per member account and day under which the admins hear of it, whichever path finds it first
+    (the check's refused credentials, or a unit's failed sweep): at most once a day per account, as promised."""
+    return f"member-account#{account}#{now:%Y-%m-%d}"
 
 
 def check_member_accounts(adapters: Adapters, members: MemberAccess, now: datetime) -> list[str]:
@@ -88,7 +94,7 @@ def check_member_accounts(adapters: Adapters, members: MemberAccess, now: dateti
         reasons = sorted({f.reason.value for f in found})
         alert_once(
             adapters,
-            f"member-account#{account}#{now:%Y-%m-%d}",
+            account_alert_key(account, now),
             f"idle-reaper cannot work in member account {account} {names.get(account, '')!r} "
             f"({', '.join(reasons)}): {text}. Its machines are not looked at until this is fixed; the other "
             "accounts are not affected.",
@@ -268,8 +274,9 @@ def sweep_member_accounts(
                 message_scope=message_scope,
             )
         except Exception as exc:  # contained: one account's fault never reaches the others
-            if error_code(exc) in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
-                members.sessions.forget(account.id, region)
+            gone = members.sessions.refused(exc, account.id, region)  # suspended or left since it was listed?
+            if gone is not None:
+                return UnitOutcome(account.id, region, error=gone.describe())
             return UnitOutcome(account.id, region, error=f"{type(exc).__name__}: {exc}"[:300])
         return UnitOutcome(account.id, region, report=report)
 
@@ -280,7 +287,7 @@ def sweep_member_accounts(
             with contextlib.suppress(Exception):
                 alert_once(
                     adapters,
-                    f"member-sweep#{o.account}#{now:%Y-%m-%d}",
+                    account_alert_key(o.account, now),
                     f"idle-reaper could not sweep member account {o.account} {names.get(o.account, '')!r} in "
                     f"{o.region}: {o.error}. Its machines there are not looked at (none stopped, no owner told) until "
                     "this is fixed; the other accounts are not affected.",

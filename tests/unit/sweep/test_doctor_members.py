@@ -104,6 +104,8 @@ def test_every_member_account_and_region_is_read_through_its_own_credentials() -
     )
     assert "eu-west-1: role-missing" in lines[org.ids["no-stack"]].message
     assert "us-east-2: role-missing" in lines[org.ids["no-stack"]].message  # both regions, one line
+    # Its fix names the other cause of a missing role: a region not enabled in the account.
+    assert "the region is not enabled in this account: enable it there" in (lines[org.ids["no-stack"]].fix or "")
     assert "denied-by-scp" in lines[org.ids["scp"]].message
     assert [f.message[:31] for f in findings if f.check == "members"] == ["1 of 4 member account(s) health"]
     assert not [f for f in findings if f.status == "unknown"]

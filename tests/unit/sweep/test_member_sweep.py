@@ -17,7 +17,7 @@ from idle_reaper.notify import LoggingNotifier, logger
 from idle_reaper.policy import Settings, TeamPolicy
 from idle_reaper.sweep.adapters import Adapters
 from idle_reaper.sweep.delivery import explain
-from idle_reaper.sweep.members import member_adapters, sweep_member_accounts
+from idle_reaper.sweep.members import check_member_accounts, member_adapters, sweep_member_accounts
 from testkit.aws import CountingStateStore, FakeAws, steady
 from testkit.aws.clients import client_error
 from testkit.aws.organization import FakeOrganizations, FakeSts
@@ -117,6 +117,8 @@ def test_every_member_account_is_swept_through_its_own_clients() -> None:
     assert org.hub.ec2.calls == {} and org.hub.cloudwatch.calls == {}
     # D: its role is refused; reported as its outcome, the others swept all the same.
     assert "the member role is missing" in (out[org.d].error or "") and out[org.d].report is None
+    # A region not enabled in the account looks the same to the hub (no stack instance there, so no role): said so.
+    assert "as it does in a region not enabled in this account" in (out[org.d].error or "")
 
 
 def test_an_excluded_account_is_counted_and_never_touched() -> None:
@@ -219,6 +221,75 @@ def test_one_failing_account_does_not_stop_the_others() -> None:
     assert len(alerts) == 1 and f"member account {org.a} 'sandbox-a' in {REGION}" in alerts[0]
     assert [r["InstanceIds"] for r in org.worlds[org.b].ec2.requests_of("StopInstances")] == [[in_b]]
     assert out[org.c].report is not None  # nothing excluded: production is swept like the rest
+
+
+def test_an_account_is_told_once_a_day_whether_its_check_or_its_sweep_fails_first() -> None:
+    """The admins are told at most once a day per account: the check's refused credentials and a unit's failed
+    sweep are one account's news, claimed under one key, in either order; the next day it is told again."""
+    org = Organization(None)
+    org.launch(org.a)
+    org.worlds[org.a].ec2.inject("DescribeInstances", "UnauthorizedOperation")
+
+    def alerts() -> list[str]:
+        return [text for kind, text in org.notifier.sent if kind == "admin_alert" and org.a in text]
+
+    def check(now: datetime) -> None:
+        check_member_accounts(org.adapters(), org.members, now)
+
+    # Day 1: the check finds A's role refused and tells; later A's role works but its sweep is denied: silent.
+    org.sts.refused = {org.a, org.d}
+    check(NOW)
+    assert len(alerts()) == 1 and "cannot work in member account" in alerts()[0]
+    org.sts.refused = {org.d}
+    out = org.sweep(NOW + timedelta(minutes=5))
+    assert "UnauthorizedOperation" in (out[org.a].error or "") and out[org.a].reached
+    assert len(alerts()) == 1
+    # Day 2, the other order: the failed sweep tells, the check's refusal later that day is silent.
+    day2 = NOW + timedelta(days=1)
+    org.sweep(day2)
+    assert len(alerts()) == 2 and "could not sweep member account" in alerts()[1]
+    org.sts.refused = {org.a, org.d}
+    org.members.sessions.forget(org.a, REGION)
+    check(day2 + timedelta(minutes=5))
+    assert len(alerts()) == 2
+    # D (no member stack) is another account, told apart from A: once each day, by the check.
+    told_d = [text for kind, text in org.notifier.sent if kind == "admin_alert" and org.d in text]
+    assert len(told_d) == 2
+
+
+@pytest.mark.parametrize("code", ["AuthFailure", "UnauthorizedOperation", "OptInRequired", "Blocked"])
+def test_an_account_suspended_while_its_credentials_are_held_is_reported_as_suspended(code: str) -> None:
+    """Credentials held from an earlier sweep still sign calls into an account suspended since: AWS refuses them
+    with an error of its own. The unit says the account is suspended (Organizations, asked then), not the bare
+    error; the credentials are dropped, and the other accounts are swept as ever."""
+    org = Organization(None)
+    org.launch(org.a)
+    in_b = org.launch(org.b)
+    org.sweep(NOW - timedelta(minutes=30))
+    assumed = org.sts.calls["AssumeRole"]
+    org.orgs.accounts[org.a]["Status"] = "SUSPENDED"
+    org.worlds[org.a].ec2.inject("DescribeInstances", code)
+    out = org.sweep(NOW)
+    assert org.sts.calls["AssumeRole"] == assumed + 1  # A's and B's held credentials reused (D's refused again)
+    error = out[org.a].error or ""
+    assert error.startswith(f"account {org.a} in {REGION}: the account is suspended or closed ({code}")
+    assert out[org.a].report is None and org.orgs.calls["DescribeAccount"] >= 1
+    assert [r["InstanceIds"] for r in org.worlds[org.b].ec2.requests_of("StopInstances")] == [[in_b]]
+    # Dropped: the next use of A asks STS again.
+    org.members.sessions.credentials(org.a, REGION)
+    assert org.sts.calls["AssumeRole"] == assumed + 2
+
+
+def test_a_refusal_in_an_active_account_is_reported_as_aws_gave_it_and_its_credentials_dropped() -> None:
+    org = Organization(None)
+    org.launch(org.a)
+    org.worlds[org.a].ec2.inject("DescribeInstances", "UnauthorizedOperation")
+    out = org.sweep(NOW)
+    error = out[org.a].error or ""
+    assert "(UnauthorizedOperation)" in error and "suspended" not in error
+    assumed = org.sts.calls["AssumeRole"]
+    org.members.sessions.credentials(org.a, REGION)  # dropped: a changed role or policy is picked up at once
+    assert org.sts.calls["AssumeRole"] == assumed + 1
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,9 @@ from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import Settings
 from idle_reaper.sweep import (
     FAILED_SHARDS_ALERT_AFTER,
+    MIN_SHARD_SIZE,
+    SHARD_SIZE,
+    SHARDS_AT_ONCE,
     GatherTask,
     ShardTask,
     SweepCannotRun,
@@ -29,6 +32,7 @@ from idle_reaper.sweep import (
     run_shard,
     run_sharded,
     run_sweep,
+    shard_count,
     split_into_shards,
 )
 from testkit.aws import CountingStateStore, FakeAws, client_error, steady
@@ -219,6 +223,40 @@ def test_gather_counts_a_shard_without_result_as_failed_and_a_dry_run_counts_not
     assert store.get_lookup("fanout#consecutive-failed-sweeps", NOW) == "1"
     gather_sweep(aws.adapters(store=store), task.model_copy(update={"dry_run": True}))
     assert store.get_lookup("fanout#consecutive-failed-sweeps", NOW) == "1", "a dry run is no sweep"
+
+
+@pytest.mark.parametrize(
+    ("machines", "shards"),
+    [
+        (0, 1),
+        (SHARD_SIZE, 1),  # one shard: swept in place, however many lanes are idle
+        (SHARD_SIZE + 1, 2),
+        (3 * MIN_SHARD_SIZE, 3),  # spread over idle lanes down to MIN_SHARD_SIZE a shard
+        (50_000, 10),
+        (200_000, 30),  # 30 shards of 6,667, not 20 of 10,000
+        (SHARDS_AT_ONCE * SHARD_SIZE, SHARDS_AT_ONCE),
+        (SHARDS_AT_ONCE * SHARD_SIZE + 1, SHARDS_AT_ONCE + 1),  # past one wave: never more than SHARD_SIZE a shard
+        (1_000_000, 100),
+    ],
+)
+def test_a_fleet_is_spread_over_the_idle_lanes_without_passing_either_shard_size(machines: int, shards: int):
+    assert shard_count(machines, SHARD_SIZE, SHARDS_AT_ONCE) == shards
+    if shards > 1:
+        largest = -(-machines // shards)
+        assert largest <= SHARD_SIZE
+        assert machines // shards >= MIN_SHARD_SIZE or shards == -(-machines // SHARD_SIZE)
+
+
+def test_a_small_shard_size_keeps_its_own_count():
+    # Tests and local runs shard tiny fleets: the spreading never goes below MIN_SHARD_SIZE machines a shard.
+    assert shard_count(9, 3, SHARDS_AT_ONCE) == 3
+    assert shard_count(10, 3, 2) == 4
+
+
+def test_the_shards_at_once_keep_get_metric_data_within_its_quota():
+    # One metric thread a shard at the Map's full width, and no more calls in flight than the quota allows.
+    assert metric_workers(SHARDS_AT_ONCE) == 1
+    assert SHARDS_AT_ONCE <= GET_METRIC_DATA_TPS * GET_METRIC_DATA_SECONDS
 
 
 @pytest.mark.parametrize("concurrent", [1, 2, 5, 20, 40, 1000])
