@@ -26,11 +26,10 @@ from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MachineRecord, State, machine_key
 from idle_reaper.policy import DEFAULT_GPU_FAMILIES, TeamPolicy, TeamPolicyRef
 from idle_reaper.slack import routing
-from idle_reaper.sweep import Adapters
 from idle_reaper.sweep.members import sweep_member_accounts
 from idle_reaper.sweep.quiet_hours import QUIET_INDEX
 from idle_reaper_tools import cli, local
-from idle_reaper_tools.demo import at
+from idle_reaper_tools.demo import adapters_at, at
 from idle_reaper_tools.import_state import Table, apply, compare, plan_import, target_keys
 
 pytestmark = pytest.mark.integration
@@ -283,7 +282,7 @@ def test_after_the_move_the_hub_stops_only_on_a_warning_that_could_be_answered(
         assert (imported.warned_at, imported.stop_not_before, imported.warning_ref) == (None, None, None)
         assert imported.state is (State.IDLE if state is State.WARNED else state)
     m.exclude([])  # the move is done: the hub sweeps the account
-    outcomes = {o.account: o for o in sweep_member_accounts(Adapters.from_environment(), members, at(14, 5))}
+    outcomes = {o.account: o for o in sweep_member_accounts(adapters_at(at(14, 5)), members, at(14, 5))}
     report = outcomes[m.account].report
     assert report is not None
     (decision,) = report.decisions
