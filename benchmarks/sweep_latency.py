@@ -148,6 +148,55 @@ def map_wall(durations: Sequence[float], lanes: int) -> float:
     return max(free)
 
 
+def sampled(shards: int, sample: int) -> list[int]:
+    """`sample` shard indices spread evenly over 0 .. shards-1 (the first and the last among them); all when
+    `sample` is 0 or not fewer than the shards."""
+    if sample <= 0 or sample >= shards:
+        return list(range(shards))
+    if sample == 1:
+        return [0]
+    return sorted({round(i * (shards - 1) / (sample - 1)) for i in range(sample)})
+
+
+@dataclass
+class Tally:
+    """What a stretch of a sweep charged: calls by operation, botocore's CPU, metrics billed, log bytes."""
+
+    calls: Counter[str] = field(default_factory=Counter)
+    botocore_by_op: Counter[str] = field(default_factory=Counter)
+    botocore_s: float = 0.0
+    metrics_requested: float = 0.0
+    log_bytes: float = 0.0
+
+    @classmethod
+    def of(cls, model: LatencyModel, aws: FakeAws, segments: Segments) -> Tally:
+        return cls(
+            Counter(dict(model.charged)),
+            Counter(dict(model.cpu_charged)),
+            segments.botocore_s,
+            aws.cloudwatch.metrics_requested,
+            LOG.bytes,
+        )
+
+    def minus(self, other: Tally) -> Tally:
+        return Tally(
+            Counter({k: self.calls[k] - other.calls[k] for k in self.calls}),
+            Counter({k: self.botocore_by_op[k] - other.botocore_by_op[k] for k in self.botocore_by_op}),
+            self.botocore_s - other.botocore_s,
+            self.metrics_requested - other.metrics_requested,
+            self.log_bytes - other.log_bytes,
+        )
+
+    def times(self, factor: float) -> Tally:
+        return Tally(
+            Counter({k: round(v * factor) for k, v in self.calls.items()}),
+            Counter({k: v * factor for k, v in self.botocore_by_op.items()}),
+            self.botocore_s * factor,
+            self.metrics_requested * factor,
+            self.log_bytes * factor,
+        )
+
+
 def run_size(
     size: int,
     seed: int,
@@ -157,12 +206,18 @@ def run_size(
     sweeps: Sequence[datetime] = SWEEPS,
     cpu: BotocoreCpu | None = None,
     zones: int = len(ZONES),
+    sample: int = 0,
 ) -> list[Measured]:
     """Each sweep as the stack runs it: the scheduled sweep plans; a fleet that fits one shard is swept in
     that invocation, a larger one goes to the state machine, whose Map runs a worker invocation per shard
     (SHARDS_AT_ONCE at a time) and then the gather step. Invocations are timed one by one (each is its own
     Lambda, with its own CPU), and composed as Step Functions runs them. `zones`: the machines spread over
-    that many of the region's Availability Zones (1: all in one zone, the planner's worst case)."""
+    that many of the region's Availability Zones (1: all in one zone, the planner's worst case).
+
+    `sample` > 0 runs only that many of a sweep's shards, evenly spread over its indices (the same shards every
+    sweep: a plan of the same fleet splits it the same way), and projects the others from them: their calls,
+    CPU and writes scaled by shards / sample, each unrun shard's wall the sampled ones' in turn. The shards are
+    drawn from one shuffled fleet, so they are alike; a full run at 200,000 takes hours of CPU here."""
     bench = build_fleet(size, seed)
     aws = bench.aws
     for instance in aws.ec2.instances.values():
@@ -184,6 +239,7 @@ def run_size(
                 LOG.bytes,
             )
             writes_before = model.charged["dynamodb:PutItem"]
+            extra, records_scale = Tally(), 1.0
             plan, planner_s, cpu_s = segments.time(
                 lambda now=now: plan_sweep(adapters, now=now, in_place=True, shard_size=shard_size)
             )
@@ -194,40 +250,47 @@ def run_size(
                 walls, wall, cpu_s = [planner_s + swept_s], planner_s + swept_s, cpu_s + swept_cpu
             else:
                 model.charge("states:StartExecution")
-                shard_walls = []
-                for index in range(plan.shards):
+                indices = sampled(plan.shards, sample)
+                before_shards = Tally.of(model, aws, segments)
+                shard_walls, shards_cpu = [], 0.0
+                for index in indices:
                     model.charge("states:InvokeLambda")
                     concurrent = min(plan.shards, SHARDS_AT_ONCE)  # as the execution input says
                     task = ShardTask(sweep_id=plan.sweep_id, now=plan.now, shard=index, concurrent_shards=concurrent)
                     _, shard_s, shard_cpu = segments.time(lambda task=task: run_shard(adapters, task))
                     shard_walls.append(shard_s + model.latency["states:InvokeLambda"])
-                    cpu_s += shard_cpu
+                    shards_cpu += shard_cpu
+                # The shards not run: each as the sampled ones, in turn (their calls and CPU scaled up below).
+                extra = Tally.of(model, aws, segments).minus(before_shards).times(plan.shards / len(indices) - 1)
+                shard_walls = [shard_walls[i % len(shard_walls)] for i in range(plan.shards)]
+                records_scale = plan.shards / len(indices)  # only the sampled shards' machines have records
+                cpu_s += shards_cpu * plan.shards / len(indices)
                 model.charge("states:InvokeLambda")
-                gather_task = GatherTask(sweep_id=plan.sweep_id, now=plan.now, shards=list(range(plan.shards)))
+                gather_task = GatherTask(sweep_id=plan.sweep_id, now=plan.now, shards=indices)
                 gathered, gather_s, gather_cpu = segments.time(lambda t=gather_task: gather_sweep(adapters, t))
                 assert not gathered.failed, gathered.failed
                 cpu_s += gather_cpu
                 start_s = model.latency["states:StartExecution"]
                 walls = [planner_s + start_s, *shard_walls, gather_s]
                 wall = planner_s + start_s + map_wall(shard_walls, SHARDS_AT_ONCE) + gather_s + STATE_OVERHEAD_S
-            charged = model.charged - charged_before
+            charged = Counter(dict(model.charged - charged_before)) + extra.calls
             results.append(
                 Measured(
-                    calls=Counter(dict(charged)),
+                    calls=charged,
                     charged_s={op: n * model.latency.get(op, 0.0) for op, n in charged.items()},
                     wall_s=wall,
                     cpu_s=cpu_s,
                     invocations=len(walls),
                     longest_s=max(walls),
                     machines=size,
-                    state_writes=model.charged["dynamodb:PutItem"] - writes_before,
-                    metrics_requested=aws.cloudwatch.metrics_requested - requested_before,
-                    records_read=len(store.records),
-                    log_bytes=LOG.bytes - log_before,
+                    state_writes=model.charged["dynamodb:PutItem"] - writes_before + extra.calls["dynamodb:PutItem"],
+                    metrics_requested=aws.cloudwatch.metrics_requested - requested_before + extra.metrics_requested,
+                    records_read=round(len(store.records) * records_scale),
+                    log_bytes=LOG.bytes - log_before + extra.log_bytes,
                     shards=plan.shards,
                     lambda_s=sum(walls),
-                    botocore_s=segments.botocore_s - botocore_before,
-                    botocore_by_op=model.cpu_charged - botocore_ops_before,
+                    botocore_s=segments.botocore_s - botocore_before + extra.botocore_s,
+                    botocore_by_op=model.cpu_charged - botocore_ops_before + extra.botocore_by_op,
                     planner_s=walls[0],
                 )
             )
@@ -318,9 +381,10 @@ def steady_hour_sweeps(every: int) -> tuple[datetime, ...]:
     return tuple(T0 + timedelta(minutes=m) for m in range(35, 95, every))
 
 
-def steady_hour(size: int, seed: int, cpu: BotocoreCpu | None, every: int = 5) -> Measured:
+def steady_hour(size: int, seed: int, cpu: BotocoreCpu | None, every: int = 5, sample: int = 0) -> Measured:
     """One sweep as the average of the steady hour's sweeps (after the first look and the reaping)."""
-    runs = run_size(size, seed, sleep=False, sweeps=(*SWEEPS, *steady_hour_sweeps(every)), cpu=cpu)[len(SWEEPS) :]
+    sweeps = (*SWEEPS, *steady_hour_sweeps(every))
+    runs = run_size(size, seed, sleep=False, sweeps=sweeps, cpu=cpu, sample=sample)[len(SWEEPS) :]
     n = len(runs)
     return Measured(
         calls=sum((r.calls for r in runs), Counter()),
@@ -481,6 +545,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-botocore", action="store_true", help="charge latency only, not botocore's CPU")
     parser.add_argument("--planner", type=int, default=0, help="fleet size to time the planner alone at (0: skip)")
     parser.add_argument(
+        "--sample-shards",
+        type=int,
+        default=0,
+        help="run only this many of a sharded sweep's shards, spread over its indices, and project the rest (0: all)",
+    )
+    parser.add_argument(
         "--zones",
         type=int,
         default=len(ZONES),
@@ -493,14 +563,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = True
     measured = {}
     for size in [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]:
-        measured[size] = run_size(size, args.seed, sleep=False, cpu=cpu, zones=args.zones)
+        measured[size] = run_size(size, args.seed, sleep=False, cpu=cpu, zones=args.zones, sample=args.sample_shards)
+        if args.sample_shards and measured[size][0].shards > args.sample_shards:
+            shards = measured[size][0].shards
+            print(f"\n({args.sample_shards} of the {shards} shards of each sweep run; the others projected from them)")
         ok = print_size(size, measured[size], args.zones) and ok
     if args.planner:
         print_planner(args.planner, args.seed, cpu)
     bills = {int(s.replace("_", "")) for s in args.bills.split(",") if s.strip()} if args.bills else {BILL_FLEET}
     for size in sorted(bills & set(measured)):
         for every in sorted({int(e) for e in args.every.split(",")}):
-            ok = print_bill(steady_hour(size, args.seed, cpu, every), every) and ok
+            ok = print_bill(steady_hour(size, args.seed, cpu, every, args.sample_shards), every) and ok
     if args.check:
         ok = check(args.check, args.seed, cpu) and ok
         ok = check_planner(10_000, args.seed, cpu) and ok

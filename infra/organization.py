@@ -62,6 +62,14 @@ class MemberSettings:
     managed_tag_key: str
     gpu_agent_tag_key: str
     gpu_agent_tag_value: str
+    # The first organization region: its member role also lists instances in every region, once a day, for
+    # the count of the account's regions outside the organization's (sweep/regions.py report_member_unwatched).
+    count_region: str = ""
+
+
+# What the member role of the first organization region may do beyond a unit's sweep, and the single-account
+# sweep role of the first region does too (infra/stack.py): list the enabled regions and their instances.
+COUNT_UNWATCHED = ("ec2:DescribeRegions", "ec2:DescribeInstances")
 
 
 class MemberStack(Stack):
@@ -106,6 +114,31 @@ class MemberStack(Stack):
             iam.PolicyStatement(actions=["sts:AssumeRole"], principals=others, conditions=in_organization)
         )
         machines.suppress_wildcards(self.role, settings.ssm_prefix)
+        if settings.count_region:
+            # Only in the first organization region's stack (a condition, so one template serves every region).
+            counts_here = CfnCondition(
+                self, "CountsOtherRegions", expression=Fn.condition_equals(Aws.REGION, settings.count_region)
+            )
+            count = iam.Policy(
+                self,
+                "CountOtherRegions",
+                roles=[self.role],
+                statements=[
+                    iam.PolicyStatement(sid="CountUnwatchedRegions", actions=list(COUNT_UNWATCHED), resources=["*"])
+                ],
+            )
+            assert isinstance(count.node.default_child, CfnResource)
+            count.node.default_child.cfn_options.condition = counts_here
+            suppress(
+                count,
+                NagPackSuppression(
+                    id="AwsSolutions-IAM5",
+                    reason="The daily count of running instances in this account's regions outside the organization's "
+                    "(read only): DescribeRegions and DescribeInstances have no resource-level permissions and must "
+                    "reach every region; the same two calls the first region's single-account sweep role has.",
+                    applies_to=["Resource::*"],
+                ),
+            )
         # The weekly digest reads how idle this account's exempt machines were: their metrics, nothing else.
         self.read_role = iam.Role(
             self,

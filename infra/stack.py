@@ -574,6 +574,7 @@ class IdleReaperStack(Stack):
                 managed_tag_key=props.managed_tag_key,
                 gpu_agent_tag_key=props.gpu_agent_tag_key,
                 gpu_agent_tag_value=props.gpu_agent_tag_value,
+                count_region=organization.regions[0],
             )
         )
         members = MemberStackSet(

@@ -124,6 +124,7 @@ class FakeEC2(FakeClient):
         self.spot_requests: dict[str, dict[str, Any]] = {}  # DescribeSpotInstanceRequests items by request id
         self.reservations: dict[str, dict[str, Any]] = {}  # DescribeCapacityReservations items by reservation id
         self.refuse_start: dict[str, Answer] = {}  # instance id -> EC2's answer to StartInstances (no capacity...)
+        self.enabled_regions: tuple[str, ...] = ()  # DescribeRegions' answer
         self._ids = itertools.count(1)
 
     def add(
@@ -219,6 +220,18 @@ class FakeEC2(FakeClient):
         return {
             "AvailabilityZones": [
                 {"ZoneName": zone, "State": "available", "OptInStatus": "opt-in-not-required"} for zone in ZONES
+            ]
+        }
+
+    @api
+    def describe_regions(self, AllRegions: bool = False) -> dict[str, Any]:
+        """The account's enabled regions (`enabled_regions`, set by a test): what the daily count of regions
+        without a stack asks first."""
+        self._call("DescribeRegions", {"AllRegions": AllRegions})
+        return {
+            "Regions": [
+                {"RegionName": r, "Endpoint": f"ec2.{r}.amazonaws.com", "OptInStatus": "opt-in-not-required"}
+                for r in self.enabled_regions
             ]
         }
 

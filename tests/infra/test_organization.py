@@ -212,9 +212,9 @@ def test_a_delegated_administrator_calls_as_one_and_cdk_nag_is_clean(tmp_path: P
     assert rows and all(row[2] in ("Compliant", "Suppressed") for row in rows)
     [found] = of_type(variant.template(), "AWS::CloudFormation::StackSet").values()
     assert found["Properties"]["CallAs"] == "DELEGATED_ADMIN"
-    # Without the GPU agent rollout the member stack is the two roles alone.
+    # Without the GPU agent rollout the member stack is the two roles alone (and the first region's count policy).
     types = [r["Type"] for r in json.loads(found["Properties"]["TemplateBody"])["Resources"].values()]
-    assert types == ["AWS::IAM::Role", "AWS::IAM::Role"]
+    assert sorted(types) == ["AWS::IAM::Policy", "AWS::IAM::Role", "AWS::IAM::Role"]
 
 
 # -- the member stack ------------------------------------------------------------------------------
@@ -225,6 +225,7 @@ def test_the_member_template_holds_only_the_role_and_the_associations(
 ) -> None:
     types = sorted(r["Type"] for r in member["Resources"].values())
     assert types == [
+        "AWS::IAM::Policy",  # the first organization region's daily count of the account's other regions
         "AWS::IAM::Role",
         "AWS::IAM::Role",
         "AWS::SSM::Association",
@@ -243,6 +244,8 @@ def test_the_member_template_holds_only_the_role_and_the_associations(
     assert not_hub == {"Fn::Not": [{"Fn::Equals": [{"Ref": "AWS::AccountId"}, {"Ref": "HubAccountId"}]}]}
     assert all(r.get("Condition") == "NotTheHubAccount" for r in member["Resources"].values() if "SSM" in r["Type"])
     assert all("Condition" not in role for role in of_type(member, "AWS::IAM::Role").values())
+    assert member["Conditions"]["CountsOtherRegions"] == {"Fn::Equals": [{"Ref": "AWS::Region"}, MEMBER_REGIONS[0]]}
+    assert [p.get("Condition") for p in of_type(member, "AWS::IAM::Policy").values()] == ["CountsOtherRegions"]
 
 
 def trusted_principals(role: dict[str, Any]) -> list[Any]:
@@ -348,16 +351,39 @@ MEMBER_NEVER = [
 ]
 
 
+def in_region(member: dict[str, Any], region: str) -> dict[str, Any]:
+    """The member template as CloudFormation makes it in `region`: resources whose condition is false left out
+    (the conditions a template of one region can decide: AWS::Region against a literal)."""
+    decided = {
+        name: condition["Fn::Equals"][1] == region
+        for name, condition in member["Conditions"].items()
+        if "Fn::Equals" in condition and condition["Fn::Equals"][0] == {"Ref": "AWS::Region"}
+    }
+    resources = {k: v for k, v in member["Resources"].items() if decided.get(v.get("Condition", ""), True)}
+    return {**member, "Resources": resources}
+
+
+COUNT_CALLS = [call("ec2:DescribeRegions", "*", OTHER), call("ec2:DescribeInstances", "*", OTHER)]
+
+
 def test_the_member_role_may_do_what_the_single_account_roles_do_to_machines_and_nothing_else(
     hub: dict[str, Any], member: dict[str, Any]
 ) -> None:
     env = Environment(HUB, member)
     role, _ = member_stack_role(member)
-    statements = role_statements(member, env, role)
+    # A member role in any organization region but the first: its own region only.
+    statements = role_statements(in_region(member, MEMBER_REGIONS[1]), env, role)
     refused = [r for r in MEMBER_CALLS if decide(statements, r) != "Allow"]
     assert not refused, refused
-    allowed = [r for r in MEMBER_NEVER if decide(statements, r) == "Allow"]
+    allowed = [r for r in [*MEMBER_NEVER, *COUNT_CALLS] if decide(statements, r) == "Allow"]
     assert not allowed, allowed
+    # The first organization region's: also DescribeRegions and DescribeInstances everywhere (the daily count of
+    # the account's other regions), as the first region's single-account sweep role; nothing else widened.
+    first = role_statements(in_region(member, MEMBER_REGIONS[0]), env, role)
+    assert [r for r in [*MEMBER_CALLS, *COUNT_CALLS] if decide(first, r) != "Allow"] == []
+    widened = [r for r in MEMBER_NEVER if decide(first, r) == "Allow"]
+    assert widened == [r for r in MEMBER_NEVER if r.action == "ec2:DescribeInstances"], widened
+    statements = first
     # The same statements as the hub's sweep and Slack roles, from the same source (infra/machine_access.py).
     hub_env = Environment(HUB, hub)
     single = {

@@ -68,9 +68,10 @@ def states(held: MemberCredentials, instance_id: str) -> str:
     return str(out["Reservations"][0]["Instances"][0]["State"]["Name"])
 
 
-def in_organization(org: Org, monkeypatch: pytest.MonkeyPatch) -> MemberAccess:  # noqa: F811
-    """The hub in organization mode over the ml OU (its team `ml` idle after an hour): the sweep's member access."""
-    local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+def in_organization(org: Org, monkeypatch: pytest.MonkeyPatch, settings: Settings | None = None) -> MemberAccess:  # noqa: F811
+    """The hub in organization mode over the ml OU (its team `ml` idle after an hour; `settings`, or the defaults):
+    the sweep's member access."""
+    local.init_account(settings, teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
     config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION], "hubAccount": local.ACCOUNT}
     monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps(config))
     members = MemberAccess.from_environment("sweep")

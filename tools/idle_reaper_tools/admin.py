@@ -930,6 +930,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.owner:
             rows = [r for r in rows if (r["owner"] or "").lower() == args.owner.lower()]
         unwatched = aws.last_unwatched(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
+        member_regions = aws.members_unwatched(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
         members = last_member_check(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
         member_sweep = last_member_sweep(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
         studio = _studio_findings(refs, settings) if settings.sagemaker_notebooks else []
@@ -946,6 +947,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                         {"unwatched_regions": regions, "denied_regions": denied, "counted_at": counted_at.isoformat()}
                     )
                 )
+            if member_regions:
+                print(json.dumps({"member_unwatched_regions": [c.to_json() for c in member_regions]}))
             if members:
                 failures = [{**f.__dict__, "reason": f.reason.value} for f in members.failures]
                 print(
@@ -964,6 +967,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(format_status(rows, now))
             if unwatched:
                 print(format_unwatched(*unwatched))
+            if member_regions:
+                print("\n".join(aws.members_unwatched_lines(member_regions)))
             if members:
                 print(format_member_check(members))
             if member_sweep:

@@ -254,12 +254,13 @@ class MemberCredentials:
     session_token: str
     expires: datetime
 
-    def client(self, service: str) -> Any:
-        """A client in this account and region, made as `clients.client` makes the hub's (retries, endpoint,
-        parser). Each costs about 50 ms of CPU: make the ones a unit needs, once."""
+    def client(self, service: str, region: str | None = None) -> Any:
+        """A client in this account and region (or `region`: the credentials are good in every region, as far
+        as the role allows; the daily count of the account's other regions), made as `clients.client` makes the
+        hub's (retries, endpoint, parser). Each costs about 50 ms of CPU: make the ones a unit needs, once."""
         return client(
             service,
-            self.region,
+            region or self.region,
             credentials={
                 "aws_access_key_id": self.access_key_id,
                 "aws_secret_access_key": self.secret_access_key,

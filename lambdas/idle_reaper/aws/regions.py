@@ -108,3 +108,112 @@ def last_unwatched(store: StateStore, now: datetime) -> tuple[datetime, list[Reg
     value = json.loads(raw)
     counts = [RegionCount(**c) for c in value["regions"]]
     return datetime.fromisoformat(value["counted_at"]), counts, [str(r) for r in value.get("denied", [])]
+
+
+# ---------------------------------------------------------------------------------------------
+# Organization mode: each member account's count (the regions outside the organization's `regions`)
+
+
+@dataclass(frozen=True)
+class AccountCount:
+    """One member account's last daily count: its regions outside the organization's, and those it is denied."""
+
+    account: str
+    name: str
+    counted_at: datetime
+    regions: tuple[RegionCount, ...]
+    denied: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.account})" if self.name else self.account
+
+    def lines(self) -> list[str]:
+        """What `status` (the CLI, and `/idle-reaper status` for admins) says of it, plain text."""
+        when = f"counted {self.counted_at:%Y-%m-%d %H:%M} UTC"
+        lines = [
+            f"  account {self.label}: {c.region}: {c.running} running, {c.opted_in} tagged for idle-reaper ({when})"
+            for c in self.regions
+        ]
+        if self.denied:
+            lines.append(
+                f"  account {self.label}: not counted, the member role may not look there (a service control "
+                f"policy?): {', '.join(self.denied)}"
+            )
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "account": self.account,
+            "name": self.name,
+            "counted_at": self.counted_at.isoformat(),
+            "regions": [c.__dict__ for c in self.regions],
+            "denied": list(self.denied),
+        }
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> AccountCount:
+        return cls(
+            account=str(value["account"]),
+            name=str(value.get("name", "")),
+            counted_at=datetime.fromisoformat(value["counted_at"]),
+            regions=tuple(RegionCount(**c) for c in value["regions"]),
+            denied=tuple(str(r) for r in value.get("denied", [])),
+        )
+
+
+def member_unwatched_key(account: str) -> str:
+    return f"{UNWATCHED_KEY}#{account}"
+
+
+# The accounts whose last count found something (running instances, or a region denied), for `status`: one item,
+# so that `status` reads one item however many accounts there are; an account with nothing found is not in it.
+MEMBERS_UNWATCHED_KEY = f"{UNWATCHED_KEY}#members"
+MEMBERS_UNWATCHED_KEPT = 500  # accounts kept in that item (the most running instances first): far under 400 KB
+_REPLACE_ATTEMPTS = 8
+
+
+def save_member_unwatched(store: StateStore, count: AccountCount, at: datetime) -> None:
+    """One member account's count: its own item (what says it was counted today), and its entry in the item
+    `status` reads (added, replaced, or dropped when nothing was found), updated by compare-and-set because the
+    member shards count at once; entries older than UNWATCHED_KEEP drop out."""
+    store.put_lookup(member_unwatched_key(count.account), json.dumps(count.to_json()), at + UNWATCHED_KEEP)
+    for _ in range(_REPLACE_ATTEMPTS):
+        raw = store.get_lookup(MEMBERS_UNWATCHED_KEY, at)
+        listed = _parse_members(raw)
+        found = bool(count.regions or count.denied)
+        if not found and all(c.account != count.account for c in listed):
+            return  # nothing found, and it was not listed: nothing to change
+        kept = [c for c in listed if c.account != count.account and at - c.counted_at < UNWATCHED_KEEP]
+        if found:
+            kept.append(count)
+        kept.sort(key=lambda c: (-sum(r.running for r in c.regions), c.account))
+        value = json.dumps([c.to_json() for c in kept[:MEMBERS_UNWATCHED_KEPT]])
+        if store.replace_lookup(MEMBERS_UNWATCHED_KEY, value, at + UNWATCHED_KEEP, expected=raw, now=at):
+            return
+    raise RuntimeError(f"the member accounts' count item kept changing; account {count.account} not listed in it")
+
+
+def last_member_counted(store: StateStore, account: str, now: datetime) -> datetime | None:
+    """When this member account was last counted (None: never, or over a week ago)."""
+    raw = store.get_lookup(member_unwatched_key(account), now)
+    return None if raw is None else datetime.fromisoformat(json.loads(raw)["counted_at"])
+
+
+def members_unwatched(store: StateStore, now: datetime) -> list[AccountCount]:
+    """The member accounts whose last count (within a week) found running instances or a denied region."""
+    return [
+        c for c in _parse_members(store.get_lookup(MEMBERS_UNWATCHED_KEY, now)) if now - c.counted_at < UNWATCHED_KEEP
+    ]
+
+
+def members_unwatched_lines(counts: Sequence[AccountCount]) -> list[str]:
+    """`status`'s lines for the member accounts' counts (nothing when no account has anything outside)."""
+    if not counts:
+        return []
+    head = "Member accounts' regions outside the organization's `regions` (counted daily), never swept:"
+    return [head, *(line for c in counts for line in c.lines())]
+
+
+def _parse_members(raw: str | None) -> list[AccountCount]:
+    return [] if raw is None else [AccountCount.from_json(v) for v in json.loads(raw)]

@@ -6,7 +6,7 @@ acts, and updates the original message in place."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -209,9 +209,12 @@ class Effects:
         return None
 
 
-def status_reply(mine: Iterable[MachineRecord], members: MemberSweep | None = None) -> Reply:
+def status_reply(
+    mine: Iterable[MachineRecord], members: MemberSweep | None = None, member_regions: Sequence[str] = ()
+) -> Reply:
     """`/idle-reaper status`: the caller's machines, their state and why (team and reason quote tags: escaped);
-    `members` (organization mode, shown to admins): the last sweep's excluded accounts and failed units."""
+    `members` (organization mode, shown to admins): the last sweep's excluded accounts and failed units;
+    `member_regions` (the same): the member accounts' daily count of their regions outside the organization's."""
     lines = [
         f"• {machine_label(r.name, r.instance_id)}"
         + (f" · account {r.account} ({r.region})" if r.account else "")
@@ -224,9 +227,10 @@ def status_reply(mine: Iterable[MachineRecord], members: MemberSweep | None = No
         if lines
         else "You own no machines idle-reaper knows of (owners come from the `Owner` tag)."
     )
-    if members is None:
+    if members is None and not member_regions:
         return Reply(text)
-    return Reply(fit(text + "\n\n" + "\n".join(escape(line) for line in members.lines()), DOCTOR_REPLY_CHARS))
+    admin = [*(members.lines() if members is not None else []), *member_regions]
+    return Reply(fit(text + "\n\n" + "\n".join(escape(line) for line in admin), DOCTOR_REPLY_CHARS))
 
 
 def doctor_reply(findings: list[Finding], where: str) -> Reply:

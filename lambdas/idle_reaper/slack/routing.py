@@ -29,6 +29,7 @@ from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore
+from idle_reaper.aws.regions import members_unwatched, members_unwatched_lines
 from idle_reaper.aws.state import DynamoStateStore, StateStore
 from idle_reaper.core.answers import keep_until, may_answer, parse_duration
 from idle_reaper.core.doctor import Finding
@@ -345,7 +346,7 @@ class Router:
             return self.doctor(user, command)
         if verb == "status":
             mine = [r for region in self.regions for r in region.records_of_owner(user)]
-            return status_reply(mine, self.member_sweep(user))
+            return status_reply(mine, self.member_sweep(user), self.member_regions(user))
         if verb == "keep":
             if len(words) != 3:
                 return Reply(
@@ -365,6 +366,18 @@ class Router:
         except (*AwsError, ValueError, KeyError) as exc:
             logger.warning("member sweep not read for status", extra={"error": str(exc)})
             return None
+
+    def member_regions(self, user: str) -> list[str]:
+        """For an admin, organization mode: the member accounts whose daily count found running instances (or a
+        denied region) outside the organization's regions. Nothing for anyone else, or when it cannot be read."""
+        region = self.regions[0]
+        try:
+            if user not in region._settings().admins:
+                return []
+            return members_unwatched_lines(members_unwatched(region.store, region.clock()))
+        except (*AwsError, ValueError, KeyError) as exc:
+            logger.warning("member accounts' regions not read for status", extra={"error": str(exc)})
+            return []
 
     def doctor(self, user: str, command: str) -> Reply:
         """`/idle-reaper doctor`: this region's checks, for its admins only (they list other teams' machines

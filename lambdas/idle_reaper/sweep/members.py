@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -40,6 +41,7 @@ from idle_reaper.organization import (
 )
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, alert_once
+from idle_reaper.sweep.regions import report_member_unwatched
 from idle_reaper.sweep.run import run_sweep
 
 
@@ -219,6 +221,7 @@ def sweep_member_accounts(
     make_adapters: Callable[[Adapters, MemberCredentials, TeamPolicy | None], Adapters] = member_adapters,
     units: Sequence[tuple[MemberAccount, str]] | None = None,
     message_scope: str | None = None,
+    regions_ec2: Callable[[MemberCredentials], Callable[[str], Any]] | None = None,
 ) -> list[UnitOutcome]:
     """Sweep every enrolled (account, region) in place, or only `units` (a member shard's manifest), each
     through its own credentials (reused while valid, aws/accounts.py). An account or OU that
@@ -227,7 +230,11 @@ def sweep_member_accounts(
     the others; the reasons are reported by check_member_accounts.
     Invalid organization settings sweep no member account (less, never more) and are said once a day.
     `message_scope`: the sweep's id, shared with its other shards and the hub's own machines, so that an owner
-    gets one message across every account and region (sweep/owner_messages.py); new when not given."""
+    gets one message across every account and region (sweep/owner_messages.py); new when not given.
+    After the units, with time to spare and not in a dry run: the daily count of each account swept in the first
+    organization region, in its regions outside the organization's (sweep/regions.py report_member_unwatched),
+    through `regions_ec2` (an EC2 client per region with the unit's credentials; member_ec2 with the real
+    adapters, and off unless given with others: fakes bring their own)."""
     message_scope = message_scope or uuid.uuid4().hex
     adapters = replace(adapters, policies=ReadOnce(adapters.policies))  # shared by every unit swept here
     try:
@@ -294,7 +301,46 @@ def sweep_member_accounts(
                     base,
                     now,
                 )
+    if regions_ec2 is None and make_adapters is member_adapters:
+        regions_ec2 = member_ec2
+    if regions_ec2 is not None and not dry_run:
+        count_member_regions(members, units, outcomes, now, adapters, regions_ec2, time_left)
     return outcomes
+
+
+def member_ec2(credentials: MemberCredentials) -> Callable[[str], Any]:
+    """EC2 clients in any region with one member unit's credentials (the member role may list instances
+    everywhere for the daily count, infra/organization.py)."""
+    return lambda region: credentials.client("ec2", region)
+
+
+def count_member_regions(
+    members: MemberAccess,
+    units: Sequence[tuple[MemberAccount, str]],
+    outcomes: Sequence[UnitOutcome],
+    now: datetime,
+    adapters: Adapters,
+    regions_ec2: Callable[[MemberCredentials], Callable[[str], Any]],
+    time_left: Callable[[], float] | None,
+) -> None:
+    """The accounts swept in the first organization region (not excluded, reached) are counted in their other
+    regions, once a day each, through the credentials that unit holds. Never raises: the units are swept."""
+    try:
+        first = members.config.regions[0]
+        accounts = [a for (a, r), o in zip(units, outcomes, strict=True) if r == first and o.report is not None]
+
+        def ec2_of(account: str) -> Callable[[str], Any]:
+            held = members.sessions.credentials(account, first, started=now)
+            if isinstance(held, AccountFailure):
+                raise RuntimeError(held.describe())
+            return regions_ec2(held)
+
+        for line in report_member_unwatched(
+            adapters, accounts, ec2_of, members.config.regions, now, time_left=time_left
+        ):
+            logger.warning(line)
+    except Exception as exc:  # contained, as every side job
+        logger.warning("member accounts' regions not counted", extra={"error": str(exc)})
 
 
 def _none_swept(units: Sequence[tuple[MemberAccount, str]] | None, why: str) -> list[UnitOutcome]:

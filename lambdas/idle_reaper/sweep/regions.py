@@ -1,17 +1,28 @@
-"""The daily count of running instances in regions without a stack (first listed region only).
+"""The daily count of running instances in regions without a stack.
 
-Organization mode: the count is the hub's own account's. A member account's machines outside the organization's
-regions cannot be counted: each member role may only look in its own region (infra/organization.py), so the
-hub has no view of them; the lines and the alert say whose account they count, and the alert says so."""
+The hub's own account (or a single account) is counted from the first listed region's sweep. In organization
+mode each member account is counted too, once a day, through its member role in the first organization region
+(the unit there already holds its credentials): its enabled regions outside the organization's `regions`
+(report_member_unwatched)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from idle_reaper.aws.accounts import OrganizationConfig
-from idle_reaper.aws.regions import count_unwatched, home_region, last_unwatched, save_unwatched, watched_regions
+from idle_reaper.aws.accounts import MemberAccount, OrganizationConfig
+from idle_reaper.aws.clients import run_concurrently
+from idle_reaper.aws.regions import (
+    AccountCount,
+    count_unwatched,
+    home_region,
+    last_member_counted,
+    last_unwatched,
+    save_member_unwatched,
+    save_unwatched,
+    watched_regions,
+)
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.sweep.adapters import Adapters, alert_once
 
@@ -53,10 +64,79 @@ def report_unwatched_regions(adapters: Adapters, ec2_in: Callable[[str], Any], h
                 f"{c.opted_in} running instances in {c.region}{whose} are tagged for idle-reaper, but no idle-reaper "
                 f"stack watches {c.region}: they are never looked at. Add the region to the app's `regions` and deploy."
             )
-            if organization:
-                text += (
-                    " (Member accounts are not counted: the hub sees them only in the organization's regions, "
-                    f"{', '.join(organization.regions)}.)"
-                )
             alert_once(adapters, f"unwatched#{c.region}#{week}", text, settings, now)
     return lines
+
+
+# A member account's count runs only with this much time left in the invocation (like the hub's,
+# handlers/sweep.py UNWATCHED_COUNT_SECONDS): it is a side job, after the units' sweeps, never in their way.
+MEMBER_COUNT_SECONDS = 60.0
+MEMBER_COUNT_WORKERS = 8
+
+
+def report_member_unwatched(
+    adapters: Adapters,
+    accounts: Sequence[MemberAccount],
+    ec2_of: Callable[[str], Callable[[str], Any]],
+    watched: Sequence[str],
+    now: datetime,
+    *,
+    time_left: Callable[[], float] | None = None,
+    workers: int = MEMBER_COUNT_WORKERS,
+) -> list[str]:
+    """Organization mode, once a day per member account: running instances (and those tagged for idle-reaper)
+    in its enabled regions outside the organization's `regions` (`watched`, the first where DescribeRegions is
+    asked), through `ec2_of(account)`: an EC2 client per region with the member role's credentials of the first
+    organization region. Kept per account for `status`; the admins are told once a week per (account, region)
+    where some are tagged for idle-reaper. Regions the account is denied (an SCP) are named, not counted.
+    A side job like the hub's count: claimed once an hour per account (so a failure is tried again the next
+    hour, not every sweep) and done for the day once it succeeds; skipped when time runs short; one account's
+    failure is a line of the log, never anything else's. Returns the lines for the log."""
+    try:
+        settings, _ = adapters.policies.load_settings()
+    except Exception as exc:  # contained: the next sweep tries again
+        return [f"member accounts' regions not counted: {exc}"]
+    week = now.strftime("%G-W%V")
+
+    def count(account: MemberAccount) -> list[str]:
+        label = f"{account.name} ({account.id})" if account.name else account.id
+        if time_left is not None and time_left() < MEMBER_COUNT_SECONDS:
+            return []  # the next sweep counts it
+        try:
+            last = last_member_counted(adapters.store, account.id, now)
+            if last is not None and last.date() == now.date():
+                return []  # counted today
+            if not adapters.store.claim_once(f"unwatched-regions#{account.id}#{now:%Y-%m-%dT%H}", now):
+                return []  # this hour's attempt is made (or being made) by another sweep
+            counts, denied = count_unwatched(ec2_of(account.id), watched, settings.tags)
+            found = AccountCount(account.id, account.name, now, tuple(counts), tuple(denied))
+            save_member_unwatched(adapters.store, found, now)
+        except Exception as exc:  # contained: the units are swept; the next hour tries again
+            return [
+                f"could not count member account {label}'s regions outside the organization's: {exc}; tried again "
+                "next hour"
+            ]
+        lines = [
+            f"{c.region} of member account {label} has no idle-reaper member stack: {c.running} running instances, "
+            f"{c.opted_in} tagged for idle-reaper"
+            for c in found.regions
+        ]
+        if found.denied:
+            lines.append(
+                f"member account {label}: not counted, the member role may not look there: {', '.join(found.denied)}"
+            )
+        for c in found.regions:
+            if c.opted_in:
+                alert_once(
+                    adapters,
+                    f"unwatched#{account.id}#{c.region}#{week}",
+                    f"{c.opted_in} running instances in {c.region} of member account {label} are tagged for "
+                    f"idle-reaper, but idle-reaper watches member accounts only in the organization's regions "
+                    f"({', '.join(watched)}): they are never looked at. Add {c.region} to the `organization` block's "
+                    "`regions` and deploy.",
+                    settings,
+                    now,
+                )
+        return lines
+
+    return [line for lines in run_concurrently(count, accounts, workers) for line in lines]
