@@ -117,13 +117,15 @@ def run(size: int, seed: int) -> None:
     try:
         client = make_client("xoxb-bench", SWEEP_TIMEOUT_S)  # its budget on the virtual clock
         web = InProcessClient(fake, model, token="xoxb-bench", retry_handlers=client.retry_handlers)
-        notifier = SlackNotifier(web, store)
+        # The notifier tells the sweep's time (T0's day), not the wall clock: its references last a week.
+        swept = {"at": SWEEPS[0]}
+        notifier = SlackNotifier(web, store, lambda: swept["at"])
         adapters = aws.adapters(store=store, notifier=notifier, prefix=PREFIX)
         print(f"\n== a first look at {size:,} machines, {len(owners)} owners, under Slack's documented limits ==")
         must_warn: set[str] = set()
         calls_before: Counter[str] = Counter()
         for n, now in enumerate(SWEEPS, 1):
-            start = model.virtual
+            start, swept["at"] = model.virtual, now
             for budget in builtin_handlers_budgets(web):
                 budget.deadline = start + SWEEP_TIMEOUT_S
             report = run_sweep(adapters, now=now, time_left=lambda s=start: SWEEP_TIMEOUT_S - (model.virtual - s))

@@ -197,11 +197,14 @@ def test_member_credentials_reach_that_account_and_are_reused_until_near_expiry(
         }
         assert seen == {launched[(account, region)]}
     assert not aws_client("ec2").describe_instances()["Reservations"]
-    # Reused while valid ...
-    clock.now += timedelta(minutes=30)
-    assert sessions.credentials(training, "us-east-1") is found[pairs[0]] and sessions.assume_calls == 3
+    # Reused while valid ... (timed from their expiry as moto gave it: an hour after moto's real now, which is
+    # later than the clock's start by however long the calls above took on a loaded machine)
+    held = found[pairs[0]]
+    assert isinstance(held, MemberCredentials) and held.expires - clock.now >= timedelta(minutes=55)
+    clock.now = held.expires - REFRESH_MARGIN - timedelta(seconds=1)
+    assert sessions.credentials(training, "us-east-1") is held and sessions.assume_calls == 3
     # ... and renewed before a sweep could outlive them.
-    clock.now += timedelta(minutes=60) - REFRESH_MARGIN - timedelta(minutes=30) + timedelta(seconds=1)
+    clock.now += timedelta(seconds=2)
     renewed = sessions.credentials(training, "us-east-1")
     assert renewed is not found[pairs[0]] and sessions.assume_calls == 4
 
@@ -287,7 +290,10 @@ def test_a_sweep_holds_member_credentials_and_tells_the_admins_once_a_day_per_ac
 ) -> None:
     local.init_account(Settings(admins=["U0ADMIN"]))
     sandbox = org.accounts["alice-sandbox"]
-    clock = Clock(datetime.now(UTC).replace(hour=6, minute=0, second=0, microsecond=0))
+    # Early in today (UTC), so the sweeps 5 minutes later fall on the same day; never after the real now, so
+    # moto's credentials (an hour past the real now) are still fresh for them.
+    now = datetime.now(UTC)
+    clock = Clock(min(now, now.replace(hour=6, minute=0, second=0, microsecond=0)))
     members = member_access(org, {sandbox: denied(sandbox)}, clock)
     adapters = sweep_adapters()
 

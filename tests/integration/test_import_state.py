@@ -26,11 +26,10 @@ from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MachineRecord, State, machine_key
 from idle_reaper.policy import DEFAULT_GPU_FAMILIES, TeamPolicy, TeamPolicyRef
 from idle_reaper.slack import routing
-from idle_reaper.sweep import Adapters
 from idle_reaper.sweep.members import sweep_member_accounts
 from idle_reaper.sweep.quiet_hours import QUIET_INDEX
 from idle_reaper_tools import cli, local
-from idle_reaper_tools.demo import at
+from idle_reaper_tools.demo import adapters_at, at
 from idle_reaper_tools.import_state import Table, apply, compare, plan_import, target_keys
 
 pytestmark = pytest.mark.integration
@@ -39,6 +38,10 @@ REGION = "us-east-1"
 NOW = at(14)
 TABLE = "idle-reaper-state"  # the old stack's table: the same name as the hub's, in the member account
 LATER = datetime.now(UTC) + timedelta(days=7)  # lookups live in real time
+# The import is run by a person: its clock is real time, so the history and claims the old stack wrote carry
+# times of real time too (recent), not the demo's day: an audit item lives 90 days, a claim 30, and written on
+# the demo's day they would be expired (not copied) when the suite runs that long after it.
+WRITTEN = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
 
 
 class Moving:
@@ -127,9 +130,10 @@ def seed_old_state(m: Moving) -> None:
     ]
     for record in records:
         assert m.old.save(record)
-    m.old.audit("i-0snoozed", at(12, 30), {"action": "keep", "by": "U0BOB", "instance_id": "i-0snoozed"})
-    m.old.audit("i-0snoozed", at(9), {"action": "warn"})
-    m.old.audit("i-0warned", at(13, 40), {"action": "warn"})
+    keep = {"action": "keep", "by": "U0BOB", "instance_id": "i-0snoozed"}
+    m.old.audit("i-0snoozed", WRITTEN - timedelta(hours=1, minutes=30), keep)
+    m.old.audit("i-0snoozed", WRITTEN - timedelta(hours=5), {"action": "warn"})
+    m.old.audit("i-0warned", WRITTEN - timedelta(minutes=20), {"action": "warn"})
     m.old.put_lookup("ref#REF-WARNED", "i-0warned", LATER)
     m.old.put_lookup("ref#REF-OLD", "i-0gone", LATER)  # a machine the old table no longer has: not copied
     group = {"ids": ["i-0warned"], "refs": {"i-0warned": "REF-WARNED"}, "lines": {"i-0warned": "trainer"}, "title": ""}
@@ -139,7 +143,7 @@ def seed_old_state(m: Moving) -> None:
     m.old.put_lookup("ref#REF-EXPIRED", "i-0warned", datetime.now(UTC) - timedelta(minutes=1))  # TTL not run yet
     m.old.put_lookup(QUIET_INDEX, json.dumps({"ml": ["i-0quiet"]}), LATER)
     m.old.put_lookup("last-sweep", "{}", LATER)  # the old deployment's own bookkeeping: left behind
-    assert m.old.claim_once("doctor#day#2026-11-20", NOW)
+    assert m.old.claim_once("doctor#day#2026-11-20", WRITTEN)
     # The hub already knows i-0newer under its member key, newer than the old table's: kept.
     hub_newer = MachineRecord(
         "i-0newer",
@@ -278,7 +282,7 @@ def test_after_the_move_the_hub_stops_only_on_a_warning_that_could_be_answered(
         assert (imported.warned_at, imported.stop_not_before, imported.warning_ref) == (None, None, None)
         assert imported.state is (State.IDLE if state is State.WARNED else state)
     m.exclude([])  # the move is done: the hub sweeps the account
-    outcomes = {o.account: o for o in sweep_member_accounts(Adapters.from_environment(), members, at(14, 5))}
+    outcomes = {o.account: o for o in sweep_member_accounts(adapters_at(at(14, 5)), members, at(14, 5))}
     report = outcomes[m.account].report
     assert report is not None
     (decision,) = report.decisions

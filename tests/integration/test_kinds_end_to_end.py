@@ -17,9 +17,9 @@ import pytest
 from idle_reaper import aws
 from idle_reaper.core import State
 from idle_reaper.handlers import slack as slack_handler
-from idle_reaper.sweep import Adapters, SweepReport, run_sweep
+from idle_reaper.sweep import SweepReport, run_sweep
 from idle_reaper_tools import admin, local
-from idle_reaper_tools.demo import at
+from idle_reaper_tools.demo import adapters_at, at
 from idle_reaper_tools.fake_slack import FakeSlack, LambdaContextStub, signed_request
 from testkit import ec2_answers
 from testkit.ec2_answers import Ec2Answers
@@ -85,7 +85,7 @@ def fleet(answers: Ec2Answers, slack: FakeSlack) -> dict[str, str]:
 
 
 def sweep(now: datetime) -> SweepReport:
-    return run_sweep(Adapters.from_environment(), now=now)
+    return run_sweep(adapters_at(now), now=now)
 
 
 def posted_to(slack: FakeSlack, instance_id: str) -> list[dict[str, Any]]:

@@ -22,10 +22,9 @@ from idle_reaper.handlers import fanout
 from idle_reaper.handlers import sweep as sweep_handler
 from idle_reaper.policy import Settings
 from idle_reaper.slack import routing
-from idle_reaper.sweep import Adapters
 from idle_reaper.sweep.members import sweep_member_accounts
 from idle_reaper_tools import cli, local
-from idle_reaper_tools.demo import at
+from idle_reaper_tools.demo import adapters_at, at
 from idle_reaper_tools.fake_slack import LambdaContextStub
 from testkit.emf import emf_blobs
 
@@ -97,7 +96,7 @@ def test_warning_click_and_stop_in_a_member_account(
         in_sandbox = member_instance(sandbox, "U0ALICE", at(8))
 
         clock["t"] = at(14)
-        outcomes = {o.account: o for o in sweep_member_accounts(Adapters.from_environment(), members, at(14))}
+        outcomes = {o.account: o for o in sweep_member_accounts(adapters_at(at(14)), members, at(14))}
         (decision,) = outcomes[training.account].report.decisions  # type: ignore[union-attr]
         assert (decision.machine.account, decision.action.value) == (training.account, "warn")
         post = next(c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "D0BOB")
@@ -148,7 +147,7 @@ def test_a_click_on_a_machine_whose_account_has_left_the_organization_changes_no
         assert isinstance(sandbox, MemberCredentials)
         in_sandbox = member_instance(sandbox, "U0ALICE", at(8))
         clock["t"] = at(14)
-        sweep_member_accounts(Adapters.from_environment(), members, at(14))
+        sweep_member_accounts(adapters_at(at(14)), members, at(14))
         alice = next(c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "D0ALICE")
         ref = next(b["elements"][0]["value"] for b in alice.params["blocks"] if b["type"] == "actions")
         answering = routing.answer_access()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 import pytest
@@ -128,7 +128,11 @@ def test_a_member_accounts_other_regions_are_counted_shown_by_name_and_told_once
 
     # The rest of the day: not counted again; the same week: not told again; the next week: told again.
     adapters = Adapters.from_environment()
-    for later in (now + timedelta(hours=2), now + timedelta(days=1)):
+    # Later sweeps of the same ISO week (the weekly claim's), whatever day the test runs on: two hours and a day
+    # later when the week has room for them (not on a Sunday), else between now and the week's end.
+    monday = datetime.combine(now.date() - timedelta(days=now.weekday()), time(0), tzinfo=UTC)
+    room = monday + timedelta(days=7) - now
+    for later in (now + min(timedelta(hours=2), room / 3), now + min(timedelta(days=1), room * 2 / 3)):
         swept = {o.account: o for o in sweep_member_accounts(adapters, members, later)}
         assert [d.machine.instance_id for d in swept[training.account].report.decisions] == [machine]  # type: ignore[union-attr]
     assert len(admin_alerts(slack)) == len(alerts)

@@ -18,9 +18,9 @@ from idle_reaper import aws
 from idle_reaper.core import State
 from idle_reaper.handlers import slack as slack_handler
 from idle_reaper.policy import Settings
-from idle_reaper.sweep import Adapters, run_sweep
+from idle_reaper.sweep import run_sweep
 from idle_reaper_tools import local
-from idle_reaper_tools.demo import at
+from idle_reaper_tools.demo import adapters_at, at
 from idle_reaper_tools.fake_slack import LambdaContextStub, signed_request
 
 pytestmark = pytest.mark.integration
@@ -83,7 +83,7 @@ def notebook(name: str, profile=idle, instance_type: str = "ml.p3.2xlarge", **kw
 
 
 def sweep(now):
-    return {d.machine.instance_id: d for d in run_sweep(Adapters.from_environment(), now=now).decisions}
+    return {d.machine.instance_id: d for d in run_sweep(adapters_at(now), now=now).decisions}
 
 
 def record(name):
@@ -261,7 +261,7 @@ def test_notebooks_that_cannot_be_listed_are_left_out_loudly_and_ec2_is_swept(te
     events = boto3._get_default_session().events
     events.register("before-parameter-build.sagemaker.ListNotebookInstances", denied, unique_id="deny-list")
     try:
-        report = run_sweep(Adapters.from_environment(), now=T0)
+        report = run_sweep(adapters_at(T0), now=T0)
     finally:
         events.unregister("before-parameter-build.sagemaker.ListNotebookInstances", unique_id="deny-list")
     assert [d.machine.instance_id for d in report.decisions] == [instance_id]
@@ -278,7 +278,7 @@ def test_status_lists_a_notebook_without_data_with_its_cost_and_how_to_attach(te
 
     dark = notebook("no-agent", None)
     without_collector = notebook("cpu-and-gpu-only")
-    run_sweep(Adapters.from_environment(), now=T0)
+    run_sweep(adapters_at(T0), now=T0)
     # A notebook instance no sweep has seen yet is listed too: status discovers as the sweep does.
     fresh = notebook("not-swept-yet", None, instance_type="ml.t3.medium")
     capsys.readouterr()

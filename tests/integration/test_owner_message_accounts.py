@@ -22,9 +22,10 @@ from idle_reaper.core.records import State, machine_key
 from idle_reaper.handlers import fanout
 from idle_reaper.handlers import sweep as sweep_handler
 from idle_reaper.slack import routing
-from idle_reaper.sweep import Adapters, run_sweep
+from idle_reaper.sweep import run_sweep
 from idle_reaper.sweep.members import sweep_member_accounts
 from idle_reaper_tools import local
+from idle_reaper_tools.demo import adapters_at as swept_at  # Slack's notifier tells the sweep's time
 from idle_reaper_tools.demo import at
 from idle_reaper_tools.fake_slack import LambdaContextStub
 
@@ -41,12 +42,6 @@ def organization(org: Org, monkeypatch: pytest.MonkeyPatch) -> MemberAccess:  # 
     """The hub in organization mode over the ml OU, with a third enrolled account (research)."""
     org.accounts["research"] = new_account(aws_client("organizations"), "research", org.ml, org.root)
     return in_organization(org, monkeypatch)
-
-
-def swept_at(now: datetime) -> Adapters:
-    """The hub's adapters for a sweep at `now` (the demo's fixed day): Slack's notifier tells that time too, so
-    its references (a week's) are read as they were written, not against today's wall clock."""
-    return Adapters.from_environment(clock=lambda: now)
 
 
 def held(members: MemberAccess, account: str) -> MemberCredentials:

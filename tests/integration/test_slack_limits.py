@@ -14,7 +14,7 @@ from idle_reaper.notify import PermanentDeliveryFailure
 from idle_reaper.slack import SlackNotifier, make_client
 from idle_reaper.sweep import Adapters, run_sweep
 from idle_reaper_tools import local
-from idle_reaper_tools.demo import at
+from idle_reaper_tools.demo import adapters_at, at
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def member(aws, slack):
 
 
 def test_a_group_member_with_a_256_character_unicode_name_is_warned(member, slack):
-    (d,) = run_sweep(Adapters.from_environment(), now=NOW).decisions
+    (d,) = run_sweep(adapters_at(NOW), now=NOW).decisions
     assert d.machine.name == NAME and d.machine.asg_name == "workers"
     assert d.action_label == "warn" and d.error is None
     posts = slack.calls_to("chat.postMessage")
@@ -81,7 +81,7 @@ def test_a_channel_the_bot_is_not_in_is_a_permanent_failure_naming_the_fix(membe
 
 def test_one_failed_target_still_delivers_the_warning(member, slack):
     slack.errors["chat.postMessage C0MLTEAM"] = "is_archived"
-    (d,) = run_sweep(Adapters.from_environment(), now=NOW).decisions
+    (d,) = run_sweep(adapters_at(NOW), now=NOW).decisions
     assert d.action_label == "warn"
     stored = adapters_aws.DynamoStateStore(adapters_aws.client("dynamodb"), adapters_aws.table_name()).load([member])[
         member
@@ -97,7 +97,7 @@ def test_a_warning_that_missed_one_target_is_reported_to_the_admins_once(member,
     )
     slack.errors["chat.postMessage C0MLTEAM"] = "is_archived"
     for minutes in (0, 5, 10):
-        run_sweep(Adapters.from_environment(), now=NOW + timedelta(minutes=minutes))
+        run_sweep(adapters_at(NOW + timedelta(minutes=minutes)), now=NOW + timedelta(minutes=minutes))
     alerts = [c.params["text"] for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "C0ADMINS"]
     assert len(alerts) == 1, alerts
     assert member in alerts[0] and "not to every target" in alerts[0] and "C0MLTEAM" in alerts[0]

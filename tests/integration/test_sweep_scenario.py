@@ -17,7 +17,7 @@ def afternoon(moto_server, slack_server):
     slack_server.reset()
     slack_server.users_by_email.update(demo.SLACK_USERS)
     seeded = demo.seed()
-    reports = demo.simulate(seeded, Adapters.from_environment)
+    reports = demo.simulate(seeded, demo.adapters_at)
     return seeded, reports
 
 

@@ -97,3 +97,52 @@ def test_the_checks_see_a_violation() -> None:
     # The layer table would miss nothing silently: an unknown runtime module fails loudly.
     assert layer("idle_reaper.sweep.run") > layer("idle_reaper.aws.fleet") > layer("idle_reaper.core.lifecycle")
     assert layer("idle_reaper.slack.routing") > layer("idle_reaper.slack.notifier")
+
+
+# Where the runtime may read the wall clock: entry points (a handler's "now") and the defaults of clocks a caller
+# can replace. A component that reads it anywhere else cannot be given a test's day (or the demo's, or a replay's):
+# a reference written on a fixed day and read against the wall clock expires once that day is a week old, and the
+# suite starts failing on some later date (675098c). Take a `clock` (or a `now`) instead, defaulting to wall_clock.
+WALL_CLOCK_READS = {
+    ("idle_reaper.aws.clients", "wall_clock"),
+    ("idle_reaper.handlers.digest", "handler"),
+    ("idle_reaper.handlers.slack", "clock"),
+    ("idle_reaper.handlers.sweep", "handler"),
+    ("idle_reaper.slack.notifier", "SlackDelivery.__init__"),  # the default of its `clock`
+    ("idle_reaper.sweep.owner_messages", "post_across"),  # a record without updated_at (a sweep's never lacks it)
+    ("idle_reaper.slack.blocks", "quiet_stop_line"),  # a record without its stop time (a sweep's never lacks it)
+}
+
+
+def wall_clock_reads(name: str, tree: ast.Module) -> list[tuple[str, str]]:
+    """(module, the function reading it) for each datetime.now/utcnow/today, date.today or time.time call."""
+    found: list[tuple[str, str]] = []
+
+    def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            scope = (*scope, node.name)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner, attr = node.func.value, node.func.attr
+            if isinstance(owner, ast.Name) and (owner.id, attr) in {
+                ("datetime", "now"),
+                ("datetime", "utcnow"),
+                ("datetime", "today"),
+                ("date", "today"),
+                ("time", "time"),
+            }:
+                found.append((name, ".".join(scope)))
+        for child in ast.iter_child_nodes(node):
+            visit(child, scope)
+
+    visit(tree, ())
+    return found
+
+
+def test_the_runtime_reads_the_wall_clock_only_where_a_caller_can_give_it_another_time() -> None:
+    reads = {read for name, _, tree in runtime_modules() for read in wall_clock_reads(name, tree)}
+    unexpected = [f"{module}: {where or '<module>'}" for module, where in sorted(reads - WALL_CLOCK_READS)]
+    assert not unexpected, "the wall clock read where no caller can give another time:\n" + "\n".join(unexpected)
+    assert reads >= WALL_CLOCK_READS, "an allowed read is gone: drop it from WALL_CLOCK_READS"
+    # The check sees one: a component's hidden `datetime.now(UTC)`.
+    hidden = ast.parse("def remember(store):\n    store.put(datetime.now(UTC) + REF_TTL)\n")
+    assert wall_clock_reads("idle_reaper.slack.shared", hidden) == [("idle_reaper.slack.shared", "remember")]

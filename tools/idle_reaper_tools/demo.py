@@ -211,9 +211,16 @@ def seed() -> Seeded:
 DEMO_SHARD_SIZE = 4  # a handful of shards, so the demo runs the fan-out the way a large fleet does
 
 
+def adapters_at(now: datetime) -> Adapters:
+    """The local adapters of a sweep at `now` (the simulated day): Slack's notifier tells that time too, so the
+    references it writes (a week's) are read as they were written, not against the wall clock, whatever the
+    date the demo runs on."""
+    return Adapters.from_environment(clock=lambda: now)
+
+
 def simulate(
     seeded: Seeded,
-    adapters_factory: Callable[[], Adapters],
+    adapters_factory: Callable[[datetime], Adapters],
     on_sweep: Callable[[SweepReport], None] | None = None,
     start: datetime = START,
     end: datetime = END,
@@ -223,7 +230,8 @@ def simulate(
     while now <= end:
         launch_due(seeded, now)
         # The planner, shard workers on threads and the gather step, as the state machine runs them.
-        report = run_sharded(adapters_factory(), now=now, shard_size=DEMO_SHARD_SIZE, workers=DEMO_SHARD_SIZE).merged()
+        adapters = adapters_factory(now)
+        report = run_sharded(adapters, now=now, shard_size=DEMO_SHARD_SIZE, workers=DEMO_SHARD_SIZE).merged()
         reports.append(report)
         if on_sweep:
             on_sweep(report)
@@ -378,7 +386,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for box in FLEET:
             out(f"  {box.name:<13} {box.instance_type:<12} team={box.team:<9} {box.story}")
         out(f"  {GROUP}-0, -1   m5.large x2  team=ml        an Auto Scaling group: one busy member, one idle\n")
-        reports = simulate(seeded, Adapters.from_environment, Timeline(seeded, slack, out))
+        reports = simulate(seeded, adapters_at, Timeline(seeded, slack, out))
         rows = summary(seeded, reports)
         digests = weekly_digests(slack)
     out("\nsummary (the simulated day ends at 17:00):")
