@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 
 from idle_reaper.aws.clients import error_code
 from idle_reaper.aws.state import StateStore
+from idle_reaper.core.digest_text import named_account
 from idle_reaper.policy import (
     TagKeys,
 )
@@ -126,7 +127,7 @@ class AccountCount:
 
     @property
     def label(self) -> str:
-        return f"{self.name} ({self.account})" if self.name else self.account
+        return named_account(self.account, self.name)
 
     def lines(self) -> list[str]:
         """What `status` (the CLI, and `/idle-reaper status` for admins) says of it, plain text."""

@@ -13,13 +13,16 @@ from idle_reaper.core.records import State
 HUB_ACCOUNT = "the hub's account"  # how the digest names the hub's own account beside member accounts
 
 
-def account_label(account: str | None, names: Mapping[str, str]) -> str:
-    """An account as people read it: its name and id ("sandbox-a (111111111111)"), the id alone when the
-    directory does not name it (it left the organization, or has no name), HUB_ACCOUNT for the hub's own."""
-    if account is None:
-        return HUB_ACCOUNT
-    name = (names.get(account) or "").strip()
+def named_account(account: str, name: str | None) -> str:
+    """An account as people read it: its name and id ("sandbox-a (111111111111)"), the id alone without a name."""
+    name = (name or "").strip()
     return f"{name} ({account})" if name and name != account else account
+
+
+def account_label(account: str | None, names: Mapping[str, str]) -> str:
+    """named_account by the directory's names (an account it does not name, having left the organization, is its
+    id alone), HUB_ACCOUNT for the hub's own."""
+    return HUB_ACCOUNT if account is None else named_account(account, names.get(account))
 
 
 def _usd(value: float) -> str:

@@ -160,7 +160,7 @@ class Region:
         (`account/region/i-0abc`) each key still selects exactly one machine."""
         mine = [r for r in self.records_of_owner(user) if target in (r.instance_id, r.name, r.key)]
         exact = [r for r in mine if r.key == target]
-        if exact or mine or not (target.startswith("i-") or parse_machine_key_or_none(target)):
+        if mine or not (target.startswith("i-") or parse_machine_key_or_none(target)):
             return exact or mine
         return list(self.store.load([target]).values())
 

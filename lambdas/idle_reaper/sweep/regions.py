@@ -23,8 +23,17 @@ from idle_reaper.aws.regions import (
     save_unwatched,
     watched_regions,
 )
+from idle_reaper.core.digest_text import named_account
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.sweep.adapters import Adapters, alert_once
+
+
+def _count_due(adapters: Adapters, last: datetime | None, claim: str, now: datetime) -> bool:
+    """Whether a daily count is to be made now: not yet counted today (`last`), and this hour's attempt claimed
+    here (a failed count is tried again the next hour, not every sweep; another sweep may hold this hour's)."""
+    if last is not None and last.date() == now.date():
+        return False
+    return adapters.store.claim_once(f"{claim}#{now:%Y-%m-%dT%H}", now)
 
 
 def report_unwatched_regions(adapters: Adapters, ec2_in: Callable[[str], Any], here: str, now: datetime) -> list[str]:
@@ -38,10 +47,8 @@ def report_unwatched_regions(adapters: Adapters, ec2_in: Callable[[str], Any], h
         return []
     try:
         last = last_unwatched(adapters.store, now)
-        if last is not None and last[0].date() == now.date():
-            return []  # counted today
-        if not adapters.store.claim_once(f"unwatched-regions#{now:%Y-%m-%dT%H}", now):
-            return []  # this hour's attempt is made (or being made) by another sweep
+        if not _count_due(adapters, last[0] if last is not None else None, "unwatched-regions", now):
+            return []
         settings, _ = adapters.policies.load_settings()
         counts, denied = count_unwatched(ec2_in, watched_regions(here), settings.tags)
         save_unwatched(adapters.store, counts, now, denied)
@@ -99,15 +106,13 @@ def report_member_unwatched(
     week = now.strftime("%G-W%V")
 
     def count(account: MemberAccount) -> list[str]:
-        label = f"{account.name} ({account.id})" if account.name else account.id
+        label = named_account(account.id, account.name)
         if time_left is not None and time_left() < MEMBER_COUNT_SECONDS:
             return []  # the next sweep counts it
         try:
             last = last_member_counted(adapters.store, account.id, now)
-            if last is not None and last.date() == now.date():
-                return []  # counted today
-            if not adapters.store.claim_once(f"unwatched-regions#{account.id}#{now:%Y-%m-%dT%H}", now):
-                return []  # this hour's attempt is made (or being made) by another sweep
+            if not _count_due(adapters, last, f"unwatched-regions#{account.id}", now):
+                return []
             counts, denied = count_unwatched(ec2_of(account.id), watched, settings.tags)
             found = AccountCount(account.id, account.name, now, tuple(counts), tuple(denied))
             save_member_unwatched(adapters.store, found, now)
