@@ -18,7 +18,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aws_cdk import App, Aspects, Aws, BootstraplessSynthesizer, CfnCondition, CfnParameter, CfnResource, Fn, Stack
+from aws_cdk import (
+    App,
+    Aspects,
+    Aws,
+    BootstraplessSynthesizer,
+    CfnCondition,
+    CfnParameter,
+    CfnResource,
+    Fn,
+    ICfnConditionExpression,
+    Stack,
+)
 from aws_cdk import aws_cloudformation as cfn
 from aws_cdk import aws_iam as iam
 from cdk_nag import AwsSolutionsChecks, NagPackSuppression, RegexAppliesTo
@@ -65,6 +76,8 @@ class MemberSettings:
     # The first organization region: its member role also lists instances in every region, once a day, for
     # the count of the account's regions outside the organization's (sweep/regions.py report_member_unwatched).
     count_region: str = ""
+    # The hub's own regions (its stacks'): in the hub's account a member stack rolls the agent out only elsewhere.
+    hub_regions: tuple[str, ...] = ()
 
 
 # What the member role of the first organization region may do beyond a unit's sweep, and the single-account
@@ -78,7 +91,9 @@ class MemberStack(Stack):
 
     Parameters (set by the StackSet from the hub stack): the ARNs of the hub roles the member role trusts, the
     ARN of the hub's digest role (the read role trusts it alone), and the hub's account id (in the hub's own
-    account the hub stack already rolls the agent out, so the member stack there holds only the roles)."""
+    account, in a hub region, the hub stack already rolls the agent out, so the member stack there holds only the
+    roles; in the hub's account's other organization regions the hub sweeps it as a member and the rollout is
+    the member stack's)."""
 
     def __init__(self, scope: Construct, id: str, *, settings: MemberSettings) -> None:
         super().__init__(
@@ -177,12 +192,29 @@ class MemberStack(Stack):
                 tag_key=settings.gpu_agent_tag_key,
                 tag_value=settings.gpu_agent_tag_value,
             )
-            not_hub = CfnCondition(
-                self, "NotTheHubAccount", expression=Fn.condition_not(Fn.condition_equals(Aws.ACCOUNT_ID, hub_account))
-            )
+            not_hub = Fn.condition_not(Fn.condition_equals(Aws.ACCOUNT_ID, hub_account))
+            if settings.hub_regions:
+                in_hub_region = any_of([Fn.condition_equals(Aws.REGION, r) for r in settings.hub_regions])
+                rolls_out = CfnCondition(
+                    self, "NoHubStackHere", expression=Fn.condition_or(not_hub, Fn.condition_not(in_hub_region))
+                )
+            else:
+                rolls_out = CfnCondition(self, "NotTheHubAccount", expression=not_hub)
             for child in rollout.node.find_all():
                 if isinstance(child, CfnResource):
-                    child.cfn_options.condition = not_hub
+                    child.cfn_options.condition = rolls_out
+
+
+def any_of(conditions: Sequence[ICfnConditionExpression]) -> ICfnConditionExpression:
+    """One condition true when any is: CloudFormation's Fn::Or takes 2 to 10, so one stands alone and more are
+    nested by tens."""
+    if not conditions:
+        raise ValueError("any_of needs at least one condition")
+    level = list(conditions)
+    while len(level) > 1:
+        chunks = [level[i : i + 10] for i in range(0, len(level), 10)]
+        level = [c[0] if len(c) == 1 else Fn.condition_or(*c) for c in chunks]
+    return level[0]
 
 
 def member_template(settings: MemberSettings) -> dict[str, Any]:

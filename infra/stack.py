@@ -8,7 +8,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aws_cdk import App, ArnFormat, Aspects, CfnOutput, Duration, Environment, RemovalPolicy, SecretValue, Stack, Tags
+from aws_cdk import (
+    App,
+    ArnFormat,
+    Aspects,
+    CfnOutput,
+    Duration,
+    Environment,
+    RemovalPolicy,
+    SecretValue,
+    Stack,
+    Tags,
+    Token,
+)
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
@@ -566,6 +578,9 @@ class IdleReaperStack(Stack):
         weekly digest, which names them. The digest assumes the member stacks' read role only (GetMetricData:
         its exempt machines' week), never the member role (which trusts the sweep and the Slack endpoint only)."""
         roles: list[iam.IRole] = [f.role for f in functions]
+        # The hub's own regions, where its stacks sweep its account (not known at synth when the region is a token:
+        # then the hub's account is left out of the member units, as before).
+        hub_regions = [r for r in (list(props.regions) or [self.region]) if not Token.is_unresolved(r)]
         template = member_template(
             MemberSettings(
                 prefix=props.prefix,
@@ -575,6 +590,7 @@ class IdleReaperStack(Stack):
                 gpu_agent_tag_key=props.gpu_agent_tag_key,
                 gpu_agent_tag_value=props.gpu_agent_tag_value,
                 count_region=organization.regions[0],
+                hub_regions=tuple(hub_regions),
             )
         )
         members = MemberStackSet(
@@ -600,6 +616,7 @@ class IdleReaperStack(Stack):
                 "regions": organization.regions,
                 "hubAccount": self.account,
                 "partition": self.partition,
+                "hubRegions": hub_regions,
             }
         )
         for function in dict.fromkeys([*functions, *listers]):

@@ -34,7 +34,7 @@ from test_names import physical_names
 
 from idle_reaper.aws.accounts import ORGANIZATION_ENV, OrganizationConfig
 from idle_reaper.organization import ContextError, member_read_role_name, member_role_name
-from infra.organization import TEMPLATE_BODY_LIMIT
+from infra.organization import TEMPLATE_BODY_LIMIT, any_of
 from infra.stack import IdleReaperProps
 
 pytestmark = pytest.mark.infra
@@ -239,13 +239,49 @@ def test_the_member_template_holds_only_the_role_and_the_associations(
     # The collector rides inside the document, as in the hub stack.
     [document] = of_type(member, "AWS::SSM::Document").values()
     assert "installActivityCollector" in json.dumps(document)
-    # In the hub's own account the hub stack already rolls the agent out: the member stack there is the role.
-    not_hub = member["Conditions"]["NotTheHubAccount"]
-    assert not_hub == {"Fn::Not": [{"Fn::Equals": [{"Ref": "AWS::AccountId"}, {"Ref": "HubAccountId"}]}]}
-    assert all(r.get("Condition") == "NotTheHubAccount" for r in member["Resources"].values() if "SSM" in r["Type"])
+    # In the hub's own account, in a hub region, the hub stack already rolls the agent out: the member stack there
+    # is the roles. In the hub's account's other organization regions the hub sweeps it as a member: rolled out.
+    rolls_out = member["Conditions"]["NoHubStackHere"]
+    hub_account = "999999999999"
+    for account, region, expected in [
+        (ACCOUNT, HUB, True),  # a member account, in a hub region
+        (ACCOUNT, "ap-south-1", True),
+        (hub_account, HUB, False),
+        (hub_account, SECOND, False),
+        (hub_account, "ap-south-1", True),  # an organization region without a hub stack
+    ]:
+        refs = {"AWS::AccountId": account, "AWS::Region": region, "HubAccountId": hub_account}
+        assert evaluate(rolls_out, refs) is expected, (account, region)
+    assert all(r.get("Condition") == "NoHubStackHere" for r in member["Resources"].values() if "SSM" in r["Type"])
     assert all("Condition" not in role for role in of_type(member, "AWS::IAM::Role").values())
     assert member["Conditions"]["CountsOtherRegions"] == {"Fn::Equals": [{"Ref": "AWS::Region"}, MEMBER_REGIONS[0]]}
     assert [p.get("Condition") for p in of_type(member, "AWS::IAM::Policy").values()] == ["CountsOtherRegions"]
+
+
+def evaluate(condition: Any, refs: dict[str, str]) -> Any:
+    """A CloudFormation condition (Fn::Or, Fn::And, Fn::Not, Fn::Equals, Ref) evaluated as CloudFormation would."""
+    if isinstance(condition, str):
+        return condition
+    [(function, value)] = condition.items()
+    if function == "Ref":
+        return refs[value]
+    args = [evaluate(v, refs) for v in value]
+    if function == "Fn::Equals":
+        return args[0] == args[1]
+    if function == "Fn::Not":
+        return not args[0]
+    assert 2 <= len(args) <= 10, f"{function} takes 2 to 10 conditions, not {len(args)}"
+    return any(args) if function == "Fn::Or" else all(args)
+
+
+@pytest.mark.parametrize("count", [1, 2, 10, 11, 23])
+def test_any_of_is_true_when_one_condition_is_and_never_passes_cloudformations_ten(count: int) -> None:
+    regions = [f"xx-region-{i}" for i in range(count)]
+    stack = cdk.Stack(cdk.App())
+    built = stack.resolve(any_of([cdk.Fn.condition_equals(cdk.Aws.REGION, r) for r in regions]))
+    for region in regions:
+        assert evaluate(built, {"AWS::Region": region}) is True
+    assert evaluate(built, {"AWS::Region": "elsewhere"}) is False
 
 
 def trusted_principals(role: dict[str, Any]) -> list[Any]:
@@ -457,8 +493,14 @@ def test_the_hub_functions_that_act_in_members_are_told_where_they_are(
     assert sorted(told) == ["Digest", "ShardWorker", "Slack", "Sweep"]
     monkeypatch.setenv(ORGANIZATION_ENV, told["Sweep"])
     assert OrganizationConfig.from_environment() == OrganizationConfig(
-        prefix="idle-reaper", targets=tuple(TARGETS), regions=tuple(MEMBER_REGIONS), hub_account=ACCOUNT
+        prefix="idle-reaper",
+        targets=tuple(TARGETS),
+        regions=tuple(MEMBER_REGIONS),
+        hub_account=ACCOUNT,
+        hub_regions=REGIONS,
     )
+    # The hub's account is a member unit only where the hub has no stack of its own.
+    assert OrganizationConfig.from_environment().hub_member_regions == ("ap-south-1",)
 
 
 def test_cdk_nag_is_clean_on_the_hub(org: Synth) -> None:

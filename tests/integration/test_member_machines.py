@@ -37,6 +37,7 @@ class HubAccount:
     """The hub's own account, where member_instance wants a member's credentials."""
 
     account = local.ACCOUNT
+    region = REGION
 
     def client(self, service: str) -> Any:
         return client(service)
@@ -50,7 +51,7 @@ def member_instance(
 
     tags = {"Name": name, "Team": "ml", "Owner": owner, local.MANAGED_TAG: "true"}
     instance_id = run_with(held.client("ec2"), tags)
-    ec2_backends[held.account][REGION].get_instance(instance_id).launch_time = launched.astimezone(UTC).replace(
+    ec2_backends[held.account][held.region].get_instance(instance_id).launch_time = launched.astimezone(UTC).replace(
         tzinfo=None
     )
     points, t = [], launched
@@ -127,6 +128,56 @@ def test_warning_click_and_stop_in_a_member_account(
         assert states(sandbox, in_sandbox) == "running"
         key = machine_key(in_sandbox, sandbox.account, REGION)
         assert store.load([key])[key].state.value == "warned"
+    finally:
+        cached.cache_clear()
+
+
+def test_a_hub_inside_a_target_ou_is_a_member_only_in_the_organization_regions_without_a_hub_stack(
+    org: Org,  # noqa: F811
+    slack: Any,
+    clock: dict[str, object],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hub is the training account (a delegated administrator inside the ml OU), with a stack in us-east-1
+    only; the organization's regions are us-east-1 and eu-west-1. Its member stack in eu-west-1 is the only way its
+    machines there are swept: the hub sweeps it there as a member account, and in us-east-1 leaves it to its own
+    stack (a machine is swept once). A click acts there through the training account's member role."""
+    other = "eu-west-1"
+    hub = org.accounts["training"]
+    local.init_account(None, teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
+    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION, other], "hubAccount": hub}
+    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps({**config, "hubRegions": [REGION]}))
+    members = MemberAccess.from_environment("sweep")
+    assert members is not None
+    cached = routing.answer_access
+    cached.cache_clear()
+    try:
+        listed = {a.id for a in members.directory.current().accounts}
+        assert hub in listed  # it sits in a target OU
+        units = {(a.id, r) for a, r in members.config.units(members.directory.current().accounts)}
+        assert (hub, other) in units and (hub, REGION) not in units
+        sandbox = org.accounts["alice-sandbox"]
+        assert {(sandbox, REGION), (sandbox, other)} <= units  # other members: every organization region
+        assert members.hub_member_regions() == (other,)
+
+        there = members.sessions.credentials(hub, other)
+        at_home = members.sessions.credentials(hub, REGION)
+        assert isinstance(there, MemberCredentials) and isinstance(at_home, MemberCredentials)
+        in_other = member_instance(there, "U0BOB", at(8))
+        at_hub_region = member_instance(at_home, "U0BOB", at(8), name="kept-by-the-hub-stack")
+
+        clock["t"] = at(14)
+        outcomes = sweep_member_accounts(adapters_at(at(14)), members, at(14))
+        swept = {d.machine.key: d.action.value for o in outcomes if o.report for d in o.report.decisions}
+        assert swept.get(machine_key(in_other, hub, other)) == "warn"
+        assert machine_key(at_hub_region, hub, REGION) not in swept  # its own stack's, never as a member's
+        assert {(o.account, o.region) for o in outcomes if o.account == hub} == {(hub, other)}
+
+        post = next(c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "D0BOB")
+        ref = next(b["elements"][0]["value"] for b in post.params["blocks"] if b["type"] == "actions")
+        assert silent(click("U0BOB", "stop_now", ref))
+        assert states(there, in_other) in ("stopping", "stopped")
+        assert states(at_home, at_hub_region) == "running"
     finally:
         cached.cache_clear()
 

@@ -229,3 +229,31 @@ def test_in_organization_mode_the_count_says_it_is_the_hubs_account(
     assert f"in eu-north-1 in the hub's account {local.ACCOUNT}" in alert
     # Member accounts are counted on their own (test_member_unwatched_regions.py), not said missing here.
     assert "Member accounts" not in alert
+
+
+def test_regions_where_the_hubs_account_is_swept_as_a_member_are_not_counted_unwatched(
+    aws: object, slack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub's account sits in a target OU: in eu-west-1 (an organization region without a hub stack) the hub
+    sweeps it as a member account, so the daily count leaves eu-west-1 out; eu-north-1 is still unwatched."""
+    from types import SimpleNamespace
+
+    from idle_reaper.handlers import sweep as sweep_handler
+    from idle_reaper.policy import Settings
+    from idle_reaper_tools.fake_slack import LambdaContextStub
+
+    monkeypatch.setenv("IDLE_REAPER_REGIONS", "us-east-1")
+    local.init_account(Settings(admins=["U0ADMIN"]))
+    run_in("eu-north-1", {"Team": "ml", "idle-reaper:managed": "true"})
+    run_in("eu-west-1", {"Team": "ml", "idle-reaper:managed": "true"})
+    enrolled = SimpleNamespace(hub_member_regions=lambda: ("eu-west-1",))
+    monkeypatch.setattr(sweep_handler, "member_access", lambda: enrolled)
+    monkeypatch.setattr(sweep_handler, "current_region", lambda: "us-east-1")
+    now = datetime.now(UTC)
+    adapters = sweep_adapters()
+    sweep_handler.count_unwatched_regions(adapters, now, LambdaContextStub())
+    found = aws_module.last_unwatched(adapters.store, now)
+    assert found is not None
+    assert [c.region for c in found[1]] == ["eu-north-1"]
+    (alert,) = admin_alerts(slack)
+    assert "eu-north-1" in alert and "eu-west-1" not in alert

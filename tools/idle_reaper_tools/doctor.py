@@ -149,7 +149,7 @@ def member_checks(
     stacks, stacks_late = within(
         deadline, lambda: (member_stack_instances(cloudformation, stack_set), ""), (not_read, late)
     )
-    read = members_as_last_checked(check, listing, config.regions, now, fresh, stacks, digest_reads(store, now))
+    read = members_as_last_checked(check, listing, config.regions_of, now, fresh, stacks, digest_reads(store, now))
     findings = check_members(
         read.units, listing_error=read.listing_error, skipped=read.skipped, gpu_unread=CLI_GPU_UNREAD
     )

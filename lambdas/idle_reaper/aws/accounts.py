@@ -1,8 +1,10 @@
 """Organization mode at run time (issue 30): which member accounts the hub watches, and credentials in each.
 
 Accounts come from AWS Organizations, not from a list kept by hand: every ACTIVE account under the target OUs
-(recursively), less the management account (a service-managed StackSet never deploys there) and the hub's own
-account (the hub's stack sweeps it with its own roles). Why Organizations and not the StackSet's
+(recursively), less the management account (a service-managed StackSet never deploys there). The hub's own
+account is swept by the hub's stacks with their own roles in the hub's regions; when it sits in a target OU its
+member stack is in every organization region, and it is a member account in those without a hub stack
+(OrganizationConfig.regions_of), never in both. Why Organizations and not the StackSet's
 ListStackInstances: an account whose member stack failed to deploy (an SCP, a region it has disabled) would
 not be listed there and so would go unwatched in silence; from Organizations it is listed, its AssumeRole
 fails, and that failure is reported with its reason. Organizations also names each account (the digest
@@ -166,12 +168,15 @@ class AccountDirectory:
         targets: Sequence[str],
         *,
         hub_account: str,
+        hub_is_member: bool = False,
         ttl: timedelta = DIRECTORY_TTL,
         clock: Callable[[], datetime] = wall_clock,
     ) -> None:
         self.organizations = organizations
         self.targets = tuple(targets)
         self.hub_account = hub_account
+        # Listed when found under a target (then it has organization regions without a hub stack to be swept in).
+        self.hub_is_member = hub_is_member
         self.ttl = ttl
         self.clock = clock
         self._last: Directory | None = None
@@ -221,7 +226,9 @@ class AccountDirectory:
             seen.add(parent)
             accounts_here = self.organizations.get_paginator("list_accounts_for_parent")
             for found in self._pages(accounts_here, "Accounts", ParentId=parent):
-                if found["Id"] in (management, self.hub_account) or found["Id"] in accounts:
+                if found["Id"] == management or found["Id"] in accounts:
+                    continue
+                if found["Id"] == self.hub_account and not self.hub_is_member:
                     continue
                 if not _active(found):
                     skipped.append(AccountFailure(found["Id"], None, Reason.SUSPENDED, f"Status {found.get('Status')}"))
@@ -388,13 +395,32 @@ class MemberSessions:
 @dataclass(frozen=True)
 class OrganizationConfig:
     """What the hub stack tells its functions (IDLE_REAPER_ORGANIZATION, JSON): the deploy prefix (the
-    member role's name), the target OUs or roots, the member regions, the hub's account and partition."""
+    member role's name), the target OUs or roots, the member regions, the hub's account and partition, and the
+    hub's own regions (its stacks'; () from a hub deployed before they were told)."""
 
     prefix: str
     targets: tuple[str, ...]
     regions: tuple[str, ...]
     hub_account: str
     partition: str = "aws"
+    hub_regions: tuple[str, ...] = ()
+
+    @property
+    def hub_member_regions(self) -> tuple[str, ...]:
+        """The organization regions where the hub's own account, when it sits in a target OU, is swept as a member
+        account: its member stack is there and no hub stack is. () when the hub's regions are not known."""
+        if not self.hub_regions:
+            return ()
+        return tuple(r for r in self.regions if r not in self.hub_regions)
+
+    def regions_of(self, account: str) -> tuple[str, ...]:
+        """The regions in which an enrolled account is a member unit: every organization region, but for the hub's
+        own account only those without a hub stack (its stacks sweep it in theirs; a machine is swept once)."""
+        return self.hub_member_regions if account == self.hub_account else self.regions
+
+    def units(self, accounts: Iterable[MemberAccount]) -> list[tuple[MemberAccount, str]]:
+        """Every (account, region) unit of the listed accounts, an account's regions in organization order."""
+        return [(a, r) for a in accounts for r in self.regions_of(a.id)]
 
     @classmethod
     def from_environment(cls) -> OrganizationConfig | None:
@@ -419,10 +445,16 @@ class OrganizationConfig:
             regions=tuple(data["regions"]),
             hub_account=str(data["hubAccount"]),
             partition=str(data.get("partition", "aws")),
+            hub_regions=tuple(data.get("hubRegions", ())),
         )
 
     def directory(self, organizations: Any | None = None) -> AccountDirectory:
-        return AccountDirectory(organizations or client("organizations"), self.targets, hub_account=self.hub_account)
+        return AccountDirectory(
+            organizations or client("organizations"),
+            self.targets,
+            hub_account=self.hub_account,
+            hub_is_member=bool(self.hub_member_regions),
+        )
 
     def sessions(self, purpose: str, directory: AccountDirectory, sts: Any | None = None) -> MemberSessions:
         return MemberSessions(
@@ -451,6 +483,12 @@ class MemberAccess:
             return None
         directory = config.directory()
         return cls(config, directory, config.sessions(purpose, directory))
+
+    def hub_member_regions(self) -> tuple[str, ...]:
+        """The regions where the hub's own account is swept as a member account now: those of
+        OrganizationConfig.hub_member_regions when the listing holds it (it sits in a target OU), else none."""
+        hub = self.config.hub_account
+        return self.config.hub_member_regions if any(a.id == hub for a in self.directory.current().accounts) else ()
 
 
 # The last check of the member accounts, for `status`: a lookup item of the hub's state table.

@@ -96,10 +96,14 @@ UNWATCHED_COUNT_SECONDS = 60.0  # the daily count of regions without a stack run
 
 def count_unwatched_regions(adapters: Adapters, now: datetime, context: LambdaContext) -> None:
     """Once a day, from the first listed region, after the sweep is started or done (a side job: it never
-    delays or fails the sweep): instances in regions no stack watches (see `status`)."""
+    delays or fails the sweep): instances in regions no stack watches (see `status`). In organization mode the
+    regions where the hub's account is swept as a member account are watched too."""
     if context.get_remaining_time_in_millis() / 1000 < UNWATCHED_COUNT_SECONDS:
         return  # tried again by the next sweep
-    for line in report_unwatched_regions(adapters, lambda region: client("ec2", region), current_region(), now):
+    members = member_access()
+    also = members.hub_member_regions() if members is not None else ()
+    ec2_in = lambda region: client("ec2", region)  # noqa: E731
+    for line in report_unwatched_regions(adapters, ec2_in, current_region(), now, also_watched=also):
         logger.warning(line)
 
 

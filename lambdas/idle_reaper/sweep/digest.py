@@ -32,7 +32,7 @@ from idle_reaper.core.digest import (
     idle_hours,
     running_now,
 )
-from idle_reaper.core.digest_text import digest_text
+from idle_reaper.core.digest_text import HUB_ACCOUNT, digest_text
 from idle_reaper.core.records import MachineRecord, State
 from idle_reaper.core.signals import Signals, has_no_gpu, is_gpu_type
 from idle_reaper.notify import logger
@@ -71,6 +71,8 @@ class DigestAccounts:
         "digest" purpose: aws/accounts.py MemberSessions assumes the read role, never the member role)."""
         tried: dict[tuple[str, str], AccountFailure | None] = {}
         names = {a.id: a.name for a in members.directory.current().accounts}
+        if (hub := members.config.hub_account) in names:  # its machines swept as a member's, where it has no stack
+            names[hub] = f"{HUB_ACCOUNT} in {', '.join(members.config.hub_member_regions)}"
         return cls(names, member_metrics(members, now, tried), tried)
 
 

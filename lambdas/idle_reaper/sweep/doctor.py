@@ -272,7 +272,7 @@ def gather_members(
     checked, its machines are not read. `workers` units at once; what is not done by `deadline`
     (time.monotonic()), even a call that hangs, is unknown."""
     listing = members.directory.current()
-    units = [(a, r) for a in listing.accounts for r in members.config.regions]
+    units = members.config.units(listing.accounts)
 
     def one(unit: tuple[MemberAccount, str]) -> MemberUnitFacts:
         account, region = unit
@@ -389,7 +389,7 @@ NOT_IN_CHECK = "not in the sweep's last check"
 def members_as_last_checked(
     check: MemberCheck | str | None,
     listing: Directory,
-    regions: Sequence[str],
+    regions_of: Callable[[str], Sequence[str]],
     now: datetime,
     fresh: timedelta,
     stacks: Mapping[tuple[str, str], str] | None = None,
@@ -415,7 +415,7 @@ def members_as_last_checked(
     checked = set(last.checked) if last and last.checked is not None else set()
     units = []
     for account in listing.accounts:
-        for region in regions:
+        for region in regions_of(account.id):
             facts = MemberUnitFacts(account.id, account.name, region)
             if stacks is not None:
                 facts = replace(facts, stack=stacks.get((account.id, region), "missing (no stack instance)") or None)

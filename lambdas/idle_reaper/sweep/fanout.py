@@ -317,10 +317,10 @@ def plan_sweep(
     shards = shard_count(len(machines), shard_size, shards_at_once)
     groups = []
     if members is not None:  # the listing is cached; a failed one keeps the last good listing
-        accounts, regions = members.directory.current().accounts, members.config.regions
-        lanes = max(1, shards_at_once - shards)
-        per_group = min(units_per_shard, max(len(regions), -(-len(accounts) * len(regions) // lanes)))
-        groups = member_groups(accounts, regions, per_group)
+        accounts, config = members.directory.current().accounts, members.config
+        lanes, units = max(1, shards_at_once - shards), len(config.units(accounts))
+        per_group = min(units_per_shard, max(len(config.regions), -(-units // lanes)))
+        groups = member_groups(accounts, config.regions_of, per_group)
     plan = Plan(
         sweep_id,
         now,

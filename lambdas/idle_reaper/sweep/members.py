@@ -58,7 +58,7 @@ def check_member_accounts(adapters: Adapters, members: MemberAccess, now: dateti
     stops the others, and nothing here ever takes the sweep down."""
     try:
         listing = members.directory.current()
-        pairs = [(a.id, r) for a in listing.accounts for r in members.config.regions]
+        pairs = [(a.id, r) for a, r in members.config.units(listing.accounts)]
         held = members.sessions.all_credentials(pairs, started=now)
         failures = [f for f in held.values() if isinstance(f, AccountFailure)]
         check = MemberCheck(
@@ -255,7 +255,7 @@ def sweep_member_accounts(
         return _none_swept(units, f"no member account swept: {type(exc).__name__}: {exc}"[:300])
     if units is None:
         listing = members.directory.current()
-        units = [(a, r) for a in listing.accounts for r in members.config.regions]
+        units = members.config.units(listing.accounts)
 
     def sweep_unit(unit: tuple[MemberAccount, str]) -> UnitOutcome:
         account, region = unit
@@ -324,10 +324,14 @@ def count_member_regions(
     time_left: Callable[[], float] | None,
 ) -> None:
     """The accounts swept in the first organization region (not excluded, reached) are counted in their other
-    regions, once a day each, through the credentials that unit holds. Never raises: the units are swept."""
+    regions, once a day each, through the credentials that unit holds. Never raises: the units are swept.
+    The hub's own account, a member where it has no stack, is counted by the hub's daily count (sweep/regions.py
+    report_unwatched_regions), which knows its regions."""
     try:
-        first = members.config.regions[0]
-        accounts = [a for (a, r), o in zip(units, outcomes, strict=True) if r == first and o.report is not None]
+        first, hub = members.config.regions[0], members.config.hub_account
+        accounts = [
+            a for (a, r), o in zip(units, outcomes, strict=True) if r == first and o.report is not None and a.id != hub
+        ]
 
         def ec2_of(account: str) -> Callable[[str], Any]:
             held = members.sessions.credentials(account, first, started=now)
@@ -364,17 +368,22 @@ MEMBER_MANIFEST = "members"  # the key of a member shard's manifest (a machine s
 
 
 def member_groups(
-    accounts: Sequence[MemberAccount], regions: Sequence[str], per_group: int = MEMBER_UNITS_PER_SHARD
+    accounts: Sequence[MemberAccount],
+    regions_of: Callable[[str], Sequence[str]],
+    per_group: int = MEMBER_UNITS_PER_SHARD,
 ) -> list[list[tuple[MemberAccount, str]]]:
     """The (account, region) units in groups of at most `per_group`: accounts by id (so the groups are the
-    same from one sweep to the next while the organization is), an account's regions always in one group
-    (an account with more regions than `per_group` has a group of its own)."""
+    same from one sweep to the next while the organization is), an account's regions (`regions_of` its id:
+    OrganizationConfig.regions_of) always in one group (an account with more regions than `per_group` has a
+    group of its own; one with none has no unit)."""
     if per_group < 1:
         raise ValueError("per_group must be at least 1")
     groups: list[list[tuple[MemberAccount, str]]] = []
     current: list[tuple[MemberAccount, str]] = []
     for account in sorted(accounts, key=lambda a: a.id):
-        units = [(account, r) for r in sorted(set(regions))]
+        units = [(account, r) for r in sorted(set(regions_of(account.id)))]
+        if not units:
+            continue
         if current and len(current) + len(units) > per_group:
             groups.append(current)
             current = []

@@ -36,13 +36,16 @@ def _count_due(adapters: Adapters, last: datetime | None, claim: str, now: datet
     return adapters.store.claim_once(f"{claim}#{now:%Y-%m-%dT%H}", now)
 
 
-def report_unwatched_regions(adapters: Adapters, ec2_in: Callable[[str], Any], here: str, now: datetime) -> list[str]:
+def report_unwatched_regions(
+    adapters: Adapters, ec2_in: Callable[[str], Any], here: str, now: datetime, *, also_watched: Sequence[str] = ()
+) -> list[str]:
     """Once a day, from the first region the stack lists: count running instances in regions with no
     stack, keep the count for `status`, tell the admins (weekly per region) when some of them are tagged
     for idle-reaper and so expect a reaper that is not there. Returns the lines for the sweep's summary;
     nothing on the other sweeps of the day. A side job: it never takes the sweep down. A count that fails
     (throttling, the table) is tried again the next hour, not every sweep; regions this account is denied
-    are skipped and named in `status`."""
+    are skipped and named in `status`. `also_watched`: regions without a hub stack where the hub's account is
+    swept all the same (organization mode: as a member account, its member stack there)."""
     if here != home_region(here):
         return []
     try:
@@ -50,7 +53,8 @@ def report_unwatched_regions(adapters: Adapters, ec2_in: Callable[[str], Any], h
         if not _count_due(adapters, last[0] if last is not None else None, "unwatched-regions", now):
             return []
         settings, _ = adapters.policies.load_settings()
-        counts, denied = count_unwatched(ec2_in, watched_regions(here), settings.tags)
+        watched = [*watched_regions(here), *(r for r in also_watched if r not in watched_regions(here))]
+        counts, denied = count_unwatched(ec2_in, watched, settings.tags)
         save_unwatched(adapters.store, counts, now, denied)
     except Exception as exc:  # contained: the sweep goes on, the next hour tries again
         logger.warning("regions without a stack not counted", extra={"error": str(exc)})

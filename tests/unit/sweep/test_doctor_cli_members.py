@@ -176,3 +176,21 @@ def test_an_account_where_the_digest_could_not_assume_its_read_role_is_a_warning
     )
     assert line.fix == MEMBER_READ_FIX
     assert [f.message[:31] for f in found["members"]] == ["1 of 2 member account(s) in eve"]
+
+
+def test_the_hubs_own_account_is_checked_only_where_it_is_a_member() -> None:
+    """The hub sits in a target OU with a stack in eu-west-1 alone: the doctor lists it as a member in us-east-1
+    (where the sweep assumes its member role) and not in eu-west-1 (its own stack's: no member unit there)."""
+    from idle_reaper.aws.accounts import Directory, MemberAccount, OrganizationConfig
+    from idle_reaper.sweep.doctor import members_as_last_checked
+
+    hub, training = "9" * 12, "1" * 12
+    config = OrganizationConfig(
+        prefix="idle-reaper", targets=("r-ab12",), regions=(REGION, "us-east-1"), hub_account=hub, hub_regions=(REGION,)
+    )
+    listing = Directory((MemberAccount(hub, "hub", ()), MemberAccount(training, "training", ())), listed_at=NOW)
+    check = MemberCheck(NOW - timedelta(minutes=5), 2, 3, (), checked=(hub, training))
+    read = members_as_last_checked(check, listing, config.regions_of, NOW, timedelta(minutes=15))
+    assert sorted((u.account, u.region) for u in read.units) == sorted(
+        [(hub, "us-east-1"), (training, REGION), (training, "us-east-1")]
+    )

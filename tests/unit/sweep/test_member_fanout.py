@@ -31,7 +31,7 @@ def account(n: int) -> MemberAccount:
 @pytest.mark.parametrize("per_group", [1, 2, 3, 4, 7])
 def test_member_groups_keep_an_accounts_regions_together_and_are_stable(per_group: int) -> None:
     accounts = [account(n) for n in (5, 1, 9, 3, 7, 2)]
-    groups = member_groups(accounts, ("us-east-1", "eu-west-1"), per_group)
+    groups = member_groups(accounts, lambda _: ("us-east-1", "eu-west-1"), per_group)
     units = [u for g in groups for u in g]
     # Every unit exactly once, in account order, an account's regions in one group.
     assert [(a.id, r) for a, r in units] == [
@@ -45,7 +45,7 @@ def test_member_groups_keep_an_accounts_regions_together_and_are_stable(per_grou
         assert len(g) <= max(per_group, 2)
         assert len(g) + 2 > per_group
     # The same organization, listed in another order, gives the same groups.
-    again = member_groups(list(reversed(accounts)), ("eu-west-1", "us-east-1"), per_group)
+    again = member_groups(list(reversed(accounts)), lambda _: ("eu-west-1", "us-east-1"), per_group)
     assert [[(a.id, r) for a, r in g] for g in again] == [[(a.id, r) for a, r in g] for g in groups]
 
 
@@ -87,6 +87,35 @@ def test_a_small_organization_is_spread_over_the_maps_lanes(lanes: int, groups: 
     )
     manifests = [json.loads(org.store.get_lookup(manifest_key("s", i), NOW) or "") for i in range(1, plan.all_shards)]
     assert [len(m["members"]) for m in manifests] == groups
+
+
+def test_a_hub_in_a_target_ou_is_a_member_unit_only_where_it_has_no_stack_of_its_own() -> None:
+    """Sandbox-a is the hub (a delegated administrator inside the OU), with a stack in eu-west-1; the organization's
+    regions are eu-west-1 and us-east-1. Its machines in us-east-1 have its member stack and no hub stack: a unit.
+    In eu-west-1 its own stack sweeps them: no unit, or they would be swept twice under two keys."""
+    org = Organization(None)
+    regions = (REGION, "us-east-1")
+    config = OrganizationConfig(
+        prefix="idle-reaper", targets=(org.orgs.root,), regions=regions, hub_account=org.a, hub_regions=(REGION,)
+    )
+    directory = config.directory(org.orgs)
+    org.members = type(org.members)(config, directory, config.sessions("sweep", directory, org.sts))
+    plan = plan_sweep(org.adapters(), now=NOW, members=org.members, shards_at_once=2, sweep_id="s")
+    manifests = [json.loads(org.store.get_lookup(manifest_key("s", i), NOW) or "") for i in range(1, plan.all_shards)]
+    planned = {m["id"]: m["regions"] for manifest in manifests for m in manifest["members"]}
+    assert planned[org.a] == ["us-east-1"]
+    assert all(planned[acct] == sorted(regions) for acct in (org.b, org.c, org.d))
+    assert plan.member_units == 1 + 3 * 2
+
+    # A hub whose stacks cover every organization region is never a member, nor one deployed before its regions
+    # were told (then, as before, it is left out of the listing).
+    for hub_regions in (regions, ()):
+        other = OrganizationConfig(
+            prefix="idle-reaper", targets=(org.orgs.root,), regions=regions, hub_account=org.a, hub_regions=hub_regions
+        )
+        listed = [a.id for a in other.directory(org.orgs).current().accounts]
+        assert org.a not in listed and org.b in listed
+        assert other.regions_of(org.a) == ()
 
 
 def test_without_members_a_small_fleet_is_still_swept_in_place() -> None:
@@ -276,3 +305,20 @@ def test_a_member_unit_makes_only_the_clients_its_sweep_uses() -> None:
     # A has a machine to read; B and C have none (no metric read); no account has a group or notebooks.
     assert sorted(s for a, s in made if a == org.a) == ["cloudwatch", "ec2"]
     assert [s for a, s in made if a == org.b] == ["ec2"] and [s for a, s in made if a == org.c] == ["ec2"]
+
+
+def test_the_digest_names_the_hubs_account_where_it_is_swept_as_a_member() -> None:
+    from idle_reaper.sweep.digest import DigestAccounts
+
+    org = Organization(None)
+    config = OrganizationConfig(
+        prefix="idle-reaper",
+        targets=(org.orgs.root,),
+        regions=(REGION, "us-east-1"),
+        hub_account=org.a,
+        hub_regions=(REGION,),
+    )
+    directory = config.directory(org.orgs)
+    names = DigestAccounts.of(type(org.members)(config, directory, config.sessions("digest", directory)), NOW).names
+    assert names[org.a] == "the hub's account in us-east-1"  # not "sandbox-a", beside "the hub's account"
+    assert names[org.b] == "sandbox-b"

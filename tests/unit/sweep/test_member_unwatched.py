@@ -216,3 +216,27 @@ def test_admins_see_the_member_counts_in_slack_status() -> None:
     assert f"account sandbox-&lt;a&gt; (111111111111): {NORTH}: 4 running, 2 tagged for idle-reaper" in text
     assert f"may not look there (a service control policy?): {SOUTH}" in text
     assert status_reply([], None, []).text.startswith("You own no machines")
+
+
+def test_the_hubs_own_account_swept_as_a_member_is_left_to_the_hubs_count() -> None:
+    """Sandbox-a is the hub, its stack in us-east-1 only: in eu-west-1, the first organization region, it is a
+    member unit and swept, but its other regions are the hub's own daily count's (which knows the hub's stacks):
+    counted here, they would call us-east-1 unwatched."""
+    org = Counted()
+    config = OrganizationConfig(
+        prefix="idle-reaper",
+        targets=(org.orgs.root,),
+        regions=(REGION,),
+        hub_account=org.a,
+        hub_regions=("us-east-1",),
+    )
+    directory = config.directory(org.orgs)
+    org.members = MemberAccess(config, directory, config.sessions("sweep", directory, org.sts))
+    org.run(org.a, NORTH, OPTED_IN)
+    org.run(org.b, NORTH, OPTED_IN)
+    out = org.sweep(NOW)
+    assert out[org.a].report is not None  # swept as a member in eu-west-1
+    counted = [a for a, _ in org.counted_with]
+    assert org.a not in counted and org.b in counted
+    assert org.describe_regions_calls(org.a) == 0
+    assert [c.account for c in members_unwatched(org.store, NOW)] == [org.b]
