@@ -31,10 +31,11 @@ from enum import StrEnum
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from idle_reaper.aws.clients import client, error_code, run_concurrently, wall_clock
 from idle_reaper.aws.state import StateStore
-from idle_reaper.organization import member_role_arn, role_suffix_for
+from idle_reaper.organization import AccountId, RegionName, member_role_arn, role_suffix_for
 
 DIRECTORY_TTL = timedelta(hours=1)
 CREDENTIAL_SECONDS = 3600  # the most role chaining allows (a Lambda's role assuming another role)
@@ -584,6 +585,7 @@ class MemberSweep:
     failed: tuple[UnitFailure, ...]
     failed_more: int = 0  # failed units beyond those kept
     deferred: int = 0
+    in_parts: int = 0  # large account-regions swept in parts, by several workers (each counted once above)
 
     def lines(self) -> list[str]:
         """What `status` (the CLI, and `/idle-reaper status` for admins) says of it, plain text."""
@@ -591,6 +593,7 @@ class MemberSweep:
             f"Member accounts, last sweep {self.swept_at:%Y-%m-%d %H:%M} UTC: {self.swept} of {self.units} "
             f"account-regions swept ({self.machines} machines)"
             + (f", {self.deferred} left to the next sweep (time ran short)" if self.deferred else "")
+            + (f"; {self.in_parts} large one(s) swept in parts by several workers" if self.in_parts else "")
         ]
         for account, name, machines in self.excluded:
             label = f"{account} {name!r}" if name else account
@@ -613,6 +616,7 @@ def save_member_sweep(store: StateStore, sweep: MemberSweep, at: datetime) -> No
         "failed": [f.__dict__ for f in sweep.failed],
         "failed_more": sweep.failed_more,
         "deferred": sweep.deferred,
+        "in_parts": sweep.in_parts,
     }
     store.put_lookup(MEMBER_SWEEP_KEY, json.dumps(value), at + MEMBERS_KEEP)
 
@@ -632,4 +636,42 @@ def last_member_sweep(store: StateStore, now: datetime) -> MemberSweep | None:
         failed=tuple(UnitFailure(**f) for f in value["failed"]),
         failed_more=int(value.get("failed_more", 0)),
         deferred=int(value.get("deferred", 0)),
+        in_parts=int(value.get("in_parts", 0)),
     )
+
+
+# Member account-regions whose last sweep saw more machines than one worker should sweep, with their machines:
+# the planner splits each in parts (fanout.plan_sweep). A lookup item of the hub's state table, rewritten by the
+# gather step; a unit not seen for UNIT_SIZES_KEEP drops out, and at most UNIT_SIZES_KEPT are kept (the largest):
+# about 70 bytes each, far under DynamoDB's 400 KB item.
+UNIT_SIZES_KEY = "member-unit-sizes"
+UNIT_SIZES_KEEP = timedelta(days=7)
+UNIT_SIZES_KEPT = 500
+
+
+class UnitSize(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    account: AccountId
+    region: RegionName
+    machines: int = Field(ge=0)
+    seen: AwareDatetime  # its last sweep that counted every machine
+
+
+class UnitSizes(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    units: list[UnitSize] = Field(default_factory=list, max_length=UNIT_SIZES_KEPT)
+
+    def of(self, now: datetime) -> dict[tuple[str, str], int]:
+        """(account, region) -> machines, of the units seen within UNIT_SIZES_KEEP of `now`."""
+        return {(u.account, u.region): u.machines for u in self.units if u.seen > now - UNIT_SIZES_KEEP}
+
+
+def load_unit_sizes(store: StateStore, now: datetime) -> UnitSizes:
+    """The large member units remembered (empty: none). Raises AwsError when it cannot be read, ValueError
+    (pydantic's ValidationError) when what is stored is not such a list (corrupt)."""
+    raw = store.get_lookup(UNIT_SIZES_KEY, now)
+    return UnitSizes() if raw is None else UnitSizes.model_validate_json(raw)
+
+
+def save_unit_sizes(store: StateStore, sizes: UnitSizes, at: datetime) -> None:
+    store.put_lookup(UNIT_SIZES_KEY, sizes.model_dump_json(), at + UNIT_SIZES_KEEP)

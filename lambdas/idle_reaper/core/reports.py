@@ -3,6 +3,7 @@ message, and what quiet hours report."""
 
 from __future__ import annotations
 
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -11,6 +12,7 @@ from datetime import datetime, timedelta
 from idle_reaper.core.kinds import Saving
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import REAP_ACTIONS, Action, MachineRecord, State
+from idle_reaper.core.signals import Machine
 
 # ---------------------------------------------------------------------------------------------
 # Fleet-level planning
@@ -101,6 +103,27 @@ class SweepSummary:
                 totals.hourly_savings += saving.hourly or 0.0
                 totals.savings_upper_bound |= saving.upper_bound
         return summary
+
+
+def part_key(instance_id: str, asg_name: str | None, owner: str | None) -> str:
+    """What keeps machines together when a fleet is cut into parts: an Auto Scaling group's members (its
+    termination limit is counted in one place), else an owner's machines (one message), else the machine."""
+    if asg_name:
+        return f"asg:{asg_name}"
+    if owner := owner_key(owner):
+        return f"owner:{owner}"
+    return instance_id
+
+
+def part_of(key: str, parts: int) -> int:
+    """The part (0 .. parts-1) a part_key falls in: a stable hash (crc32), the same in every process and sweep
+    (Python's hash() is salted per process)."""
+    return zlib.crc32(key.encode()) % parts
+
+
+def machine_part(m: Machine, parts: int) -> int:
+    """The part (0 .. parts-1) a machine falls in, by its part_key as listed."""
+    return part_of(part_key(m.instance_id, m.asg_name, m.owner), parts)
 
 
 # ---------------------------------------------------------------------------------------------

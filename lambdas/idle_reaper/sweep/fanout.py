@@ -13,7 +13,16 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from idle_reaper.aws.accounts import MemberAccess, save_member_sweep
+from idle_reaper.aws.accounts import (
+    UNIT_SIZES_KEEP,
+    UNIT_SIZES_KEPT,
+    MemberAccess,
+    UnitSize,
+    UnitSizes,
+    load_unit_sizes,
+    save_member_sweep,
+    save_unit_sizes,
+)
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.metrics import (
     GET_METRIC_DATA_SECONDS,
@@ -30,16 +39,18 @@ from idle_reaper.core.signals import Machine
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, load_sweep_settings
 from idle_reaper.sweep.members import (
+    MAX_UNIT_PARTS,
     MEMBER_MANIFEST,
     MEMBER_UNITS_PER_SHARD,
-    MemberManifest,
     UnitOutcome,
     UnitResult,
     member_groups,
+    member_manifest_of,
+    member_manifests,
     member_sweep,
     parse_member_manifest,
     sweep_member_accounts,
-    units_of_manifest,
+    whole_units,
 )
 from idle_reaper.sweep.run import run_sweep
 
@@ -60,6 +71,9 @@ MIN_SHARD_SIZE = 5_000
 # GetMetricData thread each (metric_workers) they keep 30 calls in flight, GetMetricData's quota of 50 a second
 # at 0.6 s a call: the quota that binds at that size.
 SHARDS_AT_ONCE = 30
+# A member account-region whose last sweep saw more machines than this is swept in parts of about this many,
+# each by its own worker (members.MAX_UNIT_PARTS at most): ceil(machines / UNIT_PART_SIZE) parts.
+UNIT_PART_SIZE = SHARD_SIZE
 # vCPUs of the sweep function, the planner (infra/stack.py gives it PLANNER_MEMORY_MB): its discovery lists the
 # Availability Zones, and a full zone's parts by instance id, in child processes (aws.fleet.LISTING_PROCESSES), so
 # botocore's parsing of 200,000 instances (70-180 s of CPU) runs on this many vCPUs at once, however the fleet
@@ -315,12 +329,13 @@ def plan_sweep(
     except AwsError as exc:
         raise SweepCannotRun(f"cannot list machines ({error_code(exc)}): {exc}") from None
     shards = shard_count(len(machines), shard_size, shards_at_once)
-    groups = []
+    groups, member = [], []
     if members is not None:  # the listing is cached; a failed one keeps the last good listing
         accounts, config = members.directory.current().accounts, members.config
         lanes, units = max(1, shards_at_once - shards), len(config.units(accounts))
         per_group = min(units_per_shard, max(len(config.regions), -(-units // lanes)))
         groups = member_groups(accounts, config.regions_of, per_group)
+        member = member_manifests(groups, unit_parts(adapters, now, min(shards_at_once, MAX_UNIT_PARTS)))
     plan = Plan(
         sweep_id,
         now,
@@ -328,13 +343,13 @@ def plan_sweep(
         len(machines),
         dry_run or settings.dry_run,
         tuple(machines),
-        member_shards=len(groups),
+        member_shards=len(member),
         member_units=sum(len(g) for g in groups),
     )
     if in_place and plan.in_place:
         return plan
     manifests: list[Any] = [*split_into_shards(machines, shards)]
-    manifests += [MemberManifest.of(group).model_dump(mode="json") for group in groups]
+    manifests += [m.model_dump(mode="json", exclude_none=True) for m in member]
     expires = now + MANIFEST_TTL
 
     def write(index: int) -> None:
@@ -355,6 +370,43 @@ def plan_sweep(
         },
     )
     return plan
+
+
+def unit_parts(adapters: Adapters, now: datetime, most: int) -> dict[tuple[str, str], int]:
+    """The member account-regions to sweep in parts, and in how many: those the last sweeps saw with more than
+    UNIT_PART_SIZE machines (note_unit_sizes), ceil(machines / UNIT_PART_SIZE) parts, at most `most`. One read;
+    a failed or corrupt one splits nothing (logged): the plan goes on, each unit one shard as before."""
+    try:
+        sizes = load_unit_sizes(adapters.store, now).of(now)
+    except (*AwsError, ValueError) as exc:
+        why = error_code(exc) if isinstance(exc, AwsError) else f"{type(exc).__name__}: {exc}"[:300]
+        logger.warning("large member units not split: their sizes could not be read", extra={"error": why})
+        return {}
+    return {unit: min(most, -(-n // UNIT_PART_SIZE)) for unit, n in sizes.items() if n > UNIT_PART_SIZE}
+
+
+def note_unit_sizes(adapters: Adapters, units: Sequence[UnitResult], now: datetime) -> None:
+    """Remember the member account-regions this sweep saw with more than UNIT_PART_SIZE machines, so that the
+    next plan splits them; one that fell to UNIT_PART_SIZE or fewer is forgotten (swept whole again), one not
+    counted whole this time (failed, or a part left for later) keeps what was known. Never raises."""
+    try:
+        try:
+            before = load_unit_sizes(adapters.store, now).units
+        except ValueError:  # corrupt: rewritten from this sweep
+            before = []
+        kept = {(u.account, u.region): u for u in before}
+        for u in whole_units(units):
+            if u.swept is None or u.error:
+                continue
+            if u.swept > UNIT_PART_SIZE:
+                kept[(u.account, u.region)] = UnitSize(account=u.account, region=u.region, machines=u.swept, seen=now)
+            else:
+                kept.pop((u.account, u.region), None)
+        fresh = sorted((u for u in kept.values() if u.seen > now - UNIT_SIZES_KEEP), key=lambda u: -u.machines)
+        if fresh or before:
+            save_unit_sizes(adapters.store, UnitSizes(units=fresh[:UNIT_SIZES_KEPT]), now)
+    except (*AwsError, ValueError) as exc:
+        logger.warning("could not remember the large member units", extra={"error": str(exc)[:300]})
 
 
 def metric_workers(concurrent_shards: int) -> int:
@@ -389,7 +441,8 @@ def run_shard(
     except ValueError:
         raise SweepCannotRun(f"{where} is not JSON; nothing was changed") from None
     if isinstance(value, dict) and MEMBER_MANIFEST in value:
-        units = parse_member_manifest(value, where).units()
+        parsed = parse_member_manifest(value, where)
+        units = parsed.units()
         if members is None:
             raise SweepCannotRun(f"{where} names member accounts, but this hub is not in organization mode")
         outcomes = sweep_members(
@@ -400,6 +453,7 @@ def run_shard(
             time_left=time_left,
             units=units,
             message_scope=sweep_id,  # an owner's machines across every shard of this sweep: one message
+            part=parsed.part,
         )
         report = SweepReport(
             now=task.now,
@@ -471,6 +525,7 @@ def gather_sweep(adapters: Adapters, task: GatherTask) -> Gathered:
         note_last_sweep(adapters, gathered, task.now)
         if gathered.units:
             note_member_sweep(adapters, gathered.units, task.now)
+            note_unit_sizes(adapters, gathered.units, task.now)
     return gathered
 
 
@@ -480,9 +535,14 @@ def _units_of_failed_shards(adapters: Adapters, task: GatherTask, failed: dict[i
             stored = adapters.store.get_lookup(manifest_key(task.sweep_id, index), task.now)
         except AwsError:
             return []
-        found = units_of_manifest(stored) if stored else None
+        found = member_manifest_of(stored) if stored else None
+        if found is None:
+            return []
         why = f"its shard ({index}) failed: {failed[index]}"
-        return [UnitResult(account=a.id, region=r, name=a.name, error=why) for a, r in found or ()]
+        part, parts = found.part or (None, None)
+        return [
+            UnitResult(account=a.id, region=r, name=a.name, error=why, part=part, parts=parts) for a, r in found.units()
+        ]
 
     return [u for found in run_concurrently(units, sorted(failed), DDB_WORKERS) for u in found]
 

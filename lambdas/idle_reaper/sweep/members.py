@@ -9,12 +9,12 @@ import json
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from idle_reaper.aws.accounts import (
     AccountFailure,
@@ -33,6 +33,7 @@ from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore, StoredParameter
+from idle_reaper.core.reports import machine_part
 from idle_reaper.notify import logger as logger  # re-exported: handlers log through it
 from idle_reaper.organization import (
     AccountId,
@@ -131,9 +132,12 @@ class UnitOutcome:
     reached: bool = True  # False: no credentials there (check_member_accounts tells the admins of those)
     deferred: bool = False  # not started: the invocation ran short of time; the next sweep takes it
     name: str = ""  # the account's name in the organization
+    part: tuple[int, int] | None = None  # (i, K): part i of the account-region's K (a large one, split)
 
     def describe(self) -> str:
         where = f"account {self.account} in {self.region}"
+        if self.part is not None:
+            where += f" (part {self.part[0] + 1} of {self.part[1]})"
         if self.error:
             return f"{where} not swept: {self.error}"
         if self.excluded_machines is not None:
@@ -222,6 +226,7 @@ def sweep_member_accounts(
     units: Sequence[tuple[MemberAccount, str]] | None = None,
     message_scope: str | None = None,
     regions_ec2: Callable[[MemberCredentials], Callable[[str], Any]] | None = None,
+    part: tuple[int, int] | None = None,
 ) -> list[UnitOutcome]:
     """Sweep every enrolled (account, region) in place, or only `units` (a member shard's manifest), each
     through its own credentials (reused while valid, aws/accounts.py). An account or OU that
@@ -234,7 +239,9 @@ def sweep_member_accounts(
     After the units, with time to spare and not in a dry run: the daily count of each account swept in the first
     organization region, in its regions outside the organization's (sweep/regions.py report_member_unwatched),
     through `regions_ec2` (an EC2 client per region with the unit's credentials; member_ec2 with the real
-    adapters, and off unless given with others: fakes bring their own)."""
+    adapters, and off unless given with others: fakes bring their own).
+    `part` (i, K): `units` is one account-region too large for one worker, and this is part i of its K
+    (run_sweep's keep_part says which machines); the daily count is part 0's alone."""
     message_scope = message_scope or uuid.uuid4().hex
     adapters = replace(adapters, policies=ReadOnce(adapters.policies))  # shared by every unit swept here
     try:
@@ -271,6 +278,8 @@ def sweep_member_accounts(
         try:
             if org.excludes(account.id, account.parents):
                 found = unit_adapters.fleet.discover(base.tags, notebooks=base.sagemaker_notebooks)
+                if part is not None:  # each part counts its own
+                    found = [m for m in found if machine_part(m, part[1]) == part[0]]
                 return UnitOutcome(account.id, region, excluded_machines=len(found))
             report = run_sweep(
                 unit_adapters,
@@ -279,6 +288,7 @@ def sweep_member_accounts(
                 member=(account.id, region),
                 time_left=time_left,
                 message_scope=message_scope,
+                part=part,
             )
         except Exception as exc:  # contained: one account's fault never reaches the others
             gone = members.sessions.refused(exc, account.id, region)  # suspended or left since it was listed?
@@ -288,7 +298,9 @@ def sweep_member_accounts(
         return UnitOutcome(account.id, region, report=report)
 
     names = {a.id: a.name for a, _ in units}
-    outcomes = [replace(o, name=names.get(o.account, "")) for o in run_concurrently(sweep_unit, units, workers)]
+    outcomes = [
+        replace(o, name=names.get(o.account, ""), part=part) for o in run_concurrently(sweep_unit, units, workers)
+    ]
     for o in outcomes:
         if o.error and o.reached:  # reached, but its sweep failed: the admins hear once a day per account
             with contextlib.suppress(Exception):
@@ -303,7 +315,7 @@ def sweep_member_accounts(
                 )
     if regions_ec2 is None and make_adapters is member_adapters:
         regions_ec2 = member_ec2
-    if regions_ec2 is not None and not dry_run:
+    if regions_ec2 is not None and not dry_run and (part is None or part[0] == 0):
         count_member_regions(members, units, outcomes, now, adapters, regions_ec2, time_left)
     return outcomes
 
@@ -365,6 +377,9 @@ def _none_swept(units: Sequence[tuple[MemberAccount, str]] | None, why: str) -> 
 # machines) is what UNIT_RESERVE_SECONDS is for: the units not started in time are left to the next sweep, counted.
 MEMBER_UNITS_PER_SHARD = 64
 MEMBER_MANIFEST = "members"  # the key of a member shard's manifest (a machine shard's is a list of ids)
+# Parts of one account-region at most (a large one is swept by several workers, each a part: keep_part in
+# sweep/run.py): the Map's lanes (fanout.SHARDS_AT_ONCE), so its parts run side by side.
+MAX_UNIT_PARTS = 30
 
 
 def member_groups(
@@ -399,31 +414,75 @@ class _ManifestAccount(BaseModel):
     name: str = Field(default="", max_length=200)
     parents: list[str] = Field(default_factory=list, max_length=20)
     regions: list[RegionName] = Field(min_length=1, max_length=40)
+    # A large account-region swept in parts: this manifest's is part `part` of `parts` (both, or neither).
+    part: int | None = Field(default=None, ge=0, lt=MAX_UNIT_PARTS)
+    parts: int | None = Field(default=None, ge=2, le=MAX_UNIT_PARTS)
+
+    @model_validator(mode="after")
+    def _a_part_of_one_region(self) -> _ManifestAccount:
+        if (self.part is None) != (self.parts is None):
+            raise ValueError("part and parts are given together")
+        if self.part is not None and self.parts is not None:
+            if self.part >= self.parts:
+                raise ValueError(f"part {self.part} is not one of {self.parts} parts (0 to {self.parts - 1})")
+            if len(self.regions) != 1:
+                raise ValueError("a part is of one account-region: one region")
+        return self
 
 
 class MemberManifest(BaseModel):
     """A member shard's manifest: its accounts (with the name and OUs the planner listed, so a worker needs
-    no listing of its own) and, for each, the regions to sweep."""
+    no listing of its own) and, for each, the regions to sweep; or one part of one large account-region."""
 
     model_config = ConfigDict(extra="forbid")
     members: list[_ManifestAccount] = Field(min_length=1, max_length=1000)
 
+    @model_validator(mode="after")
+    def _a_part_alone(self) -> MemberManifest:
+        if len(self.members) > 1 and any(m.parts is not None for m in self.members):
+            raise ValueError("a part of an account-region is a manifest of its own")
+        return self
+
     @classmethod
-    def of(cls, units: Sequence[tuple[MemberAccount, str]]) -> MemberManifest:
+    def of(cls, units: Sequence[tuple[MemberAccount, str]], part: tuple[int, int] | None = None) -> MemberManifest:
         regions: dict[str, list[str]] = defaultdict(list)
         accounts: dict[str, MemberAccount] = {}
         for account, region in units:
             accounts.setdefault(account.id, account)
             regions[account.id].append(region)
+        index, parts = part or (None, None)
         return cls(
             members=[
-                _ManifestAccount(id=a.id, name=a.name, parents=list(a.parents), regions=regions[a.id])
+                _ManifestAccount(
+                    id=a.id, name=a.name, parents=list(a.parents), regions=regions[a.id], part=index, parts=parts
+                )
                 for a in accounts.values()
             ]
         )
 
     def units(self) -> list[tuple[MemberAccount, str]]:
         return [(MemberAccount(m.id, m.name, tuple(m.parents)), r) for m in self.members for r in m.regions]
+
+    @property
+    def part(self) -> tuple[int, int] | None:
+        """(i, K): the manifest is part i of its one account-region's K; None: whole units."""
+        first = self.members[0]
+        return (first.part, first.parts) if first.part is not None and first.parts is not None else None
+
+
+def member_manifests(
+    groups: Sequence[Sequence[tuple[MemberAccount, str]]], parts: Mapping[tuple[str, str], int]
+) -> list[MemberManifest]:
+    """The member shards' manifests: each group (member_groups) one, but an account-region `parts` splits in K
+    (K >= 2) leaves its group for K manifests of its own, one a part, so that its parts run on K workers."""
+    manifests = []
+    for group in groups:
+        if whole := [u for u in group if parts.get((u[0].id, u[1]), 1) < 2]:
+            manifests.append(MemberManifest.of(whole))
+        for unit in group:
+            if (k := parts.get((unit[0].id, unit[1]), 1)) >= 2:
+                manifests += [MemberManifest.of([unit], part=(i, k)) for i in range(k)]
+    return manifests
 
 
 def parse_member_manifest(value: object, where: str) -> MemberManifest:
@@ -445,9 +504,12 @@ class UnitResult(BaseModel):
     excluded_machines: int | None = None  # an excluded account: opted-in machines counted, none touched
     error: str | None = None
     deferred: bool = False  # not started in time: the next sweep takes it
+    part: int | None = None  # a large account-region's part (0 .. parts-1) this is the outcome of
+    parts: int | None = None
 
     @classmethod
     def of(cls, outcome: UnitOutcome) -> UnitResult:
+        part, parts = outcome.part or (None, None)
         return cls(
             account=outcome.account,
             region=outcome.region,
@@ -456,7 +518,44 @@ class UnitResult(BaseModel):
             excluded_machines=outcome.excluded_machines,
             error=outcome.error,
             deferred=outcome.deferred,
+            part=part,
+            parts=parts,
         )
+
+
+def whole_units(results: Sequence[UnitResult]) -> list[UnitResult]:
+    """Each (account, region) once: the parts of a split one as one outcome. Its machines are the parts'
+    sum; it failed if a part failed (which, and why), else it is left to the next sweep if a part was
+    (its `swept` then counts the parts that were). A part's deferral is never the account's failure."""
+    by_unit: dict[tuple[str, str], list[UnitResult]] = defaultdict(list)
+    for r in results:
+        by_unit[(r.account, r.region)].append(r)
+    whole = []
+    for found in by_unit.values():
+        if len(found) == 1 and found[0].parts is None:
+            whole.append(found[0])
+            continue
+        found.sort(key=lambda r: r.part or 0)
+        parts = max((r.parts or 1) for r in found)
+        failed = [r for r in found if r.error and not r.deferred]
+        swept = [r.swept for r in found if r.swept is not None]
+        excluded = [r.excluded_machines for r in found if r.excluded_machines is not None]
+        error = "; ".join(f"part {(r.part or 0) + 1} of {parts}: {r.error}" for r in failed) or None
+        late = [r for r in found if r.deferred]
+        if error is None and late:
+            error = f"part(s) {', '.join(str((r.part or 0) + 1) for r in late)} of {parts} not reached in time"
+        whole.append(
+            found[0].model_copy(
+                update={
+                    "swept": sum(swept) if swept else None,
+                    "excluded_machines": sum(excluded) if excluded else None,
+                    "error": error,
+                    "deferred": not failed and bool(late),
+                    "part": None,
+                }
+            )
+        )
+    return whole
 
 
 MEMBER_FAILURES_KEPT = 200  # failed units kept in the summary item (the rest counted): it stays far under 400 KB
@@ -468,6 +567,7 @@ def member_sweep(results: Sequence[UnitResult], now: datetime) -> MemberSweep:
     excluded: dict[str, int] = defaultdict(int)
     names: dict[str, str] = {}
     failed: list[UnitFailure] = []
+    results = whole_units(results)
     for r in sorted(results, key=lambda r: (r.account, r.region)):
         names.setdefault(r.account, r.name)
         if r.excluded_machines is not None:
@@ -477,21 +577,22 @@ def member_sweep(results: Sequence[UnitResult], now: datetime) -> MemberSweep:
     return MemberSweep(
         swept_at=now,
         units=len(results),
-        swept=sum(r.swept is not None for r in results),
+        swept=sum(r.swept is not None and not r.error for r in results),
         machines=sum(r.swept or 0 for r in results),
         excluded=tuple((a, names[a], n) for a, n in sorted(excluded.items())),
         failed=tuple(failed[:MEMBER_FAILURES_KEPT]),
         failed_more=max(0, len(failed) - MEMBER_FAILURES_KEPT),
         deferred=sum(r.deferred for r in results),
+        in_parts=sum(r.parts is not None for r in results),
     )
 
 
-def units_of_manifest(text: str) -> list[tuple[MemberAccount, str]] | None:
-    """The units of a stored member manifest (None: a machine shard's, or unreadable)."""
+def member_manifest_of(text: str) -> MemberManifest | None:
+    """A stored member manifest (None: a machine shard's, or unreadable)."""
     try:
         value = json.loads(text)
         if isinstance(value, dict) and MEMBER_MANIFEST in value:
-            return parse_member_manifest(value, "manifest").units()
+            return parse_member_manifest(value, "manifest")
     except (ValueError, SweepCannotRun):
         return None
     return None

@@ -12,7 +12,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from idle_reaper.aws.clients import AwsError, error_code
+from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.metrics import (
     DATAPOINTS_PER_CALL,
     METRIC_QUERIES_PER_CALL,
@@ -35,6 +35,9 @@ from idle_reaper.core.reading import not_due, plan_next_read, unread
 from idle_reaper.core.records import Action, MachineRecord, State
 from idle_reaper.core.reports import (
     limit_terminations,
+    machine_part,
+    part_key,
+    part_of,
 )
 from idle_reaper.core.signals import (
     Machine,
@@ -75,6 +78,7 @@ def run_sweep(
     listed: Sequence[Machine] | None = None,
     member: tuple[str, str] | None = None,
     message_scope: str | None = None,
+    part: tuple[int, int] | None = None,
 ) -> SweepReport:
     """One sweep: of the machines `instance_ids` alone, described afresh, when given (a shard); of the
     machines the planner `listed` moments ago, when given (a fleet that fits one invocation); else of all.
@@ -82,6 +86,7 @@ def run_sweep(
     credentials (organization mode; sweep/members.py); None: the hub's own account. `message_scope`
     (organization mode): the id every unit and shard of this sweep shares, so that an owner's warnings in
     several of them share one message (sweep/owner_messages.py); None: this sweep's own messages.
+    `part` (i, K): of the machines listed, part i's alone (a member account-region swept by K workers: keep_part).
 
     `time_left` (seconds left in the invocation, e.g. from the Lambda context): once it falls under
     FINISH_RESERVE the sweep starts no new work (no claim, no post) and finishes what it began, so it never
@@ -106,7 +111,9 @@ def run_sweep(
         if ref.policy is None:
             warnings.append(f"invalid team policy, team in safe mode: {ref.error}")
 
-    machines, records = _machines_and_records(adapters, settings, instance_ids, listed, member)
+    machines, records = _machines_and_records(adapters, settings, instance_ids, listed, member, part)
+    if part is not None:
+        machines = keep_part(adapters, machines, records, part, sweep_id, now, dry_run=dry_run)
 
     def ref_for(team: str) -> TeamPolicyRef:
         if not teams_readable:
@@ -169,16 +176,7 @@ def run_sweep(
             adapters, decisions, records, settings, sweep_id, now, time_left, message_scope
         )
         report_quiet_hours(adapters, decisions, refs, settings, now)
-    # One log line per machine something happened to (an action, an error, a lifecycle change); the others'
-    # explanation is their record (`idle-reaper status`), refreshed at least hourly. A dry run logs all.
-    unchanged = 0
-    for d in decisions:
-        if dry_run or d.action is not Action.NONE or d.error or d.machine.instance_id in written:
-            _log_decision(d, dry_run)
-        else:
-            unchanged += 1
-    if unchanged:
-        logger.info("machines with nothing new, not logged one by one", extra={"machines": unchanged})
+    _log_decisions(decisions, written, dry_run)
     return SweepReport(
         now=now,
         dry_run=dry_run,
@@ -199,8 +197,10 @@ def _machines_and_records(
     instance_ids: Sequence[str] | None,
     listed: Sequence[Machine] | None,
     member: tuple[str, str] | None,
+    part: tuple[int, int] | None = None,
 ) -> tuple[list[Machine], dict[str, MachineRecord]]:
-    """The machines this sweep works on (run_sweep says which), and their records by instance id."""
+    """The machines this sweep works on (run_sweep says which; of a `part`, those its listing puts there), and
+    their records by instance id."""
     try:
         if instance_ids is not None:
             machines = adapters.fleet.describe_ids(instance_ids, settings.tags)
@@ -210,12 +210,58 @@ def _machines_and_records(
             machines = adapters.fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)
         if member is not None:
             machines = [replace(m, account=member[0], region=member[1]) for m in machines]
+        if part is not None:
+            machines = [m for m in machines if machine_part(m, part[1]) == part[0]]
         # One sweep (or shard) works in one account and region, where instance ids are unique: below, records
         # are looked up by instance id; in the state table they are keyed by account, region and id.
         records = {r.instance_id: r for r in adapters.store.load([m.key for m in machines]).values()}
     except AwsError as exc:
         raise SweepCannotRun(f"cannot list machines or read the state table ({error_code(exc)}): {exc}") from None
     return machines, records
+
+
+def keep_part(
+    adapters: Adapters,
+    machines: Sequence[Machine],
+    records: Mapping[str, MachineRecord],
+    part: tuple[int, int],
+    sweep_id: str,
+    now: datetime,
+    *,
+    dry_run: bool,
+) -> list[Machine]:
+    """The machines of part i of K: those whose part_key (group, else owner, else id) falls in part i as listed
+    now (_machines_and_records keeps only those) AND as last recorded. Each part lists the account-region at its
+    own moment; a machine that joined a group or changed owner between two parts' listings would fall in both by
+    its listings alone. Its record settles it: only the part its record's key falls in may sweep it, and every
+    record a part writes carries its own listing's key, so at most one part sweeps a machine in a sweep, whatever
+    the order of the listings and writes. A machine whose key moved to this part is handed over (its record's
+    group and owner rewritten, conditionally, nothing else) and swept from the next sweep; a machine without a
+    record goes by its listing. A dry run writes nothing and skips the check (it acts on nothing)."""
+    index, parts = part
+    if dry_run:
+        return list(machines)
+    kept, handed = [], []
+    for m in machines:
+        r = records.get(m.instance_id)
+        if r is None or part_of(part_key(r.instance_id, r.asg_name, r.owner), parts) == index:
+            kept.append(m)
+        else:
+            handed.append(replace(r, asg_name=m.asg_name, owner=m.owner, version=r.version + 1, updated_at=now))
+
+    def hand_over(record: MachineRecord) -> bool:
+        try:
+            return adapters.store.save(record, sweep_id)
+        except AwsError:
+            return False  # tried again by the next sweep
+
+    if handed:
+        done = sum(run_concurrently(hand_over, handed, DDB_WORKERS))
+        logger.info(
+            "machines whose group or owner moved them to this part: swept by it from the next sweep",
+            extra={"part": index, "parts": parts, "machines": len(handed), "handed_over": done},
+        )
+    return kept
 
 
 def _not_due(
@@ -436,6 +482,19 @@ def _note_unwatched_notebooks(
 
 def _log_decision(d: Decision, dry_run: bool) -> None:
     logger.info("decision", extra={**explain(d), "dry_run": dry_run})
+
+
+def _log_decisions(decisions: Sequence[Decision], written: set[str], dry_run: bool) -> None:
+    """One log line per machine something happened to (an action, an error, a lifecycle change); the others'
+    explanation is their record (`idle-reaper status`), refreshed at least hourly. A dry run logs all."""
+    unchanged = 0
+    for d in decisions:
+        if dry_run or d.action is not Action.NONE or d.error or d.machine.instance_id in written:
+            _log_decision(d, dry_run)
+        else:
+            unchanged += 1
+    if unchanged:
+        logger.info("machines with nothing new, not logged one by one", extra={"machines": unchanged})
 
 
 def decision_row(d: Decision) -> dict[str, Any]:
