@@ -19,6 +19,7 @@ The planner is one process (reserved concurrency 1), warm from sweep to sweep: i
 (check_member_accounts) reuses its own credentials until they are renewed.
 
     python benchmarks/organization_sweep.py [--accounts 1000] [--regions 4] [--machines 50] [--compare 1000]
+    python benchmarks/organization_sweep.py --accounts 1 --regions 1 --machines 50000 --compare 0 --split known
 """
 
 from __future__ import annotations
@@ -59,11 +60,15 @@ from sweep_latency import row as latency_row  # noqa: E402
 
 from idle_reaper import sweep as sweep_module  # noqa: E402
 from idle_reaper.aws.accounts import (  # noqa: E402
+    UNIT_SIZES_KEY,
     AccountDirectory,
     MemberAccess,
     MemberCredentials,
     MemberSessions,
     OrganizationConfig,
+    UnitSize,
+    UnitSizes,
+    save_unit_sizes,
 )
 from idle_reaper.aws.fleet import LISTING_PROCESSES  # noqa: E402
 from idle_reaper.notify import LoggingNotifier  # noqa: E402
@@ -85,6 +90,7 @@ from idle_reaper.sweep.members import (  # noqa: E402
     check_member_accounts,
     member_adapters,
     sweep_member_accounts,
+    whole_units,
 )
 from testkit.aws import LATENCY, CountingStateStore, FakeAws, LatencyModel  # noqa: E402
 from testkit.aws.organization import ORGANIZATION_LATENCY, FakeOrganizations, FakeSts  # noqa: E402
@@ -171,6 +177,7 @@ class SweepRun:
     assume_latency_s: float  # AssumeRole latency charged (serial sum)
     client_cpu_s: float  # member clients made (serial sum)
     botocore_s: float
+    unit_parts: int = 0  # shards that were parts of a large account-region
 
     @property
     def map_s(self) -> float:
@@ -190,10 +197,14 @@ def run_organization(
     assume_role_s: float | None = None,
     units_per_shard: int = MEMBER_UNITS_PER_SHARD,
     unit_workers: int = MEMBER_SWEEP_WORKERS,
+    split: str = "auto",
 ) -> list[SweepRun]:
     """The organization's sweeps as the stack runs them: the planner (listing, manifests, StartExecution, then
     its credential check), a worker invocation per shard on one of SHARDS_AT_ONCE warm processes, the gather
-    step. `assume_role_s`: AssumeRole's latency instead of the model's (0: what the sweep costs without it)."""
+    step. `assume_role_s`: AssumeRole's latency instead of the model's (0: what the sweep costs without it).
+    `split`: "auto" (a unit of more than UNIT_PART_SIZE machines is swept in parts from the sweep after the
+    gather step saw its size), "known" (its size already remembered, so the first look is in parts too), "off"
+    (every unit one shard, as before the split)."""
     rng = random.Random(seed)
     clock = Clock()
     orgs, targets = organization(accounts)
@@ -236,6 +247,9 @@ def run_organization(
     def access(purpose: str) -> MemberAccess:
         return MemberAccess(config, directory, MemberSessions(sts, config.prefix, purpose, clock=clock))
 
+    if split == "known":
+        sizes = [UnitSize(account=a, region=r, machines=machines, seen=sweeps[0]) for a, r in worlds]
+        save_unit_sizes(store, UnitSizes(units=sizes), sweeps[0])
     planner = access("sweep")
     processes = [access("sweep") for _ in range(SHARDS_AT_ONCE)]  # the Map's warm worker processes
 
@@ -255,6 +269,8 @@ def run_organization(
             orgs_before, charged_before = orgs.calls.total(), Counter(model.charged)
             botocore_before, client_before = segments.botocore_s, model.cpu_s
             client_before = sum(v for k, v in model.cpu_charged.items() if k.startswith("client:"))
+            if split == "off":
+                store.put_lookup(UNIT_SIZES_KEY, UnitSizes().model_dump_json(), now + timedelta(days=1))
             plan, planner_s, _ = segments.time(
                 lambda now=now: plan_sweep(
                     adapters,
@@ -301,7 +317,7 @@ def run_organization(
                 gather_task = GatherTask(sweep_id=plan.sweep_id, now=plan.now, shards=order)
                 gathered, gather_s, _ = segments.time(lambda t=gather_task: gather_sweep(adapters, t))
                 assert not gathered.failed, gathered.failed
-                gathered_units = gathered.units
+                gathered_units = whole_units(gathered.units)
                 start_s = model.latency["states:StartExecution"]
                 walls = [planner_s + start_s + check_s, *shard_walls, gather_s]
                 wall = planner_s + start_s + map_wall(shard_walls, SHARDS_AT_ONCE) + gather_s + STATE_OVERHEAD_S
@@ -322,6 +338,7 @@ def run_organization(
                     units_swept=sum(u.swept is not None for u in gathered_units),
                     units_failed=sum(bool(u.error) and not u.deferred for u in gathered_units),
                     deferred=sum(u.deferred for u in gathered_units),
+                    unit_parts=sum(1 for u in gathered.units if u.parts) if gathered is not None else 0,
                     assume_latency_s=charged["sts:AssumeRole"] * model.latency["sts:AssumeRole"],
                     client_cpu_s=sum(v for k, v in model.cpu_charged.items() if k.startswith("client:"))
                     - client_before,
@@ -349,6 +366,7 @@ def print_organization(accounts: int, regions: int, machines: int, runs: list[Sw
     row("  failed", [r.units_failed for r in runs], spec=",.0f")
     row("  left to the next sweep (time)", [r.deferred for r in runs], spec=",.0f")
     row("shards (the hub's own machines + member units)", [len(r.shard_walls) for r in runs], spec=",.0f")
+    row("  parts of large account-regions among them", [r.unit_parts for r in runs], spec=",.0f")
     row("planner: listing, manifests, s", [r.planner_s for r in runs])
     row("  its credential check after StartExecution, s", [r.check_s for r in runs])
     row(f"Map ({SHARDS_AT_ONCE} at once): slowest wave's end, s", [r.map_s for r in runs])
@@ -426,6 +444,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--compare", type=int, default=1000, help="accounts of 1 machine against one account (0: skip)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-botocore", action="store_true", help="charge latency only, not botocore's CPU")
+    parser.add_argument(
+        "--split",
+        choices=("auto", "known", "off"),
+        default="auto",
+        help="a unit of more than UNIT_PART_SIZE machines: in parts from the 2nd sweep (auto), from the 1st "
+        "(known: its size remembered), never (off)",
+    )
     args = parser.parse_args(argv)
     print("idle-reaper organization sweep: the real planner, shard workers and gather over per-account fakes")
     cpu = measured_botocore(skip=args.no_botocore)
@@ -437,7 +462,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     regions = REGIONS[: args.regions]
     started = time.perf_counter()
-    runs = run_organization(args.accounts, regions, args.machines, seed=args.seed, cpu=cpu, clients=clients)
+    runs = run_organization(
+        args.accounts, regions, args.machines, seed=args.seed, cpu=cpu, clients=clients, split=args.split
+    )
     ok = print_organization(args.accounts, len(regions), args.machines, runs, time.perf_counter() - started)
     if args.compare:
         print_comparison(args.compare, args.seed, cpu, clients)

@@ -46,6 +46,14 @@ GET_METRIC_DATA_TPS = 50
 GET_METRIC_DATA_SECONDS = 0.6
 
 
+def metric_workers(concurrent: int) -> int:
+    """GetMetricData threads of one worker, so that the workers sweeping one account and region at once (the
+    hub's shards; a large member account-region's parts) together stay under its GetMetricData quota (about
+    GET_METRIC_DATA_TPS x GET_METRIC_DATA_SECONDS calls in flight)."""
+    in_flight = int(GET_METRIC_DATA_TPS * GET_METRIC_DATA_SECONDS)
+    return max(1, min(METRIC_WORKERS, in_flight // concurrent))
+
+
 # ---------------------------------------------------------------------------------------------
 # Signals (CloudWatch GetMetricData)
 

@@ -2,6 +2,7 @@
 region count, and a large fleet's fan-out (fanout.py). This package re-exports their public names.
 """
 
+from idle_reaper.aws.metrics import metric_workers
 from idle_reaper.notify import logger
 from idle_reaper.sweep.adapters import (
     DEFERRED,
@@ -34,7 +35,6 @@ from idle_reaper.sweep.fanout import (
     SweepTotals,
     gather_sweep,
     manifest_key,
-    metric_workers,
     note_failed_shards,
     plan_sweep,
     result_key,

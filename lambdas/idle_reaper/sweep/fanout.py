@@ -24,12 +24,7 @@ from idle_reaper.aws.accounts import (
     save_unit_sizes,
 )
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
-from idle_reaper.aws.metrics import (
-    GET_METRIC_DATA_SECONDS,
-    GET_METRIC_DATA_TPS,
-    METRIC_WORKERS,
-    MetricsReader,
-)
+from idle_reaper.aws.metrics import MetricsReader, metric_workers
 from idle_reaper.core.records import State
 from idle_reaper.core.reports import (
     TeamTotals,
@@ -407,13 +402,6 @@ def note_unit_sizes(adapters: Adapters, units: Sequence[UnitResult], now: dateti
             save_unit_sizes(adapters.store, UnitSizes(units=fresh[:UNIT_SIZES_KEPT]), now)
     except (*AwsError, ValueError) as exc:
         logger.warning("could not remember the large member units", extra={"error": str(exc)[:300]})
-
-
-def metric_workers(concurrent_shards: int) -> int:
-    """GetMetricData threads of one shard worker, so that the shards running at once together stay under
-    the account's GetMetricData quota (about GET_METRIC_DATA_TPS x GET_METRIC_DATA_SECONDS calls in flight)."""
-    in_flight = int(GET_METRIC_DATA_TPS * GET_METRIC_DATA_SECONDS)
-    return max(1, min(METRIC_WORKERS, in_flight // concurrent_shards))
 
 
 def run_shard(
