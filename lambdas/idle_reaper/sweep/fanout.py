@@ -383,7 +383,7 @@ def unit_parts(adapters: Adapters, now: datetime, most: int) -> dict[tuple[str, 
 def note_unit_sizes(adapters: Adapters, units: Sequence[UnitResult], now: datetime) -> None:
     """Remember the member account-regions this sweep saw with more than UNIT_PART_SIZE machines, so that the
     next plan splits them; one that fell to UNIT_PART_SIZE or fewer is forgotten (swept whole again), one not
-    counted whole this time (failed, or a part left for later) keeps what was known. Never raises."""
+    counted whole this time (a part failed or left for later) keeps what was known. Never raises."""
     try:
         try:
             before = load_unit_sizes(adapters.store, now).units
@@ -392,6 +392,8 @@ def note_unit_sizes(adapters: Adapters, units: Sequence[UnitResult], now: dateti
         kept = {(u.account, u.region): u for u in before}
         for u in whole_units(units):
             if u.swept is None or u.error:
+                if u.swept is not None and (known := kept.get((u.account, u.region))):  # still seen, in parts
+                    kept[(u.account, u.region)] = known.model_copy(update={"seen": now})
                 continue
             if u.swept > UNIT_PART_SIZE:
                 kept[(u.account, u.region)] = UnitSize(account=u.account, region=u.region, machines=u.swept, seen=now)

@@ -337,7 +337,8 @@ def test_a_deferred_part_is_left_to_the_next_sweep_and_a_failed_part_names_its_p
     assert summary is not None
     assert [f.account for f in summary.failed] == [org.d]  # D's role is refused; A is not failed
     assert (summary.units, summary.swept, summary.deferred, summary.in_parts) == (4, 2, 1, 1)  # B, C swept
-    assert load_unit_sizes(org.store, NOW).of(NOW) == {(org.a, REGION): 11}
+    (kept,) = load_unit_sizes(org.store, NOW).units
+    assert (kept.account, kept.machines, kept.seen) == (org.a, 11, NOW)  # still seen: kept a week from now
     assert not any("part" in w for w in gathered.warnings)
 
     # Part 1's shard fails: A is one failed unit whose reason names the part; the other parts swept theirs.
