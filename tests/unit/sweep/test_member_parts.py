@@ -19,7 +19,7 @@ from idle_reaper.aws.accounts import UNIT_SIZES_KEY, UnitSizes, last_member_swee
 from idle_reaper.core.reports import part_key, part_of
 from idle_reaper.sweep import GatherTask, ShardDone, ShardTask, SweepCannotRun, fanout, gather_sweep, manifest_key
 from idle_reaper.sweep.fanout import plan_sweep, result_key, run_shard
-from idle_reaper.sweep.members import MAX_UNIT_PARTS
+from idle_reaper.sweep.members import MAX_UNIT_PARTS, sweep_member_accounts
 from testkit.aws import FakeAws, steady
 
 PART_SIZE = 4  # machines a part, for these tests (the stack's is SHARD_SIZE, 10,000)
@@ -351,3 +351,24 @@ def test_a_deferred_part_is_left_to_the_next_sweep_and_a_failed_part_names_its_p
     assert failed[org.a] == f"part 2 of 3: its shard ({shard_of_part[1]}) failed: States.Timeout"
     assert summary.units == 4 and summary.machines == gathered.machines
     assert shard_of_part[1] not in swept and swept[shard_of_part[2]]  # part 3, deferred before, swept now
+
+
+def test_the_parts_of_an_account_region_share_its_metric_quota(monkeypatch: pytest.MonkeyPatch) -> None:
+    from idle_reaper.aws.metrics import METRIC_WORKERS
+    from idle_reaper.sweep import members as members_module
+
+    org = two_region_org()
+    org.launch(org.a)
+    seen: list[tuple[Any, int]] = []
+    real = members_module.run_sweep
+
+    def spy(adapters: Any, **kwargs: Any) -> Any:
+        seen.append((kwargs.get("part"), adapters.metrics.workers))
+        return real(adapters, **kwargs)
+
+    monkeypatch.setattr(members_module, "run_sweep", spy)
+    (unit,) = [u for u in org.members.config.units(org.members.directory.current().accounts) if u[0].id == org.a]
+    for part in ((1, 5), None):
+        sweep_member_accounts(org.adapters(), org.members, NOW, make_adapters=org.make, units=[unit], part=part)
+    # 5 parts at once keep 30 GetMetricData calls in flight in the account (6 each), as one worker alone does.
+    assert seen == [((1, 5), 6), (None, METRIC_WORKERS)]
