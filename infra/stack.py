@@ -546,6 +546,12 @@ class IdleReaperStack(Stack):
         # What `idle-reaper doctor` reads: the version deployed, and the rule it checks is enabled.
         CfnOutput(self, "Version", value=__version__, description="The idle-reaper version deployed")
         CfnOutput(self, "SweepScheduleName", value=schedule.rule_name, description="The rule that starts every sweep")
+        CfnOutput(
+            self,
+            "SweepFunctionName",
+            value=sweep.function.function_name,
+            description="Invoke it to sweep now (in organization mode: every member account too)",
+        )
         CfnOutput(self, "AlarmTopicArn", value=monitoring.topic.topic_arn)
         if gpu is not None:
             gpu.report_failures_to(monitoring.topic)

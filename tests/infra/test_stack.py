@@ -21,7 +21,7 @@ from synthesis import ALARM_EMAIL, REGIONS, Synth, synthesize
 
 from idle_reaper.sweep import PLANNER_VCPUS
 from infra.constructs import GpuAgentRollout
-from infra.stack import DOCTOR_READS, IdleReaperProps
+from infra.stack import DOCTOR_READS, SWEEP_HANDLER, IdleReaperProps
 
 pytestmark = pytest.mark.infra
 
@@ -427,6 +427,13 @@ def test_outputs_name_the_slack_url_the_secret_and_the_dashboard(template: dict[
     assert outputs["SlackSecretName"]["Value"] == "idle-reaper/slack"
     dashboard_url = json.dumps(outputs["DashboardUrl"]["Value"])
     assert "console.aws.amazon.com/cloudwatch" in dashboard_url and "#dashboards:name=" in dashboard_url
+    # The function to invoke for a sweep now: the one whose handler is the sweep's.
+    (sweep,) = [
+        logical
+        for logical, r in template["Resources"].items()
+        if r["Type"] == "AWS::Lambda::Function" and r["Properties"].get("Handler") == SWEEP_HANDLER
+    ]
+    assert outputs["SweepFunctionName"]["Value"] == {"Ref": sweep}
 
 
 # -- GPU agent -----------------------------------------------------------------------------------

@@ -143,6 +143,23 @@ def test_the_accounts_under_the_target_ou_are_listed_with_their_ous_and_cached(o
     assert directory.current() is not listing and directory.calls > calls  # listed again after an hour
 
 
+def test_the_planner_takes_an_hour_old_listing_and_the_member_check_relists(org: Org) -> None:
+    """The sweep's planner asks with `stale_for`: an expired listing is returned at once (no Organizations call on
+    the sweep's path); the member check after it relists; past `ttl + stale_for` the planner waits for a listing."""
+    clock = Clock(STARTED)
+    directory = AccountDirectory(aws_client("organizations"), [org.ml], hub_account=HUB, clock=clock)
+    listing = directory.current()
+    calls = directory.calls
+    clock.now += timedelta(minutes=61)
+    assert directory.current(stale_for=timedelta(hours=1)) is listing and directory.calls == calls
+    relisted = directory.current()  # the check after StartExecution
+    assert relisted is not listing and directory.calls > calls
+    assert directory.current(stale_for=timedelta(hours=1)) is relisted
+    calls = directory.calls
+    clock.now += timedelta(hours=2, minutes=1)  # nothing relisted since: too old even for the planner
+    assert directory.current(stale_for=timedelta(hours=1)) is not relisted and directory.calls > calls
+
+
 def test_a_root_target_lists_every_account_but_the_management_account_and_the_hub(org: Org) -> None:
     training = org.accounts["training"]
     directory = AccountDirectory(aws_client("organizations"), [org.root, org.ml], hub_account=training)

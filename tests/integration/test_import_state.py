@@ -628,3 +628,23 @@ def test_the_plan_leaves_out_what_is_not_a_single_account_stack_s() -> None:
     other_app = plan_import(items, account, REGION, same_slack_app=False, now=datetime.now(UTC))
     assert not other_app.items
     assert other_app.left["button references and shared messages (the old Slack app's)"] == 2
+
+
+def test_the_hubs_own_account_is_moved_only_where_the_hub_sweeps_it_as_a_member(
+    org: Org,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The training account is the hub (inside the ml OU) with a stack in eu-west-1 alone: in us-east-1 it is a
+    member, so an old stack's table of its own there is moved like a member's; in eu-west-1 its own stack sweeps
+    it under its own keys, nothing to move."""
+    import argparse
+
+    from idle_reaper_tools import import_state
+
+    hub = org.accounts["training"]
+    config = {"prefix": "idle-reaper", "targets": [org.ml], "regions": [REGION, "eu-west-1"], "hubAccount": hub}
+    monkeypatch.setenv("IDLE_REAPER_ORGANIZATION", json.dumps({**config, "hubRegions": ["eu-west-1"]}))
+    member, hub_account = import_state._member(argparse.Namespace(account=hub, region=REGION))
+    assert (member.id, member.name, hub_account) == (hub, "training", hub)
+    with pytest.raises(import_state._Fail, match="swept in eu-west-1 by the hub's own stack"):
+        import_state._member(argparse.Namespace(account=hub, region="eu-west-1"))

@@ -580,8 +580,13 @@ def _member(args: argparse.Namespace) -> tuple[MemberAccount, str]:
         raise _Fail(
             f"--region {args.region!r}: the hub does not watch it (member regions: {', '.join(config.regions)})"
         )
-    if args.account == config.hub_account:
-        raise _Fail(f"--account {args.account} is the hub's own account: its machines keep their keys, nothing to move")
+    if args.account == config.hub_account and args.region not in config.hub_member_regions:
+        # Where the hub has a stack its own stacks sweep its account; elsewhere (a hub inside a target OU) it is a
+        # member like any other, and a table of an old stack of its own there is moved like a member's.
+        raise _Fail(
+            f"--account {args.account} is the hub's own account, swept in {args.region} by the hub's own stack: its "
+            "machines keep their keys, nothing to move"
+        )
     listing = config.directory().current()
     if listing.error is not None:
         raise _Fail(f"cannot list the organization's member accounts ({listing.error})", EXIT_ERROR)

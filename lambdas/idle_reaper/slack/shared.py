@@ -33,9 +33,12 @@ from idle_reaper.slack.owners import OwnerDirectory
 REF_TTL = timedelta(days=7)
 WARNING_EVENT = "idle_reaper_warning"  # the metadata event type every warning carries
 # A unit joining a shared message: conditional writes of the listing tried before posting alone (each loses only
-# to another unit's join), and edits of the message while the listing keeps changing under it.
+# to another unit's join), and edits of the message while the listing keeps changing under it. A round differs
+# from the last only after another unit joined (or left after a failed edit) or someone answered, so rounds end
+# on their own; the bound covers an owner warned in 8 units of one sweep whose joins all overtake this one's
+# edits. Stopping short would let this unit's stale edit land last and hide machines already reported delivered.
 JOIN_ATTEMPTS = 8
-CONVERGE_ROUNDS = 4
+CONVERGE_ROUNDS = 16
 
 
 def warning_metadata(instance_ids: list[str], refs: list[str], group_ref: str | None = None) -> dict[str, Any]:

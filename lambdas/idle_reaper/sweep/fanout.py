@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from idle_reaper.aws.accounts import MemberAccess, save_member_sweep
+from idle_reaper.aws.accounts import DIRECTORY_TTL, MemberAccess, save_member_sweep
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.metrics import (
     GET_METRIC_DATA_SECONDS,
@@ -317,7 +317,8 @@ def plan_sweep(
     shards = shard_count(len(machines), shard_size, shards_at_once)
     groups = []
     if members is not None:  # the listing is cached; a failed one keeps the last good listing
-        accounts, config = members.directory.current().accounts, members.config
+        # An hour-old listing is still used: the member check after StartExecution relists, off the sweep's path.
+        accounts, config = members.directory.current(stale_for=DIRECTORY_TTL).accounts, members.config
         lanes, units = max(1, shards_at_once - shards), len(config.units(accounts))
         per_group = min(units_per_shard, max(len(config.regions), -(-units // lanes)))
         groups = member_groups(accounts, config.regions_of, per_group)

@@ -118,6 +118,18 @@ def test_a_hub_in_a_target_ou_is_a_member_unit_only_where_it_has_no_stack_of_its
         assert other.regions_of(org.a) == ()
 
 
+def test_the_planner_does_not_wait_for_the_hourly_relisting() -> None:
+    org = two_region_org()
+    at = [NOW]
+    org.members.directory.clock = lambda: at[0]
+    plan_sweep(org.adapters(), now=NOW, members=org.members, sweep_id="s1")
+    calls = org.members.directory.calls
+    at[0] = NOW + timedelta(minutes=61)
+    later = plan_sweep(org.adapters(), now=at[0], members=org.members, sweep_id="s2")
+    assert org.members.directory.calls == calls  # the hour-old listing: the member check relists after
+    assert later.member_units == 4
+
+
 def test_without_members_a_small_fleet_is_still_swept_in_place() -> None:
     org = two_region_org()
     plan = plan_sweep(org.adapters(), now=NOW, in_place=True, members=None, sweep_id="s1")

@@ -192,6 +192,38 @@ def test_an_edit_overtaken_by_a_later_joiners_is_made_again_so_the_message_lists
     assert len(stub.posts) == 1
 
 
+def test_a_joiner_overtaken_round_after_round_still_leaves_everyone_listed() -> None:
+    """Each of joiner X's edits is overtaken: while it is in flight, another unit joins and edits the message. X
+    looks again after every edit and must go on until its last edit shows the listing as it stands, however many
+    joins overtook it (8 here), or its stale edit lands last and hides machines already reported delivered."""
+    slack, stub, store = setup()
+    a, x = unit(store, "111111111111"), unit(store, "222222222222")
+    later = [unit(store, f"3333333{n:05d}") for n in range(8)]
+    [led] = delivered(share(slack, store, a))
+    waiting = list(later)
+
+    def overtake() -> None:
+        if threading.current_thread().name == "X" and waiting:
+            y = waiting.pop(0)
+            joiner = threading.Thread(target=lambda: delivered(share(slack, store, y)))
+            joiner.start()
+            joiner.join()
+
+    stub.on_update = overtake
+    outcome: list[Any] = []
+    thread = threading.Thread(name="X", target=lambda: outcome.append(share(slack, store, x)))
+    thread.start()
+    thread.join()
+    delivered(outcome[0])
+    assert not waiting, "every later unit joined while one of X's edits was in flight"
+    shown = stub.shown(led.messages[0])
+    missing = [
+        d.machine.instance_id for d in [*a, *x, *(d for u in later for d in u)] if d.machine.instance_id not in shown
+    ]
+    assert missing == []
+    assert len(stub.posts) == 1
+
+
 def test_a_lone_leader_looks_like_a_warning_of_its_own_until_another_unit_joins() -> None:
     slack, stub, store = setup()
     (lone,) = unit(store, "111111111111")
