@@ -257,9 +257,9 @@ def sweep_member_accounts(
                     adapters.policies.load_settings()[0],
                     now,
                 )
-        return _none_swept(units, f"settings invalid, no member account swept: {exc}")
+        return _none_swept(units, f"settings invalid, no member account swept: {exc}", part)
     except Exception as exc:  # contained: the hub's own sweep is done; the next sweep tries again
-        return _none_swept(units, f"no member account swept: {type(exc).__name__}: {exc}"[:300])
+        return _none_swept(units, f"no member account swept: {type(exc).__name__}: {exc}"[:300], part)
     if units is None:
         listing = members.directory.current()
         units = members.config.units(listing.accounts)
@@ -363,11 +363,14 @@ def count_member_regions(
         logger.warning("member accounts' regions not counted", extra={"error": str(exc)})
 
 
-def _none_swept(units: Sequence[tuple[MemberAccount, str]] | None, why: str) -> list[UnitOutcome]:
-    """Nothing swept: each of a shard's units says why; the in-place sweep of every unit says it once."""
+def _none_swept(
+    units: Sequence[tuple[MemberAccount, str]] | None, why: str, part: tuple[int, int] | None = None
+) -> list[UnitOutcome]:
+    """Nothing swept: each of a shard's units (of a part: as that part) says why; the in-place sweep of every
+    unit says it once."""
     if units is None:
         return [UnitOutcome("-", "-", error=why)]
-    return [UnitOutcome(a.id, r, error=why, name=a.name) for a, r in units]
+    return [UnitOutcome(a.id, r, error=why, name=a.name, part=part) for a, r in units]
 
 
 # ---------------------------------------------------------------------------------------------

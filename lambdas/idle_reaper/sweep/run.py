@@ -247,7 +247,12 @@ def keep_part(
         if r is None or part_of(part_key(r.instance_id, r.asg_name, r.owner), parts) == index:
             kept.append(m)
         else:
-            handed.append(replace(r, asg_name=m.asg_name, owner=m.owner, version=r.version + 1, updated_at=now))
+            # Only the part key's facts, and the Slack id that went with the old owner: a stale id would send the
+            # new owner's warnings to the old one. updated_at stays: nothing of the lifecycle changed.
+            slack_id = r.owner_slack_id if r.owner == m.owner else None
+            handed.append(
+                replace(r, asg_name=m.asg_name, owner=m.owner, owner_slack_id=slack_id, version=r.version + 1)
+            )
 
     def hand_over(record: MachineRecord) -> bool:
         try:

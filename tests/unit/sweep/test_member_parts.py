@@ -372,3 +372,67 @@ def test_the_parts_of_an_account_region_share_its_metric_quota(monkeypatch: pyte
         sweep_member_accounts(org.adapters(), org.members, NOW, make_adapters=org.make, units=[unit], part=part)
     # 5 parts at once keep 30 GetMetricData calls in flight in the account (6 each), as one worker alone does.
     assert seen == [((1, 5), 6), (None, METRIC_WORKERS)]
+
+
+def test_a_hand_over_to_a_new_owner_drops_the_old_owners_slack_id_and_keeps_the_records_time() -> None:
+    """Alice's machine becomes Bob's, and Bob's key falls in another part: the receiving part hands it over. The
+    record must not keep Alice's Slack id (Bob's warnings would go to Alice, and the machine could be stopped with
+    its owner never told), and nothing of its lifecycle changed, so its updated_at stays (the import's "newer")."""
+    from idle_reaper.aws import InMemoryStateStore
+    from idle_reaper.core.records import MachineRecord, State
+    from idle_reaper.core.signals import Machine
+    from idle_reaper.sweep.run import keep_part
+
+    parts = 2
+    alice, bob = (
+        "alice@example.com",
+        next(
+            f"bob{n}@example.com"
+            for n in range(100)
+            if part_of(part_key("i-1", None, f"bob{n}@example.com"), parts)
+            != part_of(part_key("i-1", None, "alice@example.com"), parts)
+        ),
+    )
+    bobs_part = part_of(part_key("i-1", None, bob), parts)
+    account = "111111111111"
+    store = InMemoryStateStore()
+    then = NOW - timedelta(hours=3)
+    record = MachineRecord(
+        instance_id="i-1",
+        team="ml",
+        state=State.WARNED,
+        owner=alice,
+        owner_slack_id="U0ALICE",
+        updated_at=then,
+        warned_at=then,
+        account=account,
+        region=REGION,
+    )
+    assert store.save(record)
+    (stored,) = store.load([record.key]).values()
+    machine = Machine("i-1", "m5.large", "ml", NOW - timedelta(days=1), owner=bob, account=account, region=REGION)
+    adapters = FakeAws().adapters(store=store)
+    kept = keep_part(adapters, [machine], {"i-1": stored}, (bobs_part, parts), "sweep-1", NOW, dry_run=False)
+    assert kept == []  # swept from the next sweep, by this part
+    (after,) = store.load([record.key]).values()
+    assert after.owner == bob and after.owner_slack_id is None
+    assert after.updated_at == then and after.state is State.WARNED and after.warned_at == then
+    assert after.version == stored.version + 1
+
+
+def test_a_part_that_sweeps_nothing_for_invalid_settings_says_which_part() -> None:
+    from idle_reaper.aws.accounts import MemberAccount
+    from idle_reaper.sweep.members import UnitResult, whole_units
+
+    org = Organization({"exclude": "not a list"})  # `{prefix}/organization` invalid: no member account swept
+    unit = [(MemberAccount(org.a, "sandbox-a", ()), REGION)]
+    results = []
+    for index in range(3):
+        (outcome,) = sweep_member_accounts(
+            org.adapters(), org.members, NOW, units=unit, part=(index, 3), make_adapters=org.make
+        )
+        assert outcome.part == (index, 3) and "settings invalid" in (outcome.error or "")
+        results.append(UnitResult.of(outcome))
+    (whole,) = whole_units(results)
+    assert "part 1 of 3" in (whole.error or "") and "part 3 of 3" in (whole.error or "")
+    assert org.made_for == []  # nothing swept in the account
