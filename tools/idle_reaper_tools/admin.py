@@ -914,7 +914,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         except aws.AwsError as exc:
             _err(f"cannot read team policies ({aws.error_code(exc)}); next actions are not shown")
             refs = None
-        records = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()).all_records()
+        state = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name())
+        records = state.all_records()
         fleet = aws.Fleet(aws.client("ec2"), aws.client("autoscaling"), aws.NotebookInstances(aws.client("sagemaker")))
         machines = {m.instance_id: m for m in fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)}
         if fleet.notebooks_unlisted:
@@ -929,10 +930,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             rows = [r for r in rows if r["team"] == args.team]
         if args.owner:
             rows = [r for r in rows if (r["owner"] or "").lower() == args.owner.lower()]
-        unwatched = aws.last_unwatched(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
-        member_regions = aws.members_unwatched(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
-        members = last_member_check(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
-        member_sweep = last_member_sweep(aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()), now)
+        unwatched = aws.last_unwatched(state, now)
+        member_regions = aws.members_unwatched(state, now)
+        members = last_member_check(state, now)
+        member_sweep = last_member_sweep(state, now)
         studio = _studio_findings(refs, settings) if settings.sagemaker_notebooks else []
         if args.json:
             for row in rows:

@@ -105,13 +105,16 @@ class SweepSummary:
         return summary
 
 
+OWNER_PART = "owner:"  # how part_key begins for an owner's machines (the hub's shards chunk those)
+
+
 def part_key(instance_id: str, asg_name: str | None, owner: str | None) -> str:
-    """What keeps machines together when a fleet is cut into parts: an Auto Scaling group's members (its
-    termination limit is counted in one place), else an owner's machines (one message), else the machine."""
+    """What keeps machines together when a fleet is cut into shards or parts: an Auto Scaling group's members
+    (its termination limit is counted in one place), else an owner's machines (one message), else the machine."""
     if asg_name:
         return f"asg:{asg_name}"
     if owner := owner_key(owner):
-        return f"owner:{owner}"
+        return f"{OWNER_PART}{owner}"
     return instance_id
 
 

@@ -346,7 +346,7 @@ class Router:
             return self.doctor(user, command)
         if verb == "status":
             mine = [r for region in self.regions for r in region.records_of_owner(user)]
-            return status_reply(mine, self.member_sweep(user), self.member_regions(user))
+            return status_reply(mine, *self.member_status(user))
         if verb == "keep":
             if len(words) != 3:
                 return Reply(
@@ -355,29 +355,30 @@ class Router:
             return self._keep(user, words[1], words[2], command)
         return help_reply(command, None if verb == "help" else verb)
 
-    def member_sweep(self, user: str) -> MemberSweep | None:
-        """For an admin, organization mode: what the last sweep did in the member accounts (excluded accounts,
-        failed units). None for anyone else, in single-account mode, or when it cannot be read."""
+    def member_status(self, user: str) -> tuple[MemberSweep | None, list[str]]:
+        """For an admin, organization mode (the settings read once): what the last sweep did in the member
+        accounts (excluded accounts, failed units; None in single-account mode), and the lines of the member
+        accounts whose daily count found running instances (or a denied region) outside the organization's
+        regions. Nothing for anyone else; either left out when it cannot be read."""
         region = self.regions[0]
+        unreadable = (*AwsError, ValueError, KeyError)
         try:
             if user not in region._settings().admins:
-                return None
-            return last_member_sweep(region.store, region.clock())
-        except (*AwsError, ValueError, KeyError) as exc:
+                return None, []
+        except unreadable as exc:
+            logger.warning("settings not read for status", extra={"error": str(exc)})
+            return None, []
+        now = region.clock()
+        sweep: MemberSweep | None = None
+        try:
+            sweep = last_member_sweep(region.store, now)
+        except unreadable as exc:
             logger.warning("member sweep not read for status", extra={"error": str(exc)})
-            return None
-
-    def member_regions(self, user: str) -> list[str]:
-        """For an admin, organization mode: the member accounts whose daily count found running instances (or a
-        denied region) outside the organization's regions. Nothing for anyone else, or when it cannot be read."""
-        region = self.regions[0]
         try:
-            if user not in region._settings().admins:
-                return []
-            return members_unwatched_lines(members_unwatched(region.store, region.clock()))
-        except (*AwsError, ValueError, KeyError) as exc:
+            return sweep, members_unwatched_lines(members_unwatched(region.store, now))
+        except unreadable as exc:
             logger.warning("member accounts' regions not read for status", extra={"error": str(exc)})
-            return []
+            return sweep, []
 
     def doctor(self, user: str, command: str) -> Reply:
         """`/idle-reaper doctor`: this region's checks, for its admins only (they list other teams' machines

@@ -27,10 +27,7 @@ from idle_reaper.aws.accounts import (
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.metrics import MetricsReader, metric_workers
 from idle_reaper.core.records import State
-from idle_reaper.core.reports import (
-    TeamTotals,
-    owner_key,
-)
+from idle_reaper.core.reports import OWNER_PART, TeamTotals, part_key
 from idle_reaper.core.signals import Machine
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, load_sweep_settings
@@ -262,20 +259,16 @@ def split_into_shards(machines: Sequence[Machine], shards: int) -> list[list[str
     the fewest machines so far)."""
     units: dict[str, list[str]] = defaultdict(list)
     by_owner: dict[str, list[str]] = defaultdict(list)
-    for m in machines:
-        if m.asg_name:
-            units[f"asg:{m.asg_name}"].append(m.instance_id)
-        elif owner := owner_key(m.owner):
-            by_owner[owner].append(m.instance_id)
-        else:
-            units[m.instance_id].append(m.instance_id)
+    for m in machines:  # what keeps machines together, as when a member account-region is cut into parts
+        key = part_key(m.instance_id, m.asg_name, m.owner)
+        (by_owner if key.startswith(OWNER_PART) else units)[key].append(m.instance_id)
     # An owner's standalone machines share a shard, so one sweep's warnings to them share one message
     # (sweep.owner_messages.post_owner_messages); an owner with very many is split in bounded chunks, to keep
     # shards even.
     for owner, ids in by_owner.items():
         ids.sort()
         for start in range(0, len(ids), OWNER_UNIT_MAX):
-            units[f"owner:{owner}#{start}"] = ids[start : start + OWNER_UNIT_MAX]
+            units[f"{owner}#{start}"] = ids[start : start + OWNER_UNIT_MAX]
     loads = [(0, index) for index in range(shards)]
     manifests: list[list[str]] = [[] for _ in range(shards)]
     for _, ids in sorted(units.items(), key=lambda unit: (-len(unit[1]), unit[0])):

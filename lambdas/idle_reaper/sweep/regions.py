@@ -53,7 +53,7 @@ def report_unwatched_regions(
         if not _count_due(adapters, last[0] if last is not None else None, "unwatched-regions", now):
             return []
         settings, _ = adapters.policies.load_settings()
-        watched = [*watched_regions(here), *(r for r in also_watched if r not in watched_regions(here))]
+        watched = list(dict.fromkeys([*watched_regions(here), *also_watched]))  # `here` first, each once
         counts, denied = count_unwatched(ec2_in, watched, settings.tags)
         save_unwatched(adapters.store, counts, now, denied)
     except Exception as exc:  # contained: the sweep goes on, the next hour tries again
