@@ -47,10 +47,15 @@ def denying(
     def regions_ec2(held: MemberCredentials) -> Any:
         def ec2_in(where: str) -> Any:
             ec2 = real(held)(where)
-            if where == region and on():
+            if where == region:
                 message = "You are not authorized to perform this operation. ... with an explicit deny"
                 error = ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": message}}, operation)
-                ec2.meta.events.register(f"before-call.ec2.{operation}", lambda **kw: (_ for _ in ()).throw(error))
+
+                def refuse(**kwargs: Any) -> None:
+                    if on():  # asked at each call: aws.client keeps the client this handler is on
+                        raise error
+
+                ec2.meta.events.register(f"before-call.ec2.{operation}", refuse, unique_id=f"deny-{region}-{operation}")
             return ec2
 
         return ec2_in

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -82,26 +84,81 @@ def _client_class(creator: ClientCreator, service_name: str, service_model: Any)
 ClientCreator._create_client_class = _client_class  # type: ignore[attr-defined]
 
 
+# Clients are kept for the process's life, as AWS advises for Lambda: a warm container's next invocation reuses
+# them and their open connections instead of building each again (10-25 ms of CPU a client: its event handlers
+# copied, its endpoint rules, an SSL context) and opening new TLS connections. One per service, region,
+# endpoint and identity; a member account's fresh credentials make a new one, and the least recently used go
+# past KEPT_CLIENTS. A forked child (run_concurrently's processes) makes its own: the parent's pooled
+# connections are not the child's to use.
+KEPT_CLIENTS = 256
+_kept: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+_kept_by_events: dict[int, tuple[Any, ...]] = {}  # id of a kept client's event emitter -> its key
+_kept_lock = threading.Lock()
+
+
 def client(
     service: str,
     region: str | None = None,
     *,
     credentials: Mapping[str, str] | None = None,
     endpoint_url: str | None = None,
+    kept: bool = True,
 ) -> Any:
     """A client as boto3.client makes it, from boto3's default session (so its credentials, region, endpoint
-    and any handler registered on it apply), whose responses parse timestamps with `parse_timestamp`.
+    and any handler registered on it apply), whose responses parse timestamps with `parse_timestamp`, kept for
+    reuse (see KEPT_CLIENTS; forget_clients() drops them, for a session whose handlers changed; `kept=False`
+    makes one of its own).
     `credentials` (aws_access_key_id, aws_secret_access_key, aws_session_token): another identity's, such as a
     member account's (aws/accounts.py), still from the default session: a session of its own would load every
     service model again (about 0.4 s a client)."""
     session = boto3._get_default_session()
+    key = (
+        os.getpid(),
+        id(session),
+        service,
+        region or session.region_name,
+        endpoint_url or os.environ.get("AWS_ENDPOINT_URL"),
+        tuple(sorted((credentials or {}).items())),
+    )
+    with _kept_lock:
+        found = _kept.get(key) if kept else None
+        if found is not None:
+            _kept.move_to_end(key)
+            return found
     core = session._session  # boto3 has no public accessor for the botocore session it wraps
     if id(core) not in _quick_parsers:
         core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
         _quick_parsers.add(id(core))
-    return session.client(  # type: ignore[call-overload]
+    made = session.client(  # type: ignore[call-overload]
         service, region_name=region, endpoint_url=endpoint_url, config=_RETRIES, **(credentials or {})
     )
+    if not kept:
+        return made
+    with _kept_lock:
+        if key in _kept:  # another thread made one meanwhile: both callers share it
+            return _kept[key]
+        _kept[key] = made
+        _kept_by_events[id(made.meta.events)] = key
+        while len(_kept) > KEPT_CLIENTS:
+            _, dropped = _kept.popitem(last=False)
+            _kept_by_events.pop(id(dropped.meta.events), None)
+        return made
+
+
+def forget_clients() -> None:
+    """Drop the kept clients: the next ones are made afresh, with the session's handlers as they are then."""
+    with _kept_lock:
+        _kept.clear()
+        _kept_by_events.clear()
+
+
+def forget_client_with(events: Any) -> None:
+    """Drop the kept client whose event emitter is `events`, if any: its owner changed its handlers, so it is
+    that owner's own now, as a client made anew for it would have been."""
+    with _kept_lock:
+        key = _kept_by_events.pop(id(events), None)
+        if key is not None:
+            _kept.pop(key, None)
 
 
 def for_this_process(aws_client: Any) -> Any:
@@ -126,7 +183,11 @@ def for_this_process(aws_client: Any) -> Any:
         else None
     )
     return client(
-        meta.service_model.service_name, meta.region_name, credentials=credentials, endpoint_url=meta.endpoint_url
+        meta.service_model.service_name,
+        meta.region_name,
+        credentials=credentials,
+        endpoint_url=meta.endpoint_url,
+        kept=False,
     )
 
 
