@@ -1,27 +1,55 @@
-"""`idle-reaper demo` end to end, in a fresh process, as a user runs it."""
+"""`idle-reaper demo` end to end, and the afternoon scenario that must hold, read from one run of the demo.
+
+The demo runs once for the module, in this process, as `idle-reaper demo` runs it (`demo.play`, the command's
+whole body): against moto in server mode and the local Slack, with the real sweep, Slack handler and client.
+Its text is what a user reads; its reports and the world it leaves (read before anything resets moto) are what
+the scenario's tests check."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
+
+from idle_reaper.core import Action, State
+from idle_reaper.handlers import slack as slack_handler
+from idle_reaper.sweep import Adapters
+from idle_reaper_tools import demo, local
 
 pytestmark = pytest.mark.integration
 
 
+@dataclass
+class Run:
+    output: str
+    afternoon: demo.Afternoon
+    instance_states: dict[str, str]  # as the afternoon left them
+    protection: dict[str, bool]
+    audit: dict[str, list[dict[str, Any]]]  # instance id -> its recorded actions
+
+
 @pytest.fixture(scope="module")
-def demo_output() -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "idle_reaper_tools.cli", "demo"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+def run(moto_server: Any) -> Run:
+    lines: list[str] = []
+    slack_handler.reset_clients()
+    afternoon = demo.play(lines.append)
+    slack_handler.reset_clients()  # the demo's Slack clicks made clients for its own moto endpoint, now gone
+    ids = list(afternoon.seeded.ids.values())
+    store = Adapters.from_environment().store
+    return Run(
+        output="\n".join(lines) + "\n",
+        afternoon=afternoon,
+        instance_states=local.instance_states([i for i in ids if i.startswith("i-")]),
+        protection=local.protection(demo.GROUP),
+        audit={i: store.history(i) for i in ids},  # type: ignore[attr-defined]
     )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def demo_output(run: Run) -> str:
+    return run.output
 
 
 def summary_row(output: str, name: str) -> str:
@@ -86,3 +114,92 @@ def test_the_sagemaker_notebook_instance_is_warned_then_stopped_at_its_sagemaker
     row = summary_row(demo_output, "sm-notebook")
     assert "stopped at 14:30" in row and row.split()[-1] == "$9.56"  # 2.5 h at ml.p3.2xlarge's $3.825
     assert "sm-notebook was stopped at 2026-11-20 14:30 UTC; it saves $3.83/h" in demo_output
+
+
+# --- The afternoon scenario, from the same run's reports and the world it left ------------------------------
+
+
+def history(run: Run, name: str) -> list[tuple[Any, Any]]:
+    instance_id = run.afternoon.seeded.ids[name]
+    return [(r.now, d) for r in run.afternoon.reports for d in r.decisions if d.machine.instance_id == instance_id]
+
+
+def test_gpu_training_box_with_low_cpu_is_never_warned_or_stopped(run: Run) -> None:
+    steps = history(run, "gpu-train")
+    assert len(steps) == len(run.afternoon.reports)
+    assert all(d.action is Action.NONE and d.state is State.ACTIVE for _, d in steps)
+    assert run.instance_states[run.afternoon.seeded.ids["gpu-train"]] == "running"
+
+
+@pytest.mark.parametrize(
+    "name,idle_from,warn_minutes,window,stop",
+    [
+        ("forgotten", demo.at(8), 30, 90, Action.STOP),  # idle since it started
+        ("vision-nb", demo.at(12, 30), 15, 60, Action.HIBERNATE),  # the vision team's policy hibernates
+        ("sm-notebook", demo.at(13), 30, 90, Action.STOP),  # a SageMaker notebook instance
+    ],
+)
+def test_an_idle_machine_is_warned_then_stopped_after_the_warning_period_and_a_full_idle_window(
+    run: Run, name: str, idle_from: Any, warn_minutes: int, window: int, stop: Action
+) -> None:
+    actions = [(now, d.action) for now, d in history(run, name) if d.action is not Action.NONE]
+    assert [a for _, a in actions] == [Action.WARN, stop]
+    (warned_at, _), (stopped_at, _) = actions
+    assert (stopped_at - warned_at).total_seconds() >= warn_minutes * 60
+    assert (stopped_at - idle_from).total_seconds() >= window * 60, "stopped before a full idle window"
+    if name != "sm-notebook":  # a notebook instance's state is SageMaker's, checked by the demo's own lines
+        assert run.instance_states[run.afternoon.seeded.ids[name]] == "stopped"
+
+
+def test_a_kept_notebook_is_warned_again_when_the_keep_ends_and_stopped_a_warning_period_later(run: Run) -> None:
+    """bob clicks Keep 2 h on the first warning (13:00): no stop until 15:00, a new warning then, the stop at
+    15:30; the click, both warnings and the stop are in the machine's record."""
+    actions = [(now, d.action) for now, d in history(run, "notebook") if d.action is not Action.NONE]
+    assert [(now.strftime("%H:%M"), a) for now, a in actions] == [
+        ("13:00", Action.WARN),
+        ("15:00", Action.WARN),
+        ("15:30", Action.STOP),
+    ]
+    assert run.instance_states[run.afternoon.seeded.ids["notebook"]] == "stopped"
+
+
+def test_idle_asg_member_loses_protection_and_is_not_stopped(run: Run) -> None:
+    busy, idle = run.afternoon.seeded.ids["workers-0"], run.afternoon.seeded.ids["workers-1"]
+    assert run.protection == {busy: True, idle: False}
+    assert run.instance_states[busy] == run.instance_states[idle] == "running"
+    idle_actions = [d.action for _, d in history(run, "workers-1") if d.action is not Action.NONE]
+    assert idle_actions == [Action.WARN, Action.UNPROTECT]
+
+
+@pytest.mark.parametrize("name,state", [("exempt-box", State.EXEMPT), ("research-box", State.SAFE_MODE)])
+def test_exempt_box_and_invalid_policy_box_are_untouched(run: Run, name: str, state: State) -> None:
+    steps = history(run, name)
+    assert steps and all(d.state is state and d.action is Action.NONE for _, d in steps)
+    assert run.instance_states[run.afternoon.seeded.ids[name]] == "running"
+
+
+def test_invalid_policy_error_names_parameter_and_field(run: Run) -> None:
+    _, d = history(run, "research-box")[0]
+    assert "/idle-reaper/teams/research" in d.reason and "idle_minutes" in d.reason
+
+
+def test_ten_minute_old_box_is_untouched(run: Run) -> None:
+    steps = history(run, "young-box")
+    assert [now for now, _ in steps] == [demo.at(17)]
+    _, d = steps[0]
+    assert d.state is State.UNKNOWN and d.action is Action.NONE and "started 10 min ago" in d.reason
+    assert run.instance_states[run.afternoon.seeded.ids["young-box"]] == "running"
+
+
+def test_every_action_is_audited_with_its_policy_version(run: Run) -> None:
+    entries = run.audit[run.afternoon.seeded.ids["forgotten"]]
+    assert [e["action"] for e in entries] == ["warn", "stop"]
+    assert all(e["policy"] == "/idle-reaper/teams/ml@v1" for e in entries)
+    assert entries[1]["max_gpu"] == 0.0 and entries[1]["window_minutes"] == 90
+    # The kept notebook's record says who kept it and until when, and its stop names the keep it followed.
+    kept = run.audit[run.afternoon.seeded.ids["notebook"]]
+    assert sorted(e["action"] for e in kept) == ["keep", "stop", "warn", "warn"]
+    keep = next(e for e in kept if e["action"] == "keep")
+    stop = next(e for e in kept if e["action"] == "stop")
+    assert keep["by"] == "U0BOB" and keep["snoozed_until"] == "2026-11-20T15:00:00+00:00"
+    assert stop["snoozed_by"] == "U0BOB" and stop["policy"] == "/idle-reaper/teams/ml@v1"

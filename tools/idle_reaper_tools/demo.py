@@ -370,13 +370,21 @@ def weekly_digests(slack: FakeSlack) -> list[str]:
     return lines
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+@dataclass
+class Afternoon:
+    """What the demo's afternoon left behind: the machines, every sweep's report, the summary's rows and the
+    digests as Slack received them. The emulated world (moto's backends, this process's) stays as the afternoon
+    ended until the next reset."""
+
+    seeded: Seeded
+    reports: list[SweepReport]
+    rows: list[tuple[str, str, float, float]]
+
+
+def play(out: Callable[[str], None]) -> Afternoon:
+    """The whole demo, told line by line through `out`."""
     local.quiet_server_logs()
     t0 = time.perf_counter()
-
-    def out(line: str) -> None:
-        print(line, flush=True)
-
     out("idle-reaper demo: emulated AWS (moto) + a local Slack fake; the real sweep, Slack handler and client.\n")
     with local.local_aws() as aws, fake_slack() as slack, slack_environment(slack, SIGNING_SECRET):
         aws.reset()
@@ -401,5 +409,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out(f"\nthe weekly digest of {week_of(END).label} so far (as of {END:%a %H:%M}), as Slack received it:")
     for line in digests:
         out(line)
+    return Afternoon(seeded, reports, rows)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    play(lambda line: print(line, flush=True))
     sys.stdout.flush()
     return 0
