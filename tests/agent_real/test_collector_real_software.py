@@ -1,26 +1,33 @@
 """The activity collector against the real programs it reads: a real jupyter_server / JupyterLab on a free
 port (token, password, --ip=0.0.0.0, runtime files where users' environments put them), real kernels
 driven through the REST and websocket APIs, an open tab simulated by polling what the JupyterLab bundle
-polls, and real pseudo-terminals (Python's pty, and Jupyter's own terminals) typed into and left printing.
+polls, and real pseudo-terminals (a shell on a new pty, and Jupyter's own terminals) typed into and left printing.
 
 Each test is one of the ways the collector used to be wrong on a real machine (issue 23): it fails on the
-collector before that change. The hand-written fixtures in tests/unit/agent stay for what only fakes reach."""
+collector before that change. The hand-written fixtures in tests/unit/agent stay for what only fakes reach.
+
+Kept fast (issue 41): the tests that need nothing but a plain server share one (emptied after each test: every
+test opens its own kernel or terminal, and finds none of another's); a test whose configuration is its subject
+has its own. Servers start a few tests ahead, side by side, and stop while later tests run (Servers)."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
 import json
 import os
-import pty
+import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import termios
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,14 +42,49 @@ sys.path.insert(0, str(AGENT_DIR))
 import idle_reaper_activity as agent  # noqa: E402
 
 pytestmark = pytest.mark.integration
-JUPYTER = [sys.executable, "-m", "jupyter_server"]
-LAB = [sys.executable, "-m", "jupyterlab"]
+JUPYTER = (sys.executable, "-m", "jupyter_server")
+LAB = (sys.executable, "-m", "jupyterlab")
+
+
+_PORTS_HANDED_OUT: set[int] = set()
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A port nothing listens on, never the same twice in this process: servers start side by side here."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port not in _PORTS_HANDED_OUT:
+            _PORTS_HANDED_OUT.add(port)
+            return port
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How one server is started. Paths (`env` values, `runtime`) are relative to the server's own directory,
+    which holds its HOME (`home/`) and its root (`notebooks/`)."""
+
+    command: tuple[str, ...] = JUPYTER
+    ip: str = "127.0.0.1"
+    password: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    runtime: str = "home/.local/share/jupyter/runtime"  # where its runtime file goes (JUPYTER_PLATFORM_DIRS=0)
+
+
+# Each server configuration the tests use, by the name of the fixture that hands it out (the runtime-dir test's
+# by its `where`). "jupyter" is shared by the tests that need nothing but a plain server (module-scoped, emptied
+# after each test); every other one belongs to one test, because its configuration is what that test is about.
+SPECS: dict[str, Spec] = {
+    "jupyter": Spec(),
+    "lab": Spec(command=LAB, ip="0.0.0.0"),
+    "guarded": Spec(password="correct horse"),
+    "XDG_DATA_HOME": Spec(env=(("XDG_DATA_HOME", "home/.xdg"),), runtime="home/.xdg/jupyter/runtime"),
+    "JUPYTER_RUNTIME_DIR": Spec(env=(("JUPYTER_RUNTIME_DIR", "home/work/jrt"),), runtime="home/work/jrt"),
+    # outside every home: not searched
+    "unfound": Spec(env=(("JUPYTER_RUNTIME_DIR", "elsewhere-runtime"),), runtime="elsewhere-runtime"),
+    "mortal": Spec(),  # the hidepid test's, which watches it exit
+}
 
 
 @dataclass
@@ -55,6 +97,7 @@ class Server:
     runtime_dir: Path
     port: int
     token: str
+    log: Path
 
     @property
     def info(self) -> dict[str, Any]:
@@ -82,71 +125,214 @@ class Server:
         )
 
 
-def start_server(
-    tmp_path: Path,
-    *,
-    command: list[str] = JUPYTER,
-    ip: str = "127.0.0.1",
-    token: str = "t0ken-for-tests",
-    password: str | None = None,
-    env: dict[str, str] | None = None,
-    runtime_dir: Path | None = None,
-) -> Server:
-    home, root = tmp_path / "home", tmp_path / "notebooks"
+def launch(directory: Path, spec: Spec, token: str = "t0ken-for-tests") -> Server:
+    """Start a server and return at once (wait_ready waits for it): servers start side by side."""
+    home, root = directory / "home", directory / "notebooks"
     home.mkdir(parents=True, exist_ok=True)
     root.mkdir(exist_ok=True)
     port = free_port()
     args = [
-        *command,
+        *spec.command,
         "--no-browser",
         "--allow-root",  # CI machines run tests as root
-        f"--ip={ip}",
-        f"--port={port}",
-        "--ServerApp.port_retries=0",
+        f"--ip={spec.ip}",
+        f"--port={port}",  # a free port, which another process may take before the server binds it: then the
+        # server tries the next ones (port_retries), and wait_ready reads the one it chose from its runtime file
         f"--ServerApp.root_dir={root}",
-        f"--IdentityProvider.token={'' if password else token}",
+        f"--IdentityProvider.token={'' if spec.password else token}",
     ]
-    if password:
+    if spec.command == JUPYTER:
+        # A plain server loads what the collector and these tests talk to: jupyter_server itself and its terminals
+        # (api/terminals, which an open tab polls). The environment enables JupyterLab, LSP and the notebook shim
+        # for every server too: together about half a second of each start-up, and nothing the collector reads
+        # (JupyterLab itself is the `lab` server's, with everything enabled, as users start it).
+        args += [
+            f"--ServerApp.jpserver_extensions={name}=False" for name in ("jupyterlab", "jupyter_lsp", "notebook_shim")
+        ]
+    if spec.password:
         from jupyter_server.auth import passwd
 
-        args.append(f"--PasswordIdentityProvider.hashed_password={passwd(password)}")
+        args.append(f"--PasswordIdentityProvider.hashed_password={passwd(spec.password)}")
     environment = {
         "HOME": str(home),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "JUPYTER_PLATFORM_DIRS": "0",
-        **(env or {}),
+        **{name: str(directory / value) for name, value in spec.env},
     }
-    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115  (closed with the process)
-    process = subprocess.Popen(args, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    runtime = runtime_dir or home / ".local" / "share" / "jupyter" / "runtime"
-    deadline = time.monotonic() + 60
-    while not list(runtime.glob(f"jpserver-{process.pid}.json")):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError((tmp_path / "server.log").read_text()[-3000:])
-        time.sleep(0.1)
+    log = directory / "server.log"
+    with open(log, "wb") as output:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(
+            args, env=environment, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return Server(process, home, root, directory / spec.runtime, port, token, log)
+
+
+def wait_ready(server: Server, seconds: float = 60) -> Server:
+    """Wait until the server has written its runtime file and answers on its port."""
+    deadline = time.monotonic() + seconds
+    while not list(server.runtime_dir.glob(f"jpserver-{server.process.pid}.json")):
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(server.log.read_text()[-3000:])
+        time.sleep(0.05)
+    runtime_file = server.runtime_dir / f"jpserver-{server.process.pid}.json"
+    while True:  # the port it bound, once the file is whole
+        with contextlib.suppress(ValueError, KeyError):
+            server.port = int(json.loads(runtime_file.read_text())["port"])
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(server.log.read_text()[-3000:])
+        time.sleep(0.05)
     # The runtime file can precede the listening socket by a moment under load: wait until it answers.
     while True:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
+            socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+            return server
         except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((tmp_path / "server.log").read_text()[-3000:]) from None
-            time.sleep(0.1)
-    return Server(process, home, root, runtime, port, token)
+            if server.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(server.log.read_text()[-3000:]) from None
+            time.sleep(0.05)
 
 
-@contextlib.contextmanager
-def server(tmp_path: Path, **options: Any) -> Iterator[Server]:
-    running = start_server(tmp_path, **options)
+def stop(server: Server, wait: bool = True) -> None:
+    """SIGTERM (the server shuts its kernels and terminals down); with `wait`, until it has exited."""
+    if server.process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGTERM)
+    if not wait:
+        return
     try:
-        yield running
+        server.process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+
+
+# Servers started ahead of the tests that use them. Starting one is CPU-bound (about 1.5 s of CPU), so a few at
+# once keep two cores busy; under pytest-xdist a worker may start one for a neighbouring test that another worker
+# runs (stopped with the module, unused): at most this many.
+START_AHEAD = 2
+
+
+def spec_name(item: pytest.Item) -> str | None:
+    """The SPECS entry a test uses: the fixture it asks for, or for runtime_server its `where`."""
+    names = getattr(item, "fixturenames", ())
+    if "runtime_server" in names:
+        where: str = item.callspec.params["where"]  # type: ignore[attr-defined]
+        return where
+    return next((name for name in names if name in SPECS), None)
+
+
+class Servers:
+    """This module's servers by SPECS name: each is started (not waited for) as soon as one of the next few tests
+    in run order will use it, so that it starts while earlier tests run, and is waited for by the test's fixture."""
+
+    def __init__(self, factory: pytest.TempPathFactory, items: list[pytest.Item]) -> None:
+        self.factory, self.items = factory, items
+        self.running: dict[str, Server] = {}
+        self.stopping: list[Server] = []
+
+    def start(self, *names: str | None) -> None:
+        for name in names:
+            if name is not None and name not in self.running:
+                self.running[name] = launch(self.factory.mktemp(name), SPECS[name])
+
+    def start_ahead(self, item: pytest.Item) -> None:
+        """Start this test's server and those of the next START_AHEAD tests (in the order they run here)."""
+        index = self.items.index(item) if item in self.items else len(self.items)
+        self.start(*(spec_name(upcoming) for upcoming in self.items[index : index + 1 + START_AHEAD]))
+
+    def take(self, name: str) -> Server:
+        self.start(name)
+        return wait_ready(self.running[name])
+
+    def release(self, name: str) -> None:
+        """Stop a test's own server: it exits while the next tests run (close() waits for it)."""
+        server = self.running.pop(name, None)
+        if server is not None:
+            stop(server, wait=False)
+            self.stopping.append(server)
+
+    def close(self) -> None:
+        servers = [*self.running.values(), *self.stopping]
+        for server in servers:
+            stop(server, wait=False)
+        for server in servers:
+            stop(server)
+
+
+@pytest.fixture(scope="module")
+def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    items = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    pool = Servers(tmp_path_factory, items)
+    try:
+        yield pool
     finally:
-        os.killpg(running.process.pid, signal.SIGTERM)
-        try:
-            running.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(running.process.pid, signal.SIGKILL)
+        pool.close()
+
+
+@pytest.fixture(autouse=True)
+def _start_servers_ahead(servers: Servers, request: pytest.FixtureRequest) -> None:
+    servers.start_ahead(request.node)
+
+
+@pytest.fixture(scope="module")
+def shared_jupyter(servers: Servers) -> Server:
+    """One plain server for every test of the module that needs nothing else (each gets it through `jupyter`)."""
+    return servers.take("jupyter")
+
+
+def nothing_open(server: Server) -> bool:
+    return not (
+        server.api("GET", "api/sessions") or server.api("GET", "api/kernels") or server.api("GET", "api/terminals")
+    )
+
+
+@pytest.fixture
+def jupyter(shared_jupyter: Server) -> Iterator[Server]:
+    """The shared plain server, as a fresh one: no session, kernel, terminal or notebook when a test starts, and
+    whatever the test opened is shut down after it (a busy kernel interrupted first), so no test sees another's
+    and the order they run in changes nothing."""
+    server = shared_jupyter
+    assert server.process.poll() is None and nothing_open(server) and not list(server.root.iterdir())
+    yield server
+    for kernel in server.api("GET", "api/kernels"):
+        if kernel["execution_state"] != "idle":  # a hung cell: interrupted, else shutting down waits for it
+            server.api("POST", f"api/kernels/{kernel['id']}/interrupt")
+    for session in server.api("GET", "api/sessions"):
+        server.api("DELETE", f"api/sessions/{session['id']}")  # shuts its kernel down
+    for kernel in server.api("GET", "api/kernels"):
+        server.api("DELETE", f"api/kernels/{kernel['id']}")
+    for terminal in server.api("GET", "api/terminals"):
+        server.api("DELETE", f"api/terminals/{terminal['name']}")
+    for entry in server.root.iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def _own_server(name: str) -> Any:
+    """A fixture handing a test its own server (SPECS[name]), stopped after the test."""
+
+    @pytest.fixture(name=name)
+    def fixture(servers: Servers) -> Iterator[Server]:
+        yield servers.take(name)
+        servers.release(name)
+
+    return fixture
+
+
+lab = _own_server("lab")
+guarded = _own_server("guarded")
+unfound = _own_server("unfound")
+mortal = _own_server("mortal")
+
+
+@pytest.fixture
+def runtime_server(servers: Servers, where: str) -> Iterator[Server]:
+    yield servers.take(where)
+    servers.release(where)
 
 
 def collect(server: Server | None, now: float | None = None, **settings: Any) -> agent.Collected:
@@ -230,102 +416,99 @@ def poll_like_an_open_tab(server: Server, seconds: float) -> None:
 # --- 1. `jupyter lab --ip=0.0.0.0`: the runtime file names the machine's hostname ---------------------------
 
 
-def test_a_cell_run_in_jupyterlab_on_all_interfaces_is_seen(tmp_path: Path) -> None:
-    with server(tmp_path, command=LAB, ip="0.0.0.0") as lab:
-        assert lab.info["hostname"] == "0.0.0.0" and f"//127.0.0.1:{lab.port}" not in lab.info["url"]
-        kernel = open_notebook(lab)
-        executed = time.time()
-        execute(lab, kernel, "x = 1 + 1")
-        collected = collect(lab)
-        assert collected.minutes < 0.5, collected.sightings
-        [seen] = [s for s in jupyter_sightings(collected) if "kernel" in s.source]
-        assert executed - 2 <= seen.at <= time.time() and collected.gaps == {}
+def test_a_cell_run_in_jupyterlab_on_all_interfaces_is_seen(lab: Server) -> None:
+    assert lab.info["hostname"] == "0.0.0.0" and f"//127.0.0.1:{lab.port}" not in lab.info["url"]
+    kernel = open_notebook(lab)
+    executed = time.time()
+    execute(lab, kernel, "x = 1 + 1")
+    collected = collect(lab)
+    assert collected.minutes < 0.5, collected.sightings
+    [seen] = [s for s in jupyter_sightings(collected) if "kernel" in s.source]
+    assert executed - 2 <= seen.at <= time.time() and collected.gaps == {}
 
 
 # --- 6 and 8. an open tab polling, a busy kernel: neither is a person -------------------------------------
 
 
-def test_an_open_tab_polling_is_not_input_and_a_busy_kernel_is_not_input_now(tmp_path: Path) -> None:
-    with server(tmp_path) as jupyter:
-        kernel = open_notebook(jupyter)
-        execute(jupyter, kernel, "y = 2")
-        went_idle = time.time()
-        poll_like_an_open_tab(jupyter, 3.0)
-        seen = jupyter_sightings(collect(jupyter))
-        # The server's own last_activity is now (the polls refreshed it); what the collector reads is not.
-        assert jupyter.api("GET", "api/status")["last_activity"] >= datetime.datetime.fromtimestamp(
-            went_idle + 2, datetime.UTC
-        ).strftime("%Y-%m-%dT%H:%M:%S")
-        assert seen and max(s.at for s in seen) <= went_idle + 0.5, seen
+def test_an_open_tab_polling_is_not_input_and_a_busy_kernel_is_not_input_now(jupyter: Server) -> None:
+    kernel = open_notebook(jupyter)
+    execute(jupyter, kernel, "y = 2")
+    went_idle = time.time()
+    # An open tab polls for a second and a half (JupyterLab polls every ~10 s; these every 0.2 s). That is enough:
+    # the server's own last_activity must move a full second past the moment the kernel went idle, while what
+    # the collector reads must stay within half a second of it, so the two are told apart by half a second and
+    # more, at the precision the server writes (microseconds); any further polling only widens that gap.
+    poll_like_an_open_tab(jupyter, 1.5)
+    seen = jupyter_sightings(collect(jupyter))
+    # The server's own last_activity is now (the polls refreshed it); what the collector reads is not.
+    assert agent.parse_jupyter_time(jupyter.api("GET", "api/status")["last_activity"]) >= went_idle + 1.0
+    assert seen and max(s.at for s in seen) <= went_idle + 0.5, seen
 
-        # A cell that waits forever (a pending input(), a hung call) at 0 % CPU: busy, and not input.
-        execute(jupyter, kernel, "import time\ntime.sleep(600)", wait=False)
-        deadline = time.monotonic() + 30
-        while jupyter.api("GET", f"api/kernels/{kernel}")["execution_state"] != "busy":
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        half_an_hour_later = collect(jupyter, now=time.time() + 1800)
-        assert not [s for s in half_an_hour_later.sightings if s.source.endswith("busy")]
-        assert half_an_hour_later.minutes >= 29, half_an_hour_later.sightings
+    # A cell that waits forever (a pending input(), a hung call) at 0 % CPU: busy, and not input.
+    execute(jupyter, kernel, "import time\ntime.sleep(600)", wait=False)
+    deadline = time.monotonic() + 30
+    while jupyter.api("GET", f"api/kernels/{kernel}")["execution_state"] != "busy":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    half_an_hour_later = collect(jupyter, now=time.time() + 1800)
+    assert not [s for s in half_an_hour_later.sightings if s.source.endswith("busy")]
+    assert half_an_hour_later.minutes >= 29, half_an_hour_later.sightings
 
 
 # --- 3. a password instead of a token: the API refuses ------------------------------------------------------
 
 
-def test_a_password_protected_server_is_read_from_its_notebook_saves_and_says_so(tmp_path: Path) -> None:
-    with server(tmp_path, password="correct horse") as guarded:
-        assert guarded.info["token"] == ""
-        notebook = guarded.root / "project" / "model.ipynb"
-        notebook.parent.mkdir()
-        notebook.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
-        saved = notebook.stat().st_mtime
-        collected = collect(guarded)
-        assert collected.minutes < 0.5
-        [seen] = jupyter_sightings(collected)
-        assert seen.at == saved and "newest notebook save" in seen.source
-        assert "refuses the API (HTTP 403" in collected.gaps["jupyter"] and collected.unreadable == 2
+def test_a_password_protected_server_is_read_from_its_notebook_saves_and_says_so(guarded: Server) -> None:
+    assert guarded.info["token"] == ""
+    notebook = guarded.root / "project" / "model.ipynb"
+    notebook.parent.mkdir()
+    notebook.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    saved = notebook.stat().st_mtime
+    collected = collect(guarded)
+    assert collected.minutes < 0.5
+    [seen] = jupyter_sightings(collected)
+    assert seen.at == saved and "newest notebook save" in seen.source
+    assert "refuses the API (HTTP 403" in collected.gaps["jupyter"] and collected.unreadable == 2
 
 
 # --- 4. runtime files where the user's environment puts them ----------------------------------------------
 
 
 @pytest.mark.parametrize("where", ["XDG_DATA_HOME", "JUPYTER_RUNTIME_DIR"])
-def test_runtime_files_outside_the_default_directory_are_found(tmp_path: Path, where: str) -> None:
-    home = tmp_path / "home"
-    custom = home / ".xdg" / "jupyter" / "runtime" if where == "XDG_DATA_HOME" else home / "work" / "jrt"
-    env = {where: str(home / ".xdg" if where == "XDG_DATA_HOME" else custom)}
-    with server(tmp_path, env=env, runtime_dir=custom) as jupyter:
-        kernel = open_notebook(jupyter)
-        execute(jupyter, kernel, "z = 3")
-        collected = collect(jupyter)
-        assert collected.minutes < 0.5 and jupyter_sightings(collected), collected
+def test_runtime_files_outside_the_default_directory_are_found(runtime_server: Server, where: str) -> None:
+    # XDG_DATA_HOME=~/.xdg (the file in ~/.xdg/jupyter/runtime), or JUPYTER_RUNTIME_DIR=~/work/jrt: SPECS[where].
+    assert runtime_server.runtime_dir != runtime_server.home / ".local" / "share" / "jupyter" / "runtime"
+    kernel = open_notebook(runtime_server)
+    execute(runtime_server, kernel, "z = 3")
+    collected = collect(runtime_server)
+    assert collected.minutes < 0.5 and jupyter_sightings(collected), collected
 
 
-def test_a_running_server_whose_runtime_file_cannot_be_found_is_named(tmp_path: Path) -> None:
-    elsewhere = tmp_path / "elsewhere-runtime"  # outside every home: not searched
-    with server(tmp_path, env={"JUPYTER_RUNTIME_DIR": str(elsewhere)}, runtime_dir=elsewhere) as jupyter:
-        collected = collect(jupyter, proc_root="/proc")
-        assert jupyter_sightings(collected) == []
-        assert f"pid {jupyter.process.pid} (python -m jupyter_server" in collected.gaps["jupyter"]
-        assert collected.unreadable & 2
-        # Told where, it is read, and no longer named.
-        told = collect(jupyter, jupyter_dirs=(str(elsewhere),), proc_root="/proc")
-        assert f"pid {jupyter.process.pid} " not in told.gaps.get("jupyter", "")
+def test_a_running_server_whose_runtime_file_cannot_be_found_is_named(unfound: Server) -> None:
+    elsewhere = unfound.runtime_dir  # JUPYTER_RUNTIME_DIR outside every home: not searched
+    assert not elsewhere.is_relative_to(unfound.home)
+    collected = collect(unfound, proc_root="/proc")
+    assert jupyter_sightings(collected) == []
+    assert f"pid {unfound.process.pid} (python -m jupyter_server" in collected.gaps["jupyter"]
+    assert collected.unreadable & 2
+    # Told where, it is read, and no longer named.
+    told = collect(unfound, jupyter_dirs=(str(elsewhere),), proc_root="/proc")
+    assert f"pid {unfound.process.pid} " not in told.gaps.get("jupyter", "")
 
 
 # --- 5. /proc with hidepid: a server is alive though its /proc entry is hidden ----------------------------
 
 
-def test_a_live_server_is_asked_even_where_proc_hides_it(tmp_path: Path) -> None:
+def test_a_live_server_is_asked_even_where_proc_hides_it(mortal: Server, tmp_path: Path) -> None:
     hidden = tmp_path / "proc"  # what an unprivileged reader sees of /proc under hidepid=2: not the server
     hidden.mkdir()
-    with server(tmp_path) as jupyter:
-        kernel = open_notebook(jupyter)
-        execute(jupyter, kernel, "w = 4")
-        collected = collect(jupyter, proc_root=str(hidden))
-        assert collected.minutes < 0.5 and jupyter_sightings(collected)
+    kernel = open_notebook(mortal)
+    execute(mortal, kernel, "w = 4")
+    collected = collect(mortal, proc_root=str(hidden))
+    assert collected.minutes < 0.5 and jupyter_sightings(collected)
+    stop(mortal)  # and waited for: it has exited
     # Once it has exited, its runtime file is ignored (signal 0 finds no process).
-    assert not agent.pid_alive(jupyter.process.pid)
+    assert not agent.pid_alive(mortal.process.pid)
 
 
 # --- 2 and 7. terminals: typing counts, output does not; no utmp needed ------------------------------------
@@ -333,23 +516,37 @@ def test_a_live_server_is_asked_even_where_proc_hides_it(tmp_path: Path) -> None
 
 def spawn_shell() -> tuple[int, int, Path]:
     """A real shell on a new pseudo-terminal, in its own session, as sshd or a terminal emulator starts one:
-    (pid, master fd, the pty's device). Nothing is written to utmp."""
-    before = set(os.listdir("/dev/pts"))
-    pid, master = pty.fork()
-    if pid == 0:  # the child: its controlling terminal is the pty
+    (pid, master fd, the pty's device). Nothing is written to utmp. What pty.fork does, with the device named
+    by the pty itself (not by which /dev/pts entry appeared: other processes open ptys meanwhile)."""
+    master, slave = os.openpty()
+    device = Path(os.ttyname(slave))
+    pid = os.fork()
+    if pid == 0:  # the child: a new session, whose controlling terminal is the pty
+        os.close(master)
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+        for fd in (0, 1, 2):
+            os.dup2(slave, fd)
         os.execvpe("sh", ["sh", "-i"], {"PATH": os.environ["PATH"], "PS1": "$ ", "HOME": "/tmp"})
-    [new] = set(os.listdir("/dev/pts")) - before
-    return pid, master, Path("/dev/pts") / new
+    os.close(slave)
+    return pid, master, device
 
 
-def drain(master: int, seconds: float) -> bytes:
-    out, end = b"", time.monotonic() + seconds
-    while time.monotonic() < end:
+def read_until(master: int, done: Callable[[bytes], bool], seconds: float = 20) -> bytes:
+    """What the terminal prints until `done` says it has printed enough."""
+    out, deadline = b"", time.monotonic() + seconds
+    while not done(out):
+        assert time.monotonic() < deadline, out
         ready, _, _ = select.select([master], [], [], 0.1)
         if ready:
             with contextlib.suppress(OSError):
                 out += os.read(master, 65536)
     return out
+
+
+def prompt(out: bytes) -> bool:
+    """The shell has read its input and waits for more."""
+    return out.endswith(b"$ ")
 
 
 def age(device: Path, seconds: float) -> None:
@@ -366,17 +563,20 @@ def pty_minutes(collected: agent.Collected, device: Path) -> float:
 def test_typing_in_a_terminal_without_utmp_counts_and_its_output_does_not(tmp_path: Path) -> None:
     pid, master, device = spawn_shell()
     try:
-        drain(master, 0.5)
+        read_until(master, prompt)
         age(device, 3600)
         assert pty_minutes(collect(None), device) == pytest.approx(60, abs=0.5)
         os.write(master, b"echo typed\n")  # a keystroke: the shell reads it
-        assert b"typed" in drain(master, 1.0)
+        assert b"\r\ntyped" in read_until(master, prompt)  # its output, after the line discipline's echo
         assert pty_minutes(collect(None), device) < 0.5
-        # A loop that prints for seconds, nobody typing: the shell writes, nobody reads.
-        os.write(master, b"i=0; while [ $i -lt 30 ]; do echo line $i; i=$((i+1)); sleep 0.1; done\n")
-        drain(master, 0.3)
+        # A loop that prints, nobody typing: the shell writes, nobody reads. The pty is set an hour back once the
+        # shell has read the loop (its first line is out): any output that refreshed the last input would show
+        # as 0 minutes, so the 29 lines written one by one after that, in 0.6 s, prove it as well as 3 s of them
+        # did (an hour is far beyond the kernel's 8 s granularity for a pty's times).
+        os.write(master, b"i=0; while [ $i -lt 30 ]; do echo line $i; i=$((i+1)); sleep 0.02; done\n")
+        read_until(master, lambda out: b"line 0\r\n" in out)
         age(device, 3600)
-        assert b"line" in drain(master, 3.0)
+        assert b"line 29\r\n" in read_until(master, prompt)
         assert pty_minutes(collect(None), device) == pytest.approx(60, abs=0.5)
         ignored = collect(None, ignore_users=(agent._user_name(device.stat().st_uid),))
         assert not [s for s in ignored.sightings if s.source.startswith("pty")]
@@ -398,25 +598,33 @@ def test_typing_in_a_terminal_without_utmp_counts_and_its_output_does_not(tmp_pa
         os.close(master)
 
 
-def test_a_jupyter_terminal_printing_to_a_connected_browser_is_not_input(tmp_path: Path) -> None:
-    with server(tmp_path) as jupyter:
-        before = set(os.listdir("/dev/pts"))
-        name = jupyter.api("POST", "api/terminals")["name"]
-        ws = jupyter.websocket(f"terminals/websocket/{name}")
-        try:
-            ws.send(json.dumps(["stdin", "i=0; while [ $i -lt 60 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done\r"]))
-            deadline = time.monotonic() + 20
-            [device] = [Path("/dev/pts") / n for n in set(os.listdir("/dev/pts")) - before]
-            while b"tick 3" not in json.dumps(ws.recv()).encode() and time.monotonic() < deadline:
-                pass
-            age(device, 3600)
-            printed = 0
-            while printed < 20 and time.monotonic() < deadline:  # the browser receives the output
-                message = json.loads(ws.recv())
-                printed += message[0] == "stdout"
-            collected = collect(jupyter)
-            # The server counts the output as activity; the collector sees no keystroke for an hour.
-            assert pty_minutes(collected, device) == pytest.approx(60, abs=0.5)
-            assert not [s for s in collected.sightings if "last_activity" in s.source]
-        finally:
-            ws.close()
+def test_a_jupyter_terminal_printing_to_a_connected_browser_is_not_input(jupyter: Server) -> None:
+    name = jupyter.api("POST", "api/terminals")["name"]
+    ws = jupyter.websocket(f"terminals/websocket/{name}")
+    printed = ""  # what the browser has received
+
+    def receive_until(pattern: str) -> re.Match[str]:
+        nonlocal printed
+        deadline = time.monotonic() + 20
+        while (found := re.search(pattern, printed)) is None:
+            assert time.monotonic() < deadline, printed
+            message = json.loads(ws.recv())
+            printed += message[1] if message[0] == "stdout" else ""
+        return found
+
+    try:
+        ws.send(json.dumps(["stdin", "tty\r"]))  # which pty is it (others open ptys meanwhile)
+        device = Path(receive_until(r"(/dev/pts/\d+)\r\n").group(1))  # the whole line: not /dev/pts/1 of 12
+        # Printing a line every 20 ms, for longer than the test watches (the terminal is deleted after it).
+        ws.send(json.dumps(["stdin", "i=0; while [ $i -lt 1000 ]; do echo tick $i; i=$((i+1)); sleep 0.02; done\r"]))
+        receive_until(r"tick 3\r\n")  # the shell has read the loop: from here on it only writes
+        age(device, 3600)
+        # The browser receives twenty more lines: an hour back, any refresh of the last input by them would show
+        # as 0 minutes, so twenty lines in 0.4 s prove it as well as twenty in 2 s did.
+        receive_until(r"tick 23\r\n")
+        collected = collect(jupyter)
+        # The server counts the output as activity; the collector sees no keystroke for an hour.
+        assert pty_minutes(collected, device) == pytest.approx(60, abs=0.5)
+        assert not [s for s in collected.sightings if "last_activity" in s.source]
+    finally:
+        ws.close()
