@@ -18,15 +18,16 @@ invariants are checked at every step:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from idle_reaper.aws import InMemoryStateStore
+from idle_reaper.aws import Concurrency, InMemoryStateStore
 from idle_reaper.core import (
     HISTORY_SIZE,
     REAP_ACTIONS,
@@ -202,6 +203,16 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_task_at_a_time() -> Iterator[None]:
+    """run_sweep's thread pools run their tasks one after another: over at most four machines and the
+    in-memory fakes, the same calls and answers, without the threads each sweep would start (most of
+    test_run_sweep_twice_at_the_same_clock_changes_nothing_the_second_time's time)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Concurrency, "runner", staticmethod(lambda fn, items, workers: [fn(item) for item in items]))
+        yield
+
+
 # ---------------------------------------------------------------------------------------------
 # The world: one machine, its metrics, the state table, Slack and the people who answer
 
@@ -223,7 +234,9 @@ class World:
 
         def points(track: tuple[Level, ...]) -> list[Point]:
             out: list[Point] = []
-            t = START
+            # From the first period at or after `since` (none before it is answered): the same points as from
+            # START, without walking every period of a scenario that runs for days.
+            t = START + max(0, -((START - since) // PERIOD)) * PERIOD
             while t + PERIOD <= until:
                 index = int((t - START) / PERIOD)
                 level = track[index] if index < len(track) else "low"
@@ -484,8 +497,127 @@ INVARIANTS = (
 )
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# ---------------------------------------------------------------------------------------------
+# Known cases: every kind of decision, drawn every run
+
+
+def known(policy: TeamPolicy | None = None, sweeps: int = 8, **fields: Any) -> Scenario:
+    """An on-demand machine started at START, quiet (1 % CPU) ever since, under a 30-minute window with the
+    warning 10 minutes before the stop, swept every 5 minutes from 45 minutes on, every warning delivered,
+    the policy never changing: a warning, then the stop 10 minutes later. `fields` change what the case is
+    about."""
+    base: dict[str, Any] = {
+        "policy": policy or TeamPolicy(idle_minutes=30, warn_minutes=10),
+        "later_policy": None,
+        "policy_changes_at": 99,
+        "instance_type": "m5.large",
+        "gpu_metrics": False,
+        "asg": False,
+        "protected": False,
+        "hibernation": False,
+        "exempt_tag": None,
+        "cpu": ("low",),
+        "gpu": (),
+        "first_sweep": timedelta(minutes=45),
+        "gaps": (5,) * sweeps,
+        "lags": (0,),
+        "deliveries": (True,) * (sweeps + 1),
+        "dry_runs": frozenset(),
+        "answers": (),
+    }
+    return Scenario(**{**base, **fields})
+
+
+def short(**fields: Any) -> TeamPolicy:
+    return TeamPolicy(idle_minutes=30, warn_minutes=10, **fields)
+
+
+ALWAYS = frozenset(range(99))  # every sweep a dry run
+MIN = timedelta(minutes=1)
+# Each is a kind of decision (a state and an action, "a keep holds", "the cap overrides a keep") or a rule of
+# the invariants that random scenarios reach only now and then: the rarest kinds in under 1 % of them ("active
+# would_protect", "idle would_protect"), "warned would_warn" and a sweep exactly at the runtime cap in none of
+# the 250 of the run whose events were counted. Listed, each is checked every run, all of them in about 0.1 s.
+KNOWN_CASES = {
+    # every reap action, and a group member already left to its group
+    "stop": known(),
+    "hibernate": known(short(action="hibernate"), hibernation=True),
+    "hibernate, not configured: stop": known(short(action="hibernate")),
+    "unprotect": known(asg=True, protected=True),
+    "terminate": known(short(asg_action="terminate"), asg=True, protected=True),
+    "a member already unprotected": known(asg=True),
+    "protect a busy member": known(asg=True, cpu=("high",) * 12),
+    # reported, never applied: dry runs (before and after a real warning) and notify_only
+    "dry run": known(dry_runs=ALWAYS),
+    "dry run, unprotect": known(asg=True, protected=True, dry_runs=ALWAYS),
+    "dry run, terminate": known(short(asg_action="terminate"), asg=True, protected=True, dry_runs=ALWAYS),
+    "dry run, protect": known(asg=True, cpu=("high",) * 8, first_sweep=35 * MIN, dry_runs=ALWAYS),
+    "dry runs after a warning": known(dry_runs=frozenset({2, 3})),
+    "notify_only": known(short(action="notify_only")),
+    # busy exactly at the threshold, a busy GPU under an idle CPU, a GPU that reports no metrics
+    "at the threshold": known(cpu=("edge",) * 40),
+    "busy GPU": known(instance_type="g5.xlarge", gpu_metrics=True, gpu=("high",) * 40),
+    "no GPU metrics: busy": known(instance_type="g5.xlarge"),
+    "no GPU metrics: CPU only": known(short(missing_gpu_metrics="cpu_only"), instance_type="g5.xlarge"),
+    # unknown: a hole longer than max_gap_minutes after the warning, CloudWatch lagging; safe mode when warned
+    "a hole after the warning": known(cpu=("low",) * 9 + ("gap",) * 6, gaps=(20,) + (5,) * 9),
+    "lag": known(lags=(20, 0)),
+    "safe mode after the warning": known(later_policy=None, policy_changes_at=2),
+    # exemptions: on, unreadable, until a time the sweeps pass
+    "exempt": known(exempt_tag="true"),
+    "exempt, unreadable": known(exempt_tag="not-a-time"),
+    "exempt until": known(exempt_tag=(START + 60 * MIN).isoformat(), sweeps=10),
+    # a warning undelivered until undelivered_warning_max_minutes, or delivered late; quiet hours; warn_minutes 0
+    "never delivered": known(short(undelivered_warning_max_minutes=30), deliveries=(False,) * 9),
+    "delivered late": known(deliveries=(False, False, True) + (True,) * 6),
+    "quiet hours": known(short(quiet_hours=True)),
+    "warn_minutes 0": known(TeamPolicy(idle_minutes=30, warn_minutes=0)),
+    # people: a keep, a keep past the runtime cap (with a sweep exactly at it), stop now and start again
+    "a keep": known(answers=(Answer(1, "keep", 2, 0),), sweeps=12),
+    "a keep past the runtime cap": known(
+        short(max_runtime_hours=1), answers=(Answer(0, "keep", 8, 2),), first_sweep=40 * MIN
+    ),
+    "stop now, start again": known(answers=(Answer(0, "stop_now", 1, 1), Answer(2, "start_again", 1, 0)), sweeps=12),
+    # the quiet history: stretches that ended soon (wait longer), that went on for hours (warn at the team's
+    # earliest), a full history a new stretch is added to, an unreadable and an oversized one
+    "waits longer": known(
+        short(adaptive_wait_max_minutes=30), history=format_history([(6, 25)] * 6), first_sweep=30 * MIN
+    ),
+    "warns sooner": known(
+        short(adaptive_earliest_warn_minutes=10),
+        history=format_history([(6, 600)] * 6),
+        cpu=("high",) * 8 + ("low",),
+        first_sweep=40 * MIN,
+        sweeps=10,
+    ),
+    "a full history": known(
+        history=format_history([(6, 30)] * HISTORY_SIZE),
+        cpu=("low",) * 6 + ("high",) * 2 + ("low",),
+        first_sweep=30 * MIN,
+        sweeps=12,
+    ),
+    "an unreadable history": known(history="garbage"),
+    "an oversized history": known(history="1:1," * 40),
+}
+
+
+def known_cases(test: Callable[..., None]) -> Callable[..., None]:
+    for case in reversed(KNOWN_CASES.values()):
+        test = example(case)(test)
+    return test
+
+
+# 250 random scenarios -> 100, the known cases above drawn first every run. Seeded bugs, 5 runs each, caught by
+# 250 random / 100 random / the known cases: an unknown signal acted on 5/5/5, a delivered warning asked for
+# again 5/5/5, an unreadable exemption tag read as none 5/4/5, a keep ending early 5/2/5, a datapoint at the
+# threshold counted quiet 4/3/5, notify_only stopping 3/2/5, and an undelivered warning stopped at once, the
+# runtime cap a sweep late, the learned wait under the team's minimum, one stretch too many kept 0-1/5 and 5/5
+# by the known cases (the announced time: by its @example below). What the 250 caught only on some runs, a known
+# case now catches on every run; the random scenarios are left to combine the kinds, and 100 alone still catch
+# the bugs common scenarios show every run. About 1.1 s instead of 3.5 s.
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenarios())
+@known_cases
 @example(  # warned under a long window, then a schedule or an admin shortens it: the announced time holds
     Scenario(
         policy=TeamPolicy(idle_minutes=90, warn_minutes=60),
@@ -547,6 +679,9 @@ def profile(levels_by_period: tuple[Level, ...]) -> Any:
     policy=policies(),
     fleet=st.lists(st.tuples(tracks(), st.booleans()), min_size=1, max_size=4),
     clocks=st.lists(st.integers(15, 600), min_size=1, max_size=4, unique=True),
+)
+@example(  # every run: a warning delivered (then not posted again), a stop and a release, each swept twice
+    policy=TeamPolicy(idle_minutes=30, warn_minutes=10), fleet=[(("low",), False), (("low",), True)], clocks=[60, 75]
 )
 def test_run_sweep_twice_at_the_same_clock_changes_nothing_the_second_time(
     policy: TeamPolicy, fleet: list[tuple[tuple[Level, ...], bool]], clocks: list[int]

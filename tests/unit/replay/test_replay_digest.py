@@ -16,10 +16,16 @@ from testkit.generate_trace import DEFAULT_START, fleet, write_trace
 
 def test_digest_savings_match_the_replay_within_a_cent() -> None:
     text = io.StringIO()
-    # Monday to Friday: one ISO week. Every machine reports every period, so every stopped hour is a quiet
-    # one (the replay counts quiet hours while stopped; the digest, which cannot see a stopped machine,
-    # counts stopped hours: docs/policy.md says so).
-    write_trace(fleet(24, 5, seed=7, always_on=True), DEFAULT_START, text)
+    # Monday to Friday: one ISO week. Every machine reports every period, so every stopped hour is a quiet one (the
+    # replay counts quiet hours while stopped; the digest, which cannot see a stopped machine, counts stopped hours:
+    # docs/policy.md says so). So not a machine that loses its GPU metric now and then: its holes are not quiet to the
+    # replay (the 24-machine fleet this test used had one, a notebook whose stops fell clear of its holes; the
+    # 12-machine fleet's, a trainer, is stopped over one: 5.5 h x $4.602). 11 machines instead of 24 (half the time):
+    # still every kind of the generated fleet, all four teams, 62 stops and $793 saved against the floors asserted
+    # below (10 stops, 2 teams, $10); a saving counted until the sweep saw the machine again rather than until it
+    # started (seeded) fails both.
+    machines = [m for m in fleet(12, 5, seed=7, always_on=True) if not m.instance_id.endswith("-gpugaps")]
+    write_trace(machines, DEFAULT_START, text)
     trace = parse_trace(io.StringIO(text.getvalue()), "generated")
     result = replay(trace, ReplayOptions(audit_prices=DEFAULT_PRICES), workers=1)
     last_bucket = max(s.first_bucket + len(s) for s in trace.series)

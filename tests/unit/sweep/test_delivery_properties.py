@@ -12,16 +12,17 @@ dead one's claim) and clicks at any point, over the in-memory fakes:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from botocore.exceptions import ClientError
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from idle_reaper.aws import InMemoryStateStore
+from idle_reaper.aws import Concurrency, InMemoryStateStore
 from idle_reaper.core import Action, Decision, MachineRecord, State
 from idle_reaper.core.answers import snooze
 from idle_reaper.notify import Delivery, DeliveryUnknown
@@ -34,6 +35,17 @@ PREFIX = "/idle-reaper"
 POLICY = {"idle_minutes": 60, "warn_minutes": 20, "undelivered_warning_max_minutes": 120}
 WARN = timedelta(minutes=20)
 FAULTS = ("none", "ddb_before_post", "ddb_after_post", "slack_down", "dies_after_post", "out_of_time", "history_down")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_task_at_a_time() -> Iterator[None]:
+    """The sweep's thread pools run their tasks one after another. One machine, in-memory fakes: the same
+    calls, answers and decisions in the same order (a single conversation's posts, where Died is raised,
+    never ran on a pool), without starting a dozen threads a sweep, which was two thirds of this module's
+    time."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Concurrency, "runner", staticmethod(lambda fn, items, workers: [fn(item) for item in items]))
+        yield
 
 
 class Died(BaseException):
@@ -124,8 +136,40 @@ def quiet_then_busy(t: datetime) -> tuple[float, float | None]:
     return (70.0, None) if 240 <= minutes < 270 else (1.0, None)
 
 
+def from_the_warning(*steps: tuple[str, bool], quiet: int = 6) -> list[tuple[int, str, bool]]:
+    """Sweeps 5 minutes apart from the first, which warns (the machine has been quiet for hours): the given
+    (fault, click after it) steps, then `quiet` fault-free sweeps, past the stop warn_minutes later."""
+    return [(5, fault, click) for fault, click in steps] + [(5, "none", False)] * quiet
+
+
+# What the random plans below may or may not draw, drawn every run: each fault at the sweep that posts the
+# warning, with and without a click right after it (the click lands on a claim a dead or failed sweep left,
+# or on the warning); and each fault that leaves the post's outcome unknown, followed by a Slack whose
+# history cannot be read until the dead sweep's claim has lapsed: the stop must wait. Seeded, the 60 random
+# plans alone caught neither a lost post assumed delivered when Slack cannot be asked nor the answer time run
+# from an undelivered warning (0 runs of 3); these plans catch both every run.
+KNOWN_PLANS = [
+    *(from_the_warning((fault, click)) for fault in FAULTS for click in (False, True)),
+    *(
+        from_the_warning((fault, False), *[("history_down", False)] * 4)
+        for fault in ("ddb_before_post", "ddb_after_post", "dies_after_post")
+    ),
+]
+
+
+def known_plans(test: Any) -> Any:
+    for plan in reversed(KNOWN_PLANS):
+        test = example(plan)(test)
+    return test
+
+
+# 60 random plans, as before: cheap now that a sweep starts no threads and a plan ends once nothing can
+# change any more (only 544 of the 1,983 sweeps 60 plans drew came before that point). Seeded bugs they
+# still catch, as before: a post whose outcome was lost posted again instead of looked for, the record keeping
+# another reference than the posted buttons carry.
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(days())
+@known_plans
 def test_every_stop_is_warned_every_click_is_honoured_and_nobody_is_warned_twice(plan: list[Any]) -> None:
     aws = FakeAws()
     aws.ssm.store(f"{PREFIX}/settings", Settings().model_dump_json())
@@ -137,6 +181,11 @@ def test_every_stop_is_warned_every_click_is_honoured_and_nobody_is_warned_twice
     policy = TeamPolicy(**POLICY)
     stops: list[tuple[datetime, str]] = []
     for minutes, fault, click in plan:
+        record = store.records.get(box)
+        if aws.ec2.state_of(box) != "running" and (record is None or record.state is not State.WARNED):
+            # Stopped, and recorded so: no sweep lists it again and no click applies (only a warned record is
+            # answered below), so nothing the checks below look at can change in the rest of the plan.
+            break
         clock.now += timedelta(minutes=minutes)
         slack.fault, store.failing = fault, False
         budget = (lambda: 5.0) if fault == "out_of_time" else None

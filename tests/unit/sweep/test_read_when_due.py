@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from idle_reaper.aws import Concurrency
 from idle_reaper.core import Action, Machine, MachineRecord, State
 from idle_reaper.core.answers import snooze, started_by_person, stopped_by_person
 from idle_reaper.core.reading import READ_REFRESH, not_due, parse_next_read
@@ -22,6 +24,16 @@ T = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
 PREFIX = "/idle-reaper"
 DAY_AGO = T - timedelta(days=1)
 POLICY = {"idle_minutes": 90, "warn_minutes": 30}  # no warning before 60 quiet minutes
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_task_at_a_time() -> Iterator[None]:
+    """The sweeps' thread pools run their tasks one after another: over the in-memory fakes the same calls and
+    answers (what is counted here, reads and writes, does not depend on their order), without the threads each
+    pool starts, which were half the time of the fleets test below (3.0 s -> 1.4 s)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Concurrency, "runner", staticmethod(lambda fn, items, workers: [fn(item) for item in items]))
+        yield
 
 
 def account(policy: dict[str, int] = POLICY, read_when_due: bool = True) -> FakeAws:
@@ -79,6 +91,9 @@ def test_a_machine_that_went_quiet_between_reads_is_warned_on_the_same_sweep_as_
 def test_fleets_swept_with_and_without_read_when_due_warn_and_stop_alike_and_unread_machines_never_act() -> None:
     rng = random.Random(7)
     plans = []
+    # 40 machines, kept (the time went to the thread pools): the first 20 or 12 of these plans no longer catch a
+    # seeded bug the 40 do (a machine started recently not read again until an hour later, whatever its warning
+    # point): only young machines started during the sweeps show it.
     for _ in range(40):
         kind = rng.choice(("busy", "quiet_after", "spiky", "young"))
         at = T + timedelta(minutes=rng.randrange(-120, 240))
