@@ -7,6 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
+# The suite's time budget (tests/budget.py): a test or module over its limit fails the run. pytester: the budget's
+# own tests run small suites with it.
+pytest_plugins = ["budget", "pytester"]
+
 # Never reach a real AWS account from the tests, whatever the machine's environment holds.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")

@@ -22,9 +22,19 @@ for path in (REPO_ROOT, Path(__file__).parent):
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 
+# `make test` synthesizes the app with the infra tests' context (the Makefile's TEST_SYNTH_CONTEXT) just before
+# pytest and names its output here: the tests read that synth instead of making their own.
+MADE_SYNTH = "IDLE_REAPER_TEST_SYNTH"
+
+
 @pytest.fixture(scope="session")
 def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     """Two regions and an alarm email; everything else at its default."""
+    made = os.environ.get(MADE_SYNTH)
+    if made:
+        from synthesis import made_synth  # reads files: no jsii
+
+        return made_synth(Path(made))
     from synthesis import ALARM_EMAIL, REGIONS, shared_synth  # starts jsii: only when a test needs it
 
     return shared_synth(tmp_path_factory, "infra", regions=list(REGIONS), alarmEmail=ALARM_EMAIL)

@@ -9,10 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aws_cdk as cdk
 import pytest
-
-from infra.stack import build
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REGIONS = ("eu-west-1", "us-east-2")
@@ -50,6 +47,10 @@ class Synth:
 
 def synthesize(outdir: Path, **context: Any) -> Synth:
     """The app as `make synth` builds it (cdk.json's context), without bundling."""
+    import aws_cdk as cdk  # starts jsii: only in a test that synthesizes
+
+    from infra.stack import build
+
     defaults = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
     app = cdk.App(context={**defaults, "aws:cdk:bundling-stacks": [], **context}, outdir=str(outdir))
     stacks = build(app)
@@ -71,3 +72,27 @@ def shared_synth(tmp_path_factory: pytest.TempPathFactory, name: str, **context:
         if not done.exists():
             done.write_text(json.dumps(synthesize(outdir, **context).stack_names))
     return Synth(outdir=outdir, stack_names=tuple(json.loads(done.read_text())))
+
+
+def made_synth(outdir: Path) -> Synth:
+    """What `make test` synthesized into `outdir` (the cdk CLI, with the Makefile's TEST_SYNTH_CONTEXT), checked to
+    be the app with the infra tests' context: a stack per region of REGIONS, in that order, and the alarm e-mail
+    subscribed. Anything else is a Makefile that drifted from these tests: said, not silently synthesized anew."""
+    manifest = json.loads((outdir / "manifest.json").read_text())
+    stacks = {
+        artifact["environment"].rsplit("/", 1)[-1]: name
+        for name, artifact in manifest["artifacts"].items()
+        if artifact["type"] == "aws:cloudformation:stack"
+    }
+    if sorted(stacks) != sorted(REGIONS):
+        raise AssertionError(f"{outdir} holds stacks for {sorted(stacks)}, not the infra tests' {sorted(REGIONS)}")
+    made = Synth(outdir=outdir, stack_names=tuple(stacks[region] for region in REGIONS))
+    for name in made.stack_names:
+        subscriptions = [
+            r["Properties"].get("Endpoint")
+            for r in made.template(name)["Resources"].values()
+            if r["Type"] == "AWS::SNS::Subscription"
+        ]
+        if ALARM_EMAIL not in subscriptions:
+            raise AssertionError(f"{outdir}/{name} does not subscribe {ALARM_EMAIL}: not the infra tests' context")
+    return made
