@@ -33,7 +33,15 @@ class Delivery:
 
 
 class DeliveryUnknown(Exception):
-    """Whether a warning reached its owner cannot be told now (Slack could not be asked): the stop waits."""
+    """Whether a warning reached its owner cannot be told now: the stop waits. `answered`: Slack answered, and
+    refused to show it (a conversation the bot may not read, a DM it may not open): no stop until it is known,
+    and the admins are told. Otherwise Slack could not be asked (down, or the answer to a post was lost): the
+    stop waits as for an undelivered warning (undelivered_warning_max_minutes)."""
+
+    def __init__(self, reason: str, *, answered: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.answered = answered
 
 
 class PermanentDeliveryFailure(Exception):
@@ -44,6 +52,11 @@ class PermanentDeliveryFailure(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+# What posting a machine's warning came to: delivered; undeliverable for good; it may have been posted (its
+# answer was lost: looked for before it is posted again); or None, not posted (retried next sweep).
+PostOutcome = Delivery | PermanentDeliveryFailure | DeliveryUnknown | None
 
 
 class Notifier(Protocol):
@@ -94,9 +107,7 @@ class OwnerResolver(Protocol):
 class OwnerNotifier(Protocol):
     """A notifier that can list several of one owner's machines in one message (core.owner_message_groups)."""
 
-    def warn_owner(
-        self, decisions: Sequence[Decision], owner_id: str | None = None
-    ) -> list[Delivery | PermanentDeliveryFailure | None]:
+    def warn_owner(self, decisions: Sequence[Decision], owner_id: str | None = None) -> list[PostOutcome]:
         """One message (split only past Slack's limits) warning about every machine of `decisions`; for
         each machine, in order, what `Notifier.warn` would return for it, a PermanentDeliveryFailure
         returned rather than raised. A message that failed leaves every machine it lists undelivered."""
@@ -116,13 +127,13 @@ class SharedOwnerNotifier(Protocol):
 
     def warn_owner(
         self, decisions: Sequence[Decision], owner_id: str | None = None, *, lone_layout: bool = False
-    ) -> list[Delivery | PermanentDeliveryFailure | None]:
+    ) -> list[PostOutcome]:
         """OwnerNotifier.warn_owner; `lone_layout`: a message of one machine looks like a warning of its own."""
         ...
 
     def join_owner_message(
         self, decisions: Sequence[Decision], owner_id: str | None, group_ref: str, messages: Sequence[str]
-    ) -> list[Delivery | PermanentDeliveryFailure | None] | None:
+    ) -> list[PostOutcome] | None:
         """Add `decisions` to the message another unit posted (its "Keep all" reference and its copies); for
         each machine what warn_owner would return; None: not joined, post a message of its own."""
         ...
@@ -154,9 +165,7 @@ class LoggingNotifier:
         self._log("warning", decision)
         return Delivery() if self.delivers else None
 
-    def warn_owner(
-        self, decisions: Sequence[Decision], owner_id: str | None = None
-    ) -> list[Delivery | PermanentDeliveryFailure | None]:
+    def warn_owner(self, decisions: Sequence[Decision], owner_id: str | None = None) -> list[PostOutcome]:
         """Like warn, once per message: `sent` gets one ("owner_warning", ids) entry per message."""
         self.sent.append(("owner_warning", ",".join(d.machine.instance_id for d in decisions)))
         for d in decisions:

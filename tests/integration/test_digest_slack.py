@@ -19,7 +19,7 @@ from idle_reaper.core.digest import claim_key, running_again_entry, week_of
 from idle_reaper.handlers import digest
 from idle_reaper.policy import Settings, TeamPolicy
 from idle_reaper_tools import local
-from idle_reaper_tools.fake_slack import LambdaContextStub
+from idle_reaper_tools.fake_slack import BOT_USER, LambdaContextStub
 
 pytestmark = pytest.mark.integration
 
@@ -78,6 +78,7 @@ def test_a_failed_upload_posts_the_text_alone_and_says_so(last_week: datetime, s
 def test_the_fake_completes_only_files_that_were_uploaded(slack: Any) -> None:
     """The fake is as strict as Slack's documented flow: an announced file never uploaded is not shared."""
     client = WebClient(token="xoxb-test", base_url=slack.url)
+    slack.channels["C0ML"] = [BOT_USER]  # sharing a file into a channel needs the bot in it (not_in_channel)
     got = client.files_getUploadURLExternal(filename="chart.png", length=4)
     assert str(got["upload_url"]).startswith(slack.url.removesuffix("api/") + "upload/")
     with pytest.raises(SlackApiError, match="file_not_found"):

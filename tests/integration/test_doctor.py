@@ -138,12 +138,25 @@ def test_a_healthy_deploy_is_all_ok_and_exits_0(healthy: dict[str, str], capsys:
 
 def test_the_text_answer_names_the_fix_and_counts(healthy: dict[str, str], slack: Any, capsys: Any) -> None:
     slack.channels[TEAM_CHANNEL] = [MEMBER]
+    slack.private_channels.add(TEAM_CHANNEL)  # private, and the bot was never invited: Slack hides it
     code = cli.main(["doctor"])
     out = capsys.readouterr().out
     assert code == 1
     assert re.search(r"^FAIL +slack\.channels: .*C0MLTEAM \(team ml\)", out, re.M)
-    assert "fix: in each channel: /invite @idle-reaper" in out
+    assert "invite the bot to the private channel: /invite @idle-reaper" in out
     assert out.rstrip().splitlines()[-1].endswith("1 fail, 0 unknown")
+
+
+def test_a_public_channel_the_bot_has_not_joined_yet_is_fine_and_named(
+    healthy: dict[str, str], slack: Any, capsys: Any
+) -> None:
+    """The bot joins a public team channel the first time it posts there (README, the manifest's channels:join):
+    the doctor says so rather than asking for an invite."""
+    slack.channels[TEAM_CHANNEL] = [MEMBER]
+    code, findings = doctor(capsys)
+    [channels] = [f for f in findings if f["check"] == "slack.channels"]
+    assert code == 0 and channels["status"] == "ok"
+    assert "joins the public one(s) it is not in yet" in channels["message"] and TEAM_CHANNEL in channels["message"]
 
 
 def _bad_team_policy(_: Any) -> str:
@@ -162,12 +175,16 @@ def _bad_settings(_: Any) -> str:
 
 BROKEN: dict[str, tuple[Callable[[Any], object], str, str]] = {
     # name: (break it, the check that fails or warns, a subject it must name: given, or what breaking returned)
-    "bot not in the team channel": (
-        lambda s: s.channels.update({TEAM_CHANNEL: [MEMBER]}),
+    "bot not in the private team channel": (
+        lambda s: s.channels.update({TEAM_CHANNEL: [MEMBER]}) or s.private_channels.add(TEAM_CHANNEL),
         "slack.channels",
         TEAM_CHANNEL,
     ),
-    "team channel deleted": (lambda s: s.channels.pop(TEAM_CHANNEL) and None, "slack.channels", TEAM_CHANNEL),
+    "team channel deleted": (
+        lambda s: s.channels.pop(TEAM_CHANNEL) and setattr(s, "unknown_channels_exist", False),
+        "slack.channels",
+        TEAM_CHANNEL,
+    ),
     "scope missing": (
         lambda s: setattr(s, "scopes", [x for x in MANIFEST_SCOPES if x != "users:read.email"]),
         "slack.scopes",
@@ -271,7 +288,7 @@ def test_the_scopes_checked_are_the_manifests() -> None:
     manifest = (Path(__file__).parents[2] / "slack" / "manifest.yml").read_text()
     bot = manifest.split("    bot:\n", 1)[1].split("settings:", 1)[0]
     scopes = re.findall(r"^ +- ([a-z:.]+)", bot, re.M)
-    assert len(scopes) == 11 and frozenset(scopes) == MANIFEST_BOT_SCOPES == frozenset(MANIFEST_SCOPES)
+    assert len(scopes) == 14 and frozenset(scopes) == MANIFEST_BOT_SCOPES == frozenset(MANIFEST_SCOPES)
 
 
 def test_a_sweep_records_itself_for_the_doctor(real_answers: DeployAnswers, slack: Any, capsys: Any) -> None:

@@ -37,6 +37,12 @@ def daily_alerts(slack: Any) -> list[str]:
     return [c.params["text"] for c in slack.calls_to("chat.postMessage") if "daily check" in c.params["text"]]
 
 
+def bot_leaves(slack: Any) -> None:
+    """A private team channel the bot is removed from (a public one it would join again by itself)."""
+    slack.private_channels.add(TEAM_CHANNEL)
+    slack.channels[TEAM_CHANNEL] = [MEMBER]
+
+
 def daily(adapters: Adapters, now: datetime, read: SweepRead | None = None) -> DailyDoctor:
     done = run_daily_doctor(adapters, now, read, lambda: 240.0)
     assert done is not None
@@ -60,7 +66,7 @@ def test_a_new_failure_is_told_once_not_the_next_day_and_again_when_it_comes_bac
     assert not first.told and not daily_alerts(slack)
     assert run_daily_doctor(adapters, day + timedelta(hours=1), None, lambda: 240.0) is None, "once a day"
 
-    slack.channels[TEAM_CHANNEL] = [MEMBER]  # the bot leaves the team channel
+    bot_leaves(slack)  # the bot is removed from the (private) team channel
     broken = daily(adapters, day + timedelta(days=1))
     (told,) = broken.told
     assert told.check == "slack.channels" and told.subjects == (TEAM_CHANNEL,)
@@ -75,7 +81,7 @@ def test_a_new_failure_is_told_once_not_the_next_day_and_again_when_it_comes_bac
     slack.channels[TEAM_CHANNEL] = [MEMBER, BOT_USER]  # fixed: the bot is invited again
     fixed = daily(adapters, day + timedelta(days=3))
     assert statuses(fixed)["slack.channels"] == {"ok"} and not fixed.told
-    slack.channels[TEAM_CHANNEL] = [MEMBER]  # and it comes back
+    bot_leaves(slack)  # the bot is removed from the (private) team channel
     again = daily(adapters, day + timedelta(days=4))
     assert [f.check for f in again.told] == ["slack.channels"]
     assert len(daily_alerts(slack)) == 4
@@ -149,7 +155,7 @@ def test_a_check_that_raises_is_unknown_and_the_rest_still_run(
         raise RuntimeError("CloudWatch exploded")
 
     monkeypatch.setattr(adapters.metrics, "fetch", broken)
-    slack.channels[TEAM_CHANNEL] = [MEMBER]
+    bot_leaves(slack)  # the bot is removed from the (private) team channel
     done = daily(adapters, datetime.now(UTC))
     assert statuses(done)["signals.gpu"] == {"unknown"}
     assert [f.check for f in done.told] == ["slack.channels"]
@@ -159,7 +165,7 @@ def test_past_its_slack_budget_nothing_more_is_asked_and_it_says_so(
     healthy: dict[str, str], slack: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("idle_reaper.sweep.doctor.DAILY_SLACK_SECONDS", 0.0)
-    slack.channels[TEAM_CHANNEL] = [MEMBER]
+    bot_leaves(slack)  # the bot is removed from the (private) team channel
     done = daily(Adapters.from_environment(), datetime.now(UTC))
     assert not slack.calls and done.slack_calls == 0
     got = statuses(done)
@@ -172,7 +178,7 @@ def test_a_dry_run_tells_nobody(healthy: dict[str, str], slack: Any) -> None:
     settings = json.loads(aws.client("ssm").get_parameter(Name="/idle-reaper/settings")["Parameter"]["Value"])
     dry = json.dumps({**settings, "dry_run": True})
     aws.client("ssm").put_parameter(Name="/idle-reaper/settings", Value=dry, Type="String", Overwrite=True)
-    slack.channels[TEAM_CHANNEL] = [MEMBER]
+    bot_leaves(slack)  # the bot is removed from the (private) team channel
     done = daily(Adapters.from_environment(), datetime.now(UTC))
     assert statuses(done)["slack.channels"] == {"fail"} and not done.told and not daily_alerts(slack)
 
@@ -203,14 +209,15 @@ def doctor_command(slack: Any, user: str) -> str:
 def test_the_slack_command_answers_an_admin_with_the_failing_lines(healthy: dict[str, str], slack: Any) -> None:
     ok = doctor_command(slack, ADMIN)
     assert ok.startswith("idle-reaper doctor (us-east-1): all ") and ok.endswith(" checks ok.")
-    slack.channels[TEAM_CHANNEL] = [MEMBER]
+    bot_leaves(slack)  # the bot is removed from the (private) team channel
     slack.users_by_email.clear()
     text = doctor_command(slack, ADMIN)
     lines = text.splitlines()
     assert lines[0].startswith("idle-reaper doctor (us-east-1): ") and "2 fail" in lines[0]
     failing = [line for line in lines if line.startswith("•")]
     assert len(failing) == 2 and all("*FAIL*" in line for line in failing)
-    assert "`slack.channels`" in text and TEAM_CHANNEL in text and "fix: in each channel: /invite @idle-reaper" in text
+    assert "`slack.channels`" in text and TEAM_CHANNEL in text
+    assert "invite the bot to the private channel: /invite @idle-reaper" in text
     assert "`people.owners`" in text and "bob@example.com" in text
     assert "*OK*" not in text
 

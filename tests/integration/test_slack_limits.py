@@ -74,7 +74,7 @@ def test_a_channel_the_bot_is_not_in_is_a_permanent_failure_naming_the_fix(membe
         adapters.notifier.warn(d)
     reason = err.value.reason
     assert f"warning for {member} (team ml): the bot is not in channel C0MLTEAM" in reason
-    assert "/invite @idle-reaper" in reason and "chat:write.public" in reason
+    assert "/invite @idle-reaper" in reason and "channels:join" in reason
     assert "Slack user U0BOB is a bot" in reason
     assert sorted(c.params["channel"] for c in slack.calls_to("chat.postMessage")) == ["C0MLTEAM", "D0BOB"]
 

@@ -1,6 +1,18 @@
-"""A local fake of the Slack Web API for tests and the demo: an HTTP server on 127.0.0.1 that the real
-slack-sdk WebClient talks to through SLACK_API_URL. It records every request and can answer 429 with
-Retry-After, invalid_auth, or any Slack error code for one method or one channel, on demand.
+"""A local Slack Web API for tests and the demo: an HTTP server on 127.0.0.1 that the real slack-sdk WebClient
+talks to through SLACK_API_URL. It keeps Slack's own rules, each cited beside the code that keeps it, and refuses
+what Slack refuses with Slack's own errors:
+
+- scopes per method (`missing_scope` with `needed` and `provided`), for the token's scopes (`scopes`);
+- membership: a bot reads a conversation's history only as a member, posts to a public channel it is not in only
+  with chat:write.public, and sees a private channel only as a member; conversations.join joins public ones;
+- rate tiers per method, and about one post a second per conversation with short bursts, answered with HTTP 429
+  and an integer Retry-After (RateLimits), on the fake's clock;
+- archived channels, deactivated users, messages only their poster may edit;
+- message `ts` on the clock the test sweeps on (`clock`), unique and increasing in each conversation.
+
+It records every request, and can answer any Slack error for one method or one target (`errors`), 429 for the
+next calls (`rate_limit_next`), invalid_auth (`auth_revoked`), 503 (`down`), or carry out a call and lose its
+answer (`lose_answer`: the connection closes before the reply, as a timeout or a dropped connection does).
 
 File uploads follow Slack's external-upload flow as documented (files.getUploadURLExternal: a file id and
 an upload URL, served here; a POST of the bytes to that URL; files.completeUploadExternal: the ids must have
@@ -18,6 +30,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -28,37 +41,72 @@ from idle_reaper.core.doctor import MANIFEST_BOT_SCOPES
 class Call:
     method: str
     params: dict[str, Any]
+    limited: bool = False  # answered 429: Slack did not take it
 
 
-# Slack's documented rate limits (docs.slack.dev/apis/web-api/rate-limits), per app and workspace: each
-# method's tier in calls a minute (Tier 2: 20+, Tier 3: 50+, Tier 4: 100+; the "+" is Slack's headroom, the
-# fake holds the floor), and chat.postMessage's own: about one message a second in a conversation and
-# several hundred a minute across the workspace (the fake: 300).
+# Slack's documented rate limits (https://docs.slack.dev/apis/web-api/rate-limits), per app and workspace, in
+# calls a minute: "Tier 2: 20+ per minute, Tier 3: 50+, Tier 4: 100+" (the "+" is Slack's headroom; the fake holds
+# the floor). Each method's tier is on its own page (https://docs.slack.dev/reference/methods/<method>, Facts).
+# chat.postMessage has its own: "1 message per second to a specific channel ... limiting posting to several
+# hundred messages per minute. Generous burst behavior is also granted" (the fake: 300 a minute, and a burst of
+# POST_BURST posts in a conversation before it holds one a second).
 TIER_PER_MINUTE = {
-    "users.list": 20,
-    "usergroups.users.list": 20,
-    "users.lookupByEmail": 50,
-    "conversations.open": 50,
-    "conversations.history": 50,
-    "chat.update": 50,
-    "users.info": 100,
-    "chat.postEphemeral": 100,
-    "chat.postMessage": 300,
+    "users.list": 20,  # Tier 2
+    "usergroups.users.list": 20,  # Tier 2
+    "conversations.list": 20,  # Tier 2
+    "users.lookupByEmail": 50,  # Tier 3
+    "conversations.open": 50,  # Tier 3
+    "conversations.history": 50,  # Tier 3 (internal apps: the 2025 limits are for Marketplace-less distributed apps)
+    "conversations.replies": 50,  # Tier 3
+    "conversations.join": 50,  # Tier 3
+    "conversations.info": 50,  # Tier 3
+    "chat.update": 50,  # Tier 3
+    "chat.delete": 50,  # Tier 3
+    "users.info": 100,  # Tier 4
+    "conversations.members": 100,  # Tier 4
+    "chat.postEphemeral": 100,  # Tier 4
+    "files.getUploadURLExternal": 100,  # Tier 4
+    "files.completeUploadExternal": 100,  # Tier 4
+    "chat.postMessage": 300,  # Special: "several hundred messages per minute" across the workspace
 }
 POSTS_PER_CONVERSATION_SECONDS = 1.0
+POST_BURST = 4  # posts a conversation takes at once before the one-a-second pace holds
 BOT_USER = "UBOT"
 MANIFEST_SCOPES = sorted(MANIFEST_BOT_SCOPES)
+
+# The bot scopes each method needs, by the kind of conversation it acts on (public channel, private channel, DM):
+# each method page's "Required scopes". None: no scope (auth.test). chat:write.public is checked with membership.
+_SCOPES: dict[str, tuple[str, str, str] | str | None] = {
+    "auth.test": None,
+    "chat.postMessage": "chat:write",
+    "chat.update": "chat:write",
+    "chat.delete": "chat:write",
+    "chat.postEphemeral": "chat:write",
+    "conversations.history": ("channels:history", "groups:history", "im:history"),
+    "conversations.replies": ("channels:history", "groups:history", "im:history"),
+    "conversations.info": ("channels:read", "groups:read", "im:read"),
+    "conversations.members": ("channels:read", "groups:read", "im:read"),
+    "conversations.join": "channels:join",
+    "conversations.open": "im:write",
+    "users.lookupByEmail": "users:read.email",
+    "users.info": "users:read",
+    "users.list": "users:read",
+    "usergroups.users.list": "usergroups:read",
+    "files.getUploadURLExternal": "files:write",
+    "files.completeUploadExternal": "files:write",
+}
 
 
 @dataclass
 class RateLimits:
     """The documented limits on a clock (real, or a benchmark's virtual one): a call over its method's
-    minute, or a post within a second of the last to its conversation, is answered 429 with Retry-After."""
+    minute, or a post to a conversation past its burst and one-a-second pace, is answered 429 with Retry-After."""
 
     clock: Callable[[], float] = time.monotonic
     calls: dict[str, list[float]] = field(default_factory=dict)
     posted: dict[str, list[float]] = field(default_factory=dict)  # conversation -> when each post was accepted
     refused: int = 0
+    refused_by_method: dict[str, int] = field(default_factory=dict)
 
     def retry_after(self, method: str, channel: str) -> float:
         """0 when the call may go now (and it is counted), else the seconds to wait."""
@@ -69,9 +117,20 @@ class RateLimits:
         if limit is not None and len(window) >= limit:
             wait = min(window) + 60 - now
         if method == "chat.postMessage" and self.posted.get(channel):
-            wait = max(wait, max(self.posted[channel]) + POSTS_PER_CONVERSATION_SECONDS - now)
+            # A bucket of POST_BURST posts a conversation, refilled one a second: a burst goes at once, then one a
+            # second. The bucket is the posts accepted since it was last full.
+            level, last = 0.0, None
+            for t in self.posted[channel]:
+                if last is not None:
+                    level = max(0.0, level - (t - last) / POSTS_PER_CONVERSATION_SECONDS)
+                level, last = level + 1, t
+            assert last is not None
+            level = max(0.0, level - (now - last) / POSTS_PER_CONVERSATION_SECONDS)
+            if level + 1 > POST_BURST:
+                wait = max(wait, (level + 1 - POST_BURST) * POSTS_PER_CONVERSATION_SECONDS)
         if wait > 0:
             self.refused += 1
+            self.refused_by_method[method] = self.refused_by_method.get(method, 0) + 1
             return wait
         self.calls[method] = [*window, now]
         if method == "chat.postMessage":
@@ -94,18 +153,28 @@ class FakeSlack:
     # Slack error codes to answer, by "method" or "method target" (target: the channel, or the user of
     # conversations.open), e.g. {"chat.postMessage C0MLTEAM": "not_in_channel"}
     errors: dict[str, str] = field(default_factory=dict)
+    # Calls carried out whose answer never arrives, by "method" or "method target": how many more to lose.
+    lose_answer: dict[str, int] = field(default_factory=dict)
     # Uploads by file id: {"filename", "length", "data" (None until the bytes are posted), "channel"}.
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     upload_fails: bool = False  # the upload URL answers 500
-    limits: RateLimits | None = None  # Slack's documented rate limits, when set
-    # What the doctor reads, as Slack documents it: the token's scopes (the x-oauth-scopes header on every
-    # answer; None: the header is left out), the channels that exist with their members (conversations.info
-    # answers channel_not_found for any other; is_member says whether the bot is one), and user ids that do
-    # not exist (users.info answers user_not_found).
+    # Slack's documented rate limits, on by default (real time); None: off.
+    limits: RateLimits | None = field(default_factory=RateLimits)
+    # The workspace, as Slack documents it: the token's scopes (the x-oauth-scopes header on every answer; None:
+    # the header is left out, and every scope is granted), the channels with their members (BOT_USER among
+    # them when the bot is in), which are private or archived, and users that do not exist or are deactivated.
+    # A channel id no test described is a public channel the bot was never invited to (unless
+    # `unknown_channels_exist` is False: then it does not exist).
     scopes: list[str] | None = field(default_factory=lambda: list(MANIFEST_SCOPES))
     channels: dict[str, list[str]] = field(default_factory=dict)
+    private_channels: set[str] = field(default_factory=set)
+    archived_channels: set[str] = field(default_factory=set)
+    unknown_channels_exist: bool = True
     missing_users: set[str] = field(default_factory=set)
-    _ts: float = field(default_factory=time.time)  # message ts are real times, as Slack's are
+    deactivated_users: set[str] = field(default_factory=set)
+    # The clock message ts are on (epoch seconds): the wall clock, or the one the test sweeps on.
+    clock: Callable[[], float] = time.time
+    _last_ts: dict[str, int] = field(default_factory=dict)  # conversation -> its newest ts, in microseconds
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
@@ -116,16 +185,28 @@ class FakeSlack:
             self.users_by_email.clear()
             self.usergroups.clear()
             self.errors.clear()
+            self.lose_answer.clear()
             self.files.clear()
             self.upload_fails = False
             self.scopes = list(MANIFEST_SCOPES)
             self.channels.clear()
+            self.private_channels.clear()
+            self.archived_channels.clear()
+            self.unknown_channels_exist = True
             self.missing_users.clear()
+            self.deactivated_users.clear()
+            self.clock = time.time
+            self._last_ts.clear()
             self.rate_limit_next, self.auth_revoked, self.down = 0, False, False
-            self.limits = None
+            self.limits = RateLimits()
+
+    def on_clock(self, now: Callable[[], datetime]) -> None:
+        """Message ts on the clock the test sweeps on (a callable returning the test's aware datetime)."""
+        self.clock = lambda: now().timestamp()
 
     def calls_to(self, method: str) -> list[Call]:
-        return [c for c in self.calls if c.method == method]
+        """The calls of `method` Slack took (not those answered 429: `calls` has every request)."""
+        return [c for c in self.calls if c.method == method and not c.limited]
 
     def response_url(self, name: str) -> str:
         """A response_url like the one Slack puts in every interaction and command payload."""
@@ -137,37 +218,160 @@ class FakeSlack:
 
     def answer(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, str], dict[str, Any]]:
         with self._lock:
-            self.calls.append(Call(method, params))
-            if self.down:
-                return 503, {}, {"ok": False, "error": "service_unavailable"}
-            if self.rate_limit_next > 0:
-                self.rate_limit_next -= 1
-                return 429, {"Retry-After": str(self.retry_after)}, {"ok": False, "error": "ratelimited"}
-            if self.auth_revoked:
-                return 200, {}, {"ok": False, "error": "invalid_auth"}
-            if method == "chat.postMessage" and str(params.get("channel", ""))[:1] in ("U", "W"):
-                # A user id: Slack posts to the app's DM with them; the call is recorded where it landed.
-                params["channel"] = "D" + str(params["channel"]).lstrip("UW")
-            target = params.get("channel") or params.get("channel_id") or params.get("users") or ""
-            wait = self.limits.retry_after(method, str(target)) if self.limits is not None else 0.0
-            if wait > 0:
-                return 429, {"Retry-After": str(math.ceil(wait))}, {"ok": False, "error": "ratelimited"}
-            scopes = {"x-oauth-scopes": ",".join(self.scopes)} if self.scopes is not None else {}
-            error = self.errors.get(f"{method} {target}") or self.errors.get(method)
-            if error:
-                return 200, scopes, {"ok": False, "error": error}
-            return 200, scopes, self._method(method, params)
+            call = Call(method, params)
+            self.calls.append(call)
+            status, headers, body = self._answer(method, params)
+            call.limited = status == 429
+            return status, headers, body
+
+    def _answer(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, str], dict[str, Any]]:
+        """answer(), under the lock."""
+        if self.down:
+            return 503, {}, {"ok": False, "error": "service_unavailable"}
+        if self.rate_limit_next > 0:
+            self.rate_limit_next -= 1
+            return 429, {"Retry-After": str(self.retry_after)}, {"ok": False, "error": "ratelimited"}
+        if self.auth_revoked:
+            return 200, {}, {"ok": False, "error": "invalid_auth"}
+        if method == "chat.postMessage" and str(params.get("channel", ""))[:1] in ("U", "W"):
+            # A user id: Slack posts to the app's DM with them ("a direct message conversation will be opened
+            # if it isn't open already"); the call is recorded where it landed.
+            params["channel"] = "D" + str(params["channel"]).lstrip("UW")
+        target = self.target(params)
+        wait = self.limits.retry_after(method, target) if self.limits is not None else 0.0
+        if wait > 0:
+            # "HTTP 429 Too Many Requests ... a Retry-After HTTP header containing the number of seconds until you
+            # can retry" (https://docs.slack.dev/apis/web-api/rate-limits): whole seconds, as slack-sdk reads it.
+            return 429, {"Retry-After": str(math.ceil(wait))}, {"ok": False, "error": "ratelimited"}
+        scopes = {"x-oauth-scopes": ",".join(self.scopes)} if self.scopes is not None else {}
+        error = self.errors.get(f"{method} {target}") or self.errors.get(method)
+        if error:
+            return 200, scopes, {"ok": False, "error": error}
+        # Slack answers a refusal with HTTP 200 and ok: false (https://docs.slack.dev/apis/web-api#responses).
+        refused = self._refusal(method, params)
+        if refused is not None:
+            return 200, scopes, refused
+        return 200, scopes, self._method(method, params)
+
+    @staticmethod
+    def target(params: dict[str, Any]) -> str:
+        return str(params.get("channel") or params.get("channel_id") or params.get("users") or "")
+
+    def loses_answer(self, method: str, params: dict[str, Any]) -> bool:
+        """Whether this call's answer is lost (it was carried out): counted down per "method target" or "method"."""
+        with self._lock:
+            for key in (f"{method} {self.target(params)}", method):
+                if self.lose_answer.get(key, 0) > 0:
+                    self.lose_answer[key] -= 1
+                    return True
+        return False
+
+    def kind_of(self, channel: str) -> str:
+        """ "im" (the bot's DM with someone), "private", "public", or "missing"."""
+        if channel.startswith("D"):
+            return "im"
+        if channel in self.private_channels or channel.startswith("G"):
+            return "private"
+        if channel in self.channels or (self.unknown_channels_exist and channel.startswith("C")):
+            return "public"
+        return "missing"
+
+    def bot_in(self, channel: str) -> bool:
+        return channel.startswith("D") or BOT_USER in self.channels.get(channel, [])
+
+    def _refusal(self, method: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        """What Slack answers instead of carrying the call out: a missing scope, then membership and the
+        channel's state, as each method's page documents them (https://docs.slack.dev/reference/methods/...)."""
+        channel = str(params.get("channel") or params.get("channel_id") or "")
+        kind = self.kind_of(channel) if channel else None
+        needed = _SCOPES.get(method)
+        scope = (
+            needed[("public", "private", "im").index(kind)]
+            if isinstance(needed, tuple)
+            and kind
+            in (
+                "public",
+                "private",
+                "im",
+            )
+            else (needed[0] if isinstance(needed, tuple) else needed)
+        )
+        if self.scopes is not None and scope and scope not in self.scopes:
+            # {"ok": false, "error": "missing_scope", "needed": ..., "provided": ...}: `needed` one scope, `provided`
+            # the token's, comma-joined (as Slack sends it; the SDKs' response types declare both).
+            return {"ok": False, "error": "missing_scope", "needed": scope, "provided": ",".join(self.scopes)}
+        if method == "conversations.open":
+            return self._open_refusal(params)
+        if not channel or method in ("users.info", "users.lookupByEmail", "users.list", "auth.test"):
+            return None
+        if kind == "missing":
+            return {"ok": False, "error": "channel_not_found"}
+        member, archived = self.bot_in(channel), channel in self.archived_channels
+        if kind == "private" and not member:
+            return {"ok": False, "error": "channel_not_found"}  # Slack hides a private channel from non-members
+        if method in ("chat.postMessage", "chat.postEphemeral"):
+            if archived:
+                return {"ok": False, "error": "is_archived"}  # "Channel has been archived."
+            public = "chat:write.public" in (self.scopes if self.scopes is not None else ["chat:write.public"])
+            if kind == "public" and not member and not public:
+                # chat:write.public: "Send messages to channels your Slack app isn't a member of"
+                return {"ok": False, "error": "not_in_channel"}
+        if method in ("chat.update", "chat.delete") and archived:
+            # chat.update's page: is_inactive, "The message cannot be edited within a frozen, archived or deleted
+            # channel." (is_archived is not among its errors).
+            return {"ok": False, "error": "is_inactive"}
+        if method in ("conversations.history", "conversations.replies") and not member:
+            # "Bot token | Any conversation the relevant bot is a member of" (conversations.history, Token types):
+            # a public channel too.
+            return {"ok": False, "error": "not_in_channel"}
+        if method == "conversations.join":
+            if kind != "public":
+                return {"ok": False, "error": "method_not_supported_for_channel_type"}
+            if archived:
+                return {"ok": False, "error": "is_archived"}
+        if method == "files.completeUploadExternal" and not member:
+            return {"ok": False, "error": "not_in_channel"}  # "User/bot membership is required for the channel."
+        return None
+
+    def _open_refusal(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        users = [u for u in str(params.get("users") or "").split(",") if u]
+        if not users:
+            return {"ok": False, "error": "users_list_not_supplied"}
+        if len(users) > 8:
+            return {"ok": False, "error": "too_many_users"}
+        if any(u in self.missing_users for u in users):
+            return {"ok": False, "error": "user_not_found"}
+        if any(u in self.deactivated_users for u in users):
+            return {"ok": False, "error": "user_disabled"}  # conversations.open's page: a deactivated user
+        return None
+
+    def _next_ts(self, channel: str) -> str:
+        """A ts on the fake's clock, unique and increasing in the conversation (microseconds, as Slack's)."""
+        micros = max(round(self.clock() * 1_000_000), self._last_ts.get(channel, 0) + 1)
+        self._last_ts[channel] = micros
+        return f"{micros // 1_000_000}.{micros % 1_000_000:06d}"
 
     def _method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         if method == "auth.test":
             return {"ok": True, "user_id": BOT_USER, "team": "Demo"}
         if method == "users.lookupByEmail":
             user = self.users_by_email.get(str(params.get("email", "")).lower())
-            return {"ok": True, "user": {"id": user}} if user else {"ok": False, "error": "users_not_found"}
+            if not user or user in self.deactivated_users:  # a deactivated user is not found by email
+                return {"ok": False, "error": "users_not_found"}
+            return {"ok": True, "user": {"id": user}}
         if method == "users.info":
             if params.get("user") in self.missing_users:
                 return {"ok": False, "error": "user_not_found"}
-            return {"ok": True, "user": {"id": params.get("user"), "name": params.get("user"), "deleted": False}}
+            deleted = params.get("user") in self.deactivated_users  # users.info: a deactivated user, deleted: true
+            return {"ok": True, "user": {"id": params.get("user"), "name": params.get("user"), "deleted": deleted}}
+        if method == "conversations.join":
+            channel = str(params.get("channel"))
+            members = self.channels.setdefault(channel, [])
+            if BOT_USER in members:
+                return {"ok": True, "channel": {"id": channel}, "warning": "already_in_channel",
+                        "response_metadata": {"warnings": ["already_in_channel"]}}  # fmt: skip
+            members.append(BOT_USER)
+            return {"ok": True, "channel": {"id": channel, "is_member": True}}
         if method in ("conversations.info", "conversations.members"):
             return self._conversation(method, params)
         if method == "usergroups.users.list":
@@ -179,7 +383,10 @@ class FakeSlack:
             users = sorted(self.users_by_email.items(), key=lambda item: item[1])
             start = int(params.get("cursor") or 0)
             limit = max(1, min(200, int(params.get("limit") or 200)))
-            page = [{"id": uid, "profile": {"email": email}} for email, uid in users[start : start + limit]]
+            page = [
+                {"id": uid, "deleted": uid in self.deactivated_users, "profile": {"email": email}}
+                for email, uid in users[start : start + limit]
+            ]
             more = start + limit < len(users)
             return {
                 "ok": True,
@@ -187,9 +394,8 @@ class FakeSlack:
                 "response_metadata": {"next_cursor": str(start + limit) if more else ""},
             }
         if method == "chat.postMessage":
-            self._ts += 1
-            ts = f"{self._ts:.6f}"
             channel = str(params.get("channel"))
+            ts = self._next_ts(channel)
             params["_ts"] = ts  # the recorded call shares this dict: tests can see which ts it got
             self.messages[(channel, ts)] = params
             return {"ok": True, "channel": channel, "ts": ts}
@@ -211,11 +417,16 @@ class FakeSlack:
 
     def _conversation(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         channel = str(params.get("channel", ""))
-        members = self.channels.get(channel)
-        if members is None:
-            return {"ok": False, "error": "channel_not_found"}
+        members = self.channels.get(channel, [])
         if method == "conversations.info":
-            return {"ok": True, "channel": {"id": channel, "is_member": BOT_USER in members}}
+            info = {
+                "id": channel,
+                "is_member": self.bot_in(channel),
+                "is_private": self.kind_of(channel) == "private",
+                "is_archived": channel in self.archived_channels,
+                "is_im": channel.startswith("D"),
+            }
+            return {"ok": True, "channel": info}
         return {"ok": True, "members": members, "response_metadata": {"next_cursor": ""}}
 
     def messages_in(self, channel: str) -> list[dict[str, Any]]:
@@ -264,8 +475,7 @@ class FakeSlack:
         for file_id in ids:
             self.files[file_id]["channel"] = channel or "private"
         if channel:
-            self._ts += 1
-            ts = f"{self._ts:.6f}"
+            ts = self._next_ts(channel)
             self.messages[(channel, ts)] = {
                 "channel": channel,
                 "text": params.get("initial_comment") or "",
@@ -328,14 +538,19 @@ def _handler(fake: FakeSlack) -> type[BaseHTTPRequestHandler]:
                 for key in ("blocks", "attachments", "metadata"):
                     if isinstance(params.get(key), str):
                         params[key] = json.loads(params[key])
-            status, headers, body = fake.answer(method, params)
-            self._send(status, {"Content-Type": "application/json", **headers}, json.dumps(body).encode())
+            self._answer(method, params)
 
         def do_GET(self) -> None:  # the read methods slack-sdk sends as GET (conversations.history)
             path, _, query = self.path.partition("?")
             method = path.rstrip("/").rsplit("/", 1)[-1]
             params: dict[str, Any] = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
+            self._answer(method, params)
+
+        def _answer(self, method: str, params: dict[str, Any]) -> None:
             status, headers, body = fake.answer(method, params)
+            if status == 200 and fake.loses_answer(method, params):
+                self.close_connection = True  # carried out, and the connection drops before the answer
+                return
             self._send(status, {"Content-Type": "application/json", **headers}, json.dumps(body).encode())
 
         def _send(self, status: int, headers: dict[str, str], data: bytes) -> None:

@@ -142,7 +142,8 @@ def check_policy(facts: PolicyFacts) -> list[Finding]:
 # ---------------------------------------------------------------------------------------------
 # Slack
 
-ChannelState = Literal["member", "not_member", "not_found"]
+# "joins": a public channel the bot is not in yet, which it joins the first time it posts there.
+ChannelState = Literal["member", "joins", "not_member", "not_found"]
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,9 @@ MANIFEST_BOT_SCOPES = frozenset(
         "im:history",
         "channels:history",
         "groups:history",
+        "channels:join",
+        "channels:read",
+        "groups:read",
         "files:write",
     }
 )
@@ -230,20 +234,31 @@ def _channels(facts: SlackFacts) -> list[Finding]:
     could_not = sorted(c for c, state in facts.channels.items() if state is None)
     absent = sorted(c for c, state in facts.channels.items() if state == "not_found")
     outside = sorted(c for c, state in facts.channels.items() if state == "not_member")
+    joins = sorted(c for c, state in facts.channels.items() if state == "joins")
 
     def named(channels: list[str]) -> str:
         return listed([f"{c} ({', '.join(facts.channel_teams.get(c, ()))})" for c in channels])
 
+    ok = f"the bot is in all {len(facts.channels)} channels"
+    if joins:
+        ok = (
+            f"the bot can post in all {len(facts.channels)} channels; it joins the public one(s) it is not in yet "
+            f"the first time it posts there: {named(joins)}"
+        )
     return outcomes(
         "slack.channels",
-        f"the bot is in all {len(facts.channels)} channels",
+        ok,
         f"Slack did not answer for {listed(could_not)}" if could_not else None,
         (
             absent,
             f"channel(s) the bot cannot see (channel_not_found): {named(absent)}",
             "correct slack_channel in the team policy, or invite the bot to the private channel: /invite @idle-reaper",
         ),
-        (outside, f"the bot is not a member of channel(s): {named(outside)}", "in each channel: /invite @idle-reaper"),
+        (
+            outside,
+            f"the bot is not a member of private channel(s): {named(outside)}",
+            "in each channel: /invite @idle-reaper",
+        ),
     )
 
 

@@ -564,10 +564,12 @@ def _after_warning(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, str
     if stretch.warned:
         assert record.warned_at is not None
         pending = now - record.warned_at
-        # A termination cannot be undone: it never follows a warning nobody received.
+        # A termination cannot be undone: it never follows a warning nobody received. Nor does any stop follow a
+        # warning whose outcome Slack answered but would not show: only Slack being unreachable lets it proceed.
         undelivered_ok = (
             seen.mode != "terminate"
             and record.warning_delivered_at is None
+            and not record.delivery_unresolved
             and pending >= timedelta(minutes=policy.undelivered_warning_max_minutes)
         )
         # The owner's time to answer runs from delivery; an undelivered warning holds the stop.

@@ -211,13 +211,26 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
         ContextBlock(
             elements=[
                 _mrkdwn(
-                    f"idle-reaper · policy {policy_label} · "
+                    f"{answerers(decision, policy)} · idle-reaper · policy {policy_label} · "
                     f"keep at most {policy.max_snooze_hours} h, {policy.max_snoozes_per_day} times a day",
                     CONTEXT_CHARS,
                 )
             ]
         ),
     ]
+
+
+def answerers(decision: Decision, policy: TeamPolicy) -> str:
+    """Who may press the buttons (core.answers.may_answer), said without mentioning anyone: the owner, the team's
+    listed members, the admins. A warning whose Owner tag matches no Slack user says that its owner cannot."""
+    members = len(policy.members)
+    listed = f"the team's {members} listed member{'s' if members != 1 else ''}" if members else ""
+    if decision.record.owner_slack_id:
+        who = ["its owner", *([listed] if listed else []), "the idle-reaper admins"]
+        return "Can answer: " + (", ".join(who[:-1]) + " and " + who[-1])
+    tag = decision.machine.owner
+    owner = f"Its Owner tag ({escape(fit(tag, 60))}) is no Slack user" if tag else "It has no Owner tag"
+    return f"{owner}: only {listed + ' and ' if listed else ''}the idle-reaper admins can answer"
 
 
 def _confirmed(text: str, action_id: str, ref: str, title: str, question: str) -> ButtonElement:

@@ -4,6 +4,7 @@ channel: slack-sdk's files_upload_v2). An upload that fails is followed by the t
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from slack_sdk import WebClient
@@ -44,6 +45,12 @@ class DigestSender:
         body = fit(text, DIGEST_CHARS, mrkdwn=True)
         error = "the chart could not be drawn"
         if png is not None:
+            if channel.startswith("C"):
+                # Sharing a file into a channel needs the bot in it (files.completeUploadExternal: not_in_channel,
+                # "User/bot membership is required"): a public channel is joined (channels:join); a private one
+                # needs an invite, and the text goes alone, saying why.
+                with contextlib.suppress(SlackApiError, SlackClientError, OSError):
+                    self.client.conversations_join(channel=channel)
             try:
                 self.client.files_upload_v2(
                     channel=channel,

@@ -77,7 +77,10 @@ class SlackReader:
             return "not_found" if slack_error(exc) == "channel_not_found" else None
         except SLACK_DOWN:
             return None
-        return "member" if (info.get("channel") or {}).get("is_member") else "not_member"
+        found = info.get("channel") or {}
+        if found.get("is_member"):
+            return "member"
+        return "not_member" if found.get("is_private") else "joins"  # a public channel: joined when first posted to
 
     def user_exists(self, user: str) -> bool | None:
         if not self._may_ask():

@@ -26,7 +26,7 @@ from idle_reaper.aws.state import StateStore
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import Action, MachineRecord
 from idle_reaper.core.signals import Machine
-from idle_reaper.notify import Delivery, DeliveryUnknown, PermanentDeliveryFailure
+from idle_reaper.notify import Delivery, DeliveryUnknown, PermanentDeliveryFailure, PostOutcome
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.slack.blocks import (
     FALLBACK_CHARS,
@@ -131,11 +131,14 @@ def make_client(token: str, budget_seconds: float) -> WebClient:
 # Error code -> what an admin must do; {target} is the channel or user.
 _TARGET_FAULTS = {
     "not_in_channel": "the bot is not in channel {target}: invite it there (/invite @idle-reaper). A private "
-    "channel always needs the invite; a public one only if the app lacks the chat:write.public scope "
-    "(reinstall it from slack/manifest.yml)",
+    "channel always needs the invite; a public one the bot joins by itself unless the app lacks the channels:join "
+    "scope (reinstall it from slack/manifest.yml)",
+    "method_not_supported_for_channel_type": "channel {target} is private: the bot cannot join it, invite it there "
+    "(/invite @idle-reaper)",
     "channel_not_found": "channel {target} does not exist or the bot cannot see it (a private channel needs "
     "an invite): check the channel id (slack_channel in the team policy, admin_channel in settings)",
     "is_archived": "channel {target} is archived: unarchive it or set another channel in the policy",
+    "is_inactive": "channel {target} is archived or frozen: its messages cannot be edited",
     "restricted_action": "the workspace does not let the bot post in {target}: ask a Slack admin",
     "user_not_found": "Slack user {target} does not exist: fix the machine's Owner tag",
     "user_disabled": "Slack user {target} is deactivated: fix the machine's Owner tag",
@@ -165,11 +168,15 @@ _CONFIG_FAULTS = frozenset(
 
 @dataclass(frozen=True)
 class SlackFault:
-    """Why a Slack call failed, and whether retrying can help."""
+    """Why a Slack call failed, and whether retrying can help. `answered`: Slack answered with a refusal (HTTP 200,
+    ok false), so the call did nothing. `lost`: the call may have been carried out and its answer lost (a timeout,
+    a dropped connection, an HTTP 5xx): a post is looked for before it is made again."""
 
     code: str
     permanent: bool
     advice: str
+    answered: bool = False
+    lost: bool = False
 
 
 def classify(exc: Exception, target: str) -> SlackFault:
@@ -179,18 +186,26 @@ def classify(exc: Exception, target: str) -> SlackFault:
             "unbuildable", True, f"the message could not be built ({fit(str(exc), 300)}): a bug in idle-reaper"
         )
     if not isinstance(exc, SlackApiError):
-        return SlackFault(type(exc).__name__, False, f"Slack unreachable ({type(exc).__name__}); retried")
-    code = str(exc.response.get("error") or f"http_{exc.response.status_code}")
+        name = type(exc).__name__
+        return SlackFault(name, False, f"Slack unreachable or its answer lost ({name}); retried", lost=True)
+    status = int(getattr(exc.response, "status_code", 200))
+    code = str(exc.response.get("error") or f"http_{status}")
+    answered = status == 200
     if code in _TARGET_FAULTS:
-        return SlackFault(code, True, _TARGET_FAULTS[code].format(target=target))
+        return SlackFault(code, True, _TARGET_FAULTS[code].format(target=target), answered=answered)
     if code in _MESSAGE_FAULTS:
-        return SlackFault(code, True, f"Slack refused the message for {target} ({code}): a bug in idle-reaper")
+        advice = f"Slack refused the message for {target} ({code}): a bug in idle-reaper"
+        return SlackFault(code, True, advice, answered=answered)
     if code in _CONFIG_FAULTS:
         advice = f"Slack rejects the bot token ({code}): fix the Slack secret or reinstall the app"
-        return SlackFault(code, False, advice + " (with the scopes of slack/manifest.yml)")
+        if code == "missing_scope":
+            needed = exc.response.get("needed")
+            advice = f"the app lacks the Slack scope {needed or 'a call needs'} ({code}): reinstall it"
+        return SlackFault(code, False, advice + " (with the scopes of slack/manifest.yml)", answered=answered)
     # 5xx, 429 beyond the time budget, ratelimited, internal_error, and codes we do not know: retrying is
-    # the safe side, and the stop waits for the warning (up to undelivered_warning_max_minutes).
-    return SlackFault(code, False, f"Slack answered {code}; retried")
+    # the safe side, and the stop waits for the warning (up to undelivered_warning_max_minutes). A 5xx may
+    # have done what it was asked (Slack posted, then failed to answer): lost.
+    return SlackFault(code, False, f"Slack answered {code}; retried", answered=answered, lost=status >= 500)
 
 
 class SlackDelivery(SharedMessages):
@@ -202,36 +217,78 @@ class SlackDelivery(SharedMessages):
         self.store = store
         self.clock = clock or (lambda: datetime.now(UTC))
         self.logger = logger
+        self._joined: dict[str, str | None] = {}  # channel -> None once a member, else why it could not join
+
+    def join(self, channel: str) -> str | None:
+        """Be a member of public channel `channel` before posting there (once per notifier: a sweep's, a handler's).
+        Slack lets a bot post to a public channel it is not in (chat:write.public), but read its history only as
+        a member ("Any conversation the relevant bot is a member of", conversations.history): a post whose answer
+        was lost could not be looked for there. conversations.join (channels:join, Tier 3) answers at once for a
+        channel the bot is in already. None: a member; else why not (a private channel needs an invite)."""
+        if not channel.startswith("C"):
+            return None  # a DM (the bot is in its own) or a private channel (G...: membership by invite)
+        if channel not in self._joined:
+            try:
+                self.client.conversations_join(channel=channel)
+                self._joined[channel] = None
+            except (SlackApiError, SlackClientError, OSError) as exc:
+                fault = classify(exc, channel)
+                if fault.code not in ("method_not_supported_for_channel_type", "is_archived"):
+                    self.logger.warning("slack channel not joined", extra={"channel": channel, "error": fault.code})
+                self._joined[channel] = fault.code
+        return self._joined[channel]
 
     def find_warning(self, decision: Decision) -> Delivery | None:
         """A warning whose post was attempted and whose outcome was lost, looked for where it would be: in
         each target conversation since the attempt, by the message metadata every warning carries. The
-        Delivery found (when posted), or None when Slack shows it was never posted. Raises
-        DeliveryUnknown when Slack cannot be asked, PermanentDeliveryFailure when nobody can be warned.
-        A found post counts as delivered from when the sweep began posting it."""
+        Delivery found (when posted in any target), or None when every target shows it was never posted.
+        Raises DeliveryUnknown when a target cannot be read (answered=True when Slack answered and refused:
+        a conversation the bot is not in, a DM it cannot open), PermanentDeliveryFailure when nobody can be
+        warned. A found post counts as delivered from when the sweep began posting it."""
         record, m = decision.record, decision.machine
         ref, since = record.warning_ref, record.warning_post_started_at
         if not ref or since is None:
             return None
         try:
-            owner_id, targets, _ = self._warning_targets(decision, open_dm=True)
-            found: list[str] = []
-            group_ref: str | None = None
-            for channel in targets:
-                for message in self._history_since(channel, since):
-                    payload = (message.get("metadata") or {}).get("event_payload") or {}
-                    if (message.get("metadata") or {}).get("event_type") != WARNING_EVENT:
-                        continue
-                    if ref in (payload.get("refs") or ()):
-                        found.append(f"{channel}|{message['ts']}")
-                        group_ref = payload.get("group_ref") or group_ref
-                        break
+            owner_id, targets, unread = self._warning_targets(decision, open_dm=True)
         except (SlackApiError, SlackClientError, OSError) as exc:
             fault = self._failed("delivery check", m.instance_id, exc, m.owner or "owner")
-            raise DeliveryUnknown(fault.advice) from None
-        if not found:
-            return None
-        return Delivery(messages=tuple(found), ref=ref, owner_slack_id=owner_id, group_ref=group_ref)
+            raise DeliveryUnknown(fault.advice, answered=fault.answered) from None
+        found: list[str] = []
+        group_ref: str | None = None
+        for channel in targets:
+            try:
+                message = self._warning_in(channel, since, ref)
+            except (SlackApiError, SlackClientError, OSError) as exc:
+                unread.append(self._failed("delivery check", m.instance_id, exc, channel))
+                continue
+            if message is not None:
+                found.append(f"{channel}|{message['ts']}")
+                payload = (message.get("metadata") or {}).get("event_payload") or {}
+                group_ref = payload.get("group_ref") or group_ref
+        if found:  # a copy reached a person: delivered, whatever another target says
+            return Delivery(messages=tuple(found), ref=ref, owner_slack_id=owner_id, group_ref=group_ref)
+        if unread:  # not seen where it was read, and not readable somewhere else: it may be there
+            reason = "; ".join(f.advice for f in unread)
+            raise DeliveryUnknown(reason, answered=all(f.answered for f in unread))
+        return None
+
+    def _warning_in(self, channel: str, since: datetime, ref: str) -> dict[str, Any] | None:
+        """The message in `channel` since `since` whose metadata carries the warning reference `ref`. A public
+        channel the bot is not in is joined first (a post made before the bot joined is there all the same)."""
+        try:
+            messages = self._history_since(channel, since)
+        except SlackApiError as exc:
+            if classify(exc, channel).code != "not_in_channel" or self.join(channel) is not None:
+                raise
+            messages = self._history_since(channel, since)
+        for message in messages:
+            metadata = message.get("metadata") or {}
+            if metadata.get("event_type") == WARNING_EVENT and ref in (
+                (metadata.get("event_payload") or {}).get("refs") or ()
+            ):
+                return message
+        return None
 
     def _history_since(self, channel: str, since: datetime) -> list[dict[str, Any]]:
         """The conversation's messages since `since` (a minute of clock skew allowed), with their metadata."""
@@ -264,6 +321,7 @@ class SlackDelivery(SharedMessages):
         `metadata` (Slack message metadata) lets a later sweep find a post whose outcome it lost."""
         messages: list[str] = []
         for channel in targets:
+            self.join(channel)  # so a lost answer can be looked for here (a refusal shows in the post below)
             try:
                 out = self.client.chat_postMessage(channel=channel, text=text, blocks=blocks, metadata=metadata)
                 messages.append(f"{out['channel']}|{out['ts']}")
@@ -289,10 +347,15 @@ class SlackDelivery(SharedMessages):
         elif owner_id:
             try:
                 targets.append(str(self.client.conversations_open(users=owner_id)["channel"]["id"]))
-            except SlackApiError as exc:
+            except (SlackApiError, SlackClientError, OSError) as exc:
                 faults.append(self._failed("warning", m.instance_id, exc, owner_id))
         if policy and policy.slack_channel and notify in ("channel", "both"):
             targets.append(policy.slack_channel)
+            if notify == "both" and not owner_id and not open_dm:
+                # The channel alone gets it: it counts as delivered, and the admins hear who was not told.
+                owner = f"the Owner tag {fit(m.owner, 80)!r} is not a Slack user" if m.owner else "it has no Owner tag"
+                advice = f"{owner}: only the channel was warned; tag its Owner with a Slack user id or email"
+                faults.append(SlackFault("owner_unknown", True, advice, answered=True))
         if not targets and not faults:
             owner = f"the Owner tag {fit(m.owner, 80)!r} is not a Slack user" if m.owner else "it has no Owner tag"
             channel = "the team policy names no slack_channel" if notify != "owner" else "notify is 'owner'"
@@ -402,6 +465,9 @@ class SlackNotifier(SlackDelivery):
         messages = self._post_to(targets, text, blocks, faults, m.instance_id, metadata)
         if not messages:
             self._raise_if_permanent(m, faults)
+            lost = [f for f in faults if f.lost]
+            if lost:  # it may have been posted: the next sweep looks for it before posting again
+                raise DeliveryUnknown("; ".join(f.advice for f in lost))
             return None  # a failure that may pass: the next sweep tries again
         undelivered = tuple(self._reason(m, f) for f in faults if f.permanent)
         return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id, undelivered=undelivered)
@@ -473,7 +539,7 @@ class SlackNotifier(SlackDelivery):
 
     def warn_owner(
         self, decisions: Sequence[Decision], owner_id: str | None = None, *, lone_layout: bool = False
-    ) -> list[Delivery | PermanentDeliveryFailure | None]:
+    ) -> list[PostOutcome]:
         """One message listing every machine of `decisions` (one owner, the same targets: see
         core.owner_message_groups), split past OWNER_MESSAGE_MACHINES. Each machine gets its own buttons'
         reference and its message's "Keep all" reference (Delivery.group_ref). What each machine gets is what
@@ -490,7 +556,7 @@ class SlackNotifier(SlackDelivery):
             self._failed("warning", first.machine.instance_id, exc, first.machine.owner or "owner")
             return [None] * len(decisions)
         parts = [decisions[i : i + OWNER_MESSAGE_MACHINES] for i in range(0, len(decisions), OWNER_MESSAGE_MACHINES)]
-        outcomes: list[Delivery | PermanentDeliveryFailure | None] = []
+        outcomes: list[PostOutcome] = []
         for number, part in enumerate(parts, 1):
             numbering = (number, len(parts))
             outcomes += self._post_listed(part, owner_id, targets, list(faults), now, numbering, lone_layout)
@@ -505,7 +571,7 @@ class SlackNotifier(SlackDelivery):
         now: datetime,
         numbering: tuple[int, int],
         lone_layout: bool = False,
-    ) -> list[Delivery | PermanentDeliveryFailure | None]:
+    ) -> list[PostOutcome]:
         if not targets:
             return [self._given_up(d.machine, faults) for d in part]
         try:
@@ -538,6 +604,9 @@ class SlackNotifier(SlackDelivery):
         metadata = warning_metadata(list(listed.ids), [listed.refs[i] for i in listed.ids], group_ref)
         messages = self._post_to(targets, text, blocks, faults, ",".join(listed.ids), metadata)
         if not messages:
+            lost = [f for f in faults if f.lost]
+            if lost and not self._given_up(part[0].machine, faults):  # it may have been posted: looked for first
+                return [DeliveryUnknown("; ".join(f.advice for f in lost)) for _ in part]
             return [self._given_up(d.machine, faults) for d in part]  # None: a failure that may pass
         return [
             Delivery(

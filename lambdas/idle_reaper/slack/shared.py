@@ -16,7 +16,7 @@ from idle_reaper.aws.clients import DDB_WORKERS, AwsError, run_concurrently
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MachineRecord
 from idle_reaper.core.signals import Machine
-from idle_reaper.notify import Delivery, PermanentDeliveryFailure
+from idle_reaper.notify import Delivery, PostOutcome
 from idle_reaper.slack.blocks import (
     FALLBACK_CHARS,
     OWNER_MESSAGE_MACHINES,
@@ -158,7 +158,7 @@ class SharedMessages(OwnerDirectory):
 
     def join_owner_message(
         self, decisions: Sequence[Decision], owner_id: str | None, group_ref: str, messages: Sequence[str]
-    ) -> list[Delivery | PermanentDeliveryFailure | None] | None:
+    ) -> list[PostOutcome] | None:
         """Add `decisions` (one owner's warnings, the same targets) to the shared message another unit of this
         sweep posted (`group_ref`, its copies `messages`): their lines and buttons join its listing (a conditional
         write: concurrent joiners never lose each other), then every copy is edited to the whole listing.

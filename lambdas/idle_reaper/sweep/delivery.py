@@ -21,7 +21,14 @@ from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.reading import plan_next_read
 from idle_reaper.core.records import MACHINE_ACTIONS, Action, MachineRecord, State
 from idle_reaper.core.reports import owner_key
-from idle_reaper.notify import Delivery, DeliveryFinder, OwnerResolver, PermanentDeliveryFailure
+from idle_reaper.notify import (
+    Delivery,
+    DeliveryFinder,
+    DeliveryUnknown,
+    OwnerResolver,
+    PermanentDeliveryFailure,
+    PostOutcome,
+)
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings
 from idle_reaper.sweep.adapters import DEFERRED, Adapters, alert_once
@@ -114,7 +121,7 @@ def apply_decisions(
     # before this sweep, claim released.
     # One message per owner: posted once there is time for the first post, then recorded per machine.
     to_post = [d for i, d in by_id.items() if i in claimed and not outcomes.get(i)]
-    owner_posts: dict[str, Delivery | PermanentDeliveryFailure | None] | None = None
+    owner_posts: dict[str, PostOutcome] | None = None
     # The budget is asked once per machine posted about; its first answer also decides the owner messages.
     first_answer = [not out_of_time()] if to_post else []
     if first_answer and first_answer[0]:
@@ -170,6 +177,8 @@ def _alert_and_audit(
         instance_id = d.machine.instance_id
         if instance_id in written and d.record.delivery_error and d.record.warned_at:
             _alert_undeliverable(adapters, d, settings, now)
+        if instance_id in written and d.record.delivery_unresolved and d.record.warned_at:
+            _alert_unresolved(adapters, d, settings, now)
         if instance_id in written and d.action is Action.WARN and d.applied and d.handling and d.handling.tell_admins:
             _alert_kind_notice(adapters, d, settings, now)
         if (d.action is not Action.NONE and d.error is None) or instance_id in outcomes:
@@ -322,8 +331,8 @@ def _delivery_intent(d: Decision, previous: MachineRecord | None, now: datetime,
     record = d.record
     same_warning = previous is not None and record.warned_at is not None and record.warned_at == previous.warned_at
     if not same_warning:
-        if record.warning_post_started_at or record.delivery_error:
-            record = replace(record, warning_post_started_at=None, delivery_error=None)
+        if record.warning_post_started_at or record.delivery_error or record.delivery_unresolved:
+            record = replace(record, warning_post_started_at=None, delivery_error=None, delivery_unresolved=None)
     elif d.deliver_warning and record.delivery_error is None and record.warning_post_started_at is not None:
         d = _resolve_unknown(replace(d, record=record), notifier, now)
         record = d.record
@@ -374,11 +383,16 @@ def _resolve_unknown(d: Decision, notifier: object, now: datetime) -> Decision:
     except PermanentDeliveryFailure as exc:
         return replace(d, record=replace(record, warning_post_started_at=None, delivery_error=exc.reason))
     except Exception as exc:  # DeliveryUnknown, or any notifier fault: not posted twice, the stop waits
+        answered = isinstance(exc, DeliveryUnknown) and exc.answered
         reason = (
             f"{d.reason}; delivery unknown: a post began at {started:%H:%M} UTC and whether it reached the owner "
             f"cannot be told now ({exc}); no stop until it is known"
         )
-        return replace(d, deliver_warning=False, reason=reason, record=replace(record, reason=reason))
+        # Slack answered and would not show it: the stop waits for the outcome, however long (the admins are told).
+        unresolved = str(exc) if answered else record.delivery_unresolved
+        record = replace(record, reason=reason, delivery_unresolved=unresolved)
+        return replace(d, deliver_warning=False, reason=reason, record=record)
+    record = replace(record, delivery_unresolved=None)
     if found is None:
         logger.info(
             "a warning whose outcome was lost was never posted: posting it now",
@@ -419,6 +433,20 @@ def _alert_undeliverable(adapters: Adapters, d: Decision, settings: Settings, no
         "Fix the cause (the Owner tag, the team's slack_channel, the bot's membership); `idle-reaper status` shows it."
     )
     alert_once(adapters, f"undeliverable#{m.key}@{record.warned_at.isoformat()}", text, settings, now)
+
+
+def _alert_unresolved(adapters: Adapters, d: Decision, settings: Settings, now: datetime) -> None:
+    """Once per machine per warning: Slack answers but will not show whether the warning went out, so the machine
+    is not stopped until it can tell; the admins learn what to fix."""
+    record, m = d.record, d.machine
+    assert record.warned_at is not None
+    text = (
+        f"whether the idle warning for {m.name or m.instance_id} ({m.instance_id}{m.where}, team {m.team}, owner "
+        f"{m.owner or 'none'}) reached anyone cannot be told: a post began and its answer was lost, and Slack will "
+        f"not show where it went ({record.delivery_unresolved}). The machine is not stopped until it can be told. "
+        "Fix the cause (invite the bot to the channel, reinstall the app with slack/manifest.yml's scopes)."
+    )
+    alert_once(adapters, f"unresolved#{m.key}@{record.warned_at.isoformat()}", text, settings, now)
 
 
 def _alert_kind_notice(adapters: Adapters, d: Decision, settings: Settings, now: datetime) -> None:
@@ -505,7 +533,7 @@ def _post(
     d: Decision,
     settings: Settings,
     now: datetime,
-    owner_posts: Mapping[str, Delivery | PermanentDeliveryFailure | None] | None = None,
+    owner_posts: Mapping[str, PostOutcome] | None = None,
 ) -> Decision:
     """Post what the decision calls for; the decision's record then carries the outcome (not yet written).
     A warning already posted in its owner's shared message (`owner_posts`) is recorded as that post went."""
@@ -525,6 +553,11 @@ def _post(
         if d.deliver_warning:
             reason = f"{reason}; the warning cannot be delivered: {exc.reason}"
             record = replace(record, delivery_error=exc.reason, reason=reason)
+    except DeliveryUnknown as exc:  # the post's answer was lost: it may be there, looked for before posting again
+        logger.warning("warning post outcome lost", extra={"instance_id": d.machine.instance_id, "why": exc.reason})
+        if d.deliver_warning:
+            reason = f"{reason}; the warning's post may have gone out (its answer was lost): looked for next sweep"
+            return replace(d, record=replace(record, reason=reason, version=record.version + 1), reason=reason)
     except Exception as exc:  # a notifier must never break the sweep; the warning stays pending
         logger.warning("notification failed", extra={"instance_id": d.machine.instance_id, "error": str(exc)})
     if d.deliver_warning:

@@ -19,9 +19,11 @@ from idle_reaper.core.reports import owner_message_groups, owner_message_key
 from idle_reaper.notify import (
     Delivery,
     DeliveryFinder,
+    DeliveryUnknown,
     OwnerNotifier,
     OwnerResolver,
     PermanentDeliveryFailure,
+    PostOutcome,
     SharedOwnerNotifier,
     logger,
 )
@@ -33,7 +35,6 @@ from idle_reaper.sweep.adapters import Adapters
 # the workspace limit, and a 429 is answered by waiting its Retry-After (slack.notifier.make_client).
 SLACK_WORKERS = 8
 
-Outcome = Delivery | PermanentDeliveryFailure | None
 
 # A unit finding an owner's message being posted by another unit waits this long (polling) for it to be posted,
 # then posts its own: a post takes well under a second unless Slack makes it wait. Two messages can happen; none
@@ -48,7 +49,7 @@ def post_owner_messages(
     warnings: list[Decision],
     out_of_time: Callable[[], bool],
     scope: str | None = None,
-) -> dict[str, Outcome]:
+) -> dict[str, PostOutcome]:
     """One message per owner: the warnings of this sweep whose owners are one person (each machine's own
     Owner tag, resolved to a Slack user) and go to the same places share a message
     (core.owner_message_groups), posted before each machine's outcome is recorded by _post as for a warning
@@ -74,7 +75,7 @@ def post_owner_messages(
     else:
         groups = [g for g in groups if len(g) > 1]
 
-    def post(group: list[Decision]) -> dict[str, Outcome]:
+    def post(group: list[Decision]) -> dict[str, PostOutcome]:
         if out_of_time():
             return {}  # stays pending: posted alone if time allows, else by the next sweep
         ids = [d.machine.instance_id for d in group]
@@ -93,7 +94,7 @@ def post_owner_messages(
         return dict(zip(ids, outcomes, strict=True))
 
     # Each group is one owner's DM (or its channels): the groups are posted concurrently.
-    posts: dict[str, Outcome] = {}
+    posts: dict[str, PostOutcome] = {}
     for done in run_concurrently(post, groups, SLACK_WORKERS):
         posts.update(done)
     return posts
@@ -168,7 +169,7 @@ def post_across(
     group: list[Decision],
     owner_id: str | None,
     out_of_time: Callable[[], bool],
-) -> list[Outcome] | None:
+) -> list[PostOutcome] | None:
     """One owner's warnings of this unit (one owner, the same targets), in the message this sweep's units
     share. The first unit to get here creates the item `key` (a conditional write) and posts (a message of one
     machine as a warning of its own, until others join it), then records the message there. A unit finding it
@@ -179,10 +180,10 @@ def post_across(
     now = group[0].record.updated_at or datetime.now(UTC)
     mine = json.dumps({"state": "posting", "by": secrets.token_hex(8)})
 
-    def alone() -> list[Outcome] | None:
+    def alone() -> list[PostOutcome] | None:
         return notifier.warn_owner(group, owner_id) if len(group) > 1 else None
 
-    def lead() -> list[Outcome]:
+    def lead() -> list[PostOutcome]:
         try:
             outcomes = notifier.warn_owner(group, owner_id, lone_layout=True)
         except Exception as exc:
@@ -227,7 +228,7 @@ def post_across(
     return alone()
 
 
-def owner_post(outcome: Outcome) -> Delivery | None:
-    if isinstance(outcome, PermanentDeliveryFailure):
+def owner_post(outcome: PostOutcome) -> Delivery | None:
+    if isinstance(outcome, PermanentDeliveryFailure | DeliveryUnknown):
         raise outcome
     return outcome

@@ -39,6 +39,9 @@ class RecordingSlack:
             calls.append(kw)
         return {"ok": True}
 
+    def conversations_join(self, **kw: Any) -> dict[str, Any]:
+        return {"ok": True}
+
     def files_upload_v2(self, **kw: Any) -> dict[str, Any]:
         return self._answer(self.uploads, self.upload_error, kw)
 

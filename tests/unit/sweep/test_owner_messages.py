@@ -22,7 +22,7 @@ from test_slack_blocks import (
 from test_sweep_fakes import NOW, WARN_SWEEP, account, box, sweep
 
 from idle_reaper.core import owner_message_groups
-from idle_reaper.notify import Delivery, PermanentDeliveryFailure
+from idle_reaper.notify import Delivery, DeliveryUnknown, PermanentDeliveryFailure
 from idle_reaper.policy import TeamPolicy
 from idle_reaper.slack import (
     ACTIONS_ELEMENTS,
@@ -120,8 +120,11 @@ def test_more_machines_than_one_message_holds_are_split_and_say_so() -> None:
 
 def test_a_post_that_fails_leaves_every_listed_machine_undelivered() -> None:
     decisions = [warning(n, policy=OWNER_ONLY) for n in range(3)]
-    slack, _ = notifier({"chat.postMessage": slack_error("internal_error", 500)})
+    slack, _ = notifier({"chat.postMessage": slack_error("ratelimited", 429)})
     assert slack.warn_owner(decisions) == [None, None, None]  # may pass: retried next sweep
+    slack, _ = notifier({"chat.postMessage": slack_error("internal_error", 500)})
+    lost = slack.warn_owner(decisions)  # it may have been posted: looked for before posting again
+    assert all(isinstance(o, DeliveryUnknown) for o in lost)
     slack, _ = notifier({"chat.postMessage D0BOB": slack_error("user_not_found")})
     outcomes = slack.warn_owner(decisions)
     assert all(isinstance(o, PermanentDeliveryFailure) for o in outcomes)
@@ -165,7 +168,7 @@ def test_the_sweep_posts_one_message_per_owner_and_a_failed_one_holds_each_stop(
     bobs = [box(aws, owner="U0BOB") for _ in range(3)]
     ann = box(aws, owner="U0ANN")
     store = CountingStateStore()
-    _, client = notifier({"chat.postMessage D0BOB": slack_error("internal_error", 500)})
+    _, client = notifier({"chat.postMessage D0BOB": slack_error("ratelimited", 429)})
     slack = SlackNotifier(client, store, clock=lambda: WARN_SWEEP)  # type: ignore[arg-type]
     first = by_id(sweep(aws, store, WARN_SWEEP, notifier=slack))
     assert all(first[i].action is Action.WARN for i in [*bobs, ann])

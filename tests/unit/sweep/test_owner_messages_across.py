@@ -65,6 +65,9 @@ class SlackStub:
             self.messages[(channel, ts)] = dict(params)
         return {"channel": channel, "ts": ts}
 
+    def conversations_join(self, channel: str) -> dict[str, Any]:
+        return {"ok": True, "channel": {"id": channel}}
+
     def chat_update(self, channel: str, ts: str, **params: Any) -> dict[str, Any]:
         self._failure("chat.update")
         time.sleep(random.uniform(0, self.jitter))
