@@ -4,9 +4,12 @@ on, and (organization mode) joined by the warnings of other units of the same sw
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -33,12 +36,16 @@ from idle_reaper.slack.owners import OwnerDirectory
 REF_TTL = timedelta(days=7)
 WARNING_EVENT = "idle_reaper_warning"  # the metadata event type every warning carries
 # A unit joining a shared message: conditional writes of the listing tried before posting alone (each loses only
-# to another unit's join), and edits of the message while the listing keeps changing under it. A round differs
-# from the last only after another unit joined (or left after a failed edit) or someone answered, so rounds end
-# on their own; the bound covers an owner warned in 8 units of one sweep whose joins all overtake this one's
-# edits. Stopping short would let this unit's stale edit land last and hide machines already reported delivered.
+# to another unit's join).
 JOIN_ATTEMPTS = 8
-CONVERGE_ROUNDS = 16
+# Edits of one shared message are made one at a time (a lease in the state table, `groupedit#<ref>`): two edits
+# in flight at once can land in either order, and an older listing landing last would hide machines already
+# reported delivered. Whoever holds the lease renders the listing as it stands and edits every copy; a joiner
+# adds its machines, edits, and takes them out again if the edit failed, all while it holds the lease, so the
+# message always shows what its last edit that landed listed, and that lists every machine reported delivered.
+EDIT_LEASE = timedelta(seconds=60)  # a holder that dies frees the message this long after it took it
+EDIT_WAIT_SECONDS = 20.0  # an edit takes well under a second; a 429 it waits out can take longer
+EDIT_POLL_SECONDS = 0.05
 
 
 def warning_metadata(instance_ids: list[str], refs: list[str], group_ref: str | None = None) -> dict[str, Any]:
@@ -120,12 +127,39 @@ class SharedMessages(OwnerDirectory):
         return text, blocks_json(blocks), listed
 
     def render_listed(self, record: MachineRecord) -> bool:
-        """Edit the shared message `record` is listed in to how it stands now (listed_view)."""
-        view = self.listed_view(record.group_ref or "", record)
-        if view is None:
-            return False
-        text, blocks, _ = view
-        return not self.edit_copies(record.messages, text, blocks, record.instance_id)
+        """Edit the shared message `record` is listed in to how it stands now (listed_view), holding its lease."""
+        with self.editing(record.group_ref or "") as held:
+            if not held:
+                return False
+            view = self.listed_view(record.group_ref or "", record)
+            if view is None:
+                return False
+            text, blocks, _ = view
+            return not self.edit_copies(record.messages, text, blocks, record.instance_id)
+
+    @contextmanager
+    def editing(self, group_ref: str) -> Iterator[bool]:
+        """Hold the shared message's edit lease (see EDIT_LEASE) while the block runs; False: another holder kept
+        it past EDIT_WAIT_SECONDS (or the table failed): the caller edits nothing."""
+        key, token = f"groupedit#{group_ref}", secrets.token_hex(8)
+        deadline = time.monotonic() + EDIT_WAIT_SECONDS
+        held = False
+        try:
+            while not held:
+                now = self.clock()
+                held = self.store.replace_lookup(key, token, now + EDIT_LEASE, expected=None, now=now)
+                if held or time.monotonic() >= deadline:
+                    break
+                time.sleep(EDIT_POLL_SECONDS)
+        except AwsError as exc:
+            self._failed("update", group_ref, exc, "state table")
+        try:
+            yield held
+        finally:
+            if held:
+                now = self.clock()
+                with contextlib.suppress(*AwsError):  # else it lapses after EDIT_LEASE
+                    self.store.replace_lookup(key, "", now - timedelta(seconds=1), expected=token, now=now)
 
     def edit_copies(
         self,
@@ -170,26 +204,29 @@ class SharedMessages(OwnerDirectory):
         first = decisions[0]
         now = first.record.updated_at or self.clock()
         subject = ",".join(d.machine.key for d in decisions)
-        try:
-            refs = {d.machine.key: self.new_ref(d.machine.key, now, d.record.warning_ref) for d in decisions}
-            lines = {d.machine.key: owner_warning_line(d, now) for d in decisions}
-            if not self._change_listing(group_ref, now, add=(refs, lines)):
+        with self.editing(group_ref) as held:
+            if not held:
+                return [None] * len(decisions)  # the message is busy past the wait: pending, next sweep
+            try:
+                refs = {d.machine.key: self.new_ref(d.machine.key, now, d.record.warning_ref) for d in decisions}
+                lines = {d.machine.key: owner_warning_line(d, now) for d in decisions}
+                if not self._change_listing(group_ref, now, add=(refs, lines)):
+                    return None
+            except (*AwsError, ValueError) as exc:
+                self._failed("warning", subject, exc, "state table")
                 return None
-        except (*AwsError, ValueError) as exc:
-            self._failed("warning", subject, exc, "state table")
-            return None
-        try:
-            edited, faults = self._edit_to_listing(group_ref, messages, subject)
-        except (*AwsError, SlackObjectFormationError, ValueError) as exc:
-            edited, faults = False, [self._failed("update", subject, exc, "state table")]
-        if not edited:
-            try:  # best effort: a later edit by another unit or an answer does not show them while they wait
-                self._change_listing(group_ref, now, remove=set(refs))
-            except AwsError as exc:
-                self._failed("update", subject, exc, "state table")
-            if faults and all(f.permanent for f in faults):
-                return None  # the message is gone or cannot be edited: a message of their own
-            return [None] * len(decisions)  # pending: the next sweep posts them again
+            try:
+                edited, faults = self._edit_to_listing(group_ref, messages, subject)
+            except (*AwsError, SlackObjectFormationError, ValueError) as exc:
+                edited, faults = False, [self._failed("update", subject, exc, "state table")]
+            if not edited:
+                try:  # the message shows what it showed before: they are not in it, and not in its listing
+                    self._change_listing(group_ref, now, remove=set(refs))
+                except AwsError as exc:
+                    self._failed("update", subject, exc, "state table")
+                if faults and all(f.permanent for f in faults):
+                    return None  # the message is gone or cannot be edited: a message of their own
+                return [None] * len(decisions)  # pending: the next sweep posts them again
         return [
             Delivery(
                 messages=tuple(messages),
@@ -230,23 +267,12 @@ class SharedMessages(OwnerDirectory):
         return False
 
     def _edit_to_listing(self, group_ref: str, messages: Sequence[str], subject: str) -> tuple[bool, list[Fault]]:
-        """Edit every copy of a shared message to its listing as it stands, and again while what it would show
-        changed meanwhile (another unit joined, someone answered), up to CONVERGE_ROUNDS: of units joining at
-        once, the last edit to land is one made after the last join. (edited at all, the last round's faults)."""
-        sent: tuple[str, list[dict[str, Any]]] | None = None
-        edited = False
-        faults: list[Fault] = []
-        for _ in range(CONVERGE_ROUNDS):
-            view = self.listed_view(group_ref)
-            if view is None:
-                break
-            text, blocks, listed = view
-            if sent == (text, blocks):
-                break
-            metadata = warning_metadata(list(listed.ids), [listed.refs[i] for i in listed.ids], group_ref)
-            faults = self.edit_copies(messages, text, blocks, subject, metadata)
-            edited = edited or len(faults) < len(messages)
-            if not edited:
-                break
-            sent = (text, blocks)
-        return edited, faults
+        """Edit every copy of a shared message to its listing as it stands (the caller holds its edit lease).
+        (edited at all, the faults of the copies that were not)."""
+        view = self.listed_view(group_ref)
+        if view is None:
+            return False, []
+        text, blocks, listed = view
+        metadata = warning_metadata(list(listed.ids), [listed.refs[i] for i in listed.ids], group_ref)
+        faults = self.edit_copies(messages, text, blocks, subject, metadata)
+        return len(faults) < len(messages), faults
