@@ -24,6 +24,7 @@ from idle_reaper.handlers import sweep as sweep_handler
 from idle_reaper.slack import routing
 from idle_reaper.sweep import run_sweep
 from idle_reaper.sweep.members import sweep_member_accounts
+from idle_reaper.sweep.notices import send_sweep_notices
 from idle_reaper_tools import local
 from idle_reaper_tools.demo import adapters_at as swept_at  # Slack's notifier tells the sweep's time
 from idle_reaper_tools.demo import at
@@ -255,6 +256,7 @@ def test_a_failed_post_or_edit_leaves_those_machines_pending_and_the_next_sweep_
     clock["t"] = stop
     run_sweep(swept_at(stop), now=stop, message_scope="sweep-3")
     sweep_member_accounts(swept_at(stop), members, stop, message_scope="sweep-3")
+    send_sweep_notices(swept_at(stop), stop, None)  # the members' notices, told by the hub (handlers/sweep.py)
     assert len(landed(slack)) == 2, "outcomes edit the shared messages, never post anew"
     assert local.instance_states([hub]) == {hub: "stopped"}
     assert {states(accounts[n], bobs[n]) for n in bobs} == {"stopped"}

@@ -29,8 +29,10 @@ from test_sweep_faults import (
 )
 
 from idle_reaper import aws
+from idle_reaper.policy import Settings
 from idle_reaper.slack import make_client
 from idle_reaper.sweep import run_sweep
+from idle_reaper.sweep.notices import pending_notices, send_pending_notices
 from idle_reaper_tools import local
 from idle_reaper_tools.demo import at
 from idle_reaper_tools.fake_slack import BOT_USER, MANIFEST_SCOPES
@@ -254,3 +256,85 @@ def test_message_ts_follow_the_clock_the_test_sweeps_on(slack: Any) -> None:
     second = client.chat_postMessage(channel="C0TS", text="b")["ts"]
     assert first == f"{int(T0.timestamp())}.000000" and float(second) > float(first)
     assert client.chat_postMessage(channel="C0TS2", text="c")["ts"] == first, "unique within a conversation"
+
+
+# --- 6 and 7. A stop notice is a delivery of its own ------------------------------------------------------------
+
+
+def stopped_notices(slack: Any) -> list[str]:
+    return [c.params["channel"] for c in slack.calls_to("chat.update") if c.params["text"].startswith("Stopped")]
+
+
+def test_a_sweep_out_of_time_after_acting_leaves_its_stop_notice_pending_and_the_next_sweep_tells_it(
+    notebook: str,  # noqa: F811
+    slack: Any,
+) -> None:
+    store = dynamo_store(Clock())
+    only(run_sweep(adapters(store), now=T0))  # warned, in the DM and the team channel
+    acted = {"done": False}
+    sweeping = adapters(store)
+    stop = sweeping.fleet.stop
+
+    def stop_then_run_out(*args: Any, **kwargs: Any) -> Any:
+        done = stop(*args, **kwargs)
+        acted["done"] = True  # the Lambda's time runs out right after the StopInstances call
+        return done
+
+    sweeping.fleet.stop = stop_then_run_out  # type: ignore[method-assign]
+    d = only(run_sweep(sweeping, now=T0 + timedelta(minutes=20), time_left=lambda: 1.0 if acted["done"] else 200.0))
+    assert d.action.value == "stop" and local.instance_states([notebook]) == {notebook: "stopped"}
+    assert stopped_notices(slack) == [], "no time left to tell it"
+    pending = store.load([notebook])[notebook]
+    assert pending.notice and '"title": "Stopped"' in pending.notice, "before: recorded, and never told"
+    assert pending_notices(store, T0) == [pending.key]
+    # The next sweep has time (it lists no machine: the stopped one is not running): it tells the stop where the
+    # warning went, and clears it.
+    assert run_sweep(adapters(store), now=T0 + timedelta(minutes=25)).decisions == []
+    assert sorted(stopped_notices(slack)) == ["C0MLTEAM", "D0BOB"]
+    assert store.load([notebook])[notebook].notice is None and pending_notices(store, T0) == []
+
+
+def test_a_stop_notice_slack_refuses_for_now_is_retried_and_counted_only_once_taken(
+    notebook: str,  # noqa: F811
+    slack: Any,
+) -> None:
+    store = dynamo_store(Clock())
+    only(run_sweep(adapters(store), now=T0))
+    slack.rate_limit_next, slack.retry_after = 2, 600  # both edits refused, Retry-After past the budget
+    d = only(run_sweep(adapters(store), now=T0 + timedelta(minutes=20)))
+    assert d.action.value == "stop" and stopped_notices(slack) == []
+    assert store.load([notebook])[notebook].notice, "before: the failed edit was never tried again"
+    settings = Settings(admins=["U0ADMIN"])
+    told = send_pending_notices(adapters(store), settings, T0 + timedelta(minutes=25))
+    assert (told.sent, told.pending) == (1, 0), "counted once Slack took it"
+    assert sorted(stopped_notices(slack)) == ["C0MLTEAM", "D0BOB"]
+
+
+def test_a_stop_notice_whose_message_is_gone_is_told_in_a_message_of_its_own(
+    notebook: str,  # noqa: F811
+    slack: Any,
+) -> None:
+    store = dynamo_store(Clock())
+    only(run_sweep(adapters(store), now=T0))
+    slack.messages.clear()  # both copies of the warning deleted: chat.update answers message_not_found
+    only(run_sweep(adapters(store), now=T0 + timedelta(minutes=20)))
+    stopped = [c for c in slack.calls_to("chat.postMessage") if c.params["text"].startswith("Stopped")]
+    assert sorted(c.params["channel"] for c in stopped) == ["C0MLTEAM", "D0BOB"]
+    record = store.load([notebook])[notebook]
+    assert record.notice is None and sorted(m.split("|")[0] for m in record.messages) == ["C0MLTEAM", "D0BOB"]
+
+
+def test_the_notice_pace_keeps_chat_update_under_slacks_tier_3(monkeypatch: pytest.MonkeyPatch) -> None:
+    from idle_reaper.slack import notices
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(notices.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(notices.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + s))
+    pace = notices.EditPace(notices.NOTICE_EDITS_PER_MINUTE, deadline=600.0)
+    taken = []
+    while pace.take():
+        taken.append(clock["t"])
+    per_minute = [sum(1 for t in taken if m * 60 <= t < (m + 1) * 60) for m in range(9)]
+    assert max(per_minute) <= 50, per_minute  # Tier 3: "50+ per minute"
+    assert sum(per_minute) >= 9 * notices.NOTICE_EDITS_PER_MINUTE - 10, "and it does use the room"
+    assert not pace.take() and clock["t"] < 600, "nothing past the deadline"

@@ -1,6 +1,6 @@
-"""Posting concurrently within Slack's documented limits, against moto and the Slack fake holding them: a
-conversation takes a short burst, then about one message a second; a 429's Retry-After is waited out by slack-sdk,
-and every warning is delivered; different owners' DMs go out at once."""
+"""Posting concurrently within Slack's documented limits, against moto and the Slack fake holding them: posts to
+one channel go a second apart, as chat.postMessage allows, without Slack having to refuse any; every warning is
+delivered; different owners' DMs go out at once."""
 
 from __future__ import annotations
 
@@ -40,11 +40,13 @@ def test_one_channel_gets_a_message_a_second_and_every_warning_is_delivered(aws,
 
     assert {d.machine.instance_id for d in report.decisions if d.action is Action.WARN} == set(team_boxes + owned)
     assert all(record(i).warning_delivered_at == T0 for i in team_boxes + owned), "every warning delivered"
-    assert slack.limits.refused >= 1, "more posts in one channel at once than its burst: Slack's limit answered 429"
+    # More posts for one channel than its burst, from several lanes at once: the sweep paces them a second apart
+    # itself (before: the lanes posted at once and Slack answered 429, waited out with Retry-After).
+    assert slack.limits.refused == 0, "nothing Slack had to refuse"
     channel_posts = [c for c in slack.calls if c.method == "chat.postMessage" and c.params["channel"] == "C0ML"]
-    assert len(channel_posts) > len(team_boxes), "the refused posts were retried after their Retry-After"
-    # Each owner's DM once; the channel once a machine, the burst at once and the rest a second apart.
+    assert len(channel_posts) == len(team_boxes) > POST_BURST
+    # Each owner's DM once; the channel once a machine, a second apart.
     assert sorted(slack.limits.posted) == ["C0ML", "D0ANN", "D0BOB", "D0CY"]
     assert [len(times) for times in slack.limits.posted.values()].count(1) == 3
     posted = slack.limits.posted["C0ML"]
-    assert len(posted) == len(team_boxes) and posted[-1] - posted[POST_BURST - 1] >= 0.9 * (len(posted) - POST_BURST)
+    assert all(later - earlier >= 0.95 for earlier, later in zip(posted, posted[1:], strict=False))

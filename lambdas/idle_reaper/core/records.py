@@ -127,6 +127,9 @@ class MachineRecord:
     # Delivery of the current warning, kept by the sweep (decide() carries them along untouched):
     warning_post_started_at: datetime | None = None  # a sweep began posting it and has not recorded the outcome
     delivery_error: str | None = None  # why it cannot be delivered, or that delivery is unknown: not posted again
+    # A stop notice Slack has not taken yet (slack.notifier.StopNotice as JSON): sweep/notices.py sends it, within
+    # Slack's limits, until it is told; then None.
+    notice: str | None = None
     # Why a post's outcome cannot be told although Slack answers (the bot may not read where it went): the
     # warning is not posted again, and the stop waits until the outcome is known (never the Slack-down exception).
     delivery_unresolved: str | None = None

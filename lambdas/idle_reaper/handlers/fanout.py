@@ -9,7 +9,7 @@ from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from idle_reaper.handlers.sweep import emit_sweep_metrics, member_access
+from idle_reaper.handlers.sweep import emit_sweep_metrics, member_access, slack_budget
 from idle_reaper.notify import logger
 from idle_reaper.sweep.adapters import Adapters
 from idle_reaper.sweep.fanout import GatherTask, ShardTask, gather_sweep, run_shard
@@ -23,7 +23,7 @@ def shard_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, An
     task = ShardTask.model_validate(event)  # a malformed event changes nothing
     logger.append_keys(sweep_id=task.sweep_id, shard=task.shard)
     _, totals = run_shard(
-        Adapters.from_environment(),
+        Adapters.from_environment(slack_budget_seconds=slack_budget(context)),
         task,
         time_left=lambda: context.get_remaining_time_in_millis() / 1000,
         members=member_access(),  # organization mode: member units' credentials, kept while warm
@@ -36,7 +36,11 @@ def shard_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, An
 def gather_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """Sum the shards' results, emit the sweep's metrics, count (and alert on) failed shards."""
     task = GatherTask.model_validate(event)
-    gathered = gather_sweep(Adapters.from_environment(), task)
+    gathered = gather_sweep(
+        Adapters.from_environment(slack_budget_seconds=slack_budget(context)),
+        task,
+        time_left=lambda: context.get_remaining_time_in_millis() / 1000,
+    )
     emit_sweep_metrics(metrics, gathered, shards_failed=len(gathered.failed))
     metrics.add_metric("SweepShards", MetricUnit.Count, gathered.shards)
     return {

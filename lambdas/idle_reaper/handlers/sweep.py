@@ -20,6 +20,7 @@ from idle_reaper.aws.regions import current_region
 from idle_reaper.core.reports import TeamTotals
 from idle_reaper.notify import logger
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport
+from idle_reaper.sweep.delivery import FINISH_RESERVE
 from idle_reaper.sweep.doctor import run_daily_doctor
 from idle_reaper.sweep.fanout import (
     SHARD_SIZE,
@@ -31,6 +32,7 @@ from idle_reaper.sweep.fanout import (
     sum_totals,
 )
 from idle_reaper.sweep.members import check_member_accounts, sweep_member_accounts
+from idle_reaper.sweep.notices import send_sweep_notices
 from idle_reaper.sweep.regions import report_unwatched_regions
 from idle_reaper.sweep.run import run_sweep
 
@@ -123,6 +125,11 @@ def member_access() -> MemberAccess | None:
     return MemberAccess.from_environment("sweep")
 
 
+def slack_budget(context: LambdaContext) -> float:
+    """How long Slack's Retry-After may be waited out: the invocation's time, less what finishing it needs."""
+    return max(5.0, context.get_remaining_time_in_millis() / 1000 - FINISH_RESERVE)
+
+
 def check_members(
     adapters: Adapters, now: datetime, context: LambdaContext, *, sweep: str | None = None
 ) -> SweepTotals | None:
@@ -140,6 +147,7 @@ def check_members(
         return None
     time_left = lambda: context.get_remaining_time_in_millis() / 1000  # noqa: E731
     outcomes = sweep_member_accounts(adapters, members, now, time_left=time_left, message_scope=sweep)
+    send_sweep_notices(adapters, now, time_left)  # the member units' stop notices (they queue, the hub tells)
     for outcome in outcomes:
         logger.info(outcome.describe())
     totals = member_totals(outcomes)
@@ -152,7 +160,8 @@ def check_members(
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     now = datetime.now(UTC)
-    adapters = Adapters.from_environment()
+    # A 429's Retry-After is waited out while the invocation has time for it, not a fixed minute.
+    adapters = Adapters.from_environment(slack_budget_seconds=slack_budget(context))
     fanout = os.environ.get(FANOUT_ENV)
     try:
         # Without the state machine (a local run), one invocation sweeps everything, time-aware.

@@ -5,21 +5,16 @@ Every post is recorded by the sweep as a Delivery; a failure that will not heal 
 from __future__ import annotations
 
 import json
-import os
 import secrets
+import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackObjectFormationError
-from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
-from slack_sdk.http_retry.handler import RetryHandler
-from slack_sdk.http_retry.request import HttpRequest
-from slack_sdk.http_retry.response import HttpResponse
-from slack_sdk.http_retry.state import RetryState
 
 from idle_reaper.aws.clients import AwsError
 from idle_reaper.aws.state import StateStore
@@ -46,76 +41,20 @@ from idle_reaper.slack.blocks import (
     status_blocks,
     warning_blocks,
 )
+from idle_reaper.slack.client import DEFAULT_API_URL as DEFAULT_API_URL  # re-exported
+from idle_reaper.slack.client import (
+    BudgetedRateLimitRetryHandler as BudgetedRateLimitRetryHandler,
+)
+from idle_reaper.slack.client import SlackNotConfigured as SlackNotConfigured
+from idle_reaper.slack.client import SlackSecrets as SlackSecrets
+from idle_reaper.slack.client import SlackUndelivered as SlackUndelivered
+from idle_reaper.slack.client import load_secrets as load_secrets
+from idle_reaper.slack.client import make_client as make_client
+from idle_reaper.slack.notices import NOTICE_EDITS_PER_MINUTE, EditPace, StopNotice, Told
 from idle_reaper.slack.shared import REF_TTL as REF_TTL  # re-exported
 from idle_reaper.slack.shared import WARNING_EVENT, SharedMessages, warning_metadata
 
-DEFAULT_API_URL = "https://slack.com/api/"
-
-
-class SlackNotConfigured(Exception):
-    pass
-
-
-class SlackUndelivered(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class SlackSecrets:
-    bot_token: str
-    signing_secret: str
-
-    def __repr__(self) -> str:  # never print secrets, even by accident
-        return "SlackSecrets(<redacted>)"
-
-
-def load_secrets() -> SlackSecrets:
-    """Locally from SLACK_BOT_TOKEN / SLACK_SIGNING_SECRET; in AWS from the Secrets Manager secret named by
-    IDLE_REAPER_SLACK_SECRET (JSON with bot_token and signing_secret), cached for five minutes."""
-    token, signing = os.environ.get("SLACK_BOT_TOKEN"), os.environ.get("SLACK_SIGNING_SECRET")
-    if token and signing:
-        return SlackSecrets(token, signing)
-    secret_id = os.environ.get("IDLE_REAPER_SLACK_SECRET")
-    if not secret_id:
-        raise SlackNotConfigured("set IDLE_REAPER_SLACK_SECRET, or SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET")
-    from aws_lambda_powertools.utilities import parameters
-
-    value = parameters.get_secret(secret_id, transform="json", max_age=300)
-    if not isinstance(value, dict) or not value.get("bot_token") or not value.get("signing_secret"):
-        raise SlackNotConfigured(f"secret {secret_id} must hold JSON with bot_token and signing_secret")
-    return SlackSecrets(str(value["bot_token"]), str(value["signing_secret"]))
-
-
-class BudgetedRateLimitRetryHandler(RateLimitErrorRetryHandler):
-    """Honours Retry-After on 429, but only while the wait fits the caller's time budget (a Lambda
-    must answer Slack within 3 s, and a sweep has its own timeout)."""
-
-    def __init__(self, deadline: float, max_retry_count: int = 2) -> None:
-        super().__init__(max_retry_count=max_retry_count)
-        self.deadline = deadline  # time.monotonic() value
-
-    def _can_retry(
-        self,
-        *,
-        state: RetryState,
-        request: HttpRequest,
-        response: HttpResponse | None = None,
-        error: Exception | None = None,
-    ) -> bool:
-        if response is None or response.status_code != 429:
-            return False
-        header = next((v for k, v in response.headers.items() if k.lower() == "retry-after"), ["1"])
-        try:
-            wait = float(header[0] if isinstance(header, list) else header)
-        except ValueError:
-            wait = 1.0
-        return time.monotonic() + wait + 1 < self.deadline
-
-
-def make_client(token: str, budget_seconds: float) -> WebClient:
-    base_url = os.environ.get("SLACK_API_URL", DEFAULT_API_URL)
-    handlers: list[RetryHandler] = [BudgetedRateLimitRetryHandler(time.monotonic() + budget_seconds)]
-    return WebClient(token=token, base_url=base_url.rstrip("/") + "/", timeout=10, retry_handlers=handlers)
+POST_SECONDS_PER_CHANNEL = 1.0  # chat.postMessage: about one message a second in a channel
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,6 +157,21 @@ class SlackDelivery(SharedMessages):
         self.clock = clock or (lambda: datetime.now(UTC))
         self.logger = logger
         self._joined: dict[str, str | None] = {}  # channel -> None once a member, else why it could not join
+        self._next_post: dict[str, float] = {}  # channel -> when it may take the next post (time.monotonic())
+        self._pace_lock = threading.Lock()
+
+    def _pace_post(self, channel: str) -> None:
+        """chat.postMessage "will generally allow an app to post 1 message per second to a specific channel": the
+        sweep's lanes (one an owner) that post into one team channel at once get their posts a second apart
+        here, rather than as 429s and Retry-After waits. A DM is one owner's lane: posted as it comes."""
+        if channel[:1] not in ("C", "G"):
+            return
+        with self._pace_lock:
+            now = time.monotonic()
+            at = max(now, self._next_post.get(channel, 0.0))
+            self._next_post[channel] = at + POST_SECONDS_PER_CHANNEL
+        if at > now:
+            time.sleep(at - now)
 
     def join(self, channel: str) -> str | None:
         """Be a member of public channel `channel` before posting there (once per notifier: a sweep's, a handler's).
@@ -322,6 +276,7 @@ class SlackDelivery(SharedMessages):
         messages: list[str] = []
         for channel in targets:
             self.join(channel)  # so a lost answer can be looked for here (a refusal shows in the post below)
+            self._pace_post(channel)
             try:
                 out = self.client.chat_postMessage(channel=channel, text=text, blocks=blocks, metadata=metadata)
                 messages.append(f"{out['channel']}|{out['ts']}")
@@ -426,6 +381,12 @@ class SlackDelivery(SharedMessages):
         if targets and not delivered:
             raise SlackUndelivered(f"no admin received the alert ({len(targets)} tried)")
 
+    def _note(self, record: MachineRecord, notice: StopNotice | None) -> bool:
+        """The notice as the machine's line in its shared message; False when that message's listing is gone."""
+        if notice is None:
+            return False
+        return self.note_listed(record, notice.title, notice.detail, start_ref=notice.ref if notice.start else None)
+
     def _failed(self, what: str, subject: str, exc: Exception, target: str) -> SlackFault:
         fault = classify(exc, target)
         extra = {"subject": subject, "target": target, "error": fault.code, "advice": fault.advice}
@@ -491,49 +452,119 @@ class SlackNotifier(SlackDelivery):
         detail = f"Busy again ({escape(decision.reason)}). Nothing will happen to it."
         self.update(decision.record, "Warning withdrawn", detail)
 
-    def reaped(self, decision: Decision) -> Delivery | None:
+    # Stop notices (sweep/notices.py): drafted when a machine is stopped, sent (coalesced, paced) until Slack takes
+    # them ------------------------------------------------------------------------------------------------------
+
+    def stop_notice(self, decision: Decision) -> StopNotice | None:
+        """What the owner is told of a machine stopped, hibernated, terminated or released, and where: a draft
+        kept on its record until Slack takes it (None: nothing to tell)."""
         record, m = decision.record, decision.machine
         now = record.updated_at or self.clock()
         reason = escape(decision.reason)
+        label = machine_label(m.name, m.instance_id)
+        ref: str | None = None
         if decision.action in (Action.STOP, Action.HIBERNATE):
             ref = self.new_ref(m.key, now)
             saving = decision.saving.text() if decision.saving else f"~{money(decision.hourly_cost)}/h"
             if decision.kind.reservation is not None:
                 saving = f"nothing (its {decision.kind.reservation.label} is billed either way)"
+            title = "Stopped"
             detail = (
-                f"{machine_label(m.name, m.instance_id)} was {PAST_TENSE[decision.action]} at {date_token(now)}"
-                + f"; it saves {saving} while stopped. {reason}"
+                f"{label} was {PAST_TENSE[decision.action]} at {date_token(now)}; it saves {saving} while stopped. "
             )
-            if record.messages or record.group_ref:
-                self.update(record, "Stopped", detail, ref=ref, start_button=True)
-                return Delivery(ref=ref)
-            return self._tell(decision, "Stopped", detail, ref)  # nothing to edit: every stop is told
-        if decision.action is Action.TERMINATE_INSTANCE:
-            detail = (
-                f"{machine_label(m.name, m.instance_id)} was terminated at {date_token(now)}: it cannot be started "
-                f"again. {reason}"
-            )
-            self.update(record, "Terminated", detail)
-            return None
-        self.update(record, "Released to its group", f"{reason} ({date_token(now)})")
-        return None
-
-    def _tell(self, decision: Decision, title: str, detail: str, ref: str) -> Delivery | None:
-        """A message of its own, to the machine's owner (or the team channel, as its warnings go), when
-        there is no earlier message to edit: what happened, why, what it saves, and "Start it again"."""
-        m = decision.machine
+            detail += reason
+        elif decision.action is Action.TERMINATE_INSTANCE:
+            title = "Terminated"
+            detail = f"{label} was terminated at {date_token(now)}: it cannot be started again. {reason}"
+        else:
+            title, detail = "Released to its group", f"{reason} ({date_token(now)})"
+        targets: list[str] = []  # where a message of its own goes: nothing to edit, or what it edits is gone
         try:
-            owner_id, targets, faults = self._warning_targets(decision, decision.record.owner_slack_id)
-            blocks = blocks_json(status_blocks(title, detail, ref=ref, start_button=True))
+            _, targets, _ = self._warning_targets(decision, record.owner_slack_id)
         except PermanentDeliveryFailure as exc:
             self.logger.warning("stop not told: nobody to tell", extra={"subject": m.instance_id, "why": exc.reason})
-            return Delivery(ref=ref)
-        except (SlackApiError, SlackClientError, OSError, SlackObjectFormationError, ValueError) as exc:
+            return None
+        except (SlackApiError, SlackClientError, OSError) as exc:
             self._failed("stop notice", m.instance_id, exc, m.owner or "owner")
-            return Delivery(ref=ref)
-        text = fit(f"{escape(title)}: {detail}", FALLBACK_CHARS, mrkdwn=True)
-        messages = self._post_to(targets, text, blocks, faults, m.instance_id)
-        return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id)
+            targets = [t for t in (record.owner_slack_id,) if t]
+        return StopNotice(title, detail, ref, start=ref is not None, targets=tuple(targets), at=now)
+
+    def send_notices(self, records: Sequence[MachineRecord], pace: EditPace) -> dict[str, Told]:
+        """Tell each record's pending notice (MachineRecord.notice) where its warning went: the machines of one
+        shared message in one edit of it, a machine's own message edited, a message of its own where there was
+        none (or the one to edit is gone). chat.update is paced (`pace`, under Slack's Tier 3) and nothing is
+        sent past its deadline. By machine key: "sent" (Slack took it), "retry" (not now: rate, time, an
+        outage), or "gone" (nowhere it can be told), with the copies of a message of its own it went out in."""
+        drafts = {r.key: StopNotice.parse(r.notice) for r in records}
+        out: dict[str, Told] = {r.key: ("retry", ()) for r in records}
+        groups: dict[str, list[MachineRecord]] = {}
+        for r in records:
+            notice = drafts[r.key]
+            if notice is None:
+                out[r.key] = ("gone", ())
+            elif r.group_ref:
+                groups.setdefault(r.group_ref, []).append(r)
+        for group_ref, listed in groups.items():
+            copies = len(listed[0].messages) or 1
+            if not pace.take(copies):
+                continue
+            try:
+                noted = [r for r in listed if self._note(r, drafts[r.key])]
+            except AwsError as exc:
+                self._failed("stop notice", group_ref, exc, "state table")
+                continue
+            if len(noted) < len(listed):  # the listing is gone (its references expired): each told on its own
+                for r in listed:
+                    if r not in noted:
+                        out[r.key] = self._send_own(replace(r, group_ref=None), drafts[r.key], pace)
+            if noted:
+                sent = self.render_listed(noted[0])
+                for r in noted:
+                    out[r.key] = ("sent" if sent else "retry", ())
+        for r in records:
+            notice = drafts[r.key]
+            if notice is not None and not r.group_ref:
+                out[r.key] = self._send_own(r, notice, pace)
+        return out
+
+    def _send_own(self, record: MachineRecord, notice: StopNotice | None, pace: EditPace) -> Told:
+        """A machine's notice in its own message (edited), or in a message of its own."""
+        if notice is None:
+            return ("gone", ())
+        text = fit(f"{escape(notice.title)}: {notice.detail}", FALLBACK_CHARS, mrkdwn=True)
+        try:
+            blocks = blocks_json(status_blocks(notice.title, notice.detail, ref=notice.ref, start_button=notice.start))
+        except (SlackObjectFormationError, ValueError) as exc:
+            self._failed("stop notice", record.instance_id, exc, record.instance_id)
+            return ("gone", ())
+        if record.messages:
+            if not pace.take(len(record.messages)):
+                return ("retry", ())
+            refused = self.edit_copies(record.messages, text, blocks, record.instance_id)
+            if len(refused) < len(record.messages):
+                return ("sent", ())
+            if not all(f.permanent for f in refused):
+                return ("retry", ())
+        # Nothing to edit, or every copy is gone (deleted, archived): a message of its own where warnings go.
+        targets = list(notice.targets) or [t for t in (record.owner_slack_id,) if t]
+        if not targets:
+            return ("gone", ())
+        if not pace.in_time():
+            return ("retry", ())
+        faults: list[SlackFault] = []
+        posted = self._post_to(targets, text, blocks, faults, record.instance_id)
+        if posted:
+            return ("sent", tuple(posted))
+        return ("gone" if faults and all(f.permanent for f in faults) else "retry", ())
+
+    def reaped(self, decision: Decision) -> Delivery | None:
+        """Notifier.reaped, for a caller without a notice pass (sweep/notices.py): drafted and sent at once."""
+        notice = self.stop_notice(decision)
+        if notice is None:
+            return None
+        record = replace(decision.record, notice=notice.to_json())
+        _, posted = self.send_notices([record], EditPace(NOTICE_EDITS_PER_MINUTE, time.monotonic() + 30))[record.key]
+        return Delivery(messages=posted, ref=notice.ref)
 
     # One message per owner ------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from idle_reaper.notify import (
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings
 from idle_reaper.sweep.adapters import DEFERRED, Adapters, alert_once
+from idle_reaper.sweep.notices import StopNoticeSender, queue_notices
 from idle_reaper.sweep.owner_messages import SLACK_WORKERS, owner_post, post_owner_messages
 
 
@@ -142,8 +143,9 @@ def apply_decisions(
             instance_id = d.machine.instance_id
             if in_time() or (owner_posts and instance_id in owner_posts):  # out of time: already posted
                 done.append((True, _post(adapters, d, settings, now, owner_posts)))
-            elif instance_id in outcomes:
-                done.append((True, replace(d, record=replace(d.record, version=d.record.version + 1))))
+            elif instance_id in outcomes:  # acted, and out of time to post: its notice is drafted, sent later
+                record = _with_notice(adapters, d) if d.notify == "reaped" else d.record
+                done.append((True, replace(d, record=replace(record, version=record.version + 1))))
             else:
                 done.append((False, d))
         return done
@@ -155,6 +157,7 @@ def apply_decisions(
             (told if was_told else untold).append(d)
     for d in run_concurrently(lambda d: _record_outcome(store, d, sweep_id), told, DDB_WORKERS):
         by_id[d.machine.instance_id] = d
+    _queue_notices(adapters, [d for d in told if d.record.notice and d.error is None], settings, now)
     for d in run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id, DEFERRED), untold, DDB_WORKERS):
         by_id[d.machine.instance_id] = d
 
@@ -546,6 +549,8 @@ def _post(
             delivery = adapters.notifier.warn(d)
         elif d.notify == "resolved":
             adapters.notifier.resolved(d)
+        elif d.notify == "reaped" and isinstance(adapters.notifier, StopNoticeSender):
+            record = _with_notice(adapters, d)  # sent by the notice pass, paced, until Slack takes it
         elif d.notify == "reaped":
             delivery = adapters.notifier.reaped(d)
     except PermanentDeliveryFailure as exc:
@@ -582,6 +587,30 @@ def _post(
     if delivery is not None and delivery.undelivered and d.deliver_warning and record.warned_at:
         _alert_partly_delivered(adapters, d, delivery.undelivered, settings, now)
     return replace(d, record=replace(record, version=record.version + 1), reason=reason)
+
+
+def _with_notice(adapters: Adapters, d: Decision) -> MachineRecord:
+    """The record with its stop notice drafted (sweep/notices.py), and the "Start it again" reference it carries."""
+    if not isinstance(adapters.notifier, StopNoticeSender):
+        return d.record
+    try:
+        notice = adapters.notifier.stop_notice(d)
+    except Exception as exc:  # a notifier must never break the sweep: the stop happened; it is told in `status`
+        logger.warning("stop notice not drafted", extra={"instance_id": d.machine.instance_id, "error": str(exc)})
+        return d.record
+    if notice is None:
+        return d.record
+    return replace(d.record, notice=notice.to_json(), warning_ref=notice.ref or d.record.warning_ref)
+
+
+def _queue_notices(adapters: Adapters, told: list[Decision], settings: Settings, now: datetime) -> None:
+    left_out = queue_notices(adapters.store, [d.machine.key for d in told], now)
+    if left_out:
+        text = (
+            f"{len(left_out)} stop notices could not be queued (the state table refused, or the pending notices are "
+            f"full): their owners are told only by `idle-reaper status`: {', '.join(sorted(left_out)[:20])}"
+        )
+        alert_once(adapters, f"notices-not-queued#{now.isoformat()}", text, settings, now)
 
 
 # The error of a decision carried out whose outcome could not be written: what it did still happened.

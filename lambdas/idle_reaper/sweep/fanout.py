@@ -45,6 +45,7 @@ from idle_reaper.sweep.members import (
     sweep_member_accounts,
     whole_units,
 )
+from idle_reaper.sweep.notices import send_sweep_notices
 from idle_reaper.sweep.run import run_sweep
 
 # ---------------------------------------------------------------------------------------------
@@ -461,6 +462,7 @@ def run_shard(
             time_left=time_left,
             instance_ids=value,
             message_scope=sweep_id if members is not None else None,  # organization mode: shared with the members
+            send_notices=False,  # the gather step sends the sweep's stop notices, once
         )
         totals = SweepTotals.of(report, members.config.hub_account if members is not None else None)
     else:
@@ -472,7 +474,7 @@ def run_shard(
     return report, totals
 
 
-def gather_sweep(adapters: Adapters, task: GatherTask) -> Gathered:
+def gather_sweep(adapters: Adapters, task: GatherTask, time_left: Callable[[], float] | None = None) -> Gathered:
     """One summary of a sweep's shards. A shard without a recorded result failed (its worker crashed, timed
     out or was throttled throughout): it is reported, counted towards the admin alert, and its machines
     wait for the next sweep, which plans them again."""
@@ -511,6 +513,7 @@ def gather_sweep(adapters: Adapters, task: GatherTask) -> Gathered:
         if gathered.units:
             note_member_sweep(adapters, gathered.units, task.now)
             note_unit_sizes(adapters, gathered.units, task.now)
+        send_sweep_notices(adapters, task.now, time_left)  # the shards queued them: one pace for the workspace
     return gathered
 
 

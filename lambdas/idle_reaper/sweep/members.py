@@ -293,6 +293,7 @@ def sweep_member_accounts(
                 time_left=time_left,
                 message_scope=message_scope,
                 part=part,
+                send_notices=False,  # the hub's pass sends them (the sweep's own, or its gather step's)
             )
         except Exception as exc:  # contained: one account's fault never reaches the others
             gone = members.sessions.refused(exc, account.id, region)  # suspended or left since it was listed?

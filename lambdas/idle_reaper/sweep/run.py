@@ -61,6 +61,7 @@ from idle_reaper.sweep.adapters import (
     load_sweep_settings,
 )
 from idle_reaper.sweep.delivery import apply_decisions, explain
+from idle_reaper.sweep.notices import send_pending_notices
 from idle_reaper.sweep.quiet_hours import report_quiet_hours
 from idle_reaper.sweep.studio import report_studio
 
@@ -79,6 +80,7 @@ def run_sweep(
     member: tuple[str, str] | None = None,
     message_scope: str | None = None,
     part: tuple[int, int] | None = None,
+    send_notices: bool = True,
 ) -> SweepReport:
     """One sweep: of the machines `instance_ids` alone, described afresh, when given (a shard); of the
     machines the planner `listed` moments ago, when given (a fleet that fits one invocation); else of all.
@@ -87,6 +89,8 @@ def run_sweep(
     (organization mode): the id every unit and shard of this sweep shares, so that an owner's warnings in
     several of them share one message (sweep/owner_messages.py); None: this sweep's own messages.
     `part` (i, K): of the machines listed, part i's alone (a member account-region swept by K workers: keep_part).
+    `send_notices`: end with the pass that sends the pending stop notices (sweep/notices.py); a shard or a member
+    unit leaves it to the sweep's gather step.
 
     `time_left` (seconds left in the invocation, e.g. from the Lambda context): once it falls under
     FINISH_RESERVE the sweep starts no new work (no claim, no post) and finishes what it began, so it never
@@ -176,6 +180,8 @@ def run_sweep(
             adapters, decisions, records, settings, sweep_id, now, time_left, message_scope
         )
         report_quiet_hours(adapters, decisions, refs, settings, now)
+        if send_notices:  # a shard's and a member unit's wait for the sweep's one pass (the gather step's)
+            send_pending_notices(adapters, settings, now, time_left)
     _log_decisions(decisions, written, dry_run)
     return SweepReport(
         now=now,

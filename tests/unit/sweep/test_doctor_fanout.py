@@ -56,7 +56,7 @@ def test_the_days_first_fanned_out_sweep_lists_the_fleet_once(monkeypatch: pytes
             return states
         raise RuntimeError(f"no {service} here")  # the daily count of other regions: contained, not this fleet
 
-    monkeypatch.setattr(sweep_handler, "Adapters", SimpleNamespace(from_environment=lambda: adapters))
+    monkeypatch.setattr(sweep_handler, "Adapters", SimpleNamespace(from_environment=lambda **_: adapters))
     monkeypatch.setattr(sweep_handler, "client", client)
     monkeypatch.setattr(sweep_handler, "SHARD_SIZE", 10)
     monkeypatch.setenv(sweep_handler.FANOUT_ENV, "arn:aws:states:us-east-1:123456789012:stateMachine:sweep")
