@@ -338,3 +338,107 @@ def test_the_notice_pace_keeps_chat_update_under_slacks_tier_3(monkeypatch: pyte
     assert max(per_minute) <= 50, per_minute  # Tier 3: "50+ per minute"
     assert sum(per_minute) >= 9 * notices.NOTICE_EDITS_PER_MINUTE - 10, "and it does use the room"
     assert not pace.take() and clock["t"] < 600, "nothing past the deadline"
+
+
+# --- Faults: each a clear report, nothing lost, no stop without a delivered warning -------------------------------
+
+
+def warning_posts(slack: Any) -> dict[str, int]:
+    """Warnings Slack took (posted, whatever became of the answer), by conversation."""
+    posts: dict[str, int] = {}
+    for c in slack.calls_to("chat.postMessage"):
+        if c.ok and "Idle machine" in c.params["text"]:
+            posts[c.params["channel"]] = posts.get(c.params["channel"], 0) + 1
+    return posts
+
+
+def told_stopped(slack: Any) -> list[str]:
+    """The conversations whose message Slack now shows as "Stopped" (edited or posted)."""
+    return sorted(c for (c, _), m in slack.messages.items() if str(m.get("text", "")).startswith("Stopped"))
+
+
+def until_stopped(store: aws.DynamoStateStore, notebook: str, start: Any) -> Any:  # noqa: F811
+    """Sweep every 5 minutes from `start` until the machine is stopped (at most two hours)."""
+    now = start
+    while now < start + timedelta(hours=2):
+        report = run_sweep(adapters(store), now=now)
+        if local.instance_states([notebook]) == {notebook: "stopped"}:
+            return now, report
+        now += timedelta(minutes=5)
+    raise AssertionError("never stopped")
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["chat.postMessage", "chat.update", "conversations.history", "conversations.join", "conversations.open"],
+)
+def test_a_lost_answer_on_any_method_the_sweep_uses_loses_nothing_and_warns_once(
+    notebook: str,  # noqa: F811
+    slack: Any,
+    method: str,
+) -> None:
+    slack.lose_answer[method] = 1  # the first such call is carried out, and its answer lost
+    store = dynamo_store(Clock())
+    run_sweep(adapters(store), now=T0)
+    if method == "conversations.history":  # only read when an outcome is lost: lose a post's answer too
+        slack.lose_answer["chat.postMessage"] = 0
+    stopped_at, _ = until_stopped(store, notebook, T0 + timedelta(minutes=5))
+    record = store.load([notebook])[notebook]
+    assert warning_posts(slack) == {"C0MLTEAM": 1, "D0BOB": 1}, "each place warned once"
+    assert record.warning_delivered_at is not None and stopped_at - record.warning_delivered_at >= timedelta(minutes=20)
+    run_sweep(adapters(store), now=stopped_at + timedelta(minutes=5))  # a notice whose edit's answer was lost
+    assert store.load([notebook])[notebook].notice is None, "the stop was told"
+    assert told_stopped(slack) == ["C0MLTEAM", "D0BOB"]
+
+
+def test_a_429_storm_on_every_method_holds_everything_and_the_sweep_after_it_does_it_once(
+    notebook: str,  # noqa: F811
+    slack: Any,
+) -> None:
+    store = dynamo_store(Clock())
+    slack.rate_limit_next, slack.retry_after = 10_000, 600  # every call refused, past the sweep's budget
+    for minutes in (0, 25, 50):
+        d = only(run_sweep(adapters(store), now=T0 + timedelta(minutes=minutes)))
+        assert d.action.value in ("warn", "none") and d.error is None, d.reason
+    assert local.instance_states([notebook]) == {notebook: "running"} and warning_posts(slack) == {}
+    slack.rate_limit_next = 0
+    stopped_at, _ = until_stopped(store, notebook, T0 + timedelta(minutes=55))
+    assert warning_posts(slack) == {"C0MLTEAM": 1, "D0BOB": 1}
+    assert stopped_at >= T0 + timedelta(minutes=75), "warn_minutes after the warning Slack took"
+
+
+def test_a_channel_archived_mid_sweep_tells_the_admins_and_the_owner_still_gets_everything(
+    notebook: str,  # noqa: F811
+    slack: Any,
+) -> None:
+    store = dynamo_store(Clock())
+    run_sweep(adapters(store), now=T0)
+    slack.archived_channels.add("C0MLTEAM")  # archived after the warning went out
+    until_stopped(store, notebook, T0 + timedelta(minutes=5))
+    assert store.load([notebook])[notebook].notice is None
+    assert told_stopped(slack) == ["D0BOB"], "the DM copy told; the archived one cannot be edited (is_inactive)"
+
+
+def test_a_token_reinstalled_without_chat_write_holds_every_stop_and_says_why(
+    notebook: str,  # noqa: F811
+    slack: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    slack.scopes = [s for s in MANIFEST_SCOPES if s != "chat:write"]
+    store = dynamo_store(Clock())
+    for minutes in (0, 25, 50):
+        only(run_sweep(adapters(store), now=T0 + timedelta(minutes=minutes)))
+    assert local.instance_states([notebook]) == {notebook: "running"} and warning_posts(slack) == {}
+    advice = [str(getattr(r, "advice", "")) for r in caplog.records]
+    assert any("lacks the Slack scope chat:write" in a for a in advice), advice
+
+
+def test_an_owner_deactivated_between_warning_and_stop_is_still_told_where_the_warning_went(
+    notebook: str,  # noqa: F811
+    slack: Any,
+) -> None:
+    store = dynamo_store(Clock())
+    run_sweep(adapters(store), now=T0)
+    slack.deactivated_users.add("U0BOB")
+    until_stopped(store, notebook, T0 + timedelta(minutes=5))
+    assert told_stopped(slack) == ["C0MLTEAM", "D0BOB"]

@@ -42,6 +42,7 @@ class Call:
     method: str
     params: dict[str, Any]
     limited: bool = False  # answered 429: Slack did not take it
+    ok: bool = False  # carried out (Slack answered ok, or would have: its answer lost)
 
 
 # Slack's documented rate limits (https://docs.slack.dev/apis/web-api/rate-limits), per app and workspace, in
@@ -221,7 +222,7 @@ class FakeSlack:
             call = Call(method, params)
             self.calls.append(call)
             status, headers, body = self._answer(method, params)
-            call.limited = status == 429
+            call.limited, call.ok = status == 429, bool(body.get("ok"))
             return status, headers, body
 
     def _answer(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, str], dict[str, Any]]:

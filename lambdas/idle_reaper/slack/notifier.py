@@ -116,10 +116,15 @@ class SlackFault:
     advice: str
     answered: bool = False
     lost: bool = False
+    target: str = ""  # the channel or user the call was for
 
 
 def classify(exc: Exception, target: str) -> SlackFault:
     """Sort a failed Slack call (to `target`, a channel or user id) into permanent or transient."""
+    return replace(_classify(exc, target), target=target)
+
+
+def _classify(exc: Exception, target: str) -> SlackFault:
     if isinstance(exc, SlackObjectFormationError | ValueError):
         return SlackFault(
             "unbuildable", True, f"the message could not be built ({fit(str(exc), 300)}): a bug in idle-reaper"
@@ -320,6 +325,24 @@ class SlackDelivery(SharedMessages):
             )
         return owner_id, targets, faults
 
+    def _found_lost(self, faults: list[SlackFault], ref: str, since: datetime) -> list[str]:
+        """The copies of a delivered warning whose post lost its answer, looked for at once: found, they are kept
+        (so later answers and the stop edit them too); not found, not posted again (a copy reached someone)."""
+        found: list[str] = []
+        for fault in faults:
+            if not fault.lost or not fault.target:
+                continue
+            try:
+                channel = fault.target
+                if channel[:1] in ("U", "W"):
+                    channel = str(self.client.conversations_open(users=channel)["channel"]["id"])
+                message = self._warning_in(channel, since, ref)
+            except (SlackApiError, SlackClientError, OSError):
+                continue
+            if message is not None:
+                found.append(f"{channel}|{message['ts']}")
+        return found
+
     def _raise_if_permanent(self, m: Machine, faults: list[SlackFault]) -> None:
         """Nobody got the warning: give up on it only when every failure is permanent."""
         given_up = self._given_up(m, faults)
@@ -430,6 +453,7 @@ class SlackNotifier(SlackDelivery):
             if lost:  # it may have been posted: the next sweep looks for it before posting again
                 raise DeliveryUnknown("; ".join(f.advice for f in lost))
             return None  # a failure that may pass: the next sweep tries again
+        messages += self._found_lost(faults, ref, now)
         undelivered = tuple(self._reason(m, f) for f in faults if f.permanent)
         return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id, undelivered=undelivered)
 
