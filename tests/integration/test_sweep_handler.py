@@ -42,3 +42,19 @@ def test_handler_fails_loudly_when_settings_are_invalid(aws, capsys):
         sweep_handler.handler({}, LambdaContextStub())
     blobs = emf_blobs(capsys.readouterr().out)
     assert any(b.get("SweepErrors") == 1 for b in blobs)
+
+
+def test_a_team_tagged_in_any_language_is_a_dimension_cloudwatch_keeps(aws, slack, capsys):
+    """Issue 43 (6): the `team` dimension is the raw tag value, and CloudWatch keeps only ASCII dimension values
+    (emf_blobs applies its rules: on the code before, this document failed them). A team tagged `données` is
+    reported as `donn%C3%A9es`, one to one, apart from a team tagged `donnees`."""
+    from datetime import UTC, datetime, timedelta
+
+    local.init_account()
+    now = datetime.now(UTC)
+    for team in ("données", "donnees"):
+        box = local.launch(f"nb-{team}", "m5.large", team=team, launch_time=now - timedelta(hours=5))
+        local.write_metrics(box, lambda t: (1.0, None), now - timedelta(hours=3), now)
+    sweep_handler.handler({}, LambdaContextStub())
+    teams = {b["team"] for b in emf_blobs(capsys.readouterr().out) if "team" in b}
+    assert teams == {"donn%C3%A9es", "donnees"}

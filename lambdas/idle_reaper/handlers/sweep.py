@@ -16,6 +16,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from idle_reaper.aws.accounts import MemberAccess
 from idle_reaper.aws.clients import client
+from idle_reaper.aws.limits import cloudwatch_dimension
 from idle_reaper.aws.regions import current_region
 from idle_reaper.core.reports import TeamTotals
 from idle_reaper.notify import logger
@@ -41,7 +42,7 @@ FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # the state machine that sweeps a fleet s
 def _emit_counts(dimension: str, value: str, t: TeamTotals, *, all_counts: bool = True) -> None:
     """One EMF blob of counts under one dimension; `all_counts` False: the four an account is split by."""
     blob = EphemeralMetrics(namespace="IdleReaper")
-    blob.add_dimension(dimension, value)
+    blob.add_dimension(dimension, cloudwatch_dimension(value))  # a team is a tag's value: any Unicode
     blob.add_metric("MachinesScanned", MetricUnit.Count, t.scanned)
     blob.add_metric("MachinesIdle", MetricUnit.Count, t.idle)
     if all_counts:
