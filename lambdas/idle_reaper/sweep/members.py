@@ -30,7 +30,7 @@ from idle_reaper.aws.accounts import (
 )
 from idle_reaper.aws.clients import run_concurrently
 from idle_reaper.aws.fleet import Fleet
-from idle_reaper.aws.metrics import MetricsReader, metric_workers
+from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore, StoredParameter
 from idle_reaper.core.reports import machine_part
@@ -276,9 +276,7 @@ def sweep_member_accounts(
         default = org.default_for(account.id, account.parents, base.default_policy)
         unit_adapters = make_adapters(adapters, held, default if default is not base.default_policy else None)
         if part is not None:  # its K parts share the account's GetMetricData quota
-            unit_adapters = replace(
-                unit_adapters, metrics=MetricsReader(unit_adapters.metrics.cloudwatch, workers=metric_workers(part[1]))
-            )
+            unit_adapters = replace(unit_adapters, metrics=unit_adapters.metrics.shared_by(part[1]))
         try:
             if org.excludes(account.id, account.parents):
                 found = unit_adapters.fleet.discover(base.tags, notebooks=base.sagemaker_notebooks)
