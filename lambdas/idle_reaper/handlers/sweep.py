@@ -18,12 +18,13 @@ from botocore.exceptions import ClientError
 
 from idle_reaper.aws.accounts import MemberAccess
 from idle_reaper.aws.clients import AwsError, client, error_code
+from idle_reaper.aws.deploy import RELAY_ALARM_ENV
 from idle_reaper.aws.limits import cloudwatch_dimension
 from idle_reaper.aws.regions import current_region
 from idle_reaper.core.reports import TeamTotals
 from idle_reaper.notify import logger
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport
-from idle_reaper.sweep.doctor import run_daily_doctor
+from idle_reaper.sweep.doctor import report_failing_relay, run_daily_doctor
 from idle_reaper.sweep.fanout import (
     SHARD_SIZE,
     Plan,
@@ -133,6 +134,14 @@ def start_execution(state_machine: str, plan: Plan) -> None:
         logger.info("the sweep's execution was started already", extra={"sweep_id": plan.sweep_id})
 
 
+def check_alarm_relay(adapters: Adapters, now: datetime) -> None:
+    """Whether the Slack relay of the alarms is failing (its own alarm cannot reach Slack through it): the admins
+    hear it from the sweep (sweep/doctor.py report_failing_relay)."""
+    alarm = os.environ.get(RELAY_ALARM_ENV)
+    if alarm:
+        report_failing_relay(adapters, lambda: client("cloudwatch"), alarm, now)
+
+
 @functools.cache
 def member_access() -> MemberAccess | None:
     """Organization mode's listing and credentials, kept while the Lambda process is warm (None: one account)."""
@@ -220,6 +229,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             count_unwatched_regions(adapters, now, context)
             check_daily(adapters, now, context, None, plan)
             check_members(adapters, now, context)
+            check_alarm_relay(adapters, now)
             return {"machines": plan.machines, "shards": plan.all_shards, "dry_run": plan.dry_run}
         hub = member_access()
         report = run_sweep(
@@ -233,6 +243,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         count_unwatched_regions(adapters, now, context)
         check_daily(adapters, now, context, report, plan)
         in_members = check_members(adapters, now, context, sweep=plan.sweep_id)
+        check_alarm_relay(adapters, now)
     except SweepCannotRun as exc:
         metrics.add_metric("SweepErrors", MetricUnit.Count, 1)
         logger.error("sweep could not run", extra={"error": str(exc)})
