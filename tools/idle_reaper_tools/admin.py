@@ -869,6 +869,12 @@ def format_member_check(check: MemberCheck) -> str:
         listed = f"{check.listed_at:%Y-%m-%d %H:%M} UTC" if check.listed_at else "never"
         lines.append(f"  not listed this time ({check.listing_error}); last listing: {listed}")
     lines += [f"  {f.describe()}" for f in check.failures]
+    if check.failures_more:
+        lines.append(
+            f"  and {check.failures_more} more account-regions that failed, in {len(check.failed_more)} accounts "
+            f"(their reasons are in the sweep's log and the admins' alerts): {', '.join(check.failed_more[:20])}"
+            + (" ..." if len(check.failed_more) > 20 else "")
+        )
     return "\n".join(lines)
 
 

@@ -115,6 +115,9 @@ class Quota:
         return Quota(self.burst / n, self.rate / n)
 
 
+_MARGIN = 1e-6  # seconds
+
+
 class Pace:
     """A client-side token bucket a caller waits on before each request, so that its requests (and those of the
     workers it shares the quota with, each pacing its share) never pass AWS's bucket: a request never finds it
@@ -135,15 +138,6 @@ class Pace:
             self._tokens = min(self.quota.burst, self._tokens + (now - self._stamp) * self.quota.rate)
             self._stamp = now
 
-    def ready_in(self, weight: float = 1.0) -> float:
-        """Seconds until `weight` tokens (at most a full bucket) are there."""
-        with self._lock:
-            now = Pacing.clock()
-            self._refill(now)
-            assert self._stamp is not None
-            need = min(weight, self.quota.burst) - self._tokens
-            return max(0.0, need / self.quota.rate + (self._stamp - now)) if need > 0 else max(0.0, self._stamp - now)
-
     def take(self, weight: float = 1.0, *, within: float | None = None) -> bool:
         """Wait until `weight` tokens are there and take them. `within` seconds at most: False (nothing taken)
         when they would not be there in time."""
@@ -159,7 +153,9 @@ class Pace:
                     self.waited += waited
                     return True
                 # The clock can stand behind the bucket's last request (the benchmark's lanes): wait up to it.
-                wait = max(self._stamp - now, 0.0) + max(0.0, need - self._tokens) / self.quota.rate
+                # A microsecond more: a refill's rounding never leaves the bucket a hair short (and a clock of
+                # the benchmark's always moves).
+                wait = max(self._stamp - now, 0.0) + max(0.0, need - self._tokens) / self.quota.rate + _MARGIN
             if within is not None and waited + wait > within:
                 self.waited += waited
                 return False

@@ -423,6 +423,9 @@ def members_as_last_checked(
             if failure is not None:
                 detail = f"{ADVICE[failure.reason]} ({failure.detail}; as the last sweep saw it)"
                 facts = replace(facts, role_reason=failure.reason.value, role_detail=detail)
+            elif last is not None and last.failing_unkept(account.id, region):
+                why = f"its account failed in the sweep's last check (one of {last.failures_more} failures not kept)"
+                facts = replace(facts, unreadable=why)
             elif stale:
                 facts = replace(facts, unreadable=stale)
             elif account.id not in checked:
