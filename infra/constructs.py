@@ -428,6 +428,7 @@ class ReaperMonitoring(Construct):
         alarm_email: str | None,
         dashboard_name: str,
         ssm_prefix: str,
+        relay_alarm_name: str | None = None,
         fanout: SweepFanout | None = None,
         shard_worker: lambda_.IFunction | None = None,
         shard_timeout: Duration | None = None,
@@ -452,12 +453,19 @@ class ReaperMonitoring(Construct):
         five_minutes = Duration.minutes(5)
 
         def at_least(
-            metric: cw.IMetric, id: str, description: str, *, threshold: float = 1, periods: int = 1
+            metric: cw.IMetric,
+            id: str,
+            description: str,
+            *,
+            threshold: float = 1,
+            periods: int = 1,
+            name: str | None = None,
         ) -> cw.Alarm:
             """Alarm when the metric reaches the threshold in `periods` consecutive periods; no data is fine."""
             return metric.create_alarm(
                 self,
                 id,
+                alarm_name=name,
                 alarm_description=description,
                 threshold=threshold,
                 evaluation_periods=periods,
@@ -587,7 +595,8 @@ class ReaperMonitoring(Construct):
             alarm_relay.metric_errors(period=five_minutes, statistic="Sum"),
             "AlarmRelayErrorsAlarm",
             "Alarms could not be posted to Slack (bad credentials, or Slack down): only e-mail subscribers see "
-            "alarms now. This alarm goes to its own topic, never through the relay.",
+            "alarms now. This alarm goes to its own topic, never through the relay; the sweep tells the admins.",
+            name=relay_alarm_name,  # the name the sweep is given to read (infra/stack.py)
         )
         for alarm in self.alarms:
             alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
@@ -595,6 +604,9 @@ class ReaperMonitoring(Construct):
         relay_errors.add_alarm_action(cw_actions.SnsAction(self.relay_topic))
         relay_errors.add_ok_action(cw_actions.SnsAction(self.relay_topic))
         self.alarms.append(relay_errors)
+        # Without an alarm e-mail nobody is on that topic: each sweep reads this alarm and, while it is in ALARM,
+        # tells the admins itself (sweep/doctor.py report_failing_relay).
+        self.relay_errors = relay_errors
 
         self.dashboard = cw.Dashboard(self, "Dashboard", dashboard_name=dashboard_name)
         self.dashboard.add_widgets(

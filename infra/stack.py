@@ -34,7 +34,7 @@ from constructs import Construct, Node
 
 from idle_reaper import __version__
 from idle_reaper.aws.accounts import ORGANIZATION_ENV
-from idle_reaper.aws.deploy import STACK_ENV
+from idle_reaper.aws.deploy import RELAY_ALARM_ENV, STACK_ENV
 from idle_reaper.organization import ContextError, OrganizationContext, organization_from_context, role_names_too_long
 from idle_reaper.policy import Settings, TeamPolicy
 from idle_reaper.sweep import PLANNER_MEMORY_MB, SHARDS_AT_ONCE
@@ -210,6 +210,11 @@ class IdleReaperProps:
 
     def dashboard_name(self, region: str) -> str:
         return f"{self.prefix}-{region}"
+
+    @property
+    def relay_alarm_name(self) -> str:
+        """The alarm on the Slack alarm relay's own errors (the sweep reads it: alarm names are per region)."""
+        return f"{self.prefix}-alarm-relay-errors"
 
     @property
     def stack_name(self) -> str:
@@ -526,12 +531,22 @@ class IdleReaperStack(Stack):
             interval=interval,
             alarm_email=props.alarm_email,
             dashboard_name=props.dashboard_name(self.region),
+            relay_alarm_name=props.relay_alarm_name,
             ssm_prefix=props.ssm_prefix,
             fanout=fanout,
             shard_worker=shard_worker.function,
             shard_timeout=shard_timeout,
         )
 
+        # The alarm on the relay's own errors reaches nobody without an alarm e-mail: each sweep reads it.
+        sweep.function.add_environment(RELAY_ALARM_ENV, props.relay_alarm_name)
+        sweep.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="ReadTheAlarmRelaysAlarm",
+                actions=["cloudwatch:DescribeAlarms"],
+                resources=[monitoring.relay_errors.alarm_arn],
+            )
+        )
         CfnOutput(
             self, "SlackFunctionUrl", value=url.url, description="Request URL for the Slack app (slack/manifest.yml)"
         )

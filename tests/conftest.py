@@ -65,3 +65,26 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     now: dict[str, object] = {"t": at(14)}
     monkeypatch.setattr(slack_handler, "clock", lambda: now["t"])
     return now
+
+
+@pytest.fixture
+def virtual_pacing() -> Iterator[list[float]]:
+    """The product's pacers (aws/limits.py Pacing) on a clock of the test's: a wait moves it, nothing sleeps.
+    `virtual_pacing[0]` is the time; what a test waited is how far it moved."""
+    import threading
+
+    from idle_reaper.aws.limits import Pacing
+
+    now = [1000.0]
+    lock = threading.Lock()
+
+    def sleep(seconds: float) -> None:
+        with lock:
+            now[0] += seconds
+
+    saved = (Pacing.clock, Pacing.sleep)
+    Pacing.clock, Pacing.sleep = (lambda: now[0]), sleep  # type: ignore[method-assign,assignment]
+    try:
+        yield now
+    finally:
+        Pacing.clock, Pacing.sleep = saved  # type: ignore[method-assign]

@@ -605,7 +605,10 @@ def _nesting_depth(text: str) -> int:
 
 def _parse_object(parameter: str, text: str) -> dict[str, Any]:
     if len(text) > MAX_PARAMETER_CHARS:
-        raise PolicyError(parameter, [f"too large: {len(text)} characters (at most {MAX_PARAMETER_CHARS})"])
+        raise PolicyError(
+            parameter,
+            [f"too large: {len(text)} characters (at most {MAX_PARAMETER_CHARS}: SSM's Advanced tier holds no more)"],
+        )
     if _nesting_depth(text) > MAX_NESTING:
         raise PolicyError(parameter, [f"nested too deeply (more than {MAX_NESTING} levels of [ and {{)"])
     try:

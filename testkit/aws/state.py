@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
+
+from boto3.dynamodb.types import TypeSerializer
 
 from idle_reaper.aws import (
     DDB_BATCH_GET,
@@ -15,14 +18,17 @@ from idle_reaper.aws import (
     InMemoryStateStore,
     run_concurrently,
 )
+from idle_reaper.aws.state import record_to_item
 from idle_reaper.core import MachineRecord
-from testkit.aws.clients import LatencyModel
+from testkit.aws.clients import LatencyModel, client_error
+from testkit.aws_rules import ITEM_MAX_BYTES, ITEM_TOO_LARGE, item_size
 
 
 class CountingStateStore(InMemoryStateStore):
     """InMemoryStateStore that counts what the DynamoDB store would send: BatchGetItem (100 keys per
     call, the calls concurrently as DynamoStateStore makes them), PutItem per state save and per audit
-    item. With a latency model, each request is charged."""
+    item. With a latency model, each request is charged. It refuses what DynamoDB refuses: an item over 400 KB
+    with its attribute names (ValidationException, as the rules in front of moto: testkit/aws_rules.py)."""
 
     def __init__(self, latency: LatencyModel | None = None) -> None:
         super().__init__()
@@ -55,6 +61,7 @@ class CountingStateStore(InMemoryStateStore):
 
     def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
         self._request("PutItem")
+        _fits({**record_to_item(record), "expires_at": 0, "claim_owner": holder or "", "claim_until": 0})
         ok = super().save(record, holder, hold=hold)
         with self._count_lock:
             self.counts["save"] += 1
@@ -64,6 +71,7 @@ class CountingStateStore(InMemoryStateStore):
 
     def put_lookup(self, key: str, value: str, expires: datetime) -> None:
         self._request("PutItem")  # shard manifests and results, alert counters
+        _fits(_lookup_item(key, value, expires))
         super().put_lookup(key, value, expires)
 
     def get_lookup(self, key: str, now: datetime) -> str | None:
@@ -71,12 +79,21 @@ class CountingStateStore(InMemoryStateStore):
         return super().get_lookup(key, now)
 
     def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
-        self._request("PutItem")  # conditional: the quiet-stops index
+        self._request("PutItem")  # conditional
+        _fits(_lookup_item(key, value, expires))
         return super().replace_lookup(key, value, expires, expected=expected, now=now)
 
     def audit(self, instance_id: str, at: datetime, entry: Mapping[str, Any]) -> None:
         self.counts["audit"] += 1
         self._request("PutItem")
+        _fits(
+            {
+                "pk": f"machine#{instance_id}",
+                "sk": f"audit#{at.isoformat()}",
+                "expires_at": 0,
+                "entry": json.dumps(entry, default=str),
+            }
+        )
         super().audit(instance_id, at, entry)
 
     def audit_many(self, entries: Sequence[AuditEntry]) -> list[str]:
@@ -89,3 +106,17 @@ class CountingStateStore(InMemoryStateStore):
         with self._count_lock:
             self.counts["audit"] += len(entries)
         return []
+
+
+_SERIALIZER = TypeSerializer()
+
+
+def _lookup_item(key: str, value: str, expires: datetime) -> dict[str, Any]:
+    return {"pk": f"lookup#{key}", "sk": "lookup", "value": value, "expires_at": int(expires.timestamp())}
+
+
+def _fits(item: Mapping[str, Any]) -> None:
+    """DynamoDB's refusal of an item over 400 KB, counted as DynamoDB counts it (names and values)."""
+    wire = {k: _SERIALIZER.serialize(v) for k, v in item.items() if v is not None}
+    if item_size(wire) > ITEM_MAX_BYTES:
+        raise client_error("PutItem", "ValidationException", ITEM_TOO_LARGE)

@@ -67,6 +67,9 @@ class Environment:
         if kind == "AWS::Events::Rule":
             arn = self.arn("events", f"rule/{name}")
             return {"Ref": name, "Arn": arn}
+        if kind == "AWS::CloudWatch::Alarm":
+            alarm = str(props.get("AlarmName") or logical_id)
+            return {"Ref": alarm, "Arn": self.arn("cloudwatch", f"alarm:{alarm}")}
         if kind == "AWS::SSM::Association":  # AWS makes up the association's id
             return {"Ref": ASSOCIATION_ID, "AssociationId": ASSOCIATION_ID}
         if kind == "AWS::IAM::Role":

@@ -119,7 +119,13 @@ SWEEP_CALLS = [
 # The daily count of running instances in regions without a stack (HOME is the first listed region).
 COUNT_UNWATCHED = [call("ec2:DescribeRegions", "*"), call("ec2:DescribeInstances", "*", "ap-south-1")]
 # The scheduled sweep is also the planner: a fleet larger than one shard goes to the state machine.
-PLANNER_CALLS = [*SWEEP_CALLS, *COUNT_UNWATCHED, call("states:StartExecution", state_machine(HOME, FANOUT))]
+PLANNER_CALLS = [
+    *SWEEP_CALLS,
+    *COUNT_UNWATCHED,
+    call("states:StartExecution", state_machine(HOME, FANOUT)),
+    # The alarm relay's own errors alarm, which the sweep tells the admins of (sweep/doctor.py).
+    call("cloudwatch:DescribeAlarms", f"arn:aws:cloudwatch:{HOME}:{ACCOUNT}:alarm:idle-reaper-alarm-relay-errors"),
+]
 GATHER_CALLS = [
     call("dynamodb:GetItem", table(HOME)),  # the shards' results, the failed-shard count
     call("dynamodb:PutItem", table(HOME)),  # the failed-shard count
@@ -225,6 +231,7 @@ SWEEP_NEVER = [
     # A sweep reads its own region only (listing instances aside: the daily count of unwatched regions).
     *(r for r in fleet_reads(OTHER) if r.action != "ec2:DescribeInstances"),
     call("cloudwatch:GetMetricData", "*", "ap-south-1"),
+    call("cloudwatch:DescribeAlarms", f"arn:aws:cloudwatch:{HOME}:{ACCOUNT}:alarm:billing-alarm"),
     on_managed("ec2:StopInstances", instance(OTHER), OTHER),
     on_managed("ec2:TerminateInstances", instance(OTHER), OTHER),
     call("lambda:InvokeFunction", function(HOME, "idle-reaper-slack")),

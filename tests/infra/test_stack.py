@@ -342,6 +342,15 @@ def alarm_topics(template: dict[str, Any]) -> tuple[str, str]:
     return by_name["idle-reaper alarms"], by_name["idle-reaper alarms the Slack relay failed"]
 
 
+def test_the_sweep_reads_the_alarm_relays_own_alarm(template: dict[str, Any]) -> None:
+    """Issue 43 (11): the relay's errors alarm goes to a topic without the relay, where nobody is without an alarm
+    e-mail. The sweep is told its name, and may read that alarm alone (test_iam.py checks the ARN)."""
+    [relay_alarm] = [a for n, a in resources(template, "AWS::CloudWatch::Alarm").items() if "AlarmRelayErrors" in n]
+    assert relay_alarm["Properties"]["AlarmName"] == "idle-reaper-alarm-relay-errors"
+    _, sweep = function(template, "idle_reaper.handlers.sweep.handler")
+    assert sweep["Environment"]["Variables"]["IDLE_REAPER_RELAY_ALARM"] == "idle-reaper-alarm-relay-errors"
+
+
 def test_alarms_notify_the_topic_and_its_email_subscription(template: dict[str, Any], assertions: Template) -> None:
     topic, relay_topic = alarm_topics(template)
     alarms = resources(template, "AWS::CloudWatch::Alarm")

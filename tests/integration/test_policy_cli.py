@@ -428,3 +428,49 @@ def test_show_in_a_member_account_names_the_organization_entry_its_default_comes
     with pytest.raises(SystemExit) as raised:
         cli.main(["policy", "show", "--account", "12345"])
     assert raised.value.code == 2 and "not an AWS account id (12 digits): '12345'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# What SSM can hold (issue 43, 5)
+
+
+def test_put_a_policy_of_400_members_is_stored_in_the_tier_that_holds_it(account, tmp_path, capsys):
+    """A valid policy of 400 members was written re-indented (7,243 characters) without a tier, and SSM's
+    Standard tier holds 4,096: it could never be written. It is written compact, in the Advanced tier, and the
+    admin is told what that costs; a small policy stays indented, in the Standard tier."""
+    members = [f"U{n:010d}" for n in range(400)]
+    code, out, err = run(capsys, "policy", "put", "ml", write(tmp_path, {"members": members}), "--yes")
+    assert code == 0, err
+    assert "stored in the Advanced tier, which AWS charges $0.05 a month for" in out
+    assert json.loads(stored().value) == {"members": members}
+    tiers = {p["Name"]: p["Tier"] for p in aws.client("ssm").describe_parameters()["Parameters"]}
+    assert tiers[ML] == "Advanced"
+    code, out, _ = run(capsys, "policy", "put", "vision", write(tmp_path, {"idle_minutes": 45}), "--yes")
+    assert code == 0 and "Advanced" not in out and stored("/idle-reaper/teams/vision").value.startswith("{\n  ")
+    # Back under 4,096 characters: SSM cannot move it back to Standard, and it is written all the same.
+    assert run(capsys, "policy", "put", "ml", write(tmp_path, {"idle_minutes": 45}), "--yes")[0] == 0
+    assert stored().version == 3
+
+
+def test_put_a_policy_no_tier_holds_names_the_limit_and_writes_nothing(account, tmp_path, capsys):
+    """500 member ids (as many as the schema allows) of 15 characters: 9,013 characters even compact, and no SSM
+    tier holds more than 8,192. Refused before the diff or any write, naming the limit."""
+    members = [f"U{n:014d}" for n in range(500)]
+    path = write(tmp_path, json.dumps({"members": members}, separators=(",", ":")))
+    code, out, err = run(capsys, "policy", "put", "ml", path, "--yes")
+    assert code == 1 and "---" not in out
+    assert f"{path}: too large: 9013 characters (at most 8192: SSM's Advanced tier holds no more)" in err
+    assert "nothing was written" in err and stored().version == 1
+    with pytest.raises(aws.TooLargeToStore, match="holds at most 8,192"):
+        aws.PolicyStore(aws.client("ssm"), aws.ssm_prefix()).put(ML, json.dumps({"members": members}))
+    assert stored().version == 1
+
+
+def test_validate_settings_says_which_tier_they_need(tmp_path, capsys):
+    """Settings are stored by hand: `policy validate --settings` says when they need the Advanced tier."""
+    small = write(tmp_path, Settings().model_dump_json(indent=2), "small.json")
+    assert run(capsys, "policy", "validate", "--settings", small)[1] == f"{small}: valid\n"
+    admins = [f"U{n:010d}" for n in range(100)]
+    large = write(tmp_path, Settings(admins=admins).model_dump_json(indent=2), "large.json")
+    code, out, _ = run(capsys, "policy", "validate", "--settings", large)
+    assert code == 0 and "over the 4,096 of SSM's Standard tier: store it in the Advanced tier" in out

@@ -100,6 +100,42 @@ def test_the_planner_hands_a_large_fleet_to_the_state_machine_whose_shards_and_g
     assert all(stored[i].state is State.ACTIVE for i in busy_ids if i in stored)
 
 
+def test_a_scheduled_event_delivered_twice_starts_one_sweep(aws: Any, slack: Any, monkeypatch: Any) -> None:
+    """Issue 43 (10): EventBridge delivers a scheduled event at least once. The execution was named after a
+    fresh uuid per invocation, so a second delivery started a second execution over the same fleet. The sweep
+    is named after the schedule's time and claimed once: the second delivery starts nothing and writes no
+    manifest; an invocation by hand (no scheduled event) is a sweep of its own."""
+    now = datetime.now(UTC)
+    ml_fleet(5, 2, now - timedelta(hours=3), now)
+    sfn = local.aws.client("stepfunctions")
+    definition = {"StartAt": "Wait", "States": {"Wait": {"Type": "Pass", "End": True}}}
+    role = "arn:aws:iam::123456789012:role/idle-reaper-sweep"
+    arn = sfn.create_state_machine(name="idle-reaper-sweep", definition=json.dumps(definition), roleArn=role)[
+        "stateMachineArn"
+    ]
+    monkeypatch.setenv(sweep_handler.FANOUT_ENV, arn)
+    monkeypatch.setattr(sweep_handler, "SHARD_SIZE", 3)
+    event = {
+        "version": "0",
+        "id": "6a7e8feb-b491-4cf7-a9f1-bf3703467718",
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "time": now.strftime("%Y-%m-%dT%H:%M:00Z"),
+        "resources": ["arn:aws:events:us-east-1:123456789012:rule/idle-reaper-schedule"],
+        "detail": {},
+    }
+    assert sweep_handler.handler(event, LambdaContextStub())["shards"] == 3
+    [execution] = sfn.list_executions(stateMachineArn=arn)["executions"]
+    assert execution["name"] == f"sweep-{now:%Y%m%dT%H%M}00Z"
+    manifest = records_lookup(f"shard#{execution['name']}#0")
+    again = sweep_handler.handler(event, LambdaContextStub())
+    assert again == {"sweep_id": execution["name"], "duplicate": True}
+    assert len(sfn.list_executions(stateMachineArn=arn)["executions"]) == 1, "one sweep for one scheduled time"
+    assert records_lookup(f"shard#{execution['name']}#0") == manifest, "its manifests were not written again"
+    sweep_handler.handler({}, LambdaContextStub())
+    assert len(sfn.list_executions(stateMachineArn=arn)["executions"]) == 2, "a sweep by hand is its own"
+
+
 class ThrottledManifest:
     """moto's DynamoDB, except that one shard's manifest cannot be read (a throttling storm on its worker)."""
 

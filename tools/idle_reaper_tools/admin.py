@@ -20,6 +20,7 @@ from typing import Any
 
 from idle_reaper import aws
 from idle_reaper.aws.accounts import MemberCheck, MemberSweep, last_member_check, last_member_sweep
+from idle_reaper.aws.limits import SSM_STANDARD_CHARS, TooLargeToStore, ssm_tier
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
 from idle_reaper.core.kinds import NEVER_STOPPED, NOTEBOOK_GAPS, TERMINABLE, Kind, recorded_saving
 from idle_reaper.core.reading import parse_next_read
@@ -188,6 +189,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except PolicyError as exc:
             _print_problems(exc)
             return EXIT_INVALID
+        if args.settings and ssm_tier(text, args.file) == "Advanced":  # stored as it is, by hand
+            print(
+                f"{args.file}: valid; {len(text):,} characters, over the {SSM_STANDARD_CHARS:,} of SSM's Standard "
+                "tier: store it in the Advanced tier (aws ssm put-parameter --tier Advanced; $0.05 a month)"
+            )
+            return 0
         print(f"{args.file}: valid")
         return 0
 
@@ -321,14 +328,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # policy put
 
 
+def stored_text(document: Any, name: str) -> tuple[str, str | None]:
+    """What `policy put` writes for a policy document, and what to say of its SSM tier: indented for a reader
+    while that fits the Standard tier (4,096 characters), else compact, so the Advanced tier (8,192 characters,
+    $0.05 a month) is used only by a policy that needs it; a document that fits neither is refused here, naming
+    the limit, before anything is written (_Fail)."""
+    text = json.dumps(document, indent=2)
+    if len(text) > SSM_STANDARD_CHARS:
+        text = json.dumps(document, separators=(",", ":"))
+    try:
+        tier = ssm_tier(text, name)
+    except TooLargeToStore as exc:
+        raise _Fail(str(exc)) from None
+    if tier == "Standard":
+        return text, None
+    return text, (
+        f"{name} is {len(text):,} characters, over the {SSM_STANDARD_CHARS:,} of SSM's Standard tier: it is stored "
+        "in the Advanced tier, which AWS charges $0.05 a month for (and which SSM never moves back to Standard)"
+    )
+
+
 def cmd_put(args: argparse.Namespace) -> int:
     def body() -> int:
         store = _policy_store()
         stored_settings, policy, text = _proposal(store, args.team, args.file)
         # What is written is the file's own fields (a partial override), so fields it leaves out keep
         # following settings.default_policy; normalised so a re-put of the same file is a no-op.
-        new_text = json.dumps(json.loads(text), indent=2)
         name = store.team_name(args.team)
+        new_text, tier_note = stored_text(json.loads(text), name)
         stored = store.read(name)
         if stored is not None and stored.value == new_text:
             print(f"{name} v{stored.version} already holds this policy; nothing to write")
@@ -358,6 +385,8 @@ def cmd_put(args: argparse.Namespace) -> int:
             _print_plan(args.team, proposed, args.now or datetime.now(UTC))
 
         expected = stored.version if stored else None
+        if tier_note:
+            print(tier_note)
         if not args.yes:
             prompt = f"write {name} ({f'v{expected} -> v{expected + 1}' if expected else 'new'})? [y/N] "
             try:
@@ -840,6 +869,12 @@ def format_member_check(check: MemberCheck) -> str:
         listed = f"{check.listed_at:%Y-%m-%d %H:%M} UTC" if check.listed_at else "never"
         lines.append(f"  not listed this time ({check.listing_error}); last listing: {listed}")
     lines += [f"  {f.describe()}" for f in check.failures]
+    if check.failures_more:
+        lines.append(
+            f"  and {check.failures_more} more account-regions that failed, in {len(check.failed_more)} accounts "
+            f"(their reasons are in the sweep's log and the admins' alerts): {', '.join(check.failed_more[:20])}"
+            + (" ..." if len(check.failed_more) > 20 else "")
+        )
     return "\n".join(lines)
 
 

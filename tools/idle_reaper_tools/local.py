@@ -18,6 +18,7 @@ from idle_reaper import aws
 
 __all__ = ["aws"]  # re-exported for the demo's seeding
 from idle_reaper.policy import Settings
+from idle_reaper_tools.aws_rules import AwsRules
 
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
@@ -32,12 +33,14 @@ Profile = Callable[[datetime], tuple[float, float | None]]
 class LocalAws:
     endpoint: str
     _server: Any
+    rules: AwsRules  # AWS's limits in front of moto (aws_rules.py)
 
     def reset(self) -> None:
-        """Empty every moto backend (between tests)."""
+        """Empty every moto backend and refill the rules' buckets (between tests)."""
         import urllib.request
 
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")).read()
+        self.rules.reset()
 
     def stop(self) -> None:
         self._server.stop()
@@ -45,10 +48,12 @@ class LocalAws:
 
 @contextmanager
 def local_aws() -> Iterator[LocalAws]:
-    """Start moto's server on a free port of 127.0.0.1 and point boto3 at it through the environment."""
+    """Start moto's server on a free port of 127.0.0.1 and point boto3 at it through the environment, with AWS's
+    documented limits in front of it (aws_rules.py) for every client made from boto3's default session."""
     _studio_without_apps()
     _regions_as_aws_lists_them()
     _atomic_dynamodb_writes()
+    _item_size_as_dynamodb_counts_it()
     _quicker_local_world()
     server = _KeepAliveMotoServer()
     host, port = server.host_and_port()
@@ -65,9 +70,12 @@ def local_aws() -> Iterator[LocalAws]:
         AWS_REGION=REGION,
     )
     os.environ.pop("AWS_PROFILE", None)
+    rules = AwsRules()
+    rules.install()
     try:
-        yield LocalAws(f"http://{host}:{port}", server)
+        yield LocalAws(f"http://{host}:{port}", server, rules)
     finally:
+        rules.uninstall()
         server.stop()
         for key, value in saved.items():
             if value is None:
@@ -191,6 +199,19 @@ def _atomic_dynamodb_writes() -> None:
     for name in ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item"):
         if hasattr(backend, name):
             setattr(backend, name, atomic(getattr(backend, name)))
+
+
+def _item_size_as_dynamodb_counts_it() -> None:
+    """moto refuses an item past 405,000 bytes of its own count (not DynamoDB's: a number counted by its digits,
+    no list or map overhead), so items DynamoDB stores up to its 409,600 bytes were refused. The rules in front of
+    moto (aws_rules.py) count as DynamoDB does and refuse what it refuses; moto's own count is set aside."""
+    from moto.dynamodb.models import dynamo_type
+
+    sized: Any = dynamo_type.LimitedSizeDict
+    if getattr(sized, "_idle_reaper_unsized", False):
+        return
+    sized._idle_reaper_unsized = True
+    sized.__setitem__ = dict.__setitem__
 
 
 def _studio_without_apps() -> None:

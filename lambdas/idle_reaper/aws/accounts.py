@@ -26,7 +26,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -34,10 +34,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from idle_reaper.aws.clients import client, error_code, run_concurrently, wall_clock
+from idle_reaper.aws.limits import LOOKUP_VALUE_MAX_BYTES, ORGANIZATIONS_RPS, Pace, Quota
 from idle_reaper.aws.state import StateStore
 from idle_reaper.organization import AccountId, RegionName, member_role_arn, role_suffix_for
 
 DIRECTORY_TTL = timedelta(hours=1)
+# DescribeAccount calls (why an account's role was refused: suspended, or gone) per DIRECTORY_TTL, at most.
+STATUS_LOOKUPS = 20
+ORGANIZATIONS_QUOTA = Quota(10.0, ORGANIZATIONS_RPS)
 CREDENTIAL_SECONDS = 3600  # the most role chaining allows (a Lambda's role assuming another role)
 # A sweep or shard runs at most 15 minutes: credentials handed out are good for at least that long.
 REFRESH_MARGIN = timedelta(minutes=16)
@@ -183,6 +187,11 @@ class AccountDirectory:
         self._last: Directory | None = None
         self._lock = threading.Lock()
         self.calls = 0  # Organizations calls made, for tests and benchmarks
+        # Organizations' calls, paced (its rate is one for the whole organization: aws/limits.py).
+        self.pace = Pace(ORGANIZATIONS_QUOTA)
+        # DescribeAccount's answers by account, kept for `ttl`; and how many were asked since `_asked_since`.
+        self._status: dict[str, tuple[Reason | None, datetime]] = {}
+        self._asked, self._asked_since = 0, datetime.min.replace(tzinfo=UTC)
 
     def current(self, *, stale_for: timedelta | None = None) -> Directory:
         """The listing, anew from Organizations once the last is `ttl` old (or failed). `stale_for`: a listing up to
@@ -208,18 +217,39 @@ class AccountDirectory:
 
     def status_of(self, account: str) -> Reason | None:
         """Why an account that was listed may no longer be usable (asked only after a call into it failed):
-        SUSPENDED, LEFT_ORGANIZATION, or None when it is still an ACTIVE member (or Organizations cannot say)."""
-        try:
+        SUSPENDED, LEFT_ORGANIZATION, or None when it is still an ACTIVE member (or Organizations cannot say).
+        Asked once per account per `ttl` (one answer serves all its regions) and STATUS_LOOKUPS times per `ttl` in
+        all: a wide outage fails a thousand accounts at once against Organizations' one rate for the organization.
+        Past that the failure is told as AWS answered it; the hourly listing still says who was suspended or left."""
+        now = self.clock()
+        with self._lock:
+            known = self._status.get(account)
+            if known is not None and now - known[1] < self.ttl:
+                return known[0]
+            if now - self._asked_since >= self.ttl:
+                self._asked, self._asked_since = 0, now
+            if self._asked >= STATUS_LOOKUPS:
+                return None
+            self._asked += 1
             self.calls += 1
+        self.pace.take()
+        try:
             found = self.organizations.describe_account(AccountId=account)["Account"]
         except ClientError as exc:
-            return Reason.LEFT_ORGANIZATION if error_code(exc) == "AccountNotFoundException" else None
+            reason = Reason.LEFT_ORGANIZATION if error_code(exc) == "AccountNotFoundException" else None
+            if reason is None:
+                return None  # throttled or refused: not an answer to keep
         except BotoCoreError:
             return None
-        return None if _active(found) else Reason.SUSPENDED
+        else:
+            reason = None if _active(found) else Reason.SUSPENDED
+        with self._lock:
+            self._status[account] = (reason, now)
+        return reason
 
     def _list(self, now: datetime) -> Directory:
         self.calls += 1
+        self.pace.take()
         management = self.organizations.describe_organization()["Organization"]["MasterAccountId"]
         accounts: dict[str, MemberAccount] = {}
         skipped: list[AccountFailure] = []
@@ -247,7 +277,12 @@ class AccountDirectory:
         return Directory(tuple(sorted(accounts.values(), key=lambda a: a.id)), tuple(skipped), now)
 
     def _pages(self, paginator: Any, key: str, **kwargs: Any) -> Iterable[dict[str, Any]]:
-        for page in paginator.paginate(**kwargs):
+        pages = iter(paginator.paginate(**kwargs))
+        while True:
+            self.pace.take()  # before each page's request
+            page = next(pages, None)
+            if page is None:
+                return
             self.calls += 1
             yield from page[key]
 
@@ -519,22 +554,49 @@ class MemberCheck:
     # The accounts it tried (each in every member region). None: a check stored before this was kept; then no
     # account is known to have been checked (the doctor says each is unknown, never healthy).
     checked: tuple[str, ...] | None = None
+    # Failures past what one item holds (save_member_check): how many, and their accounts (why: the admins' alert).
+    failures_more: int = 0
+    failed_more: tuple[str, ...] = ()
+
+    def failing_unkept(self, account: str, region: str) -> bool:
+        """Whether this (account, region) may be one of the failures not kept: its account failed somewhere and
+        its reason was not kept."""
+        return account in self.failed_more and not any(
+            f.account == account and f.region == region for f in self.failures
+        )
 
 
-def save_member_check(store: StateStore, check: MemberCheck, at: datetime, key: str = MEMBERS_KEY) -> None:
-    value = {
+def save_member_check(store: StateStore, check: MemberCheck, at: datetime, key: str = MEMBERS_KEY) -> MemberCheck:
+    """Keep the check for `status` and the doctor in one item of the state table. The failures grow with the
+    organization (about 370 bytes each: a wide outage fails every account-region at once), and DynamoDB's item
+    holds 400 KB: as many as fit are kept with their reasons, the others counted, with their accounts named, so
+    that no failure is taken for a healthy unit. Returns the check as kept."""
+    failures = [
+        {"account": f.account, "region": f.region, "reason": f.reason.value, "detail": f.detail} for f in check.failures
+    ]
+    value: dict[str, Any] = {
         "checked_at": check.checked_at.isoformat(),
         "accounts": check.accounts,
         "units": check.units,
-        "failures": [
-            {"account": f.account, "region": f.region, "reason": f.reason.value, "detail": f.detail}
-            for f in check.failures
-        ],
+        "failures": failures,
         "listing_error": check.listing_error,
         "listed_at": check.listed_at.isoformat() if check.listed_at else None,
         **({"checked": list(check.checked)} if check.checked is not None else {}),
     }
-    store.put_lookup(key, json.dumps(value), at + MEMBERS_KEEP)
+    text, kept = json.dumps(value), len(failures)
+    while len(text.encode()) > LOOKUP_VALUE_MAX_BYTES and kept:  # drop about as many as are over, then check
+        over = len(text.encode()) - LOOKUP_VALUE_MAX_BYTES
+        kept = max(0, kept - 1 - -(-over * kept // max(1, len(json.dumps(failures[:kept]).encode()))))
+        more = failures[kept:]
+        more_accounts = sorted({str(f["account"]) for f in more} | set(check.failed_more))
+        value.update(failures=failures[:kept], failures_more=len(more) + check.failures_more, failed_more=more_accounts)
+        text = json.dumps(value)
+    if len(text.encode()) > LOOKUP_VALUE_MAX_BYTES:
+        # Even the accounts' names do not fit (tens of thousands): none is said to be checked, so none is healthy.
+        value.pop("checked", None)
+        text = json.dumps(value)
+    store.put_lookup(key, text, at + MEMBERS_KEEP)
+    return last_member_check_of(text)
 
 
 def last_member_check(store: StateStore, now: datetime, key: str = MEMBERS_KEY) -> MemberCheck | None:
@@ -542,8 +604,11 @@ def last_member_check(store: StateStore, now: datetime, key: str = MEMBERS_KEY) 
     DIGEST_READS_KEY, the weekly digest's last reads. Raises AwsError when it cannot be read, ValueError when
     what is stored is not a check (corrupt)."""
     raw = store.get_lookup(key, now)
-    if raw is None:
-        return None
+    return None if raw is None else last_member_check_of(raw)
+
+
+def last_member_check_of(raw: str) -> MemberCheck:
+    """A check as save_member_check stored it. ValueError when it is not one (corrupt)."""
     try:
         value = json.loads(raw)
         failures = tuple(
@@ -558,6 +623,8 @@ def last_member_check(store: StateStore, now: datetime, key: str = MEMBERS_KEY) 
             value.get("listing_error"),
             datetime.fromisoformat(listed_at) if listed_at else None,
             None if checked is None else tuple(str(a) for a in checked),
+            int(value.get("failures_more", 0)),
+            tuple(str(a) for a in value.get("failed_more", ())),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"the stored member check is not readable ({type(exc).__name__}: {exc})"[:300]) from None

@@ -36,6 +36,7 @@ from idle_reaper.core.deploy_checks import (
 from idle_reaper.core.doctor import Finding, unknown
 
 STACK_ENV = "IDLE_REAPER_STACK"  # the stack's CloudFormation name, given to the Slack function (infra/stack.py)
+RELAY_ALARM_ENV = "IDLE_REAPER_RELAY_ALARM"  # the alarm on the Slack alarm relay's own errors (the sweep reads it)
 # The deploy's checks, in the order they are made: what is not reached in time is said to be unknown.
 DEPLOY_CHECKS = (
     "deploy.stack",

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from idle_reaper.aws.clients import AwsError, chunks, run_concurrently
+from idle_reaper.aws.limits import GET_METRIC_DATA_DPS, GET_METRIC_DATA_TPS, Pace, Quota
 from idle_reaper.core.signals import Point, Signals
 from idle_reaper.policy import (
     MetricSettings,
@@ -40,10 +41,11 @@ def unreadable_source_names(bits: int) -> list[str]:
 # at 4,000 writes/s). EC2 and Auto Scaling calls run on 8 threads per kind of action (at 0.2-0.3 s a call,
 # 25-40 calls/s); the adaptive retry mode slows a client down when a bucket runs dry (docs/deploying.md).
 METRIC_WORKERS = 20
-# GetMetricData's default quota, transactions per second per account and region (adjustable), and what one
-# call takes in-region: how many calls the shards of one sweep may make at once together.
-GET_METRIC_DATA_TPS = 50
+# What one GetMetricData call takes in-region: with its quota of calls a second (aws/limits.py), how many calls the
+# shards of one sweep may have in flight together.
 GET_METRIC_DATA_SECONDS = 0.6
+CALLS_QUOTA = Quota(GET_METRIC_DATA_TPS, GET_METRIC_DATA_TPS)
+DATAPOINTS_QUOTA = Quota(GET_METRIC_DATA_DPS, GET_METRIC_DATA_DPS)
 
 
 def metric_workers(concurrent: int) -> int:
@@ -52,6 +54,13 @@ def metric_workers(concurrent: int) -> int:
     GET_METRIC_DATA_TPS x GET_METRIC_DATA_SECONDS calls in flight)."""
     in_flight = int(GET_METRIC_DATA_TPS * GET_METRIC_DATA_SECONDS)
     return max(1, min(METRIC_WORKERS, in_flight // concurrent))
+
+
+def requested_points(query: Mapping[str, Any], start: datetime, end: datetime) -> int:
+    """The datapoints one query asks for, as CloudWatch counts them against its datapoints a second: the range
+    over the query's period."""
+    period = int(query["MetricStat"]["Period"])
+    return -(-int((end - start).total_seconds()) // period)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,11 +83,21 @@ class MetricsReader:
     as possible. Every query names one dimension, the machine's own InstanceId: datapoints published for
     any other dimension set (another InstanceId, extra StatsD tags) are never read for this machine."""
 
-    def __init__(self, cloudwatch: Any, workers: int = METRIC_WORKERS) -> None:
+    def __init__(self, cloudwatch: Any, workers: int = METRIC_WORKERS, *, sharing: int = 1) -> None:
         self.cloudwatch = cloudwatch
         self.workers = workers  # GetMetricData calls at once (fewer when shards of one sweep share the quota)
         self.stats = MetricFetchStats()
         self._stats_lock = threading.Lock()  # batches run on several threads
+        # GetMetricData's quotas of calls and of datapoints a second, this reader's share of them when `sharing`
+        # workers read the same account and region at once: each call waits its turn, none is throttled.
+        self.sharing = max(1, sharing)
+        self.calls_pace = Pace(CALLS_QUOTA.share(self.sharing))
+        self.points_pace = Pace(DATAPOINTS_QUOTA.share(self.sharing))
+
+    def shared_by(self, workers: int) -> MetricsReader:
+        """A reader over the same client for one of `workers` reading this account and region at once: its share
+        of the threads (metric_workers) and of the quotas."""
+        return MetricsReader(self.cloudwatch, metric_workers(workers), sharing=workers)
 
     def _count(self, calls: int = 0, queries: int = 0, failed_calls: int = 0) -> None:
         with self._stats_lock:
@@ -146,10 +165,13 @@ class MetricsReader:
         points: dict[tuple[str, str], list[Point]] = {}
         incomplete: set[str] = set()
         # A long window returns many points per query; keep one call under GetMetricData's datapoint
-        # limit so no batch needs a second (re-billed) NextToken page.
+        # limit so no batch needs a second (re-billed) NextToken page, and under this reader's share of the
+        # datapoints a second, so that one call never asks for more than its bucket holds (calls are billed by
+        # the metric, not by the call: smaller calls cost nothing more).
         finest = min(period, HUMAN_METRIC_PERIOD_SECONDS) if human else period
         points_per_query = int((end - start).total_seconds()) // finest + 1
-        per_call = max(1, min(METRIC_QUERIES_PER_CALL, DATAPOINTS_PER_CALL // points_per_query))
+        fits = min(DATAPOINTS_PER_CALL, int(self.points_pace.quota.burst)) // points_per_query
+        per_call = max(1, min(METRIC_QUERIES_PER_CALL, fits))
 
         def read(batch: Sequence[dict[str, Any]]) -> None:
             # Each batch fills its own keys of `points`; the set and dict updates are atomic under the GIL.
@@ -194,6 +216,8 @@ class MetricsReader:
             }
             if token:
                 kwargs["NextToken"] = token
+            self.calls_pace.take()
+            self.points_pace.take(sum(requested_points(q, start, end) for q in batch))
             response = self.cloudwatch.get_metric_data(**kwargs)
             self._count(calls=1, queries=len(batch))
             for res in response["MetricDataResults"]:

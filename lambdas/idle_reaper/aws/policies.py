@@ -10,6 +10,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from idle_reaper.aws.clients import error_code
+from idle_reaper.aws.limits import ssm_tier
 from idle_reaper.organization import ORGANIZATION_PARAMETER, OrganizationSettings, parse_organization_settings
 from idle_reaper.policy import (
     PolicyError,
@@ -100,7 +101,12 @@ class PolicyStore:
             raise
 
     def put(self, name: str, value: str, overwrite: bool = True) -> int:
-        out = self.ssm.put_parameter(Name=name, Value=value, Type="String", Overwrite=overwrite)
+        """Write `value` in the tier that holds it (aws/limits.py ssm_tier): no tier asked up to 4,096 characters
+        (a new parameter is Standard, the account's default; one already Advanced stays so, as SSM cannot
+        downgrade it), Advanced up to 8,192 ($0.05 a month). TooLargeToStore beyond, before anything is sent."""
+        tier = ssm_tier(value, name)
+        more = {"Tier": tier} if tier != "Standard" else {}
+        out = self.ssm.put_parameter(Name=name, Value=value, Type="String", Overwrite=overwrite, **more)
         return int(out["Version"])
 
     def put_if_version(self, name: str, value: str, expected: int | None) -> int:

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import json
+import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, chunks, error_code, run_concurrently, wall_clock
+from idle_reaper.aws.limits import Pacing
 from idle_reaper.core.records import MachineRecord, State, parse_machine_key
 
 DDB_BATCH_GET = 100
+# BatchGetItem's unprocessed keys: asked again at most this many times in all, after a jittered backoff doubling from
+# UNPROCESSED_BACKOFF seconds (at most 0.05 x 2^7 = 6.4 s before the last; about 6 s in all on average).
+UNPROCESSED_ATTEMPTS = 8
+UNPROCESSED_BACKOFF = 0.05
 OWNER_INDEX = "owner-index"  # the state table's GSI on owner_slack_id (the Slack status and keep commands)
 AUDIT_TTL_DAYS = 90
 CLAIM_TTL_DAYS = 30  # an admin alert for a policy still broken after this long is sent again
@@ -47,6 +53,12 @@ def _machine_keys(keys: Sequence[str]) -> list[str]:
             continue
         found.append(key)
     return found
+
+
+class UnprocessedKeys(BotoCoreError):
+    """DynamoDB left keys of a BatchGetItem unprocessed past every retry: the read failed as a whole."""
+
+    fmt = "{what}"
 
 
 @dataclass(frozen=True)
@@ -108,7 +120,8 @@ class StateStore(Protocol):
         ...
 
     def claim_once(self, key: str, at: datetime) -> bool:
-        """True for the first caller ever to claim `key` (a conditional write), False for every later one."""
+        """True for the first caller to claim `key` (a conditional write), False for every later one until the
+        claim ends, CLAIM_TTL_DAYS after it was made (`at`), whether or not DynamoDB has deleted it yet."""
         ...
 
     def release_claim(self, key: str) -> None: ...
@@ -197,16 +210,25 @@ class DynamoStateStore:
         return {r.key: r for found in run_concurrently(get, batches, DDB_WORKERS) for r in found}
 
     def _batch_get(self, keys: Sequence[Mapping[str, Any]], *, consistent: bool = False) -> list[dict[str, Any]]:
-        """The items of up to DDB_BATCH_GET keys, as plain values, the keys DynamoDB left unprocessed asked again."""
+        """The items of up to DDB_BATCH_GET keys, as plain values. The keys DynamoDB leaves unprocessed (its
+        throughput, or a response past 16 MB) are asked again after an exponential backoff with jitter, as
+        DynamoDB asks (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/Programming.Errors.html
+        #Programming.Errors.BatchOperations), at most UNPROCESSED_ATTEMPTS times: UnprocessedKeys then, never a
+        part of the records returned as if it were all of them."""
         request: dict[str, Any] = {self.table: {"Keys": [self._wire(k) for k in keys]}}
         if consistent:
             request[self.table]["ConsistentRead"] = True
         found: list[dict[str, Any]] = []
-        while request:
+        for attempt in range(UNPROCESSED_ATTEMPTS):
+            if attempt:
+                Pacing.sleep(random.uniform(0, UNPROCESSED_BACKOFF * 2**attempt))
             out = self.dynamodb.batch_get_item(RequestItems=request)
             found += [self._plain(raw) for raw in out["Responses"].get(self.table, [])]
             request = out.get("UnprocessedKeys") or {}
-        return found
+            if not request:
+                return found
+        left = len(request.get(self.table, {}).get("Keys", []))
+        raise UnprocessedKeys(what=f"DynamoDB left {left} of {len(keys)} keys unprocessed {UNPROCESSED_ATTEMPTS} times")
 
     def save(self, record: MachineRecord, holder: str | None = None, *, hold: bool = False) -> bool:
         now = self.clock()
@@ -309,15 +331,10 @@ class DynamoStateStore:
             "claimed_at": at.isoformat(),
             "expires_at": int((at + timedelta(days=CLAIM_TTL_DAYS)).timestamp()),
         }
-        try:
-            self.dynamodb.put_item(
-                TableName=self.table, Item=self._wire(item), ConditionExpression="attribute_not_exists(pk)"
-            )
-        except ClientError as exc:
-            if error_code(exc) == "ConditionalCheckFailedException":
-                return False
-            raise
-        return True
+        # An expired claim is a claim no more: DynamoDB deletes expired items "within a few days" of their expiry
+        # and reads return them until then (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/
+        # howitworks-ttl.html), so the condition, not the deletion, ends it.
+        return self._put_if(item, "attribute_not_exists(pk) OR expires_at <= :now", {":now": int(at.timestamp())})
 
     def release_claim(self, key: str) -> None:
         self.dynamodb.delete_item(TableName=self.table, Key=self._wire({"pk": f"once#{key}", "sk": "once"}))
@@ -437,7 +454,7 @@ class InMemoryStateStore:
 
     def claim_once(self, key: str, at: datetime) -> bool:
         with self._lock:
-            if key in self.claims:
+            if key in self.claims and self.claims[key] + timedelta(days=CLAIM_TTL_DAYS) > at:
                 return False
             self.claims[key] = at
             return True

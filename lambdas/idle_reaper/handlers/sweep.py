@@ -3,6 +3,7 @@ is handed to the fan-out state machine (handlers/fanout.py runs its shards and g
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -13,15 +14,18 @@ from typing import Any
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from botocore.exceptions import ClientError
 
 from idle_reaper.aws.accounts import MemberAccess
-from idle_reaper.aws.clients import client
+from idle_reaper.aws.clients import AwsError, client, error_code
+from idle_reaper.aws.deploy import RELAY_ALARM_ENV
+from idle_reaper.aws.limits import cloudwatch_dimension
 from idle_reaper.aws.regions import current_region
 from idle_reaper.core.reports import TeamTotals
 from idle_reaper.notify import logger
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport
 from idle_reaper.sweep.delivery import FINISH_RESERVE
-from idle_reaper.sweep.doctor import run_daily_doctor
+from idle_reaper.sweep.doctor import report_failing_relay, run_daily_doctor
 from idle_reaper.sweep.fanout import (
     SHARD_SIZE,
     Plan,
@@ -43,7 +47,7 @@ FANOUT_ENV = "IDLE_REAPER_FANOUT_ARN"  # the state machine that sweeps a fleet s
 def _emit_counts(dimension: str, value: str, t: TeamTotals, *, all_counts: bool = True) -> None:
     """One EMF blob of counts under one dimension; `all_counts` False: the four an account is split by."""
     blob = EphemeralMetrics(namespace="IdleReaper")
-    blob.add_dimension(dimension, value)
+    blob.add_dimension(dimension, cloudwatch_dimension(value))  # a team is a tag's value: any Unicode
     blob.add_metric("MachinesScanned", MetricUnit.Count, t.scanned)
     blob.add_metric("MachinesIdle", MetricUnit.Count, t.idle)
     if all_counts:
@@ -119,6 +123,27 @@ def check_daily(
     run_daily_doctor(adapters, now, read, lambda: context.get_remaining_time_in_millis() / 1000, plan.listed)
 
 
+def start_execution(state_machine: str, plan: Plan) -> None:
+    """Start the fan-out's execution for the plan. Step Functions refuses a second execution of one name
+    (ExecutionAlreadyExists, for 90 days): the sweep is running already, and that is not a failure."""
+    try:
+        client("stepfunctions").start_execution(
+            stateMachineArn=state_machine, name=plan.sweep_id, input=json.dumps(plan.execution_input())
+        )
+    except ClientError as exc:
+        if error_code(exc) != "ExecutionAlreadyExists":
+            raise
+        logger.info("the sweep's execution was started already", extra={"sweep_id": plan.sweep_id})
+
+
+def check_alarm_relay(adapters: Adapters, now: datetime) -> None:
+    """Whether the Slack relay of the alarms is failing (its own alarm cannot reach Slack through it): the admins
+    hear it from the sweep (sweep/doctor.py report_failing_relay)."""
+    alarm = os.environ.get(RELAY_ALARM_ENV)
+    if alarm:
+        report_failing_relay(adapters, lambda: client("cloudwatch"), alarm, now)
+
+
 @functools.cache
 def member_access() -> MemberAccess | None:
     """Organization mode's listing and credentials, kept while the Lambda process is warm (None: one account)."""
@@ -156,6 +181,25 @@ def check_members(
     return totals
 
 
+def scheduled_sweep_id(event: dict[str, Any]) -> str | None:
+    """The sweep a scheduled event asks for, named after the schedule's time: EventBridge delivers an event at
+    least once (https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-rule-dlq.html), and a delivery
+    again carries the same time, so it names the same sweep. None for any other event (an invocation by hand,
+    `SweepFunctionName`: a sweep of its own)."""
+    if event.get("detail-type") != "Scheduled Event" or not isinstance(event.get("time"), str):
+        return None
+    try:
+        when = datetime.fromisoformat(event["time"].replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None
+    return f"sweep-{when:%Y%m%dT%H%M%SZ}"
+
+
+def started_once(adapters: Adapters, sweep_id: str, now: datetime) -> bool:
+    """Claim the sweep (a conditional write): False when a delivery of the same event claimed it first."""
+    return adapters.store.claim_once(f"sweep-started#{sweep_id}", now)
+
+
 @logger.inject_lambda_context(log_event=False)
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
@@ -163,6 +207,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # A 429's Retry-After is waited out while the invocation has time for it, not a fixed minute.
     adapters = Adapters.from_environment(slack_budget_seconds=slack_budget(context))
     fanout = os.environ.get(FANOUT_ENV)
+    sweep_id = scheduled_sweep_id(event)
+    if sweep_id is not None and not started_once(adapters, sweep_id, now):
+        logger.info(
+            "this scheduled event was delivered again: its sweep is started already", extra={"sweep_id": sweep_id}
+        )
+        metrics.add_metric("SweepsDeliveredAgain", MetricUnit.Count, 1)
+        return {"sweep_id": sweep_id, "duplicate": True}
     try:
         # Without the state machine (a local run), one invocation sweeps everything, time-aware.
         # Organization mode with the state machine: member (account, region) units are shards of their own.
@@ -170,15 +221,15 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         plan = plan_sweep(
             adapters,
             now=now,
+            sweep_id=sweep_id,
             in_place=True,
             shard_size=SHARD_SIZE if fanout else sys.maxsize,
             members=members,
         )
         if fanout and not plan.in_place:
-            # The execution is named after the sweep: a duplicate scheduled event cannot start it twice.
-            client("stepfunctions").start_execution(
-                stateMachineArn=fanout, name=plan.sweep_id, input=json.dumps(plan.execution_input())
-            )
+            # The execution is named after the sweep, and so after the schedule's time: a scheduled event
+            # delivered twice is claimed once (above), and could not start a second execution of that name.
+            start_execution(fanout, plan)
             metrics.add_metric("SweepShards", MetricUnit.Count, plan.all_shards)
             logger.info(
                 "sweep fanned out",
@@ -187,6 +238,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             count_unwatched_regions(adapters, now, context)
             check_daily(adapters, now, context, None, plan)
             check_members(adapters, now, context)
+            check_alarm_relay(adapters, now)
             return {"machines": plan.machines, "shards": plan.all_shards, "dry_run": plan.dry_run}
         hub = member_access()
         report = run_sweep(
@@ -200,9 +252,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         count_unwatched_regions(adapters, now, context)
         check_daily(adapters, now, context, report, plan)
         in_members = check_members(adapters, now, context, sweep=plan.sweep_id)
+        check_alarm_relay(adapters, now)
     except SweepCannotRun as exc:
         metrics.add_metric("SweepErrors", MetricUnit.Count, 1)
         logger.error("sweep could not run", extra={"error": str(exc)})
+        if sweep_id is not None:  # a delivery again may try it (nothing was changed)
+            with contextlib.suppress(*AwsError):
+                adapters.store.release_claim(f"sweep-started#{sweep_id}")
         raise  # a failed invocation is alarmed (and sent to the dead-letter destination)
     totals = SweepTotals.of(report, hub.config.hub_account if hub is not None else None)
     if in_members is not None:

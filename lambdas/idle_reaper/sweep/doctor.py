@@ -423,6 +423,9 @@ def members_as_last_checked(
             if failure is not None:
                 detail = f"{ADVICE[failure.reason]} ({failure.detail}; as the last sweep saw it)"
                 facts = replace(facts, role_reason=failure.reason.value, role_detail=detail)
+            elif last is not None and last.failing_unkept(account.id, region):
+                why = f"its account failed in the sweep's last check (one of {last.failures_more} failures not kept)"
+                facts = replace(facts, unreadable=why)
             elif stale:
                 facts = replace(facts, unreadable=stale)
             elif account.id not in checked:
@@ -599,3 +602,33 @@ def run_daily_doctor(
         },
     )
     return done
+
+
+# ---------------------------------------------------------------------------------------------
+# The alarm relay's own failures
+
+
+def report_failing_relay(adapters: Adapters, connect: Callable[[], Any], alarm: str | None, now: datetime) -> bool:
+    """The alarms reach the admins through the Slack relay; the alarm on the relay's own errors cannot go
+    through it, and a deploy without an alarm e-mail has nobody else on its topic. So each sweep looks at that
+    alarm (one DescribeAlarms call) and, while it is in ALARM, tells the admins through the sweep's own Slack
+    delivery, once a day. True when it told them. Never raises: the sweep is done by then."""
+    if not alarm:
+        return False
+    try:
+        cloudwatch = connect()  # a CloudWatch client, made only when there is an alarm to read
+        found = cloudwatch.describe_alarms(AlarmNames=[alarm], AlarmTypes=["MetricAlarm"])["MetricAlarms"]
+        if not found or found[0].get("StateValue") != "ALARM":
+            return False
+        settings, _ = adapters.policies.load_settings()
+    except Exception as exc:
+        logger.warning("the alarm relay's alarm could not be read", extra={"error": f"{type(exc).__name__}: {exc}"})
+        return False
+    since = found[0].get("StateUpdatedTimestamp")
+    text = (
+        f"idle-reaper's alarm relay is failing (alarm {alarm} in ALARM"
+        + (f" since {since:%Y-%m-%d %H:%M} UTC" if isinstance(since, datetime) else "")
+        + "): CloudWatch alarms about the reaper are not reaching Slack. Check the relay function's logs (its "
+        "Slack credentials, the admin channel); deploy with -c alarmEmail=ADDRESS to have alarms e-mailed too."
+    )
+    return alert_once(adapters, f"alarm-relay-failing#{now:%Y-%m-%d}", text, settings, now)

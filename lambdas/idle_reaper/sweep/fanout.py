@@ -25,7 +25,6 @@ from idle_reaper.aws.accounts import (
     save_unit_sizes,
 )
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
-from idle_reaper.aws.metrics import MetricsReader, metric_workers
 from idle_reaper.core.records import State
 from idle_reaper.core.reports import OWNER_PART, TeamTotals, part_key
 from idle_reaper.core.signals import Machine
@@ -451,9 +450,8 @@ def run_shard(
         totals = member_totals(outcomes)
         totals.dry_run = task.dry_run or totals.dry_run
     elif isinstance(value, list) and all(isinstance(i, str) for i in value):
-        workers = metric_workers(task.concurrent_shards)
-        if workers != adapters.metrics.workers:
-            adapters = replace(adapters, metrics=MetricsReader(adapters.metrics.cloudwatch, workers=workers))
+        if task.concurrent_shards > 1:  # the shards of one sweep share the account-region's quotas
+            adapters = replace(adapters, metrics=adapters.metrics.shared_by(task.concurrent_shards))
         report = run_sweep(
             adapters,
             now=task.now,

@@ -30,7 +30,7 @@ from idle_reaper.aws.accounts import (
 )
 from idle_reaper.aws.clients import run_concurrently
 from idle_reaper.aws.fleet import Fleet
-from idle_reaper.aws.metrics import MetricsReader, metric_workers
+from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore, StoredParameter
 from idle_reaper.core.reports import machine_part
@@ -71,13 +71,19 @@ def check_member_accounts(adapters: Adapters, members: MemberAccess, now: dateti
             listed_at=listing.listed_at,
             checked=tuple(a.id for a in listing.accounts),
         )
-        save_member_check(adapters.store, check, now)
         settings, _ = adapters.policies.load_settings()
     except Exception as exc:  # contained: the sweep goes on, the next one checks again
         logger.warning("member accounts not checked", extra={"error": str(exc)})
         return [f"could not check the member accounts: {exc}; the next sweep tries again"]
     names = {a.id: a.name for a in listing.accounts}
     lines = [f"member accounts: {check.accounts} accounts, credentials in {check.units} of {len(pairs)} regions"]
+    try:  # for `status` and the doctor; the admins are told below whether or not it could be kept
+        kept = save_member_check(adapters.store, check, now)
+        if kept.failures_more:
+            lines.append(f"{kept.failures_more} failures not kept for `status` (its item's room): see the lines below")
+    except Exception as exc:
+        logger.warning("the member accounts' check could not be kept for status", extra={"error": str(exc)})
+        lines.append(f"the member accounts' check could not be kept for `status` ({exc})")
     if listing.error:
         lines.append(f"the member accounts could not be listed ({listing.error}); using the last listing")
         alert_once(
@@ -276,9 +282,7 @@ def sweep_member_accounts(
         default = org.default_for(account.id, account.parents, base.default_policy)
         unit_adapters = make_adapters(adapters, held, default if default is not base.default_policy else None)
         if part is not None:  # its K parts share the account's GetMetricData quota
-            unit_adapters = replace(
-                unit_adapters, metrics=MetricsReader(unit_adapters.metrics.cloudwatch, workers=metric_workers(part[1]))
-            )
+            unit_adapters = replace(unit_adapters, metrics=unit_adapters.metrics.shared_by(part[1]))
         try:
             if org.excludes(account.id, account.parents):
                 found = unit_adapters.fleet.discover(base.tags, notebooks=base.sagemaker_notebooks)

@@ -73,7 +73,9 @@ def test_brackets_inside_strings_do_not_count_as_nesting():
 def test_an_oversized_parameter_is_refused_before_parsing():
     text = json.dumps({"members": ["U0123ABCD"] * 1000})
     assert len(text) > MAX_PARAMETER_CHARS
-    assert team_problems(text) == [f"too large: {len(text)} characters (at most {MAX_PARAMETER_CHARS})"]
+    assert team_problems(text) == [
+        f"too large: {len(text)} characters (at most {MAX_PARAMETER_CHARS}: SSM's Advanced tier holds no more)"
+    ]
 
 
 def test_any_failure_while_validating_becomes_a_policy_error(monkeypatch):

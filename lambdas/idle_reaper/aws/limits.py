@@ -1,0 +1,163 @@
+"""AWS's documented limits the product keeps itself (sizes it checks before writing, rates it paces its calls to),
+and the pacing: a client-side token bucket per quota, shared out between the workers that call at once.
+
+The test doubles state the same limits apart (tools/idle_reaper_tools/aws_rules.py), so a wrong number here is
+refused there rather than copied."""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------------------------------------
+# Sizes
+
+# DynamoDB's largest item, attribute names and values together (UTF-8 bytes), KB = 1,024 bytes.
+# https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/ServiceQuotas.html#limits-items
+ITEM_MAX_BYTES = 400 * 1024
+# What the product keeps in one item of its own (a lookup's JSON value), at most: the rest of the item (keys,
+# expiry) and a margin stay under ITEM_MAX_BYTES.
+LOOKUP_VALUE_MAX_BYTES = 380_000
+
+# SSM Parameter Store: a Standard parameter holds 4,096 characters, an Advanced one 8,192 (and costs $0.05 a
+# month). https://docs.aws.amazon.com/systems-manager/latest/userguide/parameter-store-advanced-parameters.html
+SSM_STANDARD_CHARS = 4096
+SSM_ADVANCED_CHARS = 8192
+
+
+class TooLargeToStore(ValueError):
+    """A value no tier of SSM Parameter Store holds: nothing was written."""
+
+
+def ssm_tier(value: str, name: str = "the parameter") -> str:
+    """The cheapest tier that holds `value`: Standard up to 4,096 characters, Advanced up to 8,192 (a charge of
+    $0.05 a month per parameter, https://aws.amazon.com/systems-manager/pricing/). TooLargeToStore beyond."""
+    if len(value) <= SSM_STANDARD_CHARS:
+        return "Standard"
+    if len(value) <= SSM_ADVANCED_CHARS:
+        return "Advanced"
+    raise TooLargeToStore(
+        f"{name} would be {len(value):,} characters; SSM Parameter Store holds at most {SSM_ADVANCED_CHARS:,} "
+        f"(the Advanced tier; {SSM_STANDARD_CHARS:,} in the Standard tier): nothing was written"
+    )
+
+
+# A CloudWatch dimension's value: 1-1,024 characters, ASCII only, no control characters, not blank.
+# https://docs.aws.amazon.com/AmazonCloudWatch/latest/APIReference/API_Dimension.html
+DIMENSION_VALUE_MAX = 1024
+
+
+def cloudwatch_dimension(value: str) -> str:
+    """`value` (a tag's: any Unicode) as a dimension value CloudWatch accepts, one to one for the values a tag can
+    hold: every character outside printable ASCII, and "%", percent-encoded as UTF-8 (team "données" is
+    "donn%C3%A9es"); a blank value is encoded too; one longer than 1,024 characters is cut, with a checksum of the
+    whole so that two long values stay apart."""
+    blank = not value.strip()
+    text = "".join(
+        c if " " <= c <= "~" and c != "%" and not (blank and c == " ") else "".join(f"%{b:02X}" for b in c.encode())
+        for c in value
+    )
+    text = text or "%00"
+    if len(text) <= DIMENSION_VALUE_MAX:
+        return text
+    return f"{text[: DIMENSION_VALUE_MAX - 9]}~{zlib.crc32(value.encode()):08x}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Rates (per account and region unless said otherwise)
+
+# EC2: a token bucket per API action. Non-mutating actions (DescribeInstances with a filter or pagination, as the
+# product always calls it): 100 tokens, 20 a second. StopInstances: 50 tokens, 5 a second, and a resource bucket of
+# 1,000 instances, 20 a second; StartInstances: 5 and 2, and 1,000 instances, 2 a second; TerminateInstances 100 and
+# 5, and 1,000 instances, 20 a second. https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-throttling.html
+EC2_DESCRIBE = (100.0, 20.0)  # (bucket, refill a second)
+EC2_STOP_CALLS, EC2_STOP_INSTANCES = (50.0, 5.0), (1000.0, 20.0)
+EC2_START_CALLS, EC2_START_INSTANCES = (5.0, 2.0), (1000.0, 2.0)
+EC2_TERMINATE_CALLS, EC2_TERMINATE_INSTANCES = (100.0, 5.0), (1000.0, 20.0)
+# CloudWatch GetMetricData: 50 calls a second, and 180,000 datapoints a second for data of the last three hours.
+# https://repost.aws/knowledge-center/cloudwatch-getmetricdata-api
+GET_METRIC_DATA_TPS = 50.0
+GET_METRIC_DATA_DPS = 180_000.0
+# STS: 600 requests a second per account and region (AssumeRole among them).
+# https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_iam-quotas.html
+STS_RPS = 600.0
+# AWS Organizations publishes no numbers (https://github.com/awsdocs/aws-organizations-docs/issues/39) and
+# refuses bursts with TooManyRequestsException: the product keeps to 5 calls a second, one organization-wide
+# listing or look-up at a time.
+ORGANIZATIONS_RPS = 5.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Pacing
+
+
+class Pacing:
+    """The clock pacers read and how they wait: the wall's, unless the latency-model benchmark swaps in its
+    virtual ones (testkit/aws LatencyModel), as it does aws.Concurrency's runners."""
+
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+    sleep: Callable[[float], None] = staticmethod(time.sleep)
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A token bucket AWS keeps: `burst` tokens, refilled `rate` a second."""
+
+    burst: float
+    rate: float
+
+    def share(self, workers: int) -> Quota:
+        """One worker's part when `workers` call under the same quota at once: together they stay inside it."""
+        n = max(1, workers)
+        return Quota(self.burst / n, self.rate / n)
+
+
+_MARGIN = 1e-6  # seconds
+
+
+class Pace:
+    """A client-side token bucket a caller waits on before each request, so that its requests (and those of the
+    workers it shares the quota with, each pacing its share) never pass AWS's bucket: a request never finds it
+    empty, so none is throttled and none waits out a retry's backoff. Thread-safe; a request heavier than the
+    bucket waits for a full bucket and leaves it in debt, so the rate still holds."""
+
+    def __init__(self, quota: Quota) -> None:
+        self.quota = quota
+        self._tokens = quota.burst
+        self._stamp: float | None = None
+        self._lock = threading.Lock()
+        self.waited = 0.0  # seconds spent waiting, summed over callers
+
+    def _refill(self, now: float) -> None:
+        if self._stamp is None:
+            self._stamp = now
+        elif now > self._stamp:
+            self._tokens = min(self.quota.burst, self._tokens + (now - self._stamp) * self.quota.rate)
+            self._stamp = now
+
+    def take(self, weight: float = 1.0, *, within: float | None = None) -> bool:
+        """Wait until `weight` tokens are there and take them. `within` seconds at most: False (nothing taken)
+        when they would not be there in time."""
+        waited = 0.0
+        while True:
+            with self._lock:
+                now = Pacing.clock()
+                self._refill(now)
+                assert self._stamp is not None
+                need = min(weight, self.quota.burst)
+                if self._tokens >= need and now >= self._stamp:
+                    self._tokens -= weight
+                    self.waited += waited
+                    return True
+                # The clock can stand behind the bucket's last request (the benchmark's lanes): wait up to it.
+                # A microsecond more: a refill's rounding never leaves the bucket a hair short (and a clock of
+                # the benchmark's always moves).
+                wait = max(self._stamp - now, 0.0) + max(0.0, need - self._tokens) / self.quota.rate + _MARGIN
+            if within is not None and waited + wait > within:
+                self.waited += waited
+                return False
+            Pacing.sleep(wait)
+            waited += wait
