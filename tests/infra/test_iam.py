@@ -127,8 +127,10 @@ PLANNER_CALLS = [
     call("cloudwatch:DescribeAlarms", f"arn:aws:cloudwatch:{HOME}:{ACCOUNT}:alarm:idle-reaper-alarm-relay-errors"),
 ]
 GATHER_CALLS = [
-    call("dynamodb:GetItem", table(HOME)),  # the shards' results, the failed-shard count
-    call("dynamodb:PutItem", table(HOME)),  # the failed-shard count
+    call("dynamodb:GetItem", table(HOME)),  # the shards' results, the failed-shard count, the doctor's GPU facts
+    call("dynamodb:PutItem", table(HOME)),  # the failed-shard count; the day's GPU check: its claims, its memory
+    # A cleared GPU failure's claim (sweep/doctor_daily.py tell_new_failures).
+    call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#doctor#signals.gpu#0a1b2c",)}),
     call("ssm:GetParameter", parameter(HOME, "settings")),  # who the admins are
     call("secretsmanager:GetSecretValue", secret(HOME)),  # to tell them
 ]
@@ -261,7 +263,8 @@ GATHER_NEVER = [
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
     call("ssm:GetParameter", parameter(HOME, "teams/ml")),
     call("dynamodb:BatchGetItem", table(HOME)),
-    call("dynamodb:DeleteItem", table(HOME)),
+    call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("machine#i-0abc123def4567890",)}),
+    call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#policy-alert#x",)}),
     call("states:StartExecution", state_machine(HOME, FANOUT)),
 ]
 DIGEST_NEVER = [
