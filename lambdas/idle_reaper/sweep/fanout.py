@@ -461,6 +461,7 @@ def run_shard(
             instance_ids=value,
             message_scope=sweep_id if members is not None else None,  # organization mode: shared with the members
             send_notices=False,  # the gather step sends the sweep's stop notices, once
+            quiet_summaries=index == 0,  # the hub's quiet-hours summaries: its first shard reads them, once
         )
         totals = SweepTotals.of(report, members.config.hub_account if members is not None else None)
     else:
