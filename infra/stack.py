@@ -101,7 +101,8 @@ SLACK_TABLE_ACTIONS = (
     "dynamodb:PutItem",
     "dynamodb:Query",
 )
-GATHER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem")
+# BatchGetItem: the stop-notice pass loads the records whose notices the shards queued (sweep/notices.py).
+GATHER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:BatchGetItem")
 # The weekly digest: one Scan (records and the audit of its weeks) when a digest is due, its once-a-week claims.
 DIGEST_TABLE_ACTIONS = ("dynamodb:Scan", "dynamodb:PutItem")
 OWNER_INDEX = "owner-index"
@@ -797,7 +798,8 @@ class IdleReaperStack(Stack):
         self, role: iam.IRole, props: IdleReaperProps, table: dynamodb.ITable, secret: secretsmanager.ISecret
     ) -> None:
         """The gather step reads the shards' results and keeps the failed-shard count in the table; it reads
-        the settings and the Slack secret only to tell the admins about repeated failures."""
+        the settings and the Slack secret to tell the admins about repeated failures, and sends the stop notices
+        the shards queued (it loads and saves their records)."""
         shard_results = iam.PolicyStatement(
             sid="ShardResults",
             actions=list(GATHER_TABLE_ACTIONS),

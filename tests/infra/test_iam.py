@@ -129,8 +129,9 @@ PLANNER_CALLS = [
     call("cloudwatch:DescribeAlarms", f"arn:aws:cloudwatch:{HOME}:{ACCOUNT}:alarm:idle-reaper-alarm-relay-errors"),
 ]
 GATHER_CALLS = [
-    call("dynamodb:GetItem", table(HOME)),  # the shards' results, the failed-shard count
-    call("dynamodb:PutItem", table(HOME)),  # the failed-shard count
+    call("dynamodb:GetItem", table(HOME)),  # the shards' results, the failed-shard count, the notices' index
+    call("dynamodb:PutItem", table(HOME)),  # the failed-shard count, a told notice off its record
+    call("dynamodb:BatchGetItem", table(HOME)),  # the records of the queued stop notices (sweep/notices.py)
     call("ssm:GetParameter", parameter(HOME, "settings")),  # who the admins are
     call("secretsmanager:GetSecretValue", secret(HOME)),  # to tell them
 ]
@@ -264,7 +265,6 @@ GATHER_NEVER = [
     on_managed("ec2:TerminateInstances", instance(HOME)),
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
     call("ssm:GetParameter", parameter(HOME, "teams/ml")),
-    call("dynamodb:BatchGetItem", table(HOME)),
     call("dynamodb:DeleteItem", table(HOME)),
     call("states:StartExecution", state_machine(HOME, FANOUT)),
 ]
