@@ -288,6 +288,11 @@ def nothing_open(server: Server) -> bool:
     )
 
 
+def ipython_history(server: Server) -> Path:
+    """Where the server's IPython kernels keep the cells they were sent (its user's HOME)."""
+    return server.home / ".ipython" / "profile_default" / "history.sqlite"
+
+
 @pytest.fixture
 def jupyter(shared_jupyter: Server) -> Iterator[Server]:
     """The shared plain server, as a fresh one: no session, kernel, terminal or notebook when a test starts, and
@@ -295,6 +300,7 @@ def jupyter(shared_jupyter: Server) -> Iterator[Server]:
     and the order they run in changes nothing."""
     server = shared_jupyter
     assert server.process.poll() is None and nothing_open(server) and not list(server.root.iterdir())
+    assert not (server.home / ".ipython").exists()
     yield server
     for kernel in server.api("GET", "api/kernels"):
         if kernel["execution_state"] != "idle":  # a hung cell: interrupted, else shutting down waits for it
@@ -310,6 +316,7 @@ def jupyter(shared_jupyter: Server) -> Iterator[Server]:
             shutil.rmtree(entry)
         else:
             entry.unlink()
+    shutil.rmtree(server.home / ".ipython", ignore_errors=True)  # the kernels' history: written until they exited
 
 
 def _own_server(name: str) -> Any:
@@ -353,7 +360,13 @@ def collect(server: Server | None, now: float | None = None, **settings: Any) ->
 
 
 def jupyter_sightings(collected: agent.Collected) -> list[agent.Sighting]:
-    return [s for s in collected.sightings if s.source.startswith("jupyter")]
+    """What the collector read of Jupyter: the servers' answers and the IPython kernels' history."""
+    return [s for s in collected.sightings if s.source.startswith(("jupyter", "ipython"))]
+
+
+def asked(collected: agent.Collected, server: Server) -> list[agent.Sighting]:
+    """What the collector read from the server's own API (the runtime file names the server's pid)."""
+    return [s for s in collected.sightings if s.source.startswith(f"jupyter jpserver-{server.process.pid}.json ")]
 
 
 def execute(server: Server, kernel_id: str, code: str, *, wait: bool = True) -> None:
@@ -423,8 +436,10 @@ def test_a_cell_run_in_jupyterlab_on_all_interfaces_is_seen(lab: Server) -> None
     execute(lab, kernel, "x = 1 + 1")
     collected = collect(lab)
     assert collected.minutes < 0.5, collected.sightings
-    [seen] = [s for s in jupyter_sightings(collected) if "kernel" in s.source]
+    [seen] = [s for s in jupyter_sightings(collected) if s.source.startswith("ipython history")]
     assert executed - 2 <= seen.at <= time.time() and collected.gaps == {}
+    # Asked on loopback at its own port: its open notebook, saved when it was created.
+    assert [s.source.split()[-2] for s in asked(collected, lab)] == ["analysis.ipynb"]
 
 
 # --- 6 and 8. an open tab polling, a busy kernel: neither is a person -------------------------------------
@@ -453,6 +468,48 @@ def test_an_open_tab_polling_is_not_input_and_a_busy_kernel_is_not_input_now(jup
     half_an_hour_later = collect(jupyter, now=time.time() + 1800)
     assert not [s for s in half_an_hour_later.sightings if s.source.endswith("busy")]
     assert half_an_hour_later.minutes >= 29, half_an_hour_later.sightings
+
+
+# --- issue 44, 1. output is not a person: a kernel printing while nobody types ----------------------------
+
+
+PRINTING_THREAD = """import threading, time
+def progress():
+    while True:
+        print("step", flush=True)  # a progress line, a logger, a metric printed by a training loop
+        time.sleep(0.05)
+threading.Thread(target=progress, daemon=True).start()"""
+
+
+def test_a_kernel_printing_while_nobody_types_is_not_input_and_a_cell_sent_is(jupyter: Server) -> None:
+    kernel = open_notebook(jupyter)
+    execute(jupyter, kernel, PRINTING_THREAD)  # the cell ends at once; its thread prints on, nobody types
+    # Nobody has typed for an hour: the cell that started the thread, and the notebook's save, set an hour back.
+    hour_ago = time.time() - 3600
+    for evidence in (ipython_history(jupyter), jupyter.root / "analysis.ipynb"):
+        os.utime(evidence, (hour_ago, hour_ago))
+    aged = time.time()
+
+    def server_says() -> float:
+        return agent.parse_jupyter_time(jupyter.api("GET", f"api/kernels/{kernel}")["last_activity"])
+
+    # jupyter_server refreshes the idle kernel's last_activity on each line it prints (what the collector read).
+    deadline = time.monotonic() + 20
+    while server_says() < aged + 0.5:
+        assert time.monotonic() < deadline, "the kernel's output did not refresh the server's last_activity"
+        time.sleep(0.05)
+    assert jupyter.api("GET", f"api/kernels/{kernel}")["execution_state"] == "idle"
+    collected = collect(jupyter)
+    assert collected.minutes == pytest.approx(60, abs=0.5), collected.sightings
+    assert not [s for s in collected.sightings if s.at > hour_ago + 60], collected.sightings
+
+    # A person runs a cell (an execute_request from a client, as JupyterLab sends it): input, now.
+    sent = time.time()
+    execute(jupyter, kernel, "result = 6 * 7")
+    collected = collect(jupyter)
+    assert collected.minutes < 0.5, collected.sightings
+    [cell] = [s for s in collected.sightings if s.source.startswith("ipython history")]
+    assert sent - 1 <= cell.at <= time.time() and collected.gaps == {}
 
 
 # --- 3. a password instead of a token: the API refuses ------------------------------------------------------
@@ -505,7 +562,7 @@ def test_a_live_server_is_asked_even_where_proc_hides_it(mortal: Server, tmp_pat
     kernel = open_notebook(mortal)
     execute(mortal, kernel, "w = 4")
     collected = collect(mortal, proc_root=str(hidden))
-    assert collected.minutes < 0.5 and jupyter_sightings(collected)
+    assert collected.minutes < 0.5 and asked(collected, mortal)
     stop(mortal)  # and waited for: it has exited
     # Once it has exited, its runtime file is ignored (signal 0 finds no process).
     assert not agent.pid_alive(mortal.process.pid)

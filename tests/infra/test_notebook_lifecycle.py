@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -230,7 +231,8 @@ def test_the_agent_publishes_cpu_gpu_network_and_activity_by_the_notebook_name_a
     assert "nohup setsid" in script and "< /dev/null &" in script, "on a notebook the loop runs in the background"
     # The fetched collector, run as the loop runs it (once, printing instead of sending), finds the notebook's
     # own Jupyter server the way SageMaker runs it: HTTPS on loopback with a self-signed certificate, no
-    # token, its runtime file in ec2-user's home; a cell finished three minutes ago counts.
+    # token, its runtime file in ec2-user's home; a cell sent three minutes ago counts (ec2-user's IPython
+    # history), the kernel's later output does not.
     home = tmp_path / "home/ec2-user"
     with sagemaker_jupyter(home, tmp_path / "tls", finished_minutes_ago=3) as requests:
         shown = subprocess.run(
@@ -240,24 +242,35 @@ def test_the_agent_publishes_cpu_gpu_network_and_activity_by_the_notebook_name_a
             timeout=60,
         )
     assert shown.returncode == 0, shown.stderr
-    (kernel,) = [line for line in shown.stdout.splitlines() if "kernel" in line]
-    assert kernel.startswith("jupyter nbserver-") and 3 <= float(kernel.split()[-2]) < 4, shown.stdout
+    (cell,) = [line for line in shown.stdout.splitlines() if "ipython" in line or "kernel" in line]
+    assert cell.startswith("ipython history (ec2-user, ") and 3 <= float(cell.split()[-2]) < 4, shown.stdout
     assert requests and all("no_track_activity=1" in r for r in requests), "its own polls are not activity"
 
 
 @contextlib.contextmanager
 def sagemaker_jupyter(home: Path, tls_dir: Path, *, finished_minutes_ago: float) -> Iterator[list[str]]:
-    """A Jupyter API as a notebook instance serves it (HTTPS, self-signed, no token) with one idle kernel,
-    and its runtime file where a notebook instance's server writes it. Yields the paths it was asked."""
-    finished = datetime.now(UTC) - timedelta(minutes=finished_minutes_ago)
+    """A Jupyter API as a notebook instance serves it (HTTPS, self-signed, no token) with one idle conda_python3
+    kernel that printed a minute ago, the last cell sent to it `finished_minutes_ago` (ec2-user's IPython
+    history), and its runtime file where a notebook instance's server writes it. Yields the paths it was asked."""
+    printed = datetime.now(UTC) - timedelta(minutes=1)
     kernel = {
         "id": "k1",
-        "name": "python3",
+        "name": "conda_python3",
         "execution_state": "idle",
-        "last_activity": f"{finished:%Y-%m-%dT%H:%M:%S.%fZ}",
+        "last_activity": f"{printed:%Y-%m-%dT%H:%M:%S.%fZ}",
+    }
+    argv = ["/home/ec2-user/anaconda3/envs/python3/bin/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    specs = {
+        "default": "conda_python3",
+        "kernelspecs": {"conda_python3": {"name": "conda_python3", "spec": {"argv": argv}}},
     }
     jupyter = FakeJupyter(tls_dir)
-    jupyter.serve("/", "", json.dumps([kernel]).encode())
+    jupyter.serve("/", "", json.dumps([kernel]).encode(), kernelspecs=json.dumps(specs).encode())
+    history = home / ".ipython/profile_default/history.sqlite"
+    history.parent.mkdir(parents=True)
+    history.write_bytes(b"SQLite format 3\x00")
+    sent = time.time() - finished_minutes_ago * 60
+    os.utime(history, (sent, sent))
     runtime = home / ".local/share/jupyter/runtime"
     runtime.mkdir(parents=True)
     (runtime / f"nbserver-{os.getpid()}.json").write_text(

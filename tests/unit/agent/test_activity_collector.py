@@ -330,7 +330,13 @@ def run_fixture_server(jupyter: FakeJupyter, runtime_dir: Path, flavour: str, ur
         "notebook6": ("nbserver-1717.json", "runtime-nbserver-notebook6.json"),
     }[flavour]
     info = write_runtime(runtime_dir, name, fixture, url.format(port=jupyter.port))
-    jupyter.serve(urllib.parse.urlsplit(url).path, info["token"], (DATA / f"api-kernels-{flavour}.json").read_bytes())
+    specs = DATA / f"api-kernelspecs-{flavour}.json"  # the notebook 6 server does not say: every kernel is read
+    jupyter.serve(
+        urllib.parse.urlsplit(url).path,
+        info["token"],
+        (DATA / f"api-kernels-{flavour}.json").read_bytes(),
+        kernelspecs=specs.read_bytes() if specs.exists() else None,
+    )
 
 
 def alice_home(tmp_path: Path) -> Path:
@@ -341,17 +347,66 @@ def runtime_dir_of(home: Path) -> Path:
     return home / ".local" / "share" / "jupyter" / "runtime"
 
 
-def test_jupyterlab4_idle_kernels_count_a_busy_one_and_the_servers_own_activity_do_not(
+def ipython_history(home: Path, minutes_ago: float, profile: str = "profile_default") -> Path:
+    """An IPython history database last written `minutes_ago` (a cell sent to a kernel then)."""
+    history = home / ".ipython" / profile / "history.sqlite"
+    history.parent.mkdir(parents=True, exist_ok=True)
+    history.write_bytes(b"SQLite format 3\x00")
+    os.utime(history, (minutes_before_now(minutes_ago), minutes_before_now(minutes_ago)))
+    return history
+
+
+def test_jupyterlab4_ipython_kernels_are_read_from_their_history_a_busy_one_and_the_servers_own_activity_are_not(
     tmp_path: Path, jupyter: FakeJupyter
 ) -> None:
-    run_fixture_server(jupyter, runtime_dir_of(alice_home(tmp_path)), "lab4", "http://localhost:{port}/user/alice/")
-    sightings = agent.jupyter_sightings(agent.jupyter_runtime_dirs([str(alice_home(tmp_path))], {}), NOW)
+    home = alice_home(tmp_path)
+    run_fixture_server(jupyter, runtime_dir_of(home), "lab4", "http://localhost:{port}/user/alice/")
+    ipython_history(home, 29)
+    sightings = agent.ipython_input_sightings([str(home)]) + agent.jupyter_sightings(
+        agent.jupyter_runtime_dirs([str(home)], {}), NOW
+    )
     by_source = {s.source: round((NOW - s.at) / 60, 2) for s in sightings}
-    # The idle kernel's last message at 09:38:52; the busy one (a hung cell?) is not input; the server's own
-    # last_activity (refreshed by an open tab's polling) is not even asked for.
-    assert by_source == {"jupyter jpserver-4242.json kernel 3c9f8b62-6d0e-4f3b-9a51-0d8c2f7e1a44 idle since": 21.13}
+    # The idle python3 kernel's last message at 09:38:52 may be its output: it is IPython (api/kernelspecs), so
+    # its cells are read from alice's IPython history (the last one sent at 09:31). The busy one (a hung cell?)
+    # is not input; the server's own last_activity (refreshed by an open tab's polling) is not even asked for.
+    assert by_source == {"ipython history (alice, profile_default)": 29}
     # Our own polls must not count as activity: every request says so.
+    assert "/user/alice/api/kernelspecs?no_track_activity=1" in jupyter.requests
     assert jupyter.requests and all(path.endswith("?no_track_activity=1") for path in jupyter.requests)
+
+
+def test_a_kernel_that_is_not_ipython_is_read_from_its_last_activity(tmp_path: Path, jupyter: FakeJupyter) -> None:
+    # An R kernel keeps no IPython history; jupyter_server cannot tell its input from its output: its last
+    # message counts (the reaper does less). The IPython kernel beside it does not.
+    info = write_runtime(
+        tmp_path / "rt", "jpserver-1.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/"
+    )
+    kernels = [
+        {"id": "r1", "name": "ir", "execution_state": "idle", "last_activity": "2024-05-01T09:50:00Z"},
+        {"id": "p1", "name": "python3", "execution_state": "idle", "last_activity": "2024-05-01T09:59:00Z"},
+    ]
+    specs = (DATA / "api-kernelspecs-lab4.json").read_bytes()
+    jupyter.serve("/", info["token"], json.dumps(kernels).encode(), kernelspecs=specs)
+    sightings = agent.jupyter_sightings([str(tmp_path / "rt")], NOW)
+    assert [(s.source, round((NOW - s.at) / 60)) for s in sightings] == [
+        ("jupyter jpserver-1.json kernel r1 (ir) idle since", 10)
+    ]
+
+
+def test_ipython_history_counts_each_profile_and_its_write_ahead_log(tmp_path: Path) -> None:
+    alice, bob, carol = tmp_path / "alice", tmp_path / "bob", tmp_path / "carol"
+    ipython_history(alice, 50)
+    ipython_history(alice, 12, profile="profile_gpu")
+    wal = ipython_history(bob, 80).with_name("history.sqlite-wal")
+    wal.write_bytes(b"")
+    os.utime(wal, (minutes_before_now(4), minutes_before_now(4)))
+    (carol / ".ipython" / "profile_default").mkdir(parents=True)  # IPython ran, no cell was ever stored
+    sightings = agent.ipython_input_sightings([str(alice), str(bob), str(carol), str(tmp_path / "nobody")])
+    assert {s.source: round((NOW - s.at) / 60) for s in sightings} == {
+        "ipython history (alice, profile_default)": 50,
+        "ipython history (alice, profile_gpu)": 12,
+        "ipython history (bob, profile_default)": 4,
+    }
 
 
 def test_notebook6_runtime_file_from_jupyter_runtime_dir(tmp_path: Path, jupyter: FakeJupyter) -> None:
@@ -359,6 +414,7 @@ def test_notebook6_runtime_file_from_jupyter_runtime_dir(tmp_path: Path, jupyter
     run_fixture_server(jupyter, runtime, "notebook6", "http://127.0.0.1:{port}/")
     dirs = agent.jupyter_runtime_dirs([str(tmp_path / "nobody")], {"JUPYTER_RUNTIME_DIR": str(runtime)})
     sightings = agent.jupyter_sightings(dirs, NOW)
+    # The server does not list its kernel specs (api/kernelspecs 404): its kernel's last message counts.
     assert agent.minutes_since_input(sightings, NOW) == pytest.approx(39.5, abs=0.01)  # the kernel at 09:20:30.25
 
 
