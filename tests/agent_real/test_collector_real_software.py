@@ -19,14 +19,18 @@ import json
 import os
 import re
 import select
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
+import tempfile
 import termios
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +48,12 @@ import idle_reaper_activity as agent  # noqa: E402
 pytestmark = pytest.mark.integration
 JUPYTER = (sys.executable, "-m", "jupyter_server")
 LAB = (sys.executable, "-m", "jupyterlab")
+# Another person (a Jupyter server of theirs) and the collector's system user, as the unit runs it: uids without
+# a name, so that nothing is added to this machine's users. They run the system's python3 (this environment's
+# interpreter may live where another user cannot enter, e.g. under /root), the server with this environment's
+# packages, the collector as on a machine: `python3 -I`, standard library only.
+STRANGER, COLLECTOR_UID = 40001, 40002
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 _PORTS_HANDED_OUT: set[int] = set()
@@ -70,6 +80,7 @@ class Spec:
     password: str | None = None
     env: tuple[tuple[str, str], ...] = ()
     runtime: str = "home/.local/share/jupyter/runtime"  # where its runtime file goes (JUPYTER_PLATFORM_DIRS=0)
+    user: int | None = None  # another user's server (the system's python3): its directory is outside pytest's
 
 
 # Each server configuration the tests use, by the name of the fixture that hands it out (the runtime-dir test's
@@ -84,6 +95,7 @@ SPECS: dict[str, Spec] = {
     # outside every home: not searched
     "unfound": Spec(env=(("JUPYTER_RUNTIME_DIR", "elsewhere-runtime"),), runtime="elsewhere-runtime"),
     "mortal": Spec(),  # the hidepid test's, which watches it exit
+    "stranger": Spec(user=STRANGER),  # the real hidepid test's: another user's server
 }
 
 
@@ -131,8 +143,14 @@ def launch(directory: Path, spec: Spec, token: str = "t0ken-for-tests") -> Serve
     home.mkdir(parents=True, exist_ok=True)
     root.mkdir(exist_ok=True)
     port = free_port()
+    command = spec.command
+    if spec.user is not None:  # its own HOME and root, which it alone may enter (jupyter makes its runtime dir 0700)
+        for path in (directory, home, root):
+            os.chown(path, spec.user, spec.user)
+        user = (f"--reuid={spec.user}", f"--regid={spec.user}", "--clear-groups")
+        command = ("setpriv", *user, SYSTEM_PYTHON, "-m", "jupyter_server")
     args = [
-        *spec.command,
+        *command,
         "--no-browser",
         "--allow-root",  # CI machines run tests as root
         f"--ip={spec.ip}",
@@ -158,6 +176,7 @@ def launch(directory: Path, spec: Spec, token: str = "t0ken-for-tests") -> Serve
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "JUPYTER_PLATFORM_DIRS": "0",
         **{name: str(directory / value) for name, value in spec.env},
+        **({"PYTHONPATH": sysconfig.get_paths()["purelib"]} if spec.user is not None else {}),
     }
     log = directory / "server.log"
     with open(log, "wb") as output:  # the child keeps its own copy of the descriptor
@@ -231,11 +250,18 @@ class Servers:
         self.factory, self.items = factory, items
         self.running: dict[str, Server] = {}
         self.stopping: list[Server] = []
+        self.outside: list[Path] = []  # other users' server directories: pytest's own are 0700, root's
 
     def start(self, *names: str | None) -> None:
         for name in names:
             if name is not None and name not in self.running:
-                self.running[name] = launch(self.factory.mktemp(name), SPECS[name])
+                self.running[name] = launch(self.directory(name), SPECS[name])
+
+    def directory(self, name: str) -> Path:
+        if SPECS[name].user is None:
+            return self.factory.mktemp(name)
+        self.outside.append(Path(tempfile.mkdtemp(prefix=f"idle-reaper-{name}-")))
+        return self.outside[-1]
 
     def start_ahead(self, item: pytest.Item) -> None:
         """Start this test's server and those of the next START_AHEAD tests (in the order they run here)."""
@@ -259,6 +285,8 @@ class Servers:
             stop(server, wait=False)
         for server in servers:
             stop(server)
+        for directory in self.outside:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -573,8 +601,14 @@ def test_a_live_server_is_asked_even_where_proc_hides_it(mortal: Server, tmp_pat
 
 def spawn_shell() -> tuple[int, int, Path]:
     """A real shell on a new pseudo-terminal, in its own session, as sshd or a terminal emulator starts one:
-    (pid, master fd, the pty's device). Nothing is written to utmp. What pty.fork does, with the device named
-    by the pty itself (not by which /dev/pts entry appeared: other processes open ptys meanwhile)."""
+    (pid, master fd, the pty's device). Nothing is written to utmp."""
+    return spawn(["sh", "-i"], {"PATH": os.environ["PATH"], "PS1": "$ ", "HOME": "/tmp"})
+
+
+def spawn(argv: list[str], env: dict[str, str]) -> tuple[int, int, Path]:
+    """A program on a new pseudo-terminal, in its own session (its controlling terminal): (pid, master fd, the
+    pty's device). What pty.fork does, with the device named by the pty itself (not by which /dev/pts entry
+    appeared: other processes open ptys meanwhile)."""
     master, slave = os.openpty()
     device = Path(os.ttyname(slave))
     pid = os.fork()
@@ -584,7 +618,7 @@ def spawn_shell() -> tuple[int, int, Path]:
         fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
         for fd in (0, 1, 2):
             os.dup2(slave, fd)
-        os.execvpe("sh", ["sh", "-i"], {"PATH": os.environ["PATH"], "PS1": "$ ", "HOME": "/tmp"})
+        os.execvpe(argv[0], argv, env)
     os.close(slave)
     return pid, master, device
 
@@ -617,7 +651,7 @@ def pty_minutes(collected: agent.Collected, device: Path) -> float:
     return (time.time() - seen.at) / 60
 
 
-def test_typing_in_a_terminal_without_utmp_counts_and_its_output_does_not(tmp_path: Path) -> None:
+def test_typing_in_a_terminal_without_utmp_counts_and_its_output_does_not() -> None:
     pid, master, device = spawn_shell()
     try:
         read_until(master, prompt)
@@ -637,18 +671,6 @@ def test_typing_in_a_terminal_without_utmp_counts_and_its_output_does_not(tmp_pa
         assert pty_minutes(collect(None), device) == pytest.approx(60, abs=0.5)
         ignored = collect(None, ignore_users=(agent._user_name(device.stat().st_uid),))
         assert not [s for s in ignored.sightings if s.source.startswith("pty")]
-        # With utmp (as sshd writes it): the same terminal, the same last input, named as a login session.
-        utmp = tmp_path / "utmp"
-        line = str(device.relative_to("/dev")).encode()
-        record = agent.UTMP_RECORD_BY_MACHINE.get(os.uname().machine, agent.UTMP_RECORD)
-        logged_in = int(time.time()) - 60
-        if record is agent.UTMP_RECORD:  # glibc's x86_64 utmp keeps 32-bit seconds: from 2038 on, sshd's wrap
-            logged_in = (logged_in + 2**31) % 2**32 - 2**31
-        fields = [7, pid, line, b"ts/0", b"alice", b"10.0.0.9", 0, 0, 0, logged_in, 0, b""]
-        utmp.write_bytes(record.pack(*fields))
-        with_utmp = collect(None, utmp_path=str(utmp))
-        [login] = [s for s in with_utmp.sightings if s.source.startswith("tty ")]
-        assert login.source == f"tty {line.decode()} (alice)" and login.at == device.stat().st_atime
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -685,3 +707,118 @@ def test_a_jupyter_terminal_printing_to_a_connected_browser_is_not_input(jupyter
         assert not [s for s in collected.sightings if "last_activity" in s.source]
     finally:
         ws.close()
+
+
+# --- issue 44, 2. what the tests above simulate, for real where the machine allows it --------------------------
+# A real procfs mounted with hidepid=2, seen by the collector's own user, beside a server of another user; a login
+# record written by the system's own login(1). Both need root and a mount namespace of their own (nothing of
+# this machine's /proc or utmp is touched). Where the machine does not allow it (not root; a container without
+# CAP_SYS_ADMIN; no util-linux or shadow tools) the test says why in the run's warnings and in those words only
+# (tests/README.md lists them): the simulated tests above and the utmp fixtures in tests/unit run everywhere.
+
+AS_COLLECTOR = (
+    f"setpriv --reuid={COLLECTOR_UID} --regid={COLLECTOR_UID} --clear-groups "
+    "--inh-caps=+dac_read_search --ambient-caps=+dac_read_search"  # the unit's user: CAP_DAC_READ_SEARCH alone
+)
+HIDEPID_PROBE = (
+    f"mount -t proc -o hidepid=2 proc /proc && {AS_COLLECTOR} {SYSTEM_PYTHON} -I -c 'import os' && "
+    f"PYTHONPATH={sysconfig.get_paths()['purelib']} setpriv --reuid={STRANGER} --regid={STRANGER} --clear-groups "
+    f"{SYSTEM_PYTHON} -c 'import jupyter_server, ipykernel'"
+)
+RUN_DIR = os.path.realpath("/var/run")  # glibc's utmp is /var/run/utmp: /run/utmp on today's systems
+LOGIN_PROBE = f"mount -t tmpfs tmpfs {RUN_DIR} && command -v login"
+
+
+def machine_refuses(probe: str) -> str | None:
+    """None when this machine runs `probe` (a shell script of what a test needs) as root in a mount namespace of
+    its own; else why not: "not root ...", "missing ..." or "not permitted ..." (anything else is a test's bug)."""
+    if os.geteuid() != 0:
+        return f"not root (euid {os.geteuid()}): mounting a procfs or tmpfs, login -f and other users need root"
+    missing = [tool for tool in ("unshare", "setpriv", "mount", SYSTEM_PYTHON) if shutil.which(tool) is None]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    version = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True)
+    if version.stdout.decode().strip() != str(sys.version_info[:2]):  # another user's server imports our packages
+        return f"missing {SYSTEM_PYTHON} {sys.version_info[0]}.{sys.version_info[1]} (it is {version.stdout!r})"
+    command = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", probe]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    if done.returncode == 0:
+        return None
+    said = (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}")[-300:]
+    denied = "not permitted" in said or "Permission denied" in said
+    return f"{'not permitted' if denied else 'failed'}: {shlex.join(command[:5])} sh -c {probe!r}: {said}"
+
+
+def say_why_not(what: str, why: str) -> None:
+    warnings.warn(f"{what}: not run on this machine, {why}", stacklevel=2)
+    assert why.startswith(("not root", "missing", "not permitted")), why
+
+
+def test_a_server_of_another_user_is_asked_under_a_real_hidepid_proc(servers: Servers, tmp_path: Path) -> None:
+    why = machine_refuses(HIDEPID_PROBE)
+    if why is not None:
+        return say_why_not("a real hidepid=2 /proc", why)
+    stranger = servers.take("stranger")  # uid 40001, its runtime directory 0700
+    try:
+        kernel = open_notebook(stranger)
+        execute(stranger, kernel, "v = 5")
+        pid = stranger.process.pid
+        dev = tmp_path / "dev"
+        (dev / "pts").mkdir(parents=True)  # no terminal: not this test's subject
+        collector = (
+            f"test -e /proc/{pid} && echo 'pid {pid} visible' >&2; "
+            f"exec {SYSTEM_PYTHON} -I {AGENT_DIR / 'idle_reaper_activity.py'} --print --verbose "
+            f"--home {stranger.home} --utmp /nonexistent --dev-root {dev}"
+        )
+        # The collector as its unit runs it, in a mount namespace whose /proc is a real procfs with hidepid=2.
+        hidden = f"mount -t proc -o hidepid=2 proc /proc && exec {AS_COLLECTOR} sh -c {shlex.quote(collector)}"
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", hidden],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        servers.release("stranger")
+    assert done.returncode == 0, done.stderr
+    assert "visible" not in done.stderr and "hides other users' processes (hidepid)" in done.stderr, done.stderr
+    minutes = {line.rsplit(None, 2)[0]: line.rsplit(None, 2)[1] for line in done.stdout.splitlines()[:-2]}
+    # Signal 0 says the server lives (EPERM: not ours); its runtime file and history are read with the capability.
+    assert float(minutes[f"jupyter jpserver-{pid}.json notebook analysis.ipynb saved"]) < 0.5, done.stdout
+    assert float(minutes["ipython history (home, profile_default)"]) < 0.5, done.stdout
+
+
+def test_a_login_recorded_by_the_systems_own_login_accounting_is_read(tmp_path: Path) -> None:
+    why = machine_refuses(LOGIN_PROBE)
+    if why is not None:
+        return say_why_not("a real login record", why)
+    # login(1) as on a console or behind sshd, on a new pty: it writes the USER_PROCESS record through libc's
+    # pututxline into /var/run/utmp, which is this test's file in a mount namespace of its own.
+    utmp = tmp_path / "utmp"
+    utmp.touch()
+    script = f"mount -t tmpfs tmpfs {RUN_DIR} && touch {RUN_DIR}/utmp && mount --bind {utmp} {RUN_DIR}/utmp"
+    command = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", f"{script} && exec login -f root"]
+    pid, master, device = spawn(command, {"PATH": os.environ["PATH"], "TERM": "dumb"})
+    line = str(device.relative_to("/dev"))
+
+    def tty_minutes() -> float:
+        [seen] = [s for s in collect(None, utmp_path=str(utmp)).sightings if s.source == f"tty {line} (root)"]
+        return (time.time() - seen.at) / 60
+
+    try:
+        os.write(master, b"echo LOGGED''IN\n")  # read by root's login shell once it runs
+        read_until(master, lambda out: b"LOGGEDIN" in out)
+        [record] = [e for e in agent.parse_utmp(utmp.read_bytes()) if e.type == agent.UTMP_USER_PROCESS]
+        assert (record.user, record.line) == ("root", line) and time.time() - record.login_at < 60
+        parent = int(Path(f"/proc/{record.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert parent == pid, "the session of the login started here: its shell, login's child"
+        age(device, 3600)
+        assert tty_minutes() == pytest.approx(60, abs=0.5)
+        os.write(master, b"echo TYPED''X\n")  # a keystroke on that terminal
+        read_until(master, lambda out: b"TYPEDX" in out)
+        assert tty_minutes() < 0.5
+    finally:
+        os.write(master, b"exit\n")
+        os.close(master)  # a hang-up for whatever is left of the session
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
