@@ -474,6 +474,43 @@ class JupyterRefused(Exception):
     """The server answered 401 or 403: it wants a password, or the runtime file's token is not its own."""
 
 
+class AddressRefused(OSError):
+    """Connecting to the server was refused by this machine itself (EPERM/EACCES on connect): the unit's
+    IPAddressAllow= does not name that address (a new one since install.sh ran), or a local firewall."""
+
+
+def own_addresses(proc_net: str = "/proc/net") -> list[str]:
+    """This machine's IP addresses besides loopback and link-local, as its kernel lists them: IPv4 from the host
+    routes marked LOCAL in fib_trie, IPv6 from if_inet6. install.sh names them in the unit's IPAddressAllow=
+    (systemd has no word for "this machine's own addresses"), so that a Jupyter server listening on one of them
+    only can be asked there."""
+    found: list[str] = []
+    try:
+        with open(os.path.join(proc_net, "fib_trie")) as handle:
+            lines = [line.strip() for line in handle]
+        found += [
+            before[4:]
+            for before, line in zip(lines, lines[1:])
+            if line == "/32 host LOCAL" and before.startswith("|-- ")
+        ]
+    except OSError as error:
+        LOG.info("cannot read IPv4 addresses: %s", error)
+    try:
+        with open(os.path.join(proc_net, "if_inet6")) as handle:
+            found += [str(ipaddress.IPv6Address(int(line.split()[0], 16))) for line in handle if line.split()]
+    except (OSError, ValueError) as error:
+        LOG.info("cannot read IPv6 addresses: %s", error)
+    addresses: list[str] = []
+    for text in found:
+        try:
+            address = ipaddress.ip_address(text)
+        except ValueError:
+            continue
+        if not (address.is_loopback or address.is_link_local) and str(address) not in addresses:
+            addresses.append(str(address))
+    return addresses
+
+
 def fetch_json(url: str, token: str, timeout: float) -> object:
     """GET a Jupyter API URL on this machine with the server's token; the JSON body or an exception."""
     # no_track_activity: our own poll must not count as activity (jupyter_server honours it on API handlers).
@@ -518,13 +555,18 @@ def jupyter_server_sightings(
     refreshes it too), a busy kernel (a hung cell or a pending input() is busy forever at 0 % CPU; a working
     one shows in CPU/GPU), terminals (their ptys are read by pty_sightings, where only typing counts)."""
     error: Exception | None = None
+    refused = []
     for base in server.base_urls:
         try:
             kernels = fetch_json(base + "api/kernels", server.token, timeout)
         except (OSError, ValueError) as failure:  # URLError is an OSError: not listening there
             error = failure
+            if isinstance(getattr(failure, "reason", failure), PermissionError):
+                refused.append(urllib.parse.urlsplit(base).hostname or base)
             continue
         return _kernel_sightings(server, kernels, base, timeout) + _notebook_save_sightings(server, base, timeout)
+    if refused:
+        raise AddressRefused(f"connecting to {', '.join(refused)} is not permitted here ({error})")
     raise error if error else OSError("no address to ask")
 
 
@@ -717,6 +759,14 @@ def jupyter_sightings(
             if gaps is not None:
                 gaps["jupyter"] = note
             sightings.extend(fallback)
+        except AddressRefused as refused:
+            note = (
+                f"{server.label}: {refused}: the unit's IPAddressAllow= names this machine's addresses when "
+                "install.sh runs (daily with the association): run it again"
+            )
+            LOG.warning("%s", note)
+            if gaps is not None:
+                gaps["jupyter"] = f"{gaps['jupyter']}; {note}" if "jupyter" in gaps else note
         except (OSError, ValueError) as error:
             LOG.warning("no answer from %s: %s", server.label, error)
     return sightings
@@ -1006,7 +1056,13 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
         help="where to remember which warnings were said (default %(default)s; systemd's StateDirectory)",
     )
     parser.add_argument("--verbose", action="store_true", help="log every skipped source")
+    parser.add_argument(
+        "--own-addresses", action="store_true", help="print this machine's addresses for the unit's IPAddressAllow="
+    )
     args = parser.parse_args(argv)
+    if args.own_addresses:
+        print(" ".join(own_addresses()))
+        return 0
     try:
         address = parse_address(args.statsd)
     except ValueError as error:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import ipaddress
 import json
 import os
 import re
@@ -41,7 +42,10 @@ import pytest
 pytest.importorskip("jupyter_server", reason="the 'collector' dependency group (make sync installs it)")
 import websocket
 
+from testkit.agent_install import fake_commands, run_install
+
 AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
+AGENT = AGENT_DIR / "idle_reaper_activity.py"
 sys.path.insert(0, str(AGENT_DIR))
 import idle_reaper_activity as agent  # noqa: E402
 
@@ -57,6 +61,24 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 _PORTS_HANDED_OUT: set[int] = set()
+
+
+def this_machines_address() -> str | None:
+    """An address of this machine besides loopback: the source of its route to the documentation networks (a
+    UDP socket's connect sends nothing). None on a machine with loopback alone."""
+    for family, target in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect((target, 9))
+                address = str(probe.getsockname()[0])
+        except OSError:
+            continue
+        if not ipaddress.ip_address(address).is_loopback:
+            return address
+    return None
+
+
+OWN_ADDRESS = this_machines_address()
 
 
 def free_port() -> int:
@@ -96,6 +118,7 @@ SPECS: dict[str, Spec] = {
     "unfound": Spec(env=(("JUPYTER_RUNTIME_DIR", "elsewhere-runtime"),), runtime="elsewhere-runtime"),
     "mortal": Spec(),  # the hidepid test's, which watches it exit
     "stranger": Spec(user=STRANGER),  # the real hidepid test's: another user's server
+    "bound": Spec(ip=OWN_ADDRESS or "127.0.0.1"),  # listening on one address of this machine only, not loopback
 }
 
 
@@ -110,6 +133,11 @@ class Server:
     port: int
     token: str
     log: Path
+    host: str = "127.0.0.1"  # where it listens: loopback, unless it listens on one other address only
+
+    @property
+    def netloc(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     @property
     def info(self) -> dict[str, Any]:
@@ -122,7 +150,7 @@ class Server:
         import urllib.request
 
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/{path}",
+            f"http://{self.netloc}/{path}",
             method=method,
             data=None if body is None else json.dumps(body).encode(),
             headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
@@ -133,7 +161,7 @@ class Server:
 
     def websocket(self, path: str) -> websocket.WebSocket:
         return websocket.create_connection(
-            f"ws://127.0.0.1:{self.port}/{path}", header=[f"Authorization: token {self.token}"], timeout=30
+            f"ws://{self.netloc}/{path}", header=[f"Authorization: token {self.token}"], timeout=30
         )
 
 
@@ -183,7 +211,8 @@ def launch(directory: Path, spec: Spec, token: str = "t0ken-for-tests") -> Serve
         process = subprocess.Popen(
             args, env=environment, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
         )
-    return Server(process, home, root, directory / spec.runtime, port, token, log)
+    host = "127.0.0.1" if spec.ip in ("127.0.0.1", "0.0.0.0") else spec.ip
+    return Server(process, home, root, directory / spec.runtime, port, token, log, host)
 
 
 def wait_ready(server: Server, seconds: float = 60) -> Server:
@@ -204,7 +233,7 @@ def wait_ready(server: Server, seconds: float = 60) -> Server:
     # The runtime file can precede the listening socket by a moment under load: wait until it answers.
     while True:
         try:
-            socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+            socket.create_connection((server.host, server.port), timeout=1).close()
             return server
         except OSError:
             if server.process.poll() is not None or time.monotonic() > deadline:
@@ -767,7 +796,7 @@ def test_a_server_of_another_user_is_asked_under_a_real_hidepid_proc(servers: Se
         (dev / "pts").mkdir(parents=True)  # no terminal: not this test's subject
         collector = (
             f"test -e /proc/{pid} && echo 'pid {pid} visible' >&2; "
-            f"exec {SYSTEM_PYTHON} -I {AGENT_DIR / 'idle_reaper_activity.py'} --print --verbose "
+            f"exec {SYSTEM_PYTHON} -I {AGENT} --print --verbose "
             f"--home {stranger.home} --utmp /nonexistent --dev-root {dev}"
         )
         # The collector as its unit runs it, in a mount namespace whose /proc is a real procfs with hidepid=2.
@@ -822,3 +851,91 @@ def test_a_login_recorded_by_the_systems_own_login_accounting_is_read(tmp_path: 
         os.close(master)  # a hang-up for whatever is left of the session
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+# --- issue 44, 3. the unit's sandbox and a server listening on one address of this machine ----------------------
+# systemd is not PID 1 here (`systemd-run -p IPAddressDeny=any true`: "System has not been booted with systemd as
+# init system"), so the unit is not run: its settings, as install.sh writes them on this machine, are held to
+# every socket call the collector really makes (Python's audit events), by systemd's own rules.
+
+AUDITED = """import atexit, json, runpy, sys
+record, sys.argv = sys.argv[1], sys.argv[2:]
+calls = []
+def hook(event, args):
+    if event == "socket.__new__":
+        calls.append(["family", int(args[1])])
+    elif event in ("socket.connect", "socket.sendto"):
+        calls.append([event, list(args[1])[:2]])
+sys.addaudithook(hook)
+atexit.register(lambda: open(record, "w").write(json.dumps(calls)))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+IP_WORDS = {  # systemd.resource-control(5): the names IPAddressAllow=/IPAddressDeny= know
+    "any": ("0.0.0.0/0", "::/0"),
+    "localhost": ("127.0.0.0/8", "::1/128"),
+    "link-local": ("169.254.0.0/16", "fe80::/64"),
+    "multicast": ("224.0.0.0/4", "ff00::/8"),
+}
+
+
+def sandbox(unit: str) -> tuple[Callable[[str], bool], set[int]]:
+    """What a unit's IPAddressAllow=/IPAddressDeny= let through (an address on an allow list is let through, else
+    one on a deny list is dropped, else let through; an empty assignment empties a list), and the address
+    families RestrictAddressFamilies= allows."""
+    rules: dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {"IPAddressAllow": [], "IPAddressDeny": []}
+    families: set[int] = set()
+    for line in unit.splitlines():
+        key, _, value = line.partition("=")
+        if key in rules:
+            words = value.split()
+            rules[key] = [] if not words else rules[key]
+            rules[key] += [ipaddress.ip_network(net) for word in words for net in IP_WORDS.get(word, (word,))]
+        elif key == "RestrictAddressFamilies":
+            families |= {int(getattr(socket, name)) for name in value.split()}
+
+    def permitted(address: str) -> bool:
+        ip = ipaddress.ip_address(address)
+        on = {key: any(ip in net for net in nets if net.version == ip.version) for key, nets in rules.items()}
+        return on["IPAddressAllow"] or not on["IPAddressDeny"]
+
+    return permitted, families
+
+
+def test_the_units_sandbox_lets_the_collector_ask_a_server_on_this_machines_own_address(
+    servers: Servers, tmp_path: Path
+) -> None:
+    if OWN_ADDRESS is None:
+        return say_why_not("a server on an address besides loopback", "missing an address besides loopback")
+    bound = servers.take("bound")  # jupyter server --ip=<this machine's address>: nothing on loopback
+    try:
+        open_notebook(bound)
+        bin_dir, _ = fake_commands(tmp_path)
+        installed = run_install(tmp_path, bin_dir, bin_dir / "amazon-cloudwatch-agent-ctl")
+        assert installed.returncode == 0, installed.stderr
+        unit = (tmp_path / "units" / "idle-reaper-activity.service").read_text()
+        nothing = tmp_path / "none"
+        (nothing / "pts").mkdir(parents=True)
+        (nothing / "1").mkdir()  # a /proc stand-in listing pid 1 alone: other tests' servers are not this test's
+        where = ["--home", str(bound.home), "--utmp", "/nonexistent", "--dev-root", str(nothing)]
+        where += ["--proc-root", str(nothing), "--state-dir", str(tmp_path)]
+        calls = []
+        for mode in (["--print"], []):  # what it reads, printed; then a run as the timer's, sending to StatsD
+            record = tmp_path / f"calls{len(mode)}.json"
+            command = [sys.executable, "-I", "-c", AUDITED, str(record), str(AGENT), *mode, *where]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            calls += json.loads(record.read_text())
+            if mode:
+                shown = done.stdout
+    finally:
+        servers.release("bound")
+    saved = f"jupyter jpserver-{bound.process.pid}.json notebook analysis.ipynb saved"
+    assert saved in shown, shown  # asked where it listens
+    permitted, families = sandbox(unit)
+    connected = [tuple(args) for event, args in calls if event == "socket.connect"]
+    sent = [tuple(args) for event, args in calls if event == "socket.sendto"]
+    assert (OWN_ADDRESS, bound.port) in connected and sent == [("127.0.0.1", 8125)] * 2, calls
+    assert [address for address, _ in connected + sent if not permitted(address)] == [], unit
+    assert {args for event, args in calls if event == "family"} <= families
+    # What lets it through is the line install.sh writes: the unit as shipped names loopback alone.
+    assert not sandbox((AGENT_DIR / "idle-reaper-activity.service").read_text())[0](OWN_ADDRESS)
