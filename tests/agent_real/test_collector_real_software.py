@@ -24,6 +24,7 @@ import shlex
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import sysconfig
@@ -387,10 +388,24 @@ def _own_server(name: str) -> Any:
     return fixture
 
 
+def _own_server_if_allowed(name: str) -> Any:
+    """A fixture handing a test a function that waits for its own server (SPECS[name], started ahead like the
+    others): for the tests that first ask whether this machine allows what the server needs."""
+
+    @pytest.fixture(name=name)
+    def fixture(servers: Servers) -> Iterator[Callable[[], Server]]:
+        yield lambda: servers.take(name)
+        servers.release(name)
+
+    return fixture
+
+
 lab = _own_server("lab")
 guarded = _own_server("guarded")
 unfound = _own_server("unfound")
 mortal = _own_server("mortal")
+stranger = _own_server_if_allowed("stranger")
+bound = _own_server_if_allowed("bound")
 
 
 @pytest.fixture
@@ -461,6 +476,23 @@ def execute(server: Server, kernel_id: str, code: str, *, wait: bool = True) -> 
         ):
             break
     ws.close()
+    if wait:
+        stored(server, code)
+
+
+def stored(server: Server, code: str) -> None:
+    """Wait until IPython has written the cell into its history: its saving thread does, as the cell arrives,
+    beside the kernel; on a loaded machine that can be a moment after the kernel went idle again."""
+    history, deadline = ipython_history(server), time.monotonic() + 20
+    while True:
+        with (
+            contextlib.suppress(sqlite3.Error),
+            contextlib.closing(sqlite3.connect(f"file:{history}?mode=ro", uri=True)) as db,
+        ):
+            if db.execute("SELECT count(*) FROM history WHERE source_raw = ?", (code,)).fetchone()[0]:
+                return
+        assert time.monotonic() < deadline, f"IPython did not store {code!r} in {history}"
+        time.sleep(0.05)
 
 
 def open_notebook(server: Server, name: str = "analysis.ipynb") -> str:
@@ -783,32 +815,30 @@ def say_why_not(what: str, why: str) -> None:
     assert why.startswith(("not root", "missing", "not permitted")), why
 
 
-def test_a_server_of_another_user_is_asked_under_a_real_hidepid_proc(servers: Servers, tmp_path: Path) -> None:
+def test_a_server_of_another_user_is_asked_under_a_real_hidepid_proc(
+    stranger: Callable[[], Server], tmp_path: Path
+) -> None:
     why = machine_refuses(HIDEPID_PROBE)
     if why is not None:
         return say_why_not("a real hidepid=2 /proc", why)
-    stranger = servers.take("stranger")  # uid 40001, its runtime directory 0700
-    try:
-        kernel = open_notebook(stranger)
-        execute(stranger, kernel, "v = 5")
-        pid = stranger.process.pid
-        dev = tmp_path / "dev"
-        (dev / "pts").mkdir(parents=True)  # no terminal: not this test's subject
-        collector = (
-            f"test -e /proc/{pid} && echo 'pid {pid} visible' >&2; "
-            f"exec {SYSTEM_PYTHON} -I {AGENT} --print --verbose "
-            f"--home {stranger.home} --utmp /nonexistent --dev-root {dev}"
-        )
-        # The collector as its unit runs it, in a mount namespace whose /proc is a real procfs with hidepid=2.
-        hidden = f"mount -t proc -o hidepid=2 proc /proc && exec {AS_COLLECTOR} sh -c {shlex.quote(collector)}"
-        done = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", hidden],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    finally:
-        servers.release("stranger")
+    server = stranger()  # uid 40001, its runtime directory 0700
+    kernel = open_notebook(server)
+    execute(server, kernel, "v = 5")
+    pid = server.process.pid
+    dev = tmp_path / "dev"
+    (dev / "pts").mkdir(parents=True)  # no terminal: not this test's subject
+    collector = (
+        f"test -e /proc/{pid} && echo 'pid {pid} visible' >&2; "
+        f"exec {SYSTEM_PYTHON} -I {AGENT} --print --verbose --home {server.home} --utmp /nonexistent --dev-root {dev}"
+    )
+    # The collector as its unit runs it, in a mount namespace whose /proc is a real procfs with hidepid=2.
+    hidden = f"mount -t proc -o hidepid=2 proc /proc && exec {AS_COLLECTOR} sh -c {shlex.quote(collector)}"
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", hidden],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "visible" not in done.stderr and "hides other users' processes (hidepid)" in done.stderr, done.stderr
     minutes = {line.rsplit(None, 2)[0]: line.rsplit(None, 2)[1] for line in done.stdout.splitlines()[:-2]}
@@ -902,39 +932,34 @@ def sandbox(unit: str) -> tuple[Callable[[str], bool], set[int]]:
 
 
 def test_the_units_sandbox_lets_the_collector_ask_a_server_on_this_machines_own_address(
-    servers: Servers, tmp_path: Path
+    bound: Callable[[], Server], tmp_path: Path
 ) -> None:
     if OWN_ADDRESS is None:
         return say_why_not("a server on an address besides loopback", "missing an address besides loopback")
-    bound = servers.take("bound")  # jupyter server --ip=<this machine's address>: nothing on loopback
-    try:
-        open_notebook(bound)
-        bin_dir, _ = fake_commands(tmp_path)
-        installed = run_install(tmp_path, bin_dir, bin_dir / "amazon-cloudwatch-agent-ctl")
-        assert installed.returncode == 0, installed.stderr
-        unit = (tmp_path / "units" / "idle-reaper-activity.service").read_text()
-        nothing = tmp_path / "none"
-        (nothing / "pts").mkdir(parents=True)
-        (nothing / "1").mkdir()  # a /proc stand-in listing pid 1 alone: other tests' servers are not this test's
-        where = ["--home", str(bound.home), "--utmp", "/nonexistent", "--dev-root", str(nothing)]
-        where += ["--proc-root", str(nothing), "--state-dir", str(tmp_path)]
-        calls = []
-        for mode in (["--print"], []):  # what it reads, printed; then a run as the timer's, sending to StatsD
-            record = tmp_path / f"calls{len(mode)}.json"
-            command = [sys.executable, "-I", "-c", AUDITED, str(record), str(AGENT), *mode, *where]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-            assert done.returncode == 0, done.stderr
-            calls += json.loads(record.read_text())
-            if mode:
-                shown = done.stdout
-    finally:
-        servers.release("bound")
-    saved = f"jupyter jpserver-{bound.process.pid}.json notebook analysis.ipynb saved"
-    assert saved in shown, shown  # asked where it listens
+    server = bound()  # jupyter server --ip=<this machine's address>: nothing on loopback
+    open_notebook(server)
+    bin_dir, _ = fake_commands(tmp_path)
+    installed = run_install(tmp_path, bin_dir, bin_dir / "amazon-cloudwatch-agent-ctl")
+    assert installed.returncode == 0, installed.stderr
+    unit = (tmp_path / "units" / "idle-reaper-activity.service").read_text()
+    nothing = tmp_path / "none"
+    (nothing / "pts").mkdir(parents=True)
+    (nothing / "1").mkdir()  # a /proc stand-in listing pid 1 alone: other tests' servers are not this test's
+    where = ["--home", str(server.home), "--utmp", "/nonexistent", "--dev-root", str(nothing)]
+    where += ["--proc-root", str(nothing), "--state-dir", str(tmp_path)]
+    calls, shown = [], ""
+    for mode in (["--print"], []):  # what it reads, printed; then a run as the timer's, sending to StatsD
+        record = tmp_path / f"calls{len(mode)}.json"
+        command = [sys.executable, "-I", "-c", AUDITED, str(record), str(AGENT), *mode, *where]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        calls += json.loads(record.read_text())
+        shown += done.stdout
+    assert f"jupyter jpserver-{server.process.pid}.json notebook analysis.ipynb saved" in shown, shown  # asked there
     permitted, families = sandbox(unit)
     connected = [tuple(args) for event, args in calls if event == "socket.connect"]
     sent = [tuple(args) for event, args in calls if event == "socket.sendto"]
-    assert (OWN_ADDRESS, bound.port) in connected and sent == [("127.0.0.1", 8125)] * 2, calls
+    assert (OWN_ADDRESS, server.port) in connected and sent == [("127.0.0.1", 8125)] * 2, calls
     assert [address for address, _ in connected + sent if not permitted(address)] == [], unit
     assert {args for event, args in calls if event == "family"} <= families
     # What lets it through is the line install.sh writes: the unit as shipped names loopback alone.
