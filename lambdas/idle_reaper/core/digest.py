@@ -27,6 +27,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from idle_reaper.core.dollars import dollars
 from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, MachineRecord, State, parse_machine_key
 from idle_reaper.core.signals import Signals
 from idle_reaper.policy import DAYS, TeamPolicy
@@ -146,6 +147,9 @@ class Event:
     until: datetime | None = None  # a keep's end
     warned_at: str = ""
     account: str | None = None  # the member account (None: the hub's own)
+    upper_bound: bool = False  # hourly_savings is the most a stop saves (Spot), not what it saves
+    hourly_waste: float | None = None  # a keep's: what an idle hour wastes (None: an older entry, hourly_cost)
+    waste_upper_bound: bool = False
 
 
 def _time(value: Any) -> datetime | None:
@@ -184,6 +188,9 @@ def events_of(entries: Iterable[tuple[str, datetime, Mapping[str, Any]]]) -> lis
                 until=_time(entry.get("snoozed_until")),
                 warned_at=str(entry.get("warned_at") or ""),
                 account=account_of(instance_id),
+                upper_bound=entry.get("savings_upper_bound") is True,
+                hourly_waste=_money(entry.get("hourly_waste")),
+                waste_upper_bound=entry.get("waste_upper_bound") is True,
             )
         )
     # At the same moment: the sweep's warning or stop, then the machine running (again: a stop it came back
@@ -209,10 +216,17 @@ def running_again_entry(
     }
 
 
-def answer_entry(
-    record: MachineRecord, action: str, by: str, hourly_cost: float | None, hourly_savings: float | None = None
-) -> dict[str, Any]:
-    """The audit entry of a person's answer: a keep, or a stop now (`action` is the stop's)."""
+def answer_entry(record: MachineRecord, action: str, by: str, hourly_cost: float | None) -> dict[str, Any]:
+    """The audit entry of a person's answer: a keep, or a stop now or terminate now (`action` is the stop's).
+    What it saves (a stop) or wastes (a keep) an hour is the one rule's (core/dollars.py), by the machine's kind
+    and its on-demand `hourly_cost`."""
+    rule = dollars(record.machine_kind, hourly_cost)
+    saving = rule.idle if action == KEEP else rule.saved_by(action)
+    money = (
+        {"hourly_waste": saving.hourly, "waste_upper_bound": saving.upper_bound}
+        if action == KEEP
+        else {"hourly_savings": saving.hourly, "savings_upper_bound": saving.upper_bound}
+    )
     return {
         "instance_id": record.instance_id,
         "team": record.team,
@@ -223,7 +237,7 @@ def answer_entry(
         "snoozed_by": record.snoozed_by if action == KEEP else None,
         "snoozed_until": record.snoozed_until.isoformat() if action == KEEP and record.snoozed_until else None,
         "hourly_cost": hourly_cost,
-        "hourly_savings": hourly_savings,
+        **money,
         "error": None,
     }
 
@@ -243,6 +257,7 @@ class Stretch:
     hourly: float | None  # what it saves (a stop) or costs (a keep) an hour; None: no price known
     by: str = ""
     account: str | None = None  # the member account (None: the hub's own)
+    upper_bound: bool = False  # `hourly` is the most it can be (Spot): its dollars are "up to"
 
     def hours_in(self, lo: datetime, hi: datetime) -> float:
         end = min(self.end or hi, hi)
@@ -284,8 +299,12 @@ def _stretch(e: Event, end: datetime | None) -> Stretch:
     if e.action in RECOVERING:
         cap = e.at + RECOVERY_HORIZON
         end = cap if end is None else min(end, cap)
-        return Stretch(e.instance_id, e.team, e.owner, e.action, e.at, end, e.hourly_savings, e.by, e.account)
-    return Stretch(e.instance_id, e.team, e.owner, KEEP, e.at, end, e.hourly_cost, e.by, e.account)
+        return Stretch(
+            e.instance_id, e.team, e.owner, e.action, e.at, end, e.hourly_savings, e.by, e.account, e.upper_bound
+        )
+    # An entry from before the rule recorded a keep's waste: its hourly cost.
+    waste, bound = (e.hourly_waste, e.waste_upper_bound) if e.hourly_waste is not None else (e.hourly_cost, False)
+    return Stretch(e.instance_id, e.team, e.owner, KEEP, e.at, end, waste, e.by, e.account, bound)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,6 +407,7 @@ class Recovered:
     count: int = 0
     hours: float = 0.0
     dollars: float = 0.0
+    upper_bound: bool = False  # some of its dollars are Spot savings at the most they can be: "up to"
 
 
 @dataclass(frozen=True)
@@ -399,6 +419,7 @@ class Kept:
     hours: float
     dollars: float
     by: tuple[str, ...]  # who answered
+    upper_bound: bool = False  # some of its dollars are a Spot machine's at the most they can be
 
 
 @dataclass(frozen=True)
@@ -421,6 +442,7 @@ class TrendWeek:
     recovered: float
     wasted: float
     has_data: bool
+    upper_bound: bool = False  # its recovered dollars include Spot savings at the most they can be
 
 
 @dataclass
@@ -456,6 +478,14 @@ class Digest:
     @property
     def recovered_dollars(self) -> float:
         return sum(r.dollars for r in self.recovered.values())
+
+    @property
+    def recovered_upper_bound(self) -> bool:
+        return any(r.upper_bound for r in self.recovered.values())
+
+    @property
+    def kept_upper_bound(self) -> bool:
+        return any(k.upper_bound for k in self.kept)
 
     @property
     def kept_hours(self) -> float:
@@ -526,7 +556,7 @@ def build_digest(
     )
     d.has_data = _has_data(events, all_stretches, team, lo, hi)
 
-    kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, False])
     kept: dict[str, list[Any]] = {}
     waste_by_machine: dict[str, float] = defaultdict(float)
     for s in all_stretches:
@@ -537,10 +567,11 @@ def build_digest(
         if s.kind == KEEP:
             if not lo <= s.start < hi and hours == 0:
                 continue
-            line = kept.setdefault(s.owner or s.instance_id, [0, 0.0, 0.0, set()])
+            line = kept.setdefault(s.owner or s.instance_id, [0, 0.0, 0.0, set(), False])
             line[0] += lo <= s.start < hi
             line[1] += hours
             line[2] += money
+            line[4] = line[4] or (s.upper_bound and money > 0)
             if s.by:
                 line[3].add(s.by)
             waste_by_machine[s.instance_id] += money
@@ -550,15 +581,16 @@ def build_digest(
         figures[0] += started_here
         figures[1] += hours
         figures[2] += money
+        figures[3] = figures[3] or (s.upper_bound and money > 0)
         if s.hourly is None:
             d.unpriced_hours += hours
         if started_here:
             d.stops += 1
             if s.end is not None and s.end - s.start <= timedelta(minutes=UNWANTED_WITHIN_MINUTES):
                 d.unwanted_stops += 1
-    d.recovered = {word: Recovered(int(c), h, m) for word, (c, h, m) in kinds.items()}
+    d.recovered = {word: Recovered(int(c), h, m, bool(b)) for word, (c, h, m, b) in kinds.items()}
     d.kept = sorted(
-        (Kept(owner, int(n), h, m, tuple(sorted(by))) for owner, (n, h, m, by) in kept.items()),
+        (Kept(owner, int(n), h, m, tuple(sorted(by)), b) for owner, (n, h, m, by, b) in kept.items()),
         key=lambda k: (-k.dollars, -k.hours, k.owner),
     )
     d.top_waste = sorted(((i, m) for i, m in waste_by_machine.items() if m > 0), key=lambda p: (-p[1], p[0]))
@@ -573,7 +605,11 @@ def build_digest(
         wlo, wend = w.span(zone)
         whi = min(wend, now)
         recovered, wasted = _week_money(all_stretches, team, wlo, whi)
-        d.trend.append(TrendWeek(w, recovered, wasted, _has_data(events, all_stretches, team, wlo, whi)))
+        bound = any(
+            s.upper_bound and s.kind != KEEP and s.hours_in(wlo, whi) > 0 and s.hourly and _in_scope(team, s.team)
+            for s in all_stretches
+        )
+        d.trend.append(TrendWeek(w, recovered, wasted, _has_data(events, all_stretches, team, wlo, whi), bound))
     if team is None:
         for t in sorted({s.team for s in all_stretches} | {e.team for e in events if lo <= e.at < hi}):
             team_money = _week_money(all_stretches, t, lo, hi)

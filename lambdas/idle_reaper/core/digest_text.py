@@ -25,8 +25,9 @@ def account_label(account: str | None, names: Mapping[str, str]) -> str:
     return HUB_ACCOUNT if account is None else named_account(account, names.get(account))
 
 
-def _usd(value: float) -> str:
-    return f"${value:,.2f}"
+def _usd(value: float, upper_bound: bool = False) -> str:
+    """Dollars; "up to" when they hold a Spot machine's figure at the most it can be (core/dollars.py)."""
+    return f"{'up to ' if upper_bound else ''}${value:,.2f}"
 
 
 def _exempt_idle_line(at_risk: Sequence[AtRisk]) -> str:
@@ -95,7 +96,7 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
         )
     if d.accounts:
         lines.append(_accounts_line(d))
-    trend = [f"{t.week.label} {_usd(t.recovered) if t.has_data else 'no data'}" for t in d.trend]
+    trend = [f"{t.week.label} {_usd(t.recovered, t.upper_bound) if t.has_data else 'no data'}" for t in d.trend]
     lines.append("Saved, last 8 weeks: " + " · ".join(trend))
     if chart_note:
         lines.append(f"_{chart_note}_")
@@ -128,15 +129,22 @@ def _accounts_line(d: Digest) -> str:
 def _recovered_line(d: Digest) -> str:
     if not d.recovered:
         return "Saved: $0.00 (no stops this week)."
-    parts = [f"{r.count} {word} ({r.hours:,.1f} h, {_usd(r.dollars)})" for word, r in sorted(d.recovered.items())]
+    parts = [
+        f"{r.count} {word} ({r.hours:,.1f} h, {_usd(r.dollars, r.upper_bound)})"
+        for word, r in sorted(d.recovered.items())
+    ]
     unpriced = f"; {d.unpriced_hours:,.1f} h more at no known price" if d.unpriced_hours else ""
-    total = f"*{_usd(d.recovered_dollars)}* over {d.recovered_hours:,.1f} machine-hours"
-    return f"Saved: {total}: {', '.join(parts)}{unpriced}."
+    total = f"*{_usd(d.recovered_dollars, d.recovered_upper_bound)}* over {d.recovered_hours:,.1f} machine-hours"
+    spot = " (up to: Spot machines' savings at the most they can be; idle-reaper does not read Spot prices)"
+    return f"Saved: {total}: {', '.join(parts)}{unpriced}{spot if d.recovered_upper_bound else ''}."
 
 
 def _kept_line(d: Digest) -> str:
     if not d.kept:
         return "Kept idle by answers: nothing."
-    owners = ", ".join(f"{k.owner}: {k.keeps} keep(s), {k.hours:,.1f} h, {_usd(k.dollars)}" for k in d.kept[:5])
+    owners = ", ".join(
+        f"{k.owner}: {k.keeps} keep(s), {k.hours:,.1f} h, {_usd(k.dollars, k.upper_bound)}" for k in d.kept[:5]
+    )
     more = f" and {len(d.kept) - 5} more owners" if len(d.kept) > 5 else ""
-    return f"Still wasted, kept idle by answers: {_usd(d.kept_dollars)} ({d.kept_hours:,.1f} h). {owners}{more}."
+    total = _usd(d.kept_dollars, d.kept_upper_bound)
+    return f"Still wasted, kept idle by answers: {total} ({d.kept_hours:,.1f} h). {owners}{more}."

@@ -284,8 +284,9 @@ def _instance_store(request: SpotRequest | None) -> MachineKind:
 
 @dataclass(frozen=True)
 class Saving:
-    """What stopping the machine saves an hour: None when its price is unknown; `upper_bound` when the
-    figure is the most it could be (a Spot machine priced at on-demand, or at its maximum price)."""
+    """What an action saves (or an idle hour wastes) an hour: None when its price is unknown; `upper_bound` when
+    the figure is the most it could be (a Spot machine priced at on-demand, or at its maximum price). The rule
+    that makes each is core/dollars.py's."""
 
     hourly: float | None
     upper_bound: bool = False
@@ -294,27 +295,6 @@ class Saving:
         if self.hourly is None:
             return "unknown"
         return f"{'at most ' if self.upper_bound else ''}${self.hourly:,.2f}/h"
-
-
-def stop_saves(kind: MachineKind, on_demand_price: float | None) -> Saving:
-    """Reserved capacity: nothing (the reservation is billed either way). Spot: its Spot price, which the
-    reaper does not read; the on-demand price (or the request's lower maximum price) is the most it can be."""
-    if kind.saves == "nothing":
-        return Saving(0.0)
-    if kind.saves == "spot":
-        bounds = [p for p in (on_demand_price, kind.spot_max_price) if p is not None]
-        return Saving(min(bounds), upper_bound=True) if bounds else Saving(None)
-    return Saving(on_demand_price)
-
-
-def recorded_saving(machine_kind: str, on_demand_price: float | None) -> Saving:
-    """What a stop saves, from the kind a machine's record keeps (answers have no look-ups): nothing for
-    reserved capacity, at most the on-demand price for Spot, the price for the rest."""
-    if machine_kind in (Kind.RESERVED, Kind.CAPACITY_BLOCK):
-        return Saving(0.0)
-    if machine_kind == Kind.SPOT:
-        return Saving(on_demand_price, upper_bound=on_demand_price is not None)
-    return Saving(on_demand_price)
 
 
 # Kinds a person's "Stop now" must not stop: EC2 refuses, or something launches a replacement.
