@@ -245,6 +245,28 @@ class TestWords:
         text = notice_sentence(k, handling(k, "p5.48xlarge", TeamPolicy()), "p5.48xlarge")
         assert "capacity reservation cr-1" in text and "2026-11-25 17:00 UTC" in text and "save nothing" in text
 
+    def test_a_capacity_block_notice_never_advises_releasing_it(self):
+        """Issue 44, item 9: AWS does not allow a Capacity Block to be modified or cancelled
+        (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-capacity-blocks.html)."""
+        block = reservation("cr-b", ReservationType="capacity-block", EndDate=NOW + timedelta(hours=5))
+        k = kind_of(instance(InstanceLifecycle="capacity-block", CapacityReservationId="cr-b"), reservations=[block])
+        text = notice_sentence(k, handling(k, "p5.48xlarge", TeamPolicy()), "p5.48xlarge")
+        assert "Capacity Block cr-b" in text and "release" not in text and "cancel it" not in text
+        assert "does not allow a Capacity Block to be modified or cancelled" in text
+
+    def test_a_reservation_whose_other_slots_are_used_is_not_called_idle(self):
+        """Issue 44, item 9: TotalInstanceCount and AvailableInstanceCount say whether other machines use it."""
+        busy = reservation(TotalInstanceCount=4, AvailableInstanceCount=0)  # this machine and three others run in it
+        k = kind_of(instance(CapacityReservationId="cr-1"), reservations=[busy])
+        text = notice_sentence(k, handling(k, "p5.48xlarge", TeamPolicy()), "p5.48xlarge")
+        assert "and so is its" not in text and "release the reservation" not in text
+        assert "3 of its other 3 slots are in use" in text
+        alone = reservation(TotalInstanceCount=3, AvailableInstanceCount=2)  # only this machine runs in it
+        k = kind_of(instance(CapacityReservationId="cr-1"), reservations=[alone])
+        text = notice_sentence(k, handling(k, "p5.48xlarge", TeamPolicy()), "p5.48xlarge")
+        assert "and so is its capacity reservation cr-1 (2 more of its slots unused)" in text
+        assert "release the reservation" in text
+
 
 class TestPolicyFields:
     def test_termination_must_wait_longer_than_a_stop(self):
