@@ -434,6 +434,11 @@ class AtRisk:
     idle_hours: float | None = None  # exempt: hours of the week it sat idle (None: not read, or no data)
     account: str | None = None  # the member account (None: the hub's own)
     key: str = ""  # its machine key (records.machine_key): what exempt_idle is keyed by
+    idle_hourly: float | None = None  # what an idle hour of it wastes, by the rule (core/dollars.py)
+
+    @property
+    def idle_dollars(self) -> float:  # exempt: what its idle hours of the week wasted (0: not read, no price)
+        return (self.idle_hours or 0.0) * (self.idle_hourly or 0.0)
 
 
 @dataclass(frozen=True)
@@ -457,6 +462,7 @@ class Digest:
     unpriced_hours: float = 0.0  # stopped hours of machines without a known price
     kept: list[Kept] = field(default_factory=list)
     at_risk: list[AtRisk] = field(default_factory=list)
+    group_idle: list[AtRisk] = field(default_factory=list)  # idle group members released, still running
     under_used: list[UnderUsed] = field(default_factory=list)
     stops: int = 0
     unwanted_stops: int = 0
@@ -483,9 +489,17 @@ class Digest:
     def recovered_upper_bound(self) -> bool:
         return any(r.upper_bound for r in self.recovered.values())
 
+    kept_upper_bound = property(lambda self: any(k.upper_bound for k in self.kept))
+
     @property
-    def kept_upper_bound(self) -> bool:
-        return any(k.upper_bound for k in self.kept)
+    def exempt_idle(self) -> list[AtRisk]:
+        """The exempt machines whose idle hours of the week were read, most wasteful first."""
+        read = [a for a in self.at_risk if a.state == State.EXEMPT.value and a.idle_hours is not None]
+        return sorted(read, key=lambda a: (-a.idle_dollars, -(a.idle_hours or 0.0), a.name))
+
+    @property
+    def exempt_idle_dollars(self) -> float:  # still wasted, exempt and idle: the text's figure and the chart's
+        return sum(a.idle_dollars for a in self.exempt_idle)
 
     @property
     def kept_hours(self) -> float:
@@ -540,9 +554,13 @@ def build_digest(
     """The digest of `week` (in `zone`) for one team, or for every team (team None: the admins'), from the
     audit entries (of this week and the TREND_WEEKS before, and any stop still open) and the records now.
     `exempt_idle`: idle hours of exempt machines by machine key. `account_names`: member account id -> name."""
-    events = events_of(entries)
-    records = list(records)
-    all_stretches = stretches(events)
+    events, records = events_of(entries), list(records)
+    # A group member released but still running (its group kept it) has saved nothing yet.
+    kept_by_group = {a.key for a in _at_risk(records, None, now, {}, group=True)}
+    all_stretches = [
+        replace(s, hourly=0.0) if s.kind == "unprotect" and s.instance_id in kept_by_group else s
+        for s in stretches(events)
+    ]
     lo, week_end = week.span(zone)
     hi = min(week_end, now)
     d = Digest(
@@ -599,16 +617,15 @@ def build_digest(
     d.suggestion = window_suggestion(d)
     idle = exempt_idle or {}
     d.at_risk = [replace(a, idle_hours=idle.get(a.key)) for a in _at_risk(records, team, now, prices or {})]
+    d.group_idle = _at_risk(records, team, now, prices or {}, group=True)
     d.under_used = under_used(records, week, team, prices or {})
     for back in range(TREND_WEEKS - 1, -1, -1):
         w = week.previous(back) if back else week
         wlo, wend = w.span(zone)
         whi = min(wend, now)
         recovered, wasted = _week_money(all_stretches, team, wlo, whi)
-        bound = any(
-            s.upper_bound and s.kind != KEEP and s.hours_in(wlo, whi) > 0 and s.hourly and _in_scope(team, s.team)
-            for s in all_stretches
-        )
+        spot = (s for s in all_stretches if s.upper_bound and s.kind != KEEP and s.hourly and _in_scope(team, s.team))
+        bound = any(s.hours_in(wlo, whi) > 0 for s in spot)
         d.trend.append(TrendWeek(w, recovered, wasted, _has_data(events, all_stretches, team, wlo, whi), bound))
     if team is None:
         for t in sorted({s.team for s in all_stretches} | {e.team for e in events if lo <= e.at < hi}):
@@ -664,9 +681,10 @@ def running_now(record: MachineRecord, now: datetime) -> bool:
 
 
 def _at_risk(
-    records: Iterable[MachineRecord], team: str | None, now: datetime, prices: Mapping[str, float]
+    records: Iterable[MachineRecord], team: str | None, now: datetime, prices: Mapping[str, float], group: bool = False
 ) -> list[AtRisk]:
-    states = (State.UNKNOWN, State.SAFE_MODE, State.EXEMPT)
+    """Running machines the reaper cannot act on now; `group`: released group members that still run."""
+    states = (State.REAPED,) if group else (State.UNKNOWN, State.SAFE_MODE, State.EXEMPT)
     return sorted(
         (
             AtRisk(
@@ -677,9 +695,10 @@ def _at_risk(
                 prices.get(r.instance_type or ""),
                 account=r.account,
                 key=r.key,
+                idle_hourly=dollars(r.machine_kind, prices.get(r.instance_type or "")).idle.hourly,
             )
             for r in records
-            if r.state in states and _in_scope(team, r.team) and running_now(r, now)
+            if r.state in states and _in_scope(team, r.team) and running_now(r, now) and (r.asg_name or not group)
         ),
         key=lambda a: (a.state, -(a.hourly_cost or 0.0), a.name),
     )

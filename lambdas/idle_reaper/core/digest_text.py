@@ -36,9 +36,9 @@ def _exempt_idle_line(at_risk: Sequence[AtRisk]) -> str:
     if not exempt:
         return ""
     read = [a for a in exempt if a.idle_hours is not None]
-    idle = sorted((a for a in read if a.idle_hours), key=lambda a: -(a.idle_hours or 0) * (a.hourly_cost or 0))
+    idle = sorted((a for a in read if a.idle_hours), key=lambda a: -a.idle_dollars)
     hours = sum(a.idle_hours or 0.0 for a in idle)
-    dollars = sum((a.idle_hours or 0.0) * (a.hourly_cost or 0.0) for a in idle)
+    dollars = sum(a.idle_dollars for a in idle)
     unread = f"; no data for {len(exempt) - len(read)}" if len(read) < len(exempt) else ""
     if not idle:
         return f"Exempt and idle: nothing ({len(read)} exempt machine(s) read{unread})."
@@ -80,6 +80,8 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
         )
         if exempt_line := _exempt_idle_line(d.at_risk):
             lines.append(exempt_line)
+    if d.group_idle:
+        lines.append(_group_idle_line(d))
     if d.under_used:
         shown = ", ".join(
             f"{u.name} ({_in_account(d, u.account)}{u.instance_type}, never above {u.peak:g} %: {u.smaller} would "
@@ -101,6 +103,21 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
     if chart_note:
         lines.append(f"_{chart_note}_")
     return "\n".join(lines)
+
+
+def _group_idle_line(d: Digest) -> str:
+    """Idle Auto Scaling group members released to their group that still run: the group did not scale them in
+    (its desired capacity, or its minimum size, keeps them). Nothing is saved until it does."""
+    costly = sum(a.idle_hourly or 0.0 for a in d.group_idle)
+    shown = ", ".join(
+        f"{a.name} ({_in_account(d, a.account)}{_usd(a.idle_hourly) + '/h' if a.idle_hourly else 'no known price'})"
+        for a in d.group_idle[:10]
+    )
+    more = f" and {len(d.group_idle) - 10} more" if len(d.group_idle) > 10 else ""
+    return (
+        f"Idle in an Auto Scaling group, still running ({_usd(costly)}/h): {shown}{more}. Released to the group, "
+        "which has not scaled them in: lower its desired capacity (or its minimum size) to stop paying for them."
+    )
 
 
 def _in_account(d: Digest, account: str | None) -> str:
