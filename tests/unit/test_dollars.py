@@ -129,3 +129,34 @@ def test_every_surface_says_the_rules_figures(kind: str) -> None:
     if kind:  # what the sweep records for a machine it has just classified: the same figures
         classified = MachineKind(Kind(kind), can_stop=True, can_terminate=True, saves="price")
         assert of_kind(classified, PRICE) == rule
+
+
+def test_the_sweeps_audit_and_a_persons_click_record_the_same_figure_per_machine() -> None:
+    """Item 6, end to end: a sweep over on-demand, persistent Spot and one-time Spot machines (terminated on opt-in)
+    audits each stop and termination; a person's click on the same machine (answer_entry, from its record) records
+    the same hourly saving and the same upper-bound mark."""
+    from idle_reaper.sweep import run_sweep
+    from testkit.aws import CountingStateStore, FakeAws, steady
+
+    aws = FakeAws()
+    aws.ssm.store("/idle-reaper/settings", Settings().model_dump_json())
+    policy = '{"idle_minutes": 90, "warn_minutes": 30, "terminate_unstoppable_after_minutes": 120}'
+    aws.ssm.store("/idle-reaper/teams/ml", policy)
+    launched = [
+        aws.launch("m5.large", team="ml", profile=steady(1.0), launch_time=MON - timedelta(days=1), owner=f"U0{n}")
+        for n in range(3)
+    ]
+    _, persistent, one_time = launched
+    aws.ec2.make_spot(persistent, request_type="persistent", interruption="stop")
+    aws.ec2.make_spot(one_time)
+    store = CountingStateStore()
+    for minutes in range(0, 121, 10):
+        run_sweep(aws.adapters(store=store), now=MON + timedelta(minutes=minutes))
+    reaped = {i: (a, e) for i, _, e in store.audits if (a := e["action"]) in ("stop", "terminate_instance")}
+    assert set(reaped) == set(launched)
+    for instance_id, (action, entry) in reaped.items():
+        clicked = answer_entry(store.records[instance_id], action, "U1", hourly_price("m5.large"))
+        figure = (entry["hourly_savings"], entry["savings_upper_bound"])
+        assert figure == (clicked["hourly_savings"], clicked["savings_upper_bound"]), instance_id
+    assert reaped[persistent][1]["savings_upper_bound"] is True
+    assert reaped[one_time][1]["hourly_savings"] == 0.0
