@@ -160,3 +160,11 @@ def test_the_sweeps_audit_and_a_persons_click_record_the_same_figure_per_machine
         assert figure == (clicked["hourly_savings"], clicked["savings_upper_bound"]), instance_id
     assert reaped[persistent][1]["savings_upper_bound"] is True
     assert reaped[one_time][1]["hourly_savings"] == 0.0
+
+
+def test_the_admins_digest_says_up_to_for_the_team_and_account_whose_savings_are_spot() -> None:
+    spot = ("i-0123456789abcdef0", MON, {**stop(True)[2], "team": "ml"})
+    exact = ("111111111111/us-east-1/i-0fedcba9876543210", MON, {**stop(False)[2], "team": "cv"})
+    text = digest_text(build_digest([spot, exact], [], W47, now=END))
+    assert "By team: cv saved $168.00, kept idle $0.00; ml saved up to $168.00, kept idle $0.00" in text
+    assert "By account: the hub's account saved up to $168.00" in text and "111111111111 saved $168.00" in text

@@ -476,6 +476,7 @@ class Digest:
     accounts: dict[str | None, tuple[float, float]] = field(default_factory=dict)
     account_names: Mapping[str, str] = field(default_factory=dict)  # account id -> its name (the directory's)
     idle_minutes: int | None = None
+    spot_in: set[tuple[str, str | None]] = field(default_factory=set)  # (team, account) whose savings are "up to"
 
     @property
     def recovered_hours(self) -> float:
@@ -485,10 +486,7 @@ class Digest:
     def recovered_dollars(self) -> float:
         return sum(r.dollars for r in self.recovered.values())
 
-    @property
-    def recovered_upper_bound(self) -> bool:
-        return any(r.upper_bound for r in self.recovered.values())
-
+    recovered_upper_bound = property(lambda self: any(r.upper_bound for r in self.recovered.values()))
     kept_upper_bound = property(lambda self: any(k.upper_bound for k in self.kept))
 
     @property
@@ -633,6 +631,8 @@ def build_digest(
             if any(team_money) or any(e.team == t and lo <= e.at < hi for e in events):
                 d.teams[t] = team_money
     d.accounts = _by_account(events, all_stretches, d, team, lo, hi)
+    spot = (s for s in all_stretches if s.upper_bound and s.kind != KEEP and s.hourly and _in_scope(team, s.team))
+    d.spot_in = {(s.team, s.account) for s in spot if s.hours_in(lo, hi) > 0}
     return d
 
 

@@ -94,7 +94,10 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
     if d.teams:
         lines.append(
             "By team: "
-            + "; ".join(f"{t} saved {_usd(r)}, kept idle {_usd(w)}" for t, (r, w) in sorted(d.teams.items()))
+            + "; ".join(
+                f"{t} saved {_usd(r, any(team == t for team, _ in d.spot_in))}, kept idle {_usd(w)}"
+                for t, (r, w) in sorted(d.teams.items())
+            )
         )
     if d.accounts:
         lines.append(_accounts_line(d))
@@ -137,8 +140,10 @@ def _accounts_line(d: Digest) -> str:
     for account in sorted(d.accounts, key=lambda a: (a is not None, account_label(a, d.account_names))):
         recovered, wasted = d.accounts[account]
         unwatched = f", {not_watched[account]} not watched" if not_watched[account] else ""
+        bound = any(a == account for _, a in d.spot_in)
         parts.append(
-            f"{account_label(account, d.account_names)} saved {_usd(recovered)}, kept idle {_usd(wasted)}{unwatched}"
+            f"{account_label(account, d.account_names)} saved {_usd(recovered, bound)}, kept idle {_usd(wasted)}"
+            f"{unwatched}"
         )
     return "By account: " + "; ".join(parts)
 
