@@ -16,6 +16,7 @@ from idle_reaper.aws.clients import CALL_WIDE_ERRORS, DDB_WORKERS, AwsError, err
 from idle_reaper.aws.fleet import ACTION_WORKERS, ActionOutcome, Fleet
 from idle_reaper.aws.state import AuditEntry, StateStore
 from idle_reaper.core.digest import running_again_entry
+from idle_reaper.core.dollars import dollars
 from idle_reaper.core.kinds import notice_sentence
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.reading import plan_next_read
@@ -632,6 +633,7 @@ def _record_outcome(store: StateStore, d: Decision, sweep_id: str) -> Decision:
 
 def explain(d: Decision) -> dict[str, Any]:
     a = d.assessment
+    saving = d.saving or dollars(d.record.machine_kind, d.hourly_cost).saved_by(d.action.value)
     # A member account's machine says which account and region it runs in; a hub machine's row is unchanged.
     where = {"account": d.machine.account, "region": d.machine.region} if d.machine.account else {}
     return {
@@ -656,9 +658,10 @@ def explain(d: Decision) -> dict[str, Any]:
         "snoozed_until": d.record.snoozed_until.isoformat() if d.record.snoozed_until else None,
         "snoozed_by": d.record.snoozed_by,
         "hourly_cost": d.hourly_cost,
-        # What a stop saves an hour (0 for reserved capacity; for Spot the most it can be), and the kind why.
-        "hourly_savings": d.saving.hourly if d.saving else d.hourly_cost,
-        "savings_upper_bound": bool(d.saving and d.saving.upper_bound),
+        # What its action saves an hour, by the one rule (core/dollars.py: 0 for reserved capacity and for kinds
+        # never stopped, for Spot the most it can be), and the kind why.
+        "hourly_savings": saving.hourly,
+        "savings_upper_bound": saving.upper_bound,
         "kind": d.kind.kind.value if d.read else (d.record.machine_kind or None),
         "kind_note": d.record.kind_note or None,
     }

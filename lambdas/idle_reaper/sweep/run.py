@@ -20,6 +20,7 @@ from idle_reaper.aws.metrics import (
 )
 from idle_reaper.aws.policies import policy_for
 from idle_reaper.core.digest import with_peak
+from idle_reaper.core.dollars import of_kind
 from idle_reaper.core.kinds import (
     NOTEBOOK_GAPS,
     Lookups,
@@ -28,7 +29,6 @@ from idle_reaper.core.kinds import (
     notebook_attach_how,
     notebook_gaps_note,
     notebook_no_data_note,
-    stop_saves,
 )
 from idle_reaper.core.lifecycle import Decision, decide, kind_policy
 from idle_reaper.core.reading import not_due, plan_next_read, unread
@@ -164,7 +164,7 @@ def run_sweep(
         d = _with_week_peak(_with_status_notes(d, now), now, settings.gpu_instance_families)
         d = replace(d, record=plan_next_read(d, now))
         price = hourly_price(m.instance_type, prices)
-        decisions.append(replace(d, hourly_cost=price, saving=stop_saves(kind, price)))
+        decisions.append(replace(d, hourly_cost=price, saving=of_kind(kind, price).saved_by(d.action.value)))
 
     decisions = _notebook_notes(adapters, decisions, signals, refs, settings, now, warnings, alert=not dry_run)
     terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
