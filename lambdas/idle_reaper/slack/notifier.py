@@ -473,7 +473,9 @@ class SlackNotifier(SlackDelivery):
         )
 
     def resolved(self, decision: Decision) -> None:
-        detail = f"Busy again ({escape(decision.reason)}). Nothing will happen to it."
+        m = decision.machine
+        label = machine_label(m.name, m.instance_id)  # in a shared message the note takes the machine's line
+        detail = f"{label} is busy again ({escape(decision.reason)}). Nothing will happen to it."
         self.update(decision.record, "Warning withdrawn", detail)
 
     # Stop notices (sweep/notices.py): drafted when a machine is stopped, sent (coalesced, paced) until Slack takes
@@ -500,8 +502,8 @@ class SlackNotifier(SlackDelivery):
         elif decision.action is Action.TERMINATE_INSTANCE:
             title = "Terminated"
             detail = f"{label} was terminated at {date_token(now)}: it cannot be started again. {reason}"
-        else:
-            title, detail = "Released to its group", f"{reason} ({date_token(now)})"
+        else:  # a group member: its protection released, or terminated with the group shrunk (the reason says)
+            title, detail = "Released to its group", f"{label} at {date_token(now)}: {reason}"
         targets: list[str] = []  # where a message of its own goes: nothing to edit, or what it edits is gone
         try:
             _, targets, _ = self._warning_targets(decision, record.owner_slack_id)
