@@ -29,7 +29,8 @@ DM and the channel (--no-channels: the owner's DM alone, as build_fleet's polici
 Measured from the calls the local Slack answered, not from what the product reports: per method, the most calls in
 any minute (taken by Slack, and asked: 429s included) against its limit; posts per conversation; from each stop (its
 EC2 or Auto Scaling call done) to the first post or edit of its notice Slack took; and the account: every warning
-due delivered to every conversation its policy names, once, before any stop; every stop told, in a message that
+due delivered to every conversation its policy names, once, before any stop (and, from the records, the warnings
+that owed a conversation its copy after a sweep: posted there by a later one); every stop told, in a message that
 still names the machine. Exits 1 when any of that fails, or the sweeps do not finish.
 
     python benchmarks/slack_throughput.py [--size 10000] [--owners 2000] [--max-sweeps 72] [--no-channels]
@@ -321,6 +322,7 @@ class Ledger:
     untellable: set[str] = field(default_factory=set)  # stopped with no notice drafted (nobody to tell)
     actions: dict[str, str] = field(default_factory=dict)  # stopped machine -> what was done (stop, unprotect, ...)
     targets: dict[str, int] = field(default_factory=dict)  # machine due a warning -> conversations it goes to
+    owed: set[str] = field(default_factory=set)  # delivered warnings that owed a copy after some sweep (warning_owed)
     passes: list[NoticePassSeen] = field(default_factory=list)
     taken: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # "channel|ts" -> posts, edits
     indexed: int = 0  # calls of the log in `taken`
@@ -351,6 +353,8 @@ class Ledger:
                 changed += 1
             if record.delivery_error and key not in self.delivered:
                 self.undeliverable[key] = record.delivery_error
+            if record.warning_owed:
+                self.owed.add(key)
             if d.notify == "reaped" and d.applied and d.error is None and key not in self.stopped:
                 self.stopped[key] = (n, acted.get(d.machine.instance_id, start))
                 self.actions[key] = d.action.value
@@ -655,6 +659,10 @@ def account(ledger: Ledger, log: Sequence[SlackCall], fake: FakeSlack, store: An
     for conversation, key in warning_posts:
         reached[key].add(conversation[:1])
     short = sorted(k for k in ledger.delivered if len(reached[k]) < ledger.targets.get(k, 1))
+    still = sorted(k for k, r in store.records.items() if r.warning_owed)
+    owed = sorted(ledger.owed)
+    print(f"    warnings that owed a conversation its copy after a sweep: {len(owed):,}{e_g(owed)}; still owed: "
+          f"{len(still):,}{e_g(still)}")  # fmt: skip
     print(f"    warnings delivered to fewer conversations than their policy names: {len(short):,}{e_g(short)}")
     if short:
         missed: Counter[str] = Counter()

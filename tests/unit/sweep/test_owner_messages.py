@@ -248,12 +248,18 @@ def lines(blocks: list[dict[str, Any]]) -> list[str]:
     return [b["text"]["text"] for b in blocks if b["type"] == "section"]
 
 
-@pytest.mark.parametrize("action", [Action.UNPROTECT, Action.TERMINATE])
-def test_a_group_member_released_or_terminated_is_named_on_its_line_of_the_shared_message(action: Action) -> None:
+@pytest.mark.parametrize(
+    ("action", "asg_action", "title"),
+    [(Action.UNPROTECT, "unprotect", "Released to its group"), (Action.TERMINATE, "terminate", "Terminated")],
+)
+def test_a_group_member_released_or_terminated_is_named_on_its_line_of_the_shared_message(
+    action: Action, asg_action: str, title: str
+) -> None:
     """A note replaces the machine's line in its shared message: the note itself names the machine. Before: a
     group member's stop notice read "Released to its group: <reason>" on a line naming no machine (found by
-    benchmarks/slack_throughput.py: 960 of 2,596 notices at 10,000 machines, a team channel's list of workers)."""
-    policy = TeamPolicy(notify="channel", slack_channel="C0TEAM")
+    benchmarks/slack_throughput.py: 960 of 2,596 notices at 10,000 machines, a team channel's list of workers);
+    and a member terminated under asg_action: terminate was titled "Released to its group" too."""
+    policy = TeamPolicy(notify="channel", slack_channel="C0TEAM", asg_action=asg_action)  # type: ignore[arg-type]
     decisions = [warning(n, owner=None, policy=policy, asg_name="workers") for n in (1, 2)]
     slack, client = notifier()
     outcomes = slack.warn_owner(decisions)
@@ -272,13 +278,15 @@ def test_a_group_member_released_or_terminated_is_named_on_its_line_of_the_share
     drafted = []
     for d in stops:
         notice = slack.stop_notice(d)
-        assert notice is not None and notice.title == "Released to its group"
+        assert notice is not None and notice.title == title
         drafted.append(replace(d.record, notice=notice.to_json()))
     told = slack.send_notices(drafted, EditPace(60, time.monotonic() + 30))
     assert {status for status, _ in told.values()} == {"sent"}
     (update,) = [params for method, params in client.calls if method == "chat.update"]  # one edit for both
-    released = [line for line in lines(update["blocks"]) if "Released to its group" in line]
+    released = [line for line in lines(update["blocks"]) if title in line]
     assert len(released) == 2
+    if action is Action.TERMINATE:
+        assert not [line for line in lines(update["blocks"]) if "eleased" in line], "terminated, not released"
     for d, line in zip(decisions, released, strict=True):
         assert d.machine.instance_id in line and d.machine.name in line
 
