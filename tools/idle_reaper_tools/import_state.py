@@ -161,7 +161,7 @@ def _without_old_messages(record: MachineRecord) -> tuple[MachineRecord, bool]:
     warning of its own (lifecycle._stretch) and stop a machine whose owner could not answer. A warning in flight
     goes back to idle (its quiet stretch, snoozes and history kept), so the hub's next sweep warns again with
     its own buttons; an unknown or safe-mode record stays so until the hub sees the machine."""
-    moved = replace(record, messages=(), warning_ref=None, group_ref=None)
+    moved = replace(record, messages=(), warning_ref=None, group_ref=None, warning_owed=())
     warning = (
         record.warned_at,
         record.warning_delivered_at,

@@ -177,11 +177,15 @@ _DATE_FIELDS = {
 }
 
 
+_TUPLE_FIELDS = {"messages", "warning_owed"}  # lists in the item
+_WRITTEN_WHEN_SET = {"warning_owed"}  # left out while empty: most items never hold one
+
+
 def record_to_item(record: MachineRecord) -> dict[str, Any]:
     item: dict[str, Any] = {"pk": _machine_pk(record.key), "sk": "state"}
     for f in fields(record):
         value = getattr(record, f.name)
-        if value is None:
+        if value is None or (f.name in _WRITTEN_WHEN_SET and not value):
             continue
         if isinstance(value, datetime):
             value = value.isoformat()
@@ -205,7 +209,7 @@ def item_to_record(item: Mapping[str, Any]) -> MachineRecord:
             value = State(value)
         elif f.name in ("version", "snoozes_today"):
             value = int(value)
-        elif f.name == "messages":
+        elif f.name in _TUPLE_FIELDS:
             value = tuple(value)
         values[f.name] = value
     return MachineRecord(**values)

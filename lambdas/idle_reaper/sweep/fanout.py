@@ -28,6 +28,7 @@ from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concu
 from idle_reaper.core.records import State
 from idle_reaper.core.reports import OWNER_PART, TeamTotals, part_key
 from idle_reaper.core.signals import Machine
+from idle_reaper.notify import SharedPacing
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, load_sweep_settings
 from idle_reaper.sweep.members import (
@@ -421,6 +422,9 @@ def run_shard(
     if manifest is None:
         raise SweepCannotRun(f"shard {index} of sweep {sweep_id} has no manifest; nothing was changed")
     where = f"shard {index}'s manifest of sweep {sweep_id}"
+    if task.concurrent_shards > 1 and isinstance(adapters.notifier, SharedPacing):
+        # The shards of one sweep post to one Slack workspace: each keeps its share of Slack's posting rates.
+        adapters = replace(adapters, notifier=adapters.notifier.shared_by(task.concurrent_shards))
     try:
         value = json.loads(manifest)
     except ValueError:
