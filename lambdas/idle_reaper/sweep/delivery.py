@@ -14,6 +14,7 @@ from typing import Any
 
 from idle_reaper.aws.clients import CALL_WIDE_ERRORS, DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.fleet import ACTION_WORKERS, ActionOutcome, Fleet
+from idle_reaper.aws.limits import RATE_HELD
 from idle_reaper.aws.state import AuditEntry, StateStore
 from idle_reaper.core.digest import running_again_entry
 from idle_reaper.core.kinds import notice_sentence
@@ -109,6 +110,8 @@ def apply_decisions(
             claimed.discard(d.machine.instance_id)
         acting = [d for d in acting if d.machine.instance_id in unchanged]
     outcomes = _act(adapters.fleet, acting)
+    for d in _held_back(store, acting, outcomes, claimed, previous, sweep_id):  # EC2's rate: the next sweep's
+        by_id[d.machine.instance_id] = d
 
     failed = [d for d in by_id.values() if outcomes.get(d.machine.instance_id)]
     for d in run_concurrently(
@@ -163,6 +166,24 @@ def apply_decisions(
 
     _alert_and_audit(adapters, list(by_id.values()), previous, written, outcomes, settings, now)
     return list(by_id.values()), written
+
+
+def _held_back(
+    store: StateStore,
+    acting: list[Decision],
+    outcomes: dict[str, str | None],
+    claimed: set[str],
+    previous: Mapping[str, MachineRecord],
+    sweep_id: str,
+) -> list[Decision]:
+    """The machines whose action was not sent because EC2's rate for it was used (aws/limits.py RateHeld):
+    untouched, as machines this sweep had no time for (DEFERRED), their records put back and claims released (taken
+    out of `outcomes` and `claimed`); the next sweep acts on them."""
+    held = [d for d in acting if (outcomes.get(d.machine.instance_id) or "").startswith(RATE_HELD)]
+    for d in held:
+        outcomes.pop(d.machine.instance_id)
+        claimed.discard(d.machine.instance_id)
+    return run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id, DEFERRED), held, DDB_WORKERS)
 
 
 def _alert_and_audit(

@@ -46,7 +46,7 @@ from idle_reaper.sweep.members import (
 from idle_reaper.sweep.notices import send_sweep_notices
 from idle_reaper.sweep.run import run_sweep
 from idle_reaper.sweep.shards import OWNER_UNIT_MAX as OWNER_UNIT_MAX  # re-exported
-from idle_reaper.sweep.shards import ShardManifest, manifest_pages, plan_shards, read_manifest
+from idle_reaper.sweep.shards import ShardManifest, manifest_machines, manifest_pages, plan_shards, read_manifest
 from idle_reaper.sweep.shards import split_into_shards as split_into_shards  # re-exported
 
 # ---------------------------------------------------------------------------------------------
@@ -242,6 +242,7 @@ class Gathered(SweepTotals):
     sweep_id: str
     shards: int
     failed: dict[int, str] = Field(default_factory=dict)  # shard -> why (its machines untouched)
+    unswept: int = 0  # the failed machine shards' machines: untouched, unknown this sweep
 
 
 def manifest_key(sweep_id: str, index: int) -> str:
@@ -440,7 +441,10 @@ def run_shard(
     else:
         shard = _machine_manifest(adapters, task, value, where)
         if task.concurrent_shards > 1:  # the shards of one sweep share the account-region's quotas
-            adapters = replace(adapters, metrics=adapters.metrics.shared_by(task.concurrent_shards))
+            n = task.concurrent_shards
+            # Their Describe* calls share EC2's bucket, which the planner's listing may just have emptied.
+            fleet = adapters.fleet.shared_by(n, after_listing=True)
+            adapters = replace(adapters, metrics=adapters.metrics.shared_by(n), fleet=fleet)
         report = run_sweep(
             adapters,
             now=task.now,
@@ -496,14 +500,17 @@ def gather_sweep(adapters: Adapters, task: GatherTask, time_left: Callable[[], f
             failed[index] = result
         else:
             done.append(result)
+    # A failed member shard's units are each a failed unit (its manifest says which): `status` names them. A failed
+    # machine shard's machines (a worker that could not describe them, or timed out) are unknown this sweep: counted.
+    units, unswept = _contents_of_failed_shards(adapters, task, failed)
     shard_warnings = [
-        f"shard {i} failed, its machines are untouched until the next sweep: {why}" for i, why in failed.items()
+        f"shard {i} failed, its {_machines(unswept.get(i))} untouched and unknown until the next sweep: {why}"
+        for i, why in failed.items()
     ]
     parts = sum_totals(done, sweep_id=task.sweep_id, shards=len(shards), failed=failed)
-    gathered = Gathered(**{**parts, "warnings": parts["warnings"] + shard_warnings})
+    gathered = Gathered(**{**parts, "warnings": parts["warnings"] + shard_warnings, "unswept": sum(unswept.values())})
     gathered.dry_run = task.dry_run or gathered.dry_run
-    # A failed member shard's units are each a failed unit (its manifest says which): `status` names them.
-    gathered.units += _units_of_failed_shards(adapters, task, failed)
+    gathered.units += units
     for warning in shard_warnings:
         logger.warning(warning, extra={"sweep_id": task.sweep_id})
     if not gathered.dry_run:
@@ -516,22 +523,37 @@ def gather_sweep(adapters: Adapters, task: GatherTask, time_left: Callable[[], f
     return gathered
 
 
-def _units_of_failed_shards(adapters: Adapters, task: GatherTask, failed: dict[int, str]) -> list[UnitResult]:
-    def units(index: int) -> list[UnitResult]:
+def _machines(n: int | None) -> str:
+    return "machines are" if n is None else f"{n:,} machine{'s are' if n != 1 else ' is'}"
+
+
+def _contents_of_failed_shards(
+    adapters: Adapters, task: GatherTask, failed: dict[int, str]
+) -> tuple[list[UnitResult], dict[int, int]]:
+    """What the failed shards held, from their manifests: each member shard's units, failed; each machine shard's
+    count of machines (a manifest that cannot be read counts none: its warning says so without a number)."""
+
+    def contents(index: int) -> list[UnitResult] | int:
         try:
             stored = adapters.store.get_lookup(manifest_key(task.sweep_id, index), task.now)
         except AwsError:
             return []
         found = member_manifest_of(stored) if stored else None
         if found is None:
-            return []
+            try:
+                return manifest_machines(json.loads(stored)) or 0 if stored else []
+            except ValueError:
+                return []
         why = f"its shard ({index}) failed: {failed[index]}"
         part, parts = found.part or (None, None)
         return [
             UnitResult(account=a.id, region=r, name=a.name, error=why, part=part, parts=parts) for a, r in found.units()
         ]
 
-    return [u for found in run_concurrently(units, sorted(failed), DDB_WORKERS) for u in found]
+    indices = sorted(failed)
+    found = run_concurrently(contents, indices, DDB_WORKERS)
+    units = [u for held in found if isinstance(held, list) for u in held]
+    return units, {i: held for i, held in zip(indices, found, strict=True) if isinstance(held, int)}
 
 
 def note_member_sweep(adapters: Adapters, units: Sequence[UnitResult], now: datetime) -> None:

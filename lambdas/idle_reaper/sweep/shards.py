@@ -148,3 +148,12 @@ def read_manifest(value: object, page: Callable[[int], str | None], where: str) 
         raise SweepCannotRun(f"{where}: {planned}; nothing was changed")
     groups = {name: GroupPart(p.parts, tuple(p.held)) for name, p in first.groups.items()}
     return ShardManifest(ids, groups)
+
+
+def manifest_machines(value: object) -> int | None:
+    """How many machines a stored machine shard's manifest (its first item's JSON) plans; None: not one."""
+    if isinstance(value, list):
+        return len(value)
+    if isinstance(value, dict) and "ids" in value and isinstance(value.get("machines"), int):
+        return int(value["machines"])
+    return None
