@@ -455,6 +455,7 @@ def run_shard(
             # Organization mode: shared with the members; a group cut across shards: its owner's one message.
             message_scope=sweep_id if members is not None or shard.groups else None,
             send_notices=False,  # the gather step sends the sweep's stop notices, once
+            quiet_summaries=index == 0,  # the hub's quiet-hours summaries: its first shard reads them, once
             group_parts=shard.groups,
         )
         totals = SweepTotals.of(report, members.config.hub_account if members is not None else None)

@@ -299,6 +299,7 @@ def sweep_member_accounts(
                 message_scope=message_scope,
                 part=part,
                 send_notices=False,  # the hub's pass sends them (the sweep's own, or its gather step's)
+                quiet_summaries=part is None or part[0] == 0,  # one invocation tells an account-region's
             )
         except Exception as exc:  # contained: one account's fault never reaches the others
             gone = members.sessions.refused(exc, account.id, region)  # suspended or left since it was listed?

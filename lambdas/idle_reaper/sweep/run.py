@@ -82,6 +82,7 @@ def run_sweep(
     message_scope: str | None = None,
     part: tuple[int, int] | None = None,
     send_notices: bool = True,
+    quiet_summaries: bool = True,
     group_parts: Mapping[str, GroupPart] | None = None,
 ) -> SweepReport:
     """One sweep: of the machines `instance_ids` alone, described afresh, when given (a shard); of the
@@ -91,9 +92,9 @@ def run_sweep(
     (organization mode): the id every unit and shard of this sweep shares, so that an owner's warnings in
     several of them share one message (sweep/owner_messages.py); None: this sweep's own messages.
     `part` (i, K): of the machines listed, part i's alone (a member account-region swept by K workers: keep_part).
-    `send_notices`: end with the pass that sends the pending stop notices (sweep/notices.py); a shard or a member
-    unit leaves it to the sweep's gather step. `group_parts`: the Auto Scaling groups a shard holds part of (a
-    group cut across shards), whose termination headroom it shares with the other parts.
+    `send_notices`: end with the stop notices' pass (sweep/notices.py; a shard or unit leaves it to the gather step).
+    `quiet_summaries`: tell this account-region's quiet-hours stops (sweep/quiet_hours.py; one invocation a sweep).
+    `group_parts`: the Auto Scaling groups a shard holds part of (a group cut across shards): their headroom shared.
 
     `time_left` (seconds left in the invocation, e.g. from the Lambda context): once it falls under
     FINISH_RESERVE the sweep starts no new work (no claim, no post) and finishes what it began, so it never
@@ -175,7 +176,7 @@ def run_sweep(
         decisions, written = apply_decisions(
             adapters, decisions, records, settings, sweep_id, now, time_left, message_scope
         )
-        report_quiet_hours(adapters, decisions, refs, settings, now)
+        report_quiet_hours(adapters, decisions, refs, settings, now, member, quiet_summaries, time_left)
         if send_notices:  # a shard's and a member unit's wait for the sweep's one pass (the gather step's)
             send_pending_notices(adapters, settings, now, time_left)
     _log_decisions(decisions, written, dry_run)
