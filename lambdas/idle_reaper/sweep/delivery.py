@@ -14,6 +14,7 @@ from typing import Any
 
 from idle_reaper.aws.clients import CALL_WIDE_ERRORS, DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.fleet import ACTION_WORKERS, ActionOutcome, Fleet
+from idle_reaper.aws.limits import RATE_HELD
 from idle_reaper.aws.state import AuditEntry, StateStore
 from idle_reaper.core.digest import running_again_entry
 from idle_reaper.core.dollars import dollars
@@ -111,6 +112,8 @@ def apply_decisions(
             claimed.discard(d.machine.instance_id)
         acting = [d for d in acting if d.machine.instance_id in unchanged]
     outcomes = _act(adapters.fleet, acting)
+    for d in _held_back(store, acting, outcomes, claimed, previous, sweep_id):  # EC2's rate: the next sweep's
+        by_id[d.machine.instance_id] = d
 
     failed = [d for d in by_id.values() if outcomes.get(d.machine.instance_id)]
     for d in run_concurrently(
@@ -207,6 +210,24 @@ def _copies_given_up(
         return record
     _alert_partly_delivered(adapters, d, owed_at_stop(d), settings, now)
     return replace(record, warning_owed=())
+
+
+def _held_back(
+    store: StateStore,
+    acting: list[Decision],
+    outcomes: dict[str, str | None],
+    claimed: set[str],
+    previous: Mapping[str, MachineRecord],
+    sweep_id: str,
+) -> list[Decision]:
+    """The machines whose action was not sent because EC2's rate for it was used (aws/limits.py RateHeld):
+    untouched, as machines this sweep had no time for (DEFERRED), their records put back and claims released (taken
+    out of `outcomes` and `claimed`); the next sweep acts on them."""
+    held = [d for d in acting if (outcomes.get(d.machine.instance_id) or "").startswith(RATE_HELD)]
+    for d in held:
+        outcomes.pop(d.machine.instance_id)
+        claimed.discard(d.machine.instance_id)
+    return run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id, DEFERRED), held, DDB_WORKERS)
 
 
 def _alert_and_audit(
