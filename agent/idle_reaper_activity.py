@@ -6,16 +6,23 @@ this script looks at three sources of human input, takes the most recent, and se
 minutes since then to the local CloudWatch agent as a StatsD gauge (`idle_reaper_minutes_since_input`).
 The agent adds this machine's `InstanceId`; the reaper's sweep reads the metric next to CPU and GPU.
 
-Sources (each one is optional; a failure in one never hides the others):
-  tty      interactive terminal sessions from utmp (USER_PROCESS records with a tty); the last input on a
-           tty is the access time of /dev/<tty>, which is what `who -u` reports as idle. When utmp cannot
-           be read, the output of `who -u` is parsed instead.
-  jupyter  running Jupyter servers found through their runtime files (jpserver-*.json, nbserver-*.json);
-           the server's `api/status` `last_activity`, each kernel's `last_activity`, and a kernel whose
-           `execution_state` is `busy` counts as input now. Loopback servers only.
+Sources (each one is optional; a failure in one never hides the others). Input is what a person sends:
+a keystroke, a cell run, a file saved. What a program prints, displays or sends (a progress bar, a logging
+thread, a widget updating, an open tab polling) is never read as input.
+  tty      interactive terminals: the access time of every /dev/pts/<n> (the kernel sets it when the
+           terminal's reader gets input, never on output), and ttys from utmp (USER_PROCESS records with a
+           tty, the access time of /dev/<tty>, what `who -u` reports as idle; `who -u` itself when utmp
+           cannot be read).
+  jupyter  cells run in IPython kernels (every Python notebook's kernel): the modification time of each
+           user's IPython history database (~/.ipython/profile_*/history.sqlite), which IPython writes when
+           a cell arrives to be run and never for output. jupyter_server's own `last_activity` of a kernel
+           is refreshed by the kernel's output too, so it is read only for kernels that are not IPython (R,
+           Julia, ...), whose input cannot be told from their output: there output counts, the reaper does
+           less. Notebooks saved: the open notebooks' `last_modified`, from running Jupyter servers found
+           through their runtime files (jpserver-*.json, nbserver-*.json). A busy kernel is not input, nor
+           the server's own `last_activity` (an open tab's polling refreshes it).
   vscode   VS Code remote: the newest save recorded in the server's local history
-           (~/.vscode-server/data/User/History/*/entries.json), and the last input in its integrated
-           terminals (the access time of the pty of each shell the server's pty host started). An open
+           (~/.vscode-server/data/User/History/*/entries.json); its terminals are ptys (tty above). An open
            window nobody types in saves and reads nothing, so it ages like everything else.
 
 Output: minutes in [0, CAP_MINUTES]; CAP_MINUTES (one week) means "no human input seen". A missing
@@ -467,6 +474,43 @@ class JupyterRefused(Exception):
     """The server answered 401 or 403: it wants a password, or the runtime file's token is not its own."""
 
 
+class AddressRefused(OSError):
+    """Connecting to the server was refused by this machine itself (EPERM/EACCES on connect): the unit's
+    IPAddressAllow= does not name that address (a new one since install.sh ran), or a local firewall."""
+
+
+def own_addresses(proc_net: str = "/proc/net") -> list[str]:
+    """This machine's IP addresses besides loopback and link-local, as its kernel lists them: IPv4 from the host
+    routes marked LOCAL in fib_trie, IPv6 from if_inet6. install.sh names them in the unit's IPAddressAllow=
+    (systemd has no word for "this machine's own addresses"), so that a Jupyter server listening on one of them
+    only can be asked there."""
+    found: list[str] = []
+    try:
+        with open(os.path.join(proc_net, "fib_trie")) as handle:
+            lines = [line.strip() for line in handle]
+        found += [
+            before[4:]
+            for before, line in zip(lines, lines[1:])
+            if line == "/32 host LOCAL" and before.startswith("|-- ")
+        ]
+    except OSError as error:
+        LOG.info("cannot read IPv4 addresses: %s", error)
+    try:
+        with open(os.path.join(proc_net, "if_inet6")) as handle:
+            found += [str(ipaddress.IPv6Address(int(line.split()[0], 16))) for line in handle if line.split()]
+    except (OSError, ValueError) as error:
+        LOG.info("cannot read IPv6 addresses: %s", error)
+    addresses: list[str] = []
+    for text in found:
+        try:
+            address = ipaddress.ip_address(text)
+        except ValueError:
+            continue
+        if not (address.is_loopback or address.is_link_local) and str(address) not in addresses:
+            addresses.append(str(address))
+    return addresses
+
+
 def fetch_json(url: str, token: str, timeout: float) -> object:
     """GET a Jupyter API URL on this machine with the server's token; the JSON body or an exception."""
     # no_track_activity: our own poll must not count as activity (jupyter_server honours it on API handlers).
@@ -501,39 +545,112 @@ MAX_SESSIONS = 50  # notebooks asked for their last save, per server
 def jupyter_server_sightings(
     server: JupyterServer, now: float, timeout: float = HTTP_TIMEOUT_SECONDS
 ) -> list[Sighting]:
-    """What a person did in one server: a cell executed (each idle kernel's last_activity: the moment it
-    went quiet after its last message) and a notebook saved (the open notebooks' last_modified; JupyterLab
-    saves an edited notebook every two minutes).
+    """What a person did in one server that only the server can tell: a notebook saved (the open notebooks'
+    last_modified; JupyterLab saves an edited notebook every two minutes), and the cells run in a kernel that
+    is not IPython (its last_activity: see _kernel_sightings).
 
-    Not input, and not read: the server's own last_activity (the front end's polling refreshes it every
-    ~10 s while a tab is open, and terminal output refreshes it too), a busy kernel (a hung cell or a
-    pending input() is busy forever at 0 % CPU; a working one shows in CPU/GPU), terminals (their ptys are
-    read by pty_sightings, where only typing counts)."""
+    Not input, and not read: an IPython kernel's last_activity (jupyter_server refreshes it on the kernel's
+    output: its cells are read from IPython's history, ipython_input_sightings), the server's own
+    last_activity (the front end's polling refreshes it every ~10 s while a tab is open, and terminal output
+    refreshes it too), a busy kernel (a hung cell or a pending input() is busy forever at 0 % CPU; a working
+    one shows in CPU/GPU), terminals (their ptys are read by pty_sightings, where only typing counts)."""
     error: Exception | None = None
+    refused = []
     for base in server.base_urls:
         try:
             kernels = fetch_json(base + "api/kernels", server.token, timeout)
         except (OSError, ValueError) as failure:  # URLError is an OSError: not listening there
             error = failure
+            if isinstance(getattr(failure, "reason", failure), PermissionError):
+                refused.append(urllib.parse.urlsplit(base).hostname or base)
             continue
-        return _kernel_sightings(server, kernels) + _notebook_save_sightings(server, base, timeout)
+        return _kernel_sightings(server, kernels, base, timeout) + _notebook_save_sightings(server, base, timeout)
+    if refused:
+        raise AddressRefused(f"connecting to {', '.join(refused)} is not permitted here ({error})")
     raise error if error else OSError("no address to ask")
 
 
-def _kernel_sightings(server: JupyterServer, kernels: object) -> list[Sighting]:
+def _kernel_sightings(server: JupyterServer, kernels: object, base: str, timeout: float) -> list[Sighting]:
+    """The idle kernels that are not IPython, each at its last_activity.
+
+    jupyter_server (2.x, services/kernels/kernelmanager.py, start_watching_activity) sets a kernel's
+    last_activity on the messages the kernel publishes on IOPub, output among them: a `stream` whose parent is
+    the cell that started a printing thread, a widget's `comm_msg`, anything while busy. Nothing the server
+    keeps records when a client last sent the kernel a request. So an IPython kernel's last_activity is not
+    read (its cells are read from IPython's history); a kernel IPython's history does not cover (R, Julia,
+    a kernel whose spec the server does not list) is read as before: its output counts, the reaper does less."""
     if not isinstance(kernels, list):
         LOG.warning("ignoring api/kernels of %s: not a list", server.label)
         return []
-    sightings = []
+    idle = []
     for kernel in kernels:
         if not isinstance(kernel, dict):
             LOG.warning("ignoring a kernel of %s: not an object", server.label)
-            continue
-        label = f"{server.label} kernel {kernel.get('id', '?')}"
-        if kernel.get("execution_state") != "idle":
-            LOG.info("%s is %s: not input (a hung cell is busy forever)", label, kernel.get("execution_state"))
+        elif kernel.get("execution_state") != "idle":
+            LOG.info(
+                "%s kernel %s is %s: not input", server.label, kernel.get("id", "?"), kernel.get("execution_state")
+            )
         elif "last_activity" in kernel:
-            sightings.extend(_jupyter_time_sighting(label + " idle since", kernel["last_activity"]))
+            idle.append(kernel)
+    ipython = _ipython_kernel_names(server, base, timeout) if idle else set()
+    sightings = []
+    for kernel in idle:
+        label = f"{server.label} kernel {kernel.get('id', '?')}"
+        if kernel.get("name") in ipython:
+            LOG.info("%s is IPython: its cells are read from its history, not its last_activity (output)", label)
+        else:
+            sightings.extend(
+                _jupyter_time_sighting(f"{label} ({kernel.get('name')}) idle since", kernel["last_activity"])
+            )
+    return sightings
+
+
+def _ipython_kernel_names(server: JupyterServer, base: str, timeout: float) -> set[str]:
+    """The kernel names whose spec runs ipykernel (`python -m ipykernel_launcher`, SageMaker's conda_* kernels
+    too); empty when the server does not say (then every kernel's last_activity is read: the safe side)."""
+    try:
+        specs = fetch_json(base + "api/kernelspecs", server.token, timeout)
+    except (OSError, ValueError) as error:
+        LOG.info("no kernel specs from %s (%s): every kernel's last_activity is read", server.label, error)
+        return set()
+    entries = specs.get("kernelspecs") if isinstance(specs, dict) else None
+    names = set()
+    for name, entry in (entries if isinstance(entries, dict) else {}).items():
+        spec = entry.get("spec") if isinstance(entry, dict) else None
+        argv = spec.get("argv") if isinstance(spec, dict) else None
+        if isinstance(argv, list) and any(isinstance(arg, str) and "ipykernel" in arg for arg in argv):
+            names.add(name)
+    return names
+
+
+def ipython_input_sightings(homes: Iterable[str]) -> list[Sighting]:
+    """The last cell run in an IPython kernel (or IPython shell), per user and profile: the modification time
+    of ~/.ipython/profile_<name>/history.sqlite (and of its -wal, when IPython is set to keep one).
+
+    IPython stores a cell in that database as the cell arrives to be run (InteractiveShell.run_cell, every
+    execute_request that stores history: every cell a person runs), before running it, so a cell running for
+    hours is as old as the moment it was sent. Nothing a kernel prints, displays or sends to a widget is
+    written there. Starting and shutting down a kernel write it once each (a notebook opened or closed; a
+    kernel culled by the server counts once: the reaper waits longer, never less). A cell run by a program
+    (papermill) is a cell run; silent executions (extensions) store nothing and do not count."""
+    sightings = []
+    for home in homes:
+        directory = os.path.join(home, ".ipython")
+        try:
+            profiles = sorted(name for name in os.listdir(directory) if name.startswith("profile_"))
+        except OSError:
+            continue
+        for profile in profiles:
+            newest = None
+            for name in ("history.sqlite", "history.sqlite-wal"):
+                try:
+                    mtime = os.stat(os.path.join(directory, profile, name)).st_mtime
+                except OSError:
+                    continue
+                newest = mtime if newest is None else max(newest, mtime)
+            if newest is not None:
+                user = os.path.basename(home.rstrip("/"))
+                sightings.append(Sighting(f"ipython history ({user}, {profile})", newest))
     return sightings
 
 
@@ -642,6 +759,14 @@ def jupyter_sightings(
             if gaps is not None:
                 gaps["jupyter"] = note
             sightings.extend(fallback)
+        except AddressRefused as refused:
+            note = (
+                f"{server.label}: {refused}: the unit's IPAddressAllow= names this machine's addresses when "
+                "install.sh runs (daily with the association): run it again"
+            )
+            LOG.warning("%s", note)
+            if gaps is not None:
+                gaps["jupyter"] = f"{gaps['jupyter']}; {note}" if "jupyter" in gaps else note
         except (OSError, ValueError) as error:
             LOG.warning("no answer from %s: %s", server.label, error)
     return sightings
@@ -798,7 +923,8 @@ def collect(now: float, settings: Settings | None = None) -> Collected:
 
     def jupyter() -> list[Sighting]:
         pids: list[int] = []
-        found = jupyter_sightings(
+        found = ipython_input_sightings(homes)
+        found += jupyter_sightings(
             jupyter_runtime_dirs(homes, settings.environ, settings.jupyter_dirs),
             now,
             settings.http_timeout,
@@ -930,7 +1056,13 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
         help="where to remember which warnings were said (default %(default)s; systemd's StateDirectory)",
     )
     parser.add_argument("--verbose", action="store_true", help="log every skipped source")
+    parser.add_argument(
+        "--own-addresses", action="store_true", help="print this machine's addresses for the unit's IPAddressAllow="
+    )
     args = parser.parse_args(argv)
+    if args.own_addresses:
+        print(" ".join(own_addresses()))
+        return 0
     try:
         address = parse_address(args.statsd)
     except ValueError as error:

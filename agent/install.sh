@@ -4,7 +4,8 @@
 #
 #   1. a system user without a login and without a home (the service runs as it);
 #   2. the collector and its docs into /opt/idle-reaper/;
-#   3. the systemd service and timer (every minute), enabled and started;
+#   3. the systemd service and timer (every minute), enabled and started; the service may reach loopback and this
+#      machine's own addresses (as they are now: the daily run writes them again);
 #   4. the CloudWatch agent's StatsD listener (127.0.0.1:8125), appended to the agent's configuration.
 #
 # A machine it cannot run on (no Python 3.9+ among the system interpreters, as on Amazon Linux 2 with its
@@ -60,7 +61,11 @@ install -m 0755 "$HERE/idle_reaper_activity.py" "$PREFIX/idle_reaper_activity.py
 install -m 0644 "$HERE/cloudwatch-agent-activity.json" "$PREFIX/cloudwatch-agent-activity.json"
 install -m 0644 "$HERE/README.md" "$PREFIX/README.md"
 install -d -m 0755 "$UNIT_DIR"
-sed "s|/usr/bin/python3 -I|$PYTHON -I|" "$HERE/idle-reaper-activity.service" > "$UNIT_DIR/idle-reaper-activity.service"
+# The unit may reach this machine's own addresses besides loopback (a Jupyter server listening on one of them only):
+# systemd cannot name them, the collector lists them (IPv4 and IPv6, neither loopback nor link-local).
+ADDRESSES=$("$PYTHON" -I "$PREFIX/idle_reaper_activity.py" --own-addresses)
+sed -e "s|/usr/bin/python3 -I|$PYTHON -I|" -e "s|^IPAddressAllow=localhost\$|IPAddressAllow=localhost${ADDRESSES:+ $ADDRESSES}|" \
+    "$HERE/idle-reaper-activity.service" > "$UNIT_DIR/idle-reaper-activity.service"
 chmod 0644 "$UNIT_DIR/idle-reaper-activity.service"
 install -m 0644 "$HERE/idle-reaper-activity.timer" "$UNIT_DIR/idle-reaper-activity.timer"
 

@@ -15,7 +15,10 @@ GPU check in the shards and the gather step), its Slack calls not modelled (no t
 For each fleet size and for the first-look, steady and reaping sweeps (benchmarks/sweep_cost.py's fleet;
 sweeps at +0, +5 and +30 min) it prints calls by operation (DynamoDB included), the latency each operation charged,
 total wall, the longest single invocation and its share of the sweep Lambda's timeout, and the invocations
-used. Then the reaper's own monthly AWS bill at 10,000 machines and 5-minute sweeps.
+used; and the EC2 Describe* requests the account-region's bucket sees (planner and shards on one timeline, the
+shards side by side as the Map runs them): the most in any second against EC2's 20 a second and 100 of burst, and
+how low the bucket falls. The product's pacers (aws/limits.py) wait on the model's virtual clock. Then the
+reaper's own monthly AWS bill at 10,000 machines and 5-minute sweeps.
 
     python benchmarks/sweep_latency.py [--sizes 1000,10000,50000,200000] [--check 2000]
 """
@@ -62,6 +65,7 @@ from idle_reaper.sweep import (  # noqa: E402
 from idle_reaper.sweep.doctor_daily import claim_daily_doctor, daily_claim_key, run_daily_doctor  # noqa: E402
 from testkit.aws import CountingStateStore, FakeAws, LatencyModel, RequestCpu  # noqa: E402
 from testkit.aws.fleet import ZONES, zone_of  # noqa: E402
+from testkit.aws_rules import TokenBucket  # noqa: E402
 
 # First look; the steady sweep 5 minutes later (the stack's default schedule: what most sweeps are);
 # reaping when the first look's warnings fall due.
@@ -111,6 +115,62 @@ class Measured:
     botocore_by_op: Counter[str] = field(default_factory=Counter)  # seconds by operation
     planner_s: float = 0.0  # the sweep function's invocation (the planner; the whole sweep when in place)
     doctor_s: float = 0.0  # of it, the daily doctor's part (the day's first sweep, `--doctor-day`)
+    describes: list[float] = field(default_factory=list)  # when each EC2 Describe* request was sent, s from the start
+
+
+# EC2's bucket for Describe* requests, per account and region (aws/limits.py EC2_DESCRIBE, as the rules keep it).
+# https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-throttling.html
+DESCRIBE_BUCKET, DESCRIBE_REFILL = 100.0, 20.0
+
+
+class StampedModel(LatencyModel):
+    """The latency model, noting on its virtual clock when each EC2 Describe* request is sent (before its
+    latency): on the lane that sends it, so a pacer's wait (on that lane) moves it later."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stamps: list[float] = []
+
+    def charge(self, operation: str, times: int = 1) -> None:
+        if operation.startswith("ec2:Describe"):
+            self.stamps.extend([self.virtual] * times)
+        super().charge(operation, times)
+
+
+@dataclass(frozen=True)
+class DescribeRate:
+    """EC2 Describe* requests as the account-region's bucket sees them in one sweep."""
+
+    calls: int
+    peak_per_s: int  # the most sent in any one second (a sliding window)
+    lowest: float  # the bucket's fewest tokens (100 burst, 20 a second); below a request's 1: throttled
+    throttled: int  # requests that found the bucket empty
+
+    @classmethod
+    def of(cls, stamps: Sequence[float]) -> DescribeRate:
+        ordered = sorted(stamps)
+        peak, start = 0, 0
+        for end, t in enumerate(ordered):
+            while ordered[start] <= t - 1.0:
+                start += 1
+            peak = max(peak, end - start + 1)
+        bucket = TokenBucket(DESCRIBE_BUCKET, DESCRIBE_REFILL)
+        throttled, lowest = 0, DESCRIBE_BUCKET
+        for t in ordered:
+            throttled += not bucket.take(t)
+            lowest = min(lowest, bucket.tokens)
+        return cls(len(ordered), peak, lowest, throttled)
+
+
+def map_starts(durations: Sequence[float], lanes: int) -> list[float]:
+    """When each iteration of a Map starts (map_wall's schedule): on the lane that frees first."""
+    free = [0.0] * max(1, min(lanes, len(durations)))
+    starts = []
+    for d in durations:
+        start = heapq.heappop(free)
+        starts.append(start)
+        heapq.heappush(free, start + d)
+    return starts
 
 
 class Segments:
@@ -120,11 +180,13 @@ class Segments:
     def __init__(self, model: LatencyModel, aws: FakeAws, *, sleep: bool) -> None:
         self.model, self.aws, self.sleep = model, aws, sleep
         self.botocore_s = 0.0
+        self.describes: list[float] = []
 
     def time(self, fn: Callable[[], Any]) -> tuple[Any, float, float]:
         """fn's result, its wall and its own CPU time (botocore's, charged per request, counted apart:
-        `self.botocore_s`)."""
+        `self.botocore_s`). `self.describes`: when its EC2 Describe* requests were sent, from its start."""
         virtual, fake, botocore = self.model.virtual, self.aws.seconds(), self.model.cpu_s
+        stamped = len(self.model.stamps) if isinstance(self.model, StampedModel) else 0
         in_lanes = self.model.lanes_cpu_s
         started, cpu_started = time.perf_counter(), time.process_time()
         result = fn()
@@ -136,6 +198,8 @@ class Segments:
         own = cpu - fake - (botocore if self.sleep else 0.0)
         # CPU spent in modelled child processes is on their lanes, in the virtual clock already: not serial.
         serial = own + botocore - (self.model.lanes_cpu_s - in_lanes)
+        stamps = self.model.stamps[stamped:] if isinstance(self.model, StampedModel) else []
+        self.describes = [t - virtual for t in stamps]
         return result, (real - fake if self.sleep else self.model.virtual - virtual + serial), own
 
 
@@ -235,7 +299,7 @@ def run_size(
     aws = bench.aws
     for instance in aws.ec2.instances.values():
         instance.api["Placement"]["AvailabilityZone"] = ZONES[ZONES.index(zone_of(instance.instance_id)) % zones]
-    model = LatencyModel(sleep=sleep, cpu=request_cpu(cpu) if cpu is not None else None, vcpus=PLANNER_VCPUS)
+    model = StampedModel(sleep=sleep, cpu=request_cpu(cpu) if cpu is not None else None, vcpus=PLANNER_VCPUS)
     aws.set_latency(model)
     store = CountingStateStore(model)
     notifier = LoggingNotifier(sweep_module.logger, delivers=True)
@@ -258,10 +322,12 @@ def run_size(
             plan, planner_s, cpu_s = segments.time(
                 lambda now=now: plan_sweep(adapters, now=now, in_place=True, shard_size=shard_size)
             )
+            describes = list(segments.describes)  # the account-region's Describe* requests, on the sweep's timeline
             if plan.shards == 1:
                 report, swept_s, swept_cpu = segments.time(
                     lambda now=now, plan=plan: run_sweep(adapters, now=now, sweep_id=plan.sweep_id, listed=plan.listed)
                 )
+                describes += [planner_s + t for t in segments.describes]
                 if doctor:  # after the sweep, in its invocation, on what it read
                     _, doctor_s, doctor_cpu = segments.time(
                         lambda now=now, r=report: run_daily_doctor(adapters, now, r.read, whole_timeout)
@@ -280,7 +346,7 @@ def run_size(
                     cpu_s += doctor_cpu
                 indices = sampled(plan.shards, sample)
                 before_shards = Tally.of(model, aws, segments)
-                shard_walls, shards_cpu = [], 0.0
+                shard_walls, shards_cpu, shard_describes = [], 0.0, []
                 for index in indices:
                     model.charge("states:InvokeLambda")
                     concurrent = min(plan.shards, SHARDS_AT_ONCE)  # as the execution input says
@@ -289,10 +355,16 @@ def run_size(
                     )
                     _, shard_s, shard_cpu = segments.time(lambda task=task: run_shard(adapters, task))
                     shard_walls.append(shard_s + model.latency["states:InvokeLambda"])
+                    shard_describes.append(segments.describes)
                     shards_cpu += shard_cpu
                 # The shards not run: each as the sampled ones, in turn (their calls and CPU scaled up below).
                 extra = Tally.of(model, aws, segments).minus(before_shards).times(plan.shards / len(indices) - 1)
                 shard_walls = [shard_walls[i % len(shard_walls)] for i in range(plan.shards)]
+                # The Map starts after the planner and StartExecution; each shard on its lane, as they run.
+                map_start = planner_s + model.latency["states:StartExecution"]
+                for i, start in enumerate(map_starts(shard_walls, SHARDS_AT_ONCE)):
+                    at = map_start + start + model.latency["states:InvokeLambda"]
+                    describes += [at + t for t in shard_describes[i % len(shard_describes)]]
                 records_scale = plan.shards / len(indices)  # only the sampled shards' machines have records
                 cpu_s += shards_cpu * plan.shards / len(indices)
                 model.charge("states:InvokeLambda")
@@ -327,6 +399,7 @@ def run_size(
                     botocore_by_op=model.cpu_charged - botocore_ops_before + extra.botocore_by_op,
                     planner_s=walls[0],
                     doctor_s=doctor_s,
+                    describes=describes,
                 )
             )
     finally:
@@ -375,6 +448,15 @@ def print_size(size: int, results: list[Measured], zones: int = len(ZONES)) -> b
     )
     gmd = [r.calls["cloudwatch:GetMetricData"] for r in results]
     row("GetMetricData calls", gmd)
+    rates = [DescribeRate.of(r.describes) for r in results]
+    print(
+        f"  EC2 Describe* in the account-region (planner + shards side by side; bucket {DESCRIBE_BUCKET:.0f}, "
+        f"{DESCRIBE_REFILL:.0f}/s)"
+    )
+    row("  requests", [d.calls for d in rates])
+    row("  most in any one second", [d.peak_per_s for d in rates])
+    row("  the bucket at its lowest, tokens", [d.lowest for d in rates], ",.1f")
+    row("  requests that found it empty (throttled)", [d.throttled for d in rates])
     target = TARGETS.get(size)
     for label, r in zip(LABELS, results, strict=True):
         if target is not None and r.wall_s > target:
@@ -383,6 +465,10 @@ def print_size(size: int, results: list[Measured], zones: int = len(ZONES)) -> b
         if r.longest_s > SWEEP_TIMEOUT_S / 2:
             ok = False
             print(f"  MISSED sweep {label}: an invocation uses {r.longest_s / SWEEP_TIMEOUT_S:.0%} of its timeout")
+    for label, d in zip(LABELS, rates, strict=True):
+        if d.throttled:
+            ok = False
+            print(f"  MISSED sweep {label}: {d.throttled:,} EC2 Describe* requests past the account-region's bucket")
     if results[1].state_writes > 0.10 * size:
         ok = False
         print(f"  MISSED steady state: {results[1].state_writes:,} writes > 10 % of {size:,} machines")

@@ -82,14 +82,27 @@ _BOTO3_FETCH = (
 )
 
 
-def on_start_script(prefix: str, agent_dir: Path = AGENT_DIR) -> str:
-    """The OnStart script. It never fails the notebook's start (SageMaker would mark the notebook Failed):
-    every step that cannot run says so in the notebook's CloudWatch log and the script goes on.
+# Bounds of the OnStart script (SageMaker fails a notebook's start when OnStart runs past five minutes): the
+# CloudWatch agent's start, the collector's fetch (in the background: a notebook in a VPC without a route to S3
+# waits for nothing), and how long the script waits for the fetch's outcome to show it in its own log.
+AGENT_START_SECONDS = 120
+FETCH_SECONDS = 120
+FETCH_WAIT_SECONDS = 30
+LOG = "/var/log/idle-reaper-activity.log"
 
-    The collector is fetched from the stack's bucket (`agent_bucket_name`, the account and region read from
-    the notebook's own ARN; `--expected-bucket-owner`: a bucket of that name in another account is never
-    read) and run only when its SHA-256 is the one this script carries: a tampered, stale or missing object
-    leaves the notebook publishing CPU, GPU and network, as without the collector."""
+
+def on_start_script(prefix: str, agent_dir: Path = AGENT_DIR) -> str:
+    """The OnStart script. It never fails the notebook's start (SageMaker marks the notebook Failed when OnStart
+    fails or runs past five minutes): every step that cannot run says so in the notebook's CloudWatch log and the
+    script goes on, and every step that could wait is bounded (`timeout`, where the image has it).
+
+    The collector is fetched in the background (`nohup setsid`, its output in LOG, never the script's own
+    stdout: SageMaker would wait for it), at most FETCH_SECONDS, from the stack's bucket (`agent_bucket_name`,
+    the account and region read from the notebook's own ARN; `--expected-bucket-owner`: a bucket of that name in
+    another account is never read), and run only when its SHA-256 is the one this script carries: a tampered,
+    stale, missing or unreachable object leaves the notebook publishing CPU, GPU and network, as without the
+    collector. The script waits for the fetch's outcome at most FETCH_WAIT_SECONDS and repeats it in its own log
+    (LifecycleConfigOnStart); past that it says the fetch goes on, and where its outcome will be."""
     digest = collector_sha256(agent_dir)
     with_gpu = json.dumps(agent_config(gpu=True), separators=(",", ":"))
     without_gpu = json.dumps(agent_config(gpu=False), separators=(",", ":"))
@@ -97,6 +110,8 @@ def on_start_script(prefix: str, agent_dir: Path = AGENT_DIR) -> str:
 # idle-reaper: CPU, GPU, network and human activity of this notebook instance to CloudWatch, by its name.
 set -u
 say() {{ echo "idle-reaper: $*"; }}
+# At most $1 seconds (SageMaker fails the start past five minutes); unbounded where the image has no timeout.
+bounded() {{ S=$1; shift; if command -v timeout >/dev/null 2>&1; then timeout -k 5 "$S" "$@"; else "$@"; fi; }}
 M=/opt/ml/metadata/resource-metadata.json
 NAME=$(sed -n 's/.*"ResourceName" *: *"\\([A-Za-z0-9-]*\\)".*/\\1/p' $M)
 if [ -z "$NAME" ]; then say "no notebook instance name in $M: nothing published"; exit 0; fi
@@ -106,7 +121,8 @@ if command -v nvidia-smi >/dev/null 2>&1; then CONFIG='{with_gpu}'; else CONFIG=
 echo "$CONFIG" | sed "s/{NAME_PLACEHOLDER}/$NAME/g" > "$D/cloudwatch-agent.json"
 CTL=/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl
 if [ -x "$CTL" ]; then
-  "$CTL" -a fetch-config -m ec2 -s -c "file:$D/cloudwatch-agent.json" || say "the CloudWatch agent did not start"
+  bounded {AGENT_START_SECONDS} "$CTL" -a fetch-config -m ec2 -s -c "file:$D/cloudwatch-agent.json" \\
+    || say "the CloudWatch agent did not start"
 else
   say "no CloudWatch agent at $CTL: no metric is published, the reaper sees this notebook as unknown"
 fi
@@ -123,19 +139,29 @@ done
 if [ -z "$PY" ]; then say "no Python 3.9+: $NOT"; exit 0; fi
 BUCKET="{agent_bucket_name(prefix, "$ACCOUNT", "$REGION")}"
 C="$D/idle_reaper_activity.py"
-rm -f "$C"
 AWS=""
 for a in "$(command -v aws)" /home/ec2-user/anaconda3/bin/aws; do
   if [ -n "$a" ] && [ -x "$a" ]; then AWS=$a; break; fi
 done
+OUTCOME="$D/fetch.outcome"
+rm -f "$C" "$OUTCOME"
+export AWS PY REGION ACCOUNT BUCKET C D OUTCOME
+# The fetch and the collector, in the background: this script ends whether S3 answers or not.
+FETCH=$(cat <<'FETCH'
+say() {{ echo "idle-reaper: $*" | tee -a "$OUTCOME"; }}
+bounded() {{ S=$1; shift; if command -v timeout >/dev/null 2>&1; then timeout -k 5 "$S" "$@"; else "$@"; fi; }}
+NOT="no activity collector: CPU, GPU and network only"
 if [ -n "$AWS" ]; then
-  "$AWS" s3api get-object --region "$REGION" --bucket "$BUCKET" --key {NOTEBOOK_AGENT_KEY} \\
-    --expected-bucket-owner "$ACCOUNT" "$C" > "$D/fetch.log" 2>&1
+  bounded {FETCH_SECONDS} "$AWS" s3api get-object --region "$REGION" --bucket "$BUCKET" --key {NOTEBOOK_AGENT_KEY} \\
+    --expected-bucket-owner "$ACCOUNT" --cli-connect-timeout 10 --cli-read-timeout 30 "$C" > "$D/fetch.log" 2>&1
 else
-  "$PY" -c "{_BOTO3_FETCH}" "$REGION" "$BUCKET" {NOTEBOOK_AGENT_KEY} "$ACCOUNT" "$C" > "$D/fetch.log" 2>&1
+  bounded {FETCH_SECONDS} "$PY" -c "{_BOTO3_FETCH}" "$REGION" "$BUCKET" {NOTEBOOK_AGENT_KEY} "$ACCOUNT" "$C" \\
+    > "$D/fetch.log" 2>&1
 fi
-if [ $? -ne 0 ] || [ ! -s "$C" ]; then
+CODE=$?
+if [ $CODE -ne 0 ] || [ ! -s "$C" ]; then
   WHY=$(tail -c 300 "$D/fetch.log" | tr '\\n' ' ')
+  if [ $CODE -eq 124 ] || [ $CODE -eq 137 ]; then WHY="no answer within {FETCH_SECONDS} s: no route to S3? $WHY"; fi
   say "cannot fetch s3://$BUCKET/{NOTEBOOK_AGENT_KEY} ($WHY): the execution role needs s3:GetObject on it; $NOT"
   rm -f "$C"; exit 0
 fi
@@ -145,9 +171,18 @@ refused; $NOT"
   rm -f "$C"; exit 0
 fi
 chmod 0644 "$C"
-nohup setsid sh -c "while :; do '$PY' -I '$C' --state-dir '$D'; sleep 60; done" \\
-  >> /var/log/idle-reaper-activity.log 2>&1 < /dev/null &
 say "activity collector running"
+while :; do "$PY" -I "$C" --state-dir "$D"; sleep 60; done
+FETCH
+)
+nohup setsid bash -c "$FETCH" >> {LOG} 2>&1 < /dev/null &
+# Its outcome in this log too (LifecycleConfigOnStart), when it comes within {FETCH_WAIT_SECONDS} s.
+for _ in $(seq {FETCH_WAIT_SECONDS}); do [ -s "$OUTCOME" ] && break; sleep 1; done
+if [ -s "$OUTCOME" ]; then cat "$OUTCOME"; else
+  say "fetching s3://$BUCKET/{NOTEBOOK_AGENT_KEY} goes on in the background (at most {FETCH_SECONDS} s): \\
+its outcome in {LOG}"
+fi
+exit 0
 """
 
 

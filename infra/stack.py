@@ -90,15 +90,19 @@ DOCTOR_TOPIC_READS = ("sns:GetTopicAttributes", "sns:ListSubscriptionsByTopic")
 SWEEP_MINUTES_ENV = "IDLE_REAPER_SWEEP_MINUTES"  # slack/routing.py: deploy.last_sweep judges by the schedule
 POLICY_READS = ("ssm:GetParameter", "ssm:GetParametersByPath")
 # Exactly the item calls each function makes (aws.DynamoStateStore); DeleteItem is granted to the sweep
-# separately, for its own claims only.
-SWEEP_TABLE_ACTIONS = ("dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:PutItem")
+# separately, for its own claims and the quiet-hours stops it told only. Query: a partition of entries (the
+# quiet-hours stops of an account and region, StateStore.entries), on the table alone (no index).
+SWEEP_TABLE_ACTIONS = ("dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query")
+# The items the sweep may delete besides its claims: the quiet-hours stops it told (sweep/quiet_hours.py).
+QUIET_STOPS_KEYS = "entries#quiet-stops#*"
 SLACK_TABLE_ACTIONS = (
     "dynamodb:BatchGetItem",
     "dynamodb:GetItem",
     "dynamodb:PutItem",
     "dynamodb:Query",
 )
-GATHER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem")
+# BatchGetItem: the stop-notice pass loads the records whose notices the shards queued (sweep/notices.py).
+GATHER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:BatchGetItem")
 # The weekly digest: one Scan (records and the audit of its weeks) when a digest is due, its once-a-week claims.
 DIGEST_TABLE_ACTIONS = ("dynamodb:Scan", "dynamodb:PutItem")
 OWNER_INDEX = "owner-index"
@@ -673,6 +677,13 @@ class IdleReaperStack(Stack):
             *MachineAccess(self, props.managed_tag_key).sweep_statements(self.region),
             # The sweep deletes only its own once-only claims (release after a failed alert).
             *self._policies_table_and_secret(props, table, secret, ("StateTable", SWEEP_TABLE_ACTIONS), "once#*"),
+            # ... and the index entries of the quiet-hours stops it told.
+            iam.PolicyStatement(
+                sid="RemoveToldQuietStops",
+                actions=["dynamodb:DeleteItem"],
+                resources=[table.table_arn],
+                conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [QUIET_STOPS_KEYS]}},
+            ),
         ]
         if counts_unwatched:
             # The daily count of running instances in regions without a stack: listing only, in any region.
@@ -787,8 +798,9 @@ class IdleReaperStack(Stack):
         self, role: iam.IRole, props: IdleReaperProps, table: dynamodb.ITable, secret: secretsmanager.ISecret
     ) -> None:
         """The gather step reads the shards' results and keeps the failed-shard count in the table; it reads
-        the settings and the Slack secret only to tell the admins about repeated failures, and, on the day's
-        doctor, a GPU check's new failure (claimed once, as the sweep claims; a cleared one's claim deleted)."""
+        the settings and the Slack secret to tell the admins about repeated failures, sends the stop notices the
+        shards queued (it loads and saves their records), and, on the day's doctor, tells a GPU check's new failure
+        (claimed once, as the sweep claims; a cleared one's claim deleted)."""
         shard_results = iam.PolicyStatement(
             sid="ShardResults",
             actions=list(GATHER_TABLE_ACTIONS),

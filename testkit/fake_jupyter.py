@@ -49,9 +49,14 @@ class FakeJupyter:
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
-    def serve(self, base: str, token: str, kernels: bytes, sessions: bytes = b"[]") -> None:
+    def serve(
+        self, base: str, token: str, kernels: bytes, sessions: bytes = b"[]", kernelspecs: bytes | None = None
+    ) -> None:
+        """One server's answers; without `kernelspecs`, a server that does not say which kernels it runs (404)."""
         self.routes[base + "api/kernels"] = (token, 200, kernels, {})
         self.routes[base + "api/sessions"] = (token, 200, sessions, {})
+        if kernelspecs is not None:
+            self.routes[base + "api/kernelspecs"] = (token, 200, kernelspecs, {})
 
     def close(self) -> None:
         self.server.shutdown()

@@ -30,6 +30,9 @@ class Delivery:
     undelivered: tuple[str, ...] = ()
     # The shared message's "Keep all" reference when the machine is listed with its owner's other machines.
     group_ref: str | None = None
+    # Targets the message did not reach for a reason that may pass (a 429, Slack down) while another got it: each
+    # sweep posts the same warning there (MachineRecord.warning_owed: core.records.owed_target says the format).
+    owed: tuple[str, ...] = ()
 
 
 class DeliveryUnknown(Exception):
@@ -136,6 +139,28 @@ class SharedOwnerNotifier(Protocol):
     ) -> list[PostOutcome] | None:
         """Add `decisions` to the message another unit posted (its "Keep all" reference and its copies); for
         each machine what warn_owner would return; None: not joined, post a message of its own."""
+        ...
+
+
+@runtime_checkable
+class CopyNotifier(Protocol):
+    """A notifier that posts the copies a delivered warning still owes (MachineRecord.warning_owed)."""
+
+    def post_owed(self, decisions: Sequence[Decision], target: str, maybe_posted: bool) -> list[Delivery]:
+        """The copy that the machines of one message (a machine's own warning, or the machines one shared message
+        lists) owe to `target`, posted there; `maybe_posted`: looked for first (an earlier post may have gone out).
+        For each machine, in order: Delivery.messages the copy (posted or found), Delivery.owed the entry still
+        owed (a failure that may pass), Delivery.undelivered why it is given up (a permanent failure)."""
+        ...
+
+
+@runtime_checkable
+class SharedPacing(Protocol):
+    """A notifier whose posting rate is shared out between the invocations that post at once (a fanned-out sweep's
+    shards), as MetricsReader.shared_by shares GetMetricData's quota."""
+
+    def shared_by(self, workers: int) -> Notifier:
+        """A notifier over the same client for one of `workers` posting to the workspace at once: its share."""
         ...
 
 

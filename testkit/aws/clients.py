@@ -17,6 +17,7 @@ from botocore.exceptions import ClientError
 
 from idle_reaper.aws import (
     Concurrency,
+    Pacing,
 )
 
 ACCOUNT = "123456789012"
@@ -169,16 +170,23 @@ class LatencyModel:
         self.virtual = max(free)
         return [pickle.loads(blob) for blob in blobs]
 
+    def wait(self, seconds: float) -> None:
+        """A pacer's wait (aws/limits.py Pacing), modelled: the current lane's clock moves on."""
+        self.virtual += seconds
+
     def install(self) -> None:
-        """Model the pools and the child processes (sleep=False only; with sleep=True the real ones run)."""
+        """Model the pools, the child processes and the pacers' clock (sleep=False only; with sleep=True the real
+        ones run): a request a pacer holds back waits on the lane that makes it, as it would on its thread."""
         if not self.sleep:
-            self._saved = (Concurrency.runner, Concurrency.processes)
+            self._saved = (Concurrency.runner, Concurrency.processes, Pacing.clock, Pacing.sleep)
             Concurrency.runner = self.lanes  # type: ignore[assignment]
             Concurrency.processes = self.in_processes  # type: ignore[assignment]
+            Pacing.clock = lambda: self.virtual  # type: ignore[method-assign]
+            Pacing.sleep = self.wait  # type: ignore[method-assign,assignment]
 
     def uninstall(self) -> None:
         if self._saved is not None:
-            Concurrency.runner, Concurrency.processes = self._saved
+            Concurrency.runner, Concurrency.processes, Pacing.clock, Pacing.sleep = self._saved  # type: ignore[method-assign]
             self._saved = None
 
 

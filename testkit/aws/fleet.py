@@ -203,13 +203,17 @@ class FakeEC2(FakeClient):
     def _pool(self, instance_ids: Sequence[str], filters: Sequence[dict[str, Any]]) -> Iterable[FakeInstance]:
         """The instances a call can match: the ids asked for, or those an `instance-id` filter of exact values
         names (looked up, not scanned: the shard workers describe 200 ids a call of a 200,000-machine fleet),
-        else every instance. The matcher still applies every filter."""
+        or whose id ends as the planner's parts by instance id ask ("i-*" and a suffix: str.endswith, not a regex
+        per machine), else every instance. The matcher still applies every filter."""
         if instance_ids:
             return [self.instances[i] for i in instance_ids]
         for f in filters:
             values = f["Values"]
             if f["Name"] == "instance-id" and not any(c in v for v in values for c in "*?\\"):
                 return [self.instances[i] for i in dict.fromkeys(values) if i in self.instances]
+            suffixes = tuple(v[3:] for v in values if v.startswith("i-*") and not any(c in v[3:] for c in "*?\\"))
+            if f["Name"] == "instance-id" and len(suffixes) == len(values):
+                return [inst for key, inst in self.instances.items() if key.endswith(suffixes)]
         return self.instances.values()
 
     @api

@@ -113,7 +113,9 @@ SWEEP_CALLS = [
     call("dynamodb:BatchGetItem", table(HOME)),  # load
     call("dynamodb:PutItem", table(HOME)),  # save, audit, claim_once, put_lookup
     call("dynamodb:GetItem", table(HOME)),  # get_lookup (a shard worker: its manifest)
+    call("dynamodb:Query", table(HOME)),  # entries: the quiet-hours stops of an account and region
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#policy:/idle-reaper/teams/ml",)}),
+    call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("entries#quiet-stops#hub",)}),
     call("secretsmanager:GetSecretValue", secret(HOME)),
 ]
 # The daily count of running instances in regions without a stack (HOME is the first listed region).
@@ -127,8 +129,10 @@ PLANNER_CALLS = [
     call("cloudwatch:DescribeAlarms", f"arn:aws:cloudwatch:{HOME}:{ACCOUNT}:alarm:idle-reaper-alarm-relay-errors"),
 ]
 GATHER_CALLS = [
-    call("dynamodb:GetItem", table(HOME)),  # the shards' results, the failed-shard count, the doctor's GPU facts
-    call("dynamodb:PutItem", table(HOME)),  # the failed-shard count; the day's GPU check: its claims, its memory
+    call("dynamodb:GetItem", table(HOME)),  # the shards' results, the failed-shard count, the notices' index
+    # ... and, on the day's doctor, the shards' GPU facts, the GPU check's claims and memory
+    call("dynamodb:PutItem", table(HOME)),  # the failed-shard count, a told notice off its record
+    call("dynamodb:BatchGetItem", table(HOME)),  # the records of the queued stop notices (sweep/notices.py)
     # A cleared GPU failure's claim (sweep/doctor_daily.py tell_new_failures).
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#doctor#signals.gpu#0a1b2c",)}),
     call("ssm:GetParameter", parameter(HOME, "settings")),  # who the admins are
@@ -229,6 +233,8 @@ SWEEP_NEVER = [
     on_managed("sagemaker:StartNotebookInstance", notebook(HOME)),
     on_managed("sagemaker:StopNotebookInstance", notebook(OTHER), OTHER),
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("machine#i-0abc123def4567890",)}),
+    call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("entries#other#x",)}),
+    call("dynamodb:Query", table(HOME, "owner-index")),  # the owner-index is the Slack endpoint's
     call("dynamodb:Scan", table(HOME)),
     # A sweep reads its own region only (listing instances aside: the daily count of unwatched regions).
     *(r for r in fleet_reads(OTHER) if r.action != "ec2:DescribeInstances"),
@@ -262,7 +268,6 @@ GATHER_NEVER = [
     on_managed("ec2:TerminateInstances", instance(HOME)),
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
     call("ssm:GetParameter", parameter(HOME, "teams/ml")),
-    call("dynamodb:BatchGetItem", table(HOME)),
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("machine#i-0abc123def4567890",)}),
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#policy-alert#x",)}),
     call("states:StartExecution", state_machine(HOME, FANOUT)),

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,7 +23,15 @@ import pytest
 
 from idle_reaper.core.kinds import NOTEBOOK_AGENT_KEY
 from idle_reaper.policy import MetricSettings
-from infra.notebooks import COLLECTOR, SCRIPT_LIMIT, NotebookAgent, agent_bucket_name, on_start_script
+from infra.notebooks import (
+    COLLECTOR,
+    FETCH_SECONDS,
+    FETCH_WAIT_SECONDS,
+    SCRIPT_LIMIT,
+    NotebookAgent,
+    agent_bucket_name,
+    on_start_script,
+)
 from testkit.fake_jupyter import FakeJupyter
 
 pytestmark = pytest.mark.infra
@@ -133,6 +142,12 @@ if [ ! -f {root}/s3-object ]; then
 fi
 cp {root}/s3-object "$last"
 """
+# A notebook in a VPC without a route to S3: the aws CLI waits for an answer that never comes.
+HANGING_AWS = """#!/bin/sh
+echo $$ > {root}/aws-pid
+exec sleep 600
+"""
+LOOP = 'while :; do "$PY" -I "$C" --state-dir "$D"; sleep 60; done'
 
 
 def run(
@@ -144,12 +159,16 @@ def run(
     s3_object: bytes | None = None,
     denied: bool = False,
     aws_cli: bool = True,
+    aws: str = FAKE_AWS,
+    background: bool = False,
     env: dict[str, str] | None = None,
+    timeout: float = 60,
 ) -> subprocess.CompletedProcess[str]:
     """The script as SageMaker runs it, its absolute paths moved under `root`: the CloudWatch agent's ctl,
     nvidia-smi and the aws CLI are stand-ins (`s3_object`: what the bucket holds, `denied`: the role may not
     read it), the notebook's conda Python is this one (boto3 included), and the collector loop is only
-    logged, in the foreground, never started."""
+    logged, never started. The fetch runs in the foreground (its outcome is written before the script ends)
+    unless `background`, as on a notebook."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "opt/ml/metadata").mkdir(parents=True)
     arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:notebook-instance/{name.lower()}"
@@ -167,7 +186,7 @@ def run(
         (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n")
         (bin_dir / "nvidia-smi").chmod(0o755)
     if aws_cli:
-        (bin_dir / "aws").write_text(FAKE_AWS.format(root=root))
+        (bin_dir / "aws").write_text(aws.format(root=root))
         (bin_dir / "aws").chmod(0o755)
     if s3_object is not None:
         (root / "s3-object").write_bytes(s3_object)
@@ -178,21 +197,23 @@ def run(
         script.replace("/opt/", f"{root}/opt/")
         .replace("/var/log/", f"{root}/var/log/")
         .replace("/home/ec2-user/", f"{root}/home/ec2-user/")
-        .replace("nohup setsid sh -c", "echo started:")
-        .replace("< /dev/null &", "< /dev/null")  # in the foreground: written before the script ends
+        .replace(LOOP, 'echo started: "$PY" -I "$C" --state-dir "$D"')
     )
+    if not background:
+        moved = moved.replace("< /dev/null &", "< /dev/null")
     return subprocess.run(
         ["bash", "-c", moved],
         env={"PATH": f"{bin_dir}:/usr/bin:/bin", **(env or {})},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
 
 
 def started(root: Path) -> str:
+    """The collector loop, as it would have started (nothing when it did not)."""
     log = root / "var/log/idle-reaper-activity.log"
-    return log.read_text() if log.exists() else ""
+    return "".join(line for line in log.read_text().splitlines(True) if "started:" in line) if log.exists() else ""
 
 
 def test_the_agent_publishes_cpu_gpu_network_and_activity_by_the_notebook_name_and_the_collector_runs(
@@ -224,13 +245,14 @@ def test_the_agent_publishes_cpu_gpu_network_and_activity_by_the_notebook_name_a
     fetched = tmp_path / "opt/idle-reaper/idle_reaper_activity.py"
     assert fetched.read_bytes() == ORIGINAL
     loop = started(tmp_path)
-    assert f"'{sys.executable}' -I '{fetched}' --state-dir" in loop.replace(
+    assert f"{sys.executable} -I {fetched} --state-dir" in loop.replace(
         str(tmp_path / "home/ec2-user/anaconda3/envs/JupyterSystemEnv/bin/python"), sys.executable
     )
-    assert "nohup setsid" in script and "< /dev/null &" in script, "on a notebook the loop runs in the background"
+    assert LOOP in script and 'nohup setsid bash -c "$FETCH"' in script and "< /dev/null &" in script
     # The fetched collector, run as the loop runs it (once, printing instead of sending), finds the notebook's
     # own Jupyter server the way SageMaker runs it: HTTPS on loopback with a self-signed certificate, no
-    # token, its runtime file in ec2-user's home; a cell finished three minutes ago counts.
+    # token, its runtime file in ec2-user's home; a cell sent three minutes ago counts (ec2-user's IPython
+    # history), the kernel's later output does not.
     home = tmp_path / "home/ec2-user"
     with sagemaker_jupyter(home, tmp_path / "tls", finished_minutes_ago=3) as requests:
         shown = subprocess.run(
@@ -240,24 +262,35 @@ def test_the_agent_publishes_cpu_gpu_network_and_activity_by_the_notebook_name_a
             timeout=60,
         )
     assert shown.returncode == 0, shown.stderr
-    (kernel,) = [line for line in shown.stdout.splitlines() if "kernel" in line]
-    assert kernel.startswith("jupyter nbserver-") and 3 <= float(kernel.split()[-2]) < 4, shown.stdout
+    (cell,) = [line for line in shown.stdout.splitlines() if "ipython" in line or "kernel" in line]
+    assert cell.startswith("ipython history (ec2-user, ") and 3 <= float(cell.split()[-2]) < 4, shown.stdout
     assert requests and all("no_track_activity=1" in r for r in requests), "its own polls are not activity"
 
 
 @contextlib.contextmanager
 def sagemaker_jupyter(home: Path, tls_dir: Path, *, finished_minutes_ago: float) -> Iterator[list[str]]:
-    """A Jupyter API as a notebook instance serves it (HTTPS, self-signed, no token) with one idle kernel,
-    and its runtime file where a notebook instance's server writes it. Yields the paths it was asked."""
-    finished = datetime.now(UTC) - timedelta(minutes=finished_minutes_ago)
+    """A Jupyter API as a notebook instance serves it (HTTPS, self-signed, no token) with one idle conda_python3
+    kernel that printed a minute ago, the last cell sent to it `finished_minutes_ago` (ec2-user's IPython
+    history), and its runtime file where a notebook instance's server writes it. Yields the paths it was asked."""
+    printed = datetime.now(UTC) - timedelta(minutes=1)
     kernel = {
         "id": "k1",
-        "name": "python3",
+        "name": "conda_python3",
         "execution_state": "idle",
-        "last_activity": f"{finished:%Y-%m-%dT%H:%M:%S.%fZ}",
+        "last_activity": f"{printed:%Y-%m-%dT%H:%M:%S.%fZ}",
+    }
+    argv = ["/home/ec2-user/anaconda3/envs/python3/bin/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    specs = {
+        "default": "conda_python3",
+        "kernelspecs": {"conda_python3": {"name": "conda_python3", "spec": {"argv": argv}}},
     }
     jupyter = FakeJupyter(tls_dir)
-    jupyter.serve("/", "", json.dumps([kernel]).encode())
+    jupyter.serve("/", "", json.dumps([kernel]).encode(), kernelspecs=json.dumps(specs).encode())
+    history = home / ".ipython/profile_default/history.sqlite"
+    history.parent.mkdir(parents=True)
+    history.write_bytes(b"SQLite format 3\x00")
+    sent = time.time() - finished_minutes_ago * 60
+    os.utime(history, (sent, sent))
     runtime = home / ".local/share/jupyter/runtime"
     runtime.mkdir(parents=True)
     (runtime / f"nbserver-{os.getpid()}.json").write_text(
@@ -326,6 +359,34 @@ def test_without_the_aws_cli_the_notebooks_boto3_fetches_it_from_s3(script: str,
     done = run(script, tmp_path / "good", aws_cli=False, env=environment)
     assert done.returncode == 0 and "activity collector running" in done.stdout, done.stdout + done.stderr
     assert (tmp_path / "good/opt/idle-reaper/idle_reaper_activity.py").read_bytes() == ORIGINAL
+
+
+def test_a_fetch_that_hangs_never_holds_the_notebooks_start(script: str, tmp_path: Path) -> None:
+    """SageMaker fails a notebook's start when OnStart runs past five minutes: a fetch from a VPC without a route
+    to S3 must neither hold the script nor hang for ever. Its bound here is 2 s (the script's is 120 s) and the
+    script waits 1 s for its outcome (30 s), so that the test takes seconds."""
+    quick = script.replace(f'bounded {FETCH_SECONDS} "$AWS"', 'bounded 2 "$AWS"').replace(
+        f"seq {FETCH_WAIT_SECONDS}", "seq 1"
+    )
+    began = time.monotonic()
+    try:
+        done = run(quick, tmp_path, s3_object=ORIGINAL, aws=HANGING_AWS, background=True, timeout=20)
+        took = time.monotonic() - began
+        assert done.returncode == 0 and took < 10, (took, done.stderr)
+        assert f"goes on in the background (at most {FETCH_SECONDS} s)" in done.stdout, done.stdout
+        assert "publishing as InstanceId=team-ml-nb" in done.stdout, "CPU, GPU and network are published anyway"
+        # In the background, the fetch gives up at its bound and says why; the collector never runs.
+        log = tmp_path / "var/log/idle-reaper-activity.log"
+        deadline = time.monotonic() + 15
+        while "cannot fetch" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+            time.sleep(0.1)
+        assert f"no answer within {FETCH_SECONDS} s: no route to S3?" in log.read_text()
+        assert not started(tmp_path) and not (tmp_path / "opt/idle-reaper/idle_reaper_activity.py").exists()
+        assert not Path(f"/proc/{(tmp_path / 'aws-pid').read_text().strip()}").exists(), "the hung fetch was ended"
+    finally:  # a hung aws left behind (the script before its fetch was bounded) is this test's to end
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int((tmp_path / "aws-pid").read_text()), 9)
 
 
 def test_a_bad_name_publishes_nothing_and_never_fails_the_start(script: str, tmp_path: Path) -> None:

@@ -267,3 +267,15 @@ def test_step_functions_keeps_execution_names(aws):
     )
     big = '{"x":"' + "y" * 262_144 + '"}'
     assert refused(sfn.start_execution, stateMachineArn=arn, name="sweep-2", input=big)["Code"] == "ValidationException"
+
+
+def test_a_world_started_inside_another_hands_the_rules_back(aws):
+    """The demo starts a world of its own (moto and the rules) in a test process that has one (test_demo.py). Its
+    rules judge while it runs; when it ends the outer world's rules are back for every client made after. Before,
+    botocore kept the outer rules' handler (one per unique id) and ending the inner world removed it: every later
+    integration test in that worker ran without AWS's rules, and one asking them how many calls they saw got 0."""
+    with local.local_aws() as inner:
+        adapters.client("ssm", kept=False).get_parameters_by_path(Path="/inner")
+        assert inner.rules.calls["GetParametersByPath"] == 1 and aws.rules.calls["GetParametersByPath"] == 0
+    adapters.client("ssm", kept=False).get_parameters_by_path(Path="/outer")
+    assert aws.rules.calls["GetParametersByPath"] == 1

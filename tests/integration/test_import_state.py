@@ -27,7 +27,7 @@ from idle_reaper.core.records import MachineRecord, State, machine_key
 from idle_reaper.policy import DEFAULT_GPU_FAMILIES, TeamPolicy, TeamPolicyRef
 from idle_reaper.slack import routing
 from idle_reaper.sweep.members import sweep_member_accounts
-from idle_reaper.sweep.quiet_hours import QUIET_INDEX
+from idle_reaper.sweep.quiet_hours import QUIET_INDEX, QuietStop, quiet_stops
 from idle_reaper_tools import cli, local
 from idle_reaper_tools.demo import adapters_at, at
 from idle_reaper_tools.import_state import Table, apply, compare, plan_import, target_keys
@@ -199,7 +199,9 @@ def test_import_keeps_snoozes_warnings_and_history_under_the_member_keys(
     assert group["ids"] == [m.key("i-0warned")] and group["refs"] == {m.key("i-0warned"): "REF-WARNED"}
     assert m.hub.get_lookup(f"groupline#GROUP-1#{m.key('i-0warned')}", NOW) is not None
     assert m.hub.get_lookup("owner#bob@example.com", NOW) == "U0BOB"
-    assert json.loads(m.hub.get_lookup(QUIET_INDEX, NOW) or "{}") == {"ml": [m.key("i-0quiet")]}
+    # The old table's quiet-hours index (one item, as before the index was split): in the member's partition.
+    stops, _ = quiet_stops(m.hub, f"{m.account}/{REGION}", NOW)
+    assert [(s.key, s.team) for s in stops] == [(m.key("i-0quiet"), "ml")]
     assert m.hub.get_lookup("last-sweep", NOW) is None and m.hub.claim_once("doctor#day#2026-11-20", NOW)
 
     # Running it again changes nothing.
@@ -614,6 +616,14 @@ def test_the_plan_leaves_out_what_is_not_a_single_account_stack_s() -> None:
         {"pk": "machine#i-0g", "sk": "state", "team": "ml", "state": "idle", "expires_at": "never"},
         {"pk": "lookup#group#G", "sk": "lookup", "value": json.dumps({"ids": ["i-0gone"], "refs": {}, "lines": {}})},
         {"pk": f"lookup#{QUIET_INDEX}", "sk": "lookup", "value": "[not json", "expires_at": live},
+        # The quiet-hours index as it is now, an item a stop: one readable, one not.
+        {
+            "pk": "entries#quiet-stops#hub",
+            "sk": "i-0a",
+            "value": QuietStop("i-0a", "ml", None).value,
+            "expires_at": live,
+        },
+        {"pk": "entries#quiet-stops#hub", "sk": "i-0e", "value": "{not json", "expires_at": live},
         {"pk": "lookup#ref#R", "sk": "lookup", "value": "i-0a", "expires_at": live},
     ]
     plan = plan_import(items, account, REGION, same_slack_app=True, now=datetime.now(UTC))
@@ -624,7 +634,9 @@ def test_the_plan_leaves_out_what_is_not_a_single_account_stack_s() -> None:
         "unreadable machine items": 5,
         "button references and shared messages (no record of their machine)": 1,
         "unreadable quiet-hours index": 1,
+        "unreadable quiet-hours index entries": 1,
     }
+    assert plan.quiet == {"ml": [machine_key("i-0a", account, REGION)]}
     other_app = plan_import(items, account, REGION, same_slack_app=False, now=datetime.now(UTC))
     assert not other_app.items
     assert other_app.left["button references and shared messages (the old Slack app's)"] == 2

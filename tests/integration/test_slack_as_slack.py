@@ -340,6 +340,49 @@ def test_the_notice_pace_keeps_chat_update_under_slacks_tier_3(monkeypatch: pyte
     assert not pace.take() and clock["t"] < 600, "nothing past the deadline"
 
 
+@pytest.mark.parametrize(("copies", "work"), [(1, 0.0), (2, 0.0), (2, 0.9)])
+def test_the_notice_pace_leaves_the_handlers_room_in_every_minute_the_first_included(
+    monkeypatch: pytest.MonkeyPatch, copies: int, work: float
+) -> None:
+    from idle_reaper.slack import notices
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(notices.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(notices.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + s))
+    pace = notices.EditPace(notices.NOTICE_EDITS_PER_MINUTE, deadline=600.0)
+    edits: list[float] = []  # when Slack gets each chat.update
+    turn = 0
+    while pace.take(copies):  # a message of `copies` copies: as many edits, made one after another
+        turn += 1
+        for _ in range(copies):  # `work`: the lines noted, the listing read, each edit's call (some turns more)
+            clock["t"] += work * (turn % 3) / copies
+            edits.append(clock["t"])
+    most = max(sum(1 for u in edits if t <= u < t + 60) for t in edits)
+    # Before: a burst of 10, then 40 a minute, so 49 edits in the first minute, of the 50 Slack takes.
+    assert most <= notices.NOTICE_EDITS_PER_MINUTE, most
+    assert len(edits) >= 10 * notices.NOTICE_EDITS_PER_MINUTE - 2 * copies - 10 * work, "and it still uses its rate"
+
+
+def test_a_turn_the_notice_pace_refuses_for_its_deadline_forgets_none_of_the_edits_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from idle_reaper.slack import notices
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(notices.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(notices.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + s))
+    pace = notices.EditPace(notices.NOTICE_EDITS_PER_MINUTE, deadline=61.0)
+    edits: list[float] = []
+    while True:
+        if clock["t"] >= 40 and pace.take(20):  # a message of many copies, too late for the deadline: refused
+            edits += [clock["t"]] * 20
+        if not pace.take(1):
+            break
+        edits.append(clock["t"])
+    most = max(sum(1 for u in edits if t <= u < t + 60) for t in edits)
+    assert most <= notices.NOTICE_EDITS_PER_MINUTE, most  # before: 49, the refused turn dropped the burst's edits
+
+
 # --- Faults: each a clear report, nothing lost, no stop without a delivered warning -------------------------------
 
 

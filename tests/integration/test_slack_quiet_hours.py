@@ -118,6 +118,25 @@ def test_the_state_table_replaces_a_lookup_only_over_what_was_read(aws: object) 
     assert store.replace_lookup("quiet-stops", "c", later + timedelta(days=1), expected=None, now=later)
 
 
+def test_the_state_table_keeps_a_set_one_item_an_entry_and_removes_only_what_was_read(aws: object) -> None:
+    """The quiet-hours index's items (StateStore.put_entries): each entry an item of its own in the set's partition,
+    read back with a Query (expired ones left out, as DynamoDB's TTL deletes lazily), removed only while it holds
+    the value read."""
+    from idle_reaper import aws as aws_module  # the fixture's name hides the module
+
+    local.init_account()
+    store = aws_module.DynamoStateStore(aws_module.client("dynamodb"), aws_module.table_name())
+    now = datetime(2026, 11, 21, 7, 5, tzinfo=UTC)
+    assert store.put_entries("quiet-stops#hub", {"i-0a": "A", "i-0b": "B", "i-0c": "C"}, now + timedelta(days=7)) == {}
+    assert store.put_entries("quiet-stops#hub", {"i-0old": "X"}, now - timedelta(minutes=1)) == {}
+    assert store.put_entries("quiet-stops#123456789012/eu-west-1", {"i-0a": "M"}, now + timedelta(days=7)) == {}
+    assert store.entries("quiet-stops#hub", now) == {"i-0a": "A", "i-0b": "B", "i-0c": "C"}
+    assert store.remove_entries("quiet-stops#hub", {"i-0a": "A", "i-0b": "not what it holds"}) == ["i-0b"]
+    assert store.entries("quiet-stops#hub", now) == {"i-0b": "B", "i-0c": "C"}
+    assert store.entries("quiet-stops#123456789012/eu-west-1", now) == {"i-0a": "M"}, "another partition"
+    assert store.entries("quiet-stops#nothing", now) == {}
+
+
 def test_a_warning_recorded_in_quiet_hours_is_sent_when_they_end_and_the_stop_waits_for_it(
     aws,
     slack,

@@ -108,7 +108,7 @@ WALL_CLOCK_READS = {
     ("idle_reaper.handlers.digest", "handler"),
     ("idle_reaper.handlers.slack", "clock"),
     ("idle_reaper.handlers.sweep", "handler"),
-    ("idle_reaper.slack.notifier", "SlackDelivery.__init__"),  # the default of its `clock`
+    ("idle_reaper.slack.posting", "Posting.__init__"),  # the default of its `clock`
     ("idle_reaper.sweep.owner_messages", "post_across"),  # a record without updated_at (a sweep's never lacks it)
     ("idle_reaper.slack.blocks", "quiet_stop_line"),  # a record without its stop time (a sweep's never lacks it)
 }

@@ -22,7 +22,8 @@ from idle_reaper import aws
 from idle_reaper.aws.accounts import MemberCheck, MemberSweep, last_member_check, last_member_sweep
 from idle_reaper.aws.limits import SSM_STANDARD_CHARS, TooLargeToStore, ssm_tier
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
-from idle_reaper.core.kinds import NEVER_STOPPED, NOTEBOOK_GAPS, TERMINABLE, Kind, recorded_saving
+from idle_reaper.core.dollars import dollars
+from idle_reaper.core.kinds import NEVER_STOPPED, NOTEBOOK_GAPS, TERMINABLE, Kind
 from idle_reaper.core.reading import parse_next_read
 from idle_reaper.core.records import machine_key
 from idle_reaper.core.studio import StudioFinding
@@ -743,7 +744,7 @@ def status_rows(
                 # Spot the most it can be: the reaper does not read Spot prices).
                 "kind": record.machine_kind or None,
                 "kind_note": record.kind_note or None,
-                "stop_saves": recorded_saving(record.machine_kind, hourly_price(record.instance_type or "")).text(),
+                "stop_saves": dollars(record.machine_kind, hourly_price(record.instance_type or "")).stop.text(),
                 # When a sweep last read its metrics, and when the next one must (core/reading.py).
                 "last_read": record.observed_at.isoformat() if record.observed_at else None,
                 "next_read": next_read.isoformat() if (next_read := parse_next_read(record.next_read_at)) else None,
@@ -772,7 +773,7 @@ def status_rows(
                     "collector_cannot_read": list(gaps.get(machine.instance_id, [])) or None,
                     "kind": None,
                     "kind_note": None,
-                    "stop_saves": recorded_saving("", hourly_price(machine.instance_type)).text(),
+                    "stop_saves": dollars("", hourly_price(machine.instance_type)).stop.text(),
                     "last_read": None,
                     "next_read": None,
                     "next_read_why": "read at the next sweep",

@@ -437,14 +437,33 @@ class AwsRules:
     # -- lifecycle
 
     def install(self) -> None:
+        """In front of every client made from boto3's default session from now on. Rules installed while others are
+        (the demo's world started in a test process that has its own) take over until they are uninstalled, then
+        hand back: botocore keeps one handler per unique id, so before, the inner world's rules were never
+        installed, and uninstalling them took the outer world's away for the rest of the process."""
         import boto3
 
         session: Any = boto3._get_default_session()._session  # where clients copy their handlers from
+        if _INSTALLED:
+            _INSTALLED[-1]._unregister()
+        self._register(session)
+        _INSTALLED.append(self)
+
+    def uninstall(self) -> None:
+        if self not in _INSTALLED:
+            return
+        session = self._installed
+        self._unregister()
+        _INSTALLED.remove(self)
+        if _INSTALLED and _INSTALLED[-1]._installed is None and session is not None:
+            _INSTALLED[-1]._register(session)
+
+    def _register(self, session: Any) -> None:
         session.register("before-parameter-build", self._keep_params, unique_id="idle-reaper-aws-rules-params")
         session.register("before-send", self._judge, unique_id="idle-reaper-aws-rules")
         self._installed = session
 
-    def uninstall(self) -> None:
+    def _unregister(self) -> None:
         if self._installed is not None:
             self._installed.unregister("before-parameter-build", unique_id="idle-reaper-aws-rules-params")
             self._installed.unregister("before-send", unique_id="idle-reaper-aws-rules")
@@ -537,6 +556,8 @@ class AwsRules:
             found = self._accounts[key] = get_account_id_from(key)
         return found
 
+
+_INSTALLED: list[AwsRules] = []  # the rules installed, innermost last: only that one is on the session
 
 _THROTTLES = frozenset({"Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException"})
 

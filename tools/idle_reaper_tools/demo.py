@@ -339,8 +339,14 @@ def summary(seeded: Seeded, reports: list[SweepReport]) -> list[tuple[str, str, 
             snoozes = sum(1 for d in steps if d.state is State.SNOOZED)
             if snoozes:
                 what += " (after a 2 h keep)"
-            # What the stop saves (nothing for reserved capacity), never the machine's price.
+            # What the stop saves (nothing for reserved capacity), never the machine's price; a group member the
+            # group kept running saves nothing yet (the digest's rule, core/digest.py).
             saved = reaped.saving.hourly if reaped.saving and reaped.saving.hourly is not None else 0.0
+            if reaped.action is Action.UNPROTECT and any(
+                d.machine.instance_id == instance_id for d in reports[-1].decisions
+            ):
+                what += ", still running"
+                saved = 0.0
             rows.append((name, what, hours, hours * saved))
         else:
             final = steps[-1].state.value if steps else "not seen"
@@ -398,10 +404,10 @@ def play(out: Callable[[str], None]) -> Afternoon:
         rows = summary(seeded, reports)
         digests = weekly_digests(slack)
     out("\nsummary (the simulated day ends at 17:00):")
-    out(f"  {'machine':<13} {'what happened':<34} {'idle hours avoided':>18} {'saved':>9}")
+    out(f"  {'machine':<13} {'what happened':<46} {'idle hours avoided':>18} {'saved':>9}")
     for name, what, hours, dollars in rows:
-        out(f"  {name:<13} {what:<34} {hours:>18.2f} {f'${dollars:,.2f}':>9}")
-    out(f"  {'total':<13} {'':<34} {sum(r[2] for r in rows):>18.2f} {f'${sum(r[3] for r in rows):,.2f}':>9}")
+        out(f"  {name:<13} {what:<46} {hours:>18.2f} {f'${dollars:,.2f}':>9}")
+    out(f"  {'total':<13} {'':<46} {sum(r[2] for r in rows):>18.2f} {f'${sum(r[3] for r in rows):,.2f}':>9}")
     out(
         f"\ndone in {time.perf_counter() - t0:.1f} s: {len(reports)} sweeps, "
         f"{sum(len(r.decisions) for r in reports)} decisions, no training run touched."

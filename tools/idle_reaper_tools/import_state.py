@@ -54,7 +54,16 @@ from idle_reaper.aws.clients import chunks, error_code, wall_clock
 from idle_reaper.aws.state import DDB_BATCH_GET, DynamoStateStore, StateStore, item_to_record, record_to_item
 from idle_reaper.core.records import MachineRecord, State, machine_key, parse_machine_key
 from idle_reaper.policy import PolicyError
-from idle_reaper.sweep.quiet_hours import QUIET_INDEX, QUIET_INDEX_ATTEMPTS, QUIET_INDEX_TTL
+from idle_reaper.sweep.quiet_hours import (
+    HUB_SCOPE,
+    QUIET_INDEX,
+    QUIET_STOPS,
+    QuietStop,
+    note_quiet_stops,
+    parse_stop,
+    scope_of,
+)
+from idle_reaper.sweep.quiet_hours import quiet_stops as stored_quiet_stops
 from idle_reaper_tools.admin import EXIT_ERROR, _Fail, _run
 
 Key = tuple[str, str]  # (pk, sk)
@@ -152,7 +161,7 @@ def _without_old_messages(record: MachineRecord) -> tuple[MachineRecord, bool]:
     warning of its own (lifecycle._stretch) and stop a machine whose owner could not answer. A warning in flight
     goes back to idle (its quiet stretch, snoozes and history kept), so the hub's next sweep warns again with
     its own buttons; an unknown or safe-mode record stays so until the hub sees the machine."""
-    moved = replace(record, messages=(), warning_ref=None, group_ref=None)
+    moved = replace(record, messages=(), warning_ref=None, group_ref=None, warning_owed=())
     warning = (
         record.warned_at,
         record.warning_delivered_at,
@@ -182,6 +191,7 @@ def plan_import(
     """What to write into the hub's table for the old table's items (plain values, as a Scan gives them)."""
     plan = ImportPlan(account, region)
     lookups: dict[str, Mapping[str, Any]] = {}
+    quiet: list[Mapping[str, Any]] = []  # the quiet-hours stops not told yet, an item each (sweep/quiet_hours.py)
     for item in old_items:
         pk, sk = str(item.get("pk", "")), str(item.get("sk", ""))
         kind, _, rest = pk.partition("#")
@@ -213,6 +223,8 @@ def plan_import(
                 plan.left["other machine items"] += 1
         elif kind == "lookup" and sk == "lookup":
             lookups[rest] = item
+        elif kind == "entries" and rest == f"{QUIET_STOPS}#{HUB_SCOPE}":
+            quiet.append(item)
         else:
             plan.left[f"{kind or 'unnamed'} items of the old deployment"] += 1
     moved = {m.old_key: m.record.key for m in plan.records}
@@ -227,6 +239,8 @@ def plan_import(
             plan.left[f"button references and shared messages ({why})"] += 1
         else:
             plan.left[f"{name.split('#')[0]} lookups of the old deployment"] += 1
+    for item in quiet:
+        _add_quiet_stop(plan, item, moved)
     return plan
 
 
@@ -298,6 +312,19 @@ def _lookup_copy(name: str, item: Mapping[str, Any], moved: Mapping[str, str], s
             return None  # unreadable, or lists a machine the old table has no record of: the message stays as is
         return copy(name, json.dumps({**data, "ids": ids, "refs": refs, "lines": lines}))
     return None
+
+
+def _add_quiet_stop(plan: ImportPlan, item: Mapping[str, Any], moved: Mapping[str, str]) -> None:
+    """One stop of the old table's quiet-hours index (an item a stop) whose owner is not told yet."""
+    value = item.get("value")
+    try:
+        stop = parse_stop(str(item.get("sk", "")), value if isinstance(value, str) else "", HUB_SCOPE)
+    except ValueError:
+        plan.left["unreadable quiet-hours index entries"] += 1
+        return
+    if stop.key in moved:
+        keys = plan.quiet.setdefault(stop.team, [])
+        keys += [] if moved[stop.key] in keys else [moved[stop.key]]
 
 
 def _add_quiet(plan: ImportPlan, raw: str, moved: Mapping[str, str]) -> None:
@@ -376,14 +403,6 @@ def _hubs_own_warning(hub: MachineRecord, old: OldWarning) -> bool:
 
 def target_keys(plan: ImportPlan) -> list[Key]:
     return [(f"machine#{m.record.key}", "state") for m in plan.records] + [c.key for c in plan.items]
-
-
-def merged_quiet_index(index: dict[str, list[str]], adding: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
-    """The hub's quiet-hours index with the moved machines added (once each)."""
-    out = {team: list(ids) for team, ids in index.items()}
-    for team, keys in adding.items():
-        out[team] = [*out.get(team, []), *(k for k in keys if k not in out.get(team, []))]
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,24 +502,19 @@ def _hub_ttl(move: RecordMove) -> dict[str, Any]:
 
 
 def add_to_quiet_index(store: StateStore, adding: Mapping[str, Sequence[str]], now: datetime) -> int:
-    """Add the moved machines to the hub's quiet-hours index (read, merge, conditional write; again when a sweep
-    wrote it first). Returns how many were added."""
-    for _ in range(QUIET_INDEX_ATTEMPTS):
-        raw = store.get_lookup(QUIET_INDEX, now)
-        try:
-            index = json.loads(raw) if raw else {}
-        except ValueError:
-            index = None
-        if not isinstance(index, dict) or not all(isinstance(v, list) for v in index.values()):
-            raise RuntimeError(f"the hub's quiet-hours index is unreadable: {(raw or '')[:100]!r}")
-        after = merged_quiet_index(index, adding)
-        added = sum(len(v) for v in after.values()) - sum(len(v) for v in index.values())
-        if not added:
-            return 0
-        text = json.dumps(after, sort_keys=True)
-        if store.replace_lookup(QUIET_INDEX, text, now + QUIET_INDEX_TTL, expected=raw, now=now):
-            return added
-    raise RuntimeError(f"the hub's quiet-hours index changed under the import {QUIET_INDEX_ATTEMPTS} times")
+    """Add the moved machines to the hub's quiet-hours index (an entry a stop, in the member account-region's
+    partition: its unit tells them), those it does not hold yet. Returns how many were added."""
+    stops = [QuietStop(key, team, None) for team, keys in adding.items() for key in keys]
+    held: set[str] = set()
+    for scope in sorted({scope_of(s.key) for s in stops}):
+        found, unreadable = stored_quiet_stops(store, scope, now)
+        held |= {s.key for s in found} | set(unreadable)
+    new = [s for s in stops if s.key not in held]
+    failed = note_quiet_stops(store, new, now) if new else {}
+    if failed:
+        key, why = next(iter(failed.items()))
+        raise RuntimeError(f"{len(failed)} stops not added to the hub's quiet-hours index (the first, {key}: {why})")
+    return len(new)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ CALL_WIDE_ERRORS = frozenset(
         "InternalFailure",
         "ServiceUnavailable",
         "Unavailable",
+        "RateHeld",  # not sent: the product's own pacing held it back (aws/limits.py RateHeld)
     }
 )
 DDB_WORKERS = 32

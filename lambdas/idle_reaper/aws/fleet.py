@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,6 +19,15 @@ from idle_reaper.aws.clients import (
     for_this_process,
     run_concurrently,
     run_in_processes,
+)
+from idle_reaper.aws.limits import (
+    EC2_DESCRIBE_QUOTA,
+    EC2_STOP_QUOTAS,
+    EC2_TERMINATE_QUOTAS,
+    MUTATING_WAIT_SECONDS,
+    Pace,
+    Pacing,
+    ResourcePace,
 )
 from idle_reaper.core.kinds import InstanceFacts, Lookups, Reservation, SpotRequest, is_ec2_id
 from idle_reaper.core.reports import GroupCapacity
@@ -170,18 +180,36 @@ def _listed_once(parts: Sequence[Sequence[str]], listed: Sequence[Sequence[Machi
     return seen
 
 
-def _spread(ec2: Any, processes: int, fn: Callable[[Any, Any], Result], items: Sequence[Any]) -> list[Result]:
-    """`fn(ec2 client, item)` over `items`, results in order: in up to `processes` child processes
-    (items dealt round-robin, threads within each, a client of the child's own), else on threads here."""
+def _paged(pace: Pace, call: Callable[..., Mapping[str, Any]], **kwargs: Any) -> Iterator[Mapping[str, Any]]:
+    """Every page of a describe call, each request paced on `pace` (what a boto3 paginator does, unpaced)."""
+    token: str | None = None
+    while True:
+        pace.take()
+        page = call(**kwargs, **({"NextToken": token} if token else {}))
+        yield page
+        token = page.get("NextToken")
+        if not token:
+            return
+
+
+Ec2 = tuple[Any, Pace]  # an EC2 client, and the pace its Describe* requests wait on
+
+
+def _spread(ec2: Ec2, processes: int, fn: Callable[[Ec2, Any], Result], items: Sequence[Any]) -> list[Result]:
+    """`fn((ec2 client, pace), item)` over `items`, results in order: in up to `processes` child processes
+    (items dealt round-robin, threads within each, a client of the child's own and its share of the pace), else on
+    threads here."""
     processes = min(processes, len(items))
     if processes <= 1:
         return run_concurrently(lambda item: fn(ec2, item), items, ACTION_WORKERS)
+    client, pace = ec2
 
-    def share_of(share: Sequence[Any]) -> list[Result]:
-        own = for_this_process(ec2)
-        return run_concurrently(lambda item: fn(own, item), share, ACTION_WORKERS)
+    def share_of(share: tuple[Sequence[Any], Pace]) -> list[Result]:
+        own = (for_this_process(client), share[1])
+        return run_concurrently(lambda item: fn(own, item), share[0], ACTION_WORKERS)
 
-    shares = run_in_processes(share_of, [items[i::processes] for i in range(processes)])
+    with pace.handed_out(processes) as paces:
+        shares = run_in_processes(share_of, [(items[i::processes], paces[i]) for i in range(processes)])
     return [shares[i % processes][i // processes] for i in range(len(items))]
 
 
@@ -189,16 +217,16 @@ Listing = tuple[list[Machine], dict[str, str]]  # machines, and instance id -> t
 Split = Sequence[tuple[list[dict[str, Any]], set[str]]]  # the full zones: each one's filters, its first page's ids
 
 
-def _described(ec2: Any, tags: TagKeys, only: list[dict[str, Any]]) -> Listing:
-    """The machines DescribeInstances lists through `ec2` (every page), and the group each member's tag names
-    (instance id -> group)."""
-    pages = ec2.get_paginator("describe_instances").paginate(
-        Filters=_filters(tags, only), PaginationConfig={"PageSize": PAGE_SIZE}
+def _described(ec2: Ec2, tags: TagKeys, only: list[dict[str, Any]]) -> Listing:
+    """The machines DescribeInstances lists through `ec2` (every page, each paced), and the group each member's
+    tag names (instance id -> group)."""
+    client, pace = ec2
+    return _machines_of(
+        _paged(pace, client.describe_instances, Filters=_filters(tags, only), MaxResults=PAGE_SIZE), tags
     )
-    return _machines_of(pages, tags)
 
 
-def _listed_full_zones(ec2: Any, processes: int, tags: TagKeys, split: Split) -> list[Listing]:
+def _listed_full_zones(ec2: Ec2, processes: int, tags: TagKeys, split: Split) -> list[Listing]:
     """The full zones listed in parts (`_listed_in_parts`); or, when EC2 answered the parts wrongly (an id outside
     its part, or twice, or a first page's machine in no part), listed page after page as before the parts. AWS
     documents filter wildcards for describe calls in general, not instance-id by name: an EC2 that does not apply
@@ -211,7 +239,7 @@ def _listed_full_zones(ec2: Any, processes: int, tags: TagKeys, split: Split) ->
         return _spread(ec2, processes, lambda own, unit: _described(own, tags, unit), units)
 
 
-def _listed_in_parts(ec2: Any, processes: int, tags: TagKeys, split: Split) -> list[Listing]:
+def _listed_in_parts(ec2: Ec2, processes: int, tags: TagKeys, split: Split) -> list[Listing]:
     """Each unit (its filters, and the ids its first page listed) listed again in ID_PARTS parts, side by
     side, and checked: a part lists only ids of its own part (so no machine twice), and every machine the
     unit's first page listed is listed by a part or no longer running as discovery lists it (so none
@@ -264,6 +292,27 @@ class Fleet:
         self.listing_processes = max(1, min(listing_processes, LISTING_PROCESSES))
         # Why notebook instances could not be listed at the last discovery (None: they were, or none asked).
         self.notebooks_unlisted: str | None = None
+        # What every EC2 Describe* request of this Fleet waits on: EC2's bucket for the account and region, or this
+        # worker's share of it (shared_by).
+        self.describe_pace = Pace(EC2_DESCRIBE_QUOTA)
+        self.stop_pace = ResourcePace("StopInstances", EC2_STOP_QUOTAS)  # and the others of EC2's mutating buckets
+        self.terminate_pace = ResourcePace("TerminateInstances", EC2_TERMINATE_QUOTAS)
+
+    @property
+    def _described_by(self) -> Ec2:
+        return self.ec2, self.describe_pace
+
+    def shared_by(self, workers: int, *, after_listing: bool = False) -> Fleet:
+        """This Fleet for one of `workers` working in its account and region at once (the hub's shards, a large
+        member unit's parts): its Describe* requests, and its stops and terminations, paced on its share of EC2's
+        buckets, so that together they stay inside them. `after_listing`: the account-region was listed just before
+        (the planner's listing, moments before the hub's shards start), so the Describe* bucket may be empty: none of
+        its burst is counted on, only its refill. A copy: the same clients (and the same kind of Fleet)."""
+        shared = copy.copy(self)
+        shared.describe_pace = Pace(EC2_DESCRIBE_QUOTA.share(workers), full=not after_listing)
+        shared.stop_pace = self.stop_pace.shared_by(workers)
+        shared.terminate_pace = self.terminate_pace.shared_by(workers)
+        return shared
 
     def discover(self, tags: TagKeys, *, notebooks: bool = True) -> list[Machine]:
         """The EC2 machines, then the notebook instances. A notebook listing that fails leaves the notebook
@@ -297,7 +346,9 @@ class Fleet:
         would: a fleet listed in part is never swept as if it were whole."""
         zones = self._zones()
         units: list[list[dict[str, Any]]] = [[{"Name": "availability-zone", "Values": [z]}] for z in zones] or [[]]
-        firsts = _spread(self.ec2, self.listing_processes, lambda ec2, unit: self._first_page(ec2, tags, unit), units)
+        firsts = _spread(
+            self._described_by, self.listing_processes, lambda ec2, unit: self._first_page(ec2, tags, unit), units
+        )
         listings = [(machines, tagged) for machines, tagged, more in firsts if not more]
         split = [
             (unit, {m.instance_id for m in machines})
@@ -305,16 +356,18 @@ class Fleet:
             if more
         ]
         if split:
-            listings += _listed_full_zones(self.ec2, self.listing_processes, tags, split)
+            listings += _listed_full_zones(self._described_by, self.listing_processes, tags, split)
         machines, asg_tagged = _joined(listings)
         machines.sort(key=lambda m: m.instance_id)  # one order whatever part answered first
         return self._with_membership(machines, asg_tagged)
 
     def _first_page(
-        self, ec2: Any, tags: TagKeys, only: list[dict[str, Any]]
+        self, ec2: Ec2, tags: TagKeys, only: list[dict[str, Any]]
     ) -> tuple[list[Machine], dict[str, str], bool]:
         """The first page of a unit's listing (a page of 1,000), and whether more pages follow."""
-        page = ec2.describe_instances(Filters=_filters(tags, only), MaxResults=PAGE_SIZE)
+        client, pace = ec2
+        pace.take()
+        page = client.describe_instances(Filters=_filters(tags, only), MaxResults=PAGE_SIZE)
         machines, asg_tagged = _machines_of([page], tags)
         return machines, asg_tagged, bool(page.get("NextToken"))
 
@@ -323,6 +376,7 @@ class Fleet:
         when they cannot be listed (a role deployed before this call was granted): then the fleet is listed
         in one sequence, as before, complete but slower."""
         try:
+            self.describe_pace.take()
             response = self.ec2.describe_availability_zones(
                 AllAvailabilityZones=True,
                 Filters=[{"Name": "opt-in-status", "Values": ["opt-in-not-required", "opted-in"]}],
@@ -354,7 +408,7 @@ class Fleet:
         found = self.notebooks.discover(tags, names) if self.notebooks is not None and names else []
 
         def describe(batch: Sequence[str]) -> tuple[list[Machine], dict[str, str]]:
-            return _described(self.ec2, tags, [{"Name": "instance-id", "Values": list(batch)}])
+            return _described(self._described_by, tags, [{"Name": "instance-id", "Values": list(batch)}])
 
         batches = list(chunks(sorted(set(instance_ids)), FILTER_VALUES))
         return self._with_membership(*_joined(run_concurrently(describe, batches, ACTION_WORKERS))) + found
@@ -414,26 +468,32 @@ class Fleet:
         stopped with StopNotebookInstance, one call each (their ML storage volume is kept)."""
         instance_ids, names = self._split(instance_ids)
         stopped = self.notebooks.stop(names) if self.notebooks is not None and names else []
+        until = Pacing.clock() + MUTATING_WAIT_SECONDS  # EC2's buckets: a batch not sent by then is RateHeld
 
         def call(ids: Sequence[str]) -> None:
+            self.stop_pace.take(len(ids), until)
             try:
                 self.ec2.stop_instances(InstanceIds=list(ids), Hibernate=hibernate)
             except ClientError as exc:
                 if hibernate and len(ids) == 1 and error_code(exc) == "UnsupportedHibernationConfiguration":
+                    self.stop_pace.take(1, until)
                     self.ec2.stop_instances(InstanceIds=list(ids), Hibernate=False)
                 else:
                     raise
 
-        return _batched(instance_ids, STOP_BATCH, call) + stopped
+        return _batched(instance_ids, min(STOP_BATCH, self.stop_pace.batch), call) + stopped
 
     def terminate(self, instance_ids: Sequence[str]) -> list[ActionOutcome]:
         """TerminateInstances in batches that bisect on failure: only ever for machines EC2 cannot stop, on a
         team's opt-in (terminate_unstoppable_after_minutes) or their owner's confirmed click."""
 
+        until = Pacing.clock() + MUTATING_WAIT_SECONDS
+
         def call(ids: Sequence[str]) -> None:
+            self.terminate_pace.take(len(ids), until)
             self.ec2.terminate_instances(InstanceIds=list(ids))
 
-        return _batched(instance_ids, STOP_BATCH, call)
+        return _batched(instance_ids, min(STOP_BATCH, self.terminate_pace.batch), call)
 
     def kind_lookups(self, machines: Sequence[Machine]) -> Lookups:
         """What says what kind each machine is beyond DescribeInstances: the Spot requests of its Spot machines
@@ -447,8 +507,10 @@ class Fleet:
         def spot(batch: Sequence[str]) -> Lookups:
             found: dict[str, SpotRequest] = {}
             try:
-                pages = self.ec2.get_paginator("describe_spot_instance_requests").paginate(
-                    Filters=[{"Name": "spot-instance-request-id", "Values": list(batch)}]
+                pages = _paged(
+                    self.describe_pace,
+                    self.ec2.describe_spot_instance_requests,
+                    Filters=[{"Name": "spot-instance-request-id", "Values": list(batch)}],
                 )
                 for page in pages:
                     for item in page["SpotInstanceRequests"]:
@@ -460,6 +522,7 @@ class Fleet:
 
         def reservations(batch: Sequence[str]) -> Lookups:
             try:
+                self.describe_pace.take()
                 out = self.ec2.describe_capacity_reservations(CapacityReservationIds=list(batch))
             except AwsError as exc:
                 # One id EC2 no longer knows fails the call: split until it stands alone (then: not billing).

@@ -9,8 +9,11 @@ from __future__ import annotations
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+
+from botocore.exceptions import BotoCoreError
 
 # ---------------------------------------------------------------------------------------------
 # Sizes
@@ -115,6 +118,21 @@ class Quota:
         return Quota(self.burst / n, self.rate / n)
 
 
+# The quotas the product paces itself to (each shared out between the workers calling at once, Quota.share).
+# EC2: every Describe* call the product makes in an account and region (DescribeInstances,
+# DescribeAvailabilityZones, DescribeSpotInstanceRequests, DescribeCapacityReservations) waits on one bucket of
+# EC2_DESCRIBE (aws.fleet.Fleet.shared_by shares it between the shards describing one account-region at once):
+# whether EC2 counts them per action or together, they never find its bucket empty.
+EC2_DESCRIBE_QUOTA = Quota(*EC2_DESCRIBE)
+# StopInstances (stops and hibernations) and TerminateInstances: each its bucket of requests and its bucket of the
+# instances they name (EC2's resource rate limiting, same page). A sweep's batches wait for both, together at most
+# MUTATING_WAIT_SECONDS; the machines of a batch that would wait longer are not sent (RateHeld): untouched, their
+# claims released, and left to the next sweep. 1,000 stops at once, then 20 a second, per account and region.
+EC2_STOP_QUOTAS = (Quota(*EC2_STOP_CALLS), Quota(*EC2_STOP_INSTANCES))
+EC2_TERMINATE_QUOTAS = (Quota(*EC2_TERMINATE_CALLS), Quota(*EC2_TERMINATE_INSTANCES))
+MUTATING_WAIT_SECONDS = 10.0
+RATE_HELD = "RateHeld"  # the error code (aws.clients.error_code) of a request the product held back for its rate
+
 _MARGIN = 1e-6  # seconds
 
 
@@ -124,9 +142,11 @@ class Pace:
     empty, so none is throttled and none waits out a retry's backoff. Thread-safe; a request heavier than the
     bucket waits for a full bucket and leaves it in debt, so the rate still holds."""
 
-    def __init__(self, quota: Quota) -> None:
+    def __init__(self, quota: Quota, *, full: bool = True) -> None:
+        """`full` False: AWS's bucket may have been emptied just now (another worker's listing): none of its burst
+        is counted on, only its refill."""
         self.quota = quota
-        self._tokens = quota.burst
+        self._tokens = quota.burst if full else 0.0
         self._stamp: float | None = None
         self._lock = threading.Lock()
         self.waited = 0.0  # seconds spent waiting, summed over callers
@@ -161,3 +181,58 @@ class Pace:
                 return False
             Pacing.sleep(wait)
             waited += wait
+
+    @contextmanager
+    def handed_out(self, workers: int) -> Iterator[list[Pace]]:
+        """`workers` paces that together keep this one's bucket, for workers that cannot share this object (forked
+        child processes, each with its copy): each gets its share of the quota and of the tokens left now. When the
+        block ends this bucket counts what they may have taken as spent (empty, now)."""
+        n = max(1, workers)
+        with self._lock:
+            now = Pacing.clock()
+            self._refill(now)
+            parts = [Pace(self.quota.share(n)) for _ in range(n)]
+            for part in parts:
+                part._tokens, part._stamp = self._tokens / n, self._stamp
+        try:
+            yield parts
+        finally:
+            with self._lock:
+                now = Pacing.clock()
+                self._refill(now)
+                self._tokens = min(self._tokens, 0.0)
+                self.waited += sum(part.waited for part in parts)
+
+
+class RateHeld(BotoCoreError):
+    """A request the product did not send: its share of the AWS quota would not be there in time."""
+
+    fmt = "{what}"
+
+
+class ResourcePace:
+    """EC2's two buckets for a mutating action (StopInstances, TerminateInstances): its requests, and the instances
+    they name. `take` waits for both, until `deadline` (a Pacing.clock time) at the latest."""
+
+    def __init__(self, action: str, quotas: tuple[Quota, Quota], workers: int = 1) -> None:
+        self.action, self.quotas = action, quotas
+        self.calls, self.instances = Pace(quotas[0].share(workers)), Pace(quotas[1].share(workers))
+
+    def shared_by(self, workers: int) -> ResourcePace:
+        return ResourcePace(self.action, self.quotas, workers)
+
+    @property
+    def batch(self) -> int:
+        """The most instances a request may name: no more than the instance bucket (this worker's share) holds."""
+        return max(1, int(self.instances.quota.burst))
+
+    def take(self, instances: int, deadline: float) -> None:
+        """Wait for one request's token and `instances` instances' tokens, or raise RateHeld (nothing sent) when they
+        would not be there by `deadline`."""
+        left = deadline - Pacing.clock()
+        if not (self.calls.take(within=left) and self.instances.take(instances, within=deadline - Pacing.clock())):
+            raise RateHeld(
+                what=f"not sent: this sweep's share of EC2's {self.action} rate for the account and region "
+                f"({self.quotas[1].burst:,.0f} instances at once, {self.quotas[1].rate:,.0f} a second) is used for "
+                "now; the next sweep tries again"
+            )

@@ -25,6 +25,9 @@ OWNER_INDEX = "owner-index"  # the state table's GSI on owner_slack_id (the Slac
 AUDIT_TTL_DAYS = 90
 CLAIM_TTL_DAYS = 30  # an admin alert for a policy still broken after this long is sent again
 RECORD_TTL = timedelta(days=30)  # a machine's record expires this long after its last write (machine gone)
+# The partition key of a set's entries (StateStore.put_entries): "entries#<group>"; the sweep may delete only these
+# of its own (infra/stack.py).
+ENTRIES_PREFIX = "entries#"
 # How long a sweep's claim on a machine lasts: longer than a sweep Lambda may run (15 min at most), so a
 # live sweep never loses its claim, and a crashed sweep's claim blocks that machine for one lease at most.
 SWEEP_LEASE = timedelta(minutes=15)
@@ -53,6 +56,14 @@ def _machine_keys(keys: Sequence[str]) -> list[str]:
             continue
         found.append(key)
     return found
+
+
+def _entry_live(expires: Any, now: datetime) -> bool:
+    """Whether an entry's TTL (epoch seconds) is still ahead; one without a readable TTL is live (and read)."""
+    try:
+        return int(expires) > now.timestamp()
+    except (TypeError, ValueError):
+        return True
 
 
 class UnprocessedKeys(BotoCoreError):
@@ -119,6 +130,22 @@ class StateStore(Protocol):
         of a value several sweeps (or shards of one) update at once; False when someone wrote it first."""
         ...
 
+    def put_entries(self, group: str, entries: Mapping[str, str], expires: datetime) -> dict[str, str]:
+        """One small item per entry of `group` (a set that grows with the fleet, kept in a partition of its own:
+        ENTRIES_PREFIX + group, sort key the entry's key), each written alone, so writers at once never lose each
+        other's and no item grows. Returns the keys not written, each with why."""
+        ...
+
+    def entries(self, group: str, now: datetime) -> dict[str, str]:
+        """The live entries of `group`, by key: one Query of its partition, every page, eventually consistent
+        (the caller says why that is enough)."""
+        ...
+
+    def remove_entries(self, group: str, entries: Mapping[str, str]) -> list[str]:
+        """Delete each entry of `group` that still holds the value given (conditional: one written again
+        meanwhile stays). The keys not removed."""
+        ...
+
     def claim_once(self, key: str, at: datetime) -> bool:
         """True for the first caller to claim `key` (a conditional write), False for every later one until the
         claim ends, CLAIM_TTL_DAYS after it was made (`at`), whether or not DynamoDB has deleted it yet."""
@@ -150,11 +177,15 @@ _DATE_FIELDS = {
 }
 
 
+_TUPLE_FIELDS = {"messages", "warning_owed"}  # lists in the item
+_WRITTEN_WHEN_SET = {"warning_owed"}  # left out while empty: most items never hold one
+
+
 def record_to_item(record: MachineRecord) -> dict[str, Any]:
     item: dict[str, Any] = {"pk": _machine_pk(record.key), "sk": "state"}
     for f in fields(record):
         value = getattr(record, f.name)
-        if value is None:
+        if value is None or (f.name in _WRITTEN_WHEN_SET and not value):
             continue
         if isinstance(value, datetime):
             value = value.isoformat()
@@ -178,7 +209,7 @@ def item_to_record(item: Mapping[str, Any]) -> MachineRecord:
             value = State(value)
         elif f.name in ("version", "snoozes_today"):
             value = int(value)
-        elif f.name == "messages":
+        elif f.name in _TUPLE_FIELDS:
             value = tuple(value)
         values[f.name] = value
     return MachineRecord(**values)
@@ -323,6 +354,49 @@ class DynamoStateStore:
             condition, values[":expected"] = "#value = :expected AND expires_at > :now", expected
         return self._put_if(item, condition, values, **({"value": "value"} if expected is not None else {}))
 
+    def put_entries(self, group: str, entries: Mapping[str, str], expires: datetime) -> dict[str, str]:
+        """PutItem per entry, concurrently: each is a new item or the same entry written again (idempotent)."""
+        ttl = int(expires.timestamp())
+
+        def put(key: str) -> tuple[str, str] | None:
+            item = {"pk": f"{ENTRIES_PREFIX}{group}", "sk": key, "value": entries[key], "expires_at": ttl}
+            try:
+                self.dynamodb.put_item(TableName=self.table, Item=self._wire(item))
+            except AwsError as exc:
+                return key, f"{error_code(exc)}: {exc}"
+            return None
+
+        return dict(found for found in run_concurrently(put, list(entries), DDB_WORKERS) if found is not None)
+
+    def entries(self, group: str, now: datetime) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for page in self.dynamodb.get_paginator("query").paginate(
+            TableName=self.table,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues=self._wire({":pk": f"{ENTRIES_PREFIX}{group}"}),
+        ):
+            for raw in page["Items"]:
+                item = self._plain(raw)
+                if _entry_live(item.get("expires_at"), now):  # DynamoDB's TTL deletes lazily
+                    found[str(item["sk"])] = item["value"] if isinstance(item.get("value"), str) else ""
+        return found
+
+    def remove_entries(self, group: str, entries: Mapping[str, str]) -> list[str]:
+        def remove(key: str) -> str | None:
+            try:
+                self.dynamodb.delete_item(
+                    TableName=self.table,
+                    Key=self._wire({"pk": f"{ENTRIES_PREFIX}{group}", "sk": key}),
+                    ConditionExpression="#value = :value",
+                    ExpressionAttributeNames={"#value": "value"},
+                    ExpressionAttributeValues=self._wire({":value": entries[key]}),
+                )
+            except AwsError:  # written again meanwhile (ConditionalCheckFailed), or a fault: it stays
+                return key
+            return None
+
+        return [k for k in run_concurrently(remove, list(entries), DDB_WORKERS) if k is not None]
+
     def claim_once(self, key: str, at: datetime) -> bool:
         # Expires after CLAIM_TTL_DAYS, so something left broken that long is claimed (and alerted) again.
         item = {
@@ -388,6 +462,7 @@ class InMemoryStateStore:
         self.audits: list[tuple[str, datetime, dict[str, Any]]] = []
         self.lookups: dict[str, tuple[str, datetime]] = {}
         self.claims: dict[str, datetime] = {}
+        self.sets: dict[str, dict[str, tuple[str, datetime]]] = {}  # group -> key -> (value, expires)
         self.leases: dict[str, tuple[str, datetime]] = {}  # instance id -> (sweep holding it, until)
         self.expires: dict[str, datetime] = {}  # instance id -> when its record's TTL ends
         self.clock = clock or wall_clock
@@ -451,6 +526,26 @@ class InMemoryStateStore:
                 return False
             self.lookups[key] = (value, expires)
             return True
+
+    def put_entries(self, group: str, entries: Mapping[str, str], expires: datetime) -> dict[str, str]:
+        with self._lock:
+            self.sets.setdefault(group, {}).update((k, (v, expires)) for k, v in entries.items())
+        return {}
+
+    def entries(self, group: str, now: datetime) -> dict[str, str]:
+        with self._lock:
+            return {k: v for k, (v, expires) in self.sets.get(group, {}).items() if expires > now}
+
+    def remove_entries(self, group: str, entries: Mapping[str, str]) -> list[str]:
+        left = []
+        with self._lock:
+            held = self.sets.get(group, {})
+            for key, value in entries.items():
+                if key in held and held[key][0] == value:
+                    del held[key]
+                else:
+                    left.append(key)
+        return left
 
     def claim_once(self, key: str, at: datetime) -> bool:
         with self._lock:

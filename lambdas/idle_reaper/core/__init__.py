@@ -45,6 +45,7 @@ from idle_reaper.core.records import (
 from idle_reaper.core.reports import (
     QUIET_REPORT_GIVE_UP,
     GroupCapacity,
+    GroupPart,
     SweepSummary,
     TeamTotals,
     limit_terminations,
@@ -98,6 +99,7 @@ __all__ = [
     "Decision",
     "Event",
     "GroupCapacity",
+    "GroupPart",
     "LearnedWait",
     "Machine",
     "MachineRecord",

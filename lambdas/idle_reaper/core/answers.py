@@ -93,6 +93,7 @@ def snooze(record: MachineRecord, policy: TeamPolicy, user: str, until: datetime
         warned_at=None,
         warning_delivered_at=None,
         warning_ref=None,
+        warning_owed=(),  # a copy still owed is moot: someone answered
         snooze_day=day,
         snoozes_today=used + 1,
         reason=keep.explain({"user": user, "until": until.isoformat()}),
@@ -113,6 +114,7 @@ def stopped_by_person(
         last_action=action.value,
         last_action_at=now,
         warning_ref=start_ref,
+        warning_owed=(),
         reason=stop_now.explain({"action": action.value, "user": user}),
         updated_at=now,
         next_read_at="",
@@ -148,6 +150,7 @@ def started_by_person(record: MachineRecord, user: str, now: datetime) -> Machin
         warned_at=None,
         warning_delivered_at=None,
         warning_ref=None,
+        warning_owed=(),
         snoozed_until=None,
         last_action="start",
         last_action_at=now,

@@ -27,6 +27,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from idle_reaper.core.dollars import dollars
 from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, MachineRecord, State, parse_machine_key
 from idle_reaper.core.signals import Signals
 from idle_reaper.policy import DAYS, TeamPolicy
@@ -146,6 +147,9 @@ class Event:
     until: datetime | None = None  # a keep's end
     warned_at: str = ""
     account: str | None = None  # the member account (None: the hub's own)
+    upper_bound: bool = False  # hourly_savings is the most a stop saves (Spot), not what it saves
+    hourly_waste: float | None = None  # a keep's: what an idle hour wastes (None: an older entry, hourly_cost)
+    waste_upper_bound: bool = False
 
 
 def _time(value: Any) -> datetime | None:
@@ -184,6 +188,9 @@ def events_of(entries: Iterable[tuple[str, datetime, Mapping[str, Any]]]) -> lis
                 until=_time(entry.get("snoozed_until")),
                 warned_at=str(entry.get("warned_at") or ""),
                 account=account_of(instance_id),
+                upper_bound=entry.get("savings_upper_bound") is True,
+                hourly_waste=_money(entry.get("hourly_waste")),
+                waste_upper_bound=entry.get("waste_upper_bound") is True,
             )
         )
     # At the same moment: the sweep's warning or stop, then the machine running (again: a stop it came back
@@ -209,10 +216,17 @@ def running_again_entry(
     }
 
 
-def answer_entry(
-    record: MachineRecord, action: str, by: str, hourly_cost: float | None, hourly_savings: float | None = None
-) -> dict[str, Any]:
-    """The audit entry of a person's answer: a keep, or a stop now (`action` is the stop's)."""
+def answer_entry(record: MachineRecord, action: str, by: str, hourly_cost: float | None) -> dict[str, Any]:
+    """The audit entry of a person's answer: a keep, or a stop now or terminate now (`action` is the stop's).
+    What it saves (a stop) or wastes (a keep) an hour is the one rule's (core/dollars.py), by the machine's kind
+    and its on-demand `hourly_cost`."""
+    rule = dollars(record.machine_kind, hourly_cost)
+    saving = rule.idle if action == KEEP else rule.saved_by(action)
+    money = (
+        {"hourly_waste": saving.hourly, "waste_upper_bound": saving.upper_bound}
+        if action == KEEP
+        else {"hourly_savings": saving.hourly, "savings_upper_bound": saving.upper_bound}
+    )
     return {
         "instance_id": record.instance_id,
         "team": record.team,
@@ -223,7 +237,7 @@ def answer_entry(
         "snoozed_by": record.snoozed_by if action == KEEP else None,
         "snoozed_until": record.snoozed_until.isoformat() if action == KEEP and record.snoozed_until else None,
         "hourly_cost": hourly_cost,
-        "hourly_savings": hourly_savings,
+        **money,
         "error": None,
     }
 
@@ -243,6 +257,7 @@ class Stretch:
     hourly: float | None  # what it saves (a stop) or costs (a keep) an hour; None: no price known
     by: str = ""
     account: str | None = None  # the member account (None: the hub's own)
+    upper_bound: bool = False  # `hourly` is the most it can be (Spot): its dollars are "up to"
 
     def hours_in(self, lo: datetime, hi: datetime) -> float:
         end = min(self.end or hi, hi)
@@ -284,8 +299,12 @@ def _stretch(e: Event, end: datetime | None) -> Stretch:
     if e.action in RECOVERING:
         cap = e.at + RECOVERY_HORIZON
         end = cap if end is None else min(end, cap)
-        return Stretch(e.instance_id, e.team, e.owner, e.action, e.at, end, e.hourly_savings, e.by, e.account)
-    return Stretch(e.instance_id, e.team, e.owner, KEEP, e.at, end, e.hourly_cost, e.by, e.account)
+        return Stretch(
+            e.instance_id, e.team, e.owner, e.action, e.at, end, e.hourly_savings, e.by, e.account, e.upper_bound
+        )
+    # An entry from before the rule recorded a keep's waste: its hourly cost.
+    waste, bound = (e.hourly_waste, e.waste_upper_bound) if e.hourly_waste is not None else (e.hourly_cost, False)
+    return Stretch(e.instance_id, e.team, e.owner, KEEP, e.at, end, waste, e.by, e.account, bound)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,6 +407,7 @@ class Recovered:
     count: int = 0
     hours: float = 0.0
     dollars: float = 0.0
+    upper_bound: bool = False  # some of its dollars are Spot savings at the most they can be: "up to"
 
 
 @dataclass(frozen=True)
@@ -399,6 +419,7 @@ class Kept:
     hours: float
     dollars: float
     by: tuple[str, ...]  # who answered
+    upper_bound: bool = False  # some of its dollars are a Spot machine's at the most they can be
 
 
 @dataclass(frozen=True)
@@ -413,6 +434,11 @@ class AtRisk:
     idle_hours: float | None = None  # exempt: hours of the week it sat idle (None: not read, or no data)
     account: str | None = None  # the member account (None: the hub's own)
     key: str = ""  # its machine key (records.machine_key): what exempt_idle is keyed by
+    idle_hourly: float | None = None  # what an idle hour of it wastes, by the rule (core/dollars.py)
+
+    @property
+    def idle_dollars(self) -> float:  # exempt: what its idle hours of the week wasted (0: not read, no price)
+        return (self.idle_hours or 0.0) * (self.idle_hourly or 0.0)
 
 
 @dataclass(frozen=True)
@@ -421,6 +447,7 @@ class TrendWeek:
     recovered: float
     wasted: float
     has_data: bool
+    upper_bound: bool = False  # its recovered dollars include Spot savings at the most they can be
 
 
 @dataclass
@@ -435,6 +462,7 @@ class Digest:
     unpriced_hours: float = 0.0  # stopped hours of machines without a known price
     kept: list[Kept] = field(default_factory=list)
     at_risk: list[AtRisk] = field(default_factory=list)
+    group_idle: list[AtRisk] = field(default_factory=list)  # idle group members released, still running
     under_used: list[UnderUsed] = field(default_factory=list)
     stops: int = 0
     unwanted_stops: int = 0
@@ -448,6 +476,7 @@ class Digest:
     accounts: dict[str | None, tuple[float, float]] = field(default_factory=dict)
     account_names: Mapping[str, str] = field(default_factory=dict)  # account id -> its name (the directory's)
     idle_minutes: int | None = None
+    spot_in: set[tuple[str, str | None]] = field(default_factory=set)  # (team, account) whose savings are "up to"
 
     @property
     def recovered_hours(self) -> float:
@@ -456,6 +485,19 @@ class Digest:
     @property
     def recovered_dollars(self) -> float:
         return sum(r.dollars for r in self.recovered.values())
+
+    recovered_upper_bound = property(lambda self: any(r.upper_bound for r in self.recovered.values()))
+    kept_upper_bound = property(lambda self: any(k.upper_bound for k in self.kept))
+
+    @property
+    def exempt_idle(self) -> list[AtRisk]:
+        """The exempt machines whose idle hours of the week were read, most wasteful first."""
+        read = [a for a in self.at_risk if a.state == State.EXEMPT.value and a.idle_hours is not None]
+        return sorted(read, key=lambda a: (-a.idle_dollars, -(a.idle_hours or 0.0), a.name))
+
+    @property
+    def exempt_idle_dollars(self) -> float:  # still wasted, exempt and idle: the text's figure and the chart's
+        return sum(a.idle_dollars for a in self.exempt_idle)
 
     @property
     def kept_hours(self) -> float:
@@ -510,9 +552,13 @@ def build_digest(
     """The digest of `week` (in `zone`) for one team, or for every team (team None: the admins'), from the
     audit entries (of this week and the TREND_WEEKS before, and any stop still open) and the records now.
     `exempt_idle`: idle hours of exempt machines by machine key. `account_names`: member account id -> name."""
-    events = events_of(entries)
-    records = list(records)
-    all_stretches = stretches(events)
+    events, records = events_of(entries), list(records)
+    # A group member released but still running (its group kept it) has saved nothing yet.
+    kept_by_group = {a.key for a in _at_risk(records, None, now, {}, group=True)}
+    all_stretches = [
+        replace(s, hourly=0.0) if s.kind == "unprotect" and s.instance_id in kept_by_group else s
+        for s in stretches(events)
+    ]
     lo, week_end = week.span(zone)
     hi = min(week_end, now)
     d = Digest(
@@ -526,7 +572,7 @@ def build_digest(
     )
     d.has_data = _has_data(events, all_stretches, team, lo, hi)
 
-    kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, False])
     kept: dict[str, list[Any]] = {}
     waste_by_machine: dict[str, float] = defaultdict(float)
     for s in all_stretches:
@@ -537,10 +583,11 @@ def build_digest(
         if s.kind == KEEP:
             if not lo <= s.start < hi and hours == 0:
                 continue
-            line = kept.setdefault(s.owner or s.instance_id, [0, 0.0, 0.0, set()])
+            line = kept.setdefault(s.owner or s.instance_id, [0, 0.0, 0.0, set(), False])
             line[0] += lo <= s.start < hi
             line[1] += hours
             line[2] += money
+            line[4] = line[4] or (s.upper_bound and money > 0)
             if s.by:
                 line[3].add(s.by)
             waste_by_machine[s.instance_id] += money
@@ -550,15 +597,16 @@ def build_digest(
         figures[0] += started_here
         figures[1] += hours
         figures[2] += money
+        figures[3] = figures[3] or (s.upper_bound and money > 0)
         if s.hourly is None:
             d.unpriced_hours += hours
         if started_here:
             d.stops += 1
             if s.end is not None and s.end - s.start <= timedelta(minutes=UNWANTED_WITHIN_MINUTES):
                 d.unwanted_stops += 1
-    d.recovered = {word: Recovered(int(c), h, m) for word, (c, h, m) in kinds.items()}
+    d.recovered = {word: Recovered(int(c), h, m, bool(b)) for word, (c, h, m, b) in kinds.items()}
     d.kept = sorted(
-        (Kept(owner, int(n), h, m, tuple(sorted(by))) for owner, (n, h, m, by) in kept.items()),
+        (Kept(owner, int(n), h, m, tuple(sorted(by)), b) for owner, (n, h, m, by, b) in kept.items()),
         key=lambda k: (-k.dollars, -k.hours, k.owner),
     )
     d.top_waste = sorted(((i, m) for i, m in waste_by_machine.items() if m > 0), key=lambda p: (-p[1], p[0]))
@@ -567,19 +615,24 @@ def build_digest(
     d.suggestion = window_suggestion(d)
     idle = exempt_idle or {}
     d.at_risk = [replace(a, idle_hours=idle.get(a.key)) for a in _at_risk(records, team, now, prices or {})]
+    d.group_idle = _at_risk(records, team, now, prices or {}, group=True)
     d.under_used = under_used(records, week, team, prices or {})
     for back in range(TREND_WEEKS - 1, -1, -1):
         w = week.previous(back) if back else week
         wlo, wend = w.span(zone)
         whi = min(wend, now)
         recovered, wasted = _week_money(all_stretches, team, wlo, whi)
-        d.trend.append(TrendWeek(w, recovered, wasted, _has_data(events, all_stretches, team, wlo, whi)))
+        spot = (s for s in all_stretches if s.upper_bound and s.kind != KEEP and s.hourly and _in_scope(team, s.team))
+        bound = any(s.hours_in(wlo, whi) > 0 for s in spot)
+        d.trend.append(TrendWeek(w, recovered, wasted, _has_data(events, all_stretches, team, wlo, whi), bound))
     if team is None:
         for t in sorted({s.team for s in all_stretches} | {e.team for e in events if lo <= e.at < hi}):
             team_money = _week_money(all_stretches, t, lo, hi)
             if any(team_money) or any(e.team == t and lo <= e.at < hi for e in events):
                 d.teams[t] = team_money
     d.accounts = _by_account(events, all_stretches, d, team, lo, hi)
+    spot = (s for s in all_stretches if s.upper_bound and s.kind != KEEP and s.hourly and _in_scope(team, s.team))
+    d.spot_in = {(s.team, s.account) for s in spot if s.hours_in(lo, hi) > 0}
     return d
 
 
@@ -628,9 +681,10 @@ def running_now(record: MachineRecord, now: datetime) -> bool:
 
 
 def _at_risk(
-    records: Iterable[MachineRecord], team: str | None, now: datetime, prices: Mapping[str, float]
+    records: Iterable[MachineRecord], team: str | None, now: datetime, prices: Mapping[str, float], group: bool = False
 ) -> list[AtRisk]:
-    states = (State.UNKNOWN, State.SAFE_MODE, State.EXEMPT)
+    """Running machines the reaper cannot act on now; `group`: released group members that still run."""
+    states = (State.REAPED,) if group else (State.UNKNOWN, State.SAFE_MODE, State.EXEMPT)
     return sorted(
         (
             AtRisk(
@@ -641,9 +695,10 @@ def _at_risk(
                 prices.get(r.instance_type or ""),
                 account=r.account,
                 key=r.key,
+                idle_hourly=dollars(r.machine_kind, prices.get(r.instance_type or "")).idle.hourly,
             )
             for r in records
-            if r.state in states and _in_scope(team, r.team) and running_now(r, now)
+            if r.state in states and _in_scope(team, r.team) and running_now(r, now) and (r.asg_name or not group)
         ),
         key=lambda a: (a.state, -(a.hourly_cost or 0.0), a.name),
     )

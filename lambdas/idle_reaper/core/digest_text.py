@@ -25,8 +25,9 @@ def account_label(account: str | None, names: Mapping[str, str]) -> str:
     return HUB_ACCOUNT if account is None else named_account(account, names.get(account))
 
 
-def _usd(value: float) -> str:
-    return f"${value:,.2f}"
+def _usd(value: float, upper_bound: bool = False) -> str:
+    """Dollars; "up to" when they hold a Spot machine's figure at the most it can be (core/dollars.py)."""
+    return f"{'up to ' if upper_bound else ''}${value:,.2f}"
 
 
 def _exempt_idle_line(at_risk: Sequence[AtRisk]) -> str:
@@ -35,9 +36,9 @@ def _exempt_idle_line(at_risk: Sequence[AtRisk]) -> str:
     if not exempt:
         return ""
     read = [a for a in exempt if a.idle_hours is not None]
-    idle = sorted((a for a in read if a.idle_hours), key=lambda a: -(a.idle_hours or 0) * (a.hourly_cost or 0))
+    idle = sorted((a for a in read if a.idle_hours), key=lambda a: -a.idle_dollars)
     hours = sum(a.idle_hours or 0.0 for a in idle)
-    dollars = sum((a.idle_hours or 0.0) * (a.hourly_cost or 0.0) for a in idle)
+    dollars = sum(a.idle_dollars for a in idle)
     unread = f"; no data for {len(exempt) - len(read)}" if len(read) < len(exempt) else ""
     if not idle:
         return f"Exempt and idle: nothing ({len(read)} exempt machine(s) read{unread})."
@@ -79,6 +80,8 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
         )
         if exempt_line := _exempt_idle_line(d.at_risk):
             lines.append(exempt_line)
+    if d.group_idle:
+        lines.append(_group_idle_line(d))
     if d.under_used:
         shown = ", ".join(
             f"{u.name} ({_in_account(d, u.account)}{u.instance_type}, never above {u.peak:g} %: {u.smaller} would "
@@ -91,15 +94,33 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
     if d.teams:
         lines.append(
             "By team: "
-            + "; ".join(f"{t} saved {_usd(r)}, kept idle {_usd(w)}" for t, (r, w) in sorted(d.teams.items()))
+            + "; ".join(
+                f"{t} saved {_usd(r, any(team == t for team, _ in d.spot_in))}, kept idle {_usd(w)}"
+                for t, (r, w) in sorted(d.teams.items())
+            )
         )
     if d.accounts:
         lines.append(_accounts_line(d))
-    trend = [f"{t.week.label} {_usd(t.recovered) if t.has_data else 'no data'}" for t in d.trend]
+    trend = [f"{t.week.label} {_usd(t.recovered, t.upper_bound) if t.has_data else 'no data'}" for t in d.trend]
     lines.append("Saved, last 8 weeks: " + " · ".join(trend))
     if chart_note:
         lines.append(f"_{chart_note}_")
     return "\n".join(lines)
+
+
+def _group_idle_line(d: Digest) -> str:
+    """Idle Auto Scaling group members released to their group that still run: the group did not scale them in
+    (its desired capacity, or its minimum size, keeps them). Nothing is saved until it does."""
+    costly = sum(a.idle_hourly or 0.0 for a in d.group_idle)
+    shown = ", ".join(
+        f"{a.name} ({_in_account(d, a.account)}{_usd(a.idle_hourly) + '/h' if a.idle_hourly else 'no known price'})"
+        for a in d.group_idle[:10]
+    )
+    more = f" and {len(d.group_idle) - 10} more" if len(d.group_idle) > 10 else ""
+    return (
+        f"Idle in an Auto Scaling group, still running ({_usd(costly)}/h): {shown}{more}. Released to the group, "
+        "which has not scaled them in: lower its desired capacity (or its minimum size) to stop paying for them."
+    )
 
 
 def _in_account(d: Digest, account: str | None) -> str:
@@ -119,8 +140,10 @@ def _accounts_line(d: Digest) -> str:
     for account in sorted(d.accounts, key=lambda a: (a is not None, account_label(a, d.account_names))):
         recovered, wasted = d.accounts[account]
         unwatched = f", {not_watched[account]} not watched" if not_watched[account] else ""
+        bound = any(a == account for _, a in d.spot_in)
         parts.append(
-            f"{account_label(account, d.account_names)} saved {_usd(recovered)}, kept idle {_usd(wasted)}{unwatched}"
+            f"{account_label(account, d.account_names)} saved {_usd(recovered, bound)}, kept idle {_usd(wasted)}"
+            f"{unwatched}"
         )
     return "By account: " + "; ".join(parts)
 
@@ -128,15 +151,22 @@ def _accounts_line(d: Digest) -> str:
 def _recovered_line(d: Digest) -> str:
     if not d.recovered:
         return "Saved: $0.00 (no stops this week)."
-    parts = [f"{r.count} {word} ({r.hours:,.1f} h, {_usd(r.dollars)})" for word, r in sorted(d.recovered.items())]
+    parts = [
+        f"{r.count} {word} ({r.hours:,.1f} h, {_usd(r.dollars, r.upper_bound)})"
+        for word, r in sorted(d.recovered.items())
+    ]
     unpriced = f"; {d.unpriced_hours:,.1f} h more at no known price" if d.unpriced_hours else ""
-    total = f"*{_usd(d.recovered_dollars)}* over {d.recovered_hours:,.1f} machine-hours"
-    return f"Saved: {total}: {', '.join(parts)}{unpriced}."
+    total = f"*{_usd(d.recovered_dollars, d.recovered_upper_bound)}* over {d.recovered_hours:,.1f} machine-hours"
+    spot = " (up to: Spot machines' savings at the most they can be; idle-reaper does not read Spot prices)"
+    return f"Saved: {total}: {', '.join(parts)}{unpriced}{spot if d.recovered_upper_bound else ''}."
 
 
 def _kept_line(d: Digest) -> str:
     if not d.kept:
         return "Kept idle by answers: nothing."
-    owners = ", ".join(f"{k.owner}: {k.keeps} keep(s), {k.hours:,.1f} h, {_usd(k.dollars)}" for k in d.kept[:5])
+    owners = ", ".join(
+        f"{k.owner}: {k.keeps} keep(s), {k.hours:,.1f} h, {_usd(k.dollars, k.upper_bound)}" for k in d.kept[:5]
+    )
     more = f" and {len(d.kept) - 5} more owners" if len(d.kept) > 5 else ""
-    return f"Still wasted, kept idle by answers: {_usd(d.kept_dollars)} ({d.kept_hours:,.1f} h). {owners}{more}."
+    total = _usd(d.kept_dollars, d.kept_upper_bound)
+    return f"Still wasted, kept idle by answers: {total} ({d.kept_hours:,.1f} h). {owners}{more}."

@@ -284,8 +284,9 @@ def _instance_store(request: SpotRequest | None) -> MachineKind:
 
 @dataclass(frozen=True)
 class Saving:
-    """What stopping the machine saves an hour: None when its price is unknown; `upper_bound` when the
-    figure is the most it could be (a Spot machine priced at on-demand, or at its maximum price)."""
+    """What an action saves (or an idle hour wastes) an hour: None when its price is unknown; `upper_bound` when
+    the figure is the most it could be (a Spot machine priced at on-demand, or at its maximum price). The rule
+    that makes each is core/dollars.py's."""
 
     hourly: float | None
     upper_bound: bool = False
@@ -294,27 +295,6 @@ class Saving:
         if self.hourly is None:
             return "unknown"
         return f"{'at most ' if self.upper_bound else ''}${self.hourly:,.2f}/h"
-
-
-def stop_saves(kind: MachineKind, on_demand_price: float | None) -> Saving:
-    """Reserved capacity: nothing (the reservation is billed either way). Spot: its Spot price, which the
-    reaper does not read; the on-demand price (or the request's lower maximum price) is the most it can be."""
-    if kind.saves == "nothing":
-        return Saving(0.0)
-    if kind.saves == "spot":
-        bounds = [p for p in (on_demand_price, kind.spot_max_price) if p is not None]
-        return Saving(min(bounds), upper_bound=True) if bounds else Saving(None)
-    return Saving(on_demand_price)
-
-
-def recorded_saving(machine_kind: str, on_demand_price: float | None) -> Saving:
-    """What a stop saves, from the kind a machine's record keeps (answers have no look-ups): nothing for
-    reserved capacity, at most the on-demand price for Spot, the price for the rest."""
-    if machine_kind in (Kind.RESERVED, Kind.CAPACITY_BLOCK):
-        return Saving(0.0)
-    if machine_kind == Kind.SPOT:
-        return Saving(on_demand_price, upper_bound=on_demand_price is not None)
-    return Saving(on_demand_price)
 
 
 # Kinds a person's "Stop now" must not stop: EC2 refuses, or something launches a replacement.
@@ -417,15 +397,38 @@ def warning_sentence(kind: MachineKind, how: Handling, instance_type: str, at: s
     return f"It will be *{verb}* at {at} unless someone keeps it" + (f": {'; '.join(more)}." if more else ".")
 
 
+# AWS: "You can't modify or cancel a Capacity Block"
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-capacity-blocks.html).
+CAPACITY_BLOCK_FIXED = "AWS does not allow a Capacity Block to be modified or cancelled"
+
+
+def reservation_sentence(reservation: Reservation) -> str:
+    """What an idle machine's owner and the admins are told of the reservation it runs in. Whether the reservation
+    itself is idle comes from its slots (TotalInstanceCount, AvailableInstanceCount): the other machines running
+    in it. A Capacity Block cannot be released, only used until it ends."""
+    end = f"until {reservation.end:%Y-%m-%d %H:%M} UTC" if reservation.end else "with no end date"
+    others = max(0, reservation.total - reservation.available - 1)  # in use, not by this machine
+    billed = f"the reservation is billed {end} whether or not the machine runs"
+    if others:
+        head = (
+            f"It is idle, but its {reservation.label} is not: {others} of its other {reservation.total - 1} slots "
+            f"are in use. This machine's slot is idle; {billed}"
+        )
+    else:
+        free = f" ({reservation.available} more of its slots unused)" if reservation.available else ""
+        head = f"It is idle, and so is its {reservation.label}{free}: {billed}"
+    head += ", so idle-reaper does not stop it (a stop would save nothing)."
+    if reservation.is_block:
+        return f"{head} {CAPACITY_BLOCK_FIXED}: use it, or let another team run in it until it ends."
+    if others:
+        return f"{head} Use it, or let someone else run in its slot."
+    return f"{head} Use it, share it, or release the reservation (cancel it: EC2 CancelCapacityReservation)."
+
+
 def notice_sentence(kind: MachineKind, how: Handling, instance_type: str) -> str:
     """What an owner (and, for a fleet or a reservation, the admins) are told instead of a stop."""
     if kind.reservation is not None:
-        end = f"until {kind.reservation.end:%Y-%m-%d %H:%M} UTC" if kind.reservation.end else "with no end date"
-        return (
-            f"It is idle, and so is its {kind.reservation.label}: the reservation is billed {end} whether or not "
-            "the machine runs, so idle-reaper does not stop it (a stop would save nothing). Use it, share it, or "
-            "release the reservation."
-        )
+        return reservation_sentence(kind.reservation)
     if kind.kind is Kind.FLEET:
         return (
             f"It is idle, but idle-reaper cannot stop it: it is {kind.why}. To shrink the fleet, lower its target "

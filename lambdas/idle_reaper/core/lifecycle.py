@@ -20,7 +20,7 @@ from idle_reaper.core.kinds import (
     describe,
     handling,
 )
-from idle_reaper.core.records import Action, MachineRecord, State, parse_history, with_stretch
+from idle_reaper.core.records import Action, MachineRecord, State, owes_owner, parse_history, with_stretch
 from idle_reaper.core.signals import Assessment, Machine, Signal, parse_exemption
 from idle_reaper.core.time_of_day import observe_text
 from idle_reaper.core.waiting import LearnedWait, earliest_warn_minutes, wait_for, warn_point
@@ -84,6 +84,9 @@ class Decision:
 #                                                   warning waits for quiet hours to end
 #   would_warn           any             warned     warn, not applied (dry run)        -
 #   warning_undelivered  any             warned     none: no stop until delivered      the warning, retried
+#   owner_copy_owed      any             warned     none: the channel has it, the owner's  the owner's copy, retried
+#                                                   DM not yet: no stop until it has
+#                                                   (undelivered_warning_max_minutes)
 #   answer_time          any             warned     none: the owner has warn_minutes   the warning, if undelivered
 #   stop_due             any             reaped     stop, hibernate, unprotect or      reaped
 #                                                   terminate (none: ASG member free;
@@ -129,6 +132,7 @@ class Event(StrEnum):
     WARNING_DUE = "warning_due"
     WOULD_WARN = "would_warn"
     WARNING_UNDELIVERED = "warning_undelivered"
+    OWNER_COPY_OWED = "owner_copy_owed"
     ANSWER_TIME = "answer_time"
     STOP_DUE = "stop_due"
     STOP_REPORTED = "stop_reported"
@@ -177,6 +181,12 @@ TRANSITIONS: dict[Event, Transition] = {
     Event.WOULD_WARN: Transition(ANY_STATE, State.WARNED, _QUIET_FOR + ": {why_quiet}"),
     Event.WARNING_UNDELIVERED: Transition(
         ANY_STATE, State.WARNED, "warned at {warned_at:%H:%M} UTC, not delivered yet; no stop until it is: {why_quiet}"
+    ),
+    Event.OWNER_COPY_OWED: Transition(
+        ANY_STATE,
+        State.WARNED,
+        "warned at {warned_at:%H:%M} UTC in the team channel; the owner's own copy is not delivered yet: no stop until "
+        "it is, or until {until:%H:%M} UTC: {why_quiet}",
     ),
     Event.ANSWER_TIME: Transition(
         ANY_STATE, State.WARNED, "warned; will {verb} at {stop_at:%H:%M} UTC if still idle: {why_quiet}"
@@ -419,6 +429,7 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, learn: bo
         or base.warning_ref
         or base.stop_not_before
         or base.action_refused_at
+        or base.warning_owed
     ):
         base = replace(
             base,
@@ -428,6 +439,7 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, learn: bo
             stop_not_before=None,
             action_refused_at=None,
             warning_held=False,
+            warning_owed=(),
         )
     quiet = _quiet_minutes(assessment, idle_since if continuous else None, now)
     learned = (
@@ -467,7 +479,9 @@ def _over_runtime_cap(machine: Machine, policy: TeamPolicy, now: datetime) -> st
 
 def _exempted(seen: _Sweep, why: str) -> _Outcome:
     """Exempt: reported, never touched; an outstanding warning is resolved."""
-    cleared = replace(seen.base, idle_since=None, warned_at=None, warning_delivered_at=None, warning_ref=None)
+    cleared = replace(
+        seen.base, idle_since=None, warned_at=None, warning_delivered_at=None, warning_ref=None, warning_owed=()
+    )
     return _Outcome(Event.EXEMPTED, Action.NONE, cleared, {"why": why}, notify="resolved" if seen.was_warned else None)
 
 
@@ -513,6 +527,19 @@ def _quiet(policy: TeamPolicy, assessment: Assessment, stretch: _Stretch) -> _Ou
     return _Outcome(Event.QUIET, Action.NONE, stretch.record, fields, notify=stretch.resolved)
 
 
+def _warned_afresh(record: MachineRecord, now: datetime, stop_not_before: datetime | None) -> MachineRecord:
+    """A new warning (or notice): nothing of an earlier one's delivery carries over."""
+    return replace(
+        record,
+        warned_at=now,
+        warning_delivered_at=None,
+        warning_ref=None,
+        stop_not_before=stop_not_before,
+        warning_held=False,
+        warning_owed=(),
+    )
+
+
 def _warning_due(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, stretch: _Stretch) -> _Outcome:
     """Past the warning point with no warning for this quiet stretch: warn, announcing the stop time."""
     assert assessment.quiet_since is not None
@@ -520,14 +547,7 @@ def _warning_due(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, stret
     stop_at = max(
         now + timedelta(minutes=policy.warn_minutes), assessment.quiet_since + timedelta(minutes=policy.idle_minutes)
     )
-    record = replace(
-        stretch.record,
-        warned_at=now,
-        warning_delivered_at=None,
-        warning_ref=None,
-        stop_not_before=stop_at,
-        warning_held=False,
-    )
+    record = _warned_afresh(stretch.record, now, stop_at)
     notes = _kind_notes(seen)
     if policy.quiet_hours:
         # Recorded, not sent; counted as delivered while quiet hours last, so the stop follows warn_minutes
@@ -557,10 +577,11 @@ def _after_warning(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, str
     if stretch.warned and record.warning_held and not policy.quiet_hours:
         # Quiet hours are over and the stop is still ahead: the warning recorded silently is sent now, as a
         # warning of its own, and the stop waits warn_minutes from its delivery.
-        record = replace(record, warned_at=now, warning_delivered_at=None, warning_held=False)
-        base = replace(stretch.record, warned_at=now, warning_delivered_at=None, warning_held=False)
+        record = replace(record, warned_at=now, warning_delivered_at=None, warning_held=False, warning_owed=())
+        base = replace(stretch.record, warned_at=now, warning_delivered_at=None, warning_held=False, warning_owed=())
         stretch = replace(stretch, record=base)
     undelivered_ok = False
+    owner_until: datetime | None = None  # set while the stop waits for the owner's own copy
     if stretch.warned:
         assert record.warned_at is not None
         pending = now - record.warned_at
@@ -574,6 +595,13 @@ def _after_warning(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, str
         )
         # The owner's time to answer runs from delivery; an undelivered warning holds the stop.
         clock_from = record.warning_delivered_at or (record.warned_at if undelivered_ok else None)
+        # Delivered to the team channel while the owner's own copy (their DM) is still owed: the owner is told
+        # personally before the stop, so it waits for that copy (posted again every sweep, and warn_minutes from
+        # when it lands: its stop time) for undelivered_warning_max_minutes at most; then the channel's copy, which
+        # a person could answer, stands, and the admins are told the owner's never went out.
+        held = timedelta(minutes=policy.undelivered_warning_max_minutes)
+        if clock_from is not None and owes_owner(record) and pending < held:
+            owner_until, clock_from = record.warned_at + held, None
     else:
         clock_from = assessment.quiet_since + timedelta(minutes=stretch.warn_at)
     due = (
@@ -601,6 +629,9 @@ def _after_warning(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, str
     if not stretch.warned:
         return _Outcome(Event.WOULD_WARN, Action.WARN, stretch.record, fields, applied=False)
     deliver = record.warning_delivered_at is None and not seen.dry_run
+    if owner_until is not None:
+        fields.update(warned_at=record.warned_at, until=owner_until)
+        return _Outcome(Event.OWNER_COPY_OWED, Action.NONE, stretch.record, fields)
     if clock_from is None:
         fields["warned_at"] = record.warned_at
         return _Outcome(Event.WARNING_UNDELIVERED, Action.NONE, stretch.record, fields, deliver_warning=deliver)
@@ -685,7 +716,7 @@ def _notice(seen: _Sweep, assessment: Assessment, stretch: _Stretch) -> _Outcome
         if seen.dry_run:
             return _Outcome(Event.NOTICE_DUE, Action.WARN, stretch.record, fields, applied=False)
         # (Never under quiet hours: decide holds a notice until they end.)
-        told = replace(stretch.record, warned_at=now, warning_delivered_at=None, warning_ref=None, stop_not_before=None)
+        told = _warned_afresh(stretch.record, now, None)
         return _Outcome(Event.NOTICE_DUE, Action.WARN, told, fields, notify="warning", deliver_warning=True)
     fields["warned_at"] = record.warned_at
     deliver = record.warning_delivered_at is None and not seen.dry_run

@@ -83,6 +83,8 @@ def _only_reported(d: Decision, policy: TeamPolicy) -> bool:
     record = d.record
     if d.state is not State.WARNED or record.warned_at is None or record.warning_delivered_at is None:
         return False
+    if record.warning_owed:  # a copy still owed is posted again at every sweep
+        return False
     # The notice itself (Action.WARN) or a stop only reported: nothing is done to the machine.
     if d.machine.asg_name or (d.action not in (Action.NONE, Action.WARN) and d.applied):
         return False

@@ -133,6 +133,11 @@ class MachineRecord:
     # Why a post's outcome cannot be told although Slack answers (the bot may not read where it went): the
     # warning is not posted again, and the stop waits until the outcome is known (never the Slack-down exception).
     delivery_unresolved: str | None = None
+    # The conversations the current warning still owes a copy (core.records.owed_target): it reached another one,
+    # and this one's post failed for a reason that may pass (a 429, Slack down): each sweep posts the same warning
+    # there until it is taken, given up (undelivered_warning_max_minutes, or a permanent failure) or the machine
+    # is stopped; the admins are told of a copy given up. At most one entry a target (two: the owner, the channel).
+    warning_owed: tuple[str, ...] = ()
     # How the machine's last quiet stretches ended: their lengths in minutes, oldest first, comma-separated
     # (format_history); the learned wait reads it. Bounded: HISTORY_SIZE stretches, each at most a week.
     quiet_history: str = ""
@@ -174,6 +179,23 @@ class MachineRecord:
     def key(self) -> str:
         """Its key in the state table (machine_key)."""
         return machine_key(self.instance_id, self.account, self.region)
+
+
+# A copy still owed (MachineRecord.warning_owed): the target as posted to (the owner's Slack user id for their DM, a
+# channel id), MAYBE_POSTED after it when a post there may have gone out (its answer was lost, or a sweep died after
+# posting it): looked for before it is posted again.
+MAYBE_POSTED = "?"
+
+
+def owed_target(entry: str) -> tuple[str, bool]:
+    """(the conversation a copy is owed to, whether it may be there already)."""
+    return entry.removesuffix(MAYBE_POSTED), entry.endswith(MAYBE_POSTED)
+
+
+def owes_owner(record: MachineRecord) -> bool:
+    """Whether the owner's own copy (their DM) of the current warning is still owed."""
+    owner = record.owner_slack_id
+    return owner is not None and any(owed_target(e)[0] == owner for e in record.warning_owed)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,9 +25,32 @@ class GroupCapacity:
     desired: int
 
 
-def limit_terminations(decisions: list[Decision], groups: dict[str, GroupCapacity]) -> list[Decision]:
-    """Never terminate a group below its MinSize: terminations beyond the headroom become unprotect."""
-    headroom = {name: max(0, g.desired - g.min_size) for name, g in groups.items()}
+@dataclass(frozen=True)
+class GroupPart:
+    """Which of an Auto Scaling group's `parts` one shard holds (`held`, each 0 .. parts-1): a group too large
+    for one shard is cut into parts swept by different shards at once, and its termination headroom (DesiredCapacity
+    less MinSize) is shared out between them, so that together they never terminate it below its MinSize."""
+
+    parts: int
+    held: tuple[int, ...]
+
+    def headroom(self, whole: int) -> int:
+        """This shard's share of the group's `whole` headroom: each part whole // parts, the parts labelled below
+        whole % parts one more (the shares of all parts sum to `whole`; the planner labels the parts afresh each
+        sweep, so the one more goes round)."""
+        return sum(whole // self.parts + (1 if j < whole % self.parts else 0) for j in set(self.held))
+
+
+def limit_terminations(
+    decisions: list[Decision], groups: dict[str, GroupCapacity], parts: Mapping[str, GroupPart] | None = None
+) -> list[Decision]:
+    """Never terminate a group below its MinSize: terminations beyond the headroom become unprotect. `parts`: the
+    groups this sweep holds a part of (a shard of a group cut across shards), each its share of the headroom."""
+    parts = parts or {}
+    headroom = {
+        name: parts[name].headroom(max(0, g.desired - g.min_size)) if name in parts else max(0, g.desired - g.min_size)
+        for name, g in groups.items()
+    }
     limited: list[Decision] = []
     for d in decisions:
         if d.action is Action.TERMINATE and d.applied:
@@ -37,6 +60,8 @@ def limit_terminations(decisions: list[Decision], groups: dict[str, GroupCapacit
             else:
                 known = group in groups
                 why = f"{group} is at its MinSize" if known else f"the capacity of {group} could not be read"
+                if known and group in parts:
+                    why = f"{group}'s share of its headroom above MinSize in this shard is used"
                 if d.machine.asg_protected:
                     reason = f"{why}; not terminated, protection released instead. {d.reason}"
                     d = replace(
@@ -110,7 +135,8 @@ OWNER_PART = "owner:"  # how part_key begins for an owner's machines (the hub's 
 
 def part_key(instance_id: str, asg_name: str | None, owner: str | None) -> str:
     """What keeps machines together when a fleet is cut into shards or parts: an Auto Scaling group's members
-    (its termination limit is counted in one place), else an owner's machines (one message), else the machine."""
+    (its termination limit is counted in one place; the hub's shards cut a group larger than a shard into parts
+    that share it out, GroupPart), else an owner's machines (one message), else the machine."""
     if asg_name:
         return f"asg:{asg_name}"
     if owner := owner_key(owner):

@@ -49,6 +49,7 @@ def gather_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         "errors": gathered.errors,
         "shards": gathered.shards,
         "shards_failed": sorted(gathered.failed),
+        "machines_unswept": gathered.unswept,  # the failed shards' machines: unknown this sweep
         "hourly_savings": round(gathered.hourly_savings, 2),
         "dry_run": gathered.dry_run,
     }

@@ -16,7 +16,8 @@ from idle_reaper.aws.state import StateStore
 from idle_reaper.core.answers import snooze, started_by_person, stopped_by_person, terminated_by_person
 from idle_reaper.core.digest import KEEP, answer_entry, running_again_entry
 from idle_reaper.core.doctor import Finding, tally
-from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE, recorded_saving
+from idle_reaper.core.dollars import dollars
+from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE
 from idle_reaper.core.records import Action, MachineRecord, State
 from idle_reaper.core.signals import describe_human_signal
 from idle_reaper.policy import TeamPolicy
@@ -67,9 +68,7 @@ class Effects:
             self.store.audit(record.key, at, entry)
 
     def _audit_answer(self, record: MachineRecord, action: str, user: str, at: datetime) -> None:
-        cost = hourly_price(record.instance_type or "")
-        saving = recorded_saving(record.machine_kind, cost).hourly if action != KEEP else None
-        self._audit(record, at, answer_entry(record, action, user, cost, saving))
+        self._audit(record, at, answer_entry(record, action, user, hourly_price(record.instance_type or "")))
 
     def keep(self, user: str, record: MachineRecord, policy: TeamPolicy, until: datetime) -> Reply | None:
         now = self.clock()
@@ -141,7 +140,7 @@ class Effects:
                 stopped, "Released", f"<@{user}> released {label} to {record.asg_name} at {date_token(now)}."
             )
             return None
-        saving = recorded_saving(record.machine_kind, hourly_price(record.instance_type or ""))
+        saving = dollars(record.machine_kind, hourly_price(record.instance_type or "")).stop
         detail = f"<@{user}> stopped {label} at {date_token(now)}"
         if saving.hourly is not None:
             detail += f"; it saves {saving.text()} while stopped"
@@ -177,7 +176,9 @@ class Effects:
         self._audit(record, now, running_again_entry(m.instance_id, m.team, m.owner, m.instance_type, now, by=user))
         detail = f"<@{user}> started {label} again at {date_token(now)}."
         stopped_at = record.last_action_at
-        saving = recorded_saving(record.machine_kind, hourly_price(record.instance_type or ""))
+        saving = dollars(record.machine_kind, hourly_price(record.instance_type or "")).saved_by(
+            record.last_action or ""
+        )
         if stopped_at and saving.hourly is not None:
             hours = (now - stopped_at).total_seconds() / 3600
             saved = f"${hours * saving.hourly:,.2f}"

@@ -137,6 +137,35 @@ def planned_stop(decision: Decision, now: datetime) -> datetime:
     )
 
 
+# What the end of the window does to a machine, as a warning says it.
+_RELEASED = "released to its Auto Scaling group"
+_TERMINATED_IN_GROUP = "terminated (its Auto Scaling group shrinks by one)"
+
+
+def reaped_verb(decision: Decision) -> str:
+    """What the stop will do: a group member is released to its group, or terminated with the group shrunk
+    (asg_action: terminate); any other machine is stopped (a warning's sentence may say more: kinds)."""
+    if not decision.machine.asg_name:
+        return "stopped"
+    policy = decision.policy.policy if decision.policy else None
+    return _TERMINATED_IN_GROUP if policy is not None and policy.asg_action == "terminate" else _RELEASED
+
+
+def warning_text(decision: Decision) -> str:
+    """A warning's fallback text (notifications, screen readers): which machine, and what happens to it."""
+    m = decision.machine
+    label = machine_label(m.name, m.instance_id)
+    mode = decision.handling.mode if decision.handling else "stop"
+    verb = reaped_verb(decision)
+    if mode == "terminate" or verb == _TERMINATED_IN_GROUP:
+        will = "will be terminated unless someone keeps it"
+    elif mode == "notify":
+        will = "is idle; idle-reaper will not stop it"
+    else:
+        will = f"will be {verb} unless someone keeps it"
+    return fit(f"Idle machine {label} {will}", FALLBACK_CHARS, mrkdwn=True)
+
+
 def _choice_label(choice: str, policy: TeamPolicy, now: datetime) -> str:
     if choice == "keep_morning":
         morning = next_morning(policy, now)
@@ -150,7 +179,7 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
     m, a = decision.machine, decision.assessment
     policy = decision.policy.policy if decision.policy and decision.policy.policy else TeamPolicy()
     stop_at = planned_stop(decision, now)
-    verb = "released to its Auto Scaling group" if m.asg_name else "stopped"
+    verb = reaped_verb(decision)
     idle_minutes = a.quiet_minutes(now) if a else 0
     thresholds = f"CPU < {policy.cpu_threshold_percent:g}%"
     if a and a.uses_gpu:
@@ -168,7 +197,8 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
         _button(_choice_label("keep_morning", policy, now), "keep_morning", ref),
     ]
     if mode == "stop":
-        buttons.append(_confirmed("Stop now", "stop_now", ref, "Stop it now?", f"{label} will be {verb}."))
+        now_verb = _RELEASED if m.asg_name else "stopped"  # what Stop now does (answers: a member is released)
+        buttons.append(_confirmed("Stop now", "stop_now", ref, "Stop it now?", f"{label} will be {now_verb}."))
     elif kind.kind in TERMINABLE:
         # Only its owner may (answers.Effects.terminate_now), and only after confirming what is lost.
         lost = f"{label} will be terminated: this {kind.loses}."
@@ -370,7 +400,7 @@ def owner_warning_line(decision: Decision, now: datetime) -> str:
     will be stopped."""
     m = decision.machine
     name = f"*{escape(fit(m.name, NAME_CHARS))}* · " if m.name else ""
-    verb = "released to its Auto Scaling group" if m.asg_name else "stopped"
+    verb = reaped_verb(decision)
     why = decision.why_warned
     # What its kind adds (scarce capacity, a reservation a stop does not save): only stops share a message.
     more = caveats(decision.kind, decision.handling, m.instance_type) if decision.handling else []
@@ -378,7 +408,7 @@ def owner_warning_line(decision: Decision, now: datetime) -> str:
     note = f" {joined[:1].upper()}{joined[1:]}." if more else ""
     return fit(
         f"{name}`{m.instance_id}`{m.where} · {escape(m.instance_type)} · team {escape(m.team)}\n"
-        f"*{verb.capitalize()} at {date_token(planned_stop(decision, now))}* unless kept.{note} {escape(why)}",
+        f"*{verb[:1].upper()}{verb[1:]} at {date_token(planned_stop(decision, now))}* unless kept.{note} {escape(why)}",
         SECTION_CHARS,
         mrkdwn=True,
     )

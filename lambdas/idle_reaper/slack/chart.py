@@ -1,17 +1,21 @@
 """The weekly digest's chart: recovered vs still-wasted dollars per week (8 weeks), and the machines that
-wasted most this week, as a PNG. Pillow is imported here, inside `render_chart`, and nowhere else: no sweep
-or Slack click pays for it (tests/unit/slack/test_digest_chart.py holds that)."""
+wasted most this week, as a PNG. Still wasted is what the text says: kept idle by answers, and, for the digest's
+week (the only one read), exempt and idle. Pillow is imported here, inside `render_chart`, and nowhere else: no
+sweep or Slack click pays for it (tests/infra/test_asset_imports.py holds that; tests/unit/slack/test_digest_chart.py
+holds the chart's figures to the text's)."""
 
 from __future__ import annotations
 
 import io
+from collections import defaultdict
 from typing import Any
 
-from idle_reaper.core.digest import Digest
+from idle_reaper.core.digest import TOP_MACHINES, Digest
 
 WIDTH, HEIGHT = 960, 420
 RECOVERED = (46, 160, 67)
 WASTED = (207, 34, 46)
+EXEMPT = (240, 140, 120)  # still wasted, exempt and idle: stacked on the kept-idle bar
 NO_DATA = (200, 200, 200)
 INK = (36, 41, 47)
 FAINT = (110, 119, 129)
@@ -34,34 +38,53 @@ def render_chart(d: Digest, names: dict[str, str] | None = None) -> bytes:
     return out.getvalue()
 
 
+def chart_weeks(d: Digest) -> list[tuple[str, bool, float, float, float]]:
+    """Per week of the trend: its label, whether it has data, recovered, kept idle and exempt-and-idle dollars
+    (exempt machines are read for the digest's week alone)."""
+    return [
+        (t.week.label, t.has_data, t.recovered, t.wasted, d.exempt_idle_dollars if t.week == d.week else 0.0)
+        for t in d.trend
+    ]
+
+
+def chart_top_waste(d: Digest, most: int = TOP_MACHINES) -> list[tuple[str, float]]:
+    """The machines that wasted most this week, kept idle by answers or exempt and idle (by machine key)."""
+    waste: dict[str, float] = defaultdict(float)
+    for key, kept in d.top_waste:
+        waste[key] += kept
+    for a in d.exempt_idle:
+        if a.idle_dollars > 0:
+            waste[a.key or a.instance_id] += a.idle_dollars
+    return sorted(waste.items(), key=lambda p: (-p[1], p[0]))[:most]
+
+
 def _weeks(draw: Any, d: Digest, box: tuple[int, int, int, int], font: Any) -> None:
     left, top, right, bottom = box
     axis = bottom - 20
-    peak = max([max(t.recovered, t.wasted) for t in d.trend] + [1.0])
+    weeks = chart_weeks(d)
+    peak = max([max(recovered, kept + exempt) for _, _, recovered, kept, exempt in weeks] + [1.0])
     slot = (right - left) / max(1, len(d.trend))
     draw.line((left, axis, right, axis), fill=FAINT)
-    for i, t in enumerate(d.trend):
+    scale = (axis - top - 20) / peak
+    for i, (label, has_data, recovered, kept, exempt) in enumerate(weeks):
         x = left + i * slot
-        label = t.week.label[-3:]
-        draw.text((x + slot / 2 - 12, axis + 4), label, fill=INK if t.week == d.week else FAINT, font=font)
-        if not t.has_data:
+        draw.text((x + slot / 2 - 12, axis + 4), label[-3:], fill=INK if label == d.week.label else FAINT, font=font)
+        if not has_data and not exempt:
             draw.text((x + slot / 2 - 20, axis - 18), "no data", fill=NO_DATA, font=font)
             continue
         bar = slot * 0.35
-        for j, (value, colour) in enumerate(((t.recovered, RECOVERED), (t.wasted, WASTED))):
-            height = (axis - top - 20) * value / peak
-            x0 = x + slot * 0.12 + j * (bar + 2)
-            draw.rectangle((x0, axis - height, x0 + bar, axis), fill=colour)
-        draw.text(
-            (x + slot * 0.1, axis - (axis - top - 20) * t.recovered / peak - 16),
-            f"${t.recovered:,.0f}",
-            fill=INK,
-            font=font,
-        )
+        x0, x1 = x + slot * 0.12, x + slot * 0.12 + bar + 2
+        draw.rectangle((x0, axis - recovered * scale, x0 + bar, axis), fill=RECOVERED)
+        draw.rectangle((x1, axis - kept * scale, x1 + bar, axis), fill=WASTED)
+        if exempt:
+            draw.rectangle((x1, axis - (kept + exempt) * scale, x1 + bar, axis - kept * scale), fill=EXEMPT)
+        draw.text((x + slot * 0.1, axis - recovered * scale - 16), f"${recovered:,.0f}", fill=INK, font=font)
     draw.rectangle((left, bottom - 2, left + 10, bottom + 8), fill=RECOVERED)
     draw.text((left + 14, bottom - 4), "recovered by stops", fill=INK, font=font)
     draw.rectangle((left + 170, bottom - 2, left + 180, bottom + 8), fill=WASTED)
-    draw.text((left + 184, bottom - 4), "still wasted (kept idle)", fill=INK, font=font)
+    draw.text((left + 184, bottom - 4), "still wasted: kept idle", fill=INK, font=font)
+    draw.rectangle((left + 350, bottom - 2, left + 360, bottom + 8), fill=EXEMPT)
+    draw.text((left + 364, bottom - 4), "exempt and idle", fill=INK, font=font)
 
 
 def _top_machines(
@@ -69,11 +92,12 @@ def _top_machines(
 ) -> None:
     left, top, right, _ = box
     draw.text((left, top), f"Top machines by waste, {d.week.label}", fill=INK, font=font)
-    if not d.top_waste:
-        draw.text((left, top + 30), "nothing was kept idle this week", fill=FAINT, font=small)
+    top_waste = chart_top_waste(d)
+    if not top_waste:
+        draw.text((left, top + 30), "nothing was kept idle, nor exempt and idle, this week", fill=FAINT, font=small)
         return
-    peak = d.top_waste[0][1] or 1.0
-    for i, (instance_id, dollars) in enumerate(d.top_waste):
+    peak = top_waste[0][1] or 1.0
+    for i, (instance_id, dollars) in enumerate(top_waste):
         y = top + 30 + i * 56
         draw.text((left, y), names.get(instance_id, instance_id)[:40], fill=INK, font=small)
         width = (right - left - 80) * dollars / peak

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -60,16 +61,22 @@ class StopNotice:
 
 
 class EditPace:
-    """chat.update under Slack's Tier 3 ("50+ per minute", per workspace): a bucket of `per_minute` edits
-    refilled evenly, with the Slack handler's answers left the rest; take() waits for room, never past
-    `deadline` (time.monotonic())."""
+    """chat.update under Slack's Tier 3 ("50+ per minute", per workspace): at most `per_minute` edits in any 60 s,
+    the first minute's burst included (a bucket of `burst` refilled at `per_minute` alone would let burst + per_minute
+    through in its first minute: 49 of Slack's 50), spread out by the bucket, so the Slack handler's answers keep the
+    rest at every moment; take() waits for room, never past `deadline` (time.monotonic()). A notice pass takes its
+    turns one after another: the edits of a turn are made (the lines noted, the listing read, each copy edited) before
+    the next turn is asked for, so they count in the window from then, however long they took."""
 
     def __init__(self, per_minute: float, deadline: float, burst: int = 10) -> None:
+        self.per_minute = per_minute
         self.rate = per_minute / 60.0
         self.deadline = deadline
         self.burst = burst
         self.tokens = float(burst)
         self.at = time.monotonic()
+        self.taken: deque[float] = deque()  # when each edit of the last 60 s was made, at the latest
+        self._last = 0  # edits of the latest turn (made by now: see the docstring)
         self._lock = threading.Lock()
 
     def in_time(self) -> bool:
@@ -80,10 +87,22 @@ class EditPace:
             now = time.monotonic()
             self.tokens = min(float(max(self.burst, n)), self.tokens + (now - self.at) * self.rate)
             self.at = now
-            wait = max(0.0, (n - self.tokens) / self.rate)
-            if now + wait >= self.deadline:
-                return False
+            go = now + max(0.0, (n - self.tokens) / self.rate)
+            for i in range(max(0, len(self.taken) - self._last), len(self.taken)):
+                self.taken[i] = max(self.taken[i], now)
+            # The window: the edits of the 60 s before the moment these go must leave room for them.
+            gone = sum(1 for t in self.taken if t <= go - 60)
+            over = len(self.taken) - gone + n - int(self.per_minute)
+            if over > 0 and len(self.taken) > gone:
+                go = max(go, self.taken[gone + min(over, len(self.taken) - gone) - 1] + 60)
+            if go >= self.deadline:
+                return False  # nothing taken, nothing forgotten
+            while self.taken and self.taken[0] <= go - 60:
+                self.taken.popleft()
             self.tokens -= n
+            self.taken.extend([go] * n)
+            self._last = n
+            wait = go - now
         if wait > 0:
             time.sleep(wait)
         return True

@@ -1,26 +1,23 @@
-"""Talking to Slack: the client and its secrets, posting and updating messages, classifying failures.
+"""Talking to Slack: the client and its secrets, warnings and stop notices, updating messages in place.
 
-Every post is recorded by the sweep as a Delivery; a failure that will not heal is a PermanentDeliveryFailure."""
+Every post is recorded by the sweep as a Delivery; a failure that will not heal is a PermanentDeliveryFailure (how a
+failure is classified: slack/faults.py; posting within Slack's limits: slack/posting.py; the copies a delivered
+warning still owes: slack/copies.py)."""
 
 from __future__ import annotations
 
 import json
 import secrets
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from typing import Any
+from dataclasses import replace
+from datetime import datetime
 
-from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackObjectFormationError
 
 from idle_reaper.aws.clients import AwsError
-from idle_reaper.aws.state import StateStore
 from idle_reaper.core.lifecycle import Decision
-from idle_reaper.core.records import Action, MachineRecord
-from idle_reaper.core.signals import Machine
+from idle_reaper.core.records import MAYBE_POSTED, Action, MachineRecord
 from idle_reaper.notify import Delivery, DeliveryUnknown, PermanentDeliveryFailure, PostOutcome
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.slack.blocks import (
@@ -40,6 +37,7 @@ from idle_reaper.slack.blocks import (
     quiet_stop_line,
     status_blocks,
     warning_blocks,
+    warning_text,
 )
 from idle_reaper.slack.client import DEFAULT_API_URL as DEFAULT_API_URL  # re-exported
 from idle_reaper.slack.client import (
@@ -50,152 +48,18 @@ from idle_reaper.slack.client import SlackSecrets as SlackSecrets
 from idle_reaper.slack.client import SlackUndelivered as SlackUndelivered
 from idle_reaper.slack.client import load_secrets as load_secrets
 from idle_reaper.slack.client import make_client as make_client
+from idle_reaper.slack.copies import OwedCopies
+from idle_reaper.slack.faults import SlackFault as SlackFault  # re-exported
+from idle_reaper.slack.faults import classify as classify  # re-exported
 from idle_reaper.slack.notices import NOTICE_EDITS_PER_MINUTE, EditPace, StopNotice, Told
+from idle_reaper.slack.posting import POST_SECONDS_PER_CHANNEL as POST_SECONDS_PER_CHANNEL  # re-exported
 from idle_reaper.slack.shared import REF_TTL as REF_TTL  # re-exported
-from idle_reaper.slack.shared import WARNING_EVENT, SharedMessages, warning_metadata
-
-POST_SECONDS_PER_CHANNEL = 1.0  # chat.postMessage: about one message a second in a channel
+from idle_reaper.slack.shared import warning_metadata
 
 
-# ---------------------------------------------------------------------------------------------
-# Delivery
-#
-# A failure is either transient (Slack down, 5xx, 429 beyond the time budget, a timeout: the warning
-# stays pending and the next sweep tries again) or permanent: it fails the same way until a person
-# changes something, so it is raised as PermanentDeliveryFailure with what an admin must do, instead of
-# being retried in silence. A rejected token or a missing scope is a configuration fault: transient for
-# the warning (every pending warning goes out once the admin fixes the secret, so none is given up), but
-# logged as an ERROR, since an admin alert through Slack would fail the same way.
-
-# Error code -> what an admin must do; {target} is the channel or user.
-_TARGET_FAULTS = {
-    "not_in_channel": "the bot is not in channel {target}: invite it there (/invite @idle-reaper). A private "
-    "channel always needs the invite; a public one the bot joins by itself unless the app lacks the channels:join "
-    "scope (reinstall it from slack/manifest.yml)",
-    "method_not_supported_for_channel_type": "channel {target} is private: the bot cannot join it, invite it there "
-    "(/invite @idle-reaper)",
-    "channel_not_found": "channel {target} does not exist or the bot cannot see it (a private channel needs "
-    "an invite): check the channel id (slack_channel in the team policy, admin_channel in settings)",
-    "is_archived": "channel {target} is archived: unarchive it or set another channel in the policy",
-    "is_inactive": "channel {target} is archived or frozen: its messages cannot be edited",
-    "restricted_action": "the workspace does not let the bot post in {target}: ask a Slack admin",
-    "user_not_found": "Slack user {target} does not exist: fix the machine's Owner tag",
-    "user_disabled": "Slack user {target} is deactivated: fix the machine's Owner tag",
-    "cannot_dm_bot": "Slack user {target} is a bot and cannot get a DM: fix the machine's Owner tag",
-    "message_not_found": "the message in {target} was deleted; it cannot be updated",
-    "cant_update_message": "the message in {target} cannot be updated by the bot",
-    "edit_window_closed": "the message in {target} is too old to be edited",
-}
-# Slack refused the message itself: fitting should make this impossible, so it is a bug to report.
-_MESSAGE_FAULTS = frozenset(
-    {"msg_too_long", "invalid_blocks", "invalid_blocks_format", "no_text", "too_many_attachments", "invalid_arguments"}
-)
-_CONFIG_FAULTS = frozenset(
-    {
-        "invalid_auth",
-        "not_authed",
-        "token_revoked",
-        "token_expired",
-        "account_inactive",
-        "missing_scope",
-        "not_allowed_token_type",
-        "team_access_not_granted",
-        "ekm_access_denied",
-    }
-)
-
-
-@dataclass(frozen=True)
-class SlackFault:
-    """Why a Slack call failed, and whether retrying can help. `answered`: Slack answered with a refusal (HTTP 200,
-    ok false), so the call did nothing. `lost`: the call may have been carried out and its answer lost (a timeout,
-    a dropped connection, an HTTP 5xx): a post is looked for before it is made again."""
-
-    code: str
-    permanent: bool
-    advice: str
-    answered: bool = False
-    lost: bool = False
-    target: str = ""  # the channel or user the call was for
-
-
-def classify(exc: Exception, target: str) -> SlackFault:
-    """Sort a failed Slack call (to `target`, a channel or user id) into permanent or transient."""
-    return replace(_classify(exc, target), target=target)
-
-
-def _classify(exc: Exception, target: str) -> SlackFault:
-    if isinstance(exc, SlackObjectFormationError | ValueError):
-        return SlackFault(
-            "unbuildable", True, f"the message could not be built ({fit(str(exc), 300)}): a bug in idle-reaper"
-        )
-    if not isinstance(exc, SlackApiError):
-        name = type(exc).__name__
-        return SlackFault(name, False, f"Slack unreachable or its answer lost ({name}); retried", lost=True)
-    status = int(getattr(exc.response, "status_code", 200))
-    code = str(exc.response.get("error") or f"http_{status}")
-    answered = status == 200
-    if code in _TARGET_FAULTS:
-        return SlackFault(code, True, _TARGET_FAULTS[code].format(target=target), answered=answered)
-    if code in _MESSAGE_FAULTS:
-        advice = f"Slack refused the message for {target} ({code}): a bug in idle-reaper"
-        return SlackFault(code, True, advice, answered=answered)
-    if code in _CONFIG_FAULTS:
-        advice = f"Slack rejects the bot token ({code}): fix the Slack secret or reinstall the app"
-        if code == "missing_scope":
-            needed = exc.response.get("needed")
-            advice = f"the app lacks the Slack scope {needed or 'a call needs'} ({code}): reinstall it"
-        return SlackFault(code, False, advice + " (with the scopes of slack/manifest.yml)", answered=answered)
-    # 5xx, 429 beyond the time budget, ratelimited, internal_error, and codes we do not know: retrying is
-    # the safe side, and the stop waits for the warning (up to undelivered_warning_max_minutes). A 5xx may
-    # have done what it was asked (Slack posted, then failed to answer): lost.
-    return SlackFault(code, False, f"Slack answered {code}; retried", answered=answered, lost=status >= 500)
-
-
-class SlackDelivery(SharedMessages):
-    """Slack plumbing: who an owner is, posting to each target on its own, editing messages in place
-    (shared ones line by line), admin alerts, and what a failure means."""
-
-    def __init__(self, client: WebClient, store: StateStore, clock: Any = None) -> None:
-        self.client = client
-        self.store = store
-        self.clock = clock or (lambda: datetime.now(UTC))
-        self.logger = logger
-        self._joined: dict[str, str | None] = {}  # channel -> None once a member, else why it could not join
-        self._next_post: dict[str, float] = {}  # channel -> when it may take the next post (time.monotonic())
-        self._pace_lock = threading.Lock()
-
-    def _pace_post(self, channel: str) -> None:
-        """chat.postMessage "will generally allow an app to post 1 message per second to a specific channel": the
-        sweep's lanes (one an owner) that post into one team channel at once get their posts a second apart
-        here, rather than as 429s and Retry-After waits. A DM is one owner's lane: posted as it comes."""
-        if channel[:1] not in ("C", "G"):
-            return
-        with self._pace_lock:
-            now = time.monotonic()
-            at = max(now, self._next_post.get(channel, 0.0))
-            self._next_post[channel] = at + POST_SECONDS_PER_CHANNEL
-        if at > now:
-            time.sleep(at - now)
-
-    def join(self, channel: str) -> str | None:
-        """Be a member of public channel `channel` before posting there (once per notifier: a sweep's, a handler's).
-        Slack lets a bot post to a public channel it is not in (chat:write.public), but read its history only as
-        a member ("Any conversation the relevant bot is a member of", conversations.history): a post whose answer
-        was lost could not be looked for there. conversations.join (channels:join, Tier 3) answers at once for a
-        channel the bot is in already. None: a member; else why not (a private channel needs an invite)."""
-        if not channel.startswith("C"):
-            return None  # a DM (the bot is in its own) or a private channel (G...: membership by invite)
-        if channel not in self._joined:
-            try:
-                self.client.conversations_join(channel=channel)
-                self._joined[channel] = None
-            except (SlackApiError, SlackClientError, OSError) as exc:
-                fault = classify(exc, channel)
-                if fault.code not in ("method_not_supported_for_channel_type", "is_archived"):
-                    self.logger.warning("slack channel not joined", extra={"channel": channel, "error": fault.code})
-                self._joined[channel] = fault.code
-        return self._joined[channel]
+class SlackDelivery(OwedCopies):
+    """Slack plumbing: who an owner is, where a warning goes and whether a lost one went out, editing messages in
+    place (shared ones line by line), admin alerts."""
 
     def find_warning(self, decision: Decision) -> Delivery | None:
         """A warning whose post was attempted and whose outcome was lost, looked for where it would be: in
@@ -203,7 +67,8 @@ class SlackDelivery(SharedMessages):
         Delivery found (when posted in any target), or None when every target shows it was never posted.
         Raises DeliveryUnknown when a target cannot be read (answered=True when Slack answered and refused:
         a conversation the bot is not in, a DM it cannot open), PermanentDeliveryFailure when nobody can be
-        warned. A found post counts as delivered from when the sweep began posting it."""
+        warned. A found post counts as delivered from when the sweep began posting it; the targets it was not
+        found in are owed their copy (Delivery.owed: MAYBE_POSTED where they could not be read)."""
         record, m = decision.record, decision.machine
         ref, since = record.warning_ref, record.warning_post_started_at
         if not ref or since is None:
@@ -214,6 +79,7 @@ class SlackDelivery(SharedMessages):
             fault = self._failed("delivery check", m.instance_id, exc, m.owner or "owner")
             raise DeliveryUnknown(fault.advice, answered=fault.answered) from None
         found: list[str] = []
+        missing: list[str] = []  # read, and not there
         group_ref: str | None = None
         for channel in targets:
             try:
@@ -225,69 +91,26 @@ class SlackDelivery(SharedMessages):
                 found.append(f"{channel}|{message['ts']}")
                 payload = (message.get("metadata") or {}).get("event_payload") or {}
                 group_ref = payload.get("group_ref") or group_ref
-        if found:  # a copy reached a person: delivered, whatever another target says
-            return Delivery(messages=tuple(found), ref=ref, owner_slack_id=owner_id, group_ref=group_ref)
+            else:
+                missing.append(channel)
+        if found:  # a copy reached a person: delivered, and the conversations without one are owed it
+            dm = targets[0] if owner_id and targets and targets[0][:1] == "D" else None
+
+            def owed_as(target: str) -> str:  # the owner's DM is posted to (and owed) by their user id
+                return owner_id if target == dm and owner_id else target
+
+            owed = [owed_as(t) for t in missing] + [owed_as(f.target) + MAYBE_POSTED for f in unread if not f.permanent]
+            return Delivery(
+                messages=tuple(found),
+                ref=ref,
+                owner_slack_id=owner_id,
+                group_ref=group_ref,
+                owed=tuple(dict.fromkeys(owed)),
+            )
         if unread:  # not seen where it was read, and not readable somewhere else: it may be there
             reason = "; ".join(f.advice for f in unread)
             raise DeliveryUnknown(reason, answered=all(f.answered for f in unread))
         return None
-
-    def _warning_in(self, channel: str, since: datetime, ref: str) -> dict[str, Any] | None:
-        """The message in `channel` since `since` whose metadata carries the warning reference `ref`. A public
-        channel the bot is not in is joined first (a post made before the bot joined is there all the same)."""
-        try:
-            messages = self._history_since(channel, since)
-        except SlackApiError as exc:
-            if classify(exc, channel).code != "not_in_channel" or self.join(channel) is not None:
-                raise
-            messages = self._history_since(channel, since)
-        for message in messages:
-            metadata = message.get("metadata") or {}
-            if metadata.get("event_type") == WARNING_EVENT and ref in (
-                (metadata.get("event_payload") or {}).get("refs") or ()
-            ):
-                return message
-        return None
-
-    def _history_since(self, channel: str, since: datetime) -> list[dict[str, Any]]:
-        """The conversation's messages since `since` (a minute of clock skew allowed), with their metadata."""
-        messages: list[dict[str, Any]] = []
-        cursor = None
-        for _ in range(10):  # a warning is recent: ten pages of 200 reach far enough back
-            page = self.client.conversations_history(
-                channel=channel,
-                oldest=f"{since.timestamp() - 60:.6f}",
-                include_all_metadata=True,
-                limit=200,
-                cursor=cursor,
-            )
-            messages += page.get("messages") or []
-            cursor = (page.get("response_metadata") or {}).get("next_cursor")
-            if not cursor:
-                break
-        return messages
-
-    def _post_to(
-        self,
-        targets: list[str],
-        text: str,
-        blocks: list[dict[str, Any]],
-        faults: list[SlackFault],
-        subject: str,
-        metadata: dict[str, Any] | None = None,
-    ) -> list[str]:
-        """Post to each target on its own: "channel|ts" of each copy delivered; each failure joins `faults`.
-        `metadata` (Slack message metadata) lets a later sweep find a post whose outcome it lost."""
-        messages: list[str] = []
-        for channel in targets:
-            self.join(channel)  # so a lost answer can be looked for here (a refusal shows in the post below)
-            self._pace_post(channel)
-            try:
-                out = self.client.chat_postMessage(channel=channel, text=text, blocks=blocks, metadata=metadata)
-                messages.append(f"{out['channel']}|{out['ts']}")
-            except (SlackApiError, SlackClientError, OSError) as exc:
-                faults.append(self._failed("warning", subject, exc, channel))
-        return messages
 
     def _warning_targets(
         self, decision: Decision, owner_id: str | None = None, *, open_dm: bool = False
@@ -324,35 +147,6 @@ class SlackDelivery(SharedMessages):
                 "Owner with a Slack user id or email, or set slack_channel in the team policy"
             )
         return owner_id, targets, faults
-
-    def _found_lost(self, faults: list[SlackFault], ref: str, since: datetime) -> list[str]:
-        """The copies of a delivered warning whose post lost its answer, looked for at once: found, they are kept
-        (so later answers and the stop edit them too); not found, not posted again (a copy reached someone)."""
-        found: list[str] = []
-        for fault in faults:
-            if not fault.lost or not fault.target:
-                continue
-            try:
-                channel = fault.target
-                if channel[:1] in ("U", "W"):
-                    channel = str(self.client.conversations_open(users=channel)["channel"]["id"])
-                message = self._warning_in(channel, since, ref)
-            except (SlackApiError, SlackClientError, OSError):
-                continue
-            if message is not None:
-                found.append(f"{channel}|{message['ts']}")
-        return found
-
-    def _raise_if_permanent(self, m: Machine, faults: list[SlackFault]) -> None:
-        """Nobody got the warning: give up on it only when every failure is permanent."""
-        given_up = self._given_up(m, faults)
-        if given_up:
-            raise given_up
-
-    def _given_up(self, m: Machine, faults: list[SlackFault]) -> PermanentDeliveryFailure | None:
-        if faults and all(f.permanent for f in faults):
-            return PermanentDeliveryFailure("; ".join(self._reason(m, f) for f in faults))
-        return None
 
     def update(
         self,
@@ -397,7 +191,7 @@ class SlackDelivery(SharedMessages):
         for kind, target in targets:
             try:
                 where = self.client.conversations_open(users=target)["channel"]["id"] if kind == "admin" else target
-                self.client.chat_postMessage(channel=where, text=body)
+                self.post_message(where, text=body)
                 delivered += 1
             except (SlackApiError, SlackClientError, OSError) as exc:
                 self._failed("admin alert", target, exc, target)
@@ -410,25 +204,16 @@ class SlackDelivery(SharedMessages):
             return False
         return self.note_listed(record, notice.title, notice.detail, start_ref=notice.ref if notice.start else None)
 
-    def _failed(self, what: str, subject: str, exc: Exception, target: str) -> SlackFault:
-        fault = classify(exc, target)
-        extra = {"subject": subject, "target": target, "error": fault.code, "advice": fault.advice}
-        if fault.permanent or fault.code in _CONFIG_FAULTS:
-            self.logger.error(f"slack {what} failed and will fail again until fixed", extra=extra)
-        else:
-            # WARNING, not ERROR: Slack being down is expected now and then; the warning stays pending.
-            self.logger.warning(f"slack {what} failed", extra=extra)
-        return fault
-
 
 class SlackNotifier(SlackDelivery):
     """What the sweep tells people: warnings to the owner (DM) and/or the team channel, one message per
     owner, stop notices and quiet-hours summaries; later updates edit them in place."""
 
     def warn(self, decision: Decision) -> Delivery | None:
-        """Post the warning to each target on its own. Delivered when any target got it (the others'
-        permanent faults ride along in Delivery.undelivered); None when a failure may pass (retried
-        next sweep); PermanentDeliveryFailure when every target failed for a reason that will not pass."""
+        """Post the warning to each target on its own. Delivered when any target got it (the others' permanent
+        faults ride along in Delivery.undelivered, the ones that may pass in Delivery.owed: posted there by a later
+        sweep); None when a failure may pass (retried next sweep); PermanentDeliveryFailure when every target
+        failed for a reason that will not pass."""
         m = decision.machine
         now = decision.record.updated_at or self.clock()  # the sweep's (possibly simulated) clock
         try:
@@ -444,7 +229,7 @@ class SlackNotifier(SlackDelivery):
             blocks = blocks_json(warning_blocks(decision, ref, now))
         except (SlackObjectFormationError, ValueError) as exc:
             raise PermanentDeliveryFailure(self._failed("warning", m.instance_id, exc, m.instance_id).advice) from None
-        text = self._warning_text(decision)
+        text = warning_text(decision)
         metadata = warning_metadata([m.key], [ref])
         messages = self._post_to(targets, text, blocks, faults, m.instance_id, metadata)
         if not messages:
@@ -453,27 +238,16 @@ class SlackNotifier(SlackDelivery):
             if lost:  # it may have been posted: the next sweep looks for it before posting again
                 raise DeliveryUnknown("; ".join(f.advice for f in lost))
             return None  # a failure that may pass: the next sweep tries again
-        messages += self._found_lost(faults, ref, now)
+        found, owed = self._copies_owed(faults, ref, now)
         undelivered = tuple(self._reason(m, f) for f in faults if f.permanent)
-        return Delivery(messages=tuple(messages), ref=ref, owner_slack_id=owner_id, undelivered=undelivered)
-
-    @staticmethod
-    def _warning_text(decision: Decision) -> str:
-        m = decision.machine
-        label = machine_label(m.name, m.instance_id)
-        mode = decision.handling.mode if decision.handling else "stop"
-        will = {
-            "notify": "is idle; idle-reaper will not stop it",
-            "terminate": "will be terminated unless someone keeps it",
-        }
-        return fit(
-            f"Idle machine {label} {will.get(mode, 'will be stopped unless someone keeps it')}",
-            FALLBACK_CHARS,
-            mrkdwn=True,
+        return Delivery(
+            messages=tuple(messages + found), ref=ref, owner_slack_id=owner_id, undelivered=undelivered, owed=owed
         )
 
     def resolved(self, decision: Decision) -> None:
-        detail = f"Busy again ({escape(decision.reason)}). Nothing will happen to it."
+        m = decision.machine
+        label = machine_label(m.name, m.instance_id)  # in a shared message the note takes the machine's line
+        detail = f"{label} is busy again ({escape(decision.reason)}). Nothing will happen to it."
         self.update(decision.record, "Warning withdrawn", detail)
 
     # Stop notices (sweep/notices.py): drafted when a machine is stopped, sent (coalesced, paced) until Slack takes
@@ -500,8 +274,11 @@ class SlackNotifier(SlackDelivery):
         elif decision.action is Action.TERMINATE_INSTANCE:
             title = "Terminated"
             detail = f"{label} was terminated at {date_token(now)}: it cannot be started again. {reason}"
-        else:
-            title, detail = "Released to its group", f"{reason} ({date_token(now)})"
+        elif decision.action is Action.TERMINATE:  # a group member under asg_action: terminate
+            title = "Terminated"
+            detail = f"{label} was terminated at {date_token(now)}, its Auto Scaling group shrunk by one. {reason}"
+        else:  # a group member: its scale-in protection released
+            title, detail = "Released to its group", f"{label} at {date_token(now)}: {reason}"
         targets: list[str] = []  # where a message of its own goes: nothing to edit, or what it edits is gone
         try:
             _, targets, _ = self._warning_targets(decision, record.owner_slack_id)
@@ -655,7 +432,7 @@ class SlackNotifier(SlackDelivery):
             f"{len(part)} idle machines of yours will be stopped unless kept: {labels}", FALLBACK_CHARS, mrkdwn=True
         )
         if lone:
-            text = self._warning_text(part[0])
+            text = warning_text(part[0])
         metadata = warning_metadata(list(listed.ids), [listed.refs[i] for i in listed.ids], group_ref)
         messages = self._post_to(targets, text, blocks, faults, ",".join(listed.ids), metadata)
         if not messages:
@@ -663,13 +440,15 @@ class SlackNotifier(SlackDelivery):
             if lost and not self._given_up(part[0].machine, faults):  # it may have been posted: looked for first
                 return [DeliveryUnknown("; ".join(f.advice for f in lost)) for _ in part]
             return [self._given_up(d.machine, faults) for d in part]  # None: a failure that may pass
+        found, owed = self._copies_owed(faults, listed.refs[listed.ids[0]], now)  # posted again by a later sweep
         return [
             Delivery(
-                messages=tuple(messages),
+                messages=tuple(messages + found),
                 ref=listed.refs[d.machine.key],
                 owner_slack_id=owner_id,
                 undelivered=tuple(self._reason(d.machine, f) for f in faults if f.permanent),
                 group_ref=group_ref,
+                owed=owed,
             )
             for d in part
         ]
@@ -702,9 +481,7 @@ class SlackNotifier(SlackDelivery):
                 owner_message_blocks(listed.entries(notes, current=set()), group_ref, title=listed.title)
             )
             summary = f"{listed.title}: " + ", ".join(machine_label(r.name, r.instance_id) for r in stopped)
-            out = self.client.chat_postMessage(
-                channel=channel, text=fit(summary, FALLBACK_CHARS, mrkdwn=True), blocks=blocks
-            )
+            out = self.post_message(channel, text=fit(summary, FALLBACK_CHARS, mrkdwn=True), blocks=blocks)
         except (SlackApiError, SlackClientError, OSError, SlackObjectFormationError, ValueError) as exc:
             fault = self._failed("quiet hours summary", first.instance_id, exc, first.owner or "owner")
             if fault.permanent:

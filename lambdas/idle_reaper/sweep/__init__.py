@@ -47,6 +47,8 @@ from idle_reaper.sweep.quiet_hours import (
     QUIET_INDEX,
     QUIET_INDEX_ATTEMPTS,
     QUIET_INDEX_TTL,
+    QuietStop,
+    quiet_stops,
 )
 from idle_reaper.sweep.regions import (
     report_unwatched_regions,
@@ -77,6 +79,7 @@ __all__ = [
     "GatherTask",
     "Gathered",
     "Plan",
+    "QuietStop",
     "ShardDone",
     "ShardTask",
     "ShardedReport",
@@ -90,6 +93,7 @@ __all__ = [
     "metric_workers",
     "note_failed_shards",
     "plan_sweep",
+    "quiet_stops",
     "record_changed",
     "report_unwatched_regions",
     "result_key",

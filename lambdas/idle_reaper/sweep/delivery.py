@@ -14,8 +14,10 @@ from typing import Any
 
 from idle_reaper.aws.clients import CALL_WIDE_ERRORS, DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.aws.fleet import ACTION_WORKERS, ActionOutcome, Fleet
+from idle_reaper.aws.limits import RATE_HELD
 from idle_reaper.aws.state import AuditEntry, StateStore
 from idle_reaper.core.digest import running_again_entry
+from idle_reaper.core.dollars import dollars
 from idle_reaper.core.kinds import notice_sentence
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.reading import plan_next_read
@@ -32,6 +34,7 @@ from idle_reaper.notify import (
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings
 from idle_reaper.sweep.adapters import DEFERRED, Adapters, alert_once
+from idle_reaper.sweep.copies import owed_at_stop, owed_intent, owes_copy, post_owed_copies, with_copies
 from idle_reaper.sweep.notices import StopNoticeSender, queue_notices
 from idle_reaper.sweep.owner_messages import SLACK_WORKERS, owner_post, post_owner_messages
 
@@ -73,7 +76,7 @@ def apply_decisions(
         if not hold and before is not None and not record_changed(before, d, now):
             return d, False, False  # nothing new to say: the stored record stays (see record_changed)
         try:
-            saved = store.save(d.record, sweep_id, hold=hold)
+            saved = store.save(owed_intent(d), sweep_id, hold=hold)
         except AwsError as exc:
             saved = False
             d = replace(d, error=f"state table write failed ({error_code(exc)}); nothing done")
@@ -109,25 +112,51 @@ def apply_decisions(
             claimed.discard(d.machine.instance_id)
         acting = [d for d in acting if d.machine.instance_id in unchanged]
     outcomes = _act(adapters.fleet, acting)
+    for d in _held_back(store, acting, outcomes, claimed, previous, sweep_id):  # EC2's rate: the next sweep's
+        by_id[d.machine.instance_id] = d
 
     failed = [d for d in by_id.values() if outcomes.get(d.machine.instance_id)]
     for d in run_concurrently(
         lambda d: _record_failure(store, d, outcomes[d.machine.instance_id] or "", sweep_id, now), failed, DDB_WORKERS
     ):
         by_id[d.machine.instance_id] = d
-    # Posts go to several conversations at once (SLACK_WORKERS), each conversation's one after another
-    # (Slack: about one message a second in a conversation; a 429's Retry-After is honoured by the client);
-    # the outcomes are then recorded concurrently. Out of time, nothing more is posted: a machine acted on
-    # still has its outcome recorded (unposted), one only to be warned or told goes back to its record from
-    # before this sweep, claim released.
-    # One message per owner: posted once there is time for the first post, then recorded per machine.
     to_post = [d for i, d in by_id.items() if i in claimed and not outcomes.get(i)]
+    told, untold = _post_claimed(adapters, to_post, outcomes, settings, now, out_of_time, message_scope)
+    for d in run_concurrently(lambda d: _record_outcome(store, d, sweep_id), told, DDB_WORKERS):
+        by_id[d.machine.instance_id] = d
+    _queue_notices(adapters, [d for d in told if d.record.notice and d.error is None], settings, now)
+    for d in run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id, DEFERRED), untold, DDB_WORKERS):
+        by_id[d.machine.instance_id] = d
+
+    _alert_and_audit(adapters, list(by_id.values()), previous, written, outcomes, settings, now)
+    return list(by_id.values()), written
+
+
+def _post_claimed(
+    adapters: Adapters,
+    to_post: list[Decision],
+    outcomes: Mapping[str, str | None],
+    settings: Settings,
+    now: datetime,
+    out_of_time: Callable[[], bool],
+    message_scope: str | None,
+) -> tuple[list[Decision], list[Decision]]:
+    """Post what the claimed machines call for: (told, untold), each decision's record carrying its outcome.
+
+    Posts go to several conversations at once (SLACK_WORKERS), each conversation's one after another (Slack: about
+    one message a second in a conversation, a few hundred a minute in the workspace: the notifier paces both; a
+    429's Retry-After is honoured by the client); the outcomes are then recorded concurrently. Out of time, nothing
+    more is posted: a machine acted on still has its outcome recorded (unposted), one only to be warned or told
+    goes back to its record from before this sweep, claim released. One message per owner, and the copies delivered
+    warnings still owe (sweep/copies.py): posted once there is time for the first post, then recorded per machine."""
     owner_posts: dict[str, PostOutcome] | None = None
+    owed_posts: dict[str, Delivery] = {}
     # The budget is asked once per machine posted about; its first answer also decides the owner messages.
     first_answer = [not out_of_time()] if to_post else []
     if first_answer and first_answer[0]:
         warnings = [w for w in to_post if w.deliver_warning]
         owner_posts = post_owner_messages(adapters, warnings, out_of_time, message_scope)
+        owed_posts = post_owed_copies(adapters, [d for d in to_post if owes_copy(d)], now, out_of_time)
     answers = threading.Lock()
 
     def in_time() -> bool:
@@ -141,10 +170,17 @@ def apply_decisions(
         done: list[tuple[bool, Decision]] = []
         for d in lane:
             instance_id = d.machine.instance_id
-            if in_time() or (owner_posts and instance_id in owner_posts):  # out of time: already posted
+            if owes_copy(d):  # posted above (or not reached in time: its record stays as it was)
+                copies = owed_posts.get(instance_id)
+                done.append(
+                    (False, d) if copies is None else (True, _record_copies(adapters, d, copies, settings, now))
+                )
+            elif in_time() or (owner_posts and instance_id in owner_posts):  # out of time: already posted
                 done.append((True, _post(adapters, d, settings, now, owner_posts)))
             elif instance_id in outcomes:  # acted, and out of time to post: its notice is drafted, sent later
-                record = _with_notice(adapters, d) if d.notify == "reaped" else d.record
+                record = d.record
+                if d.notify == "reaped":
+                    record = _copies_given_up(adapters, d, _with_notice(adapters, d), settings, now)
                 done.append((True, replace(d, record=replace(record, version=record.version + 1))))
             else:
                 done.append((False, d))
@@ -155,14 +191,43 @@ def apply_decisions(
     for lane in run_concurrently(post_conversation, conversation_lanes(to_post), SLACK_WORKERS):
         for was_told, d in lane:
             (told if was_told else untold).append(d)
-    for d in run_concurrently(lambda d: _record_outcome(store, d, sweep_id), told, DDB_WORKERS):
-        by_id[d.machine.instance_id] = d
-    _queue_notices(adapters, [d for d in told if d.record.notice and d.error is None], settings, now)
-    for d in run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id, DEFERRED), untold, DDB_WORKERS):
-        by_id[d.machine.instance_id] = d
+    return told, untold
 
-    _alert_and_audit(adapters, list(by_id.values()), previous, written, outcomes, settings, now)
-    return list(by_id.values()), written
+
+def _record_copies(adapters: Adapters, d: Decision, copies: Delivery, settings: Settings, now: datetime) -> Decision:
+    """`d` with what became of the copies its warning still owed; the ones given up are told to the admins."""
+    record = with_copies(d, copies, now)
+    if copies.undelivered:
+        _alert_partly_delivered(adapters, d, copies.undelivered, settings, now)
+    return replace(d, record=replace(record, version=record.version + 1))
+
+
+def _copies_given_up(
+    adapters: Adapters, d: Decision, record: MachineRecord, settings: Settings, now: datetime
+) -> MachineRecord:
+    """A machine stopped while its warning still owed copies: they are given up, and the admins told."""
+    if not record.warning_owed:
+        return record
+    _alert_partly_delivered(adapters, d, owed_at_stop(d), settings, now)
+    return replace(record, warning_owed=())
+
+
+def _held_back(
+    store: StateStore,
+    acting: list[Decision],
+    outcomes: dict[str, str | None],
+    claimed: set[str],
+    previous: Mapping[str, MachineRecord],
+    sweep_id: str,
+) -> list[Decision]:
+    """The machines whose action was not sent because EC2's rate for it was used (aws/limits.py RateHeld):
+    untouched, as machines this sweep had no time for (DEFERRED), their records put back and claims released (taken
+    out of `outcomes` and `claimed`); the next sweep acts on them."""
+    held = [d for d in acting if (outcomes.get(d.machine.instance_id) or "").startswith(RATE_HELD)]
+    for d in held:
+        outcomes.pop(d.machine.instance_id)
+        claimed.discard(d.machine.instance_id)
+    return run_concurrently(lambda d: _stand_down(store, d, previous, sweep_id, DEFERRED), held, DDB_WORKERS)
 
 
 def _alert_and_audit(
@@ -317,7 +382,7 @@ def _stand_down(
 def _posts_or_acts(d: Decision) -> bool:
     """Whether applying `d` talks to people or changes the machine: then it must hold the claim."""
     acts = d.applied and d.action in MACHINE_ACTIONS
-    return acts or d.deliver_warning or d.notify in ("resolved", "reaped")
+    return acts or d.deliver_warning or d.notify in ("resolved", "reaped") or owes_copy(d)
 
 
 def _delivery_intent(d: Decision, previous: MachineRecord | None, now: datetime, notifier: object) -> Decision:
@@ -334,8 +399,10 @@ def _delivery_intent(d: Decision, previous: MachineRecord | None, now: datetime,
     record = d.record
     same_warning = previous is not None and record.warned_at is not None and record.warned_at == previous.warned_at
     if not same_warning:
-        if record.warning_post_started_at or record.delivery_error or record.delivery_unresolved:
-            record = replace(record, warning_post_started_at=None, delivery_error=None, delivery_unresolved=None)
+        if record.warning_post_started_at or record.delivery_error or record.delivery_unresolved or record.warning_owed:
+            record = replace(
+                record, warning_post_started_at=None, delivery_error=None, delivery_unresolved=None, warning_owed=()
+            )
     elif d.deliver_warning and record.delivery_error is None and record.warning_post_started_at is not None:
         d = _resolve_unknown(replace(d, record=record), notifier, now)
         record = d.record
@@ -416,6 +483,7 @@ def _resolve_unknown(d: Decision, notifier: object, now: datetime) -> Decision:
         messages=found.messages,
         owner_slack_id=found.owner_slack_id or record.owner_slack_id,
         group_ref=found.group_ref or record.group_ref,
+        warning_owed=found.owed,  # the conversations it was not found in: posted there, once
         reason=reason,
     )
     return replace(d, deliver_warning=False, reason=reason, record=record)
@@ -553,6 +621,8 @@ def _post(
             record = _with_notice(adapters, d)  # sent by the notice pass, paced, until Slack takes it
         elif d.notify == "reaped":
             delivery = adapters.notifier.reaped(d)
+        if d.notify == "reaped":
+            record = _copies_given_up(adapters, d, record, settings, now)
     except PermanentDeliveryFailure as exc:
         logger.warning("message cannot be delivered", extra={"instance_id": d.machine.instance_id, "why": exc.reason})
         if d.deliver_warning:
@@ -581,6 +651,7 @@ def _post(
             warning_ref=delivery.ref,
             owner_slack_id=delivery.owner_slack_id or record.owner_slack_id,
             group_ref=delivery.group_ref if d.deliver_warning else record.group_ref,
+            warning_owed=delivery.owed if d.deliver_warning else record.warning_owed,
         )
         if d.deliver_warning:  # told now: a machine only reported on is planned in this same write
             record = plan_next_read(replace(d, record=record), now)
@@ -632,6 +703,7 @@ def _record_outcome(store: StateStore, d: Decision, sweep_id: str) -> Decision:
 
 def explain(d: Decision) -> dict[str, Any]:
     a = d.assessment
+    saving = d.saving or dollars(d.record.machine_kind, d.hourly_cost).saved_by(d.action.value)
     # A member account's machine says which account and region it runs in; a hub machine's row is unchanged.
     where = {"account": d.machine.account, "region": d.machine.region} if d.machine.account else {}
     return {
@@ -656,9 +728,10 @@ def explain(d: Decision) -> dict[str, Any]:
         "snoozed_until": d.record.snoozed_until.isoformat() if d.record.snoozed_until else None,
         "snoozed_by": d.record.snoozed_by,
         "hourly_cost": d.hourly_cost,
-        # What a stop saves an hour (0 for reserved capacity; for Spot the most it can be), and the kind why.
-        "hourly_savings": d.saving.hourly if d.saving else d.hourly_cost,
-        "savings_upper_bound": bool(d.saving and d.saving.upper_bound),
+        # What its action saves an hour, by the one rule (core/dollars.py: 0 for reserved capacity and for kinds
+        # never stopped, for Spot the most it can be), and the kind why.
+        "hourly_savings": saving.hourly,
+        "savings_upper_bound": saving.upper_bound,
         "kind": d.kind.kind.value if d.read else (d.record.machine_kind or None),
         "kind_note": d.record.kind_note or None,
     }

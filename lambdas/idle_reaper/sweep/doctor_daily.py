@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, run_concurrently
 from idle_reaper.aws.doctor import gather_signals
+from idle_reaper.aws.limits import LOOKUP_VALUE_MAX_BYTES
 from idle_reaper.aws.state import StateStore
 from idle_reaper.core.doctor import (
     DAILY_CHECKS,
@@ -130,7 +131,7 @@ class DailyDoctor:
 class GpuFacts(BaseModel):
     """The GPU check's facts of some machines (one machine shard's): the GPU machines that publish CPU but no GPU
     metrics, how many CloudWatch could not be read for, and why some could not be looked at (`unchecked`). Its ids
-    are a part of the shard's manifest, so its item fits wherever the manifest's does."""
+    are some of a shard's (at most SHARD_SIZE machines: 220 KB of ids), so it fits in one item."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -190,6 +191,8 @@ def note_gpu_facts(
             facts = within(deadline, lambda: gpu_facts(adapters, read, now), late)
     except Exception as exc:  # the shard's sweep is done; its part of the check is unknown
         facts = GpuFacts(unchecked=[f"shard {shard}'s ({type(exc).__name__}: {exc})"[:300]])
+    if len(facts.model_dump_json()) > LOOKUP_VALUE_MAX_BYTES:  # never at SHARD_SIZE (10,000 ids: 220 KB); said so
+        facts = GpuFacts(unchecked=[f"shard {shard}'s ({len(facts.no_gpu)} without GPU metrics, too many to keep)"])
     try:
         adapters.store.put_lookup(gpu_facts_key(sweep_id, shard), facts.model_dump_json(), now + GPU_FACTS_KEEP)
     except Exception as exc:

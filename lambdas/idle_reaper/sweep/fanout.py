@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import json
 import uuid
 from collections import defaultdict
@@ -26,8 +25,9 @@ from idle_reaper.aws.accounts import (
 )
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
 from idle_reaper.core.records import State
-from idle_reaper.core.reports import OWNER_PART, TeamTotals, part_key
+from idle_reaper.core.reports import TeamTotals
 from idle_reaper.core.signals import Machine
+from idle_reaper.notify import SharedPacing
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, load_sweep_settings
 from idle_reaper.sweep.doctor_daily import note_gpu_facts, report_gpu_facts
@@ -47,6 +47,9 @@ from idle_reaper.sweep.members import (
 )
 from idle_reaper.sweep.notices import send_sweep_notices
 from idle_reaper.sweep.run import run_sweep
+from idle_reaper.sweep.shards import OWNER_UNIT_MAX as OWNER_UNIT_MAX  # re-exported
+from idle_reaper.sweep.shards import ShardManifest, manifest_machines, manifest_pages, plan_shards, read_manifest
+from idle_reaper.sweep.shards import split_into_shards as split_into_shards  # re-exported
 
 # ---------------------------------------------------------------------------------------------
 # Fan-out: a planner lists the fleet once and splits it into shards; shard workers sweep them in parallel
@@ -54,8 +57,9 @@ from idle_reaper.sweep.run import run_sweep
 
 # Machines per shard. benchmarks/sweep_latency.py measures a reaping sweep at about 1.5 ms of modelled wall
 # per machine in one invocation (metric reads and state writes dominate), so a 10,000-machine shard takes
-# ~15-20 s: well inside half of a worker's timeout, and its manifest (~22 bytes an id) inside DynamoDB's
-# 400 KB item limit.
+# ~15-20 s: well inside half of a worker's timeout. An Auto Scaling group of more machines is cut across shards
+# (its parts share its termination headroom), and a manifest (~22 bytes an id, 220 KB at 10,000) that would pass
+# DynamoDB's 400 KB item limit is kept in pages (sweep/shards.py).
 SHARD_SIZE = 10_000
 # A fleet of more than one shard is spread over the Map's idle lanes down to this many machines a shard: a shard
 # worker has one vCPU and its time is mostly CPU (botocore's, a conditional write at a time), so 200,000 machines
@@ -248,43 +252,20 @@ class Gathered(SweepTotals):
     sweep_id: str
     shards: int
     failed: dict[int, str] = Field(default_factory=dict)  # shard -> why (its machines untouched)
+    unswept: int = 0  # the failed machine shards' machines: untouched, unknown this sweep
 
 
 def manifest_key(sweep_id: str, index: int) -> str:
     return f"shard#{sweep_id}#{index}"
 
 
+def manifest_page_key(sweep_id: str, index: int, page: int) -> str:
+    """Page `page` (1 ..) of a shard's manifest too large for one item (sweep/shards.py manifest_pages)."""
+    return f"shard-page#{sweep_id}#{index}#{page}"
+
+
 def result_key(sweep_id: str, index: int) -> str:
     return f"shard-result#{sweep_id}#{index}"
-
-
-OWNER_UNIT_MAX = 100  # an owner's standalone machines kept in one shard, at most
-
-
-def split_into_shards(machines: Sequence[Machine], shards: int) -> list[list[str]]:
-    """Instance ids per shard: every machine in exactly one, an Auto Scaling group's members always together
-    (its termination limit is counted in one place), an owner's other machines together (up to
-    OWNER_UNIT_MAX), the shards as even as these units allow (the largest unit first, each to the shard with
-    the fewest machines so far)."""
-    units: dict[str, list[str]] = defaultdict(list)
-    by_owner: dict[str, list[str]] = defaultdict(list)
-    for m in machines:  # what keeps machines together, as when a member account-region is cut into parts
-        key = part_key(m.instance_id, m.asg_name, m.owner)
-        (by_owner if key.startswith(OWNER_PART) else units)[key].append(m.instance_id)
-    # An owner's standalone machines share a shard, so one sweep's warnings to them share one message
-    # (sweep.owner_messages.post_owner_messages); an owner with very many is split in bounded chunks, to keep
-    # shards even.
-    for owner, ids in by_owner.items():
-        ids.sort()
-        for start in range(0, len(ids), OWNER_UNIT_MAX):
-            units[f"{owner}#{start}"] = ids[start : start + OWNER_UNIT_MAX]
-    loads = [(0, index) for index in range(shards)]
-    manifests: list[list[str]] = [[] for _ in range(shards)]
-    for _, ids in sorted(units.items(), key=lambda unit: (-len(unit[1]), unit[0])):
-        size, index = heapq.heappop(loads)
-        manifests[index].extend(ids)
-        heapq.heappush(loads, (size + len(ids), index))
-    return manifests
 
 
 def shard_count(machines: int, shard_size: int, shards_at_once: int) -> int:
@@ -347,15 +328,24 @@ def plan_sweep(
     )
     if in_place and plan.in_place:
         return plan
-    manifests: list[Any] = [*split_into_shards(machines, shards)]
-    manifests += [m.model_dump(mode="json", exclude_none=True) for m in member]
+    # A group of more than a shard's machines is cut across shards, and every manifest kept in items DynamoDB
+    # holds (sweep/shards.py): one of 17,000 machines or more would pass its 400 KB and fail the whole sweep.
+    items: list[tuple[str, str]] = []
+    for index, shard in enumerate(plan_shards(machines, shards, group_max=shard_size, turn=sweep_id)):
+        pages = manifest_pages(shard)
+        items += [(manifest_key(sweep_id, index), pages[0])]
+        items += [(manifest_page_key(sweep_id, index, n), page) for n, page in enumerate(pages[1:], 1)]
+    items += [
+        (manifest_key(sweep_id, index), json.dumps(m.model_dump(mode="json", exclude_none=True)))
+        for index, m in enumerate(member, shards)
+    ]
     expires = now + MANIFEST_TTL
 
-    def write(index: int) -> None:
-        adapters.store.put_lookup(manifest_key(sweep_id, index), json.dumps(manifests[index]), expires)
+    def write(item: tuple[str, str]) -> None:
+        adapters.store.put_lookup(item[0], item[1], expires)
 
     try:
-        run_concurrently(write, list(range(plan.all_shards)), DDB_WORKERS)
+        run_concurrently(write, items, DDB_WORKERS)
     except AwsError as exc:
         raise SweepCannotRun(f"cannot write the shard manifests ({error_code(exc)}): {exc}") from None
     logger.info(
@@ -430,11 +420,15 @@ def run_shard(
     if manifest is None:
         raise SweepCannotRun(f"shard {index} of sweep {sweep_id} has no manifest; nothing was changed")
     where = f"shard {index}'s manifest of sweep {sweep_id}"
+    if task.concurrent_shards > 1 and isinstance(adapters.notifier, SharedPacing):
+        # The shards of one sweep post to one Slack workspace: each keeps its share of Slack's posting rates.
+        adapters = replace(adapters, notifier=adapters.notifier.shared_by(task.concurrent_shards))
     try:
         value = json.loads(manifest)
     except ValueError:
         raise SweepCannotRun(f"{where} is not JSON; nothing was changed") from None
-    if isinstance(value, dict) and MEMBER_MANIFEST in value:
+    of_members = isinstance(value, dict) and MEMBER_MANIFEST in value
+    if of_members:
         parsed = parse_member_manifest(value, where)
         units = parsed.units()
         if members is None:
@@ -458,29 +452,46 @@ def run_shard(
         )
         totals = member_totals(outcomes)
         totals.dry_run = task.dry_run or totals.dry_run
-    elif isinstance(value, list) and all(isinstance(i, str) for i in value):
+    else:
+        shard = _machine_manifest(adapters, task, value, where)
         if task.concurrent_shards > 1:  # the shards of one sweep share the account-region's quotas
-            adapters = replace(adapters, metrics=adapters.metrics.shared_by(task.concurrent_shards))
+            n = task.concurrent_shards
+            # Their Describe* calls share EC2's bucket, which the planner's listing may just have emptied.
+            fleet = adapters.fleet.shared_by(n, after_listing=True)
+            adapters = replace(adapters, metrics=adapters.metrics.shared_by(n), fleet=fleet)
         report = run_sweep(
             adapters,
             now=task.now,
             dry_run=task.dry_run,
             sweep_id=f"{sweep_id}-{index}",
             time_left=time_left,
-            instance_ids=value,
-            message_scope=sweep_id if members is not None else None,  # organization mode: shared with the members
+            instance_ids=shard.ids,
+            # Organization mode: shared with the members; a group cut across shards: its owner's one message.
+            message_scope=sweep_id if members is not None or shard.groups else None,
             send_notices=False,  # the gather step sends the sweep's stop notices, once
+            quiet_summaries=index == 0,  # the hub's quiet-hours summaries: its first shard reads them, once
+            group_parts=shard.groups,
         )
         totals = SweepTotals.of(report, members.config.hub_account if members is not None else None)
-    else:
-        raise SweepCannotRun(f"{where} is neither a list of instance ids nor member units; nothing was changed")
     try:
         adapters.store.put_lookup(result_key(sweep_id, index), totals.model_dump_json(), task.now + MANIFEST_TTL)
     except AwsError as exc:  # what it did is recorded per machine; only the summary is lost
         raise SweepCannotRun(f"shard {index} swept, but its totals were not recorded ({error_code(exc)})") from None
-    if task.doctor and isinstance(value, list):  # the day's doctor: this shard's GPU machines (never raises)
+    if task.doctor and not of_members:  # the day's doctor: this machine shard's GPU machines (never raises)
         note_gpu_facts(adapters, report.read, task.now, (sweep_id, index), time_left)
     return report, totals
+
+
+def _machine_manifest(adapters: Adapters, task: ShardTask, value: Any, where: str) -> ShardManifest:
+    """A machine shard's manifest, its further pages read (SweepCannotRun when any cannot be: nothing is swept)."""
+
+    def page(n: int) -> str | None:
+        try:
+            return adapters.store.get_lookup(manifest_page_key(task.sweep_id, task.shard, n), task.now)
+        except AwsError as exc:
+            raise SweepCannotRun(f"cannot read {where}, page {n + 1} ({error_code(exc)}): {exc}") from None
+
+    return read_manifest(value, page, where)
 
 
 def gather_sweep(adapters: Adapters, task: GatherTask, time_left: Callable[[], float] | None = None) -> Gathered:
@@ -506,14 +517,17 @@ def gather_sweep(adapters: Adapters, task: GatherTask, time_left: Callable[[], f
             failed[index] = result
         else:
             done.append(result)
+    # A failed member shard's units are each a failed unit (its manifest says which): `status` names them. A failed
+    # machine shard's machines (a worker that could not describe them, or timed out) are unknown this sweep: counted.
+    units, unswept = _contents_of_failed_shards(adapters, task, failed)
     shard_warnings = [
-        f"shard {i} failed, its machines are untouched until the next sweep: {why}" for i, why in failed.items()
+        f"shard {i} failed, its {_machines(unswept.get(i))} untouched and unknown until the next sweep: {why}"
+        for i, why in failed.items()
     ]
     parts = sum_totals(done, sweep_id=task.sweep_id, shards=len(shards), failed=failed)
-    gathered = Gathered(**{**parts, "warnings": parts["warnings"] + shard_warnings})
+    gathered = Gathered(**{**parts, "warnings": parts["warnings"] + shard_warnings, "unswept": sum(unswept.values())})
     gathered.dry_run = task.dry_run or gathered.dry_run
-    # A failed member shard's units are each a failed unit (its manifest says which): `status` names them.
-    gathered.units += _units_of_failed_shards(adapters, task, failed)
+    gathered.units += units
     for warning in shard_warnings:
         logger.warning(warning, extra={"sweep_id": task.sweep_id})
     if not gathered.dry_run:
@@ -536,22 +550,37 @@ def gather_sweep(adapters: Adapters, task: GatherTask, time_left: Callable[[], f
     return gathered
 
 
-def _units_of_failed_shards(adapters: Adapters, task: GatherTask, failed: dict[int, str]) -> list[UnitResult]:
-    def units(index: int) -> list[UnitResult]:
+def _machines(n: int | None) -> str:
+    return "machines are" if n is None else f"{n:,} machine{'s are' if n != 1 else ' is'}"
+
+
+def _contents_of_failed_shards(
+    adapters: Adapters, task: GatherTask, failed: dict[int, str]
+) -> tuple[list[UnitResult], dict[int, int]]:
+    """What the failed shards held, from their manifests: each member shard's units, failed; each machine shard's
+    count of machines (a manifest that cannot be read counts none: its warning says so without a number)."""
+
+    def contents(index: int) -> list[UnitResult] | int:
         try:
             stored = adapters.store.get_lookup(manifest_key(task.sweep_id, index), task.now)
         except AwsError:
             return []
         found = member_manifest_of(stored) if stored else None
         if found is None:
-            return []
+            try:
+                return manifest_machines(json.loads(stored)) or 0 if stored else []
+            except ValueError:
+                return []
         why = f"its shard ({index}) failed: {failed[index]}"
         part, parts = found.part or (None, None)
         return [
             UnitResult(account=a.id, region=r, name=a.name, error=why, part=part, parts=parts) for a, r in found.units()
         ]
 
-    return [u for found in run_concurrently(units, sorted(failed), DDB_WORKERS) for u in found]
+    indices = sorted(failed)
+    found = run_concurrently(contents, indices, DDB_WORKERS)
+    units = [u for held in found if isinstance(held, list) for u in held]
+    return units, {i: held for i, held in zip(indices, found, strict=True) if isinstance(held, int)}
 
 
 def note_member_sweep(adapters: Adapters, units: Sequence[UnitResult], now: datetime) -> None:

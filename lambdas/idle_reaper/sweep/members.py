@@ -281,8 +281,9 @@ def sweep_member_accounts(
             return UnitOutcome(account.id, region, error=held.describe(), reached=False)
         default = org.default_for(account.id, account.parents, base.default_policy)
         unit_adapters = make_adapters(adapters, held, default if default is not base.default_policy else None)
-        if part is not None:  # its K parts share the account's GetMetricData quota
-            unit_adapters = replace(unit_adapters, metrics=unit_adapters.metrics.shared_by(part[1]))
+        if part is not None:  # its K parts share the account-region's GetMetricData and EC2 Describe* quotas
+            metrics, fleet = unit_adapters.metrics.shared_by(part[1]), unit_adapters.fleet.shared_by(part[1])
+            unit_adapters = replace(unit_adapters, metrics=metrics, fleet=fleet)
         try:
             if org.excludes(account.id, account.parents):
                 found = unit_adapters.fleet.discover(base.tags, notebooks=base.sagemaker_notebooks)
@@ -298,6 +299,7 @@ def sweep_member_accounts(
                 message_scope=message_scope,
                 part=part,
                 send_notices=False,  # the hub's pass sends them (the sweep's own, or its gather step's)
+                quiet_summaries=part is None or part[0] == 0,  # one invocation tells an account-region's
             )
         except Exception as exc:  # contained: one account's fault never reaches the others
             gone = members.sessions.refused(exc, account.id, region)  # suspended or left since it was listed?

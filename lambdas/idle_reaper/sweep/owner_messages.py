@@ -31,8 +31,10 @@ from idle_reaper.slack.shared import REF_TTL
 from idle_reaper.sweep.adapters import Adapters
 
 # Conversations posted to at once. Slack allows about one message a second in a conversation and several
-# hundred a minute across a workspace (chat.postMessage); 8 conversations at ~0.25 s a post stay well inside
-# the workspace limit, and a 429 is answered by waiting its Retry-After (slack.notifier.make_client).
+# hundred a minute across a workspace (chat.postMessage): 8 conversations at ~0.25 s a post would ask far more
+# than the workspace allows, so the notifier paces every post under both (slack.posting: POSTS_PER_MINUTE across
+# the workspace, shared between the shards posting at once), and a 429 is answered by waiting its Retry-After
+# (slack.client.make_client).
 SLACK_WORKERS = 8
 
 

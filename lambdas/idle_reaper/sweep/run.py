@@ -20,6 +20,7 @@ from idle_reaper.aws.metrics import (
 )
 from idle_reaper.aws.policies import policy_for
 from idle_reaper.core.digest import with_peak
+from idle_reaper.core.dollars import of_kind
 from idle_reaper.core.kinds import (
     NOTEBOOK_GAPS,
     Lookups,
@@ -28,12 +29,12 @@ from idle_reaper.core.kinds import (
     notebook_attach_how,
     notebook_gaps_note,
     notebook_no_data_note,
-    stop_saves,
 )
 from idle_reaper.core.lifecycle import Decision, decide, kind_policy
 from idle_reaper.core.reading import not_due, plan_next_read, unread
 from idle_reaper.core.records import Action, MachineRecord, State
 from idle_reaper.core.reports import (
+    GroupPart,
     limit_terminations,
     machine_part,
     part_key,
@@ -81,6 +82,8 @@ def run_sweep(
     message_scope: str | None = None,
     part: tuple[int, int] | None = None,
     send_notices: bool = True,
+    quiet_summaries: bool = True,
+    group_parts: Mapping[str, GroupPart] | None = None,
 ) -> SweepReport:
     """One sweep: of the machines `instance_ids` alone, described afresh, when given (a shard); of the
     machines the planner `listed` moments ago, when given (a fleet that fits one invocation); else of all.
@@ -89,8 +92,9 @@ def run_sweep(
     (organization mode): the id every unit and shard of this sweep shares, so that an owner's warnings in
     several of them share one message (sweep/owner_messages.py); None: this sweep's own messages.
     `part` (i, K): of the machines listed, part i's alone (a member account-region swept by K workers: keep_part).
-    `send_notices`: end with the pass that sends the pending stop notices (sweep/notices.py); a shard or a member
-    unit leaves it to the sweep's gather step.
+    `send_notices`: end with the stop notices' pass (sweep/notices.py; a shard or unit leaves it to the gather step).
+    `quiet_summaries`: tell this account-region's quiet-hours stops (sweep/quiet_hours.py; one invocation a sweep).
+    `group_parts`: the Auto Scaling groups a shard holds part of (a group cut across shards): their headroom shared.
 
     `time_left` (seconds left in the invocation, e.g. from the Lambda context): once it falls under
     FINISH_RESERVE the sweep starts no new work (no claim, no post) and finishes what it began, so it never
@@ -163,23 +167,16 @@ def run_sweep(
         d = _with_week_peak(_with_status_notes(d, now), now, settings.gpu_instance_families)
         d = replace(d, record=plan_next_read(d, now))
         price = hourly_price(m.instance_type, prices)
-        decisions.append(replace(d, hourly_cost=price, saving=stop_saves(kind, price)))
+        decisions.append(replace(d, hourly_cost=price, saving=of_kind(kind, price).saved_by(d.action.value)))
 
     decisions = _notebook_notes(adapters, decisions, signals, refs, settings, now, warnings, alert=not dry_run)
-    terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
-    if terminating:
-        try:
-            capacity = adapters.fleet.group_capacity(name for name in terminating if name)
-        except AwsError:
-            capacity = {}  # unknown capacity: limit_terminations allows none
-        decisions = limit_terminations(decisions, capacity)
-
+    decisions = _within_group_sizes(adapters, decisions, group_parts)
     written: set[str] = set()
     if not dry_run:
         decisions, written = apply_decisions(
             adapters, decisions, records, settings, sweep_id, now, time_left, message_scope
         )
-        report_quiet_hours(adapters, decisions, refs, settings, now)
+        report_quiet_hours(adapters, decisions, refs, settings, now, member, quiet_summaries, time_left)
         if send_notices:  # a shard's and a member unit's wait for the sweep's one pass (the gather step's)
             send_pending_notices(adapters, settings, now, time_left)
     _log_decisions(decisions, written, dry_run)
@@ -195,6 +192,21 @@ def run_sweep(
         teams_in_safe_mode=sorted(safe_mode),
         read=SweepRead(settings, refs if teams_readable else None, machines, signals),
     )
+
+
+def _within_group_sizes(
+    adapters: Adapters, decisions: list[Decision], parts: Mapping[str, GroupPart] | None
+) -> list[Decision]:
+    """The decisions, no group terminated below its MinSize (of a group cut across shards, this shard's share of
+    its headroom: `parts`)."""
+    terminating = {d.machine.asg_name for d in decisions if d.action is Action.TERMINATE and d.applied}
+    if not terminating:
+        return decisions
+    try:
+        capacity = adapters.fleet.group_capacity(name for name in terminating if name)
+    except AwsError:
+        capacity = {}  # unknown capacity: limit_terminations allows none
+    return limit_terminations(decisions, capacity, parts)
 
 
 def _machines_and_records(

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from testkit.agent_install import fake_commands, installed_unit, run_install
 from testkit.fake_jupyter import FakeJupyter
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -330,7 +331,13 @@ def run_fixture_server(jupyter: FakeJupyter, runtime_dir: Path, flavour: str, ur
         "notebook6": ("nbserver-1717.json", "runtime-nbserver-notebook6.json"),
     }[flavour]
     info = write_runtime(runtime_dir, name, fixture, url.format(port=jupyter.port))
-    jupyter.serve(urllib.parse.urlsplit(url).path, info["token"], (DATA / f"api-kernels-{flavour}.json").read_bytes())
+    specs = DATA / f"api-kernelspecs-{flavour}.json"  # the notebook 6 server does not say: every kernel is read
+    jupyter.serve(
+        urllib.parse.urlsplit(url).path,
+        info["token"],
+        (DATA / f"api-kernels-{flavour}.json").read_bytes(),
+        kernelspecs=specs.read_bytes() if specs.exists() else None,
+    )
 
 
 def alice_home(tmp_path: Path) -> Path:
@@ -341,17 +348,66 @@ def runtime_dir_of(home: Path) -> Path:
     return home / ".local" / "share" / "jupyter" / "runtime"
 
 
-def test_jupyterlab4_idle_kernels_count_a_busy_one_and_the_servers_own_activity_do_not(
+def ipython_history(home: Path, minutes_ago: float, profile: str = "profile_default") -> Path:
+    """An IPython history database last written `minutes_ago` (a cell sent to a kernel then)."""
+    history = home / ".ipython" / profile / "history.sqlite"
+    history.parent.mkdir(parents=True, exist_ok=True)
+    history.write_bytes(b"SQLite format 3\x00")
+    os.utime(history, (minutes_before_now(minutes_ago), minutes_before_now(minutes_ago)))
+    return history
+
+
+def test_jupyterlab4_ipython_kernels_are_read_from_their_history_a_busy_one_and_the_servers_own_activity_are_not(
     tmp_path: Path, jupyter: FakeJupyter
 ) -> None:
-    run_fixture_server(jupyter, runtime_dir_of(alice_home(tmp_path)), "lab4", "http://localhost:{port}/user/alice/")
-    sightings = agent.jupyter_sightings(agent.jupyter_runtime_dirs([str(alice_home(tmp_path))], {}), NOW)
+    home = alice_home(tmp_path)
+    run_fixture_server(jupyter, runtime_dir_of(home), "lab4", "http://localhost:{port}/user/alice/")
+    ipython_history(home, 29)
+    sightings = agent.ipython_input_sightings([str(home)]) + agent.jupyter_sightings(
+        agent.jupyter_runtime_dirs([str(home)], {}), NOW
+    )
     by_source = {s.source: round((NOW - s.at) / 60, 2) for s in sightings}
-    # The idle kernel's last message at 09:38:52; the busy one (a hung cell?) is not input; the server's own
-    # last_activity (refreshed by an open tab's polling) is not even asked for.
-    assert by_source == {"jupyter jpserver-4242.json kernel 3c9f8b62-6d0e-4f3b-9a51-0d8c2f7e1a44 idle since": 21.13}
+    # The idle python3 kernel's last message at 09:38:52 may be its output: it is IPython (api/kernelspecs), so
+    # its cells are read from alice's IPython history (the last one sent at 09:31). The busy one (a hung cell?)
+    # is not input; the server's own last_activity (refreshed by an open tab's polling) is not even asked for.
+    assert by_source == {"ipython history (alice, profile_default)": 29}
     # Our own polls must not count as activity: every request says so.
+    assert "/user/alice/api/kernelspecs?no_track_activity=1" in jupyter.requests
     assert jupyter.requests and all(path.endswith("?no_track_activity=1") for path in jupyter.requests)
+
+
+def test_a_kernel_that_is_not_ipython_is_read_from_its_last_activity(tmp_path: Path, jupyter: FakeJupyter) -> None:
+    # An R kernel keeps no IPython history; jupyter_server cannot tell its input from its output: its last
+    # message counts (the reaper does less). The IPython kernel beside it does not.
+    info = write_runtime(
+        tmp_path / "rt", "jpserver-1.json", "runtime-jpserver-lab4.json", f"http://127.0.0.1:{jupyter.port}/"
+    )
+    kernels = [
+        {"id": "r1", "name": "ir", "execution_state": "idle", "last_activity": "2024-05-01T09:50:00Z"},
+        {"id": "p1", "name": "python3", "execution_state": "idle", "last_activity": "2024-05-01T09:59:00Z"},
+    ]
+    specs = (DATA / "api-kernelspecs-lab4.json").read_bytes()
+    jupyter.serve("/", info["token"], json.dumps(kernels).encode(), kernelspecs=specs)
+    sightings = agent.jupyter_sightings([str(tmp_path / "rt")], NOW)
+    assert [(s.source, round((NOW - s.at) / 60)) for s in sightings] == [
+        ("jupyter jpserver-1.json kernel r1 (ir) idle since", 10)
+    ]
+
+
+def test_ipython_history_counts_each_profile_and_its_write_ahead_log(tmp_path: Path) -> None:
+    alice, bob, carol = tmp_path / "alice", tmp_path / "bob", tmp_path / "carol"
+    ipython_history(alice, 50)
+    ipython_history(alice, 12, profile="profile_gpu")
+    wal = ipython_history(bob, 80).with_name("history.sqlite-wal")
+    wal.write_bytes(b"")
+    os.utime(wal, (minutes_before_now(4), minutes_before_now(4)))
+    (carol / ".ipython" / "profile_default").mkdir(parents=True)  # IPython ran, no cell was ever stored
+    sightings = agent.ipython_input_sightings([str(alice), str(bob), str(carol), str(tmp_path / "nobody")])
+    assert {s.source: round((NOW - s.at) / 60) for s in sightings} == {
+        "ipython history (alice, profile_default)": 50,
+        "ipython history (alice, profile_gpu)": 12,
+        "ipython history (bob, profile_default)": 4,
+    }
 
 
 def test_notebook6_runtime_file_from_jupyter_runtime_dir(tmp_path: Path, jupyter: FakeJupyter) -> None:
@@ -359,6 +415,7 @@ def test_notebook6_runtime_file_from_jupyter_runtime_dir(tmp_path: Path, jupyter
     run_fixture_server(jupyter, runtime, "notebook6", "http://127.0.0.1:{port}/")
     dirs = agent.jupyter_runtime_dirs([str(tmp_path / "nobody")], {"JUPYTER_RUNTIME_DIR": str(runtime)})
     sightings = agent.jupyter_sightings(dirs, NOW)
+    # The server does not list its kernel specs (api/kernelspecs 404): its kernel's last message counts.
     assert agent.minutes_since_input(sightings, NOW) == pytest.approx(39.5, abs=0.01)  # the kernel at 09:20:30.25
 
 
@@ -716,53 +773,75 @@ def test_units_run_the_installed_collector_every_minute_as_the_service_user() ->
     assert "PREFIX=${IDLE_REAPER_PREFIX:-/opt/idle-reaper}" in install
     assert settings["User"] == "idle-reaper-activity" and "SERVICE_USER=idle-reaper-activity" in install
     # install.sh writes the interpreter it checked in place of /usr/bin/python3 (installed_unit).
-    assert 'sed "s|/usr/bin/python3 -I|$PYTHON -I|"' in install
+    assert 'sed -e "s|/usr/bin/python3 -I|$PYTHON -I|"' in install
     assert settings["CapabilityBoundingSet"] == settings["AmbientCapabilities"] == "CAP_DAC_READ_SEARCH"
     assert (settings["IPAddressDeny"], settings["IPAddressAllow"]) == ("any", "localhost")
     assert "OnCalendar=minutely" in timer.splitlines()
     assert f"/var/lib/{settings['StateDirectory']}" == agent.STATE_DIR_DEFAULT  # where report_gaps remembers
 
 
-FAKE_COMMAND = """#!/bin/sh
-echo "$(basename "$0") $*" >> "{log}"
-{body}
+FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 universe UNICAST
+     +-- 127.0.0.0/8 2 0 2
+        +-- 127.0.0.0/31 1 0 0
+           |-- 127.0.0.0
+              /8 host LOCAL
+           |-- 127.0.0.1
+              /32 host LOCAL
+        |-- 127.255.255.255
+           /32 link BROADCAST
+     +-- 10.0.3.0/24 2 0 2
+        |-- 10.0.3.0
+           /24 link UNICAST
+        |-- 10.0.3.7
+           /32 host LOCAL
+        |-- 10.0.3.9
+           /32 host LOCAL
+        |-- 10.0.3.255
+           /32 link BROADCAST
+     +-- 169.254.0.0/16 2 0 2
+        |-- 169.254.7.1
+           /32 host LOCAL
+Local:
+  +-- 0.0.0.0/0 3 0 5
+     +-- 10.0.3.0/24 2 0 2
+        |-- 10.0.3.7
+           /32 host LOCAL
+"""
+IF_INET6 = """fe8000000000000000fc00fffe000001 04 40 20 80     eth0
+2600190000000000000000000000abcd 04 80 00 80     eth0
+00000000000000000000000000000001 01 80 10 80       lo
 """
 
 
-def fake_commands(tmp_path: Path, **bodies: str) -> tuple[Path, Path]:
-    """A directory of stand-ins for the system commands install.sh calls; each logs its arguments."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
-    bin_dir.mkdir()
-    defaults = {
-        "getent": f'[ -e "{tmp_path}/user-created" ]',
-        "useradd": f'touch "{tmp_path}/user-created"',
-        "systemctl": "true",
-        "amazon-cloudwatch-agent-ctl": "true",
-    }
-    for name, body in {**defaults, **bodies}.items():
-        command = bin_dir / name
-        command.write_text(FAKE_COMMAND.format(log=log, body=body))
-        command.chmod(0o755)
-    return bin_dir, log
+def test_own_addresses_are_the_kernels_local_ones_without_loopback_or_link_local(tmp_path: Path) -> None:
+    # /proc/net as Linux writes it: a primary and a secondary IPv4 address, a link-local one, IPv6 global and
+    # link-local, loopback. The unit may reach what install.sh writes; systemd cannot name them itself.
+    (tmp_path / "fib_trie").write_text(FIB_TRIE)
+    (tmp_path / "if_inet6").write_text(IF_INET6)
+    assert agent.own_addresses(str(tmp_path)) == ["10.0.3.7", "10.0.3.9", "2600:1900::abcd"]
+    assert agent.own_addresses(str(tmp_path / "absent")) == []
 
 
-def run_install(
-    tmp_path: Path, bin_dir: Path, ctl: Path, *, pythons: str | None = None, systemd: bool = True
-) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "run-systemd").mkdir(exist_ok=True)
-    env = {
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "IDLE_REAPER_PREFIX": str(tmp_path / "opt"),
-        "IDLE_REAPER_UNIT_DIR": str(tmp_path / "units"),
-        "CWAGENT_CTL": str(ctl),
-        # The system interpreters install.sh tries, in order (absolute paths: never PATH's python3).
-        "IDLE_REAPER_PYTHONS": pythons or sys.executable,
-        "IDLE_REAPER_STATE_DIR": str(tmp_path / "state"),
-        "IDLE_REAPER_SYSTEMD_DIR": str(tmp_path / ("run-systemd" if systemd else "no-systemd")),
-    }
-    return subprocess.run(
-        ["/bin/sh", str(AGENT_DIR / "install.sh")], capture_output=True, text=True, timeout=60, env=env
-    )
+def test_a_server_address_this_machine_refuses_is_said_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server listens on one address of this machine only; connecting there fails with EPERM, as the unit's
+    # IPAddressDeny= makes it fail for an address install.sh did not name (one added since): status says so.
+    url = "http://127.0.0.2:8888/"
+    write_runtime(tmp_path / "rt", "jpserver-9.json", "runtime-jpserver-lab4.json", url, hostname="127.0.0.2")
+
+    def connect(address: tuple[str, int], *args: object, **kwargs: object) -> socket.socket:
+        if address[0] == "127.0.0.2":
+            raise PermissionError(1, "Operation not permitted")
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(socket, "create_connection", connect)
+    gaps: dict[str, str] = {}
+    assert agent.jupyter_sightings([str(tmp_path / "rt")], NOW, gaps=gaps) == []
+    assert "connecting to 127.0.0.2 is not permitted here" in gaps["jupyter"] and "IPAddressAllow" in gaps["jupyter"]
 
 
 def test_install_is_idempotent(tmp_path: Path) -> None:
@@ -792,12 +871,6 @@ def test_install_without_the_cloudwatch_agent_says_so(tmp_path: Path) -> None:
     assert result.returncode == 0
     assert "no CloudWatch agent" in result.stderr
     assert (tmp_path / "units" / "idle-reaper-activity.timer").exists()
-
-
-def installed_unit(python: str) -> str:
-    """The service unit as install.sh writes it: running the interpreter it checked."""
-    unit = (AGENT_DIR / "idle-reaper-activity.service").read_text()
-    return unit.replace("ExecStart=/usr/bin/python3 -I", f"ExecStart={python} -I")
 
 
 def test_on_amazon_linux_2_it_says_so_once_installs_nothing_and_succeeds(tmp_path: Path) -> None:

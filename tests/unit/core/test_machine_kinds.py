@@ -13,6 +13,7 @@ from test_core import NOW as CORE_NOW
 from test_core import machine, quiet_assessment, warned_record
 
 from idle_reaper.core import Action, State, decide, kind_policy, owner_message_groups
+from idle_reaper.core.dollars import of_kind
 from idle_reaper.core.kinds import (
     InstanceFacts,
     Kind,
@@ -22,7 +23,6 @@ from idle_reaper.core.kinds import (
     classify,
     handling,
     notice_sentence,
-    stop_saves,
     warning_sentence,
 )
 from idle_reaper.policy import PolicyError, TeamPolicy, TeamPolicyRef, parse_team_policy
@@ -61,7 +61,7 @@ class TestKind:
     def test_an_ordinary_machine_is_stoppable_and_saves_its_price(self):
         k = kind_of(instance())
         assert (k.kind, k.can_stop, k.saves) == (Kind.ON_DEMAND, True, "price")
-        assert stop_saves(k, 0.096).text() == "$0.10/h"
+        assert of_kind(k, 0.096).stop.text() == "$0.10/h"
 
     def test_one_time_spot_cannot_be_stopped_only_terminated(self):
         k = kind_of(instance(InstanceLifecycle="spot", SpotInstanceRequestId="sir-1"), spot=[spot_request()])
@@ -74,9 +74,9 @@ class TestKind:
         k = kind_of(instance(InstanceLifecycle="spot", SpotInstanceRequestId="sir-1"), spot=[req])
         assert (k.kind, k.can_stop) == (Kind.SPOT, True)
         # The Spot price is not read: its maximum price (lower than on-demand here) bounds what a stop saves.
-        saving = stop_saves(k, 0.096)
+        saving = of_kind(k, 0.096).stop
         assert (saving.hourly, saving.upper_bound, saving.text()) == (0.05, True, "at most $0.05/h")
-        assert stop_saves(k, None).hourly == 0.05
+        assert of_kind(k, None).stop.hourly == 0.05
 
     def test_a_disabled_persistent_request_still_stands_behind_its_instance(self):
         req = spot_request(Type="persistent", InstanceInterruptionBehavior="stop", State="disabled")
@@ -100,7 +100,7 @@ class TestKind:
     def test_instance_store_root_cannot_be_stopped(self):
         k = kind_of(instance(RootDeviceType="instance-store"))
         assert (k.kind, k.can_stop, k.can_terminate) == (Kind.INSTANCE_STORE, False, True)
-        assert stop_saves(k, 1.0).hourly == 0.0
+        assert of_kind(k, 1.0).stop.hourly == 0.0
 
     @pytest.mark.parametrize(
         ("tag", "words"), [("aws:ec2:fleet-id", "EC2 Fleet fleet-9"), ("aws:ec2spot:fleet-request-id", "Spot Fleet")]
@@ -130,7 +130,7 @@ class TestKind:
         k = kind_of(item, reservations=[reservation(EndDate=end, EndDateType="limited")])
         assert (k.kind, k.saves, k.can_stop) == (Kind.RESERVED, "nothing", True)
         assert "2026-11-25 15:00 UTC" in k.why
-        assert stop_saves(k, 98.32).hourly == 0.0
+        assert of_kind(k, 98.32).stop.hourly == 0.0
         ended = classify(
             InstanceFacts.of(item, {}), Lookups(reservations={"cr-1": Reservation.of(reservation(EndDate=end))}), end
         )
@@ -244,6 +244,28 @@ class TestWords:
         )
         text = notice_sentence(k, handling(k, "p5.48xlarge", TeamPolicy()), "p5.48xlarge")
         assert "capacity reservation cr-1" in text and "2026-11-25 17:00 UTC" in text and "save nothing" in text
+
+    def test_a_capacity_block_notice_never_advises_releasing_it(self):
+        """Issue 44, item 9: AWS does not allow a Capacity Block to be modified or cancelled
+        (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-capacity-blocks.html)."""
+        block = reservation("cr-b", ReservationType="capacity-block", EndDate=NOW + timedelta(hours=5))
+        k = kind_of(instance(InstanceLifecycle="capacity-block", CapacityReservationId="cr-b"), reservations=[block])
+        text = notice_sentence(k, handling(k, "p5.48xlarge", TeamPolicy()), "p5.48xlarge")
+        assert "Capacity Block cr-b" in text and "release" not in text and "cancel it" not in text
+        assert "does not allow a Capacity Block to be modified or cancelled" in text
+
+    def test_a_reservation_whose_other_slots_are_used_is_not_called_idle(self):
+        """Issue 44, item 9: TotalInstanceCount and AvailableInstanceCount say whether other machines use it."""
+        busy = reservation(TotalInstanceCount=4, AvailableInstanceCount=0)  # this machine and three others run in it
+        k = kind_of(instance(CapacityReservationId="cr-1"), reservations=[busy])
+        text = notice_sentence(k, handling(k, "p5.48xlarge", TeamPolicy()), "p5.48xlarge")
+        assert "and so is its" not in text and "release the reservation" not in text
+        assert "3 of its other 3 slots are in use" in text
+        alone = reservation(TotalInstanceCount=3, AvailableInstanceCount=2)  # only this machine runs in it
+        k = kind_of(instance(CapacityReservationId="cr-1"), reservations=[alone])
+        text = notice_sentence(k, handling(k, "p5.48xlarge", TeamPolicy()), "p5.48xlarge")
+        assert "and so is its capacity reservation cr-1 (2 more of its slots unused)" in text
+        assert "release the reservation" in text
 
 
 class TestPolicyFields:

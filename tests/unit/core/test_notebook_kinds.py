@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from test_core import NOW, machine, run_assess, series
 
+from idle_reaper.core.dollars import of_kind
 from idle_reaper.core.kinds import (
     NEVER_STOPPED,
     InstanceFacts,
@@ -17,7 +18,6 @@ from idle_reaper.core.kinds import (
     is_ec2_id,
     notebook_lifecycle_config,
     notebook_no_data_note,
-    stop_saves,
 )
 from idle_reaper.core.signals import Signals, has_no_gpu, is_gpu_type
 from idle_reaper.policy import DEFAULT_GPU_FAMILIES, TeamPolicy
@@ -32,7 +32,7 @@ def test_an_in_service_notebook_is_stopped_like_an_ordinary_machine_and_saves_it
     kind = notebook_kind("InService")
     assert kind.kind is Kind.NOTEBOOK and kind.can_stop and not kind.can_terminate and kind.ordinary
     assert handling(kind, "ml.p3.2xlarge", TeamPolicy()).mode == "stop"
-    assert stop_saves(kind, hourly_price("ml.p3.2xlarge")).hourly == pytest.approx(3.825)
+    assert of_kind(kind, hourly_price("ml.p3.2xlarge")).stop.hourly == pytest.approx(3.825)
     assert hourly_price("ml.p3.2xlarge") != hourly_price("p3.2xlarge")
     assert describe(kind) == "notebook"
 
@@ -44,7 +44,7 @@ def test_a_notebook_not_in_service_is_held_never_stopped_and_says_why(status):
     how = handling(kind, "ml.t3.medium", TeamPolicy())
     assert how.mode == "hold"
     assert f"that is {status}, not InService" in describe(kind)
-    assert stop_saves(kind, 1.0).hourly == 0.0
+    assert of_kind(kind, 1.0).stop.hourly == 0.0
 
 
 def test_sagemaker_types_take_their_hardware_family_so_a_gpu_notebook_needs_gpu_data():

@@ -28,10 +28,12 @@ from idle_reaper.slack import (
     escape,
     fit,
     machine_label,
+    owner_warning_line,
     status_blocks,
     warning_blocks,
 )
 from idle_reaper.slack import notifier as slack_notifier_module
+from idle_reaper.slack.blocks import warning_text
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
 # EC2's longest Name tag: 256 characters, here CJK, astral emoji, combining accents and ZWJ sequences.
@@ -187,6 +189,22 @@ def test_injected_text_from_tags_policies_and_reasons_is_inert_and_fitted():
     team_field = next(t for k, _, t in texts(blocks) if k == "field" and t.startswith("*Team*"))
     assert "&lt;!channel&gt;" in team_field
     assert any(k == "section" and t.endswith("…") for k, _, t in texts(blocks)), "the huge reason was cut"
+
+
+@pytest.mark.parametrize(("asg_action", "verb"), [("unprotect", "released"), ("terminate", "terminated")])
+def test_a_group_members_warning_says_what_its_groups_policy_does_to_it(asg_action: str, verb: str) -> None:
+    # Before: a member terminated under asg_action: terminate was warned it would be "released to its Auto Scaling
+    # group", and its fallback text said "stopped".
+    policy = TeamPolicy(slack_channel="C0TEAM", asg_action=asg_action)  # type: ignore[arg-type]
+    d = decision(machine(asg_name="workers"), policy=policy)
+    other = "terminated" if verb == "released" else "released"
+    sentence = texts(blocks_json(warning_blocks(d, "r" * 24, NOW)))[1][2]
+    assert f"*{verb}" in sentence and other not in sentence, sentence
+    line = owner_warning_line(d, NOW)
+    assert f"*{verb.capitalize()}" in line and other not in line.lower(), line
+    assert f"will be {verb}" in warning_text(d)
+    confirm = [t for kind, _, t in texts(blocks_json(warning_blocks(d, "r" * 24, NOW))) if kind == "confirm"]
+    assert confirm == ["notebook (i-0123456789abcdef0) will be released to its Auto Scaling group."], "as Stop now does"
 
 
 def test_status_messages_fit_a_huge_detail():

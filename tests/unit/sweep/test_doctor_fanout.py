@@ -53,11 +53,11 @@ class Deployed:
     def metric_calls(self) -> int:
         return self.fake.calls()["cloudwatch:GetMetricData"]
 
-    def plan(self) -> tuple[dict[str, Any], int]:
+    def plan(self, shards: int = 3) -> tuple[dict[str, Any], int]:
         """The scheduled sweep: its execution's input, and the GetMetricData calls the planner made."""
         before = self.metric_calls()
         result = sweep_handler.handler({}, LambdaContextStub())
-        assert result["shards"] == 3, result
+        assert result["shards"] == shards, result
         return json.loads(self.states.started[-1]["input"]), self.metric_calls() - before
 
     def execute(self, plan: dict[str, Any], failing: frozenset[int] = frozenset()) -> dict[str, Any]:
@@ -245,3 +245,19 @@ def test_a_shard_short_of_time_or_whose_reads_hang_says_so_and_its_machines_are_
     findings = doctor_daily.report_gpu_facts(adapters, "s", now, 2, {}, dry_run=True)
     assert findings is not None and [f.status for f in findings.findings] == ["ok", "unknown"]
     assert "shard 0's (out of time), shard 1's (out of time)" in findings.findings[1].message
+
+
+def test_a_shard_holding_part_of_a_group_cut_across_shards_reads_its_gpu_machines_too(deployed: Deployed) -> None:
+    """A group larger than a shard is cut across shards, whose manifests then name its parts (sweep/shards.py):
+    those machine shards keep their GPU facts as any other."""
+    fake, now = deployed.fake, datetime.now(UTC)
+    fake.autoscaling.add_group("training")
+    for _ in range(12):  # more than a shard's 10 machines
+        day_ago = now - timedelta(days=1)
+        fake.launch("g5.xlarge", team="ml", profile=steady(10.0, None), launch_time=day_ago, group="training")
+    plan, planner_metric_calls = deployed.plan(shards=4)
+    assert planner_metric_calls == 0
+    deployed.execute(plan)
+    (gpu_check,) = deployed.gpu_checks
+    assert gpu_check is not None and [f.status for f in gpu_check.findings] == ["fail"], "every shard looked"
+    assert list(the_gpu_finding(gpu_check.findings).subjects) == gpu_ids(fake)

@@ -1,5 +1,6 @@
 """Quiet hours are not lost: which stops a summary reports (pure), and the sweep's index of them over the
-in-memory fakes: one summary per owner after quiet hours, none twice, a corrupted index never fails a sweep."""
+in-memory fakes: one summary per owner after quiet hours, none twice, a corrupted index never fails a sweep.
+The index at fleet scale, split per stop: test_quiet_hours_index.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from idle_reaper.core import MachineRecord, State, quiet_hours_reports
 from idle_reaper.notify import LoggingNotifier
-from idle_reaper.sweep import QUIET_INDEX, logger, run_sweep
+from idle_reaper.sweep import QUIET_INDEX, QuietStop, logger, quiet_stops, run_sweep
 from testkit.aws import CountingStateStore, FakeAws, steady
 
 NIGHT = datetime(2026, 11, 20, 23, 0, tzinfo=UTC)
@@ -34,6 +35,16 @@ def night_account(owners: tuple[str, ...], settings: str = "{}") -> tuple[FakeAw
         for o in owners
     ]
     return aws, boxes
+
+
+def index(store: CountingStateStore, now: datetime = NIGHT) -> dict[str, list[str]]:
+    """The hub's stops not told yet, by team (the keys in order)."""
+    stops, bad = quiet_stops(store, "hub", now)
+    assert not bad
+    found: dict[str, list[str]] = {}
+    for s in stops:
+        found.setdefault(s.team, []).append(s.key)
+    return found
 
 
 def through_the_night(aws: FakeAws, store: CountingStateStore) -> LoggingNotifier:
@@ -68,7 +79,7 @@ def test_the_sweep_sends_one_summary_per_owner_once_and_survives_a_corrupted_ind
     store = CountingStateStore()
     notifier = through_the_night(aws, store)
     assert all(aws.ec2.state_of(i) == "stopped" for i in boxes)
-    assert json.loads(store.get_lookup(QUIET_INDEX, NIGHT) or "{}") == {"ml": boxes}
+    assert index(store) == {"ml": boxes}
     assert all(kind not in ("quiet_summary", "reaped") for kind, _ in notifier.sent), "quiet: nothing said"
 
     morning = NIGHT + timedelta(hours=8, minutes=5)
@@ -76,26 +87,26 @@ def test_the_sweep_sends_one_summary_per_owner_once_and_survives_a_corrupted_ind
         run_sweep(aws.adapters(store=store, notifier=notifier), now=morning)
     summaries = sorted(ids for kind, ids in notifier.sent if kind == "quiet_summary")
     assert summaries == sorted([f"{boxes[0]},{boxes[1]}", boxes[2]])
-    assert json.loads(store.get_lookup(QUIET_INDEX, morning) or "{}") == {}
+    assert index(store, morning) == {}
     assert all(store.records[i].quiet_stop_at is None for i in boxes)
 
+    # The index of the previous version (one item), unreadable: left as it is, and no sweep fails.
     store.put_lookup(QUIET_INDEX, "{not json", morning + timedelta(days=1))
     report = run_sweep(aws.adapters(store=store, notifier=notifier), now=morning + timedelta(minutes=15))
     assert not report.errors and len([k for k, _ in notifier.sent if k == "quiet_summary"]) == 2
 
 
 class RacingStore(CountingStateStore):
-    """Another shard adds its own quiet-hours stop to the index between this sweep's read and its write."""
+    """Another shard notes its own quiet-hours stop at the very moment this sweep notes its own."""
 
     raced = False
 
-    def replace_lookup(self, key: str, value: str, expires: datetime, *, expected: str | None, now: datetime) -> bool:
-        if key == QUIET_INDEX and not self.raced:
+    def put_entries(self, group: str, entries, expires: datetime) -> dict[str, str]:
+        if group == "quiet-stops#hub" and not self.raced:
             self.raced = True
-            theirs = json.loads(self.get_lookup(key, now) or "{}")
-            theirs.setdefault("ml", []).append("i-0othershard")
-            self.put_lookup(key, json.dumps(theirs), expires)
-        return super().replace_lookup(key, value, expires, expected=expected, now=now)
+            theirs = QuietStop("i-0000000000000ffff", "ml", NIGHT.isoformat())
+            super().put_entries(group, {theirs.key: theirs.value}, expires)
+        return super().put_entries(group, entries, expires)
 
 
 def test_concurrent_updates_of_the_index_lose_no_stop() -> None:
@@ -104,8 +115,7 @@ def test_concurrent_updates_of_the_index_lose_no_stop() -> None:
     through_the_night(aws, store)
 
     assert store.raced and all(aws.ec2.state_of(i) == "stopped" for i in boxes)
-    index = json.loads(store.get_lookup(QUIET_INDEX, NIGHT) or "{}")
-    assert sorted(index["ml"]) == sorted([*boxes, "i-0othershard"]), "the other shard's entry and ours"
+    assert sorted(index(store)["ml"]) == sorted([*boxes, "i-0000000000000ffff"]), "the other shard's entry and ours"
 
 
 def test_replace_lookup_writes_only_over_what_was_read() -> None:
@@ -139,7 +149,7 @@ def test_quiet_summary_not_lost_when_another_shard_sees_the_claim_of_a_post_that
     aws, boxes = night_account(("U0BOB", "U0BOB"))
     store = CountingStateStore()
     through_the_night(aws, store)
-    assert json.loads(store.get_lookup(QUIET_INDEX, NIGHT) or "{}") == {"ml": boxes}
+    assert index(store) == {"ml": boxes}
 
     morning = NIGHT + timedelta(hours=8, minutes=5)
     other = LoggingNotifier(logger, delivers=True)
@@ -152,8 +162,7 @@ def test_quiet_summary_not_lost_when_another_shard_sees_the_claim_of_a_post_that
     later = LoggingNotifier(logger, delivers=True)
     run_sweep(aws.adapters(store=store, notifier=later), now=morning + timedelta(minutes=5), instance_ids=[])
     assert ("quiet_summary", ",".join(boxes)) in later.sent + other.sent, (
-        f"summary lost; index={store.get_lookup(QUIET_INDEX, morning)}; "
-        f"records={[store.records[i].quiet_stop_at for i in boxes]}"
+        f"summary lost; index={index(store, morning)}; records={[store.records[i].quiet_stop_at for i in boxes]}"
     )
 
 
@@ -184,13 +193,13 @@ def test_two_shards_never_send_the_same_owner_two_quiet_summaries() -> None:
 class ThrottledOnce(CountingStateStore):
     fail_next_index_write = False
 
-    def replace_lookup(self, key, value, expires, *, expected, now):
-        if key == QUIET_INDEX and self.fail_next_index_write:
+    def put_entries(self, group, entries, expires):
+        if group.startswith("quiet-stops#") and self.fail_next_index_write:
             self.fail_next_index_write = False
             from botocore.exceptions import ClientError
 
             raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException"}}, "PutItem")
-        return super().replace_lookup(key, value, expires, expected=expected, now=now)
+        return super().put_entries(group, entries, expires)
 
 
 def test_a_quiet_stop_whose_index_write_failed_once_is_still_reported_after_quiet_hours() -> None:
@@ -207,12 +216,12 @@ def test_a_quiet_stop_whose_index_write_failed_once_is_still_reported_after_quie
 
 
 class IndexRefused(CountingStateStore):
-    def replace_lookup(self, key, value, expires, *, expected, now):
-        if key == QUIET_INDEX:
+    def put_entries(self, group, entries, expires):
+        if group.startswith("quiet-stops#"):
             from botocore.exceptions import ClientError
 
             raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": "no"}}, "PutItem")
-        return super().replace_lookup(key, value, expires, expected=expected, now=now)
+        return super().put_entries(group, entries, expires)
 
 
 def test_stops_the_index_cannot_take_are_reported_to_the_admins() -> None:
@@ -247,27 +256,28 @@ def test_a_quiet_stop_whose_outcome_write_failed_is_still_in_the_morning_summary
     report = run_sweep(aws.adapters(store=store, notifier=n), now=NIGHT + timedelta(minutes=40))
     (d,) = report.decisions
     assert d.error and d.error.startswith("outcome not recorded") and aws.ec2.state_of(box) == "stopped"
-    assert json.loads(store.get_lookup(QUIET_INDEX, NIGHT) or "{}") == {"ml": [box]}, "indexed from what it did"
+    assert index(store) == {"ml": [box]}, "indexed from what it did"
     morning = NIGHT + timedelta(hours=8, minutes=20)  # past the crashed claim's lease
     run_sweep(aws.adapters(store=store, notifier=n), now=morning)
     assert ("quiet_summary", box) in n.sent
 
 
 def test_shards_that_load_an_owners_stops_at_different_times_send_one_summary() -> None:
-    """Shard A of the morning sweep loads the index before shard B's late index entry (from the night)
-    lands; B then sees both stops. One summary, from whichever shard claimed the owner first."""
+    """Two readers of the hub's stops at one sweep's time (one invocation a sweep reads them; this is the claims'
+    part): A loads the index before B's late entry (from the night) lands; B then sees both stops. One summary,
+    from whichever claimed the owner first."""
     aws, boxes = night_account(("U0BOB", "U0BOB"))
     store = CountingStateStore()
     through_the_night(aws, store)
     morning = NIGHT + timedelta(hours=8, minutes=5)
     late = boxes[1]
-    index = json.loads(store.get_lookup(QUIET_INDEX, NIGHT) or "{}")
-    store.put_lookup(QUIET_INDEX, json.dumps({"ml": [boxes[0]]}), morning + timedelta(days=1))  # B's not yet in
+    (entry,) = [s for s in quiet_stops(store, "hub", NIGHT)[0] if s.key == late]
+    assert not store.remove_entries("quiet-stops#hub", {late: entry.value})  # B's not yet in
     b = LoggingNotifier(logger, delivers=True)
 
     class IndexLandsMeanwhile(LoggingNotifier):
         def quiet_summary(self, stopped):
-            store.put_lookup(QUIET_INDEX, json.dumps(index), morning + timedelta(days=1))  # B's entry lands
+            store.put_entries("quiet-stops#hub", {late: entry.value}, morning + timedelta(days=1))  # B's lands
             run_sweep(aws.adapters(store=store, notifier=b), now=morning, instance_ids=[])  # shard B runs
             return super().quiet_summary(stopped)
 

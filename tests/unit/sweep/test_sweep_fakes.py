@@ -350,3 +350,24 @@ def test_a_busy_machine_keeps_its_busiest_reading_of_the_week_for_the_digest():
     assert store.records[busy_cpu].week_peaks == "2026-W47:20:1"  # a CPU-only type: its CPU
     assert store.records[busy_gpu].week_peaks == "2026-W47:35:1"  # a GPU type: its busiest GPU
     assert store.records[idle].week_peaks == ""  # not busy: nothing to size
+
+
+def test_an_idle_group_member_the_group_keeps_is_in_the_digest_while_it_runs():
+    """Issue 44, item 10: released to a group at its minimum size, an idle member keeps running; the sweeps keep
+    its record fresh and the digest lists it, with its price."""
+    from idle_reaper.core.digest import build_digest, week_of
+    from idle_reaper.core.digest_text import digest_text
+
+    aws = account()
+    aws.autoscaling.add_group("workers", min_size=1)
+    member = box(aws, "ml", group="workers", protected=True)
+    store = CountingStateStore()
+    sweep(aws, store, WARN_SWEEP)
+    assert by_id(sweep(aws, store, NOW))[member].action is Action.UNPROTECT
+    later = NOW + timedelta(hours=3)
+    for hour in range(1, 4):
+        sweep(aws, store, NOW + timedelta(hours=hour))
+    record = store.records[member]
+    assert record.state is State.REAPED and aws.ec2.state_of(member) == "running"
+    d = build_digest([], store.records.values(), week_of(later), now=later, team="ml", prices={"m5.large": 0.096})
+    assert "Idle in an Auto Scaling group, still running ($0.10/h)" in digest_text(d)

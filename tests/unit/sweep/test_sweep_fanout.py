@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from idle_reaper.aws import GET_METRIC_DATA_SECONDS, GET_METRIC_DATA_TPS, METRIC_WORKERS
-from idle_reaper.core import Action, Machine
+from idle_reaper.core import Action, Machine, State
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.policy import Settings
 from idle_reaper.sweep import (
@@ -22,8 +22,10 @@ from idle_reaper.sweep import (
     SHARD_SIZE,
     SHARDS_AT_ONCE,
     GatherTask,
+    ShardDone,
     ShardTask,
     SweepCannotRun,
+    SweepTotals,
     gather_sweep,
     logger,
     manifest_key,
@@ -305,3 +307,60 @@ def test_an_owners_machines_share_a_shard_so_their_warnings_share_a_message():
     bob_homes = [sum(i.startswith("i-bob") for i in ids) for ids in manifests]
     assert sum(1 for n in bob_homes if n) >= 2, "an owner with very many machines is split in chunks"
     assert sorted(i for ids in manifests for i in ids) == sorted(m.instance_id for m in [*ann, *bob, *others])
+
+
+def test_a_shards_stops_keep_to_its_share_of_ec2s_stop_buckets_and_the_rest_wait_for_the_next_sweep(
+    virtual_pacing: list[float],
+):
+    """Issue 43 (4), EC2's mutating buckets: StopInstances allows 1,000 instances at once, then 20 a second, per
+    account and region, shared by the 30 shards of a sweep: a shard's share is 33 at once and 0.67 a second.
+    Before, a shard sent all its stops at once (200 a call), whatever the share: past EC2's bucket they were
+    throttled, and failed. Now a batch waits for its share (at most 10 s) or is not sent: its machines are left
+    to the next sweep, untouched and counted as deferred, never as errors."""
+    aws = account()
+    idle = [aws.launch("m5.large", team="ml", profile=IDLE, launch_time=DAY_AGO) for _ in range(60)]
+    store = CountingStateStore()
+
+    def sweep(sweep_id: str, now: datetime) -> SweepTotals:
+        adapters = aws.adapters(store=store)
+        assert plan_sweep(adapters, now=now, sweep_id=sweep_id).shards == 1
+        return run_shard(adapters, ShardTask(sweep_id=sweep_id, now=now, shard=0, concurrent_shards=SHARDS_AT_ONCE))[1]
+
+    sweep("warn", WARN_SWEEP)
+    reaping = sweep("reap", NOW)
+    stopped = {i for i in idle if aws.ec2.state_of(i) == "stopped"}
+    assert len(stopped) in (27, 33), "one batch of at most the shard's 33, the other not sent"
+    assert max(len(r["InstanceIds"]) for r in aws.ec2.requests_of("StopInstances")) <= 33
+    assert reaping.deferred == 60 - len(stopped) and reaping.errors == 0
+    assert all(
+        store.records[i].state is State.WARNED and store.records[i].last_action != "stop_failed"
+        for i in set(idle) - stopped
+    ), "left as they were, for the next sweep"
+    later = sweep("next", NOW + timedelta(minutes=5))
+    assert all(aws.ec2.state_of(i) == "stopped" for i in idle) and later.errors == 0
+
+
+def test_a_shard_that_cannot_describe_its_machines_leaves_them_unknown_and_says_how_many():
+    """Issue 43 (4): a throttled describe never makes a machine idle. A shard whose DescribeInstances is refused
+    past its retries sweeps nothing; the gather step reports it with the number of its machines, untouched and
+    unknown until the next sweep, and the other shards go on."""
+    aws = account()
+    idle, busy = fleet(aws)
+    store = CountingStateStore()
+    adapters = aws.adapters(store=store)
+    plan = plan_sweep(adapters, now=WARN_SWEEP, sweep_id="t", shard_size=5)
+    held = json.loads(store.get_lookup(manifest_key("t", 0), WARN_SWEEP) or "[]")
+    aws.ec2.inject("DescribeInstances", "RequestLimitExceeded")
+    with pytest.raises(SweepCannotRun, match="RequestLimitExceeded"):
+        run_shard(adapters, ShardTask(sweep_id="t", now=WARN_SWEEP, shard=0, concurrent_shards=plan.shards))
+    aws.ec2.clear_faults()
+    for shard in range(1, plan.shards):
+        run_shard(adapters, ShardTask(sweep_id="t", now=WARN_SWEEP, shard=shard, concurrent_shards=plan.shards))
+    task = GatherTask(
+        sweep_id="t", now=WARN_SWEEP, shards=list(range(plan.shards)), results=[ShardDone(shard=0, error="throttled")]
+    )
+    gathered = gather_sweep(adapters, task)
+    assert set(gathered.failed) == {0} and gathered.unswept == len(held) > 0
+    assert any(f"its {len(held)} machines are untouched and unknown" in w for w in gathered.warnings)
+    assert not set(held) & set(store.records), "none of them touched, none counted idle"
+    assert gathered.machines == len(idle) + len(busy) - len(held)

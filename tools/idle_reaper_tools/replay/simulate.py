@@ -39,7 +39,8 @@ from idle_reaper.core import (
     started_by_person,
 )
 from idle_reaper.core.digest import running_again_entry
-from idle_reaper.core.kinds import NOTEBOOK, ON_DEMAND, InstanceFacts, stop_saves
+from idle_reaper.core.dollars import of_kind
+from idle_reaper.core.kinds import NOTEBOOK, ON_DEMAND, InstanceFacts
 from idle_reaper.core.reading import not_due, plan_next_read
 from idle_reaper.core.time_of_day import observe_text
 from idle_reaper.policy import TeamPolicy
@@ -333,7 +334,11 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
         run.core_calls += 1
         if opts.audit_prices is not None and decision.action is not Action.NONE:
             price = opts.audit_prices.get(series.instance_type)
-            priced = replace(decision, hourly_cost=price, saving=stop_saves(NOTEBOOK if notebook else ON_DEMAND, price))
+            priced = replace(
+                decision,
+                hourly_cost=price,
+                saving=of_kind(NOTEBOOK if notebook else ON_DEMAND, price).saved_by(decision.action.value),
+            )
             run.audit.append((series.instance_id, now, explain(priced)))
 
         if warning_open and record.warned_at is None:
