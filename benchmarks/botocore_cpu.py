@@ -81,8 +81,9 @@ class _Raw:
 
 def _stubbed(service: str, answers: Mapping[str, tuple[dict[str, str], bytes]]) -> Any:
     """A real client (the reaper's configuration) whose requests never leave: each operation gets its canned
-    answer after botocore has serialised and signed the request."""
-    c = client(service, REGION)
+    answer after botocore has serialised and signed the request. A client of its own (not the process's kept one,
+    aws/clients.py), so each set of answers is the only one its client has."""
+    c = client(service, REGION, kept=False)
 
     def send(request: Any, **kwargs: Any) -> AWSResponse:
         operation = kwargs["event_name"].rsplit(".", 1)[-1]

@@ -8,11 +8,12 @@ member, and for the owners the sweep's cache does not hold, users.list pages of 
 slack/owners.py) from 20 uncached owners on, else one users.lookupByEmail each. Printed with their API time at
 0.25 s a call and the minutes of Slack's documented per-method allowance they use (Tier 2 users.list: 20 a minute).
 
-The sweep's daily subset (sweep/doctor.py daily_subset) is measured the same way, twice: after a sweep in
+The sweep's daily subset (sweep/doctor_daily.py daily_subset) is measured the same way, twice: after a sweep in
 place (it reuses the sweep's reads: only GPU machines the sweep did not read are read, CPU and GPU alone; the
 sweep measured is the second of a steady fleet, whose busy machines are not due),
-and after a sweep handed to the fan-out (it checks the machines the planner listed, not listing them again, and
-reads every GPU machine).
+and after a sweep handed to the fan-out, in its two places: the planner's part (the machines it listed, not listed
+again; no metric read) and the machine shards' GPU facts (sweep/doctor_daily.py gpu_facts, each shard's GPU machines
+its sweep did not read: here none, every GPU machine busy and not due, the most they can read).
 
 The deploy checks (finding the stack in every enabled region, then its schedule, alarm topic, concurrency and
 association) are counted against moto in server mode with AWS's real answers in front
@@ -31,6 +32,7 @@ import math
 import os
 import sys
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -50,7 +52,9 @@ from idle_reaper.core.signals import Machine  # noqa: E402
 from idle_reaper.policy import Settings  # noqa: E402
 from idle_reaper.slack.doctor import SlackReader, gather_people, gather_slack  # noqa: E402
 from idle_reaper.sweep import SHARD_SIZE, run_sweep  # noqa: E402
-from idle_reaper.sweep.doctor import daily_subset, list_afresh  # noqa: E402
+from idle_reaper.sweep.adapters import SweepRead  # noqa: E402
+from idle_reaper.sweep.doctor_daily import daily_subset, gpu_facts, list_afresh  # noqa: E402
+from idle_reaper.sweep.fanout import SHARDS_AT_ONCE, shard_count, split_into_shards  # noqa: E402
 from testkit.aws import FakeAws, steady  # noqa: E402
 from testkit.aws.clients import LATENCY  # noqa: E402
 
@@ -224,10 +228,19 @@ def measure_daily(size: int, owners: int) -> dict[str, object]:
     listed = adapters.fleet.discover(Settings().tags)  # what the fan-out's planner listed (handlers/sweep.py)
     before = fake.calls()
     read = list_afresh(adapters, listed)
-    daily_subset(adapters, read, NOW, None)
-    fanned_out = fake.calls() - before
-    out["fanned_out_aws_calls"] = dict(sorted(fanned_out.items()))
-    out["fanned_out_aws_seconds_sequential"] = seconds_of(fanned_out)
+    daily_subset(adapters, read, NOW, None, gpu=False)
+    planner = fake.calls() - before
+    out["fanned_out_planner_aws_calls"] = dict(sorted(planner.items()))
+    out["fanned_out_planner_aws_seconds_sequential"] = seconds_of(planner)
+    by_id = {m.instance_id: m for m in listed}
+    shards = split_into_shards(listed, shard_count(len(listed), SHARD_SIZE, SHARDS_AT_ONCE))
+    before = fake.calls()
+    for ids in shards:  # each machine shard, its sweep having read none of its GPU machines, at its share
+        shard = replace(adapters, metrics=adapters.metrics.shared_by(min(len(shards), SHARDS_AT_ONCE)))
+        gpu_facts(shard, SweepRead(read.settings, read.refs, [by_id[i] for i in ids], {}), NOW)
+    in_shards = fake.calls() - before
+    out["fanned_out_shards"] = len(shards)
+    out["fanned_out_shards_aws_calls_at_most"] = dict(sorted(in_shards.items()))
     out["owner_cache_reads"] = len({m.owner for m in read.machines})
     out["slack_calls"] = 1 + TEAMS
     return out

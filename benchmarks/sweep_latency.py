@@ -8,7 +8,9 @@ code's own CPU time (measured, serial as under the GIL) + botocore's CPU for eac
 parse: measured at start with real botocore against stubbed answers, benchmarks/botocore_cpu.py; serial
 too, printed apart). `--check SIZE` runs the same sweeps with every latency really slept (and each
 request's botocore CPU really burnt) on real thread pools and compares the measured wall with the model
-(within 20 %).
+(within 20 %). `--doctor-day` makes every sweep the day's first: the daily doctor runs as the handlers run it (in
+place after the sweep; fanned out, the planner's part after it starts the execution, beside the Map, and the
+GPU check in the shards and the gather step), its Slack calls not modelled (no token: the same in every place).
 
 For each fleet size and for the first-look, steady and reaping sweeps (benchmarks/sweep_cost.py's fleet;
 sweeps at +0, +5 and +30 min) it prints calls by operation (DynamoDB included), the latency each operation charged,
@@ -60,6 +62,7 @@ from idle_reaper.sweep import (  # noqa: E402
     run_shard,
     run_sweep,
 )
+from idle_reaper.sweep.doctor_daily import claim_daily_doctor, daily_claim_key, run_daily_doctor  # noqa: E402
 from testkit.aws import CountingStateStore, FakeAws, LatencyModel, RequestCpu  # noqa: E402
 from testkit.aws.fleet import ZONES, zone_of  # noqa: E402
 from testkit.aws_rules import TokenBucket  # noqa: E402
@@ -111,6 +114,7 @@ class Measured:
     botocore_s: float = 0.0  # botocore's CPU (serialise, sign, parse), charged per request (in wall_s)
     botocore_by_op: Counter[str] = field(default_factory=Counter)  # seconds by operation
     planner_s: float = 0.0  # the sweep function's invocation (the planner; the whole sweep when in place)
+    doctor_s: float = 0.0  # of it, the daily doctor's part (the day's first sweep, `--doctor-day`)
     describes: list[float] = field(default_factory=list)  # when each EC2 Describe* request was sent, s from the start
 
 
@@ -199,6 +203,11 @@ class Segments:
         return result, (real - fake if self.sleep else self.model.virtual - virtual + serial), own
 
 
+def whole_timeout() -> float:
+    """The time left an invocation's daily doctor sees: a whole timeout (each is timed, not cut short)."""
+    return SWEEP_TIMEOUT_S
+
+
 def request_cpu(cpu: BotocoreCpu) -> RequestCpu:
     """Each fake call's botocore CPU, from what it was asked and answered."""
     return lambda operation, request, response: cpu.cost(operation, items_of(operation, request, response))
@@ -271,6 +280,7 @@ def run_size(
     cpu: BotocoreCpu | None = None,
     zones: int = len(ZONES),
     sample: int = 0,
+    doctor: bool = False,
 ) -> list[Measured]:
     """Each sweep as the stack runs it: the scheduled sweep plans; a fleet that fits one shard is swept in
     that invocation, a larger one goes to the state machine, whose Map runs a worker invocation per shard
@@ -283,7 +293,8 @@ def run_size(
     CPU and writes scaled by shards / sample, each unrun shard's wall the sampled ones' in turn. The shards are
     drawn from one shuffled fleet, so they are alike; a full run at 200,000 takes hours of CPU here. It holds
     while the fleet is the same from sweep to sweep, as in SWEEPS (the stops come in the last of them); the
-    bill's steady hour, after the stops, always runs every shard (steady_hour)."""
+    bill's steady hour, after the stops, always runs every shard (steady_hour). `doctor`: every sweep is the day's
+    first, and runs the daily doctor (its claim released before each)."""
     bench = build_fleet(size, seed)
     aws = bench.aws
     for instance in aws.ec2.instances.values():
@@ -305,26 +316,43 @@ def run_size(
                 LOG.bytes,
             )
             writes_before = model.charged["dynamodb:PutItem"]
-            extra, records_scale = Tally(), 1.0
+            extra, records_scale, doctor_s = Tally(), 1.0, 0.0
+            if doctor:
+                store.release_claim(daily_claim_key(now))
             plan, planner_s, cpu_s = segments.time(
                 lambda now=now: plan_sweep(adapters, now=now, in_place=True, shard_size=shard_size)
             )
             describes = list(segments.describes)  # the account-region's Describe* requests, on the sweep's timeline
             if plan.shards == 1:
-                _, swept_s, swept_cpu = segments.time(
+                report, swept_s, swept_cpu = segments.time(
                     lambda now=now, plan=plan: run_sweep(adapters, now=now, sweep_id=plan.sweep_id, listed=plan.listed)
                 )
                 describes += [planner_s + t for t in segments.describes]
+                if doctor:  # after the sweep, in its invocation, on what it read
+                    _, doctor_s, doctor_cpu = segments.time(
+                        lambda now=now, r=report: run_daily_doctor(adapters, now, r.read, whole_timeout)
+                    )
+                    swept_s, swept_cpu = swept_s + doctor_s, swept_cpu + doctor_cpu
                 walls, wall, cpu_s = [planner_s + swept_s], planner_s + swept_s, cpu_s + swept_cpu
             else:
                 model.charge("states:StartExecution")
+                if doctor and claim_daily_doctor(adapters, now, whole_timeout):
+                    # The planner's part, after it starts the execution: beside the Map, not before it.
+                    _, doctor_s, doctor_cpu = segments.time(
+                        lambda now=now, p=plan: run_daily_doctor(
+                            adapters, now, None, whole_timeout, p.listed, claimed=True, gpu=False
+                        )
+                    )
+                    cpu_s += doctor_cpu
                 indices = sampled(plan.shards, sample)
                 before_shards = Tally.of(model, aws, segments)
                 shard_walls, shards_cpu, shard_describes = [], 0.0, []
                 for index in indices:
                     model.charge("states:InvokeLambda")
                     concurrent = min(plan.shards, SHARDS_AT_ONCE)  # as the execution input says
-                    task = ShardTask(sweep_id=plan.sweep_id, now=plan.now, shard=index, concurrent_shards=concurrent)
+                    task = ShardTask(
+                        sweep_id=plan.sweep_id, now=plan.now, shard=index, concurrent_shards=concurrent, doctor=doctor
+                    )
                     _, shard_s, shard_cpu = segments.time(lambda task=task: run_shard(adapters, task))
                     shard_walls.append(shard_s + model.latency["states:InvokeLambda"])
                     shard_describes.append(segments.describes)
@@ -340,13 +368,17 @@ def run_size(
                 records_scale = plan.shards / len(indices)  # only the sampled shards' machines have records
                 cpu_s += shards_cpu * plan.shards / len(indices)
                 model.charge("states:InvokeLambda")
-                gather_task = GatherTask(sweep_id=plan.sweep_id, now=plan.now, shards=indices)
+                gather_task = GatherTask(
+                    sweep_id=plan.sweep_id, now=plan.now, shards=indices, doctor=doctor, machine_shards=plan.shards
+                )
                 gathered, gather_s, gather_cpu = segments.time(lambda t=gather_task: gather_sweep(adapters, t))
                 assert not gathered.failed, gathered.failed
                 cpu_s += gather_cpu
                 start_s = model.latency["states:StartExecution"]
-                walls = [planner_s + start_s, *shard_walls, gather_s]
-                wall = planner_s + start_s + map_wall(shard_walls, SHARDS_AT_ONCE) + gather_s + STATE_OVERHEAD_S
+                walls = [planner_s + start_s + doctor_s, *shard_walls, gather_s]
+                # The sweep ends with the gather step, or with the planner's invocation if that ends later.
+                executed = planner_s + start_s + map_wall(shard_walls, SHARDS_AT_ONCE) + gather_s + STATE_OVERHEAD_S
+                wall = max(walls[0], executed)
             charged = Counter(dict(model.charged - charged_before)) + extra.calls
             results.append(
                 Measured(
@@ -366,6 +398,7 @@ def run_size(
                     botocore_s=segments.botocore_s - botocore_before + extra.botocore_s,
                     botocore_by_op=model.cpu_charged - botocore_ops_before + extra.botocore_by_op,
                     planner_s=walls[0],
+                    doctor_s=doctor_s,
                     describes=describes,
                 )
             )
@@ -401,6 +434,8 @@ def print_size(size: int, results: list[Measured], zones: int = len(ZONES)) -> b
             row(f"  {op}", [r.botocore_by_op[op] for r in results], ",.1f")
     row("modelled wall, s", [r.wall_s for r in results], ",.1f")
     row(f"  planner (listed in processes, {PLANNER_VCPUS} vCPUs), s", [r.planner_s for r in results], ",.1f")
+    if any(r.doctor_s for r in results):
+        row("    of it the daily doctor's part, s", [r.doctor_s for r in results], ",.1f")
     row("shards", [r.shards for r in results])
     row("invocations (planner + shard workers + gather)", [r.invocations for r in results])
     row("longest invocation, s", [r.longest_s for r in results], ",.1f")
@@ -634,6 +669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--every", default="5", help="sweep schedules (minutes, comma-separated) to price")
     parser.add_argument("--no-botocore", action="store_true", help="charge latency only, not botocore's CPU")
     parser.add_argument("--planner", type=int, default=0, help="fleet size to time the planner alone at (0: skip)")
+    parser.add_argument("--doctor-day", action="store_true", help="every sweep the day's first: the daily doctor runs")
     parser.add_argument(
         "--sample-shards",
         type=int,
@@ -653,7 +689,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = True
     measured = {}
     for size in [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]:
-        measured[size] = run_size(size, args.seed, sleep=False, cpu=cpu, zones=args.zones, sample=args.sample_shards)
+        measured[size] = run_size(
+            size,
+            args.seed,
+            sleep=False,
+            cpu=cpu,
+            zones=args.zones,
+            sample=args.sample_shards,
+            doctor=args.doctor_day,
+        )
         if args.sample_shards and measured[size][0].shards > args.sample_shards:
             shards = measured[size][0].shards
             print(f"\n({args.sample_shards} of the {shards} shards of each sweep run; the others projected from them)")

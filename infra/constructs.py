@@ -377,6 +377,8 @@ class SweepFanout(Construct):
                 "dry_run.$": "$.dry_run",
                 "shard.$": "$$.Map.Item.Value",
                 "concurrent_shards.$": "$.concurrent_shards",
+                # The planner claimed the day's doctor: each machine shard keeps its GPU machines' facts.
+                "doctor.$": "$.doctor",
             },
             result_path="$.results",
         )

@@ -798,15 +798,22 @@ class IdleReaperStack(Stack):
         self, role: iam.IRole, props: IdleReaperProps, table: dynamodb.ITable, secret: secretsmanager.ISecret
     ) -> None:
         """The gather step reads the shards' results and keeps the failed-shard count in the table; it reads
-        the settings and the Slack secret to tell the admins about repeated failures, and sends the stop notices
-        the shards queued (it loads and saves their records)."""
+        the settings and the Slack secret to tell the admins about repeated failures, sends the stop notices the
+        shards queued (it loads and saves their records), and, on the day's doctor, tells a GPU check's new failure
+        (claimed once, as the sweep claims; a cleared one's claim deleted)."""
         shard_results = iam.PolicyStatement(
             sid="ShardResults",
             actions=list(GATHER_TABLE_ACTIONS),
             resources=[table.table_arn],
             conditions=self._in_regions([self.region]),
         )
-        for statement in (shard_results, *self._settings_and_secret(props, secret)):
+        doctor_claims = iam.PolicyStatement(
+            sid="ReleaseDoctorClaims",
+            actions=["dynamodb:DeleteItem"],
+            resources=[table.table_arn],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["once#doctor#*"]}},
+        )
+        for statement in (shard_results, doctor_claims, *self._settings_and_secret(props, secret)):
             role.add_to_principal_policy(statement)
 
     def _grant_digest(

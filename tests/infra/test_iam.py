@@ -130,8 +130,11 @@ PLANNER_CALLS = [
 ]
 GATHER_CALLS = [
     call("dynamodb:GetItem", table(HOME)),  # the shards' results, the failed-shard count, the notices' index
+    # ... and, on the day's doctor, the shards' GPU facts, the GPU check's claims and memory
     call("dynamodb:PutItem", table(HOME)),  # the failed-shard count, a told notice off its record
     call("dynamodb:BatchGetItem", table(HOME)),  # the records of the queued stop notices (sweep/notices.py)
+    # A cleared GPU failure's claim (sweep/doctor_daily.py tell_new_failures).
+    call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#doctor#signals.gpu#0a1b2c",)}),
     call("ssm:GetParameter", parameter(HOME, "settings")),  # who the admins are
     call("secretsmanager:GetSecretValue", secret(HOME)),  # to tell them
 ]
@@ -265,7 +268,8 @@ GATHER_NEVER = [
     on_managed("ec2:TerminateInstances", instance(HOME)),
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
     call("ssm:GetParameter", parameter(HOME, "teams/ml")),
-    call("dynamodb:DeleteItem", table(HOME)),
+    call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("machine#i-0abc123def4567890",)}),
+    call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#policy-alert#x",)}),
     call("states:StartExecution", state_machine(HOME, FANOUT)),
 ]
 DIGEST_NEVER = [

@@ -757,7 +757,14 @@ def test_a_large_fleet_is_swept_by_a_state_machine_over_shard_indices(template: 
     shards = definition["States"][definition["StartAt"]]
     assert shards["Type"] == "Map" and shards["ItemsPath"] == "$.shards" and shards["MaxConcurrency"] == 30
     # Only indices travel (the 256 KB limit): the worker reads its manifest from the state table.
-    assert set(shards["ItemSelector"]) == {"sweep_id.$", "now.$", "dry_run.$", "shard.$", "concurrent_shards.$"}
+    assert set(shards["ItemSelector"]) == {
+        "sweep_id.$",
+        "now.$",
+        "dry_run.$",
+        "shard.$",
+        "concurrent_shards.$",
+        "doctor.$",  # the day's doctor: a machine shard keeps its GPU machines' facts
+    }
     processor = shards["ItemProcessor"]["States"]
     task = processor[shards["ItemProcessor"]["StartAt"]]
     assert task["Type"] == "Task" and [c["ErrorEquals"] for c in task["Catch"]] == [["States.ALL"]]

@@ -22,7 +22,7 @@ from idle_reaper.handlers import sweep as sweep_handler
 from idle_reaper.slack import SlackNotifier
 from idle_reaper.sweep import Adapters, run_sweep
 from idle_reaper.sweep.adapters import SweepRead
-from idle_reaper.sweep.doctor import DailyDoctor, list_afresh, run_daily_doctor
+from idle_reaper.sweep.doctor_daily import DailyDoctor, list_afresh, run_daily_doctor
 from idle_reaper_tools.fake_slack import BOT_USER, LambdaContextStub, signed_request
 from testkit.deploy_answers import STACK, DeployAnswers
 
@@ -164,7 +164,7 @@ def test_a_check_that_raises_is_unknown_and_the_rest_still_run(
 def test_past_its_slack_budget_nothing_more_is_asked_and_it_says_so(
     healthy: dict[str, str], slack: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("idle_reaper.sweep.doctor.DAILY_SLACK_SECONDS", 0.0)
+    monkeypatch.setattr("idle_reaper.sweep.doctor_daily.DAILY_SLACK_SECONDS", 0.0)
     bot_leaves(slack)  # the bot is removed from the (private) team channel
     done = daily(Adapters.from_environment(), datetime.now(UTC))
     assert not slack.calls and done.slack_calls == 0

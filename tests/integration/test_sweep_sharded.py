@@ -80,12 +80,13 @@ def test_the_planner_hands_a_large_fleet_to_the_state_machine_whose_shards_and_g
     plan = json.loads(sfn.describe_execution(executionArn=execution["executionArn"])["input"])
     assert plan["shards"] == [0, 1, 2] and execution["name"] == plan["sweep_id"]
     assert plan["concurrent_shards"] == 3
+    assert plan["doctor"] is True, "the day's first sweep: its shards read their GPU machines for the doctor"
     assert len(json.dumps(plan)) < 200, "only indices travel between states, never the instance ids"
 
     # What the Map does: one worker per index, with the item selector's event.
     results = []
     for shard in plan["shards"]:
-        event = {k: plan[k] for k in ("sweep_id", "now", "dry_run", "concurrent_shards")} | {"shard": shard}
+        event = {k: plan[k] for k in ("sweep_id", "now", "dry_run", "concurrent_shards", "doctor")} | {"shard": shard}
         results.append(fanout.shard_handler(event, LambdaContextStub()))
     assert sum(r["machines"] for r in results) == 7
     capsys.readouterr()

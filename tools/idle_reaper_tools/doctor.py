@@ -18,8 +18,9 @@ from idle_reaper.aws.accounts import Directory, MemberCheck, OrganizationConfig,
 from idle_reaper.core.doctor import Finding, check_members, failed, listed, outcomes, tally, unknown
 from idle_reaper.policy import PolicyError, Settings
 from idle_reaper.slack.doctor import SLACK_DOWN, SlackReader, slack_error, slack_reader
-from idle_reaper.sweep.doctor import CLI_GPU_UNREAD, Account, digest_reads, members_as_last_checked, within
+from idle_reaper.sweep.doctor import CLI_GPU_UNREAD, Account, digest_reads, members_as_last_checked
 from idle_reaper.sweep.doctor import run_checks as run_region_checks
+from idle_reaper.sweep.doctor_daily import within
 
 MEMBERS_OUTPUT = "MemberStackSetId"  # the hub stack's output in organization mode (infra/stack.py)
 # The member checks (the Organizations listing, the StackSet's instances) end by then, as in Slack: late is unknown.

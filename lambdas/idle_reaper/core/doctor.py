@@ -361,9 +361,14 @@ def largest_gap_minutes(times: Sequence[datetime], start: datetime, end: datetim
     return max((b - a).total_seconds() / 60 for a, b in itertools.pairwise(edges))
 
 
-def check_gpu_metrics(read: Sequence[MachineSignals]) -> Finding:
+def gpu_metrics_missing(read: Sequence[MachineSignals]) -> list[str]:
     """GPU machines that publish CPU but no GPU datapoints (of those CloudWatch could be read for)."""
-    no_gpu = sorted(m.instance_id for m in read if m.complete and m.gpu_expected and m.cpu and not m.gpu)
+    return sorted(m.instance_id for m in read if m.complete and m.gpu_expected and m.cpu and not m.gpu)
+
+
+def check_gpu_metrics(read: Sequence[MachineSignals], *, missing: Sequence[str] = ()) -> Finding:
+    """`read`'s GPU machines without GPU metrics, and `missing` (found so where they were read: a fan-out's shards)."""
+    no_gpu = sorted({*gpu_metrics_missing(read), *missing})
     return verdict(
         "signals.gpu",
         no_gpu,

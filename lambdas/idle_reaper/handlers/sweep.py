@@ -25,7 +25,8 @@ from idle_reaper.core.reports import TeamTotals
 from idle_reaper.notify import logger
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport
 from idle_reaper.sweep.delivery import FINISH_RESERVE
-from idle_reaper.sweep.doctor import report_failing_relay, run_daily_doctor
+from idle_reaper.sweep.doctor import report_failing_relay
+from idle_reaper.sweep.doctor_daily import claim_daily_doctor, daily_claim_key, run_daily_doctor
 from idle_reaper.sweep.fanout import (
     SHARD_SIZE,
     Plan,
@@ -116,24 +117,41 @@ def count_unwatched_regions(adapters: Adapters, now: datetime, context: LambdaCo
 def check_daily(
     adapters: Adapters, now: datetime, context: LambdaContext, report: SweepReport | None, plan: Plan
 ) -> None:
-    """The doctor's daily subset, on the day's first sweep, after its work (sweep/doctor.py: bounded, never
-    raises): on what the sweep read, or, for a sweep handed to the fan-out, on the machines the plan listed
-    (the fleet is listed once either way)."""
+    """The doctor's daily subset, on the day's first sweep, after its work (sweep/doctor_daily.py: bounded,
+    never raises), on what the sweep read."""
     read = report.read if report is not None else None
     run_daily_doctor(adapters, now, read, lambda: context.get_remaining_time_in_millis() / 1000, plan.listed)
 
 
-def start_execution(state_machine: str, plan: Plan) -> None:
-    """Start the fan-out's execution for the plan. Step Functions refuses a second execution of one name
-    (ExecutionAlreadyExists, for 90 days): the sweep is running already, and that is not a failure."""
+def check_daily_fanned_out(adapters: Adapters, now: datetime, context: LambdaContext, plan: Plan) -> None:
+    """The planner's part of the day's doctor it claimed before starting the execution: the checks of the
+    machines it listed (the fleet is listed once), no metric read. The GPU check is the execution's: each
+    machine shard reads its own GPU machines, the gather step tells it (sweep/doctor_daily.py)."""
+    time_left = lambda: context.get_remaining_time_in_millis() / 1000  # noqa: E731
+    run_daily_doctor(adapters, now, None, time_left, plan.listed, claimed=True, gpu=False)
+
+
+def start_fanout(adapters: Adapters, state_machine: str, plan: Plan, now: datetime, context: LambdaContext) -> bool:
+    """Start the fan-out's execution for the plan; True when it asks its shards for the day's doctor (the planner
+    claimed the day first). Step Functions refuses a second execution of one name (ExecutionAlreadyExists, for 90
+    days): the sweep is running already, and that is not a failure; the day's doctor is then left to the next
+    sweep, as it is when the execution cannot be started."""
+    doctor = claim_daily_doctor(adapters, now, lambda: context.get_remaining_time_in_millis() / 1000)
+    started = False
     try:
         client("stepfunctions").start_execution(
-            stateMachineArn=state_machine, name=plan.sweep_id, input=json.dumps(plan.execution_input())
+            stateMachineArn=state_machine, name=plan.sweep_id, input=json.dumps(plan.execution_input(doctor=doctor))
         )
+        started = True
     except ClientError as exc:
         if error_code(exc) != "ExecutionAlreadyExists":
             raise
         logger.info("the sweep's execution was started already", extra={"sweep_id": plan.sweep_id})
+    finally:
+        if doctor and not started:
+            with contextlib.suppress(Exception):
+                adapters.store.release_claim(daily_claim_key(now))
+    return doctor and started
 
 
 def check_alarm_relay(adapters: Adapters, now: datetime) -> None:
@@ -229,14 +247,15 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         if fanout and not plan.in_place:
             # The execution is named after the sweep, and so after the schedule's time: a scheduled event
             # delivered twice is claimed once (above), and could not start a second execution of that name.
-            start_execution(fanout, plan)
+            doctor = start_fanout(adapters, fanout, plan, now, context)
             metrics.add_metric("SweepShards", MetricUnit.Count, plan.all_shards)
             logger.info(
                 "sweep fanned out",
                 extra={"shards": plan.all_shards, "machines": plan.machines, "member_units": plan.member_units},
             )
             count_unwatched_regions(adapters, now, context)
-            check_daily(adapters, now, context, None, plan)
+            if doctor:
+                check_daily_fanned_out(adapters, now, context, plan)
             check_members(adapters, now, context)
             check_alarm_relay(adapters, now)
             return {"machines": plan.machines, "shards": plan.all_shards, "dry_run": plan.dry_run}

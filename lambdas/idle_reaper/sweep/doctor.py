@@ -1,21 +1,20 @@
-"""The doctor, wired: every read-only check of one region (`idle-reaper doctor`, `/idle-reaper doctor`), and
-the cheap subset the sweep runs once a day, telling the admins once when something new fails.
+"""The doctor, wired: every read-only check of one region (`idle-reaper doctor`, `/idle-reaper doctor`), of
+every member account and region, and the alarm relay's own failures, told by the sweep. The cheap subset the
+sweep runs once a day is sweep/doctor_daily.py.
 
 The core decides (core/doctor.py); the gatherers fetch (aws/doctor.py, slack/doctor.py). A fact that could
 not be gathered, in time or at all, is "could not check" (unknown), never ok."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from idle_reaper.aws.accounts import (
     ADVICE,
@@ -30,7 +29,7 @@ from idle_reaper.aws.accounts import (
     classify,
     last_member_check,
 )
-from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
+from idle_reaper.aws.clients import AwsError, error_code
 from idle_reaper.aws.deploy import (
     DEPLOY_CHECKS,
     OUT_OF_TIME,
@@ -46,13 +45,11 @@ from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import StateStore
 from idle_reaper.core.deploy_checks import AssociationFacts, Unreadable
 from idle_reaper.core.doctor import (
-    DAILY_CHECKS,
     SIGNAL_WINDOW_MINUTES,
     Finding,
     LastSweep,
     MemberUnitFacts,
     PolicyFacts,
-    check_gpu_metrics,
     check_groups,
     check_last_sweep,
     check_members,
@@ -60,20 +57,16 @@ from idle_reaper.core.doctor import (
     check_policy,
     check_signals,
     check_slack,
-    finding_key,
-    remember,
     unknown,
 )
 from idle_reaper.core.signals import Machine
 from idle_reaper.notify import logger
 from idle_reaper.organization import OrganizationSettings
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
-from idle_reaper.slack.doctor import SlackReader, gather_people, gather_slack, slack_reader
-from idle_reaper.slack.owners import OWNER_CACHE_TTL
-from idle_reaper.sweep.adapters import Adapters, SweepRead, alert_once
+from idle_reaper.slack.doctor import SlackReader, gather_people, gather_slack
+from idle_reaper.sweep.adapters import Adapters, alert_once
+from idle_reaper.sweep.doctor_daily import cache_reader, within
 from idle_reaper.sweep.fanout import LAST_SWEEP_KEY
-
-T = TypeVar("T")
 
 # The fleet and its metrics are read only with this much time left; the rest is said to be unknown.
 AWS_STAGE_SECONDS = 5.0
@@ -104,32 +97,6 @@ def gather_last_sweep(store: StateStore, now: datetime) -> LastSweep | Literal["
     return LastSweep(datetime.fromisoformat(value["at"]), int(value["failed_shards"]), int(value["errors"]))
 
 
-def _cache_reader(store: StateStore, now: datetime) -> Callable[[str], str | None]:
-    """The sweep's owner cache, read; an unreadable item is a miss."""
-
-    def cached(key: str) -> str | None:
-        try:
-            return store.get_lookup(key, now)
-        except AwsError:
-            return None
-
-    return cached
-
-
-def _cache_writer(store: StateStore, now: datetime) -> Callable[[Mapping[str, str]], None]:
-    """The daily check's resolved owners, into the sweep's owner cache (slack/owners.py: the same keys and
-    lifetime), so the sweep does not resolve them again. A write that fails is only a later lookup."""
-
-    def write(found: Mapping[str, str]) -> None:
-        def put(item: tuple[str, str]) -> None:
-            with contextlib.suppress(*AwsError):
-                store.put_lookup(f"owner#{item[0]}", item[1], now + OWNER_CACHE_TTL)
-
-        run_concurrently(put, sorted(found.items()), DDB_WORKERS)
-
-    return write
-
-
 def stack_checks(
     connect: Callable[[str], Any], region: str, deadline: float
 ) -> tuple[list[Finding], AssociationFacts | Unreadable | None]:
@@ -151,18 +118,6 @@ def stack_checks(
         None,
     )
     return within(deadline, run, late)
-
-
-def within(deadline: float, call: Callable[[], T], late: T) -> T:
-    """`call()`, or `late` when it is not done by `deadline` (time.monotonic()), even a call that hangs: a
-    read not finished in time is unknown, never ok. What `call` raises is raised."""
-    pool = ThreadPoolExecutor(1)
-    try:
-        return pool.submit(call).result(timeout=max(0.0, deadline - time.monotonic()))
-    except FutureTimeout:
-        return late
-    finally:
-        pool.shutdown(wait=False)  # a call still hanging finishes (read-only) unobserved
 
 
 def run_checks(
@@ -220,7 +175,7 @@ def run_checks(
     elif machines is None:
         findings.append(unknown("people.owners", why_no_machines))
     else:
-        owned, contacts = gather_people(reader, machines, refs, _cache_reader(account.store, now))
+        owned, contacts = gather_people(reader, machines, refs, cache_reader(account.store, now))
         findings += check_people(owned, contacts)
     return findings
 
@@ -433,175 +388,6 @@ def members_as_last_checked(
             units.append(facts)
     skipped = [s.account for s in listing.skipped if s.reason is Reason.SUSPENDED]
     return MembersRead(with_digest_reads(units, digest), listing.error, skipped)
-
-
-# ---------------------------------------------------------------------------------------------
-# The sweep's daily subset
-
-DAILY_MIN_SECONDS = 60.0  # run only with this much of the invocation left (else the next sweep tries)
-DAILY_SLACK_SECONDS = 20.0  # Slack is not asked past this; what was not asked is unknown
-FAILING_KEY = "doctor#failing"  # what the last daily run remembered (core.doctor.Remembered.failing)
-FAILING_KEEP = timedelta(days=40)  # longer than a claim lives (aws.state.CLAIM_TTL_DAYS)
-
-
-def list_afresh(adapters: Adapters, listed: Sequence[Machine] | None = None) -> SweepRead:
-    """For a sweep handed to the fan-out (whose shards read their own machines): the settings and team
-    policies, and the machines the planner `listed` (listed again only when there are none)."""
-    settings, _ = adapters.policies.load_settings()
-    refs = adapters.policies.load_teams(settings)
-    machines = list(listed) if listed is not None else adapters.fleet.discover(settings.tags, notebooks=False)
-    return SweepRead(settings, refs, machines, {})
-
-
-@dataclass
-class DailyDoctor:
-    """One daily run: its findings, the failures told, and what it cost."""
-
-    findings: list[Finding]
-    told: list[Finding]
-    slack_calls: int
-    metric_calls: int
-    cache_reads: int
-    seconds: float
-
-
-def daily_subset(
-    adapters: Adapters, read: SweepRead, now: datetime, reader: SlackReader | None
-) -> tuple[list[Finding], int]:
-    """The cheap checks, on what the sweep read: teams in safe mode, GPU machines without GPU metrics (the
-    sweep's own reads; only the GPU machines it did not read this time are read, CPU and GPU alone), the bot's
-    membership of the team channels, unresolved owners (the sweep's owner cache first, and what is resolved is
-    written to it). A check's fault makes it unknown. Returns the findings and the owner-cache reads made."""
-    findings: list[Finding] = []
-    refs = dict(read.refs or {})
-    if read.refs is None:
-        findings.append(unknown("policy.teams", "the team policies could not be read"))
-    else:
-        findings += [f for f in check_policy(PolicyFacts("", (), refs, None)) if f.check == "policy.teams"]
-    try:
-        signals = gather_signals(
-            adapters.metrics, read.machines, read.settings, refs, now, read=read.signals, gpu_only=True
-        )
-        unread = sorted(m.instance_id for m in signals if not m.complete)
-        findings.append(check_gpu_metrics(signals))
-        if unread:
-            findings.append(unknown("signals.gpu", f"CloudWatch could not be read for {len(unread)} machine(s)"))
-    except Exception as exc:  # a check's fault is its unknown
-        findings.append(unknown("signals.gpu", f"{type(exc).__name__}: {exc}"))
-    lookups = 0
-    try:
-        slack = gather_slack(reader, True, read.settings, refs, users=False)
-        findings += [f for f in check_slack(slack) if f.check == "slack.channels"] or [
-            unknown("slack.channels", slack.auth_error or "Slack is not reachable")
-        ]
-    except Exception as exc:
-        findings.append(unknown("slack.channels", f"{type(exc).__name__}: {exc}"))
-        slack = None
-    if reader is None or slack is None or not slack.reachable:
-        findings.append(unknown("people.owners", "Slack is not reachable with the bot token"))
-    else:
-        cache = _cache_reader(adapters.store, now)
-
-        def cached(key: str) -> str | None:
-            nonlocal lookups
-            lookups += 1
-            return cache(key)
-
-        try:
-            owned, contacts = gather_people(reader, read.machines, refs, cached, _cache_writer(adapters.store, now))
-            findings += [f for f in check_people(owned, contacts) if f.check == "people.owners"]
-        except Exception as exc:
-            findings.append(unknown("people.owners", f"{type(exc).__name__}: {exc}"))
-    return [f for f in findings if f.check in DAILY_CHECKS], lookups
-
-
-def _told_before(adapters: Adapters, now: datetime) -> dict[str, list[str]]:
-    try:
-        stored = adapters.store.get_lookup(FAILING_KEY, now)
-        value = json.loads(stored) if stored else {}
-    except Exception as exc:  # nothing remembered: no claim is released, none is lost
-        logger.warning("daily doctor: what was told before could not be read", extra={"error": str(exc)})
-        return {}
-    return {str(k): [str(key) for key in v] for k, v in value.items()} if isinstance(value, dict) else {}
-
-
-def tell_new_failures(
-    adapters: Adapters, findings: Sequence[Finding], settings: Settings, now: datetime
-) -> list[Finding]:
-    """Each failure is told once (a claim keyed on its check and subjects); a failure that has cleared
-    releases its claim, so if it comes back it is told again. Returns the failures told now."""
-    remembered = remember(_told_before(adapters, now), findings)
-    for key in remembered.cleared:
-        try:
-            adapters.store.release_claim(f"doctor#{key}")
-        except Exception as exc:
-            logger.warning("daily doctor: a cleared failure's claim was not released", extra={"error": str(exc)})
-    told = [
-        f
-        for f in findings
-        if f.status == "fail"
-        and alert_once(
-            adapters,
-            f"doctor#{finding_key(f)}",
-            f"idle-reaper doctor (the sweep's daily check) found a new problem: {f.message}. Fix: {f.fix}",
-            settings,
-            now,
-        )
-    ]
-    try:
-        adapters.store.put_lookup(FAILING_KEY, json.dumps(dict(remembered.failing)), now + FAILING_KEEP)
-    except Exception as exc:
-        logger.warning("daily doctor: what was told could not be recorded", extra={"error": str(exc)})
-    return told
-
-
-def run_daily_doctor(
-    adapters: Adapters,
-    now: datetime,
-    read: SweepRead | None,
-    time_left: Callable[[], float],
-    listed: Sequence[Machine] | None = None,
-) -> DailyDoctor | None:
-    """The daily subset, on the day's first sweep with DAILY_MIN_SECONDS left (claimed once a day), after the
-    sweep's own work. It never raises: a fault is logged, and a check it touches is unknown. Nothing is told
-    in a dry run. `read`: what the sweep read; else `listed`, what the fan-out's planner listed; with neither,
-    the fleet is listed again."""
-    if time_left() < DAILY_MIN_SECONDS:
-        return None
-    started = time.monotonic()
-    metric_calls = adapters.metrics.stats.calls
-    try:
-        if not adapters.store.claim_once(f"doctor#day#{now:%Y-%m-%d}", now):
-            return None
-        read = read or list_afresh(adapters, listed)
-        slack, _ = slack_reader(DAILY_SLACK_SECONDS, started + DAILY_SLACK_SECONDS)
-        findings, lookups = daily_subset(adapters, read, now, slack)
-        told = [] if read.settings.dry_run else tell_new_failures(adapters, findings, read.settings, now)
-    except Exception as exc:  # the sweep goes on; tomorrow's first sweep checks again
-        logger.warning("daily doctor failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-        return None
-    done = DailyDoctor(
-        findings=findings,
-        told=told,
-        slack_calls=slack.calls if slack else 0,
-        metric_calls=adapters.metrics.stats.calls - metric_calls,
-        cache_reads=lookups,
-        seconds=round(time.monotonic() - started, 3),
-    )
-    for f in findings:
-        if f.status != "ok":
-            logger.warning("daily doctor: " + f.line(), extra={"check": f.check, "status": f.status})
-    logger.info(
-        "daily doctor",
-        extra={
-            "told": [f.check for f in told],
-            "slack_calls": done.slack_calls,
-            "metric_calls": done.metric_calls,
-            "owner_cache_reads": done.cache_reads,
-            "seconds": done.seconds,
-        },
-    )
-    return done
 
 
 # ---------------------------------------------------------------------------------------------

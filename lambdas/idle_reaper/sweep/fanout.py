@@ -30,6 +30,7 @@ from idle_reaper.core.signals import Machine
 from idle_reaper.notify import SharedPacing
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, load_sweep_settings
+from idle_reaper.sweep.doctor_daily import note_gpu_facts, report_gpu_facts
 from idle_reaper.sweep.members import (
     MAX_UNIT_PARTS,
     MEMBER_MANIFEST,
@@ -97,7 +98,8 @@ class Plan:
     machines: int
     dry_run: bool
     # What the planner listed: swept from here in place; for a sweep handed to the fan-out, what the daily
-    # doctor checks (handlers/sweep.py), so the fleet is listed once. Never part of the execution's input.
+    # doctor's planner part checks (handlers/sweep.py), so the fleet is listed once. Never part of the
+    # execution's input.
     listed: tuple[Machine, ...] = field(default=(), repr=False, compare=False)
     member_shards: int = 0  # shards of member (account, region) units, indices shards .. all_shards-1
     member_units: int = 0
@@ -111,14 +113,18 @@ class Plan:
         """Whether the caller sweeps it in place (one machine shard, no member units): no manifest written."""
         return self.all_shards == 1
 
-    def execution_input(self) -> dict[str, Any]:
-        """The state machine's input: the Map runs one worker per entry of `shards`."""
+    def execution_input(self, *, doctor: bool = False) -> dict[str, Any]:
+        """The state machine's input: the Map runs one worker per entry of `shards`. `doctor`: the planner
+        claimed the day's doctor, whose GPU check the machine shards (0 .. machine_shards-1) and the gather
+        step make (sweep/doctor_daily.py)."""
         return {
             "sweep_id": self.sweep_id,
             "now": self.now.isoformat(),
             "dry_run": self.dry_run,
             "shards": list(range(self.all_shards)),
             "concurrent_shards": min(self.all_shards, SHARDS_AT_ONCE),
+            "doctor": doctor,
+            "machine_shards": self.shards,
         }
 
 
@@ -131,6 +137,7 @@ class ShardTask(BaseModel):
     dry_run: bool = False
     shard: int = Field(ge=0)
     concurrent_shards: int = Field(default=1, ge=1, le=1000)  # shards of this sweep running at once
+    doctor: bool = False  # a machine shard keeps its GPU machines' facts for the day's doctor
 
 
 class ShardDone(BaseModel):
@@ -148,6 +155,8 @@ class GatherTask(BaseModel):
     dry_run: bool = False
     shards: list[int]
     results: list[ShardDone] = Field(default_factory=list)
+    doctor: bool = False  # the GPU check of the day's doctor, of the machine shards' facts
+    machine_shards: int = Field(default=0, ge=0)
 
 
 class SweepTotals(BaseModel):
@@ -418,7 +427,8 @@ def run_shard(
         value = json.loads(manifest)
     except ValueError:
         raise SweepCannotRun(f"{where} is not JSON; nothing was changed") from None
-    if isinstance(value, dict) and MEMBER_MANIFEST in value:
+    of_members = isinstance(value, dict) and MEMBER_MANIFEST in value
+    if of_members:
         parsed = parse_member_manifest(value, where)
         units = parsed.units()
         if members is None:
@@ -467,6 +477,8 @@ def run_shard(
         adapters.store.put_lookup(result_key(sweep_id, index), totals.model_dump_json(), task.now + MANIFEST_TTL)
     except AwsError as exc:  # what it did is recorded per machine; only the summary is lost
         raise SweepCannotRun(f"shard {index} swept, but its totals were not recorded ({error_code(exc)})") from None
+    if task.doctor and not of_members:  # the day's doctor: this machine shard's GPU machines (never raises)
+        note_gpu_facts(adapters, report.read, task.now, (sweep_id, index), time_left)
     return report, totals
 
 
@@ -525,6 +537,16 @@ def gather_sweep(adapters: Adapters, task: GatherTask, time_left: Callable[[], f
             note_member_sweep(adapters, gathered.units, task.now)
             note_unit_sizes(adapters, gathered.units, task.now)
         send_sweep_notices(adapters, task.now, time_left)  # the shards queued them: one pace for the workspace
+    if task.doctor:  # the day's GPU check, of the machine shards' facts (never raises)
+        report_gpu_facts(
+            adapters,
+            task.sweep_id,
+            task.now,
+            task.machine_shards,
+            failed,
+            dry_run=gathered.dry_run,
+            time_left=time_left,
+        )
     return gathered
 
 
