@@ -3,6 +3,9 @@ workers that call under one AWS quota at once, they keep to it together."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from idle_reaper.aws import Fleet
@@ -34,3 +37,29 @@ def test_a_fleet_shared_by_shards_paces_its_describes_on_its_share(virtual_pacin
     assert shared.describe_pace.quota == Quota(100 / 30, 20 / 30)
     shared.describe_pace.take()  # after the planner's listing: none of the burst counted on, one token's refill
     assert virtual_pacing[0] == pytest.approx(1000 + 30 / 20)
+
+
+def test_a_pace_shared_by_threads_keeps_its_rate_on_the_wall_clock():
+    """Eight threads taking from one Pace (the metric reader's threads share one): on the real clock, what they
+    took by any time is never more than the burst and the refill since the start, and no tighter window holds more
+    than its share (a little room for the threads' scheduling). A pace that lost a take between threads (a
+    refill counted twice, a read outside the lock) lets them through faster."""
+    pace, granted, lock = Pace(Quota(5.0, 50.0)), [], threading.Lock()
+
+    def worker() -> None:
+        for _ in range(10):
+            pace.take()
+            with lock:
+                granted.append(time.monotonic())
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(granted) == 80
+    assert granted[-1] - start >= (80 - 5) / 50 - 0.01, "80 takes need 1.5 s of refill after the burst of 5"
+    granted.sort()
+    worst = max(sum(1 for t in granted if g <= t < g + 0.2) for g in granted)
+    assert worst <= 5 + 50 * 0.2 + 3, worst
