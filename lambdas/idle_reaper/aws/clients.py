@@ -19,6 +19,8 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.utils import parse_timestamp as botocore_parse_timestamp
 
+from idle_reaper.aws.limits import RATE_HELD
+
 DEFAULT_DEPLOY_PREFIX = "idle-reaper"  # the stack's prefix (infra/stack.py) when none is chosen
 TABLE_SUFFIX = "-state"  # a stack's table is <prefix>-state
 DEFAULT_TABLE = f"{DEFAULT_DEPLOY_PREFIX}{TABLE_SUFFIX}"
@@ -33,7 +35,7 @@ CALL_WIDE_ERRORS = frozenset(
         "InternalFailure",
         "ServiceUnavailable",
         "Unavailable",
-        "RateHeld",  # not sent: the product's own pacing held it back (aws/limits.py RateHeld)
+        RATE_HELD,  # not sent: the product's own pacing held it back
     }
 )
 DDB_WORKERS = 32

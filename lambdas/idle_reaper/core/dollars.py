@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from idle_reaper.core.kinds import NEVER_STOPPED, Kind, MachineKind, Saving
+from idle_reaper.core.records import Action
 
 # Kinds billed at their Spot price: what they bill is at most their on-demand price (or the request's maximum).
 SPOT_KINDS = frozenset({Kind.SPOT, Kind.SPOT_ONE_TIME, Kind.SPOT_RELAUNCHING, Kind.SPOT_REQUEST_GONE})
@@ -32,8 +33,6 @@ RESERVED_KINDS = frozenset({Kind.RESERVED, Kind.CAPACITY_BLOCK})
 # Kinds idle-reaper never stops: EC2 refuses, a fleet or a persistent request would replace it, what EC2 would do
 # is unknown, or a look-up failed.
 NOT_STOPPED = NEVER_STOPPED | {Kind.UNKNOWN}
-# The actions a digest counts as stops (core/digest.RECOVERING) that end a machine EC2 cannot stop.
-TERMINATE_INSTANCE = "terminate_instance"
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ class Dollars:
 
     def saved_by(self, action: str) -> Saving:
         """What the audited action `action` (a RECOVERING one) saves an hour."""
-        return self.terminate if action == TERMINATE_INSTANCE else self.stop
+        return self.terminate if action == Action.TERMINATE_INSTANCE else self.stop
 
 
 def billed(kind: str, on_demand_price: float | None, spot_max_price: float | None = None) -> Saving:

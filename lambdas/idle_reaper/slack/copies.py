@@ -17,7 +17,7 @@ from idle_reaper.notify import Delivery
 from idle_reaper.slack.blocks import blocks_json, owner_warning_line, warning_blocks, warning_text
 from idle_reaper.slack.faults import SlackFault
 from idle_reaper.slack.posting import Posting
-from idle_reaper.slack.shared import warning_metadata
+from idle_reaper.slack.shared import listed_metadata, warning_metadata
 
 
 class OwedCopies(Posting):
@@ -88,7 +88,7 @@ class OwedCopies(Posting):
                 faults.append(SlackFault("listing_gone", True, advice, target=target))
                 return []
             text, blocks, listed = view
-            metadata = warning_metadata(list(listed.ids), [listed.refs[i] for i in listed.ids], group_ref)
+            metadata = listed_metadata(listed, group_ref)
             return self._post_to([target], text, blocks, faults, subject, metadata)
 
     def _owed(self, decisions: Sequence[Decision], entry: str, fault: SlackFault | None) -> list[Delivery]:

@@ -54,7 +54,7 @@ from idle_reaper.slack.faults import classify as classify  # re-exported
 from idle_reaper.slack.notices import NOTICE_EDITS_PER_MINUTE, EditPace, StopNotice, Told
 from idle_reaper.slack.posting import POST_SECONDS_PER_CHANNEL as POST_SECONDS_PER_CHANNEL  # re-exported
 from idle_reaper.slack.shared import REF_TTL as REF_TTL  # re-exported
-from idle_reaper.slack.shared import warning_metadata
+from idle_reaper.slack.shared import listed_metadata, warning_metadata
 
 
 class SlackDelivery(OwedCopies):
@@ -433,7 +433,7 @@ class SlackNotifier(SlackDelivery):
         )
         if lone:
             text = warning_text(part[0])
-        metadata = warning_metadata(list(listed.ids), [listed.refs[i] for i in listed.ids], group_ref)
+        metadata = listed_metadata(listed, group_ref)
         messages = self._post_to(targets, text, blocks, faults, ",".join(listed.ids), metadata)
         if not messages:
             lost = [f for f in faults if f.lost]

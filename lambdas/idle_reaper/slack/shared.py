@@ -56,6 +56,11 @@ def warning_metadata(instance_ids: list[str], refs: list[str], group_ref: str | 
     return {"event_type": WARNING_EVENT, "event_payload": payload}
 
 
+def listed_metadata(listed: ListedGroup, group_ref: str) -> dict[str, Any]:
+    """warning_metadata of a shared message: every machine it lists, with its reference, in listing order."""
+    return warning_metadata(list(listed.ids), [listed.refs[i] for i in listed.ids], group_ref)
+
+
 class Fault(Protocol):
     """A failed Slack call, classified (notifier.SlackFault)."""
 
@@ -273,6 +278,6 @@ class SharedMessages(OwnerDirectory):
         if view is None:
             return False, []
         text, blocks, listed = view
-        metadata = warning_metadata(list(listed.ids), [listed.refs[i] for i in listed.ids], group_ref)
+        metadata = listed_metadata(listed, group_ref)
         faults = self.edit_copies(messages, text, blocks, subject, metadata)
         return len(faults) < len(messages), faults

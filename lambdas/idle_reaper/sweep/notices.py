@@ -52,8 +52,12 @@ class StopNoticeSender(Protocol):
     def send_notices(self, records: Sequence[MachineRecord], pace: EditPace) -> dict[str, Told]: ...
 
 
+def _bucket_name(n: int) -> str:
+    return f"notices#{n}"
+
+
 def _bucket(key: str) -> str:
-    return f"notices#{zlib.crc32(key.encode()) % NOTICE_BUCKETS}"
+    return _bucket_name(zlib.crc32(key.encode()) % NOTICE_BUCKETS)
 
 
 def _keys(raw: str | None) -> list[str]:
@@ -107,7 +111,7 @@ def queue_notices(store: StateStore, keys: Iterable[str], now: datetime) -> list
 
 def pending_notices(store: StateStore, now: datetime) -> list[str]:
     def read(n: int) -> list[str]:
-        return _keys(store.get_lookup(f"notices#{n}", now))
+        return _keys(store.get_lookup(_bucket_name(n), now))
 
     return [k for keys in run_concurrently(read, list(range(NOTICE_BUCKETS)), DDB_WORKERS) for k in keys]
 
@@ -186,8 +190,10 @@ def _send(
         logger.warning("stop notices not sent", extra={"error": str(exc)})
         told = {}
     outcomes = {key: status for key, (status, _) in told.items()}
-    stale = [r for r in ordered if r.last_action_at and now - r.last_action_at > NOTICE_GIVE_UP]
-    given_up = [r for r in ordered if outcomes.get(r.key) == "gone" or (r in stale and outcomes.get(r.key) != "sent")]
+    stale = {r.key for r in ordered if r.last_action_at and now - r.last_action_at > NOTICE_GIVE_UP}
+    given_up = [
+        r for r in ordered if outcomes.get(r.key) == "gone" or (r.key in stale and outcomes.get(r.key) != "sent")
+    ]
     done = [r for r in ordered if outcomes.get(r.key) == "sent"] + given_up
 
     def clear(r: MachineRecord) -> bool:

@@ -17,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from idle_reaper.aws.clients import AwsError, error_code
+from idle_reaper.aws.limits import Pacing
 from idle_reaper.aws.policies import policy_for
 from idle_reaper.aws.state import StateStore
 from idle_reaper.core.lifecycle import Decision
@@ -102,7 +102,7 @@ def note_quiet_stops(store: StateStore, stops: Sequence[QuietStop], now: datetim
         if not left:
             break
         if attempt:  # throttled: back off, jittered, before writing what is left
-            time.sleep(random.uniform(0, 0.02 * 2**attempt))
+            Pacing.sleep(random.uniform(0, 0.02 * 2**attempt))  # the benchmark's virtual clock moves too
         by_scope: dict[str, dict[str, str]] = {}
         for s in left.values():
             by_scope.setdefault(scope_of(s.key), {})[s.key] = s.value
