@@ -168,3 +168,15 @@ def test_the_admins_digest_says_up_to_for_the_team_and_account_whose_savings_are
     text = digest_text(build_digest([spot, exact], [], W47, now=END))
     assert "By team: cv saved $168.00, kept idle $0.00; ml saved up to $168.00, kept idle $0.00" in text
     assert "By account: the hub's account saved up to $168.00" in text and "111111111111 saved $168.00" in text
+
+
+def test_a_release_its_group_keeps_running_saves_no_machine_hours_either() -> None:
+    """Issue 44 read-over, 2: a group member released (scale-in protection removed, not stopped) that its group still
+    runs saves nothing (core/dollars.py saves_while_running): neither dollars nor machine-hours in the digest's
+    Saved line, while a stop beside it counts its hours."""
+    member = MachineRecord("i-0member", "ml", State.REAPED, asg_name="workers", last_action="unprotect", updated_at=END)
+    release = {**stop(False)[2], "action": "unprotect"}
+    d = build_digest([("i-0member", MON, release), stop(False)], [member], W47, now=END, team="ml")
+    assert d.recovered["releases"].count == 1 and d.recovered["releases"].hours == 0.0
+    assert d.recovered_hours == 168.0  # the stop's week alone
+    assert "Saved: *$168.00* over 168.0 machine-hours: 1 releases (0.0 h, $0.00), 1 stops" in digest_text(d)

@@ -22,6 +22,7 @@ from idle_reaper import aws
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.core import Action, Decision, State
 from idle_reaper.core.digest import week_of
+from idle_reaper.core.dollars import saves_while_running
 from idle_reaper.policy import Settings
 from idle_reaper.slack import blocks_text, load_secrets, make_client
 from idle_reaper.slack.digest import DigestSender
@@ -340,13 +341,13 @@ def summary(seeded: Seeded, reports: list[SweepReport]) -> list[tuple[str, str, 
             if snoozes:
                 what += " (after a 2 h keep)"
             # What the stop saves (nothing for reserved capacity), never the machine's price; a group member the
-            # group kept running saves nothing yet (the digest's rule, core/digest.py).
+            # group kept running saves nothing yet, neither hours nor dollars (core/dollars.py, as the digest).
             saved = reaped.saving.hourly if reaped.saving and reaped.saving.hourly is not None else 0.0
-            if reaped.action is Action.UNPROTECT and any(
+            if not saves_while_running(reaped.action) and any(
                 d.machine.instance_id == instance_id for d in reports[-1].decisions
             ):
                 what += ", still running"
-                saved = 0.0
+                hours = saved = 0.0
             rows.append((name, what, hours, hours * saved))
         else:
             final = steps[-1].state.value if steps else "not seen"
