@@ -439,6 +439,7 @@ class AtRisk:
     account: str | None = None  # the member account (None: the hub's own)
     key: str = ""  # its machine key (records.machine_key): what exempt_idle is keyed by
     idle_hourly: float | None = None  # what an idle hour of it wastes, by the rule (core/dollars.py)
+    idle_upper_bound: bool = False  # idle_hourly is the most it can be (Spot): "up to"
 
     @property
     def idle_dollars(self) -> float:  # exempt: what its idle hours of the week wasted (0: not read, no price)
@@ -481,6 +482,7 @@ class Digest:
     account_names: Mapping[str, str] = field(default_factory=dict)  # account id -> its name (the directory's)
     idle_minutes: int | None = None
     spot_in: set[tuple[str, str | None]] = field(default_factory=set)  # (team, account) whose savings are "up to"
+    spot_kept_in: set[tuple[str, str | None]] = field(default_factory=set)  # ... whose kept-idle waste is "up to"
 
     @property
     def recovered_hours(self) -> float:
@@ -638,8 +640,9 @@ def build_digest(
             if any(team_money) or any(e.team == t and lo <= e.at < hi for e in events):
                 d.teams[t] = team_money
     d.accounts = _by_account(events, all_stretches, d, team, lo, hi)
-    spot = (s for s in all_stretches if s.upper_bound and s.kind != KEEP and s.hourly and _in_scope(team, s.team))
-    d.spot_in = {(s.team, s.account) for s in spot if s.hours_in(lo, hi) > 0}
+    spots = [s for s in all_stretches if s.upper_bound and s.hourly and _in_scope(team, s.team)]
+    d.spot_in = {(s.team, s.account) for s in spots if s.kind != KEEP and s.hours_in(lo, hi) > 0}
+    d.spot_kept_in = {(s.team, s.account) for s in spots if s.kind == KEEP and s.hours_in(lo, hi) > 0}
     return d
 
 
@@ -702,7 +705,8 @@ def _at_risk(
                 prices.get(r.instance_type or ""),
                 account=r.account,
                 key=r.key,
-                idle_hourly=dollars(r.machine_kind, prices.get(r.instance_type or "")).idle.hourly,
+                idle_hourly=(idle := dollars(r.machine_kind, prices.get(r.instance_type or "")).idle).hourly,
+                idle_upper_bound=idle.upper_bound,
             )
             for r in records
             if r.state in states and _in_scope(team, r.team) and running_now(r, now) and (r.asg_name or not group)
