@@ -52,6 +52,8 @@ def local_aws() -> Iterator[LocalAws]:
     documented limits in front of it (aws_rules.py) for every client made from boto3's default session."""
     _studio_without_apps()
     _regions_as_aws_lists_them()
+    _spot_instances_name_their_request()
+    _capacity_reservations_as_ec2_describes_them()
     _atomic_dynamodb_writes()
     _item_size_as_dynamodb_counts_it()
     _quicker_local_world()
@@ -255,6 +257,60 @@ def _regions_as_aws_lists_them() -> None:
     responses.describe_regions = describe_regions
 
 
+def _spot_instances_name_their_request() -> None:
+    """DescribeInstances of a Spot instance names the request behind it (`SpotInstanceRequestId`,
+    https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_Instance.html); moto's instance of a request does
+    not. The request's instance is told its request's id as it is launched."""
+    from moto.ec2.models.spot_requests import SpotInstanceRequest
+
+    request: Any = SpotInstanceRequest
+    if getattr(request, "_idle_reaper_named", False):
+        return
+    request._idle_reaper_named = True
+    launch_instance = request.launch_instance
+
+    def named(self: Any) -> Any:
+        instance = launch_instance(self)
+        instance.spot_instance_request_id = self.id
+        return instance
+
+    request.launch_instance = named
+
+
+# The capacity reservations of each moto EC2 backend (so moto's reset empties them), by id: reserve() writes them.
+_RESERVATIONS = "idle_reaper_capacity_reservations"
+
+
+def _capacity_reservations_as_ec2_describes_them() -> None:
+    """moto has no capacity reservations. DescribeCapacityReservations answers here, in moto's server, with the
+    reservations reserve() made (each a CapacityReservation as the EC2 API reference describes it,
+    https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CapacityReservation.html, serialized by moto from
+    botocore's model of the response, as EC2's own XML). `CapacityReservationId.N` selects; an id the account
+    does not have fails the call with InvalidCapacityReservationId.NotFound, the code the sweep reads
+    (aws/fleet.py kind_lookups); filters and paging are not read (the product sends neither)."""
+    from moto.core.responses import ActionResult
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.responses.instances import InstanceResponse
+
+    responses: Any = InstanceResponse
+    if hasattr(responses, "describe_capacity_reservations"):
+        return
+
+    def describe_capacity_reservations(self: Any) -> Any:
+        self.error_on_dryrun()
+        held: dict[str, dict[str, Any]] = getattr(self.ec2_backend, _RESERVATIONS, {})
+        wanted = self._get_param("CapacityReservationIds", [])
+        for reservation_id in wanted:
+            if reservation_id not in held:
+                raise EC2ClientError(
+                    "InvalidCapacityReservationId.NotFound",
+                    f"The capacity reservation ID '{reservation_id}' does not exist",
+                )
+        return ActionResult({"CapacityReservations": [held[i] for i in wanted] if wanted else list(held.values())})
+
+    responses.describe_capacity_reservations = describe_capacity_reservations
+
+
 _ENV = (
     "MOTO_EC2_LOAD_DEFAULT_AMIS",
     "AWS_ENDPOINT_URL",
@@ -414,6 +470,65 @@ def launch(
     instance_id: str = out["Instances"][0]["InstanceId"]
     _set_launch_time(instance_id, launch_time)
     return instance_id
+
+
+def launch_spot(
+    name: str, instance_type: str, *, team: str, launch_time: datetime, owner: str | None = None
+) -> tuple[str, str]:
+    """A Spot instance of a persistent request that stops it when interrupted (the kind idle-reaper stops: its
+    request restarts it when started again), tagged like a machine; its instance id and request id. No maximum
+    price: EC2's default, the on-demand price. RequestSpotInstances tags the request only, so the instance is
+    tagged as its owner would, with CreateTags."""
+    ec2 = aws.client("ec2")
+    request = ec2.request_spot_instances(
+        InstanceCount=1,
+        Type="persistent",
+        InstanceInterruptionBehavior="stop",
+        LaunchSpecification={"ImageId": AMI, "InstanceType": instance_type},
+    )["SpotInstanceRequests"][0]
+    instance_id: str = ec2.describe_spot_instance_requests(SpotInstanceRequestIds=[request["SpotInstanceRequestId"]])[
+        "SpotInstanceRequests"
+    ][0]["InstanceId"]
+    tags = {"Name": name, "Team": team, MANAGED_TAG: "true", **({"Owner": owner} if owner else {})}
+    ec2.create_tags(Resources=[instance_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+    _set_launch_time(instance_id, launch_time)
+    return instance_id, str(request["SpotInstanceRequestId"])
+
+
+def reserve(instance_id: str, created: datetime) -> str:
+    """An active On-Demand Capacity Reservation of the machine's type in its zone, one slot, no end date, with the
+    machine running in it (what CreateCapacityReservation, then RunInstances targeting it, leave in EC2; moto has
+    neither, so both are written into its backend): its id. DescribeInstances then names it
+    (`CapacityReservationId`) and DescribeCapacityReservations describes it (_capacity_reservations_as_...)."""
+    from moto.ec2.models import ec2_backends
+
+    backend = ec2_backends[ACCOUNT][aws.client("ec2").meta.region_name or REGION]
+    instance: Any = backend.get_instance(instance_id)
+    reservation_id = "cr-" + instance_id.removeprefix("i-")
+    zone = instance.placement.zone
+    when = created.astimezone(UTC)
+    held = backend.__dict__.setdefault(_RESERVATIONS, {})
+    held[reservation_id] = {
+        "CapacityReservationId": reservation_id,
+        "OwnerId": ACCOUNT,
+        "CapacityReservationArn": f"arn:aws:ec2:{backend.region_name}:{ACCOUNT}:capacity-reservation/{reservation_id}",
+        "InstanceType": instance.instance_type,
+        "InstancePlatform": "Linux/UNIX",
+        "AvailabilityZone": zone,
+        "Tenancy": "default",
+        "TotalInstanceCount": 1,
+        "AvailableInstanceCount": 0,  # its one slot is the machine's
+        "EbsOptimized": False,
+        "EphemeralStorage": False,
+        "State": "active",
+        "StartDate": when,
+        "EndDateType": "unlimited",
+        "InstanceMatchCriteria": "targeted",
+        "CreateDate": when,
+        "ReservationType": "default",
+    }
+    instance.capacity_reservation_id = reservation_id
+    return reservation_id
 
 
 NOTEBOOK_ROLE = f"arn:aws:iam::{ACCOUNT}:role/notebook"

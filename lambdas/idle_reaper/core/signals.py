@@ -476,3 +476,26 @@ def describe_human_signal(note: str) -> str:
     if kind == "quiet":
         return f"no person active (last input {when})" if when else "no person active"
     return ""
+
+
+def idle_hours(signals: Signals, policy: TeamPolicy, lo: datetime, hi: datetime, *, gpu: bool) -> float | None:
+    """Hours of [lo, hi) an exempt machine sat idle by its team's thresholds: the clock hours with CPU data
+    (and, for a GPU type, GPU data) in which every point stayed under them. An hour without data is not idle
+    (unknown, never idle); None when the window holds no data at all or the read was incomplete."""
+    if not signals.complete:
+        return None
+    hours: dict[datetime, list[bool]] = {}  # hour -> [seen CPU, seen GPU, busy]
+
+    def mark(points: Sequence[tuple[datetime, float]], slot: int, threshold: float) -> None:
+        for at, value in points:
+            if lo <= at < hi:
+                marks = hours.setdefault(at.replace(minute=0, second=0, microsecond=0), [False, False, False])
+                marks[slot] = True
+                marks[2] = marks[2] or value >= threshold
+
+    mark(signals.cpu, 0, policy.cpu_threshold_percent)
+    if gpu:
+        mark(signals.gpu, 1, policy.gpu_threshold_percent)
+    if not hours or (gpu and not any(marks[1] for marks in hours.values())):
+        return None  # nothing read, or a GPU type whose GPU was never seen: unknown, never idle
+    return float(sum(1 for cpu, seen_gpu, busy in hours.values() if cpu and (seen_gpu or not gpu) and not busy))
