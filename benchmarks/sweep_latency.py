@@ -196,16 +196,26 @@ def most_in_a_second(weighted: Sequence[tuple[float, int]]) -> int:
 
 @dataclass(frozen=True)
 class MetricRate:
-    """GetMetricData requests as the account-region's quotas see them in one sweep: calls and datapoints a second."""
+    """GetMetricData requests as the account-region's quotas see them in one sweep: its calls and its datapoints a
+    second, each a bucket of one second's worth (as the rules in front of moto keep them, aws_rules.py)."""
 
     calls: int
-    peak_calls_per_s: int
-    peak_points_per_s: int
+    peak_calls_per_s: int  # the most sent in any one second (a sliding window)
+    lowest_calls: float  # the calls bucket's fewest tokens (50, refilled 50 a second)
+    lowest_points: float  # the datapoints bucket's fewest (180,000, refilled 180,000 a second)
+    throttled: int  # requests that found either bucket short
 
     @classmethod
     def of(cls, stamps: Sequence[Stamp]) -> MetricRate:
-        sent = [(t, points) for t, kind, points in stamps if kind == "metrics"]
-        return cls(len(sent), most_in_a_second([(t, 1) for t, _ in sent]), most_in_a_second(sent))
+        sent = sorted((t, points) for t, kind, points in stamps if kind == "metrics")
+        calls = TokenBucket(METRIC_CALLS_PER_S, METRIC_CALLS_PER_S)
+        points = TokenBucket(METRIC_POINTS_PER_S, METRIC_POINTS_PER_S)
+        throttled, lowest_calls, lowest_points = 0, calls.capacity, points.capacity
+        for t, asked in sent:
+            throttled += not (calls.take(t) and points.take(t, asked))
+            lowest_calls, lowest_points = min(lowest_calls, calls.tokens), min(lowest_points, points.tokens)
+        peak = most_in_a_second([(t, 1) for t, _ in sent])
+        return cls(len(sent), peak, lowest_calls, lowest_points, throttled)
 
 
 def map_starts(durations: Sequence[float], lanes: int) -> list[float]:
@@ -509,7 +519,9 @@ def print_size(size: int, results: list[Measured], zones: int = len(ZONES)) -> b
         f"{METRIC_POINTS_PER_S:,.0f} datapoints a second)"
     )
     row("  most calls in any one second", [m.peak_calls_per_s for m in metric_rates])
-    row("  most datapoints asked in any one second", [m.peak_points_per_s for m in metric_rates])
+    row("  the calls bucket at its lowest, tokens", [m.lowest_calls for m in metric_rates], ",.1f")
+    row("  the datapoints bucket at its lowest", [m.lowest_points for m in metric_rates])
+    row("  requests that found either short (throttled)", [m.throttled for m in metric_rates])
     target = TARGETS.get(size)
     for label, r in zip(LABELS, results, strict=True):
         if target is not None and r.wall_s > target:
@@ -522,6 +534,10 @@ def print_size(size: int, results: list[Measured], zones: int = len(ZONES)) -> b
         if d.throttled:
             ok = False
             print(f"  MISSED sweep {label}: {d.throttled:,} EC2 Describe* requests past the account-region's bucket")
+    for label, m in zip(LABELS, metric_rates, strict=True):
+        if m.throttled:
+            ok = False
+            print(f"  MISSED sweep {label}: {m.throttled:,} GetMetricData requests past the account-region's quotas")
     if results[1].state_writes > 0.10 * size:
         ok = False
         print(f"  MISSED steady state: {results[1].state_writes:,} writes > 10 % of {size:,} machines")
