@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,6 +28,7 @@ from idle_reaper.aws.limits import (
     Pace,
     Pacing,
     ResourcePace,
+    paced_pages,
 )
 from idle_reaper.core.kinds import InstanceFacts, Lookups, Reservation, SpotRequest, is_ec2_id
 from idle_reaper.core.reports import GroupCapacity
@@ -180,18 +181,6 @@ def _listed_once(parts: Sequence[Sequence[str]], listed: Sequence[Sequence[Machi
     return seen
 
 
-def _paged(pace: Pace, call: Callable[..., Mapping[str, Any]], **kwargs: Any) -> Iterator[Mapping[str, Any]]:
-    """Every page of a describe call, each request paced on `pace` (what a boto3 paginator does, unpaced)."""
-    token: str | None = None
-    while True:
-        pace.take()
-        page = call(**kwargs, **({"NextToken": token} if token else {}))
-        yield page
-        token = page.get("NextToken")
-        if not token:
-            return
-
-
 Ec2 = tuple[Any, Pace]  # an EC2 client, and the pace its Describe* requests wait on
 
 
@@ -222,7 +211,7 @@ def _described(ec2: Ec2, tags: TagKeys, only: list[dict[str, Any]]) -> Listing:
     tag names (instance id -> group)."""
     client, pace = ec2
     return _machines_of(
-        _paged(pace, client.describe_instances, Filters=_filters(tags, only), MaxResults=PAGE_SIZE), tags
+        paced_pages(pace, client.describe_instances, Filters=_filters(tags, only), MaxResults=PAGE_SIZE), tags
     )
 
 
@@ -507,7 +496,7 @@ class Fleet:
         def spot(batch: Sequence[str]) -> Lookups:
             found: dict[str, SpotRequest] = {}
             try:
-                pages = _paged(
+                pages = paced_pages(
                     self.describe_pace,
                     self.ec2.describe_spot_instance_requests,
                     Filters=[{"Name": "spot-instance-request-id", "Values": list(batch)}],

@@ -21,10 +21,11 @@ DATAPOINTS_PER_CALL = 100_800  # GetMetricData returns at most this many before 
 # local user's high values cannot hide a real low one (see the threat model there).
 HUMAN_METRIC_NAMESPACE = "CWAgent"
 HUMAN_METRIC_NAME = "idle_reaper_minutes_since_input"
-# Read at the agent's own resolution (one datapoint a minute, agent/cloudwatch-agent-activity.json): a
-# datapoint's time is then within a minute of its sample, so the input it places (core/signals.py,
-# last_human_input) is never more than a minute early. Queries are billed per metric, not per datapoint.
-HUMAN_METRIC_PERIOD_SECONDS = 60
+# Read at the sweep's period like the other metrics (the agent publishes one value a minute): a Minimum of
+# five one-minute values asks CloudWatch for a fifth of the datapoints, which at 200,000 machines is the
+# difference between a first look inside GetMetricData's 180,000 datapoints a second and one past its
+# timeout. Its datapoint is moved to the end of its period (`_human_point`), so the input it places
+# (core/signals.py, last_human_input) is never earlier than the truth, at most a period later.
 # The collector's second gauge: which of its sources it could not read (agent/README.md). Read by `status`
 # only, on demand, never by the sweep (each query is billed).
 UNREADABLE_METRIC_NAME = "idle_reaper_unreadable_sources"
@@ -146,7 +147,6 @@ class MetricsReader:
                 query_id = f"{kind[0]}{kind[-1]}{index}"  # e.g. "cu12": unique, starts with a letter
                 owner[query_id] = (instance_id, kind)
                 stat = _STATISTIC.get(kind, "Maximum")
-                query_period = min(period, HUMAN_METRIC_PERIOD_SECONDS) if kind == "user" else period
                 queries.append(
                     {
                         "Id": query_id,
@@ -156,7 +156,7 @@ class MetricsReader:
                                 "MetricName": name,
                                 "Dimensions": [{"Name": "InstanceId", "Value": instance_id}],
                             },
-                            "Period": query_period,
+                            "Period": period,
                             "Stat": stat,
                         },
                         "ReturnData": True,
@@ -168,8 +168,7 @@ class MetricsReader:
         # limit so no batch needs a second (re-billed) NextToken page, and under this reader's share of the
         # datapoints a second, so that one call never asks for more than its bucket holds (calls are billed by
         # the metric, not by the call: smaller calls cost nothing more).
-        finest = min(period, HUMAN_METRIC_PERIOD_SECONDS) if human else period
-        points_per_query = int((end - start).total_seconds()) // finest + 1
+        points_per_query = -(-int((end - start).total_seconds()) // period)  # the same for every query
         fits = min(DATAPOINTS_PER_CALL, int(self.points_pace.quota.burst)) // points_per_query
         per_call = max(1, min(METRIC_QUERIES_PER_CALL, fits))
 
@@ -207,6 +206,7 @@ class MetricsReader:
     ) -> None:
         status: dict[str, str] = {}
         token: str | None = None
+        period = timedelta(seconds=int(batch[0]["MetricStat"]["Period"]))  # one period for every query
         while True:
             kwargs: dict[str, Any] = {
                 "MetricDataQueries": list(batch),
@@ -222,9 +222,11 @@ class MetricsReader:
             self._count(calls=1, queries=len(batch))
             for res in response["MetricDataResults"]:
                 key = owner[res["Id"]]
-                points.setdefault(key, []).extend(
-                    (ts.astimezone(UTC), float(v)) for ts, v in zip(res["Timestamps"], res["Values"], strict=True)
-                )
+                values = zip(res["Timestamps"], res["Values"], strict=True)
+                series = [(ts.astimezone(UTC), float(v)) for ts, v in values]
+                if key[1] == "user":
+                    series = [_human_point(p, period, end) for p in series]
+                points.setdefault(key, []).extend(series)
                 status[res["Id"]] = res.get("StatusCode", "Complete")
             token = response.get("NextToken")
             if not token:
@@ -235,6 +237,15 @@ class MetricsReader:
         for q in batch:
             if q["Id"] not in status:
                 incomplete.add(owner[q["Id"]][0])
+
+
+def _human_point(point: Point, period: timedelta, end: datetime) -> Point:
+    """A Minimum of minutes since input over one period, at the period's end (or `end`, for the period still
+    under way): each value it took was sampled by then, so the input it places (time - minutes) is never earlier
+    than any of them placed it; timed at the period's start, a value sampled late in it placed the input up to
+    a period early, and the machine looked idle that much sooner."""
+    at, minutes = point
+    return min(at + period, end), minutes
 
 
 def unreadable_sources(cloudwatch: Any, instance_ids: Sequence[str], end: datetime) -> dict[str, list[str]]:

@@ -200,10 +200,10 @@ def last_human_input(points: Sequence[Point], now: datetime) -> tuple[datetime |
     datapoints were garbage and ignored: negative, over HUMAN_NONE, NaN, or an input time in the future
     (a skewed clock). HUMAN_NONE means no input seen: a valid point that names no input.
 
-    The sweep reads the collector's metric at its own one-minute resolution (aws/metrics.py), so a
-    datapoint's time is within a minute before the sample it holds: the input it places is never earlier
-    than the truth by more than a minute (at the sweep's five-minute period, a Minimum taken late in the
-    period would place it up to five minutes early, making the machine look idle sooner)."""
+    The sweep reads the collector's one-minute values as a Minimum over its period, timed at the period's
+    end (aws/metrics.py, _human_point): the input it places is never earlier than the truth, at most a
+    period later (timed at the period's start, a value sampled late in it would place the input up to a
+    period early, making the machine look idle sooner)."""
     latest: datetime | None = None
     bad = 0
     for t, minutes in points:
@@ -280,11 +280,11 @@ def _usage(
 ) -> UsageMarks:
     """What the usage profile learns from the datapoints fetched: the UTC hours of the busy ones (`highs`:
     a track at or above its threshold; or a person's input within the datapoint's own period, as the
-    replay's truth counts it) and the UTC day of the newest datapoint."""
+    replay's truth counts it, marked at the input's own time) and the UTC day of the newest datapoint."""
     busy = [t for t, _ in highs]
     if user:
         period_minutes = period.total_seconds() / 60
-        busy.extend(t for t, v in user if 0 <= v < period_minutes and t <= now)
+        busy.extend(t - timedelta(minutes=v) for t, v in user if 0 <= v < period_minutes and t <= now)
     newest = max([track.points[-1][0] for track in tracks if track.points], default=None)
     return UsageMarks(epoch_hours(busy) if busy else (), None if newest is None else epoch_day(newest))
 
