@@ -524,8 +524,11 @@ class MetricSettings(_Strict):
     # period, as NetworkIn/NetworkOut), read for notebook instances of teams with a network threshold.
     notebook_network_in: MetricSource = MetricSource(namespace="CWAgent", name="net_bytes_recv")
     notebook_network_out: MetricSource = MetricSource(namespace="CWAgent", name="net_bytes_sent")
-    # A SageMaker endpoint's requests, per EndpointName and VariantName (Sum per period).
+    # A SageMaker endpoint's requests, per EndpointName and VariantName (Sum per period). SageMaker publishes it for
+    # the periods that had requests: a period without a datapoint counts as none only where the variant's instances
+    # reported this heartbeat (SampleCount per period); without either, the endpoint is unknown (core/endpoints.py).
     endpoint_invocations: MetricSource = MetricSource(namespace="AWS/SageMaker", name="Invocations")
+    endpoint_heartbeat: MetricSource = MetricSource(namespace="/aws/sagemaker/Endpoints", name="CPUUtilization")
     network_in: MetricSource = MetricSource(namespace="AWS/EC2", name="NetworkIn")
     network_out: MetricSource = MetricSource(namespace="AWS/EC2", name="NetworkOut")
     period_seconds: Literal[60, 300] = Field(

@@ -17,9 +17,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from idle_reaper.policy import TeamPolicy
+
+Point = tuple[datetime, float]  # (period start, value), as core/signals.py's
 
 ENDPOINT_PREFIX = "endpoint:"
 IN_SERVICE = "InService"
@@ -46,6 +49,26 @@ def endpoint_name(machine_id: str) -> str:
     if not is_endpoint_id(machine_id) or len(machine_id) == len(ENDPOINT_PREFIX):
         raise ValueError(f"not an endpoint's id: {machine_id!r}")
     return machine_id[len(ENDPOINT_PREFIX) :]
+
+
+@dataclass(frozen=True)
+class Words:
+    """What messages call a machine's action: a stop, or for an endpoint its deletion."""
+
+    noun: str = "machine"
+    stopped: str = "stopped"
+    stop_button: str = "Stop now"
+    stop_title: str = "Stopped"
+    start_button: str = "Start it again"
+
+
+ENDPOINT_WORDS = Words("endpoint", "deleted", "Delete now", "Deleted", "Bring it back")
+MACHINE_WORDS = Words()
+
+
+def words_for(key: str) -> Words:
+    """The words for the machine a machine id or key (records.machine_key: account/region/id) names."""
+    return ENDPOINT_WORDS if is_endpoint_id(key.rsplit("/", 1)[-1]) else MACHINE_WORDS
 
 
 @dataclass(frozen=True)
@@ -209,6 +232,16 @@ def endpoint_policy(policy: TeamPolicy) -> TeamPolicy:
             "scarce_idle_minutes": None,
         }
     )
+
+
+def requests_per_period(invocations: Sequence[Point], reported: Sequence[Point]) -> list[Point]:
+    """A variant's requests in each period it is known about, oldest first: Invocations' Sum where SageMaker
+    published one, and 0 where it published none but the variant's instances reported (the heartbeat metric): an
+    endpoint in service publishes Invocations only for periods with requests, so a period without a datapoint is
+    "no request" only if the endpoint is seen running then. Periods with neither stay holes (unknown, never idle)."""
+    found = {t: 0.0 for t, _ in reported}
+    found.update((t, float(v)) for t, v in invocations)
+    return sorted(found.items())
 
 
 def track_label(variant: str) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from idle_reaper.core.endpoints import Variant, track_label
+from idle_reaper.core.endpoints import Variant, requests_per_period, track_label
 from idle_reaper.core.kinds import InstanceFacts, family_of
 from idle_reaper.core.records import machine_key
 from idle_reaper.core.time_of_day import UsageMarks, epoch_day, epoch_hours
@@ -82,8 +82,10 @@ class Signals:
     # CWAgent idle_reaper_minutes_since_input (Minimum): minutes since a person's last input, 0-10080
     # (HUMAN_NONE = none seen). No points: the collector is not running, no information either way.
     user: Sequence[Point] = ()
-    # A SageMaker endpoint's AWS/SageMaker Invocations (Sum per period), per variant: (variant name, points).
+    # A SageMaker endpoint's AWS/SageMaker Invocations (Sum per period), per variant: (variant name, points); and
+    # the periods its instances reported (the heartbeat metric's SampleCount), per variant (core/endpoints.py).
     invocations: Sequence[tuple[str, Sequence[Point]]] = ()
+    reported: Sequence[tuple[str, Sequence[Point]]] = ()
 
 
 @dataclass(frozen=True)
@@ -265,13 +267,23 @@ def _tracks(
 
 
 def _endpoint_tracks(variants: Sequence[Variant], signals: Signals) -> list[_Track] | Assessment:
-    """One track per variant the endpoint has: a request (Sum of Invocations at or above 1) is busy. A variant
-    with no datapoints leaves the endpoint unknown (assess: "no ... datapoints"); an endpoint with no variant,
-    too."""
+    """One track per variant the endpoint has, its requests each period it is known to have had them or none
+    (core/endpoints.requests_per_period): a request is busy. A variant with no datapoint of either metric leaves the
+    endpoint unknown; so does an endpoint with no variant."""
     if not variants:
         return Assessment("unknown", "the endpoint lists no production variant", missing_series=True)
-    found = dict(signals.invocations)
-    return [_Track(track_label(v.name), 1.0, sorted(found.get(v.name, ())), "requests") for v in variants]
+    calls, reported = dict(signals.invocations), dict(signals.reported)
+    tracks = []
+    for v in variants:
+        points = requests_per_period(calls.get(v.name, ()), reported.get(v.name, ()))
+        if not points:
+            why = (
+                f"no metrics from variant {v.name}: SageMaker published neither its Invocations nor its instances' "
+                "heartbeat in the window"
+            )
+            return Assessment("unknown", why, missing_series=True)
+        tracks.append(_Track(track_label(v.name), 1.0, points, "requests"))
+    return tracks
 
 
 HumanSignal = Literal["active", "quiet", "missing", "off"]

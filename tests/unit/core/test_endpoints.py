@@ -45,13 +45,13 @@ def ref(policy: TeamPolicy | None = None) -> TeamPolicyRef:
     return TeamPolicyRef(team="ml", policy=policy or TeamPolicy(), source="/idle-reaper/teams/ml", version=1)
 
 
-def judged(facts, series: dict[str, list], *, policy: TeamPolicy | None = None, launched=LONG_AGO):
+def judged(facts, series: dict[str, list], *, policy: TeamPolicy | None = None, launched=LONG_AGO, reported=None):
     """The endpoint's own policy, its kind and its assessment, as the sweep makes them."""
     m = endpoint_machine(facts, launched)
     kind = classify(m.facts, Lookups(), NOW)  # an endpoint needs no EC2 look-up
     own = kind_policy(ref(policy), kind, m)
     assert own.policy is not None
-    sig = Signals(invocations=tuple(series.items()))
+    sig = Signals(invocations=tuple(series.items()), reported=tuple((reported or {}).items()))
     return m, kind, own, assess(m, sig, own.policy, now=NOW, period=P, gpu_families=DEFAULT_GPU_FAMILIES)
 
 
@@ -184,9 +184,26 @@ class TestSignal:
     def test_a_variant_without_datapoints_is_unknown_never_idle(self):
         config = endpoint_config("c", variant("a"), variant("b", model="model-b"))
         m, kind, own, a = judged(endpoint_facts(config=config), {"a": invocations(0)})
-        assert a.signal == "unknown" and "no invocations of variant b datapoints" in a.reason
+        assert a.signal == "unknown" and "no metrics from variant b" in a.reason
         d = decide(m, own, a, None, now=NOW, kind=kind)
         assert (d.state, d.action) == (State.UNKNOWN, Action.NONE)
+
+    def test_periods_without_invocations_count_as_none_only_where_its_instances_reported(self):
+        # SageMaker publishes Invocations only for periods with requests: the heartbeat says the rest had none.
+        heartbeat = invocations(3.0)
+        _, _, _, a = judged(endpoint_facts(), {}, reported={"AllTraffic": heartbeat})
+        assert a.signal == "idle", a.reason
+        # Without the heartbeat, no Invocations datapoint says nothing: unknown, never idle.
+        _, _, _, a = judged(endpoint_facts(), {}, reported={})
+        assert a.signal == "unknown" and "no metrics from variant AllTraffic" in a.reason
+        # A request in a period the heartbeat missed is still a request.
+        calls = [(heartbeat[-20][0] + timedelta(minutes=1), 2.0)]
+        _, _, _, a = judged(endpoint_facts(), {"AllTraffic": calls}, reported={"AllTraffic": heartbeat})
+        assert a.signal == "busy"
+        # A heartbeat with a hole longer than max_gap_minutes: not covered, unknown.
+        holed = heartbeat[:100] + heartbeat[110:]
+        _, _, _, a = judged(endpoint_facts(), {}, reported={"AllTraffic": holed})
+        assert a.signal == "unknown" and "gap" in a.reason
 
     def test_a_hole_in_the_metrics_is_unknown(self):
         values = [0.0] * 286
