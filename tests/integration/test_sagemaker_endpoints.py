@@ -181,16 +181,33 @@ def test_what_cannot_be_brought_back_is_never_deleted_and_sagemakers_refusals_ar
     assert team.calls["CreateEndpoint"] == created and local.endpoint_statuses([gone_later]) == {gone_later: None}
     assert record(gone_later).state is State.REAPED
 
-    # SageMaker's own refusals, in front of moto: no deletion while it changes, no creation without a model.
-    updating = endpoint("updating-ep", heartbeat=False)
-    local.set_endpoint(updating, status="Updating")
-    endpoints = aws.sagemaker_fleet(
-        aws.client("ec2"), aws.client("autoscaling"), aws.client("sagemaker"), aws.client("application-autoscaling")
-    ).endpoints
-    assert endpoints is not None
-    (outcome,) = endpoints.delete([f"endpoint:{updating}"])
-    assert outcome.error and outcome.error.startswith("ValidationException")
-    assert local.endpoint_statuses([updating]) == {updating: "Updating"}
+    # SageMaker's own refusals, in front of moto: no deletion while it changes, no creation without a model. An
+    # endpoint that began updating after the sweep listed it InService: refused, recorded, tried again later.
+    racing = endpoint("racing-ep")
+    assert sweep(T0 + timedelta(minutes=25))[f"endpoint:{racing}"].action_label == "warn"
+    real_discover = aws.Endpoints.discover
+
+    def racing_update(self, tags, names=None):
+        found = real_discover(self, tags, names)
+        if names is None:  # the sweep's listing, not its check before acting
+            local.set_endpoint(racing, status="Updating")
+        return found
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(aws.Endpoints, "discover", racing_update)
+        checked = sweep(T0 + timedelta(minutes=45))[f"endpoint:{racing}"]
+        assert "changed since this sweep listed it" in (checked.error or "")  # described again before acting
+        assert team.calls["DeleteEndpoint"] == 1  # later-ep's alone
+        local.set_endpoint(racing, status="InService")
+        # ... and when it begins updating after that check too, SageMaker refuses.
+        mp.setattr(aws.Fleet, "still_as_listed", lambda self, machines, tags: {m.instance_id for m in machines})
+        refused = sweep(T0 + timedelta(minutes=50))[f"endpoint:{racing}"]
+    assert refused.error and "ValidationException" in refused.error and "not tried again" not in refused.error
+    assert team.refused[("DeleteEndpoint", "ValidationException")] == 1
+    assert local.endpoint_statuses([racing]) == {racing: "Updating"} and record(racing).state is State.WARNED
+    local.set_endpoint(racing, status="InService")
+    assert sweep(T0 + timedelta(minutes=55))[f"endpoint:{racing}"].action_label == "stop"
+    assert local.endpoint_statuses([racing]) == {racing: None}
     with pytest.raises(ClientError) as err:
         aws.client("sagemaker").create_endpoint(EndpointName="again", EndpointConfigName="later-ep-config")
     assert err.value.response["Error"]["Code"] == "ValidationException"
