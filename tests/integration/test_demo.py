@@ -116,6 +116,14 @@ def test_the_sagemaker_notebook_instance_is_warned_then_stopped_at_its_sagemaker
     assert "sm-notebook was stopped at 2026-11-20 14:30 UTC; it saves $3.83/h" in demo_output
 
 
+def test_the_idle_endpoint_is_warned_with_its_hourly_cost_then_deleted_and_its_configuration_kept(demo_output):
+    row = summary_row(demo_output, "demo-llm")
+    assert "deleted at 13:30" in row and row.split()[-1] == "$5.15"  # 3.5 h at 2 x ml.g4dn.xlarge's $0.7364
+    assert "Idle endpoint: demo-llm" in demo_output and "*Cost*: $1.47 per hour" in demo_output
+    assert "demo-llm (endpoint:demo-llm) was deleted at 2026-11-20 13:30 UTC; it saves $1.47/h" in demo_output
+    assert "[Bring it back]" in demo_output and "--endpoint-config-name demo-llm-config" in demo_output
+
+
 # --- The afternoon scenario, from the same run's reports and the world it left ------------------------------
 
 

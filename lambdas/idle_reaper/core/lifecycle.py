@@ -677,6 +677,8 @@ def _reap_action(machine: Machine, policy: TeamPolicy, how: Handling | None = No
     if how is not None and how.mode == "terminate":
         why = f"idle past its {how.idle_minutes}-min window and EC2 cannot stop it: terminate"
         return Action.TERMINATE_INSTANCE, why
+    if machine.is_endpoint:
+        return Action.STOP, "idle past its window: delete it (its configuration, models and tags kept)"
     if policy.action == "hibernate":
         if machine.hibernation_configured:
             return Action.HIBERNATE, "idle past its window: hibernate"
