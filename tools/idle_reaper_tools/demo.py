@@ -50,6 +50,11 @@ def _until(change: datetime, before: tuple[float, float | None], after: tuple[fl
     return lambda t: before if t < change else after
 
 
+def _requests(profile: local.Profile) -> Callable[[datetime], float]:
+    """An endpoint's requests per 5 minutes: its profile's first value."""
+    return lambda t: profile(t)[0]
+
+
 @dataclass
 class Box:
     name: str
@@ -188,7 +193,7 @@ def launch_due(seeded: Seeded, now: datetime) -> None:
                 box.name, box.instance_type, team=box.team, launch_time=launched, owner=box.owner, count=count
             )
             seeded.ids[box.name], seeded.names[f"endpoint:{name}"] = f"endpoint:{name}", box.name
-            local.write_invocations(name, lambda t, p=box.profile: p(t)[0], max(box.launched, at(6)), END)
+            local.write_invocations(name, _requests(box.profile), max(box.launched, at(6)), END)
         elif box.name not in seeded.ids and box.launched <= now and box.sagemaker:
             name = local.launch_notebook(
                 box.name, box.instance_type, team=box.team, launch_time=box.launched, owner=box.owner
