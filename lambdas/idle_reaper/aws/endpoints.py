@@ -71,6 +71,7 @@ class Endpoints:
                 variants=variants_of(endpoint, config, minimum.get(name, {})),
                 missing=missing,
                 tags=tuple(sorted(tag.items())),
+                asynchronous=bool((config or {}).get("AsyncInferenceConfig")),
             )
             machines.append(
                 Machine(

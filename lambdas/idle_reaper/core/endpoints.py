@@ -97,6 +97,9 @@ class EndpointFacts:
     # What CreateEndpoint would need and is gone: "endpoint configuration C", "model M" (empty: it can be recreated).
     missing: tuple[str, ...] = ()
     tags: tuple[tuple[str, str], ...] = ()  # every tag of the endpoint, sorted
+    # Its configuration has AsyncInferenceConfig: SageMaker publishes no Invocations for an asynchronous endpoint
+    # (https://docs.aws.amazon.com/sagemaker/latest/dg/async-inference-monitor.html), so it is never idle.
+    asynchronous: bool = False
 
     @property
     def hardware(self) -> str:

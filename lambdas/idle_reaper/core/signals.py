@@ -245,6 +245,9 @@ def _tracks(
 ) -> list[_Track] | Assessment:
     """The series a machine is judged on (CPU, GPU, network; an endpoint's invocations of each variant), or at
     once "unknown" for a GPU machine without GPU metrics when the policy never treats such a machine as idle."""
+    if machine.facts.endpoint is not None and machine.facts.endpoint.asynchronous:
+        why = "an asynchronous endpoint: SageMaker publishes no Invocations for it, so whether it is used is unknown"
+        return Assessment("unknown", why, missing_series=True)
     if machine.facts.endpoint is not None:
         return _endpoint_tracks(machine.facts.endpoint.variants, signals)
     tracks = [_Track("CPU", policy.cpu_threshold_percent, sorted(signals.cpu))]

@@ -5,6 +5,7 @@ back. Pure: SageMaker's answer shapes (testkit/sagemaker_answers.py), no AWS."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -205,6 +206,13 @@ class TestSignal:
         _, _, _, a = judged(endpoint_facts(), {}, reported={"AllTraffic": holed})
         assert a.signal == "unknown" and "gap" in a.reason
 
+    def test_an_asynchronous_endpoint_is_unknown_whatever_its_heartbeat(self):
+        # It publishes no Invocations at all: its instances' heartbeat alone must never read as "no request".
+        facts = replace(endpoint_facts(), asynchronous=True)
+        m, kind, own, a = judged(facts, {}, reported={"AllTraffic": invocations(3.0)})
+        assert a.signal == "unknown" and "asynchronous endpoint" in a.reason
+        assert decide(m, own, a, None, now=NOW, kind=kind).action is Action.NONE
+
     def test_a_hole_in_the_metrics_is_unknown(self):
         values = [0.0] * 286
         points = invocations(values)
@@ -285,8 +293,6 @@ class TestLifecycle:
 
 
 def replace_delivered(record: MachineRecord, at: datetime) -> MachineRecord:
-    from dataclasses import replace
-
     return replace(record, warning_delivered_at=at)
 
 
