@@ -152,6 +152,14 @@ def test_a_reserved_machine_is_told_not_stopped_and_saves_nothing(run: Run, demo
     assert run.instance_states[instance_id] == "running"
 
 
+def test_the_idle_endpoint_is_warned_with_its_hourly_cost_then_deleted_and_its_configuration_kept(demo_output):
+    row = summary_row(demo_output, "demo-llm")
+    assert "deleted at 13:30" in row and row.split()[-1] == "$5.15"  # 3.5 h at 2 x ml.g4dn.xlarge's $0.7364
+    assert "Idle endpoint: demo-llm" in demo_output and "*Cost*: $1.47 per hour" in demo_output
+    assert "demo-llm (endpoint:demo-llm) was deleted at 2026-11-20 13:30 UTC; it saves $1.47/h" in demo_output
+    assert "[Bring it back]" in demo_output and "--endpoint-config-name demo-llm-config" in demo_output
+
+
 # --- The afternoon scenario, from the same run's reports and the world it left ------------------------------
 
 

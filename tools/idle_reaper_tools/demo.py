@@ -52,6 +52,11 @@ def _until(change: datetime, before: tuple[float, float | None], after: tuple[fl
     return lambda t: before if t < change else after
 
 
+def _requests(profile: local.Profile) -> Callable[[datetime], float]:
+    """An endpoint's requests per 5 minutes: its profile's first value."""
+    return lambda t: profile(t)[0]
+
+
 @dataclass
 class Box:
     name: str
@@ -66,6 +71,7 @@ class Box:
     sagemaker: bool = False  # a SageMaker notebook instance (its metrics as the lifecycle configuration publishes)
     spot: bool = False  # a Spot instance of a persistent request that stops it
     reserved: bool = False  # runs in an On-Demand Capacity Reservation (local.reserve)
+    endpoint: int = 0  # a SageMaker real-time endpoint of this many instances (its profile's CPU: requests per 5 min)
 
 
 FLEET = [
@@ -136,6 +142,16 @@ FLEET = [
         sagemaker=True,
     ),
     Box(
+        "demo-llm",
+        "ml.g4dn.xlarge",
+        "ml",
+        _until(at(12), (40.0, None), (0.0, None)),
+        "carol@example.com",
+        "SageMaker endpoint (2 instances) nobody calls since 12:00: deleted, its configuration kept to bring it back",
+        launched=at(6),
+        endpoint=2,
+    ),
+    Box(
         "fleet-worker",
         "m5.large",
         "ml",
@@ -180,7 +196,7 @@ SLACK_USERS = {
 GROUP = "workers"
 GROUP_PROFILES = [_steady(70.0, None), _steady(1.0, None)]  # one busy member, one idle
 TEAM_POLICIES = {
-    "ml": local.team_policy_json(idle_minutes=90, warn_minutes=30, slack_channel="C0MLTEAM"),
+    "ml": local.team_policy_json(idle_minutes=90, warn_minutes=30, slack_channel="C0MLTEAM", endpoint_idle_minutes=90),
     "vision": local.team_policy_json(idle_minutes=60, warn_minutes=15, action="hibernate", notify="owner"),
     "research": local.team_policy_json(idle_minutes=5),  # invalid: below the 15-minute minimum
 }
@@ -195,7 +211,14 @@ class Seeded:
 def launch_due(seeded: Seeded, now: datetime) -> None:
     """Start the boxes whose launch time the simulated clock has reached, with their metrics."""
     for box in FLEET:
-        if box.name not in seeded.ids and box.launched <= now and box.sagemaker:
+        if box.name not in seeded.ids and box.launched <= now and box.endpoint:
+            launched, count = box.launched, box.endpoint
+            name = local.launch_endpoint(
+                box.name, box.instance_type, team=box.team, launch_time=launched, owner=box.owner, count=count
+            )
+            seeded.ids[box.name], seeded.names[f"endpoint:{name}"] = f"endpoint:{name}", box.name
+            local.write_invocations(name, _requests(box.profile), max(box.launched, at(6)), END)
+        elif box.name not in seeded.ids and box.launched <= now and box.sagemaker:
             name = local.launch_notebook(
                 box.name, box.instance_type, team=box.team, launch_time=box.launched, owner=box.owner
             )
@@ -313,8 +336,12 @@ _VERBS = {
 }
 
 
+def _verb(d: Decision) -> str:
+    return "DELETED" if d.machine.is_endpoint and d.action is Action.STOP else _VERBS.get(d.action, d.state.value)
+
+
 def _describe(d: Decision, name: str) -> str:
-    return f"  {name:<13} {_VERBS.get(d.action, d.state.value):<22} {d.reason}"
+    return f"  {name:<13} {_verb(d):<22} {d.reason}"
 
 
 class Timeline:
@@ -371,7 +398,7 @@ def summary(seeded: Seeded, reports: list[SweepReport]) -> list[Row]:
         reaped = next((d for d in steps if d.state is State.REAPED and d.applied and d.action is not Action.NONE), None)
         if reaped and reaped.record.updated_at:
             hours = (END - reaped.record.updated_at).total_seconds() / 3600
-            what = f"{_VERBS[reaped.action].lower()} at {reaped.record.updated_at:%H:%M}"
+            what = f"{_verb(reaped).lower()} at {reaped.record.updated_at:%H:%M}"
             snoozes = sum(1 for d in steps if d.state is State.SNOOZED)
             if snoozes:
                 what += " (after a 2 h keep)"

@@ -577,6 +577,85 @@ def notebook_statuses(names: list[str]) -> dict[str, str]:
     return {n: client.describe_notebook_instance(NotebookInstanceName=n)["NotebookInstanceStatus"] for n in names}
 
 
+def launch_endpoint(
+    name: str,
+    instance_type: str = "ml.g4dn.xlarge",  # moto's enum of instance types stops before g5
+    *,
+    team: str,
+    launch_time: datetime,
+    owner: str | None = None,
+    managed: bool = True,
+    count: int = 1,
+    serverless: bool = False,
+) -> str:
+    """A SageMaker real-time endpoint, InService, with its model (`<name>-model`) and its endpoint configuration
+    (`<name>-config`, one variant AllTraffic of `count` instances, or serverless), tagged like a machine; its machine
+    id is endpoint:<name>."""
+    tags = {"Team": team, **({"Owner": owner} if owner else {})}
+    if managed:
+        tags[MANAGED_TAG] = "true"
+    sagemaker = aws.client("sagemaker")
+    container = {"Image": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/model:latest"}
+    sagemaker.create_model(ModelName=f"{name}-model", ExecutionRoleArn=NOTEBOOK_ROLE, PrimaryContainer=container)
+    variant: dict[str, Any] = {"VariantName": "AllTraffic", "ModelName": f"{name}-model"}
+    if serverless:
+        variant["ServerlessConfig"] = {"MemorySizeInMB": 2048, "MaxConcurrency": 5}
+    else:
+        variant.update(InstanceType=instance_type, InitialInstanceCount=count, InitialVariantWeight=1.0)
+    sagemaker.create_endpoint_config(EndpointConfigName=f"{name}-config", ProductionVariants=[variant])
+    sagemaker.create_endpoint(
+        EndpointName=name,
+        EndpointConfigName=f"{name}-config",
+        Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+    )
+    _endpoint(name).last_modified_time = launch_time.astimezone(UTC).replace(tzinfo=None)
+    return name
+
+
+def _endpoint(name: str) -> Any:
+    from moto.sagemaker.models import sagemaker_backends
+
+    region = aws.client("sagemaker").meta.region_name or REGION
+    return sagemaker_backends[ACCOUNT][region].endpoints[name]
+
+
+def set_endpoint(name: str, *, status: str | None = None, launch_time: datetime | None = None) -> None:
+    """Put an endpoint in a status moto never reaches on its own (Creating, Updating...), or date its last change."""
+    if status is not None:
+        _endpoint(name).endpoint_status = status
+    if launch_time is not None:
+        _endpoint(name).last_modified_time = launch_time.astimezone(UTC).replace(tzinfo=None)
+
+
+def endpoint_statuses(names: list[str]) -> dict[str, str | None]:
+    """Each endpoint's EndpointStatus; None for one that does not exist."""
+    from moto.sagemaker.models import sagemaker_backends
+
+    region = aws.client("sagemaker").meta.region_name or REGION
+    endpoints = sagemaker_backends[ACCOUNT][region].endpoints
+    return {n: endpoints[n].endpoint_status if n in endpoints else None for n in names}
+
+
+def write_invocations(
+    name: str, requests: Callable[[datetime], float], start: datetime, end: datetime, variant: str = "AllTraffic"
+) -> None:
+    """What SageMaker publishes for an endpoint in service, every 5 minutes by EndpointName and VariantName: its
+    instances' CPUUtilization (/aws/sagemaker/Endpoints: the heartbeat the sweep reads), and AWS/SageMaker
+    Invocations for the periods with requests (`requests(t)` > 0) alone."""
+    dims = [{"Name": "EndpointName", "Value": name}, {"Name": "VariantName", "Value": variant}]
+    calls, cpu = [], []
+    t = start
+    while t < end:
+        cpu.append({"MetricName": "CPUUtilization", "Dimensions": dims, "Timestamp": t, "Value": 3.0})
+        if (value := requests(t)) > 0:
+            calls.append({"MetricName": "Invocations", "Dimensions": dims, "Timestamp": t, "Value": value})
+        t += timedelta(minutes=5)
+    cloudwatch = aws.client("cloudwatch")
+    for namespace, data in (("AWS/SageMaker", calls), ("/aws/sagemaker/Endpoints", cpu)):
+        for i in range(0, len(data), 1000):
+            cloudwatch.put_metric_data(Namespace=namespace, MetricData=data[i : i + 1000])
+
+
 def launch_group(
     name: str,
     instance_type: str,

@@ -10,6 +10,7 @@ from typing import Any
 
 from idle_reaper.aws.clients import AwsError, chunks, run_concurrently
 from idle_reaper.aws.limits import GET_METRIC_DATA_DPS, GET_METRIC_DATA_TPS, Pace, Quota
+from idle_reaper.core.endpoints import ENDPOINT_DIMENSION, VARIANT_DIMENSION
 from idle_reaper.core.signals import Point, Signals
 from idle_reaper.policy import (
     MetricSettings,
@@ -162,12 +163,78 @@ class MetricsReader:
                         "ReturnData": True,
                     }
                 )
+        points, incomplete = self._read(queries, owner, start, end, period)
+        result: dict[str, Signals] = {}
+        for instance_id in instance_ids:
+            series = {kind: sorted(points.get((instance_id, kind), [])) for kind, _, _ in kinds}
+            result[instance_id] = Signals(
+                cpu=series["cpu"],
+                gpu=series.get("gpu", []),
+                network_in=series.get("network_in", []),
+                network_out=series.get("network_out", []),
+                complete=instance_id not in incomplete,
+                user=series.get("user", []),
+            )
+        return result
+
+    def fetch_invocations(
+        self,
+        endpoints: Mapping[str, tuple[str, Sequence[str]]],
+        metrics: MetricSettings,
+        *,
+        start: datetime,
+        end: datetime,
+    ) -> dict[str, Signals]:
+        """SageMaker endpoints' requests: for each machine id, (its endpoint's name, its variants' names) ->
+        two queries per variant by EndpointName and VariantName, `metrics.endpoint_invocations` (AWS/SageMaker
+        Invocations) Sum and `metrics.endpoint_heartbeat` (the instances' CPUUtilization) SampleCount per period,
+        packed into as few GetMetricData calls as the queries fill."""
+        period = metrics.period_seconds
+        start = datetime.fromtimestamp(int(start.timestamp()) // period * period, tz=UTC)
+        series = (("c", "Sum", metrics.endpoint_invocations), ("r", "SampleCount", metrics.endpoint_heartbeat))
+        queries: list[dict[str, Any]] = []
+        owner: dict[str, tuple[str, str]] = {}
+        for index, (machine_id, (name, variants)) in enumerate(endpoints.items()):
+            for number, variant in enumerate(variants):
+                dimensions = [
+                    {"Name": ENDPOINT_DIMENSION, "Value": name},
+                    {"Name": VARIANT_DIMENSION, "Value": variant},
+                ]
+                for letter, stat, source in series:
+                    query_id = f"{letter}{index}v{number}"  # unique, starts with a letter
+                    owner[query_id] = (machine_id, f"{letter}:{variant}")
+                    metric = {"Namespace": source.namespace, "MetricName": source.name, "Dimensions": dimensions}
+                    stat_of = {"Metric": metric, "Period": period, "Stat": stat}
+                    queries.append({"Id": query_id, "MetricStat": stat_of, "ReturnData": True})
+        points, incomplete = self._read(queries, owner, start, end, period)
+
+        def of(machine_id: str, letter: str, variants: Sequence[str]) -> tuple[tuple[str, tuple[Point, ...]], ...]:
+            return tuple((v, tuple(sorted(points.get((machine_id, f"{letter}:{v}"), [])))) for v in variants)
+
+        return {
+            machine_id: Signals(
+                invocations=of(machine_id, "c", variants),
+                reported=of(machine_id, "r", variants),
+                complete=machine_id not in incomplete,
+            )
+            for machine_id, (_, variants) in endpoints.items()
+        }
+
+    def _read(
+        self,
+        queries: Sequence[dict[str, Any]],
+        owner: Mapping[str, tuple[str, str]],
+        start: datetime,
+        end: datetime,
+        period: int,
+    ) -> tuple[dict[tuple[str, str], list[Point]], set[str]]:
+        """Every query's datapoints by its owner (machine id, series), and the machines whose data is incomplete.
+        A long window returns many points per query; one call stays under GetMetricData's datapoint limit so no
+        batch needs a second (re-billed) NextToken page, and under this reader's share of the datapoints a second,
+        so that one call never asks for more than its bucket holds (calls are billed by the metric, not by the
+        call: smaller calls cost nothing more)."""
         points: dict[tuple[str, str], list[Point]] = {}
         incomplete: set[str] = set()
-        # A long window returns many points per query; keep one call under GetMetricData's datapoint
-        # limit so no batch needs a second (re-billed) NextToken page, and under this reader's share of the
-        # datapoints a second, so that one call never asks for more than its bucket holds (calls are billed by
-        # the metric, not by the call: smaller calls cost nothing more).
         points_per_query = -(-int((end - start).total_seconds()) // period)  # the same for every query
         fits = min(DATAPOINTS_PER_CALL, int(self.points_pace.quota.burst)) // points_per_query
         per_call = max(1, min(METRIC_QUERIES_PER_CALL, fits))
@@ -181,19 +248,8 @@ class MetricsReader:
                 incomplete.update(owner[q["Id"]][0] for q in batch)
                 self._count(failed_calls=1)
 
-        run_concurrently(read, list(chunks(queries, per_call)), self.workers)
-        result: dict[str, Signals] = {}
-        for instance_id in instance_ids:
-            series = {kind: sorted(points.get((instance_id, kind), [])) for kind, _, _ in kinds}
-            result[instance_id] = Signals(
-                cpu=series["cpu"],
-                gpu=series.get("gpu", []),
-                network_in=series.get("network_in", []),
-                network_out=series.get("network_out", []),
-                complete=instance_id not in incomplete,
-                user=series.get("user", []),
-            )
-        return result
+        run_concurrently(read, list(chunks(list(queries), per_call)), self.workers)
+        return points, incomplete
 
     def _fetch_batch(
         self,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
+from idle_reaper.core.endpoints import Variant, requests_per_period, track_label
 from idle_reaper.core.kinds import InstanceFacts, family_of
 from idle_reaper.core.records import machine_key
 from idle_reaper.core.time_of_day import UsageMarks, epoch_day, epoch_hours
@@ -59,6 +60,11 @@ class Machine:
         """A SageMaker notebook instance (its id is its name), not an EC2 instance."""
         return self.facts.notebook_status is not None
 
+    @property
+    def is_endpoint(self) -> bool:
+        """A SageMaker real-time endpoint (its id is endpoint:<name>; core/endpoints.py)."""
+        return self.facts.endpoint is not None
+
 
 Point = tuple[datetime, float]  # (period start, value)
 
@@ -76,6 +82,10 @@ class Signals:
     # CWAgent idle_reaper_minutes_since_input (Minimum): minutes since a person's last input, 0-10080
     # (HUMAN_NONE = none seen). No points: the collector is not running, no information either way.
     user: Sequence[Point] = ()
+    # A SageMaker endpoint's AWS/SageMaker Invocations (Sum per period), per variant: (variant name, points); and
+    # the periods its instances reported (the heartbeat metric's SampleCount), per variant (core/endpoints.py).
+    invocations: Sequence[tuple[str, Sequence[Point]]] = ()
+    reported: Sequence[tuple[str, Sequence[Point]]] = ()
 
 
 @dataclass(frozen=True)
@@ -149,13 +159,18 @@ def _coverage(
 
 
 def _fmt(value: float, unit: str) -> str:
+    if unit == "requests":
+        return f"{value:,.0f} request{'' if value == 1 else 's'}"
     if unit == "B/s":
         return f"{value:,.0f} B/s"
     return f"{value:.1f}%"
 
 
 def _below(label: str, value: float, threshold: float, unit: str) -> str:
-    """'max CPU 4.96% < 5.0%': enough digits that a value just under the threshold never reads as equal."""
+    """'max CPU 4.96% < 5.0%': enough digits that a value just under the threshold never reads as equal; an
+    endpoint's 'no invocations of variant AllTraffic' (below its threshold of one request means none)."""
+    if unit == "requests":
+        return f"no {label}"
     shown = _fmt(value, unit)
     if unit == "%" and shown == _fmt(threshold, unit):
         shown = f"{value:.3f}".rstrip("0") + "%"
@@ -228,8 +243,13 @@ def _tracks(
     gpu_families: Iterable[str],
     notes: list[str],
 ) -> list[_Track] | Assessment:
-    """The series a machine is judged on (CPU, GPU, network), or at once "unknown" for a GPU machine
-    without GPU metrics when the policy never treats such a machine as idle."""
+    """The series a machine is judged on (CPU, GPU, network; an endpoint's invocations of each variant), or at
+    once "unknown" for a GPU machine without GPU metrics when the policy never treats such a machine as idle."""
+    if machine.facts.endpoint is not None and machine.facts.endpoint.asynchronous:
+        why = "an asynchronous endpoint: SageMaker publishes no Invocations for it, so whether it is used is unknown"
+        return Assessment("unknown", why, missing_series=True)
+    if machine.facts.endpoint is not None:
+        return _endpoint_tracks(machine.facts.endpoint.variants, signals)
     tracks = [_Track("CPU", policy.cpu_threshold_percent, sorted(signals.cpu))]
     if signals.gpu:
         tracks.append(_Track("GPU", policy.gpu_threshold_percent, sorted(signals.gpu)))
@@ -246,6 +266,26 @@ def _tracks(
     if policy.network_threshold_bytes_per_second is not None:
         network = sorted(_combine_network(signals.network_in, signals.network_out, period))
         tracks.append(_Track("network", policy.network_threshold_bytes_per_second, network, "B/s"))
+    return tracks
+
+
+def _endpoint_tracks(variants: Sequence[Variant], signals: Signals) -> list[_Track] | Assessment:
+    """One track per variant the endpoint has, its requests each period it is known to have had them or none
+    (core/endpoints.requests_per_period): a request is busy. A variant with no datapoint of either metric leaves the
+    endpoint unknown; so does an endpoint with no variant."""
+    if not variants:
+        return Assessment("unknown", "the endpoint lists no production variant", missing_series=True)
+    calls, reported = dict(signals.invocations), dict(signals.reported)
+    tracks = []
+    for v in variants:
+        points = requests_per_period(calls.get(v.name, ()), reported.get(v.name, ()))
+        if not points:
+            why = (
+                f"no metrics from variant {v.name}: SageMaker published neither its Invocations nor its instances' "
+                "heartbeat in the window"
+            )
+            return Assessment("unknown", why, missing_series=True)
+        tracks.append(_Track(track_label(v.name), 1.0, points, "requests"))
     return tracks
 
 
