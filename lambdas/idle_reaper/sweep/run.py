@@ -8,11 +8,11 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from idle_reaper.aws.clients import DDB_WORKERS, AwsError, error_code, run_concurrently
+from idle_reaper.aws.clients import DDB_WORKERS, AwsError, chunks, error_code, run_concurrently
 from idle_reaper.aws.metrics import (
     DATAPOINTS_PER_CALL,
     METRIC_QUERIES_PER_CALL,
@@ -125,10 +125,6 @@ def run_sweep(
         if ref.policy is None:
             warnings.append(f"invalid team policy, team in safe mode: {ref.error}")
 
-    machines, records = _machines_and_records(adapters, settings, instance_ids, listed, member, part)
-    if part is not None:
-        machines = keep_part(adapters, machines, records, part, sweep_id, now, dry_run=dry_run)
-
     def ref_for(team: str) -> TeamPolicyRef:
         if not teams_readable:
             return TeamPolicyRef(
@@ -138,18 +134,23 @@ def run_sweep(
                 version=None,
                 error="team policies could not be read",
             )
-        return policy_for(team, refs, settings)
+        # Schedules apply by the team's local time at `now`; the label records which one was in force.
+        return policy_for(team, refs, settings).at(now)
 
-    # Schedules apply by the team's local time at `now`; the label records which one was in force.
-    team_refs = {m.team: ref_for(m.team).at(now) for m in machines}
+    def read(machines: list[Machine], records: dict[str, MachineRecord]) -> Reading:
+        return _read(adapters, machines, records, ref_for, settings, now, warnings, dry_run=dry_run)
+
+    if instance_ids is not None and len(instance_ids) > SHARD_CHUNK:
+        reading = _read_in_chunks(adapters, settings, instance_ids, member, read)
+    else:
+        machines, records = _machines_and_records(adapters, settings, instance_ids, listed, member, part)
+        if part is not None:
+            machines = keep_part(adapters, machines, records, part, sweep_id, now, dry_run=dry_run)
+        reading = read(machines, records)
+    machines, records, team_refs, skipped = reading.machines, reading.records, reading.team_refs, reading.skipped
+    kinds, refs_of, signals = reading.kinds, reading.refs_of, reading.signals
     safe_mode = {ref.team for ref in refs.values() if ref.policy is None}
     safe_mode.update(team for team, ref in team_refs.items() if ref.policy is None)
-    skipped = _not_due(machines, team_refs, records, settings, now)
-    to_read = [m for m in machines if m.instance_id not in skipped]
-    # What kind each machine read is, and so its own policy: its team's, with the window its kind gets.
-    kinds = _machine_kinds(adapters, to_read, settings, now, warnings, alert=not dry_run)
-    refs_of = {m.instance_id: kind_policy(team_refs[m.team], kinds[m.instance_id], m) for m in to_read}
-    signals = _fetch_signals(adapters.metrics, to_read, refs_of, settings, now)
 
     decisions = []
     for m in machines:
@@ -201,6 +202,76 @@ def run_sweep(
         teams_in_safe_mode=sorted(safe_mode),
         read=SweepRead(settings, refs if teams_readable else None, machines, signals),
     )
+
+
+# A shard of more machines than this is described and read in chunks of this many, two at once (run_sweep).
+SHARD_CHUNK = 1_000
+
+
+@dataclass
+class Reading:
+    """What a sweep knows of its machines before it decides: each one described, its record, its team's policy
+    in force, why it is not read this sweep (not due), its kind, its own policy and its datapoints."""
+
+    machines: list[Machine]
+    records: dict[str, MachineRecord]
+    team_refs: dict[str, TeamPolicyRef]
+    skipped: dict[str, str]
+    kinds: dict[str, MachineKind]
+    refs_of: dict[str, TeamPolicyRef]
+    signals: dict[str, Signals]
+
+    @classmethod
+    def joined(cls, parts: Sequence[Reading]) -> Reading:
+        whole = cls([], {}, {}, {}, {}, {}, {})
+        for part in parts:
+            whole.machines += part.machines
+            whole.records.update(part.records)
+            whole.team_refs.update(part.team_refs)
+            whole.skipped.update(part.skipped)
+            whole.kinds.update(part.kinds)
+            whole.refs_of.update(part.refs_of)
+            whole.signals.update(part.signals)
+        return whole
+
+
+def _read_in_chunks(
+    adapters: Adapters,
+    settings: Settings,
+    instance_ids: Sequence[str],
+    member: tuple[str, str] | None,
+    read: Callable[[list[Machine], dict[str, MachineRecord]], Reading],
+) -> Reading:
+    """A large shard: its machines described and `read` a chunk at a time, two chunks at once, so that one chunk's
+    GetMetricData calls wait on their quota while the next one's Describe* calls wait on theirs (at 200,000 machines
+    each takes about a minute a shard; one after the other they took two)."""
+
+    def chunk(ids: Sequence[str]) -> Reading:
+        return read(*_machines_and_records(adapters, settings, ids, None, member))
+
+    return Reading.joined(run_concurrently(chunk, list(chunks(instance_ids, SHARD_CHUNK)), 2))
+
+
+def _read(
+    adapters: Adapters,
+    machines: list[Machine],
+    records: dict[str, MachineRecord],
+    ref_for: Callable[[str], TeamPolicyRef],
+    settings: Settings,
+    now: datetime,
+    warnings: list[str],
+    *,
+    dry_run: bool,
+) -> Reading:
+    """The machines' policies, which are due, their kinds and the datapoints of those read."""
+    team_refs = {m.team: ref_for(m.team) for m in machines}
+    skipped = _not_due(machines, team_refs, records, settings, now)
+    to_read = [m for m in machines if m.instance_id not in skipped]
+    # What kind each machine read is, and so its own policy: its team's, with the window its kind gets.
+    kinds = _machine_kinds(adapters, to_read, settings, now, warnings, alert=not dry_run)
+    refs_of = {m.instance_id: kind_policy(team_refs[m.team], kinds[m.instance_id], m) for m in to_read}
+    signals = _fetch_signals(adapters.metrics, to_read, refs_of, settings, now)
+    return Reading(machines, records, team_refs, skipped, kinds, refs_of, signals)
 
 
 def _within_group_sizes(

@@ -37,6 +37,7 @@ from idle_reaper.sweep import (
     shard_count,
     split_into_shards,
 )
+from idle_reaper.sweep import run as sweep_run
 from testkit.aws import CountingStateStore, FakeAws, client_error, steady
 
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
@@ -107,6 +108,29 @@ def test_a_sharded_sweep_decides_and_acts_as_one_sweep_would():
     assert sharded.gathered.hourly_savings == pytest.approx(
         sum(t.hourly_savings for t in single.summary.teams.values())
     )
+
+
+def test_a_large_shard_read_in_chunks_decides_and_acts_as_one_read_would(monkeypatch):
+    """A shard of more than SHARD_CHUNK machines is described and read a chunk at a time, two at once (so that at
+    200,000 machines one chunk's GetMetricData waits overlap the next one's Describe* waits): every machine is
+    described, read and decided as when the shard is read whole, none twice, none lost."""
+    aws, twin = account(), account()
+    idle, busy = fleet(aws)
+    assert fleet(twin) == (idle, busy)
+    ids = idle + busy
+    store, twin_store = CountingStateStore(), CountingStateStore()
+    for now in (WARN_SWEEP, NOW):
+        monkeypatch.setattr(sweep_run, "SHARD_CHUNK", 3)
+        chunked = run_sweep(aws.adapters(store=store), now=now, instance_ids=ids)
+        monkeypatch.setattr(sweep_run, "SHARD_CHUNK", 1_000)
+        whole = run_sweep(twin.adapters(store=twin_store), now=now, instance_ids=ids)
+        assert [d.machine.instance_id for d in chunked.decisions] == ids
+        assert [(d.state, d.action, d.reason) for d in chunked.decisions] == [
+            (d.state, d.action, d.reason) for d in whole.decisions
+        ]
+    assert aws.ec2.calls["DescribeInstances"] > twin.ec2.calls["DescribeInstances"], "it was read in chunks"
+    assert {i for i in idle if aws.ec2.state_of(i) == "stopped"} == set(idle)
+    assert all(aws.ec2.state_of(i) == "running" for i in busy), "never stop a busy machine"
 
 
 class FailingShard(CountingStateStore):
