@@ -162,6 +162,32 @@ def test_the_sweeps_audit_and_a_persons_click_record_the_same_figure_per_machine
     assert reaped[one_time][1]["hourly_savings"] == 0.0
 
 
+def test_a_spot_machine_whose_maximum_price_is_below_on_demand_is_bounded_by_it_on_every_surface() -> None:
+    """A persistent Spot request whose maximum price ($0.05) is below the on-demand price ($0.096 for m5.large): the
+    sweep's audit of its stop bounds the saving by the maximum price, and so do `status`, a person's click and the
+    digest's waste of a keep, from what the record kept of it (they said the on-demand price)."""
+    from idle_reaper.sweep import run_sweep
+    from testkit.aws import CountingStateStore, FakeAws, steady
+
+    aws = FakeAws()
+    aws.ssm.store("/idle-reaper/settings", Settings().model_dump_json())
+    aws.ssm.store("/idle-reaper/teams/ml", '{"idle_minutes": 90, "warn_minutes": 30}')
+    box = aws.launch("m5.large", team="ml", profile=steady(1.0), launch_time=MON - timedelta(days=1), owner="U01")
+    aws.ec2.make_spot(box, request_type="persistent", interruption="stop", price="0.05")
+    store = CountingStateStore()
+    for minutes in range(0, 121, 10):
+        run_sweep(aws.adapters(store=store), now=MON + timedelta(minutes=minutes))
+    [stopped] = [e for i, _, e in store.audits if i == box and e["action"] == "stop"]
+    assert (stopped["hourly_savings"], stopped["savings_upper_bound"]) == (0.05, True)
+    kept = store.records[box]
+    on_demand = hourly_price("m5.large")
+    assert on_demand is not None and on_demand > 0.05
+    clicked = answer_entry(kept, "stop", "U1", on_demand)
+    assert (clicked["hourly_savings"], clicked["savings_upper_bound"]) == (0.05, True)
+    assert status_rows([kept], {}, {}, Settings(), MON)[0]["stop_saves"] == "at most $0.05/h"
+    assert answer_entry(kept, KEEP, "U1", on_demand)["hourly_waste"] == 0.05
+
+
 def test_the_admins_digest_says_up_to_for_the_team_and_account_whose_savings_are_spot() -> None:
     spot = ("i-0123456789abcdef0", MON, {**stop(True)[2], "team": "ml"})
     exact = ("111111111111/us-east-1/i-0fedcba9876543210", MON, {**stop(False)[2], "team": "cv"})

@@ -22,7 +22,7 @@ from idle_reaper import aws
 from idle_reaper.aws.accounts import MemberCheck, MemberSweep, last_member_check, last_member_sweep
 from idle_reaper.aws.limits import SSM_STANDARD_CHARS, TooLargeToStore, ssm_tier
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
-from idle_reaper.core.dollars import dollars
+from idle_reaper.core.dollars import dollars, of_record
 from idle_reaper.core.kinds import NEVER_STOPPED, NOTEBOOK_GAPS, TERMINABLE, Kind
 from idle_reaper.core.reading import parse_next_read
 from idle_reaper.core.records import machine_key
@@ -744,7 +744,7 @@ def status_rows(
                 # Spot the most it can be: the reaper does not read Spot prices).
                 "kind": record.machine_kind or None,
                 "kind_note": record.kind_note or None,
-                "stop_saves": dollars(record.machine_kind, hourly_price(record.instance_type or "")).stop.text(),
+                "stop_saves": of_record(record, hourly_price(record.instance_type or "")).stop.text(),
                 # When a sweep last read its metrics, and when the next one must (core/reading.py).
                 "last_read": record.observed_at.isoformat() if record.observed_at else None,
                 "next_read": next_read.isoformat() if (next_read := parse_next_read(record.next_read_at)) else None,

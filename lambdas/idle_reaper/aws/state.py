@@ -178,7 +178,7 @@ _DATE_FIELDS = {
 
 
 _TUPLE_FIELDS = {"messages", "warning_owed"}  # lists in the item
-_WRITTEN_WHEN_SET = {"warning_owed"}  # left out while empty: most items never hold one
+_WRITTEN_WHEN_SET = {"warning_owed", "spot_max_price"}  # left out while empty: most items never hold one
 
 
 def record_to_item(record: MachineRecord) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from idle_reaper.core.dollars import dollars, saves_while_running
+from idle_reaper.core.dollars import of_record, saves_while_running
 from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, MachineRecord, State, parse_machine_key
 from idle_reaper.policy import DAYS, TeamPolicy
 
@@ -219,7 +219,7 @@ def answer_entry(record: MachineRecord, action: str, by: str, hourly_cost: float
     """The audit entry of a person's answer: a keep, or a stop now or terminate now (`action` is the stop's).
     What it saves (a stop) or wastes (a keep) an hour is the one rule's (core/dollars.py), by the machine's kind
     and its on-demand `hourly_cost`."""
-    rule = dollars(record.machine_kind, hourly_cost)
+    rule = of_record(record, hourly_cost)
     saving = rule.idle if action == KEEP else rule.saved_by(action)
     money = (
         {"hourly_waste": saving.hourly, "waste_upper_bound": saving.upper_bound}
@@ -705,7 +705,7 @@ def _at_risk(
                 prices.get(r.instance_type or ""),
                 account=r.account,
                 key=r.key,
-                idle_hourly=(idle := dollars(r.machine_kind, prices.get(r.instance_type or "")).idle).hourly,
+                idle_hourly=(idle := of_record(r, prices.get(r.instance_type or "")).idle).hourly,
                 idle_upper_bound=idle.upper_bound,
             )
             for r in records

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from idle_reaper.core.kinds import NEVER_STOPPED, Kind, MachineKind, Saving
-from idle_reaper.core.records import Action
+from idle_reaper.core.records import Action, MachineRecord
 
 # Kinds billed at their Spot price: what they bill is at most their on-demand price (or the request's maximum).
 SPOT_KINDS = frozenset({Kind.SPOT, Kind.SPOT_ONE_TIME, Kind.SPOT_RELAUNCHING, Kind.SPOT_REQUEST_GONE})
@@ -67,6 +67,15 @@ def dollars(kind: str, on_demand_price: float | None, spot_max_price: float | No
     runs = billed(kind, on_demand_price, spot_max_price)
     stop = Saving(0.0) if kind in NOT_STOPPED else runs
     return Dollars(stop=stop, terminate=Saving(0.0), idle=runs)
+
+
+def of_record(record: MachineRecord, on_demand_price: float | None) -> Dollars:
+    """THE rule for a machine as its record last saw it: its kind and, for Spot, its request's maximum price."""
+    try:
+        spot_max_price = float(record.spot_max_price) if record.spot_max_price else None
+    except ValueError:  # an unreadable value bounds nothing: the on-demand price still does
+        spot_max_price = None
+    return dollars(record.machine_kind, on_demand_price, spot_max_price)
 
 
 def saves_while_running(action: str) -> bool:

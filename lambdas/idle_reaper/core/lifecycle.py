@@ -385,6 +385,9 @@ def _carried_over(
         record,
         machine_kind=kind.kind.value if known else record.machine_kind,
         kind_note=describe(kind) if known else record.kind_note,
+        spot_max_price=(f"{kind.spot_max_price:g}" if kind.spot_max_price is not None else "")
+        if known
+        else record.spot_max_price,
         team=machine.team,
         version=record.version + 1,
         policy_version=ref.label,

@@ -159,6 +159,9 @@ class MachineRecord:
     # and the kind in words with what a stop saves, for `status` and answers.
     machine_kind: str = ""
     kind_note: str = ""
+    # A Spot machine's request's maximum price an hour, as the last sweep that could tell saw it ("" : none, or not
+    # Spot), so every surface bounds what it bills as the sweep does (core/dollars.py). Text: DynamoDB takes no float.
+    spot_max_price: str = ""
     # When EC2 refused this quiet stretch's action for a reason a retry does not change (UnsupportedOperation,
     # ...): the action is not tried again until the machine is busy again (one refused call per stretch).
     action_refused_at: datetime | None = None

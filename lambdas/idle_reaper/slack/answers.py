@@ -17,7 +17,7 @@ from idle_reaper.aws.state import StateStore
 from idle_reaper.core.answers import snooze, started_by_person, stopped_by_person, terminated_by_person
 from idle_reaper.core.digest import KEEP, answer_entry, running_again_entry
 from idle_reaper.core.doctor import Finding, tally
-from idle_reaper.core.dollars import dollars
+from idle_reaper.core.dollars import of_record
 from idle_reaper.core.endpoints import Restore, is_endpoint_id, words_for
 from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE
 from idle_reaper.core.records import Action, MachineRecord, State
@@ -142,7 +142,7 @@ class Effects:
                 stopped, "Released", f"<@{user}> released {label} to {record.asg_name} at {date_token(now)}."
             )
             return None
-        saving = dollars(record.machine_kind, hourly_price(record.instance_type or "")).stop
+        saving = of_record(record, hourly_price(record.instance_type or "")).stop
         words = words_for(record.instance_id)
         detail = f"<@{user}> {words.stopped} {label} at {date_token(now)}"
         if saving.hourly is not None:
@@ -183,9 +183,7 @@ class Effects:
         self._audit(record, now, running_again_entry(m.instance_id, m.team, m.owner, m.instance_type, now, by=user))
         detail = f"<@{user}> started {label} again at {date_token(now)}."
         stopped_at = record.last_action_at
-        saving = dollars(record.machine_kind, hourly_price(record.instance_type or "")).saved_by(
-            record.last_action or ""
-        )
+        saving = of_record(record, hourly_price(record.instance_type or "")).saved_by(record.last_action or "")
         if stopped_at and saving.hourly is not None:
             hours = (now - stopped_at).total_seconds() / 3600
             saved = f"${hours * saving.hourly:,.2f}"

@@ -17,7 +17,7 @@ from idle_reaper.aws.fleet import ACTION_WORKERS, ActionOutcome, Fleet
 from idle_reaper.aws.limits import RATE_HELD
 from idle_reaper.aws.state import AuditEntry, StateStore
 from idle_reaper.core.digest import running_again_entry
-from idle_reaper.core.dollars import dollars
+from idle_reaper.core.dollars import of_record
 from idle_reaper.core.kinds import notice_sentence
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.reading import plan_next_read
@@ -703,7 +703,7 @@ def _record_outcome(store: StateStore, d: Decision, sweep_id: str) -> Decision:
 
 def explain(d: Decision) -> dict[str, Any]:
     a = d.assessment
-    saving = d.saving or dollars(d.record.machine_kind, d.hourly_cost).saved_by(d.action.value)
+    saving = d.saving or of_record(d.record, d.hourly_cost).saved_by(d.action.value)
     # A member account's machine says which account and region it runs in; a hub machine's row is unchanged.
     where = {"account": d.machine.account, "region": d.machine.region} if d.machine.account else {}
     return {
