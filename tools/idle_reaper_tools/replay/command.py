@@ -141,6 +141,7 @@ def _split(
     alone while every machine is swept over the whole trace, as in production. --split machines: once per
     side of the machines, look-alike machines always on one side (replay/split.py)."""
     halves: list[dict[str, object]] = []
+    parts: list[tuple[str, Trace, tuple[int, int] | None]]
     if args.split == "machines":
         sides = machine_sides(trace)
         parts = [
