@@ -281,15 +281,54 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=80)
 
 
+def shallow_quiet(trace: Trace) -> list[dict[str, Any]]:
+    """Why a trace's quiet stretches end soon: of the quiet stretches that reached 90 min (the default
+    window), the share that ended within the next 90 min (a warning for nothing or an unwanted stop under any
+    wait that warns then), by the highest CPU of their first hour. No replay: the trace's own quiet."""
+    from idle_reaper_tools.replay.truth import classify
+
+    policy = TeamPolicy()
+    per_hour = 3600 // trace.period_seconds
+    bands = ((0.0, 2.0), (2.0, 3.0), (3.0, 4.0), (4.0, 4.5), (4.5, 5.0))
+    counts = {band: [0, 0] for band in bands}
+    for series in trace.series:
+        quiet = classify(series, policy, trace.period_seconds, ()).quiet
+        start = None
+        for i in range(len(quiet) + 1):
+            if i < len(quiet) and quiet[i]:
+                start = i if start is None else start
+                continue
+            if start is not None and (i - start) >= 18 and i < len(quiet):
+                first = [v for v in series.cpu[start : start + per_hour] if v == v]
+                peak = max(first, default=0.0)
+                band = next((b for b in bands if b[0] <= peak < b[1]), bands[-1])
+                counts[band][0] += (i - start) < 36
+                counts[band][1] += 1
+            start = None
+    return [
+        {"cpu_peak_first_hour": f"{lo:g}-{hi:g} %", "ended_soon": s, "reached_90_min": n}
+        for (lo, hi), (s, n) in counts.items()
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--from", dest="source", type=Path, help="report and plot a saved --json, no replay")
+    parser.add_argument("--why", action="store_true", help="only the quiet stretches' table (shallow_quiet), no replay")
     parser.add_argument("--cache", type=Path, help="keep each replay's figures here (JSON lines) and reuse them")
     args = parser.parse_args(argv)
     global CACHE
     CACHE = args.cache
+    if args.why:
+        for name, path in (("Bitbrains", BITBRAINS), ("Azure", AZURE)):
+            kw = {"clamp_utilization": True, "skip_duplicates": True} if path == BITBRAINS else {}
+            for row in shallow_quiet(read_trace(path, **kw)):
+                soon, n = row["ended_soon"], row["reached_90_min"]
+                share = f"{soon / n:.0%}" if n else "-"
+                print(f"{name:<10} CPU peak {row['cpu_peak_first_hour']:<9} {soon:>4} of {n:>4} ended soon ({share})")
+        return 0
     if args.source:
         results = json.loads(args.source.read_text())
     else:
