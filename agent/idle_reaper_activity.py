@@ -18,9 +18,11 @@ thread, a widget updating, an open tab polling) is never read as input.
            a cell arrives to be run and never for output. jupyter_server's own `last_activity` of a kernel
            is refreshed by the kernel's output too, so it is read only for kernels that are not IPython (R,
            Julia, ...), whose input cannot be told from their output: there output counts, the reaper does
-           less. Notebooks saved: the open notebooks' `last_modified`, from running Jupyter servers found
-           through their runtime files (jpserver-*.json, nbserver-*.json). A busy kernel is not input, nor
-           the server's own `last_activity` (an open tab's polling refreshes it).
+           less. Notebooks edited: the open notebooks' `last_modified`, from running Jupyter servers found
+           through their runtime files (jpserver-*.json, nbserver-*.json), when what the save wrote changed
+           a cell's source: an open tab saves a notebook whose outputs changed too (JupyterLab marks it
+           unsaved when output arrives and autosaves it), and that is a program's doing. A busy kernel is not
+           input, nor the server's own `last_activity` (an open tab's polling refreshes it).
   vscode   VS Code remote: the newest save recorded in the server's local history
            (~/.vscode-server/data/User/History/*/entries.json); its terminals are ptys (tty above). An open
            window nobody types in saves and reads nothing, so it ages like everything else.
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import ipaddress
 import json
 import logging
@@ -511,7 +514,7 @@ def own_addresses(proc_net: str = "/proc/net") -> list[str]:
     return addresses
 
 
-def fetch_json(url: str, token: str, timeout: float) -> object:
+def fetch_json(url: str, token: str, timeout: float, max_bytes: int = 1_000_000) -> object:
     """GET a Jupyter API URL on this machine with the server's token; the JSON body or an exception."""
     # no_track_activity: our own poll must not count as activity (jupyter_server honours it on API handlers).
     headers = {"Accept": "application/json"}
@@ -525,7 +528,10 @@ def fetch_json(url: str, token: str, timeout: float) -> object:
     opener = urllib.request.build_opener(_NoRedirect, urllib.request.HTTPSHandler(context=context))
     try:
         with opener.open(request, timeout=timeout) as response:
-            return json.loads(response.read(1_000_000).decode("utf-8"))
+            body = response.read(max_bytes + 1)
+            if len(body) > max_bytes:
+                raise ValueError(f"more than {max_bytes:,} bytes")
+            return json.loads(body.decode("utf-8"))
     except urllib.error.HTTPError as error:
         if error.code in (401, 403):
             raise JupyterRefused(f"HTTP {error.code}") from error
@@ -543,11 +549,15 @@ MAX_SESSIONS = 50  # notebooks asked for their last save, per server
 
 
 def jupyter_server_sightings(
-    server: JupyterServer, now: float, timeout: float = HTTP_TIMEOUT_SECONDS
+    server: JupyterServer,
+    now: float,
+    timeout: float = HTTP_TIMEOUT_SECONDS,
+    edits: NotebookEdits | None = None,
 ) -> list[Sighting]:
-    """What a person did in one server that only the server can tell: a notebook saved (the open notebooks'
-    last_modified; JupyterLab saves an edited notebook every two minutes), and the cells run in a kernel that
-    is not IPython (its last_activity: see _kernel_sightings).
+    """What a person did in one server that only the server can tell: a notebook edited (the open notebooks'
+    last save that changed a cell's source, `edits`: see NotebookEdits; JupyterLab saves an edited notebook
+    every two minutes), and the cells run in a kernel that is not IPython (its last_activity: see
+    _kernel_sightings).
 
     Not input, and not read: an IPython kernel's last_activity (jupyter_server refreshes it on the kernel's
     output: its cells are read from IPython's history, ipython_input_sightings), the server's own
@@ -564,7 +574,8 @@ def jupyter_server_sightings(
             if isinstance(getattr(failure, "reason", failure), PermissionError):
                 refused.append(urllib.parse.urlsplit(base).hostname or base)
             continue
-        return _kernel_sightings(server, kernels, base, timeout) + _notebook_save_sightings(server, base, timeout)
+        saves = _notebook_save_sightings(server, base, timeout, NotebookEdits() if edits is None else edits)
+        return _kernel_sightings(server, kernels, base, timeout) + saves
     if refused:
         raise AddressRefused(f"connecting to {', '.join(refused)} is not permitted here ({error})")
     raise error if error else OSError("no address to ask")
@@ -654,7 +665,83 @@ def ipython_input_sightings(homes: Iterable[str]) -> list[Sighting]:
     return sightings
 
 
-def _notebook_save_sightings(server: JupyterServer, base: str, timeout: float) -> list[Sighting]:
+NOTEBOOK_MAX_BYTES = 32 * 1024 * 1024  # a notebook read whole (its outputs with it) to see what a save changed
+
+
+class NotebookEdits:
+    """When each open notebook's cells were last edited, remembered between runs (the state directory's
+    notebooks.json): a save counts as input only when it changed a cell's source or the cells themselves (one
+    added, removed, moved, its type changed), what a person types.
+
+    JupyterLab marks a notebook unsaved when output reaches an open tab (its shared model sets `dirty` on every
+    output change: a printing thread, a progress bar, a widget, an execution count) and autosaves it every two
+    minutes (`autosaveInterval`), with nobody at the keyboard: such a save changes outputs only, and is not input.
+    A notebook first seen, one whose content cannot be read (past NOTEBOOK_MAX_BYTES, not JSON), or every save
+    when nothing can be remembered (no state directory) counts at its save: the reaper does less, never more."""
+
+    def __init__(self, remembered: dict[str, dict[str, object]] | None = None) -> None:
+        self.remembered = remembered or {}
+        self.seen: dict[str, dict[str, object]] = {}  # what this run found: the next run's memory
+
+    @classmethod
+    def load(cls, state_dir: str | None) -> NotebookEdits:
+        if not state_dir:
+            return cls()
+        try:
+            remembered = json.loads(read_small_file(os.path.join(state_dir, "notebooks.json"), 4 * 1024 * 1024))
+        except (OSError, ValueError):
+            return cls()
+        return cls(remembered if isinstance(remembered, dict) else {})
+
+    def save(self, state_dir: str | None) -> None:
+        if not state_dir:
+            return
+        path = os.path.join(state_dir, "notebooks.json")
+        try:
+            with open(path + ".tmp", "w") as handle:
+                json.dump(self.seen, handle)
+            os.replace(path + ".tmp", path)
+        except OSError as error:
+            LOG.info("cannot remember the notebooks' edits in %s: %s", state_dir, error)
+
+    def edited_at(self, key: str, saved: str, read_cells: Callable[[], str | None]) -> float:
+        """When the notebook `key`, saved at `saved` (its last_modified), was last edited. `read_cells`: a
+        digest of its cells' types and sources, read only when the save is new (None: not readable)."""
+        before = self.remembered.get(key)
+        if isinstance(before, dict) and before.get("saved") == saved and isinstance(before.get("edited"), float):
+            self.seen[key] = before
+            return float(before["edited"])
+        cells = read_cells()
+        edited = parse_jupyter_time(saved)
+        if (
+            cells is not None
+            and isinstance(before, dict)
+            and before.get("cells") == cells
+            and isinstance(before.get("edited"), float)
+        ):
+            edited = float(before["edited"])  # outputs, counts or metadata saved: not a person's edit
+            LOG.info("notebook %s saved with its cells unchanged: not input", key)
+        self.seen[key] = {"saved": saved, "cells": cells, "edited": edited}
+        return edited
+
+
+def cells_digest(model: object) -> str | None:
+    """A digest of a notebook model's cells, as a person writes them: each cell's type and source, in order.
+    Outputs, execution counts, ids and metadata are left out. None: not a notebook model."""
+    content = model.get("content") if isinstance(model, dict) else None
+    cells = content.get("cells") if isinstance(content, dict) else None
+    if not isinstance(cells, list):
+        return None
+    written = []
+    for cell in cells:
+        if not isinstance(cell, dict):
+            return None
+        source = cell.get("source", "")
+        written.append([cell.get("cell_type"), "".join(source) if isinstance(source, list) else source])
+    return hashlib.sha256(json.dumps(written).encode("utf-8")).hexdigest()
+
+
+def _notebook_save_sightings(server: JupyterServer, base: str, timeout: float, edits: NotebookEdits) -> list[Sighting]:
     try:
         sessions = fetch_json(base + "api/sessions", server.token, timeout)
     except (OSError, ValueError) as error:
@@ -665,14 +752,29 @@ def _notebook_save_sightings(server: JupyterServer, base: str, timeout: float) -
     sightings = []
     paths = [s.get("path") for s in sessions if isinstance(s, dict) and s.get("type", "notebook") == "notebook"]
     for path in [p for p in paths if isinstance(p, str) and p][:MAX_SESSIONS]:
-        url = base + "api/contents/" + urllib.parse.quote(path.lstrip("/")) + "?content=0"
+        url = base + "api/contents/" + urllib.parse.quote(path.lstrip("/"))
         try:
-            model = fetch_json(url, server.token, timeout)
+            model = fetch_json(url + "?content=0", server.token, timeout)
         except (OSError, ValueError) as error:
             LOG.info("no model of %s from %s: %s", path, server.label, error)
             continue
-        if isinstance(model, dict) and "last_modified" in model:
-            sightings.extend(_jupyter_time_sighting(f"{server.label} notebook {path} saved", model["last_modified"]))
+        if not isinstance(model, dict) or "last_modified" not in model:
+            continue
+
+        def read_cells(url: str = url, path: str = path) -> str | None:
+            try:
+                return cells_digest(fetch_json(url + "?content=1", server.token, timeout, NOTEBOOK_MAX_BYTES))
+            except (OSError, ValueError) as error:
+                LOG.info("cannot read %s from %s (%s): its save counts as input", path, server.label, error)
+                return None
+
+        label = f"{server.label} notebook {path} edited"
+        try:
+            at = edits.edited_at(f"{server.label} {path}", str(model["last_modified"]), read_cells)
+        except ValueError as error:
+            LOG.warning("ignoring %s: %s", label, error)
+            continue
+        sightings.append(Sighting(label, at))
     return sightings
 
 
@@ -727,6 +829,7 @@ def jupyter_sightings(
     budget_seconds: float = JUPYTER_BUDGET_SECONDS,
     gaps: dict[str, str] | None = None,
     pids: list[int] | None = None,
+    edits: NotebookEdits | None = None,
 ) -> list[Sighting]:
     """Sightings of every live Jupyter server of this machine, within a time budget for all of them together.
 
@@ -750,7 +853,7 @@ def jupyter_sightings(
         if pids is not None and server.pid is not None:
             pids.append(server.pid)
         try:
-            sightings.extend(jupyter_server_sightings(server, now, timeout))
+            sightings.extend(jupyter_server_sightings(server, now, timeout, edits))
         except JupyterRefused as refused:
             fallback = notebook_saves_under(server.root_dir, server.label) if server.root_dir else []
             note = f"{server.label} refuses the API ({refused}: a password, or not its token): " + (
@@ -867,6 +970,8 @@ class Settings(NamedTuple):
     environ: dict[str, str] | None = None
     jupyter_dirs: Sequence[str] = ()  # more runtime directories to look in (--jupyter-dir)
     alive: Callable[[int], bool] = pid_alive
+    state_dir: str | None = None  # where the notebooks' edits are remembered between runs (NotebookEdits)
+    remember: bool = True  # write what was found there (not for --print)
 
 
 # What the collector could not read, as the second gauge's bits (status names them per machine).
@@ -924,6 +1029,7 @@ def collect(now: float, settings: Settings | None = None) -> Collected:
     def jupyter() -> list[Sighting]:
         pids: list[int] = []
         found = ipython_input_sightings(homes)
+        edits = NotebookEdits.load(settings.state_dir)
         found += jupyter_sightings(
             jupyter_runtime_dirs(homes, settings.environ, settings.jupyter_dirs),
             now,
@@ -931,7 +1037,10 @@ def collect(now: float, settings: Settings | None = None) -> Collected:
             settings.alive,
             gaps=gaps,
             pids=pids,
+            edits=edits,
         )
+        if settings.remember:
+            edits.save(settings.state_dir)
         missing, note = jupyter_processes_without_runtime_file(pids, settings.proc_root)
         unseen = [f"pid {pid} ({command})" for pid, command in missing]
         if unseen:
@@ -1053,7 +1162,8 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
     parser.add_argument(
         "--state-dir",
         default=STATE_DIR_DEFAULT,
-        help="where to remember which warnings were said (default %(default)s; systemd's StateDirectory)",
+        help="where to remember which warnings were said and when open notebooks were edited "
+        "(default %(default)s; systemd's StateDirectory)",
     )
     parser.add_argument("--verbose", action="store_true", help="log every skipped source")
     parser.add_argument(
@@ -1081,6 +1191,8 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
             ignore_users=tuple(args.ignore_user),
             http_timeout=args.timeout,
             jupyter_dirs=tuple(args.jupyter_dir),
+            state_dir=args.state_dir,
+            remember=not args.print,
         ),
     )
     if args.print:

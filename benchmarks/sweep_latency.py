@@ -32,7 +32,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -49,6 +49,8 @@ from sweep_cost import PREFIX, T0, build_fleet  # noqa: E402
 
 from idle_reaper import sweep as sweep_module  # noqa: E402
 from idle_reaper.aws.fleet import LISTING_PROCESSES  # noqa: E402
+from idle_reaper.aws.limits import GET_METRIC_DATA_DPS, GET_METRIC_DATA_TPS  # noqa: E402
+from idle_reaper.aws.metrics import requested_points  # noqa: E402
 from idle_reaper.notify import LoggingNotifier  # noqa: E402
 from idle_reaper.sweep import (  # noqa: E402
     PLANNER_MEMORY_MB,
@@ -115,7 +117,8 @@ class Measured:
     botocore_by_op: Counter[str] = field(default_factory=Counter)  # seconds by operation
     planner_s: float = 0.0  # the sweep function's invocation (the planner; the whole sweep when in place)
     doctor_s: float = 0.0  # of it, the daily doctor's part (the day's first sweep, `--doctor-day`)
-    describes: list[float] = field(default_factory=list)  # when each EC2 Describe* request was sent, s from the start
+    # When each EC2 Describe* and GetMetricData request was sent, s from the start: (time, operation, datapoints asked)
+    describes: list[Stamp] = field(default_factory=list)
 
 
 # EC2's bucket for Describe* requests, per account and region (aws/limits.py EC2_DESCRIBE, as the rules keep it).
@@ -123,18 +126,38 @@ class Measured:
 DESCRIBE_BUCKET, DESCRIBE_REFILL = 100.0, 20.0
 
 
+# GetMetricData's quotas per account and region (aws/limits.py, as the rules keep them): calls and datapoints a second.
+# https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/cloudwatch_limits.html
+METRIC_CALLS_PER_S, METRIC_POINTS_PER_S = GET_METRIC_DATA_TPS, GET_METRIC_DATA_DPS
+
+Stamp = tuple[float, str, int]  # (when it was sent, s; "describe" or "metrics"; datapoints it asked for)
+
+
+def shifted(stamps: Sequence[Stamp], by: float) -> list[Stamp]:
+    return [(t + by, kind, points) for t, kind, points in stamps]
+
+
 class StampedModel(LatencyModel):
-    """The latency model, noting on its virtual clock when each EC2 Describe* request is sent (before its
-    latency): on the lane that sends it, so a pacer's wait (on that lane) moves it later."""
+    """The latency model, noting on its virtual clock when each EC2 Describe* and GetMetricData request is sent
+    (before its latency): on the lane that sends it, so a pacer's wait (on that lane) moves it later."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.stamps: list[float] = []
+        self.stamps: list[Stamp] = []
 
     def charge(self, operation: str, times: int = 1) -> None:
         if operation.startswith("ec2:Describe"):
-            self.stamps.extend([self.virtual] * times)
+            self.stamps.extend([(self.virtual, "describe", 0)] * times)
+        elif operation == "cloudwatch:GetMetricData":
+            self.stamps.append((self.virtual, "metrics", 0))  # its datapoints: charge_cpu, right after
         super().charge(operation, times)
+
+    def charge_cpu(self, operation: str, request: Mapping[str, Any], response: Mapping[str, Any]) -> None:
+        if operation == "cloudwatch:GetMetricData" and self.stamps and self.stamps[-1][1] == "metrics":
+            start, end = request["StartTime"], request["EndTime"]
+            points = sum(requested_points(q, start, end) for q in request["MetricDataQueries"])
+            self.stamps[-1] = (self.stamps[-1][0], "metrics", points)
+        super().charge_cpu(operation, request, response)
 
 
 @dataclass(frozen=True)
@@ -147,19 +170,52 @@ class DescribeRate:
     throttled: int  # requests that found the bucket empty
 
     @classmethod
-    def of(cls, stamps: Sequence[float]) -> DescribeRate:
-        ordered = sorted(stamps)
-        peak, start = 0, 0
-        for end, t in enumerate(ordered):
-            while ordered[start] <= t - 1.0:
-                start += 1
-            peak = max(peak, end - start + 1)
+    def of(cls, stamps: Sequence[Stamp]) -> DescribeRate:
+        ordered = sorted(t for t, kind, _ in stamps if kind == "describe")
+        peak = most_in_a_second([(t, 1) for t in ordered])
         bucket = TokenBucket(DESCRIBE_BUCKET, DESCRIBE_REFILL)
         throttled, lowest = 0, DESCRIBE_BUCKET
         for t in ordered:
             throttled += not bucket.take(t)
             lowest = min(lowest, bucket.tokens)
         return cls(len(ordered), peak, lowest, throttled)
+
+
+def most_in_a_second(weighted: Sequence[tuple[float, int]]) -> int:
+    """The largest sum of weights sent within any one second (a sliding window)."""
+    ordered = sorted(weighted)
+    peak = start = in_window = 0
+    for t, weight in ordered:
+        in_window += weight
+        while ordered[start][0] <= t - 1.0:
+            in_window -= ordered[start][1]
+            start += 1
+        peak = max(peak, in_window)
+    return peak
+
+
+@dataclass(frozen=True)
+class MetricRate:
+    """GetMetricData requests as the account-region's quotas see them in one sweep: its calls and its datapoints a
+    second, each a bucket of one second's worth (as the rules in front of moto keep them, aws_rules.py)."""
+
+    calls: int
+    peak_calls_per_s: int  # the most sent in any one second (a sliding window)
+    lowest_calls: float  # the calls bucket's fewest tokens (50, refilled 50 a second)
+    lowest_points: float  # the datapoints bucket's fewest (180,000, refilled 180,000 a second)
+    throttled: int  # requests that found either bucket short
+
+    @classmethod
+    def of(cls, stamps: Sequence[Stamp]) -> MetricRate:
+        sent = sorted((t, points) for t, kind, points in stamps if kind == "metrics")
+        calls = TokenBucket(METRIC_CALLS_PER_S, METRIC_CALLS_PER_S)
+        points = TokenBucket(METRIC_POINTS_PER_S, METRIC_POINTS_PER_S)
+        throttled, lowest_calls, lowest_points = 0, calls.capacity, points.capacity
+        for t, asked in sent:
+            throttled += not (calls.take(t) and points.take(t, asked))
+            lowest_calls, lowest_points = min(lowest_calls, calls.tokens), min(lowest_points, points.tokens)
+        peak = most_in_a_second([(t, 1) for t, _ in sent])
+        return cls(len(sent), peak, lowest_calls, lowest_points, throttled)
 
 
 def map_starts(durations: Sequence[float], lanes: int) -> list[float]:
@@ -180,7 +236,7 @@ class Segments:
     def __init__(self, model: LatencyModel, aws: FakeAws, *, sleep: bool) -> None:
         self.model, self.aws, self.sleep = model, aws, sleep
         self.botocore_s = 0.0
-        self.describes: list[float] = []
+        self.describes: list[Stamp] = []
 
     def time(self, fn: Callable[[], Any]) -> tuple[Any, float, float]:
         """fn's result, its wall and its own CPU time (botocore's, charged per request, counted apart:
@@ -199,7 +255,7 @@ class Segments:
         # CPU spent in modelled child processes is on their lanes, in the virtual clock already: not serial.
         serial = own + botocore - (self.model.lanes_cpu_s - in_lanes)
         stamps = self.model.stamps[stamped:] if isinstance(self.model, StampedModel) else []
-        self.describes = [t - virtual for t in stamps]
+        self.describes = shifted(stamps, -virtual)
         return result, (real - fake if self.sleep else self.model.virtual - virtual + serial), own
 
 
@@ -327,7 +383,7 @@ def run_size(
                 report, swept_s, swept_cpu = segments.time(
                     lambda now=now, plan=plan: run_sweep(adapters, now=now, sweep_id=plan.sweep_id, listed=plan.listed)
                 )
-                describes += [planner_s + t for t in segments.describes]
+                describes += shifted(segments.describes, planner_s)
                 if doctor:  # after the sweep, in its invocation, on what it read
                     _, doctor_s, doctor_cpu = segments.time(
                         lambda now=now, r=report: run_daily_doctor(adapters, now, r.read, whole_timeout)
@@ -364,7 +420,7 @@ def run_size(
                 map_start = planner_s + model.latency["states:StartExecution"]
                 for i, start in enumerate(map_starts(shard_walls, SHARDS_AT_ONCE)):
                     at = map_start + start + model.latency["states:InvokeLambda"]
-                    describes += [at + t for t in shard_describes[i % len(shard_describes)]]
+                    describes += shifted(shard_describes[i % len(shard_describes)], at)
                 records_scale = plan.shards / len(indices)  # only the sampled shards' machines have records
                 cpu_s += shards_cpu * plan.shards / len(indices)
                 model.charge("states:InvokeLambda")
@@ -457,6 +513,15 @@ def print_size(size: int, results: list[Measured], zones: int = len(ZONES)) -> b
     row("  most in any one second", [d.peak_per_s for d in rates])
     row("  the bucket at its lowest, tokens", [d.lowest for d in rates], ",.1f")
     row("  requests that found it empty (throttled)", [d.throttled for d in rates])
+    metric_rates = [MetricRate.of(r.describes) for r in results]
+    print(
+        f"  GetMetricData in the account-region (planner + shards side by side; {METRIC_CALLS_PER_S:.0f} calls and "
+        f"{METRIC_POINTS_PER_S:,.0f} datapoints a second)"
+    )
+    row("  most calls in any one second", [m.peak_calls_per_s for m in metric_rates])
+    row("  the calls bucket at its lowest, tokens", [m.lowest_calls for m in metric_rates], ",.1f")
+    row("  the datapoints bucket at its lowest", [m.lowest_points for m in metric_rates])
+    row("  requests that found either short (throttled)", [m.throttled for m in metric_rates])
     target = TARGETS.get(size)
     for label, r in zip(LABELS, results, strict=True):
         if target is not None and r.wall_s > target:
@@ -469,6 +534,10 @@ def print_size(size: int, results: list[Measured], zones: int = len(ZONES)) -> b
         if d.throttled:
             ok = False
             print(f"  MISSED sweep {label}: {d.throttled:,} EC2 Describe* requests past the account-region's bucket")
+    for label, m in zip(LABELS, metric_rates, strict=True):
+        if m.throttled:
+            ok = False
+            print(f"  MISSED sweep {label}: {m.throttled:,} GetMetricData requests past the account-region's quotas")
     if results[1].state_writes > 0.10 * size:
         ok = False
         print(f"  MISSED steady state: {results[1].state_writes:,} writes > 10 % of {size:,} machines")

@@ -27,10 +27,19 @@ SWEEP_READS = (
     "cloudwatch:GetMetricData",
     "sagemaker:ListNotebookInstances",  # SageMaker notebook instances (aws/notebooks.py)
     "sagemaker:ListApps",  # Studio apps, reported once a day (aws/studio.py)
+    "sagemaker:ListEndpoints",  # SageMaker real-time endpoints (aws/endpoints.py)
+    "application-autoscaling:DescribeScalableTargets",  # ... and their variants' minimum capacity
 )
 # On any notebook instance, tagged or not (listing has to read every one's tags to find the team's).
 NOTEBOOK_READS = ("sagemaker:ListTags", "sagemaker:DescribeNotebookInstance")
 STUDIO_READS = ("sagemaker:DescribeSpace", "sagemaker:DescribeDomain", "sagemaker:ListTags")
+# On any endpoint, its configuration and models (an endpoint whose configuration or model is gone is never deleted).
+ENDPOINT_READS = (
+    "sagemaker:ListTags",
+    "sagemaker:DescribeEndpoint",
+    "sagemaker:DescribeEndpointConfig",
+    "sagemaker:DescribeModel",
+)
 
 
 def in_regions(regions: Sequence[str]) -> dict[str, Any]:
@@ -62,6 +71,17 @@ class MachineAccess:
             self.stack.format_arn(service="sagemaker", resource=kind, resource_name="*", region=region)
             for kind in ("space", "domain")
         ]
+
+    def endpoints(self, region: str) -> list[str]:
+        """Endpoints, then what bringing one back reads or names: endpoint configurations and models."""
+        return [
+            self.stack.format_arn(service="sagemaker", resource=kind, resource_name="*", region=region)
+            for kind in ("endpoint", "endpoint-config", "model")
+        ]
+
+    def opting_in(self) -> dict[str, Any]:
+        """A create that tags what it creates with the opt-in tag (CreateEndpoint with the endpoint's own tags)."""
+        return {"StringEquals": {f"aws:RequestTag/{self.managed_tag_key}": "true"}}
 
     def groups(self, region: str) -> str:
         # arn:aws:autoscaling:<region>:<account>:autoScalingGroup:<uuid>:autoScalingGroupName/<name>
@@ -98,6 +118,13 @@ class MachineAccess:
                 resources=[self.notebooks(region)],
                 conditions=self.managed(),
             ),
+            iam.PolicyStatement(sid="ReadEndpoints", actions=list(ENDPOINT_READS), resources=self.endpoints(region)),
+            iam.PolicyStatement(
+                sid="DeleteManagedEndpoints",
+                actions=["sagemaker:DeleteEndpoint"],
+                resources=self.endpoints(region)[:1],
+                conditions=self.managed(),
+            ),
             iam.PolicyStatement(
                 sid="ReleaseManagedGroupMembers",
                 actions=["autoscaling:SetInstanceProtection", "autoscaling:TerminateInstanceInAutoScalingGroup"],
@@ -122,6 +149,25 @@ class MachineAccess:
                 resources=[self.notebooks(r) for r in regions],
                 conditions=self.managed(),
             ),
+            # "Delete now", and "Bring it back": CreateEndpoint from the kept configuration, with the endpoint's own
+            # tags (the opt-in tag among them), after reading that its configuration and models still exist.
+            iam.PolicyStatement(
+                sid="DeleteManagedEndpoints",
+                actions=["sagemaker:DeleteEndpoint"],
+                resources=[self.endpoints(r)[0] for r in regions],
+                conditions=self.managed(),
+            ),
+            iam.PolicyStatement(
+                sid="BringBackManagedEndpoints",
+                actions=["sagemaker:CreateEndpoint", "sagemaker:AddTags"],
+                resources=[arn for r in regions for arn in self.endpoints(r)[:2]],
+                conditions=self.opting_in(),
+            ),
+            iam.PolicyStatement(
+                sid="ReadEndpointConfigurations",
+                actions=["sagemaker:DescribeEndpointConfig", "sagemaker:DescribeModel"],
+                resources=[arn for r in regions for arn in self.endpoints(r)[1:]],
+            ),
             iam.PolicyStatement(
                 sid="ProtectManagedGroupMembers",
                 actions=["autoscaling:SetInstanceProtection"],
@@ -138,12 +184,15 @@ class MachineAccess:
                 id="AwsSolutions-IAM5",
                 reason=reads_reason + "Stop, start and scale-in name every instance or Auto Scaling group "
                 f"because machines come and go; the aws:ResourceTag/{self.managed_tag_key} = true condition "
-                f"limits them to machines and groups that opted in. Parameter reads stay under {ssm_prefix}/.",
+                "limits them to machines and groups that opted in (an endpoint brought back: the same tag in "
+                f"aws:RequestTag). Parameter reads stay under {ssm_prefix}/.",
                 applies_to=[
                     "Resource::*",
                     # Partition, region and account are tokens or literals depending on the environment.
                     RegexAppliesTo(regex=r"/^Resource::arn:.+:ec2:.*:instance\/\*$/"),
-                    RegexAppliesTo(regex=r"/^Resource::arn:.+:sagemaker:.*:(notebook-instance|space|domain)\/\*$/"),
+                    RegexAppliesTo(
+                        regex=r"/^Resource::arn:.+:sagemaker:.*:(notebook-instance|space|domain|endpoint|endpoint-config|model)\/\*$/"
+                    ),
                     RegexAppliesTo(
                         regex=r"/^Resource::arn:.+:autoscaling:.+:autoScalingGroup:\*:autoScalingGroupName\/\*$/"
                     ),

@@ -3,7 +3,7 @@ on every notebook instance) publishing CPU, GPU, network and the human-activity 
 InstanceId = the notebook instance's name, the dimension the sweep reads.
 
 SageMaker holds at most 16,384 base64 characters per script: too few for the activity collector
-(agent/idle_reaper_activity.py, 43 KB). The stack puts it into its own bucket at deploy time; the OnStart
+(agent/idle_reaper_activity.py, about 56 KB). The stack puts it into its own bucket at deploy time; the OnStart
 script fetches it and runs it only when its SHA-256 is the one baked into the script at synth."""
 
 from __future__ import annotations

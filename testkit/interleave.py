@@ -85,8 +85,8 @@ class SteppedFleet(Fleet):
         super().__init__(inner.ec2, inner.autoscaling)
         self.inner, self.gate = inner, gate
 
-    def discover(self, tags: TagKeys, *, notebooks: bool = True) -> list[Machine]:
-        machines = self.inner.discover(tags, notebooks=notebooks)
+    def discover(self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True) -> list[Machine]:
+        machines = self.inner.discover(tags, notebooks=notebooks, endpoints=endpoints)
         self.gate.at("listed")
         return machines
 

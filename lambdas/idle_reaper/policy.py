@@ -384,6 +384,15 @@ class TeamPolicy(_Strict):
     scarce_idle_minutes: int | None = Field(
         None, ge=15, le=10080, description="For scarce_families: their own idle window (null: idle_minutes)."
     )
+    # SageMaker real-time endpoints (core/endpoints.py; docs/policy.md, "SageMaker endpoints").
+    endpoint_idle_minutes: int = Field(
+        1440,
+        ge=60,
+        le=10080,
+        description="A SageMaker endpoint with no invocation on any of its variants this long (minutes; "
+        "AWS/SageMaker Invocations, Sum) is idle: warned warn_minutes before, then deleted (its endpoint "
+        "configuration, model and tags kept, so Slack's 'Bring it back' recreates it).",
+    )
     schedules: tuple[Schedule, ...] = Field(
         (),
         max_length=50,
@@ -451,6 +460,17 @@ class TeamPolicy(_Strict):
                     self.scarce_idle_minutes,
                 )
             )
+        longest_warn = max([self.warn_minutes, *(s.warn_minutes or 0 for s in self.schedules)])
+        if longest_warn >= self.endpoint_idle_minutes:
+            problems.append(
+                (
+                    ("endpoint_idle_minutes",),
+                    f"endpoint_idle_minutes ({self.endpoint_idle_minutes}) must be longer than warn_minutes "
+                    f"({longest_warn}, the longest the policy or a schedule sets): an endpoint's owner is warned "
+                    "warn_minutes before it is deleted",
+                    self.endpoint_idle_minutes,
+                )
+            )
         if self.warn_minutes >= self.idle_minutes:
             problems.append(
                 (
@@ -514,6 +534,11 @@ class MetricSettings(_Strict):
     # period, as NetworkIn/NetworkOut), read for notebook instances of teams with a network threshold.
     notebook_network_in: MetricSource = MetricSource(namespace="CWAgent", name="net_bytes_recv")
     notebook_network_out: MetricSource = MetricSource(namespace="CWAgent", name="net_bytes_sent")
+    # A SageMaker endpoint's requests, per EndpointName and VariantName (Sum per period). SageMaker publishes it for
+    # the periods that had requests: a period without a datapoint counts as none only where the variant's instances
+    # reported this heartbeat (SampleCount per period); without either, the endpoint is unknown (core/endpoints.py).
+    endpoint_invocations: MetricSource = MetricSource(namespace="AWS/SageMaker", name="Invocations")
+    endpoint_heartbeat: MetricSource = MetricSource(namespace="/aws/sagemaker/Endpoints", name="CPUUtilization")
     network_in: MetricSource = MetricSource(namespace="AWS/EC2", name="NetworkIn")
     network_out: MetricSource = MetricSource(namespace="AWS/EC2", name="NetworkOut")
     period_seconds: Literal[60, 300] = Field(
@@ -538,6 +563,12 @@ class Settings(_Strict):
         True,
         description="Read a machine only when its decision can change (busy machines about hourly); "
         "false reads every machine at every sweep. Warnings and stops are the same either way.",
+    )
+    sagemaker_endpoints: bool = Field(
+        True,
+        description="Also sweep SageMaker real-time endpoints that carry the team and opt-in tags: idle when no "
+        "variant was invoked for the team's endpoint_idle_minutes, then deleted (configuration, model and tags "
+        "kept). false lists none.",
     )
     sagemaker_notebooks: bool = Field(
         True,

@@ -64,11 +64,29 @@ DEFAULT_PRICES: dict[str, float] = {
     "ml.p3.8xlarge": 14.688,
     "ml.p3.16xlarge": 28.152,
     "ml.p2.xlarge": 1.125,
+    # SageMaker real-time endpoints are priced from the same ml.* rows (estimates, like every price here: an
+    # ml.g5.2xlarge endpoint at $1.515 an hour is about $255 a week); two more of their usual small types.
+    "ml.m5.large": 0.115,
+    "ml.c5.large": 0.102,
 }
 
 
 def hourly_price(instance_type: str, prices: Mapping[str, float] = DEFAULT_PRICES) -> float | None:
-    return prices.get(instance_type)
+    """The type's price an hour; for a SageMaker endpoint's hardware ("ml.g5.2xlarge x2 + ml.m5.large",
+    core/endpoints.EndpointFacts.hardware) each variant's type times its count, added (a serverless variant bills
+    per request: nothing an hour). None when any part's price is unknown."""
+    if " x" not in instance_type and " + " not in instance_type and instance_type != "serverless":
+        return prices.get(instance_type)
+    total = 0.0
+    for part in instance_type.split(" + "):
+        kind, _, count = part.partition(" x")
+        if kind == "serverless":
+            continue
+        price = prices.get(kind)
+        if price is None or (count and not count.isdigit()):
+            return None
+        total += price * (int(count) if count else 1)
+    return total
 
 
 def load_price_table(path: str | Path) -> dict[str, float]:

@@ -515,6 +515,34 @@ def poll_like_an_open_tab(server: Server, seconds: float) -> None:
         time.sleep(0.2)
 
 
+def save_like_an_open_tab(server: Server, name: str, source: str, outputs: list[dict[str, Any]]) -> None:
+    """What JupyterLab's autosave sends (PUT api/contents, the whole notebook): one code cell, as the tab holds it."""
+    cell = {
+        "cell_type": "code",
+        "id": "c0",
+        "metadata": {},
+        "execution_count": 1 if outputs else None,
+        "source": source,
+        "outputs": outputs,
+    }
+    notebook = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    server.api("PUT", f"api/contents/{name}", {"type": "notebook", "format": "json", "content": notebook})
+
+
+def printed_to_a_tab(server: Server, kernel_id: str, lines: int = 5) -> list[dict[str, Any]]:
+    """The stream output a tab connected to the kernel receives (IOPub goes to every connection), as nbformat
+    outputs: what reaches an open notebook while nobody types."""
+    ws = server.websocket(f"api/kernels/{kernel_id}/channels?session_id={uuid.uuid4().hex}")
+    text, deadline = "", time.monotonic() + 20
+    while text.count("\n") < lines:
+        assert time.monotonic() < deadline, "no output reached the tab"
+        message = json.loads(ws.recv())
+        if message.get("channel") == "iopub" and message["msg_type"] == "stream":
+            text += message["content"]["text"]
+    ws.close()
+    return [{"output_type": "stream", "name": "stdout", "text": text}]
+
+
 # --- 1. `jupyter lab --ip=0.0.0.0`: the runtime file names the machine's hostname ---------------------------
 
 
@@ -570,14 +598,16 @@ def progress():
 threading.Thread(target=progress, daemon=True).start()"""
 
 
-def test_a_kernel_printing_while_nobody_types_is_not_input_and_a_cell_sent_is(jupyter: Server) -> None:
+def test_a_kernel_printing_while_nobody_types_is_not_input_and_a_cell_sent_is(jupyter: Server, tmp_path: Path) -> None:
     kernel = open_notebook(jupyter)
-    execute(jupyter, kernel, PRINTING_THREAD)  # the cell ends at once; its thread prints on, nobody types
+    save_like_an_open_tab(jupyter, "analysis.ipynb", PRINTING_THREAD, [])  # a person wrote the cell
+    execute(jupyter, kernel, PRINTING_THREAD)  # and ran it; it ends at once, its thread prints on, nobody types
     # Nobody has typed for an hour: the cell that started the thread, and the notebook's save, set an hour back.
     hour_ago = time.time() - 3600
     for evidence in (ipython_history(jupyter), jupyter.root / "analysis.ipynb"):
         os.utime(evidence, (hour_ago, hour_ago))
     aged = time.time()
+    memory = {"state_dir": str(tmp_path)}  # the unit's StateDirectory: what the collector saw of each notebook
 
     def server_says() -> float:
         return agent.parse_jupyter_time(jupyter.api("GET", f"api/kernels/{kernel}")["last_activity"])
@@ -588,9 +618,25 @@ def test_a_kernel_printing_while_nobody_types_is_not_input_and_a_cell_sent_is(ju
         assert time.monotonic() < deadline, "the kernel's output did not refresh the server's last_activity"
         time.sleep(0.05)
     assert jupyter.api("GET", f"api/kernels/{kernel}")["execution_state"] == "idle"
-    collected = collect(jupyter)
+    collected = collect(jupyter, **memory)
     assert collected.minutes == pytest.approx(60, abs=0.5), collected.sightings
     assert not [s for s in collected.sightings if s.at > hour_ago + 60], collected.sightings
+
+    # Issue 44 read-over, 4: an open tab receives the thread's output, and JupyterLab marks the notebook unsaved
+    # (its shared model sets `dirty` on each output change) and autosaves it every two minutes, nobody typing. The
+    # save is new (the server says: now), its cells are not: not input (on main: "input 0 min ago").
+    save_like_an_open_tab(jupyter, "analysis.ipynb", PRINTING_THREAD, printed_to_a_tab(jupyter, kernel))
+    saved = agent.parse_jupyter_time(jupyter.api("GET", "api/contents/analysis.ipynb?content=0")["last_modified"])
+    assert saved > hour_ago + 3000
+    collected = collect(jupyter, **memory)
+    assert collected.minutes == pytest.approx(60, abs=0.5), collected.sightings
+    [notebook] = [s for s in asked(collected, jupyter) if "analysis.ipynb" in s.source]
+    assert notebook.at == pytest.approx(hour_ago, abs=1)
+
+    # A person edits the cell and the tab saves it: input, now.
+    edited = PRINTING_THREAD + "\n# stopped with the kernel"
+    save_like_an_open_tab(jupyter, "analysis.ipynb", edited, printed_to_a_tab(jupyter, kernel))
+    assert collect(jupyter, **memory).minutes < 0.5
 
     # A person runs a cell (an execute_request from a client, as JupyterLab sends it): input, now.
     sent = time.time()
@@ -843,7 +889,7 @@ def test_a_server_of_another_user_is_asked_under_a_real_hidepid_proc(
     assert "visible" not in done.stderr and "hides other users' processes (hidepid)" in done.stderr, done.stderr
     minutes = {line.rsplit(None, 2)[0]: line.rsplit(None, 2)[1] for line in done.stdout.splitlines()[:-2]}
     # Signal 0 says the server lives (EPERM: not ours); its runtime file and history are read with the capability.
-    assert float(minutes[f"jupyter jpserver-{pid}.json notebook analysis.ipynb saved"]) < 0.5, done.stdout
+    assert float(minutes[f"jupyter jpserver-{pid}.json notebook analysis.ipynb edited"]) < 0.5, done.stdout
     assert float(minutes["ipython history (home, profile_default)"]) < 0.5, done.stdout
 
 
@@ -955,7 +1001,7 @@ def test_the_units_sandbox_lets_the_collector_ask_a_server_on_this_machines_own_
         assert done.returncode == 0, done.stderr
         calls += json.loads(record.read_text())
         shown += done.stdout
-    assert f"jupyter jpserver-{server.process.pid}.json notebook analysis.ipynb saved" in shown, shown  # asked there
+    assert f"jupyter jpserver-{server.process.pid}.json notebook analysis.ipynb edited" in shown, shown  # asked there
     permitted, families = sandbox(unit)
     connected = [tuple(args) for event, args in calls if event == "socket.connect"]
     sent = [tuple(args) for event, args in calls if event == "socket.sendto"]

@@ -43,6 +43,14 @@ def notebook(region: str) -> str:
     return f"arn:aws:sagemaker:{region}:{ACCOUNT}:notebook-instance/team-ml-gpu-nb"
 
 
+def sagemaker(region: str, kind: str, name: str = "demo-llm") -> str:
+    """An endpoint, endpoint-config or model ARN (the issue 46 endpoints)."""
+    return f"arn:aws:sagemaker:{region}:{ACCOUNT}:{kind}/{name}"
+
+
+OPTING_IN = {"aws:RequestTag/idle-reaper:managed": "true", "aws:TagKeys": ("Team", "Owner", "idle-reaper:managed")}
+
+
 def parameter(region: str, name: str) -> str:
     return f"arn:aws:ssm:{region}:{ACCOUNT}:parameter/idle-reaper/{name}"
 
@@ -90,6 +98,12 @@ def fleet_reads(region: str) -> list[Request]:
         call("sagemaker:DescribeSpace", f"arn:aws:sagemaker:{region}:{ACCOUNT}:space/d-abc123/alice-space", region),
         call("sagemaker:ListTags", f"arn:aws:sagemaker:{region}:{ACCOUNT}:space/d-abc123/alice-space", region),
         call("sagemaker:DescribeDomain", f"arn:aws:sagemaker:{region}:{ACCOUNT}:domain/d-abc123", region),
+        call("sagemaker:ListEndpoints", "*", region),
+        call("sagemaker:ListTags", sagemaker(region, "endpoint"), region),
+        call("sagemaker:DescribeEndpoint", sagemaker(region, "endpoint"), region),
+        call("sagemaker:DescribeEndpointConfig", sagemaker(region, "endpoint-config"), region),
+        call("sagemaker:DescribeModel", sagemaker(region, "model"), region),
+        call("application-autoscaling:DescribeScalableTargets", "*", region),
     ]
 
 
@@ -107,6 +121,7 @@ SWEEP_CALLS = [
     on_managed("ec2:StopInstances", instance(HOME)),
     on_managed("ec2:TerminateInstances", instance(HOME)),  # machines EC2 cannot stop, on the team's opt-in
     on_managed("sagemaker:StopNotebookInstance", notebook(HOME)),
+    on_managed("sagemaker:DeleteEndpoint", sagemaker(HOME, "endpoint")),
     on_managed("autoscaling:SetInstanceProtection", group(HOME)),
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
     *policy_reads(HOME),
@@ -169,6 +184,13 @@ SLACK_CALLS = [
             on_managed("ec2:TerminateInstances", instance(region), region),  # "Terminate now"
             on_managed("sagemaker:StartNotebookInstance", notebook(region), region),
             on_managed("sagemaker:StopNotebookInstance", notebook(region), region),
+            on_managed("sagemaker:DeleteEndpoint", sagemaker(region, "endpoint"), region),  # "Delete now"
+            # "Bring it back": the configuration and models read first, then created with its own tags.
+            call("sagemaker:DescribeEndpointConfig", sagemaker(region, "endpoint-config"), region),
+            call("sagemaker:DescribeModel", sagemaker(region, "model"), region),
+            call("sagemaker:CreateEndpoint", sagemaker(region, "endpoint"), region, **OPTING_IN),
+            call("sagemaker:CreateEndpoint", sagemaker(region, "endpoint-config"), region, **OPTING_IN),
+            call("sagemaker:AddTags", sagemaker(region, "endpoint"), region, **OPTING_IN),
             on_managed("autoscaling:SetInstanceProtection", group(region), region),
             *policy_reads(region),
             call("dynamodb:BatchGetItem", table(region), region),
@@ -212,6 +234,15 @@ NEVER = [
     call("sagemaker:StopNotebookInstance", notebook(HOME), **{MANAGED_TAG: "false"}),
     on_managed("sagemaker:DeleteNotebookInstance", notebook(HOME)),
     on_managed("sagemaker:UpdateNotebookInstance", notebook(HOME)),
+    # Endpoints: deleted only with the opt-in tag, created only carrying it; configurations and models never
+    # deleted or changed.
+    call("sagemaker:DeleteEndpoint", sagemaker(HOME, "endpoint"), **UNMANAGED),
+    call("sagemaker:DeleteEndpoint", sagemaker(HOME, "endpoint"), **{MANAGED_TAG: "false"}),
+    call("sagemaker:CreateEndpoint", sagemaker(HOME, "endpoint")),
+    call("sagemaker:CreateEndpoint", sagemaker(HOME, "endpoint"), **{"aws:RequestTag/idle-reaper:managed": "no"}),
+    on_managed("sagemaker:DeleteEndpointConfig", sagemaker(HOME, "endpoint-config")),
+    on_managed("sagemaker:DeleteModel", sagemaker(HOME, "model")),
+    on_managed("sagemaker:UpdateEndpoint", sagemaker(HOME, "endpoint")),
     # Studio is reported, never acted on.
     on_managed(
         "sagemaker:DeleteApp", f"arn:aws:sagemaker:{HOME}:{ACCOUNT}:app/d-abc123/alice-space/jupyterlab/default"
@@ -232,6 +263,7 @@ SWEEP_NEVER = [
     on_managed("ec2:StartInstances", instance(HOME)),  # only a person's "start" click starts a machine
     on_managed("sagemaker:StartNotebookInstance", notebook(HOME)),
     on_managed("sagemaker:StopNotebookInstance", notebook(OTHER), OTHER),
+    call("sagemaker:CreateEndpoint", sagemaker(HOME, "endpoint"), **OPTING_IN),  # only a person brings one back
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("machine#i-0abc123def4567890",)}),
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("entries#other#x",)}),
     call("dynamodb:Query", table(HOME, "owner-index")),  # the owner-index is the Slack endpoint's
@@ -244,6 +276,8 @@ SWEEP_NEVER = [
     on_managed("ec2:TerminateInstances", instance(OTHER), OTHER),
     call("lambda:InvokeFunction", function(HOME, "idle-reaper-slack")),
 ]
+# "Bring it back" reads that an endpoint's configuration and models still exist before it creates anything.
+BRING_BACK_READS = {"sagemaker:DescribeEndpointConfig", "sagemaker:DescribeModel"}
 SLACK_NEVER = [
     *NEVER,
     call("dynamodb:Scan", table(HOME)),  # an owner's machines come from the owner-index, never a scan
@@ -251,7 +285,7 @@ SLACK_NEVER = [
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("once#x",)}),
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
     # Answers act on one known machine; only the doctor lists, and only its own region's fleet and metrics.
-    *(r for r in fleet_reads(HOME) if r.action not in {c.action for c in DOCTOR_CALLS}),
+    *(r for r in fleet_reads(HOME) if r.action not in {c.action for c in DOCTOR_CALLS} | BRING_BACK_READS),
     *(call(r.action, r.resource, OTHER) for r in DOCTOR_CALLS),
     call("dynamodb:GetItem", table("ap-south-1"), "ap-south-1"),  # a region the stack does not list
     call("lambda:InvokeFunction", function(HOME, "idle-reaper-sweep")),
@@ -411,8 +445,9 @@ ACTION_OF_METHOD = {"lambda:Invoke": "lambda:InvokeFunction", "stepfunctions:Sta
 
 CLIENT_ATTRIBUTES = {"ec2": "ec2", "autoscaling": "autoscaling", "cloudwatch": "cloudwatch", "ssm": "ssm"}
 CLIENT_ATTRIBUTES |= {"dynamodb": "dynamodb", "lambda_client": "lambda", "organizations": "organizations", "sts": "sts"}
+CLIENT_ATTRIBUTES |= {"sagemaker": "sagemaker", "app_autoscaling": "application-autoscaling"}
 CALL_SITE = re.compile(
-    r"\b(?P<client>ec2|autoscaling|cloudwatch|ssm|dynamodb|lambda_client|organizations|sts)\."
+    r"\b(?P<client>ec2|autoscaling|cloudwatch|ssm|dynamodb|lambda_client|organizations|sts|sagemaker|app_autoscaling)\."
     r"(?:get_paginator\(\"(?P<paginated>[a-z_]+)\"\)|(?P<method>[a-z_]+)\()"
 )
 # ... and calls on a client made in place: client("lambda").invoke(...), boto3.client("lambda", ...).invoke(...)

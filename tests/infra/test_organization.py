@@ -16,6 +16,7 @@ from iam_policy import ACCOUNT, Environment, decide, role_statements
 from synthesis import ALARM_EMAIL, REGIONS, Synth, shared_synth, synthesize
 from test_iam import (
     NEVER,
+    OPTING_IN,
     ORGANIZATION_MODE,
     OTHER,
     _identity_policies,
@@ -27,6 +28,7 @@ from test_iam import (
     notebook,
     on_managed,
     parameter,
+    sagemaker,
     secret,
     table,
 )
@@ -371,8 +373,13 @@ MEMBER_CALLS = [
             ("sagemaker:StartNotebookInstance", notebook(HUB)),
             ("autoscaling:SetInstanceProtection", group(HUB)),
             ("autoscaling:TerminateInstanceInAutoScalingGroup", group(HUB)),
+            ("sagemaker:DeleteEndpoint", sagemaker(HUB, "endpoint")),
         )
     ),
+    # "Bring it back" on a member account's endpoint: the same rights as the hub's own (issue 46).
+    call("sagemaker:CreateEndpoint", sagemaker(HUB, "endpoint"), HUB, **OPTING_IN),
+    call("sagemaker:CreateEndpoint", sagemaker(HUB, "endpoint-config"), HUB, **OPTING_IN),
+    call("sagemaker:AddTags", sagemaker(HUB, "endpoint"), HUB, **OPTING_IN),
 ]
 MEMBER_NEVER = [
     *NEVER,

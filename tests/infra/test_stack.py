@@ -325,6 +325,8 @@ def test_reads_are_scoped_to_the_prefix_the_table_and_the_secret(template: dict[
                 "lambda:GetAccountSettings",  # `/idle-reaper doctor`: deploy.concurrency's quota
                 "sagemaker:ListNotebookInstances",  # no resource-level permission either
                 "sagemaker:ListApps",
+                "sagemaker:ListEndpoints",  # issue 46: endpoints, and their variants' minimum capacity
+                "application-autoscaling:DescribeScalableTargets",
                 "xray:PutTraceSegments",
                 "xray:PutTelemetryRecords",
                 "xray:GetSamplingRules",

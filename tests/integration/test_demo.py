@@ -15,6 +15,7 @@ import pytest
 
 from idle_reaper.core import Action, State
 from idle_reaper.handlers import slack as slack_handler
+from idle_reaper.pricing import hourly_price
 from idle_reaper.sweep import Adapters
 from idle_reaper_tools import demo, local
 
@@ -84,8 +85,10 @@ def test_scripted_keep_click_goes_through_the_signed_handler_and_delays_the_stop
 def test_idle_machines_are_reaped_and_savings_reported(demo_output):
     assert "stopped at 12:30" in summary_row(demo_output, "forgotten")
     assert "hibernated at 13:30" in summary_row(demo_output, "vision-nb")
-    assert "released to its group" in summary_row(demo_output, "workers-1")
-    total = re.search(r"total\s+([\d.]+)\s+\$([\d,.]+)", demo_output)
+    # Released, and its group keeps it running: no idle hour avoided, nothing saved (core/dollars.py), as the digest.
+    released = summary_row(demo_output, "workers-1")
+    assert "released to its group" in released and released.split()[-2:] == ["0.00", "$0.00"]
+    total = re.search(r"total\s+([\d.]+)\s+up to \$([\d,.]+)", demo_output)  # a Spot machine's stop is in it
     assert total and float(total.group(1)) > 10 and float(total.group(2).replace(",", "")) > 10
 
 
@@ -106,7 +109,7 @@ def test_the_demo_ends_with_each_destinations_weekly_digest_with_its_chart(demo_
     ]
     assert "Team vision has no slack_channel" in digests and "team research, 2026-W47" in digests
     # The admins' figure is the day's total of the summary above: the same stops, counted once.
-    total = re.search(r"total\s+([\d.]+)\s+(\$[\d,.]+)", demo_output)
+    total = re.search(r"total\s+([\d.]+)\s+(up to \$[\d,.]+)", demo_output)
     assert total and f"Saved: *{total.group(2)}* over {float(total.group(1)):.1f} machine-hours" in digests
 
 
@@ -114,6 +117,47 @@ def test_the_sagemaker_notebook_instance_is_warned_then_stopped_at_its_sagemaker
     row = summary_row(demo_output, "sm-notebook")
     assert "stopped at 14:30" in row and row.split()[-1] == "$9.56"  # 2.5 h at ml.p3.2xlarge's $3.825
     assert "sm-notebook was stopped at 2026-11-20 14:30 UTC; it saves $3.83/h" in demo_output
+
+
+def kind_row(output: str, name: str) -> list[str]:
+    """A machine's line of the demo's `status` section: its name, kind and what a stop saves."""
+    rows = output.split("what a stop saves, by kind of machine")[1].split("\n\n")[0].splitlines()[1:]
+    return next(r.split(None, 2) for r in rows if r.split()[0] == name)
+
+
+def test_a_spot_machine_is_stopped_and_its_saving_is_said_as_an_upper_bound(run: Run, demo_output: str) -> None:
+    """Issue 44: beside the on-demand machines, a Spot machine (a persistent request that stops it) is stopped like
+    them, and what its stop saves is the most it can be: "at most" in Slack and `status`, "up to" in the summary."""
+    price = hourly_price("g5.xlarge")
+    assert price is not None
+    row = summary_row(demo_output, "spot-nb")
+    assert "stopped at 14:30" in row and row.endswith(f"up to ${2.5 * price:,.2f}")
+    stopped = f"spot-nb ({run.afternoon.seeded.ids['spot-nb']}) was stopped at 2026-11-20 14:30 UTC"
+    assert f"{stopped}; it saves at most ${price:,.2f}/h while stopped" in demo_output
+    assert kind_row(demo_output, "spot-nb") == ["spot-nb", "spot", f"at most ${price:,.2f}/h"]
+    assert kind_row(demo_output, "forgotten") == ["forgotten", "on-demand", f"${hourly_price('g5.2xlarge'):,.2f}/h"]
+    assert run.instance_states[run.afternoon.seeded.ids["spot-nb"]] == "stopped"
+
+
+def test_a_reserved_machine_is_told_not_stopped_and_saves_nothing(run: Run, demo_output: str) -> None:
+    """Issue 44: a machine in an On-Demand Capacity Reservation, idle all day, is told to its owner (and its team's
+    channel) and never stopped: a stop saves nothing while the reservation is paid ($0 in `status` and the summary).
+    The reservation is the local world's (local.reserve): DescribeCapacityReservations answered in moto's server."""
+    instance_id = run.afternoon.seeded.ids["reserved-box"]
+    assert summary_row(demo_output, "reserved-box").split()[-3:] == ["(warned)", "0.00", "$0.00"]
+    assert kind_row(demo_output, "reserved-box") == ["reserved-box", "capacity-reservation", "$0.00/h"]
+    told = "Slack posts to D0KEN:\n      | Idle machine: reserved-box"
+    assert told in demo_output and "so idle-reaper does not stop it (a stop would save nothing)" in demo_output
+    assert [e["action"] for e in run.audit[instance_id]] == ["warn"]
+    assert run.instance_states[instance_id] == "running"
+
+
+def test_the_idle_endpoint_is_warned_with_its_hourly_cost_then_deleted_and_its_configuration_kept(demo_output):
+    row = summary_row(demo_output, "demo-llm")
+    assert "deleted at 13:30" in row and row.split()[-1] == "$5.15"  # 3.5 h at 2 x ml.g4dn.xlarge's $0.7364
+    assert "Idle endpoint: demo-llm" in demo_output and "*Cost*: $1.47 per hour" in demo_output
+    assert "demo-llm (endpoint:demo-llm) was deleted at 2026-11-20 13:30 UTC; it saves $1.47/h" in demo_output
+    assert "[Bring it back]" in demo_output and "--endpoint-config-name demo-llm-config" in demo_output
 
 
 # --- The afternoon scenario, from the same run's reports and the world it left ------------------------------

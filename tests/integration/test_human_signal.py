@@ -36,8 +36,10 @@ def test_person_at_one_percent_cpu_is_busy_missing_collector_is_judged_on_cpu(aw
     ids = {name: local.launch(name, "m5.large", team="ml", launch_time=at(8)) for name in ("person", "none", "junk")}
     for instance_id in ids.values():
         local.write_metrics(instance_id, lambda _t: (1.0, None), at(12), NOW)
-    recent = [NOW - timedelta(minutes=m) for m in (15, 10)]
-    put_minutes(ids["person"], [(t, 2.0) for t in recent])  # typing at 14:43 and 14:48
+    recent = [NOW - timedelta(minutes=m) for m in (16, 6)]
+    # Typing at 14:42 and 14:52; each sample's period ends a minute after it, so the sweep places them at
+    # 14:43 and 14:53 (never earlier than they were).
+    put_minutes(ids["person"], [(t, 2.0) for t in recent])
     put_minutes(ids["junk"], [(t, v) for t, v in zip(recent, (-5.0, 99999.0), strict=True)])
     # A hostile local user on another machine cannot name this one: a series with any other dimension set
     # (the agent's per-packet series, or a forged tag) is not the InstanceId rollup the sweep reads.
@@ -48,7 +50,7 @@ def test_person_at_one_percent_cpu_is_busy_missing_collector_is_judged_on_cpu(aw
     by_name = {d.machine.name: d for d in report.decisions}
     assert report.metric_calls == 1
     assert by_name["person"].signal == "busy" and by_name["person"].action is Action.NONE
-    assert "a person was active at 14:48 UTC" in by_name["person"].reason
+    assert "a person was active at 14:53 UTC" in by_name["person"].reason
     assert by_name["none"].action is Action.WARN and by_name["none"].assessment.human_signal == "missing"
     assert (
         by_name["junk"].action is Action.WARN and "ignored 2 unusable human-activity values" in by_name["junk"].reason
@@ -57,7 +59,7 @@ def test_person_at_one_percent_cpu_is_busy_missing_collector_is_judged_on_cpu(aw
     code = cli.main(["status", "--json", "--now", NOW.isoformat()])
     rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
     assert code == 0
-    assert rows["person"]["human_signal"] == "person active 14:48 UTC"
+    assert rows["person"]["human_signal"] == "person active 14:53 UTC"
     assert (
         rows["none"]["human_signal"]
         == rows["junk"]["human_signal"]
@@ -65,10 +67,10 @@ def test_person_at_one_percent_cpu_is_busy_missing_collector_is_judged_on_cpu(aw
     )
 
 
-def test_an_input_late_in_a_five_minute_period_is_placed_within_a_minute(aws):
-    """The agent publishes one value a minute. Read as a five-minute Minimum, a person typing at 14:49
-    would be placed at 14:45, the period's start (four minutes early: the machine looks idle sooner); read
-    at the agent's own one-minute resolution it is placed at 14:49."""
+def test_an_input_late_in_a_five_minute_period_is_never_placed_before_it_happened(aws):
+    """The agent publishes one value a minute; the sweep reads their five-minute Minimum (a fifth of the
+    datapoints). Timed at the period's start, a person typing at 14:49 would be placed at 14:45 (four minutes
+    early: the machine looks idle sooner); timed at the period's end it is placed at 14:50, a minute late."""
     local.init_account(teams={"ml": local.team_policy_json(idle_minutes=60, warn_minutes=20)})
     box = local.launch("box", "m5.large", team="ml", launch_time=at(8))
     local.write_metrics(box, lambda _t: (1.0, None), at(12), NOW)
@@ -79,8 +81,8 @@ def test_an_input_late_in_a_five_minute_period_is_placed_within_a_minute(aws):
     )
     report = run_sweep(Adapters.from_environment(notifier=LoggingNotifier(logger, delivers=True)), now=NOW)
     [decision] = report.decisions
-    assert decision.assessment.human_last_input == minute + timedelta(minutes=4)
-    assert "a person was active at 14:49 UTC" in decision.reason
+    assert decision.assessment.human_last_input == minute + timedelta(minutes=5)
+    assert "a person was active at 14:50 UTC" in decision.reason
 
 
 def put_unreadable(instance_id: str, t: datetime, bits: float) -> None:

@@ -9,14 +9,17 @@ from __future__ import annotations
 import json
 import urllib.parse
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from idle_reaper import aws
 from idle_reaper.core import State
 from idle_reaper.handlers import slack as slack_handler
+from idle_reaper.policy import Settings
 from idle_reaper.sweep import SweepReport, run_sweep
 from idle_reaper_tools import admin, local
 from idle_reaper_tools.demo import adapters_at, at
@@ -410,3 +413,33 @@ def test_a_spot_machine_whose_request_is_gone_is_told_once_and_never_stopped(
     assert request in words(notice) and "cannot be found" in words(notice)
     assert "terminate_now" not in buttons(notice) and "stop_now" not in buttons(notice)
     assert answers.stop_calls_naming(spot) == 0 and local.instance_states([spot])[spot] == "running"
+
+
+@pytest.mark.usefixtures("aws")
+def test_the_local_worlds_capacity_reservation_is_described_as_ec2_describes_it(moto_server: Any) -> None:
+    """What the demo's reserved machine runs on (local.reserve: moto has no capacity reservations): DescribeInstances
+    names the reservation, DescribeCapacityReservations describes it (its one slot taken), and the sweep's look-up
+    reads it; an id the account does not have fails the call with EC2's InvalidCapacityReservationId.NotFound, which
+    the look-up splits off (not billing), and a reset forgets the reservation with the rest of the account."""
+    box = machine("reserved")
+    reservation = local.reserve(box, created=T0 - timedelta(days=1))
+    ec2 = aws.client("ec2")
+    [listed] = ec2.describe_instances(InstanceIds=[box])["Reservations"][0]["Instances"]
+    assert listed["CapacityReservationId"] == reservation
+    [item] = ec2.describe_capacity_reservations(CapacityReservationIds=[reservation])["CapacityReservations"]
+    assert (item["InstanceType"], item["State"], item["TotalInstanceCount"], item["AvailableInstanceCount"]) == (
+        "m5.large",
+        "active",
+        1,
+        0,
+    )
+    with pytest.raises(ClientError) as refused:
+        ec2.describe_capacity_reservations(CapacityReservationIds=[reservation, "cr-0123456789abcdef0"])
+    assert refused.value.response["Error"]["Code"] == "InvalidCapacityReservationId.NotFound"
+    fleet = adapters_at(T0).fleet
+    [found] = [m for m in fleet.discover(Settings().tags) if m.instance_id == box]
+    gone = replace(found, facts=replace(found.facts, reservation_id="cr-0123456789abcdef0"))
+    lookups = fleet.kind_lookups([found, gone])
+    assert set(lookups.reservations) == {reservation} and not lookups.failed
+    moto_server.reset()
+    assert ec2.describe_capacity_reservations()["CapacityReservations"] == []

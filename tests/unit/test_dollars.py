@@ -168,3 +168,40 @@ def test_the_admins_digest_says_up_to_for_the_team_and_account_whose_savings_are
     text = digest_text(build_digest([spot, exact], [], W47, now=END))
     assert "By team: cv saved $168.00, kept idle $0.00; ml saved up to $168.00, kept idle $0.00" in text
     assert "By account: the hub's account saved up to $168.00" in text and "111111111111 saved $168.00" in text
+
+
+def test_a_release_its_group_keeps_running_saves_no_machine_hours_either() -> None:
+    """Issue 44 read-over, 2: a group member released (scale-in protection removed, not stopped) that its group still
+    runs saves nothing (core/dollars.py saves_while_running): neither dollars nor machine-hours in the digest's
+    Saved line, while a stop beside it counts its hours."""
+    member = MachineRecord("i-0member", "ml", State.REAPED, asg_name="workers", last_action="unprotect", updated_at=END)
+    release = {**stop(False)[2], "action": "unprotect"}
+    d = build_digest([("i-0member", MON, release), stop(False)], [member], W47, now=END, team="ml")
+    assert d.recovered["releases"].count == 1 and d.recovered["releases"].hours == 0.0
+    assert d.recovered_hours == 168.0  # the stop's week alone
+    assert "Saved: *$168.00* over 168.0 machine-hours: 1 releases (0.0 h, $0.00), 1 stops" in digest_text(d)
+
+
+def test_the_admins_digest_says_up_to_for_the_kept_idle_waste_of_a_spot_machine() -> None:
+    """Issue 44 read-over, 3: the By team and By account lines say "kept idle up to $…" where the waste holds a Spot
+    machine's keep (at most its bound), as the kept-idle line above them does; an exact waste stays exact. An exempt
+    Spot machine's idle hours, and a Spot group member its group keeps running, are "up to" too."""
+    _, _, spot_keep = keep("spot")
+    _, _, exact_keep = keep("on-demand")
+    entries = [
+        ("i-0123456789abcdef0", MON, spot_keep),
+        ("111111111111/us-east-1/i-0fedcba9876543210", MON, {**exact_keep, "team": "cv"}),
+    ]
+    exempt = record("spot", state=State.EXEMPT, updated_at=END, name="spot-box")
+    member = MachineRecord(
+        "i-0member", "ml", State.REAPED, machine_kind="spot", instance_type=TYPE, asg_name="g", updated_at=END
+    )
+    d = build_digest(entries, [exempt, member], W47, now=END, prices={TYPE: PRICE}, exempt_idle={exempt.key: 2.0})
+    text = digest_text(d)
+    waste = f"${10 * PRICE:,.2f}"
+    assert f"Still wasted, kept idle by answers: up to ${20 * PRICE:,.2f}" in text
+    assert f"By team: cv saved $0.00, kept idle {waste}; ml saved $0.00, kept idle up to {waste}" in text
+    assert f"the hub's account saved $0.00, kept idle up to {waste}" in text
+    assert f"111111111111 saved $0.00, kept idle {waste}" in text
+    assert f"Still wasted, exempt and idle: up to ${2 * PRICE:,.2f} (2 h): spot-box 2 h" in text
+    assert f"Idle in an Auto Scaling group, still running (up to {ON_DEMAND}): i-0member (up to {ON_DEMAND})" in text

@@ -952,10 +952,17 @@ def cmd_status(args: argparse.Namespace) -> int:
             refs = None
         state = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name())
         records = state.all_records()
-        fleet = aws.Fleet(aws.client("ec2"), aws.client("autoscaling"), aws.NotebookInstances(aws.client("sagemaker")))
-        machines = {m.instance_id: m for m in fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)}
+        fleet = aws.sagemaker_fleet(
+            aws.client("ec2"), aws.client("autoscaling"), aws.client("sagemaker"), aws.client("application-autoscaling")
+        )
+        listed = fleet.discover(
+            settings.tags, notebooks=settings.sagemaker_notebooks, endpoints=settings.sagemaker_endpoints
+        )
+        machines = {m.instance_id: m for m in listed}
         if fleet.notebooks_unlisted:
             _err(f"cannot list SageMaker notebook instances ({fleet.notebooks_unlisted}); not shown")
+        if fleet.endpoints_unlisted:
+            _err(f"cannot list SageMaker endpoints ({fleet.endpoints_unlisted}); not shown")
         try:
             gaps = aws.unreadable_sources(aws.client("cloudwatch"), sorted(machines), now)
         except aws.AwsError as exc:

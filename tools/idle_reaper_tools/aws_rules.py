@@ -433,6 +433,8 @@ class AwsRules:
         self._lock = threading.Lock()
         self._installed: Any = None
         self.metered = True  # rate rules on (a test that seeds a fleet with many calls may turn them off a while)
+        # SageMaker's quota of each instance type for endpoint usage, in instances (aws_rules_sagemaker.py): a test's.
+        self.sagemaker_quotas: dict[str, int] = {}
 
     # -- lifecycle
 
@@ -481,6 +483,7 @@ class AwsRules:
             self.refused.clear()
             self.calls.clear()
             self.metered = True
+            self.sagemaker_quotas.clear()
             self.clock = self._wall  # a test's own clock ends with it
         if throttled:
             aws.forget_clients()
@@ -528,6 +531,10 @@ class AwsRules:
             refusal = _ssm(operation, params, lambda name: _stored_tier(account, region, name))
         elif service == "cloudwatch":
             refusal = _cloudwatch(operation, params)
+        elif service == "sagemaker":
+            from idle_reaper_tools.aws_rules_sagemaker import sagemaker_refusal
+
+            refusal = sagemaker_refusal(operation, params, account, region, self.sagemaker_quotas)
         else:
             refusal = _others(service, operation, params)
         if refusal is not None or not self.metered:

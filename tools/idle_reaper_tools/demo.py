@@ -22,12 +22,14 @@ from idle_reaper import aws
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.core import Action, Decision, State
 from idle_reaper.core.digest import week_of
+from idle_reaper.core.dollars import saves_while_running
 from idle_reaper.policy import Settings
 from idle_reaper.slack import blocks_text, load_secrets, make_client
 from idle_reaper.slack.digest import DigestSender
 from idle_reaper.sweep import Adapters, SweepReport, run_sharded
 from idle_reaper.sweep.digest import send_week_digests
 from idle_reaper_tools import local
+from idle_reaper_tools.admin import status_rows
 from idle_reaper_tools.fake_slack import FakeSlack, LambdaContextStub, fake_slack, signed_request, slack_environment
 
 DAY = datetime(2026, 11, 20, tzinfo=UTC)
@@ -50,6 +52,11 @@ def _until(change: datetime, before: tuple[float, float | None], after: tuple[fl
     return lambda t: before if t < change else after
 
 
+def _requests(profile: local.Profile) -> Callable[[datetime], float]:
+    """An endpoint's requests per 5 minutes: its profile's first value."""
+    return lambda t: profile(t)[0]
+
+
 @dataclass
 class Box:
     name: str
@@ -62,6 +69,9 @@ class Box:
     tags: dict[str, str] = field(default_factory=dict)
     hibernation: bool = False
     sagemaker: bool = False  # a SageMaker notebook instance (its metrics as the lifecycle configuration publishes)
+    spot: bool = False  # a Spot instance of a persistent request that stops it
+    reserved: bool = False  # runs in an On-Demand Capacity Reservation (local.reserve)
+    endpoint: int = 0  # a SageMaker real-time endpoint of this many instances (its profile's CPU: requests per 5 min)
 
 
 FLEET = [
@@ -132,6 +142,16 @@ FLEET = [
         sagemaker=True,
     ),
     Box(
+        "demo-llm",
+        "ml.g4dn.xlarge",
+        "ml",
+        _until(at(12), (40.0, None), (0.0, None)),
+        "carol@example.com",
+        "SageMaker endpoint (2 instances) nobody calls since 12:00: deleted, its configuration kept to bring it back",
+        launched=at(6),
+        endpoint=2,
+    ),
+    Box(
         "fleet-worker",
         "m5.large",
         "ml",
@@ -139,6 +159,24 @@ FLEET = [
         "ivan@example.com",
         "idle member of an EC2 Fleet: never stopped (the fleet would replace it), reported",
         tags={"aws:ec2:fleet-id": "fleet-0demo"},
+    ),
+    Box(
+        "spot-nb",
+        "g5.xlarge",
+        "ml",
+        _until(at(13), (35.0, 50.0), (1.0, 0.0)),
+        "judy@example.com",
+        "Spot notebook idle from 13:00: a stop saves up to its on-demand price (Spot prices are not read)",
+        spot=True,
+    ),
+    Box(
+        "reserved-box",
+        "g5.xlarge",
+        "ml",
+        _steady(1.0, 0.0),
+        "ken@example.com",
+        "idle in a capacity reservation: a stop saves nothing while the reservation is paid; told, not stopped",
+        reserved=True,
     ),
 ]
 SLACK_USERS = {
@@ -151,12 +189,14 @@ SLACK_USERS = {
     "grace@example.com": "U0GRACE",
     "heidi@example.com": "U0HEIDI",
     "ivan@example.com": "U0IVAN",
+    "judy@example.com": "U0JUDY",
+    "ken@example.com": "U0KEN",
     "ops@example.com": "U0OPS",
 }
 GROUP = "workers"
 GROUP_PROFILES = [_steady(70.0, None), _steady(1.0, None)]  # one busy member, one idle
 TEAM_POLICIES = {
-    "ml": local.team_policy_json(idle_minutes=90, warn_minutes=30, slack_channel="C0MLTEAM"),
+    "ml": local.team_policy_json(idle_minutes=90, warn_minutes=30, slack_channel="C0MLTEAM", endpoint_idle_minutes=90),
     "vision": local.team_policy_json(idle_minutes=60, warn_minutes=15, action="hibernate", notify="owner"),
     "research": local.team_policy_json(idle_minutes=5),  # invalid: below the 15-minute minimum
 }
@@ -171,12 +211,25 @@ class Seeded:
 def launch_due(seeded: Seeded, now: datetime) -> None:
     """Start the boxes whose launch time the simulated clock has reached, with their metrics."""
     for box in FLEET:
-        if box.name not in seeded.ids and box.launched <= now and box.sagemaker:
+        if box.name not in seeded.ids and box.launched <= now and box.endpoint:
+            launched, count = box.launched, box.endpoint
+            name = local.launch_endpoint(
+                box.name, box.instance_type, team=box.team, launch_time=launched, owner=box.owner, count=count
+            )
+            seeded.ids[box.name], seeded.names[f"endpoint:{name}"] = f"endpoint:{name}", box.name
+            local.write_invocations(name, _requests(box.profile), max(box.launched, at(6)), END)
+        elif box.name not in seeded.ids and box.launched <= now and box.sagemaker:
             name = local.launch_notebook(
                 box.name, box.instance_type, team=box.team, launch_time=box.launched, owner=box.owner
             )
             seeded.ids[box.name], seeded.names[name] = name, box.name
             local.write_metrics(name, box.profile, max(box.launched, at(6)), END, notebook=True)
+        elif box.name not in seeded.ids and box.launched <= now and box.spot:
+            instance_id, _ = local.launch_spot(
+                box.name, box.instance_type, team=box.team, launch_time=box.launched, owner=box.owner
+            )
+            seeded.ids[box.name], seeded.names[instance_id] = instance_id, box.name
+            local.write_metrics(instance_id, box.profile, max(box.launched, at(6)), END)
         elif box.name not in seeded.ids and box.launched <= now:
             instance_id = local.launch(
                 box.name,
@@ -188,6 +241,8 @@ def launch_due(seeded: Seeded, now: datetime) -> None:
                 hibernation=box.hibernation,
             )
             seeded.ids[box.name], seeded.names[instance_id] = instance_id, box.name
+            if box.reserved:
+                local.reserve(instance_id, created=DAY - timedelta(days=30))
             local.write_metrics(instance_id, box.profile, max(box.launched, at(6)), END)
 
 
@@ -281,8 +336,12 @@ _VERBS = {
 }
 
 
+def _verb(d: Decision) -> str:
+    return "DELETED" if d.machine.is_endpoint and d.action is Action.STOP else _VERBS.get(d.action, d.state.value)
+
+
 def _describe(d: Decision, name: str) -> str:
-    return f"  {name:<13} {_VERBS.get(d.action, d.state.value):<22} {d.reason}"
+    return f"  {name:<13} {_verb(d):<22} {d.reason}"
 
 
 class Timeline:
@@ -327,31 +386,49 @@ class Timeline:
             self.slack_messages()
 
 
-def summary(seeded: Seeded, reports: list[SweepReport]) -> list[tuple[str, str, float, float]]:
-    """Per machine: what happened, idle hours avoided until the end of the day, dollars saved."""
+Row = tuple[str, str, float, float, bool]  # machine, what happened, idle hours avoided, dollars saved, "up to"
+
+
+def summary(seeded: Seeded, reports: list[SweepReport]) -> list[Row]:
+    """Per machine: what happened, idle hours avoided until the end of the day, dollars saved (the most it can be,
+    for a Spot machine: "up to")."""
     rows = []
     for name, instance_id in seeded.ids.items():
         steps = [d for r in reports for d in r.decisions if d.machine.instance_id == instance_id]
         reaped = next((d for d in steps if d.state is State.REAPED and d.applied and d.action is not Action.NONE), None)
         if reaped and reaped.record.updated_at:
             hours = (END - reaped.record.updated_at).total_seconds() / 3600
-            what = f"{_VERBS[reaped.action].lower()} at {reaped.record.updated_at:%H:%M}"
+            what = f"{_verb(reaped).lower()} at {reaped.record.updated_at:%H:%M}"
             snoozes = sum(1 for d in steps if d.state is State.SNOOZED)
             if snoozes:
                 what += " (after a 2 h keep)"
             # What the stop saves (nothing for reserved capacity), never the machine's price; a group member the
-            # group kept running saves nothing yet (the digest's rule, core/digest.py).
+            # group kept running saves nothing yet, neither hours nor dollars (core/dollars.py, as the digest).
             saved = reaped.saving.hourly if reaped.saving and reaped.saving.hourly is not None else 0.0
-            if reaped.action is Action.UNPROTECT and any(
+            bound = bool(reaped.saving and reaped.saving.upper_bound and saved)
+            if not saves_while_running(reaped.action) and any(
                 d.machine.instance_id == instance_id for d in reports[-1].decisions
             ):
                 what += ", still running"
-                saved = 0.0
-            rows.append((name, what, hours, hours * saved))
+                hours = saved = 0.0
+                bound = False
+            rows.append((name, what, hours, hours * saved, bound))
         else:
             final = steps[-1].state.value if steps else "not seen"
-            rows.append((name, f"left running ({final})", 0.0, 0.0))
+            rows.append((name, f"left running ({final})", 0.0, 0.0, False))
     return rows
+
+
+def _usd(dollars: float, upper_bound: bool) -> str:
+    return f"{'up to ' if upper_bound else ''}${dollars:,.2f}"
+
+
+def stop_saves(seeded: Seeded) -> list[tuple[str, str, str]]:
+    """Per machine: its kind and what a stop of it saves an hour, as `idle-reaper status` shows them (its rows,
+    from the records the sweeps left): on-demand its price, Spot at most its price, reserved capacity nothing."""
+    store = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name())
+    rows = {r["instance_id"]: r for r in status_rows(store.all_records(), {}, None, Settings(), END)}
+    return [(name, rows[i]["kind"] or "-", rows[i]["stop_saves"]) for name, i in seeded.ids.items() if i in rows]
 
 
 def weekly_digests(slack: FakeSlack) -> list[str]:
@@ -384,7 +461,7 @@ class Afternoon:
 
     seeded: Seeded
     reports: list[SweepReport]
-    rows: list[tuple[str, str, float, float]]
+    rows: list[Row]
 
 
 def play(out: Callable[[str], None]) -> Afternoon:
@@ -402,12 +479,18 @@ def play(out: Callable[[str], None]) -> Afternoon:
         out(f"  {GROUP}-0, -1   m5.large x2  team=ml        an Auto Scaling group: one busy member, one idle\n")
         reports = simulate(seeded, adapters_at, Timeline(seeded, slack, out))
         rows = summary(seeded, reports)
+        kinds = stop_saves(seeded)
         digests = weekly_digests(slack)
     out("\nsummary (the simulated day ends at 17:00):")
-    out(f"  {'machine':<13} {'what happened':<46} {'idle hours avoided':>18} {'saved':>9}")
-    for name, what, hours, dollars in rows:
-        out(f"  {name:<13} {what:<46} {hours:>18.2f} {f'${dollars:,.2f}':>9}")
-    out(f"  {'total':<13} {'':<46} {sum(r[2] for r in rows):>18.2f} {f'${sum(r[3] for r in rows):,.2f}':>9}")
+    out(f"  {'machine':<13} {'what happened':<46} {'idle hours avoided':>18} {'saved':>15}")
+    for name, what, hours, dollars, bound in rows:
+        out(f"  {name:<13} {what:<46} {hours:>18.2f} {_usd(dollars, bound):>15}")
+    total = _usd(sum(r[3] for r in rows), any(r[4] for r in rows))
+    out(f"  {'total':<13} {'':<46} {sum(r[2] for r in rows):>18.2f} {total:>15}")
+    out("  (up to: a Spot machine's saving at the most it can be: idle-reaper does not read Spot prices)")
+    out("\nwhat a stop saves, by kind of machine (`idle-reaper status`'s KIND and STOP SAVES, as of 17:00):")
+    for name, kind, saves in kinds:
+        out(f"  {name:<13} {kind:<22} {saves}")
     out(
         f"\ndone in {time.perf_counter() - t0:.1f} s: {len(reports)} sweeps, "
         f"{sum(len(r.decisions) for r in reports)} decisions, no training run touched."

@@ -52,6 +52,8 @@ def local_aws() -> Iterator[LocalAws]:
     documented limits in front of it (aws_rules.py) for every client made from boto3's default session."""
     _studio_without_apps()
     _regions_as_aws_lists_them()
+    _spot_instances_name_their_request()
+    _capacity_reservations_as_ec2_describes_them()
     _atomic_dynamodb_writes()
     _item_size_as_dynamodb_counts_it()
     _quicker_local_world()
@@ -255,6 +257,60 @@ def _regions_as_aws_lists_them() -> None:
     responses.describe_regions = describe_regions
 
 
+def _spot_instances_name_their_request() -> None:
+    """DescribeInstances of a Spot instance names the request behind it (`SpotInstanceRequestId`,
+    https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_Instance.html); moto's instance of a request does
+    not. The request's instance is told its request's id as it is launched."""
+    from moto.ec2.models.spot_requests import SpotInstanceRequest
+
+    request: Any = SpotInstanceRequest
+    if getattr(request, "_idle_reaper_named", False):
+        return
+    request._idle_reaper_named = True
+    launch_instance = request.launch_instance
+
+    def named(self: Any) -> Any:
+        instance = launch_instance(self)
+        instance.spot_instance_request_id = self.id
+        return instance
+
+    request.launch_instance = named
+
+
+# The capacity reservations of each moto EC2 backend (so moto's reset empties them), by id: reserve() writes them.
+_RESERVATIONS = "idle_reaper_capacity_reservations"
+
+
+def _capacity_reservations_as_ec2_describes_them() -> None:
+    """moto has no capacity reservations. DescribeCapacityReservations answers here, in moto's server, with the
+    reservations reserve() made (each a CapacityReservation as the EC2 API reference describes it,
+    https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CapacityReservation.html, serialized by moto from
+    botocore's model of the response, as EC2's own XML). `CapacityReservationId.N` selects; an id the account
+    does not have fails the call with InvalidCapacityReservationId.NotFound, the code the sweep reads
+    (aws/fleet.py kind_lookups); filters and paging are not read (the product sends neither)."""
+    from moto.core.responses import ActionResult
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.responses.instances import InstanceResponse
+
+    responses: Any = InstanceResponse
+    if hasattr(responses, "describe_capacity_reservations"):
+        return
+
+    def describe_capacity_reservations(self: Any) -> Any:
+        self.error_on_dryrun()
+        held: dict[str, dict[str, Any]] = getattr(self.ec2_backend, _RESERVATIONS, {})
+        wanted = self._get_param("CapacityReservationIds", [])
+        for reservation_id in wanted:
+            if reservation_id not in held:
+                raise EC2ClientError(
+                    "InvalidCapacityReservationId.NotFound",
+                    f"The capacity reservation ID '{reservation_id}' does not exist",
+                )
+        return ActionResult({"CapacityReservations": [held[i] for i in wanted] if wanted else list(held.values())})
+
+    responses.describe_capacity_reservations = describe_capacity_reservations
+
+
 _ENV = (
     "MOTO_EC2_LOAD_DEFAULT_AMIS",
     "AWS_ENDPOINT_URL",
@@ -416,6 +472,65 @@ def launch(
     return instance_id
 
 
+def launch_spot(
+    name: str, instance_type: str, *, team: str, launch_time: datetime, owner: str | None = None
+) -> tuple[str, str]:
+    """A Spot instance of a persistent request that stops it when interrupted (the kind idle-reaper stops: its
+    request restarts it when started again), tagged like a machine; its instance id and request id. No maximum
+    price: EC2's default, the on-demand price. RequestSpotInstances tags the request only, so the instance is
+    tagged as its owner would, with CreateTags."""
+    ec2 = aws.client("ec2")
+    request = ec2.request_spot_instances(
+        InstanceCount=1,
+        Type="persistent",
+        InstanceInterruptionBehavior="stop",
+        LaunchSpecification={"ImageId": AMI, "InstanceType": instance_type},
+    )["SpotInstanceRequests"][0]
+    instance_id: str = ec2.describe_spot_instance_requests(SpotInstanceRequestIds=[request["SpotInstanceRequestId"]])[
+        "SpotInstanceRequests"
+    ][0]["InstanceId"]
+    tags = {"Name": name, "Team": team, MANAGED_TAG: "true", **({"Owner": owner} if owner else {})}
+    ec2.create_tags(Resources=[instance_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+    _set_launch_time(instance_id, launch_time)
+    return instance_id, str(request["SpotInstanceRequestId"])
+
+
+def reserve(instance_id: str, created: datetime) -> str:
+    """An active On-Demand Capacity Reservation of the machine's type in its zone, one slot, no end date, with the
+    machine running in it (what CreateCapacityReservation, then RunInstances targeting it, leave in EC2; moto has
+    neither, so both are written into its backend): its id. DescribeInstances then names it
+    (`CapacityReservationId`) and DescribeCapacityReservations describes it (_capacity_reservations_as_...)."""
+    from moto.ec2.models import ec2_backends
+
+    backend = ec2_backends[ACCOUNT][aws.client("ec2").meta.region_name or REGION]
+    instance: Any = backend.get_instance(instance_id)
+    reservation_id = "cr-" + instance_id.removeprefix("i-")
+    zone = instance.placement.zone
+    when = created.astimezone(UTC)
+    held = backend.__dict__.setdefault(_RESERVATIONS, {})
+    held[reservation_id] = {
+        "CapacityReservationId": reservation_id,
+        "OwnerId": ACCOUNT,
+        "CapacityReservationArn": f"arn:aws:ec2:{backend.region_name}:{ACCOUNT}:capacity-reservation/{reservation_id}",
+        "InstanceType": instance.instance_type,
+        "InstancePlatform": "Linux/UNIX",
+        "AvailabilityZone": zone,
+        "Tenancy": "default",
+        "TotalInstanceCount": 1,
+        "AvailableInstanceCount": 0,  # its one slot is the machine's
+        "EbsOptimized": False,
+        "EphemeralStorage": False,
+        "State": "active",
+        "StartDate": when,
+        "EndDateType": "unlimited",
+        "InstanceMatchCriteria": "targeted",
+        "CreateDate": when,
+        "ReservationType": "default",
+    }
+    instance.capacity_reservation_id = reservation_id
+    return reservation_id
+
+
 NOTEBOOK_ROLE = f"arn:aws:iam::{ACCOUNT}:role/notebook"
 
 
@@ -460,6 +575,85 @@ def set_notebook_status(name: str, status: str) -> None:
 def notebook_statuses(names: list[str]) -> dict[str, str]:
     client = aws.client("sagemaker")
     return {n: client.describe_notebook_instance(NotebookInstanceName=n)["NotebookInstanceStatus"] for n in names}
+
+
+def launch_endpoint(
+    name: str,
+    instance_type: str = "ml.g4dn.xlarge",  # moto's enum of instance types stops before g5
+    *,
+    team: str,
+    launch_time: datetime,
+    owner: str | None = None,
+    managed: bool = True,
+    count: int = 1,
+    serverless: bool = False,
+) -> str:
+    """A SageMaker real-time endpoint, InService, with its model (`<name>-model`) and its endpoint configuration
+    (`<name>-config`, one variant AllTraffic of `count` instances, or serverless), tagged like a machine; its machine
+    id is endpoint:<name>."""
+    tags = {"Team": team, **({"Owner": owner} if owner else {})}
+    if managed:
+        tags[MANAGED_TAG] = "true"
+    sagemaker = aws.client("sagemaker")
+    container = {"Image": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/model:latest"}
+    sagemaker.create_model(ModelName=f"{name}-model", ExecutionRoleArn=NOTEBOOK_ROLE, PrimaryContainer=container)
+    variant: dict[str, Any] = {"VariantName": "AllTraffic", "ModelName": f"{name}-model"}
+    if serverless:
+        variant["ServerlessConfig"] = {"MemorySizeInMB": 2048, "MaxConcurrency": 5}
+    else:
+        variant.update(InstanceType=instance_type, InitialInstanceCount=count, InitialVariantWeight=1.0)
+    sagemaker.create_endpoint_config(EndpointConfigName=f"{name}-config", ProductionVariants=[variant])
+    sagemaker.create_endpoint(
+        EndpointName=name,
+        EndpointConfigName=f"{name}-config",
+        Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+    )
+    _endpoint(name).last_modified_time = launch_time.astimezone(UTC).replace(tzinfo=None)
+    return name
+
+
+def _endpoint(name: str) -> Any:
+    from moto.sagemaker.models import sagemaker_backends
+
+    region = aws.client("sagemaker").meta.region_name or REGION
+    return sagemaker_backends[ACCOUNT][region].endpoints[name]
+
+
+def set_endpoint(name: str, *, status: str | None = None, launch_time: datetime | None = None) -> None:
+    """Put an endpoint in a status moto never reaches on its own (Creating, Updating...), or date its last change."""
+    if status is not None:
+        _endpoint(name).endpoint_status = status
+    if launch_time is not None:
+        _endpoint(name).last_modified_time = launch_time.astimezone(UTC).replace(tzinfo=None)
+
+
+def endpoint_statuses(names: list[str]) -> dict[str, str | None]:
+    """Each endpoint's EndpointStatus; None for one that does not exist."""
+    from moto.sagemaker.models import sagemaker_backends
+
+    region = aws.client("sagemaker").meta.region_name or REGION
+    endpoints = sagemaker_backends[ACCOUNT][region].endpoints
+    return {n: endpoints[n].endpoint_status if n in endpoints else None for n in names}
+
+
+def write_invocations(
+    name: str, requests: Callable[[datetime], float], start: datetime, end: datetime, variant: str = "AllTraffic"
+) -> None:
+    """What SageMaker publishes for an endpoint in service, every 5 minutes by EndpointName and VariantName: its
+    instances' CPUUtilization (/aws/sagemaker/Endpoints: the heartbeat the sweep reads), and AWS/SageMaker
+    Invocations for the periods with requests (`requests(t)` > 0) alone."""
+    dims = [{"Name": "EndpointName", "Value": name}, {"Name": "VariantName", "Value": variant}]
+    calls, cpu = [], []
+    t = start
+    while t < end:
+        cpu.append({"MetricName": "CPUUtilization", "Dimensions": dims, "Timestamp": t, "Value": 3.0})
+        if (value := requests(t)) > 0:
+            calls.append({"MetricName": "Invocations", "Dimensions": dims, "Timestamp": t, "Value": value})
+        t += timedelta(minutes=5)
+    cloudwatch = aws.client("cloudwatch")
+    for namespace, data in (("AWS/SageMaker", calls), ("/aws/sagemaker/Endpoints", cpu)):
+        for i in range(0, len(data), 1000):
+            cloudwatch.put_metric_data(Namespace=namespace, MetricData=data[i : i + 1000])
 
 
 def launch_group(

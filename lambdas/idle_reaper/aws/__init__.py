@@ -26,6 +26,7 @@ from idle_reaper.aws.clients import (
     ssm_prefix,
     table_name,
 )
+from idle_reaper.aws.endpoints import Endpoints, sagemaker_fleet
 from idle_reaper.aws.fleet import (
     ACTION_WORKERS,
     ASG_GROUPS_PER_CALL,
@@ -119,6 +120,7 @@ __all__ = [
     "AwsError",
     "Concurrency",
     "DynamoStateStore",
+    "Endpoints",
     "Fleet",
     "InMemoryStateStore",
     "Item",
@@ -153,6 +155,7 @@ __all__ = [
     "policy_for",
     "record_to_item",
     "run_concurrently",
+    "sagemaker_fleet",
     "save_unwatched",
     "ssm_prefix",
     "table_name",

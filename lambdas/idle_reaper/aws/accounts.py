@@ -34,7 +34,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from idle_reaper.aws.clients import client, error_code, run_concurrently, wall_clock
-from idle_reaper.aws.limits import LOOKUP_VALUE_MAX_BYTES, ORGANIZATIONS_RPS, Pace, Quota
+from idle_reaper.aws.limits import LOOKUP_VALUE_MAX_BYTES, ORGANIZATIONS_RPS, Pace, Quota, paced_pages
 from idle_reaper.aws.state import StateStore
 from idle_reaper.organization import AccountId, RegionName, member_role_arn, role_suffix_for
 
@@ -261,8 +261,8 @@ class AccountDirectory:
             if parent in seen:  # a target inside another target
                 continue
             seen.add(parent)
-            accounts_here = self.organizations.get_paginator("list_accounts_for_parent")
-            for found in self._pages(accounts_here, "Accounts", ParentId=parent):
+            listed = self._pages(self.organizations.list_accounts_for_parent, "Accounts", ParentId=parent)
+            for found in listed:
                 if found["Id"] == management or found["Id"] in accounts:
                     continue
                 if found["Id"] == self.hub_account and not self.hub_is_member:
@@ -271,18 +271,15 @@ class AccountDirectory:
                     skipped.append(AccountFailure(found["Id"], None, Reason.SUSPENDED, f"Status {found.get('Status')}"))
                     continue
                 accounts[found["Id"]] = MemberAccount(found["Id"], str(found.get("Name", "")), parents)
-            ous_here = self.organizations.get_paginator("list_children")
-            for child in self._pages(ous_here, "Children", ParentId=parent, ChildType="ORGANIZATIONAL_UNIT"):
+            ous = self._pages(
+                self.organizations.list_children, "Children", ParentId=parent, ChildType="ORGANIZATIONAL_UNIT"
+            )
+            for child in ous:
                 pending.append((child["Id"], (child["Id"], *parents)))
         return Directory(tuple(sorted(accounts.values(), key=lambda a: a.id)), tuple(skipped), now)
 
-    def _pages(self, paginator: Any, key: str, **kwargs: Any) -> Iterable[dict[str, Any]]:
-        pages = iter(paginator.paginate(**kwargs))
-        while True:
-            self.pace.take()  # before each page's request
-            page = next(pages, None)
-            if page is None:
-                return
+    def _pages(self, call: Callable[..., Mapping[str, Any]], key: str, **kwargs: Any) -> Iterable[dict[str, Any]]:
+        for page in paced_pages(self.pace, call, **kwargs):
             self.calls += 1
             yield from page[key]
 

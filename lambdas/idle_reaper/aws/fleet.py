@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,7 +28,9 @@ from idle_reaper.aws.limits import (
     Pace,
     Pacing,
     ResourcePace,
+    paced_pages,
 )
+from idle_reaper.core.endpoints import Restore, endpoint_name, is_endpoint_id
 from idle_reaper.core.kinds import InstanceFacts, Lookups, Reservation, SpotRequest, is_ec2_id
 from idle_reaper.core.reports import GroupCapacity
 from idle_reaper.core.signals import Machine
@@ -37,6 +39,7 @@ from idle_reaper.policy import (
 )
 
 if TYPE_CHECKING:
+    from idle_reaper.aws.endpoints import Endpoints
     from idle_reaper.aws.notebooks import NotebookInstances
 
 ASG_INSTANCES_PER_CALL = 50  # DescribeAutoScalingInstances and SetInstanceProtection limit
@@ -180,18 +183,6 @@ def _listed_once(parts: Sequence[Sequence[str]], listed: Sequence[Sequence[Machi
     return seen
 
 
-def _paged(pace: Pace, call: Callable[..., Mapping[str, Any]], **kwargs: Any) -> Iterator[Mapping[str, Any]]:
-    """Every page of a describe call, each request paced on `pace` (what a boto3 paginator does, unpaced)."""
-    token: str | None = None
-    while True:
-        pace.take()
-        page = call(**kwargs, **({"NextToken": token} if token else {}))
-        yield page
-        token = page.get("NextToken")
-        if not token:
-            return
-
-
 Ec2 = tuple[Any, Pace]  # an EC2 client, and the pace its Describe* requests wait on
 
 
@@ -222,7 +213,7 @@ def _described(ec2: Ec2, tags: TagKeys, only: list[dict[str, Any]]) -> Listing:
     tag names (instance id -> group)."""
     client, pace = ec2
     return _machines_of(
-        _paged(pace, client.describe_instances, Filters=_filters(tags, only), MaxResults=PAGE_SIZE), tags
+        paced_pages(pace, client.describe_instances, Filters=_filters(tags, only), MaxResults=PAGE_SIZE), tags
     )
 
 
@@ -279,15 +270,25 @@ class ActionOutcome:
 
 
 class Fleet:
-    """EC2 machines and, when given `notebooks`, SageMaker notebook instances: one list of machines, and
-    actions routed by id (an EC2 instance id, or a notebook instance's name)."""
+    """EC2 machines and, when given `notebooks` and `endpoints`, SageMaker notebook instances and real-time
+    endpoints: one list of machines, and actions routed by id (an EC2 instance id, endpoint:<name>, or a notebook
+    instance's name)."""
 
     def __init__(
-        self, ec2: Any, autoscaling: Any, notebooks: NotebookInstances | None = None, *, listing_processes: int = 1
+        self,
+        ec2: Any,
+        autoscaling: Any,
+        notebooks: NotebookInstances | None = None,
+        *,
+        listing_processes: int = 1,
+        endpoints: Endpoints | None = None,
     ) -> None:
         self.ec2 = ec2
         self.autoscaling = autoscaling
         self.notebooks = notebooks
+        self.endpoints = endpoints
+        # Why endpoints could not be listed at the last discovery (None: they were, or none asked).
+        self.endpoints_unlisted: str | None = None
         # Child processes a discovery lists in (1: threads of this process; the planner uses more).
         self.listing_processes = max(1, min(listing_processes, LISTING_PROCESSES))
         # Why notebook instances could not be listed at the last discovery (None: they were, or none asked).
@@ -314,23 +315,29 @@ class Fleet:
         shared.terminate_pace = self.terminate_pace.shared_by(workers)
         return shared
 
-    def discover(self, tags: TagKeys, *, notebooks: bool = True) -> list[Machine]:
-        """The EC2 machines, then the notebook instances. A notebook listing that fails leaves the notebook
-        instances out of this sweep (`notebooks_unlisted` says why): the EC2 machines are swept as ever."""
+    def discover(self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True) -> list[Machine]:
+        """The EC2 machines, then the notebook instances, then the endpoints. A SageMaker listing that fails leaves
+        its kind out of this sweep (`notebooks_unlisted`, `endpoints_unlisted` say why): the rest are swept."""
         machines = self._discover_ec2(tags)
-        self.notebooks_unlisted = None
+        self.notebooks_unlisted = self.endpoints_unlisted = None
         if self.notebooks is not None and notebooks:
             try:
                 machines += self.notebooks.discover(tags)
             except AwsError as exc:
                 self.notebooks_unlisted = f"{error_code(exc)}: {exc}"
+        if self.endpoints is not None and endpoints:
+            try:
+                machines += self.endpoints.discover(tags)
+            except AwsError as exc:
+                self.endpoints_unlisted = f"{error_code(exc)}: {exc}"
         return machines
 
-    def _split(self, ids: Sequence[str]) -> tuple[list[str], list[str]]:
-        """(EC2 instance ids, notebook instance names)."""
+    def _split(self, ids: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+        """(EC2 instance ids, notebook instance names, endpoint machine ids)."""
+        endpoints = [i for i in ids if is_endpoint_id(i)] if self.endpoints is not None else []
         if self.notebooks is None:
-            return list(ids), []
-        return [i for i in ids if is_ec2_id(i)], [i for i in ids if not is_ec2_id(i)]
+            return [i for i in ids if i not in endpoints], [], endpoints
+        return [i for i in ids if is_ec2_id(i)], [i for i in ids if not is_ec2_id(i) and i not in endpoints], endpoints
 
     def _discover_ec2(self, tags: TagKeys) -> list[Machine]:
         """Running machines carrying the team tag (and the opt-in tag, when one is set), joined with their
@@ -392,10 +399,10 @@ class Fleet:
         try:
             current = {m.instance_id: m for m in self.describe_ids([m.instance_id for m in machines], tags)}
         except AwsError:
-            if not any(m.is_notebook for m in machines):
+            if not any(m.is_notebook or m.is_endpoint for m in machines):
                 raise
-            # Notebook instances that cannot be described again are not acted on; EC2 machines are checked.
-            ec2 = [m for m in machines if not m.is_notebook]
+            # SageMaker machines that cannot be described again are not acted on; EC2 machines are checked.
+            ec2 = [m for m in machines if not (m.is_notebook or m.is_endpoint)]
             current = {m.instance_id: m for m in self.describe_ids([m.instance_id for m in ec2], tags)}
         # A member account's machines carry their account and region (this Fleet's clients work in them).
         return {m.instance_id for m in machines if (c := current.get(m.instance_id)) and _where(c, m) == m}
@@ -403,9 +410,11 @@ class Fleet:
     def describe_ids(self, instance_ids: Sequence[str], tags: TagKeys) -> list[Machine]:
         """Those of the given machines that discovery would list now (running, tagged), described afresh:
         200 ids a DescribeInstances call, the calls concurrently, then their groups in one go. A shard
-        worker's discovery. Notebook instances among the ids are listed again by name."""
-        instance_ids, names = self._split(instance_ids)
+        worker's discovery. Notebook instances and endpoints among the ids are listed again by name."""
+        instance_ids, names, endpoint_ids = self._split(instance_ids)
         found = self.notebooks.discover(tags, names) if self.notebooks is not None and names else []
+        if self.endpoints is not None and endpoint_ids:
+            found += self.endpoints.discover(tags, [endpoint_name(m) for m in endpoint_ids])
 
         def describe(batch: Sequence[str]) -> tuple[list[Machine], dict[str, str]]:
             return _described(self._described_by, tags, [{"Name": "instance-id", "Values": list(batch)}])
@@ -465,9 +474,12 @@ class Fleet:
         """StopInstances in batches that bisect on failure, so one bad machine does not block the rest.
         A machine that cannot hibernate falls back to a plain stop alone: the batch bisects down to it
         first, so the others still hibernate (and keep their notebook kernels). Notebook instances are
-        stopped with StopNotebookInstance, one call each (their ML storage volume is kept)."""
-        instance_ids, names = self._split(instance_ids)
+        stopped with StopNotebookInstance, one call each (their ML storage volume is kept); endpoints deleted with
+        DeleteEndpoint, one call each (their configuration, models and the record's copy of their tags kept)."""
+        instance_ids, names, endpoint_ids = self._split(instance_ids)
         stopped = self.notebooks.stop(names) if self.notebooks is not None and names else []
+        if self.endpoints is not None and endpoint_ids:
+            stopped += self.endpoints.delete(endpoint_ids)
         until = Pacing.clock() + MUTATING_WAIT_SECONDS  # EC2's buckets: a batch not sent by then is RateHeld
 
         def call(ids: Sequence[str]) -> None:
@@ -501,47 +513,13 @@ class Fleet:
         run in (DescribeCapacityReservations, 100 ids a call), each asked only when a listed machine needs it,
         the calls concurrently. A call that fails marks its ids failed: those machines are unknown (never
         stopped) this sweep, and the next sweep asks again."""
-        spot_ids = sorted({m.facts.spot_request_id or "" for m in machines if m.facts.needs_spot_request})
-        reservation_ids = sorted({m.facts.reservation_id or "" for m in machines if m.facts.reservation_id})
+        return _kind_lookups(self._described_by, machines)
 
-        def spot(batch: Sequence[str]) -> Lookups:
-            found: dict[str, SpotRequest] = {}
-            try:
-                pages = _paged(
-                    self.describe_pace,
-                    self.ec2.describe_spot_instance_requests,
-                    Filters=[{"Name": "spot-instance-request-id", "Values": list(batch)}],
-                )
-                for page in pages:
-                    for item in page["SpotInstanceRequests"]:
-                        request = SpotRequest.of(item)
-                        found[request.request_id] = request
-            except AwsError as exc:
-                return Lookups(failed={i: error_code(exc) for i in batch})
-            return Lookups(spot_requests=found)
-
-        def reservations(batch: Sequence[str]) -> Lookups:
-            try:
-                self.describe_pace.take()
-                out = self.ec2.describe_capacity_reservations(CapacityReservationIds=list(batch))
-            except AwsError as exc:
-                # One id EC2 no longer knows fails the call: split until it stands alone (then: not billing).
-                if error_code(exc) == "InvalidCapacityReservationId.NotFound":
-                    if len(batch) == 1:
-                        return Lookups()
-                    half = len(batch) // 2
-                    return _merged([reservations(batch[:half]), reservations(batch[half:])])
-                return Lookups(failed={i: error_code(exc) for i in batch})
-            found = [Reservation.of(item) for item in out.get("CapacityReservations", [])]
-            return Lookups(reservations={r.reservation_id: r for r in found})
-
-        tasks: list[Callable[[], Lookups]] = [
-            *(lambda b=b: spot(b) for b in chunks(spot_ids, SPOT_REQUEST_FILTER_VALUES)),
-            *(lambda b=b: reservations(b) for b in chunks(reservation_ids, RESERVATIONS_PER_CALL)),
-        ]
-        return _merged(run_concurrently(lambda task: task(), tasks, ACTION_WORKERS))
-
-    def start(self, instance_id: str) -> ActionOutcome:
+    def start(self, instance_id: str, endpoint: Restore | None = None) -> ActionOutcome:
+        """StartInstances, StartNotebookInstance, or for an endpoint CreateEndpoint from what its record kept
+        (`endpoint`)."""
+        if self.endpoints is not None and is_endpoint_id(instance_id):
+            return self.endpoints.recreate(instance_id, endpoint)
         if self.notebooks is not None and not is_ec2_id(instance_id):
             return self.notebooks.start(instance_id)
         try:
@@ -570,6 +548,50 @@ class Fleet:
     def terminate_in_groups(self, instance_ids: Sequence[str]) -> list[ActionOutcome]:
         """TerminateInstanceInAutoScalingGroup takes one instance: the calls run concurrently instead."""
         return run_concurrently(self.terminate_in_group, list(instance_ids), ACTION_WORKERS)
+
+
+def _kind_lookups(described_by: Ec2, machines: Sequence[Machine]) -> Lookups:
+    """Fleet.kind_lookups, on the client and pace of EC2's Describe* requests."""
+    ec2, pace = described_by
+    spot_ids = sorted({m.facts.spot_request_id or "" for m in machines if m.facts.needs_spot_request})
+    reservation_ids = sorted({m.facts.reservation_id or "" for m in machines if m.facts.reservation_id})
+
+    def spot(batch: Sequence[str]) -> Lookups:
+        found: dict[str, SpotRequest] = {}
+        try:
+            pages = paced_pages(
+                pace,
+                ec2.describe_spot_instance_requests,
+                Filters=[{"Name": "spot-instance-request-id", "Values": list(batch)}],
+            )
+            for page in pages:
+                for item in page["SpotInstanceRequests"]:
+                    request = SpotRequest.of(item)
+                    found[request.request_id] = request
+        except AwsError as exc:
+            return Lookups(failed={i: error_code(exc) for i in batch})
+        return Lookups(spot_requests=found)
+
+    def reservations(batch: Sequence[str]) -> Lookups:
+        try:
+            pace.take()
+            out = ec2.describe_capacity_reservations(CapacityReservationIds=list(batch))
+        except AwsError as exc:
+            # One id EC2 no longer knows fails the call: split until it stands alone (then: not billing).
+            if error_code(exc) == "InvalidCapacityReservationId.NotFound":
+                if len(batch) == 1:
+                    return Lookups()
+                half = len(batch) // 2
+                return _merged([reservations(batch[:half]), reservations(batch[half:])])
+            return Lookups(failed={i: error_code(exc) for i in batch})
+        found = [Reservation.of(item) for item in out.get("CapacityReservations", [])]
+        return Lookups(reservations={r.reservation_id: r for r in found})
+
+    tasks: list[Callable[[], Lookups]] = [
+        *(lambda b=b: spot(b) for b in chunks(spot_ids, SPOT_REQUEST_FILTER_VALUES)),
+        *(lambda b=b: reservations(b) for b in chunks(reservation_ids, RESERVATIONS_PER_CALL)),
+    ]
+    return _merged(run_concurrently(lambda task: task(), tasks, ACTION_WORKERS))
 
 
 def _merged(parts: Iterable[Lookups]) -> Lookups:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from botocore.exceptions import BotoCoreError
 
@@ -202,6 +203,19 @@ class Pace:
                 self._refill(now)
                 self._tokens = min(self._tokens, 0.0)
                 self.waited += sum(part.waited for part in parts)
+
+
+def paced_pages(pace: Pace, call: Callable[..., Mapping[str, Any]], **kwargs: Any) -> Iterator[Mapping[str, Any]]:
+    """Every page of a NextToken-paged call, each request paced on `pace` (what a boto3 paginator does, unpaced;
+    no token is taken after the last page)."""
+    token: str | None = None
+    while True:
+        pace.take()
+        page = call(**kwargs, **({"NextToken": token} if token else {}))
+        yield page
+        token = page.get("NextToken")
+        if not token:
+            return
 
 
 class RateHeld(BotoCoreError):

@@ -10,6 +10,7 @@ from typing import Any
 
 from idle_reaper.aws.clients import AwsError, chunks, run_concurrently
 from idle_reaper.aws.limits import GET_METRIC_DATA_DPS, GET_METRIC_DATA_TPS, Pace, Quota
+from idle_reaper.core.endpoints import ENDPOINT_DIMENSION, VARIANT_DIMENSION
 from idle_reaper.core.signals import Point, Signals
 from idle_reaper.policy import (
     MetricSettings,
@@ -21,10 +22,11 @@ DATAPOINTS_PER_CALL = 100_800  # GetMetricData returns at most this many before 
 # local user's high values cannot hide a real low one (see the threat model there).
 HUMAN_METRIC_NAMESPACE = "CWAgent"
 HUMAN_METRIC_NAME = "idle_reaper_minutes_since_input"
-# Read at the agent's own resolution (one datapoint a minute, agent/cloudwatch-agent-activity.json): a
-# datapoint's time is then within a minute of its sample, so the input it places (core/signals.py,
-# last_human_input) is never more than a minute early. Queries are billed per metric, not per datapoint.
-HUMAN_METRIC_PERIOD_SECONDS = 60
+# Read at the sweep's period like the other metrics (the agent publishes one value a minute): a Minimum of
+# five one-minute values asks CloudWatch for a fifth of the datapoints, which at 200,000 machines is the
+# difference between a first look inside GetMetricData's 180,000 datapoints a second and one past its
+# timeout. Its datapoint is moved to the end of its period (`_human_point`), so the input it places
+# (core/signals.py, last_human_input) is never earlier than the truth, at most a period later.
 # The collector's second gauge: which of its sources it could not read (agent/README.md). Read by `status`
 # only, on demand, never by the sweep (each query is billed).
 UNREADABLE_METRIC_NAME = "idle_reaper_unreadable_sources"
@@ -146,7 +148,6 @@ class MetricsReader:
                 query_id = f"{kind[0]}{kind[-1]}{index}"  # e.g. "cu12": unique, starts with a letter
                 owner[query_id] = (instance_id, kind)
                 stat = _STATISTIC.get(kind, "Maximum")
-                query_period = min(period, HUMAN_METRIC_PERIOD_SECONDS) if kind == "user" else period
                 queries.append(
                     {
                         "Id": query_id,
@@ -156,33 +157,13 @@ class MetricsReader:
                                 "MetricName": name,
                                 "Dimensions": [{"Name": "InstanceId", "Value": instance_id}],
                             },
-                            "Period": query_period,
+                            "Period": period,
                             "Stat": stat,
                         },
                         "ReturnData": True,
                     }
                 )
-        points: dict[tuple[str, str], list[Point]] = {}
-        incomplete: set[str] = set()
-        # A long window returns many points per query; keep one call under GetMetricData's datapoint
-        # limit so no batch needs a second (re-billed) NextToken page, and under this reader's share of the
-        # datapoints a second, so that one call never asks for more than its bucket holds (calls are billed by
-        # the metric, not by the call: smaller calls cost nothing more).
-        finest = min(period, HUMAN_METRIC_PERIOD_SECONDS) if human else period
-        points_per_query = int((end - start).total_seconds()) // finest + 1
-        fits = min(DATAPOINTS_PER_CALL, int(self.points_pace.quota.burst)) // points_per_query
-        per_call = max(1, min(METRIC_QUERIES_PER_CALL, fits))
-
-        def read(batch: Sequence[dict[str, Any]]) -> None:
-            # Each batch fills its own keys of `points`; the set and dict updates are atomic under the GIL.
-            try:
-                self._fetch_batch(batch, start, end, owner, points, incomplete)
-            except AwsError:
-                # A batch we could not read: those machines are unknown, the rest go on.
-                incomplete.update(owner[q["Id"]][0] for q in batch)
-                self._count(failed_calls=1)
-
-        run_concurrently(read, list(chunks(queries, per_call)), self.workers)
+        points, incomplete = self._read(queries, owner, start, end, period)
         result: dict[str, Signals] = {}
         for instance_id in instance_ids:
             series = {kind: sorted(points.get((instance_id, kind), [])) for kind, _, _ in kinds}
@@ -196,6 +177,80 @@ class MetricsReader:
             )
         return result
 
+    def fetch_invocations(
+        self,
+        endpoints: Mapping[str, tuple[str, Sequence[str]]],
+        metrics: MetricSettings,
+        *,
+        start: datetime,
+        end: datetime,
+    ) -> dict[str, Signals]:
+        """SageMaker endpoints' requests: for each machine id, (its endpoint's name, its variants' names) ->
+        two queries per variant by EndpointName and VariantName, `metrics.endpoint_invocations` (AWS/SageMaker
+        Invocations) Sum and `metrics.endpoint_heartbeat` (the instances' CPUUtilization) SampleCount per period,
+        packed into as few GetMetricData calls as the queries fill."""
+        period = metrics.period_seconds
+        start = datetime.fromtimestamp(int(start.timestamp()) // period * period, tz=UTC)
+        series = (("c", "Sum", metrics.endpoint_invocations), ("r", "SampleCount", metrics.endpoint_heartbeat))
+        queries: list[dict[str, Any]] = []
+        owner: dict[str, tuple[str, str]] = {}
+        for index, (machine_id, (name, variants)) in enumerate(endpoints.items()):
+            for number, variant in enumerate(variants):
+                dimensions = [
+                    {"Name": ENDPOINT_DIMENSION, "Value": name},
+                    {"Name": VARIANT_DIMENSION, "Value": variant},
+                ]
+                for letter, stat, source in series:
+                    query_id = f"{letter}{index}v{number}"  # unique, starts with a letter
+                    owner[query_id] = (machine_id, f"{letter}:{variant}")
+                    metric = {"Namespace": source.namespace, "MetricName": source.name, "Dimensions": dimensions}
+                    stat_of = {"Metric": metric, "Period": period, "Stat": stat}
+                    queries.append({"Id": query_id, "MetricStat": stat_of, "ReturnData": True})
+        points, incomplete = self._read(queries, owner, start, end, period)
+
+        def of(machine_id: str, letter: str, variants: Sequence[str]) -> tuple[tuple[str, tuple[Point, ...]], ...]:
+            return tuple((v, tuple(sorted(points.get((machine_id, f"{letter}:{v}"), [])))) for v in variants)
+
+        return {
+            machine_id: Signals(
+                invocations=of(machine_id, "c", variants),
+                reported=of(machine_id, "r", variants),
+                complete=machine_id not in incomplete,
+            )
+            for machine_id, (_, variants) in endpoints.items()
+        }
+
+    def _read(
+        self,
+        queries: Sequence[dict[str, Any]],
+        owner: Mapping[str, tuple[str, str]],
+        start: datetime,
+        end: datetime,
+        period: int,
+    ) -> tuple[dict[tuple[str, str], list[Point]], set[str]]:
+        """Every query's datapoints by its owner (machine id, series), and the machines whose data is incomplete.
+        A long window returns many points per query; one call stays under GetMetricData's datapoint limit so no
+        batch needs a second (re-billed) NextToken page, and under this reader's share of the datapoints a second,
+        so that one call never asks for more than its bucket holds (calls are billed by the metric, not by the
+        call: smaller calls cost nothing more)."""
+        points: dict[tuple[str, str], list[Point]] = {}
+        incomplete: set[str] = set()
+        points_per_query = -(-int((end - start).total_seconds()) // period)  # the same for every query
+        fits = min(DATAPOINTS_PER_CALL, int(self.points_pace.quota.burst)) // points_per_query
+        per_call = max(1, min(METRIC_QUERIES_PER_CALL, fits))
+
+        def read(batch: Sequence[dict[str, Any]]) -> None:
+            # Each batch fills its own keys of `points`; the set and dict updates are atomic under the GIL.
+            try:
+                self._fetch_batch(batch, start, end, owner, points, incomplete)
+            except AwsError:
+                # A batch we could not read: those machines are unknown, the rest go on.
+                incomplete.update(owner[q["Id"]][0] for q in batch)
+                self._count(failed_calls=1)
+
+        run_concurrently(read, list(chunks(list(queries), per_call)), self.workers)
+        return points, incomplete
+
     def _fetch_batch(
         self,
         batch: Sequence[dict[str, Any]],
@@ -207,6 +262,7 @@ class MetricsReader:
     ) -> None:
         status: dict[str, str] = {}
         token: str | None = None
+        period = timedelta(seconds=int(batch[0]["MetricStat"]["Period"]))  # one period for every query
         while True:
             kwargs: dict[str, Any] = {
                 "MetricDataQueries": list(batch),
@@ -222,9 +278,11 @@ class MetricsReader:
             self._count(calls=1, queries=len(batch))
             for res in response["MetricDataResults"]:
                 key = owner[res["Id"]]
-                points.setdefault(key, []).extend(
-                    (ts.astimezone(UTC), float(v)) for ts, v in zip(res["Timestamps"], res["Values"], strict=True)
-                )
+                values = zip(res["Timestamps"], res["Values"], strict=True)
+                series = [(ts.astimezone(UTC), float(v)) for ts, v in values]
+                if key[1] == "user":
+                    series = [_human_point(p, period, end) for p in series]
+                points.setdefault(key, []).extend(series)
                 status[res["Id"]] = res.get("StatusCode", "Complete")
             token = response.get("NextToken")
             if not token:
@@ -235,6 +293,15 @@ class MetricsReader:
         for q in batch:
             if q["Id"] not in status:
                 incomplete.add(owner[q["Id"]][0])
+
+
+def _human_point(point: Point, period: timedelta, end: datetime) -> Point:
+    """A Minimum of minutes since input over one period, at the period's end (or `end`, for the period still
+    under way): each value it took was sampled by then, so the input it places (time - minutes) is never earlier
+    than any of them placed it; timed at the period's start, a value sampled late in it placed the input up to
+    a period early, and the machine looked idle that much sooner."""
+    at, minutes = point
+    return min(at + period, end), minutes
 
 
 def unreadable_sources(cloudwatch: Any, instance_ids: Sequence[str], end: datetime) -> dict[str, list[str]]:

@@ -27,9 +27,8 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from idle_reaper.core.dollars import dollars
+from idle_reaper.core.dollars import dollars, saves_while_running
 from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, MachineRecord, State, parse_machine_key
-from idle_reaper.core.signals import Signals
 from idle_reaper.policy import DAYS, TeamPolicy
 
 # Audit actions that stop paying for a machine, and their words.
@@ -258,10 +257,15 @@ class Stretch:
     by: str = ""
     account: str | None = None  # the member account (None: the hub's own)
     upper_bound: bool = False  # `hourly` is the most it can be (Spot): its dollars are "up to"
+    running: bool = False  # a release whose machine its group still runs: it saves no hours (core/dollars.py)
 
     def hours_in(self, lo: datetime, hi: datetime) -> float:
         end = min(self.end or hi, hi)
         return max(0.0, (end - max(self.start, lo)).total_seconds() / 3600)
+
+    def saved_hours_in(self, lo: datetime, hi: datetime) -> float:
+        """The machine-hours of [lo, hi) a stop saved: none while the machine still runs."""
+        return 0.0 if self.running else self.hours_in(lo, hi)
 
 
 def stretches(events: Sequence[Event]) -> list[Stretch]:
@@ -435,6 +439,7 @@ class AtRisk:
     account: str | None = None  # the member account (None: the hub's own)
     key: str = ""  # its machine key (records.machine_key): what exempt_idle is keyed by
     idle_hourly: float | None = None  # what an idle hour of it wastes, by the rule (core/dollars.py)
+    idle_upper_bound: bool = False  # idle_hourly is the most it can be (Spot): "up to"
 
     @property
     def idle_dollars(self) -> float:  # exempt: what its idle hours of the week wasted (0: not read, no price)
@@ -477,6 +482,7 @@ class Digest:
     account_names: Mapping[str, str] = field(default_factory=dict)  # account id -> its name (the directory's)
     idle_minutes: int | None = None
     spot_in: set[tuple[str, str | None]] = field(default_factory=set)  # (team, account) whose savings are "up to"
+    spot_kept_in: set[tuple[str, str | None]] = field(default_factory=set)  # ... whose kept-idle waste is "up to"
 
     @property
     def recovered_hours(self) -> float:
@@ -553,10 +559,12 @@ def build_digest(
     audit entries (of this week and the TREND_WEEKS before, and any stop still open) and the records now.
     `exempt_idle`: idle hours of exempt machines by machine key. `account_names`: member account id -> name."""
     events, records = events_of(entries), list(records)
-    # A group member released but still running (its group kept it) has saved nothing yet.
+    # A group member released but still running (its group kept it) has saved nothing yet: no dollars, no hours.
     kept_by_group = {a.key for a in _at_risk(records, None, now, {}, group=True)}
     all_stretches = [
-        replace(s, hourly=0.0) if s.kind == "unprotect" and s.instance_id in kept_by_group else s
+        replace(s, hourly=0.0, running=True)
+        if not saves_while_running(s.kind) and s.instance_id in kept_by_group
+        else s
         for s in stretches(events)
     ]
     lo, week_end = week.span(zone)
@@ -594,6 +602,7 @@ def build_digest(
             continue
         figures = kinds[RECOVERING[s.kind]]
         started_here = lo <= s.start < hi
+        hours = s.saved_hours_in(lo, hi)
         figures[0] += started_here
         figures[1] += hours
         figures[2] += money
@@ -631,8 +640,9 @@ def build_digest(
             if any(team_money) or any(e.team == t and lo <= e.at < hi for e in events):
                 d.teams[t] = team_money
     d.accounts = _by_account(events, all_stretches, d, team, lo, hi)
-    spot = (s for s in all_stretches if s.upper_bound and s.kind != KEEP and s.hourly and _in_scope(team, s.team))
-    d.spot_in = {(s.team, s.account) for s in spot if s.hours_in(lo, hi) > 0}
+    spots = [s for s in all_stretches if s.upper_bound and s.hourly and _in_scope(team, s.team)]
+    d.spot_in = {(s.team, s.account) for s in spots if s.kind != KEEP and s.hours_in(lo, hi) > 0}
+    d.spot_kept_in = {(s.team, s.account) for s in spots if s.kind == KEEP and s.hours_in(lo, hi) > 0}
     return d
 
 
@@ -695,7 +705,8 @@ def _at_risk(
                 prices.get(r.instance_type or ""),
                 account=r.account,
                 key=r.key,
-                idle_hourly=dollars(r.machine_kind, prices.get(r.instance_type or "")).idle.hourly,
+                idle_hourly=(idle := dollars(r.machine_kind, prices.get(r.instance_type or "")).idle).hourly,
+                idle_upper_bound=idle.upper_bound,
             )
             for r in records
             if r.state in states and _in_scope(team, r.team) and running_now(r, now) and (r.asg_name or not group)
@@ -723,26 +734,3 @@ def window_suggestion(d: Digest) -> str:
             f"shorter{window} and save more."
         )
     return ""
-
-
-def idle_hours(signals: Signals, policy: TeamPolicy, lo: datetime, hi: datetime, *, gpu: bool) -> float | None:
-    """Hours of [lo, hi) an exempt machine sat idle by its team's thresholds: the clock hours with CPU data
-    (and, for a GPU type, GPU data) in which every point stayed under them. An hour without data is not idle
-    (unknown, never idle); None when the window holds no data at all or the read was incomplete."""
-    if not signals.complete:
-        return None
-    hours: dict[datetime, list[bool]] = {}  # hour -> [seen CPU, seen GPU, busy]
-
-    def mark(points: Sequence[tuple[datetime, float]], slot: int, threshold: float) -> None:
-        for at, value in points:
-            if lo <= at < hi:
-                marks = hours.setdefault(at.replace(minute=0, second=0, microsecond=0), [False, False, False])
-                marks[slot] = True
-                marks[2] = marks[2] or value >= threshold
-
-    mark(signals.cpu, 0, policy.cpu_threshold_percent)
-    if gpu:
-        mark(signals.gpu, 1, policy.gpu_threshold_percent)
-    if not hours or (gpu and not any(marks[1] for marks in hours.values())):
-        return None  # nothing read, or a GPU type whose GPU was never seen: unknown, never idle
-    return float(sum(1 for cpu, seen_gpu, busy in hours.values() if cpu and (seen_gpu or not gpu) and not busy))

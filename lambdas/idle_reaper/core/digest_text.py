@@ -39,11 +39,12 @@ def _exempt_idle_line(at_risk: Sequence[AtRisk]) -> str:
     idle = sorted((a for a in read if a.idle_hours), key=lambda a: -a.idle_dollars)
     hours = sum(a.idle_hours or 0.0 for a in idle)
     dollars = sum(a.idle_dollars for a in idle)
+    bound = any(a.idle_upper_bound and a.idle_dollars for a in idle)
     unread = f"; no data for {len(exempt) - len(read)}" if len(read) < len(exempt) else ""
     if not idle:
         return f"Exempt and idle: nothing ({len(read)} exempt machine(s) read{unread})."
     shown = ", ".join(f"{a.name} {a.idle_hours:g} h" for a in idle[:5])
-    return f"Still wasted, exempt and idle: {_usd(dollars)} ({hours:g} h): {shown}{unread}."
+    return f"Still wasted, exempt and idle: {_usd(dollars, bound)} ({hours:g} h): {shown}{unread}."
 
 
 def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") -> str:
@@ -95,7 +96,8 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
         lines.append(
             "By team: "
             + "; ".join(
-                f"{t} saved {_usd(r, any(team == t for team, _ in d.spot_in))}, kept idle {_usd(w)}"
+                f"{t} saved {_usd(r, any(team == t for team, _ in d.spot_in))}, "
+                f"kept idle {_usd(w, any(team == t for team, _ in d.spot_kept_in))}"
                 for t, (r, w) in sorted(d.teams.items())
             )
         )
@@ -112,14 +114,16 @@ def _group_idle_line(d: Digest) -> str:
     """Idle Auto Scaling group members released to their group that still run: the group did not scale them in
     (its desired capacity, or its minimum size, keeps them). Nothing is saved until it does."""
     costly = sum(a.idle_hourly or 0.0 for a in d.group_idle)
+    bound = any(a.idle_upper_bound and a.idle_hourly for a in d.group_idle)
     shown = ", ".join(
-        f"{a.name} ({_in_account(d, a.account)}{_usd(a.idle_hourly) + '/h' if a.idle_hourly else 'no known price'})"
+        f"{a.name} ({_in_account(d, a.account)}"
+        f"{_usd(a.idle_hourly, a.idle_upper_bound) + '/h' if a.idle_hourly else 'no known price'})"
         for a in d.group_idle[:10]
     )
     more = f" and {len(d.group_idle) - 10} more" if len(d.group_idle) > 10 else ""
     return (
-        f"Idle in an Auto Scaling group, still running ({_usd(costly)}/h): {shown}{more}. Released to the group, "
-        "which has not scaled them in: lower its desired capacity (or its minimum size) to stop paying for them."
+        f"Idle in an Auto Scaling group, still running ({_usd(costly, bound)}/h): {shown}{more}. Released to the "
+        "group, which has not scaled them in: lower its desired capacity (or its minimum size) to stop paying for them."
     )
 
 
@@ -140,10 +144,10 @@ def _accounts_line(d: Digest) -> str:
     for account in sorted(d.accounts, key=lambda a: (a is not None, account_label(a, d.account_names))):
         recovered, wasted = d.accounts[account]
         unwatched = f", {not_watched[account]} not watched" if not_watched[account] else ""
-        bound = any(a == account for _, a in d.spot_in)
+        bound, kept_bound = (any(a == account for _, a in spots) for spots in (d.spot_in, d.spot_kept_in))
         parts.append(
-            f"{account_label(account, d.account_names)} saved {_usd(recovered, bound)}, kept idle {_usd(wasted)}"
-            f"{unwatched}"
+            f"{account_label(account, d.account_names)} saved {_usd(recovered, bound)}, "
+            f"kept idle {_usd(wasted, kept_bound)}{unwatched}"
         )
     return "By account: " + "; ".join(parts)
 

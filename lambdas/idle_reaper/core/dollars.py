@@ -7,7 +7,9 @@ every surface to it.
   machine bills while it runs: its on-demand price; for Spot at most the lower of the on-demand price and the
   request's maximum price (idle-reaper does not read Spot prices: an upper bound); nothing for a machine in a
   capacity reservation or Capacity Block (the reservation is billed either way) and nothing for a kind EC2
-  cannot stop or a fleet would replace (it is never stopped).
+  cannot stop or a fleet would replace (it is never stopped). A group member's release saves nothing while its
+  group keeps it running (its desired capacity or minimum size holds it): neither dollars nor machine-hours
+  (`saves_while_running`), until the group scales it in.
 - A **termination** of a machine EC2 cannot stop (one-time Spot, instance-store: the sweep's, after
   `terminate_unstoppable_after_minutes`, or its owner's "Terminate now") counts nothing: whatever replaces it
   gets a new instance id, so the hours it would have run cannot be told.
@@ -65,6 +67,14 @@ def dollars(kind: str, on_demand_price: float | None, spot_max_price: float | No
     runs = billed(kind, on_demand_price, spot_max_price)
     stop = Saving(0.0) if kind in NOT_STOPPED else runs
     return Dollars(stop=stop, terminate=Saving(0.0), idle=runs)
+
+
+def saves_while_running(action: str) -> bool:
+    """Whether the audited action `action` (a RECOVERING one) saves anything while the machine still runs: not a
+    group member's release (scale-in protection removed, the machine not stopped), whose hours and dollars are
+    saved only once its group scales it in. Every surface that counts a release (the digest's dollars and
+    machine-hours, the demo's summary) asks this."""
+    return action != Action.UNPROTECT
 
 
 def of_kind(kind: MachineKind, on_demand_price: float | None) -> Dollars:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
+from idle_reaper.core.endpoints import IN_SERVICE, EndpointFacts, describe_missing
 from idle_reaper.policy import TeamPolicy
 
 # AWS-managed tags EC2 puts on the instances a fleet launched.
@@ -53,6 +54,10 @@ class Kind(StrEnum):
     UNKNOWN = "unknown"  # a look-up failed this sweep: cannot be stopped
     NOTEBOOK = "notebook"  # a SageMaker notebook instance, InService: a stop keeps its ML storage volume
     NOTEBOOK_BUSY = "notebook-not-in-service"  # Pending, Updating, Stopping, Failed...: SageMaker refuses a stop
+    ENDPOINT = "endpoint"  # a SageMaker real-time endpoint, InService: deleted, its configuration kept to recreate it
+    ENDPOINT_BUSY = "endpoint-not-in-service"  # Creating, Updating, ...: SageMaker refuses to delete it meanwhile
+    ENDPOINT_SAVES_NOTHING = "endpoint-scales-to-zero"  # serverless, inference components, minimum 0: reported only
+    ENDPOINT_NOT_RESTORABLE = "endpoint-not-restorable"  # its configuration or model is gone: never deleted
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class InstanceFacts:
     reservation_id: str | None = None  # CapacityReservationId
     notebook_status: str | None = None  # a SageMaker notebook instance's NotebookInstanceStatus; None: EC2
     notebook_config: str | None = None  # the lifecycle configuration attached to a notebook instance, if any
+    endpoint: EndpointFacts | None = None  # a SageMaker endpoint's (core/endpoints.py); None: not an endpoint
 
     @classmethod
     def of(cls, instance: Mapping[str, Any], tags: Mapping[str, str]) -> InstanceFacts:
@@ -176,13 +182,15 @@ class MachineKind:
 
     @property
     def ordinary(self) -> bool:
-        return self.kind in (Kind.ON_DEMAND, Kind.SPOT, Kind.NOTEBOOK)
+        return self.kind in (Kind.ON_DEMAND, Kind.SPOT, Kind.NOTEBOOK, Kind.ENDPOINT)
 
 
 ON_DEMAND = MachineKind(Kind.ON_DEMAND, can_stop=True, can_terminate=True, saves="price")
 NOTEBOOK_IN_SERVICE = "InService"
 # StopNotebookInstance keeps the ML storage volume; nothing terminates a notebook instance here.
 NOTEBOOK = MachineKind(Kind.NOTEBOOK, can_stop=True, can_terminate=False, saves="price")
+# DeleteEndpoint keeps the endpoint configuration, its models and (on the record) the tags: "stop" is deletion.
+ENDPOINT = MachineKind(Kind.ENDPOINT, can_stop=True, can_terminate=False, saves="price")
 
 _TERMINATE_LOSES = "deletes its root volume and every local (instance-store) disk; it can never be started again"
 
@@ -190,7 +198,10 @@ _TERMINATE_LOSES = "deletes its root volume and every local (instance-store) dis
 def classify(facts: InstanceFacts, lookups: Lookups, now: datetime) -> MachineKind:
     """The kind of one machine. A fleet comes first (whatever else it is, the fleet replaces it), then a
     look-up that failed, then a reservation that bills it now, then what EC2 lets a stop do. A SageMaker
-    notebook instance is stoppable only InService (SageMaker answers ValidationException in any other state)."""
+    notebook instance is stoppable only InService (SageMaker answers ValidationException in any other state);
+    an endpoint as endpoint_kind says."""
+    if facts.endpoint is not None:
+        return endpoint_kind(facts.endpoint)
     if facts.notebook_status is not None:
         if facts.notebook_status == NOTEBOOK_IN_SERVICE:
             return NOTEBOOK
@@ -221,6 +232,29 @@ def classify(facts: InstanceFacts, lookups: Lookups, now: datetime) -> MachineKi
     # No reservation bills it now (none, ended, or no longer listed): from a reservation's end, the machine
     # is what it was bought as.
     return storage
+
+
+def endpoint_kind(facts: EndpointFacts) -> MachineKind:
+    """An endpoint not InService is held (SageMaker refuses DeleteEndpoint while it is being created or updated);
+    one whose configuration or model is gone could never be brought back, so it is reported, never deleted; and so
+    is one whose deletion saves nothing (serverless, inference components, a minimum of 0)."""
+    if facts.status != IN_SERVICE:
+        return _untouchable(
+            Kind.ENDPOINT_BUSY,
+            f"a SageMaker endpoint that is {facts.status}, not InService: SageMaker does not delete it while it "
+            "is, so idle-reaper waits for it to be InService again",
+        )
+    if not facts.restorable:
+        return _untouchable(
+            Kind.ENDPOINT_NOT_RESTORABLE,
+            f"a SageMaker endpoint that could not be brought back once deleted: its {describe_missing(facts.missing)} "
+            "is gone, so idle-reaper does not delete it (delete it yourself if nobody needs it)",
+        )
+    if facts.saves_nothing:
+        return _untouchable(
+            Kind.ENDPOINT_SAVES_NOTHING, f"a SageMaker endpoint whose deletion saves nothing: {facts.saves_nothing}"
+        )
+    return ENDPOINT
 
 
 def _by_purchase(facts: InstanceFacts, lookups: Lookups) -> MachineKind:
@@ -306,7 +340,14 @@ NEVER_STOPPED = frozenset(
         Kind.INSTANCE_STORE,
         Kind.FLEET,
         Kind.NOTEBOOK_BUSY,
+        Kind.ENDPOINT_BUSY,
+        Kind.ENDPOINT_SAVES_NOTHING,
+        Kind.ENDPOINT_NOT_RESTORABLE,
     }
+)
+# A SageMaker endpoint's kinds: its "stop" is DeleteEndpoint, its "start" CreateEndpoint from its configuration.
+ENDPOINT_KINDS = frozenset(
+    {Kind.ENDPOINT, Kind.ENDPOINT_BUSY, Kind.ENDPOINT_SAVES_NOTHING, Kind.ENDPOINT_NOT_RESTORABLE}
 )
 # Kinds terminating ends for good (nothing relaunches them): the owner's "Terminate now" applies.
 TERMINABLE = frozenset({Kind.SPOT_ONE_TIME, Kind.INSTANCE_STORE})
@@ -342,7 +383,7 @@ def handling(kind: MachineKind, instance_type: str, policy: TeamPolicy) -> Handl
     """The handling of one machine under its team's policy."""
     idle_minutes = policy.idle_minutes
     scarce = family_of(instance_type) in policy.scarce_families
-    if kind.kind in (Kind.UNKNOWN, Kind.NOTEBOOK_BUSY):
+    if kind.kind in (Kind.UNKNOWN, Kind.NOTEBOOK_BUSY, Kind.ENDPOINT_BUSY):
         return Handling("hold", idle_minutes, scarce, why_not_stop=kind.why)
     if kind.reservation is not None:
         if policy.reserved_capacity_action == "stop" and kind.can_stop:
@@ -440,8 +481,12 @@ def notice_sentence(kind: MachineKind, how: Handling, instance_type: str) -> str
             "terminate it now."
         )
     if how.scarce and kind.can_stop:
-        return f"It is idle. It is not stopped: {how.why_not_stop}. {scarce_note(instance_type)}."
-    return f"It is idle, but idle-reaper does not stop it: it is {kind.why}."
+        return f"It is idle. It is not {_stopped(kind)}: {how.why_not_stop}. {scarce_note(instance_type)}."
+    return f"It is idle, but idle-reaper does not {_stopped(kind, 'stop', 'delete')} it: it is {kind.why}."
+
+
+def _stopped(kind: MachineKind, machine: str = "stopped", endpoint: str = "deleted") -> str:
+    return endpoint if kind.kind in ENDPOINT_KINDS else machine
 
 
 # Where the stack's lifecycle configuration fetches the activity collector from, in its notebook-agent bucket.

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
+from idle_reaper.core.endpoints import endpoint_policy, kept_restore
 from idle_reaper.core.kinds import (
     ON_DEMAND,
     Handling,
@@ -394,6 +395,7 @@ def _carried_over(
         asg_name=machine.asg_name,
         owner_slack_id=record.owner_slack_id if record.owner == machine.owner else None,
         usage_profile=profile,
+        endpoint=kept_restore(record.endpoint, facts) if (facts := machine.facts.endpoint) else record.endpoint,
     )
 
 
@@ -675,6 +677,8 @@ def _reap_action(machine: Machine, policy: TeamPolicy, how: Handling | None = No
     if how is not None and how.mode == "terminate":
         why = f"idle past its {how.idle_minutes}-min window and EC2 cannot stop it: terminate"
         return Action.TERMINATE_INSTANCE, why
+    if machine.is_endpoint:
+        return Action.STOP, "idle past its window: delete it (its configuration, models and tags kept)"
     if policy.action == "hibernate":
         if machine.hibernation_configured:
             return Action.HIBERNATE, "idle past its window: hibernate"
@@ -687,6 +691,8 @@ def _verb(machine: Machine, policy: TeamPolicy, how: Handling | None = None) -> 
         return "terminate it" if policy.asg_action == "terminate" else "release it to its group"
     if how is not None and how.mode == "terminate":
         return "terminate it" if policy.action != "notify_only" else "report it (notify only)"
+    if machine.is_endpoint and policy.action != "notify_only":
+        return "delete it"
     return {"stop": "stop it", "hibernate": "hibernate it", "notify_only": "report it (notify only)"}[policy.action]
 
 
@@ -725,10 +731,13 @@ def _notice(seen: _Sweep, assessment: Assessment, stretch: _Stretch) -> _Outcome
 
 def kind_policy(ref: TeamPolicyRef, kind: MachineKind, machine: Machine) -> TeamPolicyRef:
     """The machine's own policy: its team's, with the idle window its kind gets (a scarce family's own window,
-    or the longer one termination waits for). The sweep fetches signals and decides with it."""
+    the longer one termination waits for, an endpoint's endpoint_idle_minutes). The sweep fetches signals and
+    decides with it."""
     policy = ref.policy
     if policy is None or machine.asg_name:
         return ref
+    if machine.is_endpoint:  # its own window, and nothing of a machine's insides (core/endpoints.py)
+        return ref.model_copy(update={"policy": endpoint_policy(policy)})
     window = handling(kind, machine.instance_type, policy).idle_minutes
     if window == policy.idle_minutes:
         return ref

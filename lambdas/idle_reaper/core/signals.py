@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
+from idle_reaper.core.endpoints import Variant, requests_per_period, track_label
 from idle_reaper.core.kinds import InstanceFacts, family_of
 from idle_reaper.core.records import machine_key
 from idle_reaper.core.time_of_day import UsageMarks, epoch_day, epoch_hours
@@ -59,6 +60,11 @@ class Machine:
         """A SageMaker notebook instance (its id is its name), not an EC2 instance."""
         return self.facts.notebook_status is not None
 
+    @property
+    def is_endpoint(self) -> bool:
+        """A SageMaker real-time endpoint (its id is endpoint:<name>; core/endpoints.py)."""
+        return self.facts.endpoint is not None
+
 
 Point = tuple[datetime, float]  # (period start, value)
 
@@ -76,6 +82,10 @@ class Signals:
     # CWAgent idle_reaper_minutes_since_input (Minimum): minutes since a person's last input, 0-10080
     # (HUMAN_NONE = none seen). No points: the collector is not running, no information either way.
     user: Sequence[Point] = ()
+    # A SageMaker endpoint's AWS/SageMaker Invocations (Sum per period), per variant: (variant name, points); and
+    # the periods its instances reported (the heartbeat metric's SampleCount), per variant (core/endpoints.py).
+    invocations: Sequence[tuple[str, Sequence[Point]]] = ()
+    reported: Sequence[tuple[str, Sequence[Point]]] = ()
 
 
 @dataclass(frozen=True)
@@ -149,13 +159,18 @@ def _coverage(
 
 
 def _fmt(value: float, unit: str) -> str:
+    if unit == "requests":
+        return f"{value:,.0f} request{'' if value == 1 else 's'}"
     if unit == "B/s":
         return f"{value:,.0f} B/s"
     return f"{value:.1f}%"
 
 
 def _below(label: str, value: float, threshold: float, unit: str) -> str:
-    """'max CPU 4.96% < 5.0%': enough digits that a value just under the threshold never reads as equal."""
+    """'max CPU 4.96% < 5.0%': enough digits that a value just under the threshold never reads as equal; an
+    endpoint's 'no invocations of variant AllTraffic' (below its threshold of one request means none)."""
+    if unit == "requests":
+        return f"no {label}"
     shown = _fmt(value, unit)
     if unit == "%" and shown == _fmt(threshold, unit):
         shown = f"{value:.3f}".rstrip("0") + "%"
@@ -200,10 +215,10 @@ def last_human_input(points: Sequence[Point], now: datetime) -> tuple[datetime |
     datapoints were garbage and ignored: negative, over HUMAN_NONE, NaN, or an input time in the future
     (a skewed clock). HUMAN_NONE means no input seen: a valid point that names no input.
 
-    The sweep reads the collector's metric at its own one-minute resolution (aws/metrics.py), so a
-    datapoint's time is within a minute before the sample it holds: the input it places is never earlier
-    than the truth by more than a minute (at the sweep's five-minute period, a Minimum taken late in the
-    period would place it up to five minutes early, making the machine look idle sooner)."""
+    The sweep reads the collector's one-minute values as a Minimum over its period, timed at the period's
+    end (aws/metrics.py, _human_point): the input it places is never earlier than the truth, at most a
+    period later (timed at the period's start, a value sampled late in it would place the input up to a
+    period early, making the machine look idle sooner)."""
     latest: datetime | None = None
     bad = 0
     for t, minutes in points:
@@ -228,8 +243,13 @@ def _tracks(
     gpu_families: Iterable[str],
     notes: list[str],
 ) -> list[_Track] | Assessment:
-    """The series a machine is judged on (CPU, GPU, network), or at once "unknown" for a GPU machine
-    without GPU metrics when the policy never treats such a machine as idle."""
+    """The series a machine is judged on (CPU, GPU, network; an endpoint's invocations of each variant), or at
+    once "unknown" for a GPU machine without GPU metrics when the policy never treats such a machine as idle."""
+    if machine.facts.endpoint is not None and machine.facts.endpoint.asynchronous:
+        why = "an asynchronous endpoint: SageMaker publishes no Invocations for it, so whether it is used is unknown"
+        return Assessment("unknown", why, missing_series=True)
+    if machine.facts.endpoint is not None:
+        return _endpoint_tracks(machine.facts.endpoint.variants, signals)
     tracks = [_Track("CPU", policy.cpu_threshold_percent, sorted(signals.cpu))]
     if signals.gpu:
         tracks.append(_Track("GPU", policy.gpu_threshold_percent, sorted(signals.gpu)))
@@ -246,6 +266,26 @@ def _tracks(
     if policy.network_threshold_bytes_per_second is not None:
         network = sorted(_combine_network(signals.network_in, signals.network_out, period))
         tracks.append(_Track("network", policy.network_threshold_bytes_per_second, network, "B/s"))
+    return tracks
+
+
+def _endpoint_tracks(variants: Sequence[Variant], signals: Signals) -> list[_Track] | Assessment:
+    """One track per variant the endpoint has, its requests each period it is known to have had them or none
+    (core/endpoints.requests_per_period): a request is busy. A variant with no datapoint of either metric leaves the
+    endpoint unknown; so does an endpoint with no variant."""
+    if not variants:
+        return Assessment("unknown", "the endpoint lists no production variant", missing_series=True)
+    calls, reported = dict(signals.invocations), dict(signals.reported)
+    tracks = []
+    for v in variants:
+        points = requests_per_period(calls.get(v.name, ()), reported.get(v.name, ()))
+        if not points:
+            why = (
+                f"no metrics from variant {v.name}: SageMaker published neither its Invocations nor its instances' "
+                "heartbeat in the window"
+            )
+            return Assessment("unknown", why, missing_series=True)
+        tracks.append(_Track(track_label(v.name), 1.0, points, "requests"))
     return tracks
 
 
@@ -280,11 +320,11 @@ def _usage(
 ) -> UsageMarks:
     """What the usage profile learns from the datapoints fetched: the UTC hours of the busy ones (`highs`:
     a track at or above its threshold; or a person's input within the datapoint's own period, as the
-    replay's truth counts it) and the UTC day of the newest datapoint."""
+    replay's truth counts it, marked at the input's own time) and the UTC day of the newest datapoint."""
     busy = [t for t, _ in highs]
     if user:
         period_minutes = period.total_seconds() / 60
-        busy.extend(t for t, v in user if 0 <= v < period_minutes and t <= now)
+        busy.extend(t - timedelta(minutes=v) for t, v in user if 0 <= v < period_minutes and t <= now)
     newest = max([track.points[-1][0] for track in tracks if track.points], default=None)
     return UsageMarks(epoch_hours(busy) if busy else (), None if newest is None else epoch_day(newest))
 
@@ -476,3 +516,26 @@ def describe_human_signal(note: str) -> str:
     if kind == "quiet":
         return f"no person active (last input {when})" if when else "no person active"
     return ""
+
+
+def idle_hours(signals: Signals, policy: TeamPolicy, lo: datetime, hi: datetime, *, gpu: bool) -> float | None:
+    """Hours of [lo, hi) an exempt machine sat idle by its team's thresholds: the clock hours with CPU data
+    (and, for a GPU type, GPU data) in which every point stayed under them. An hour without data is not idle
+    (unknown, never idle); None when the window holds no data at all or the read was incomplete."""
+    if not signals.complete:
+        return None
+    hours: dict[datetime, list[bool]] = {}  # hour -> [seen CPU, seen GPU, busy]
+
+    def mark(points: Sequence[tuple[datetime, float]], slot: int, threshold: float) -> None:
+        for at, value in points:
+            if lo <= at < hi:
+                marks = hours.setdefault(at.replace(minute=0, second=0, microsecond=0), [False, False, False])
+                marks[slot] = True
+                marks[2] = marks[2] or value >= threshold
+
+    mark(signals.cpu, 0, policy.cpu_threshold_percent)
+    if gpu:
+        mark(signals.gpu, 1, policy.gpu_threshold_percent)
+    if not hours or (gpu and not any(marks[1] for marks in hours.values())):
+        return None  # nothing read, or a GPU type whose GPU was never seen: unknown, never idle
+    return float(sum(1 for cpu, seen_gpu, busy in hours.values() if cpu and (seen_gpu or not gpu) and not busy))

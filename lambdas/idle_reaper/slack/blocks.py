@@ -25,6 +25,7 @@ from slack_sdk.models.blocks import (
 )
 
 from idle_reaper.core.answers import KEEP_HOURS, keep_choices, next_morning
+from idle_reaper.core.endpoints import Restore, words_for
 from idle_reaper.core.kinds import TERMINABLE, caveats, warning_sentence
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import Action, MachineRecord
@@ -144,9 +145,10 @@ _TERMINATED_IN_GROUP = "terminated (its Auto Scaling group shrinks by one)"
 
 def reaped_verb(decision: Decision) -> str:
     """What the stop will do: a group member is released to its group, or terminated with the group shrunk
-    (asg_action: terminate); any other machine is stopped (a warning's sentence may say more: kinds)."""
+    (asg_action: terminate); an endpoint is deleted; any other machine is stopped (a warning's sentence may say
+    more: kinds)."""
     if not decision.machine.asg_name:
-        return "stopped"
+        return words_for(decision.machine.instance_id).stopped
     policy = decision.policy.policy if decision.policy else None
     return _TERMINATED_IN_GROUP if policy is not None and policy.asg_action == "terminate" else _RELEASED
 
@@ -160,10 +162,10 @@ def warning_text(decision: Decision) -> str:
     if mode == "terminate" or verb == _TERMINATED_IN_GROUP:
         will = "will be terminated unless someone keeps it"
     elif mode == "notify":
-        will = "is idle; idle-reaper will not stop it"
+        will = "is idle; idle-reaper will not " + ("delete" if m.is_endpoint else "stop") + " it"
     else:
         will = f"will be {verb} unless someone keeps it"
-    return fit(f"Idle machine {label} {will}", FALLBACK_CHARS, mrkdwn=True)
+    return fit(f"Idle {words_for(m.instance_id).noun} {label} {will}", FALLBACK_CHARS, mrkdwn=True)
 
 
 def _choice_label(choice: str, policy: TeamPolicy, now: datetime) -> str:
@@ -184,6 +186,9 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
     thresholds = f"CPU < {policy.cpu_threshold_percent:g}%"
     if a and a.uses_gpu:
         thresholds += f", GPU < {policy.gpu_threshold_percent:g}%"
+    busy = f"busy means {thresholds.replace('<', '≥')}"
+    if m.is_endpoint:
+        busy = "busy means one request or more to any variant (AWS/SageMaker Invocations)"
     why = decision.why_warned
     morning_capped = next_morning(policy, now) - now > timedelta(hours=policy.max_snooze_hours)
     longest = f"keep_{policy.max_snooze_hours}h" if morning_capped else None  # already the morning button
@@ -196,9 +201,11 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
         _button("Keep 2 h", "keep_2h", ref, style="primary"),
         _button(_choice_label("keep_morning", policy, now), "keep_morning", ref),
     ]
+    words = words_for(m.instance_id)
     if mode == "stop":
-        now_verb = _RELEASED if m.asg_name else "stopped"  # what Stop now does (answers: a member is released)
-        buttons.append(_confirmed("Stop now", "stop_now", ref, "Stop it now?", f"{label} will be {now_verb}."))
+        now_verb = _RELEASED if m.asg_name else words.stopped  # what Stop now does (answers: a member is released)
+        question = f"{words.stop_button.removesuffix(' now')} it now?"
+        buttons.append(_confirmed(words.stop_button, "stop_now", ref, question, f"{label} will be {now_verb}."))
     elif kind.kind in TERMINABLE:
         # Only its owner may (answers.Effects.terminate_now), and only after confirming what is lost.
         lost = f"{label} will be terminated: this {kind.loses}."
@@ -210,6 +217,8 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
         sentence = sentence.replace(mark, date_token(stop_at))
     else:
         sentence = f"It will be *{verb}* at {date_token(stop_at)} unless someone keeps it."
+    if m.is_endpoint and mode == "stop":
+        sentence += " " + escape(endpoint_kept(decision.record))
     if others:
         buttons.append(
             OverflowMenuElement(
@@ -220,23 +229,21 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
             )
         )
     policy_label = escape(decision.policy.label) if decision.policy else "?"
+    header = f"Idle {words.noun}: {machine_label(m.name, m.instance_id, mrkdwn=False)}"
+    saves = "Deleting it saves" if m.is_endpoint else "A stop saves"
     return [
-        HeaderBlock(text=fit(f"Idle machine: {machine_label(m.name, m.instance_id, mrkdwn=False)}", HEADER_CHARS)),
+        HeaderBlock(text=fit(header, HEADER_CHARS)),
         SectionBlock(
             text=_mrkdwn(sentence, SECTION_CHARS),
             fields=[
-                _field("Instance", f"`{m.instance_id}`{m.where} · {escape(m.instance_type)}"),
+                _field(words.noun.capitalize(), f"`{m.instance_id}`{m.where} · {escape(m.instance_type)}"),
                 _field("Team", escape(m.team)),
                 _field("Cost", f"{money(decision.hourly_cost)} per hour"),
                 _field("Idle for", f"{idle_minutes:.0f} min"),
-                *([_field("A stop saves", decision.saving.text())] if decision.saving and mode == "stop" else []),
+                *([_field(saves, decision.saving.text())] if decision.saving and mode == "stop" else []),
             ],
         ),
-        SectionBlock(
-            text=_mrkdwn(
-                f"*Why it counts as idle:* {escape(why)} (busy means {thresholds.replace('<', '≥')})", SECTION_CHARS
-            )
-        ),
+        SectionBlock(text=_mrkdwn(f"*Why it counts as idle:* {escape(why)} ({busy})", SECTION_CHARS)),
         ActionsBlock(block_id="idle_reaper_answer", elements=buttons),
         ContextBlock(
             elements=[
@@ -248,6 +255,13 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
             ]
         ),
     ]
+
+
+def endpoint_kept(record: MachineRecord) -> str:
+    """What deleting an endpoint keeps, and how it comes back (plain text: the caller escapes)."""
+    restore = Restore.parse(record.endpoint)
+    config = f"endpoint configuration {restore.config}" if restore else "endpoint configuration"
+    return f"Its {config}, model and tags are kept: Bring it back recreates it as it was."
 
 
 def answerers(decision: Decision, policy: TeamPolicy) -> str:
@@ -429,20 +443,21 @@ def owner_message_blocks(
     blocks: list[Block] = [HeaderBlock(text=fit(title, HEADER_CHARS))]
     for n, x in enumerate(listed):
         blocks.append(SectionBlock(block_id=f"machine_{n}", text=_mrkdwn(x.text, SECTION_CHARS)))
+        words = words_for(x.instance_id)
         if x.ref:
+            done = "deleted" if words.stopped == "deleted" else "stopped or released to its group"
             stop = ConfirmObject(
-                title=fit("Stop it now?", CONFIRM_TITLE_CHARS),
-                text=fit(f"{x.instance_id} will be stopped or released to its group.", CONFIRM_TEXT_CHARS),
+                title=fit(f"{words.stop_button.removesuffix(' now')} it now?", CONFIRM_TITLE_CHARS),
+                text=fit(f"{x.instance_id} will be {done}.", CONFIRM_TEXT_CHARS),
             )
             buttons = [
                 _button("Keep 2 h", "keep_2h", x.ref, style="primary"),
-                _button("Stop now", "stop_now", x.ref, style="danger", confirm=stop),
+                _button(words.stop_button, "stop_now", x.ref, style="danger", confirm=stop),
             ]
             blocks.append(ActionsBlock(block_id=f"answer_{n}", elements=buttons))
         elif x.start_ref:
-            blocks.append(
-                ActionsBlock(block_id=f"start_{n}", elements=[_button("Start it again", "start_again", x.start_ref)])
-            )
+            start = _button(words.start_button, "start_again", x.start_ref)
+            blocks.append(ActionsBlock(block_id=f"start_{n}", elements=[start]))
     if waiting:
         keep_all = _button(f"Keep all {len(waiting)} for 2 h", "keep_all", group_ref, style="primary")
         blocks.append(ActionsBlock(block_id="idle_reaper_keep_all", elements=[keep_all]))

@@ -16,6 +16,7 @@ from datetime import datetime
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackObjectFormationError
 
 from idle_reaper.aws.clients import AwsError
+from idle_reaper.core.endpoints import Restore, words_for
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MAYBE_POSTED, Action, MachineRecord
 from idle_reaper.notify import Delivery, DeliveryUnknown, PermanentDeliveryFailure, PostOutcome
@@ -182,6 +183,16 @@ class SlackDelivery(OwedCopies):
             return False
         return not self.edit_copies(record.messages, text, blocks, record.instance_id)
 
+    def back_in_service(self, record: MachineRecord, by: str, since: datetime) -> bool:
+        """An endpoint brought back is InService (sweep/endpoints.py): its message says so, and since when."""
+        label = machine_label(record.name, record.instance_id)
+        now = record.updated_at or self.clock()
+        detail = (
+            f"{label}, brought back by <@{by}> at {date_token(since)}, is InService again since "
+            f"{date_token(now)}: requests reach it as before."
+        )
+        return self.update(record, "Back in service", detail)
+
     def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
         """DM every admin and post to the admin channel. Raises when nobody received it, so the caller
         keeps the alert pending. `text` is plain: it quotes policies and tags, so it is escaped here."""
@@ -203,6 +214,18 @@ class SlackDelivery(OwedCopies):
         if notice is None:
             return False
         return self.note_listed(record, notice.title, notice.detail, start_ref=notice.ref if notice.start else None)
+
+
+def endpoint_recreate(record: MachineRecord) -> str:
+    """What a deleted endpoint's notice says of bringing it back (plain text: the caller escapes)."""
+    restore = Restore.parse(record.endpoint)
+    if restore is None:
+        return "Its endpoint configuration, model and tags are kept."
+    by_hand = restore.recreate_command(record.name or record.instance_id)
+    return (
+        f"Its endpoint configuration {restore.config}, model and tags are kept: Bring it back recreates it (by hand: "
+        f"{by_hand})."
+    )
 
 
 class SlackNotifier(SlackDelivery):
@@ -266,10 +289,12 @@ class SlackNotifier(SlackDelivery):
             saving = decision.saving.text() if decision.saving else f"~{money(decision.hourly_cost)}/h"
             if decision.kind.reservation is not None:
                 saving = f"nothing (its {decision.kind.reservation.label} is billed either way)"
-            title = "Stopped"
-            detail = (
-                f"{label} was {PAST_TENSE[decision.action]} at {date_token(now)}; it saves {saving} while stopped. "
-            )
+            words = words_for(m.instance_id)
+            title = words.stop_title
+            done = words.stopped if m.is_endpoint else PAST_TENSE[decision.action]
+            detail = f"{label} was {done} at {date_token(now)}; it saves {saving} while {words.stopped}. "
+            if m.is_endpoint:
+                detail += escape(endpoint_recreate(record)) + " "
             detail += reason
         elif decision.action is Action.TERMINATE_INSTANCE:
             title = "Terminated"
@@ -334,7 +359,10 @@ class SlackNotifier(SlackDelivery):
             return ("gone", ())
         text = fit(f"{escape(notice.title)}: {notice.detail}", FALLBACK_CHARS, mrkdwn=True)
         try:
-            blocks = blocks_json(status_blocks(notice.title, notice.detail, ref=notice.ref, start_button=notice.start))
+            label = words_for(record.instance_id).start_button
+            blocks = blocks_json(
+                status_blocks(notice.title, notice.detail, ref=notice.ref, start_button=notice.start, start_label=label)
+            )
         except (SlackObjectFormationError, ValueError) as exc:
             self._failed("stop notice", record.instance_id, exc, record.instance_id)
             return ("gone", ())

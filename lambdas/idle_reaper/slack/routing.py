@@ -25,9 +25,9 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 
 from idle_reaper.aws.accounts import AccountFailure, MemberAccess, MemberSweep, last_member_sweep
 from idle_reaper.aws.clients import AwsError
+from idle_reaper.aws.endpoints import sagemaker_fleet
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
-from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.regions import members_unwatched, members_unwatched_lines
 from idle_reaper.aws.state import DynamoStateStore, StateStore
@@ -106,7 +106,12 @@ class Region:
 
     @cached_property
     def fleet(self) -> Fleet:
-        return Fleet(self.connect("ec2"), self.connect("autoscaling"), NotebookInstances(self.connect("sagemaker")))
+        return sagemaker_fleet(
+            self.connect("ec2"),
+            self.connect("autoscaling"),
+            self.connect("sagemaker"),
+            self.connect("application-autoscaling"),
+        )
 
     @cached_property
     def effects(self) -> Effects:
@@ -136,7 +141,12 @@ class Region:
         held = members.sessions.credentials(record.account, record.region)
         if isinstance(held, AccountFailure):
             return Reply(f"idle-reaper cannot act on {label} right now: {held.describe()}. Nothing changed.")
-        fleet = Fleet(held.client("ec2"), held.client("autoscaling"), NotebookInstances(held.client("sagemaker")))
+        fleet = sagemaker_fleet(
+            held.client("ec2"),
+            held.client("autoscaling"),
+            held.client("sagemaker"),
+            held.client("application-autoscaling"),
+        )
         return replace(self.effects, fleet=fleet)
 
     # -----------------------------------------------------------------------------------------

@@ -17,11 +17,11 @@ from idle_reaper.aws.clients import (
     ssm_prefix,
     table_name,
 )
+from idle_reaper.aws.endpoints import sagemaker_fleet
 from idle_reaper.aws.fleet import LISTING_PROCESSES, Fleet
 from idle_reaper.aws.metrics import (
     MetricsReader,
 )
-from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import DynamoStateStore, StateStore
 from idle_reaper.aws.studio import StudioApps
@@ -114,10 +114,11 @@ class Adapters:
                 notifier = LoggingNotifier(logger)
         return cls(
             policies=PolicyStore(client("ssm"), ssm_prefix()),
-            fleet=Fleet(
+            fleet=sagemaker_fleet(
                 client("ec2"),
                 client("autoscaling"),
-                NotebookInstances(client("sagemaker")),
+                client("sagemaker"),
+                client("application-autoscaling"),
                 # In Lambda (Linux, the planner's vCPUs) forked children list the zones; locally (the CLI, the
                 # demo) threads do: a small fleet gains nothing, and macOS's libraries are not fork-safe.
                 listing_processes=LISTING_PROCESSES if os.environ.get("AWS_LAMBDA_FUNCTION_NAME") else 1,

@@ -29,12 +29,11 @@ from idle_reaper.core.digest import (
     build_digest,
     claim_key,
     digest_due,
-    idle_hours,
     running_now,
 )
 from idle_reaper.core.digest_text import HUB_ACCOUNT, digest_text
 from idle_reaper.core.records import MachineRecord, State
-from idle_reaper.core.signals import Signals, has_no_gpu, is_gpu_type
+from idle_reaper.core.signals import Signals, has_no_gpu, idle_hours, is_gpu_type
 from idle_reaper.notify import logger
 from idle_reaper.policy import Settings, TeamPolicy, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES

@@ -137,7 +137,7 @@ def run_checks(
     why_no_machines = OUT_OF_TIME
     if _time_left(deadline) > AWS_STAGE_SECONDS:
         try:
-            machines = account.fleet.discover(settings.tags, notebooks=False)
+            machines = account.fleet.discover(settings.tags, notebooks=False, endpoints=False)
         except AwsError as exc:
             why_no_machines = f"the opted-in machines could not be listed ({error_code(exc)})"
     findings = check_policy(
@@ -241,7 +241,7 @@ def gather_members(
             return replace(facts, excluded=True)
         try:
             fleet, metrics = reads_in(held)
-            machines = fleet.discover(settings.tags, notebooks=False)
+            machines = fleet.discover(settings.tags, notebooks=False, endpoints=False)
             return replace(facts, gpu=gather_signals(metrics, machines, settings, refs, now, gpu_only=True))
         except Exception as exc:  # one account's fault is its own finding
             gone = members.sessions.refused(exc, account.id, region)  # suspended or left since it was listed

@@ -107,7 +107,9 @@ def list_afresh(adapters: Adapters, listed: Sequence[Machine] | None = None) -> 
     policies, and the machines the planner `listed` (listed again only when there are none)."""
     settings, _ = adapters.policies.load_settings()
     refs = adapters.policies.load_teams(settings)
-    machines = list(listed) if listed is not None else adapters.fleet.discover(settings.tags, notebooks=False)
+    if listed is None:
+        listed = adapters.fleet.discover(settings.tags, notebooks=False, endpoints=False)
+    machines = list(listed)
     return SweepRead(settings, refs, machines, {})
 
 

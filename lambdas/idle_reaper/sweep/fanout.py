@@ -304,7 +304,9 @@ def plan_sweep(
     now = now.astimezone(UTC)
     settings, _ = load_sweep_settings(adapters)
     try:
-        machines = adapters.fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)
+        machines = adapters.fleet.discover(
+            settings.tags, notebooks=settings.sagemaker_notebooks, endpoints=settings.sagemaker_endpoints
+        )
     except AwsError as exc:
         raise SweepCannotRun(f"cannot list machines ({error_code(exc)}): {exc}") from None
     shards = shard_count(len(machines), shard_size, shards_at_once)

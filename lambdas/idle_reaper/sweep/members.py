@@ -29,9 +29,8 @@ from idle_reaper.aws.accounts import (
     save_member_check,
 )
 from idle_reaper.aws.clients import run_concurrently
-from idle_reaper.aws.fleet import Fleet
+from idle_reaper.aws.endpoints import sagemaker_fleet
 from idle_reaper.aws.metrics import MetricsReader
-from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.policies import PolicyStore, StoredParameter
 from idle_reaper.core.reports import machine_part
 from idle_reaper.notify import logger as logger  # re-exported: handlers log through it
@@ -210,10 +209,11 @@ def member_adapters(hub: Adapters, credentials: MemberCredentials, default: Team
     return replace(
         hub,
         policies=_AccountPolicies(hub.policies, default),
-        fleet=Fleet(
+        fleet=sagemaker_fleet(
             LazyClient(lambda: credentials.client("ec2")),
             LazyClient(lambda: credentials.client("autoscaling")),
-            NotebookInstances(LazyClient(lambda: credentials.client("sagemaker"))),
+            LazyClient(lambda: credentials.client("sagemaker")),
+            LazyClient(lambda: credentials.client("application-autoscaling")),
         ),
         metrics=MetricsReader(LazyClient(lambda: credentials.client("cloudwatch"))),
         studio=None,  # the daily Studio note is the hub's
@@ -286,7 +286,9 @@ def sweep_member_accounts(
             unit_adapters = replace(unit_adapters, metrics=metrics, fleet=fleet)
         try:
             if org.excludes(account.id, account.parents):
-                found = unit_adapters.fleet.discover(base.tags, notebooks=base.sagemaker_notebooks)
+                found = unit_adapters.fleet.discover(
+                    base.tags, notebooks=base.sagemaker_notebooks, endpoints=base.sagemaker_endpoints
+                )
                 if part is not None:  # each part counts its own
                     found = [m for m in found if machine_part(m, part[1]) == part[0]]
                 return UnitOutcome(account.id, region, excluded_machines=len(found))

@@ -62,6 +62,12 @@ from idle_reaper.sweep.adapters import (
     load_sweep_settings,
 )
 from idle_reaper.sweep.delivery import apply_decisions, explain
+from idle_reaper.sweep.endpoints import (
+    endpoint_signals,
+    mark_back_in_service,
+    report_unlisted_endpoints,
+    tell_back_in_service,
+)
 from idle_reaper.sweep.notices import send_pending_notices
 from idle_reaper.sweep.quiet_hours import report_quiet_hours
 from idle_reaper.sweep.studio import report_studio
@@ -170,12 +176,15 @@ def run_sweep(
         decisions.append(replace(d, hourly_cost=price, saving=of_kind(kind, price).saved_by(d.action.value)))
 
     decisions = _notebook_notes(adapters, decisions, signals, refs, settings, now, warnings, alert=not dry_run)
+    report_unlisted_endpoints(adapters, settings, now, warnings, alert=not dry_run)
+    decisions, back = mark_back_in_service(decisions, now)
     decisions = _within_group_sizes(adapters, decisions, group_parts)
     written: set[str] = set()
     if not dry_run:
         decisions, written = apply_decisions(
             adapters, decisions, records, settings, sweep_id, now, time_left, message_scope
         )
+        tell_back_in_service(adapters, decisions, back, written)
         report_quiet_hours(adapters, decisions, refs, settings, now, member, quiet_summaries, time_left)
         if send_notices:  # a shard's and a member unit's wait for the sweep's one pass (the gather step's)
             send_pending_notices(adapters, settings, now, time_left)
@@ -225,7 +234,9 @@ def _machines_and_records(
         elif listed is not None:
             machines = list(listed)
         else:
-            machines = adapters.fleet.discover(settings.tags, notebooks=settings.sagemaker_notebooks)
+            machines = adapters.fleet.discover(
+                settings.tags, notebooks=settings.sagemaker_notebooks, endpoints=settings.sagemaker_endpoints
+            )
         if member is not None:
             machines = [replace(m, account=member[0], region=member[1]) for m in machines]
         if part is not None:
@@ -355,7 +366,7 @@ def _fetch_signals(
     short_lookback = 0  # the longest window among those that share a range
     for m in machines:
         policy = refs_of[m.instance_id].policy
-        if policy is None or parse_exemption(m.exempt_tag, now)[0]:
+        if policy is None or parse_exemption(m.exempt_tag, now)[0] or m.is_endpoint:
             continue
         lookback = policy.idle_minutes + policy.max_gap_minutes
         network = policy.network_threshold_bytes_per_second is not None
@@ -367,7 +378,7 @@ def _fetch_signals(
             short_lookback = max(short_lookback, lookback)
             groups[(0, network, human, gpu)].append(m.instance_id)
     notebooks = {m.instance_id for m in machines if m.is_notebook}
-    signals: dict[str, Signals] = {}
+    signals = endpoint_signals(reader, machines, refs_of, settings, now)  # their own metric (sweep/endpoints.py)
     for (lookback, network, human, gpu), ids in groups.items():
         start = now - timedelta(minutes=lookback or short_lookback, seconds=period)
         signals.update(

@@ -906,3 +906,36 @@ def test_the_unit_runs_the_first_interpreter_that_passed_the_check(tmp_path: Pat
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "units" / "idle-reaper-activity.service").read_text() == installed_unit(sys.executable)
     assert not (tmp_path / "state" / "collector-unsupported").exists()
+
+
+def _model(*sources: str, outputs: str = "") -> dict[str, object]:
+    cells = [
+        {"cell_type": "code", "source": s, "outputs": [{"output_type": "stream", "text": outputs}], "metadata": {}}
+        for s in sources
+    ]
+    return {"content": {"cells": cells, "metadata": {}}}
+
+
+def test_a_notebook_save_counts_only_when_a_cells_source_changed_and_is_remembered_between_runs(tmp_path) -> None:
+    """Issue 44 read-over, 4 (the edge cases; tests/agent_real has it against a real server and what an open tab
+    saves): outputs saved are not an edit; a new cell, an edited one, a notebook first seen or unreadable are."""
+    saves = iter(["2026-11-20T10:00:00Z", "2026-11-20T11:00:00Z", "2026-11-20T12:00:00Z", "2026-11-20T13:00:00Z"])
+    at = {s: agent.parse_jupyter_time(s) for s in ["2026-11-20T10:00:00Z", "2026-11-20T12:00:00Z"]}
+
+    def run(model: object) -> float:
+        edits = agent.NotebookEdits.load(str(tmp_path))
+        edited = edits.edited_at("server a.ipynb", next(saves), lambda: agent.cells_digest(model))
+        edits.save(str(tmp_path))
+        return edited
+
+    assert run(_model("x = 1")) == at["2026-11-20T10:00:00Z"]  # first seen: its save
+    assert run(_model("x = 1", outputs="step 1\nstep 2\n")) == at["2026-11-20T10:00:00Z"]  # output saved: not input
+    assert run(_model("x = 1", "")) == at["2026-11-20T12:00:00Z"]  # a cell added
+    assert run({"content": "not a notebook"}) == agent.parse_jupyter_time("2026-11-20T13:00:00Z")  # unreadable
+    # Nothing remembered (no state directory, or a corrupt file): every save counts, as before.
+    (tmp_path / "notebooks.json").write_text("{corrupt")
+    fresh = agent.NotebookEdits.load(str(tmp_path))
+    assert fresh.edited_at("server a.ipynb", "2026-11-20T14:00:00Z", lambda: None) == agent.parse_jupyter_time(
+        "2026-11-20T14:00:00Z"
+    )
+    assert agent.NotebookEdits.load(None).remembered == {}

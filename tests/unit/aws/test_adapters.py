@@ -561,6 +561,18 @@ class TestMetrics:
         assert sample.cpu[0][0] == START and sample.cpu[-1][0] == NOW - timedelta(minutes=10)
         assert {v for _, v in sample.gpu} == {90.0}
 
+    def test_the_activity_metric_is_read_at_the_sweep_period_and_timed_at_its_end(self, aws):
+        # One datapoint a five-minute period (a fifth of what the collector's one-minute values would ask
+        # CloudWatch for), each a Minimum timed at its period's end: the input it places is never early.
+        ids = launch_many(aws, 1, "g5.xlarge", profile=lambda t: (2.0, 90.0, None, None, 3.0))
+        _, signals = fetch(aws, ids)
+
+        [request] = aws.cloudwatch.requests_of("GetMetricData")
+        assert {q["MetricStat"]["Period"] for q in request["MetricDataQueries"]} == {300}
+        user = signals[ids[0]].user
+        assert len(user) == POINTS and {v for _, v in user} == {3.0}
+        assert user[0][0] == START + timedelta(minutes=5) and user[-1][0] == NOW - timedelta(minutes=5)
+
     def test_next_token_pages_are_followed(self, aws):
         aws.cloudwatch.points_per_call = 50  # 10 machines x 2 metrics x 23 points = 460 points: 10 pages
         ids = launch_many(aws, 10, "g5.xlarge", profile=lambda t: (2.0, 40.0 + t.minute))

@@ -102,12 +102,13 @@ def _notebook_trace() -> list[str]:
 def test_a_person_at_the_keyboard_holds_the_stop_and_the_replay_names_it() -> None:
     header = "timestamp,instance_id,cpu,user,owner"
     t = trace(_notebook_trace(), header)
-    # Short policy (30-min window) plus the default human_active_minutes 30: the last input at 00:53
-    # counts as activity until 01:23, then 30 quiet minutes (the window) end at 01:53: the sweep at
-    # 01:55 stops it, with no person active in the 30 minutes before.
+    # Short policy (30-min window) plus the default human_active_minutes 30: the last input at 00:53,
+    # read as the sweep reads it (its period's Minimum timed at the period's end, 01:00: placed at 00:58,
+    # never earlier than it was) counts as activity until 01:28, then 30 quiet minutes (the window) end at
+    # 01:58: the sweep at 02:00 stops it, with no person active in the 30 minutes before.
     s = replay(t, ReplayOptions(policies=SHORT_POLICY), prices=None)
     [stop] = s.reaper.stops
-    assert stop.at == T0 + timedelta(minutes=115) and not stop.person_active
+    assert stop.at == T0 + timedelta(minutes=120) and not stop.person_active
     assert s.reaper.summary()["person_active_stops"] == 0
     # The signal off: warned once a window from launch (00:30), stopped at 00:40 while the person types.
     off = PolicySet(default=TeamPolicy(**SHORT, human_active_minutes=0))  # type: ignore[arg-type]

@@ -18,6 +18,9 @@ from idle_reaper_tools import admin
 from testkit.aws import FakeAws
 from testkit.aws.organization import FakeOrganizations, FakeSts
 
+# A world without SageMaker: its notebook instances and endpoints are not listed.
+NO_SAGEMAKER = Settings(sagemaker_notebooks=False, sagemaker_endpoints=False).model_dump_json()
+
 NOW = datetime(2026, 11, 27, 9, 0, tzinfo=UTC)
 PREFIX = "/idle-reaper"
 REGION = "eu-west-1"
@@ -33,7 +36,7 @@ class Hub:
         self.sandbox = self.orgs.add_account(self.sandboxes, "alice-sandbox")
         self.training = self.orgs.add_account(self.orgs.root, "training")
         self.aws = FakeAws()
-        self.aws.ssm.store(f"{PREFIX}/settings", Settings(sagemaker_notebooks=False).model_dump_json())
+        self.aws.ssm.store(f"{PREFIX}/settings", NO_SAGEMAKER)
         self.aws.ssm.store(f"{PREFIX}/teams/ml", json.dumps({"idle_minutes": 90}))
         org = {"defaults": [{"accounts": [self.sandboxes], "default_policy": {"max_snooze_hours": 2}}]}
         self.aws.ssm.store(f"{PREFIX}/organization", json.dumps(org))

@@ -32,6 +32,9 @@ from testkit.aws import FakeAws, steady
 from testkit.aws.clients import client_error
 from testkit.aws.organization import FakeOrganizations, FakeSts
 
+# A world without SageMaker: its notebook instances and endpoints are not listed.
+NO_SAGEMAKER = Settings(sagemaker_notebooks=False, sagemaker_endpoints=False).model_dump_json()
+
 REGIONS = ("eu-west-1", "us-east-2")
 NOW = datetime(2026, 11, 27, 9, 0, tzinfo=UTC)
 PREFIX = "/idle-reaper"
@@ -57,7 +60,7 @@ class Organization:
         self.ids = {name: self.orgs.add_account(ou, name) for name in names}
         self.worlds = {(a, r): FakeAws() for a in self.ids.values() for r in REGIONS}
         self.hub = FakeAws()
-        self.hub.ssm.store(f"{PREFIX}/settings", Settings(sagemaker_notebooks=False).model_dump_json())
+        self.hub.ssm.store(f"{PREFIX}/settings", NO_SAGEMAKER)
         self.policies = PolicyStore(self.hub.ssm, PREFIX)
         refusals = {self.ids[n]: text for n, text in (refused or {}).items()}
         config = OrganizationConfig(

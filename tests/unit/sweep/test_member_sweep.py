@@ -22,6 +22,9 @@ from testkit.aws import CountingStateStore, FakeAws, steady
 from testkit.aws.clients import client_error
 from testkit.aws.organization import FakeOrganizations, FakeSts
 
+# A world without SageMaker: its notebook instances and endpoints are not listed.
+NO_SAGEMAKER = Settings(sagemaker_notebooks=False, sagemaker_endpoints=False).model_dump_json()
+
 REGION = "eu-west-1"
 HUB = "999999999999"
 NOW = datetime(2026, 11, 20, 15, 0, tzinfo=UTC)
@@ -64,7 +67,7 @@ class Organization:
         self.c = self.orgs.add_account(self.prod, "production")
         self.d = self.orgs.add_account(self.dev, "no-member-stack")
         self.hub = FakeAws()
-        self.hub.ssm.store(f"{PREFIX}/settings", Settings(sagemaker_notebooks=False).model_dump_json())
+        self.hub.ssm.store(f"{PREFIX}/settings", NO_SAGEMAKER)
         self.hub.ssm.store(f"{PREFIX}/teams/ml", '{"idle_minutes": 90, "warn_minutes": 30}')
         if organization_settings is not None:
             text = json.dumps(organization_settings).replace("PROD_OU", self.prod).replace("ACCOUNT_B", self.b)

@@ -85,7 +85,7 @@ class FrozenDiscovery(Fleet):
         super().__init__(aws.ec2, aws.autoscaling)
         self.machines = machines
 
-    def discover(self, tags: TagKeys, *, notebooks: bool = True) -> list[Machine]:
+    def discover(self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True) -> list[Machine]:
         return list(self.machines)
 
 

@@ -324,7 +324,8 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
             gpu=[(times[i], v) for i in range(lo, k) if (v := gpu[i]) == v],
             network_in=[(times[i], v * seconds) for i in range(lo, k) if (v := net[i]) == v] if use_net else (),
             network_out=[(times[i], 0.0) for i in range(lo, k) if net[i] == net[i]] if use_net else (),
-            user=[(times[i], v) for i in range(lo, k) if (v := user[i]) == v] if use_user else (),
+            # As the sweep reads it (aws/metrics.py, _human_point): a period's Minimum timed at its end.
+            user=[(times[i + 1], v) for i in range(lo, k) if (v := user[i]) == v] if use_user else (),
         )
         assessment = assess(machine, signals, in_force, now=now, period=period, gpu_families=families)
         decision = decide(machine, ref, assessment, record, now=now, kind=NOTEBOOK if notebook else ON_DEMAND)
