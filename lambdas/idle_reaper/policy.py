@@ -315,11 +315,7 @@ class TeamPolicy(_Strict):
         None,
         ge=0,
         le=100,
-        description="History waiting: hold the warning (up to adaptive_wait_max_minutes) while the chance that "
-        "this machine is used again within warn_minutes + 60 minutes, estimated from what it did after its own "
-        "past quiet stretches that lasted this long (begun at this hour, on this kind of day; the fleet's prior "
-        "for a machine with little history; widened while the history is thin or has just changed), is this "
-        "many percent or more. Comes before time-of-day waiting. 0 or null: off.",
+        description="History waiting (docs/policy.md): warn once the chance of use soon is under this %. 0/null: off",
     )
     time_of_day_horizon_minutes: int = Field(
         90,
