@@ -236,7 +236,7 @@ def _explain(
         said += f"; its last {recent} went otherwise ({r_soon} of {recent} used soon, {o_soon} of {older} before): "
         said += "only they count"
     if first.thin:
-        said += f"; few to go by: the fleet's {rule.prior_percent} % counts as {rule.prior_stretches:g} more"
+        said += f"; few to go by: the fleet's {rule.prior_percent}% counts as {rule.prior_stretches:g} more"
     chance = f"chance of use soon {first.chance:.0%}, up to {first.high:.0%} with its uncertainty"
     if not extra:
         return f"{said}; {chance}, under {limit:.0%}: warned at the usual {usual} min"

@@ -63,7 +63,7 @@ def test_a_thin_history_widens_the_wait_against_the_same_share_with_more_evidenc
 
 def test_a_new_machine_goes_by_the_fleets_prior_and_the_confidence_it_lacks() -> None:
     extra, why = wait([])
-    assert "has no past quiet stretch" in why and "the fleet's 30 % counts as 2 more" in why
+    assert "has no past quiet stretch" in why and "the fleet's 30% counts as 2 more" in why
     assert extra == 180  # 30 % + one standard error of two stretches' worth is over 35 %: the most it may wait
     # A sure prior (no confidence margin) that is under the limit warns at the usual point.
     sure = HistoryRule(confidence=0.0)
