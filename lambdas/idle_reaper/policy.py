@@ -311,6 +311,12 @@ class TeamPolicy(_Strict):
         "past days at this time of day, is this many percent or more. 0 or null: off (learned waiting from "
         "past quiet stretches only). A machine with fewer than 3 days of profile uses learned waiting.",
     )
+    history_wait_percent: int | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="History waiting (docs/policy.md): warn once the chance of use soon is under this %. 0/null: off",
+    )
     time_of_day_horizon_minutes: int = Field(
         90,
         ge=15,

@@ -275,9 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--split",
-        choices=["time"],
-        help="score each half of the trace's days apart (the machines are still swept over all of it): tune a "
-        "setting on one half, judge it on the other",
+        choices=["time", "machines"],
+        help="time: score each half of the trace's days apart (the machines are still swept over all of it); "
+        "machines: each of two sides of the machines, look-alike machines (hourly series correlated 0.7 or more) "
+        "always on one side. Tune a setting on one part, judge it on the other",
     )
     p.add_argument(
         "--period-minutes", type=positive_minutes, default=5, help="metric period and sweep interval (default 5)"

@@ -208,19 +208,22 @@ def owes_owner(record: MachineRecord) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Learned waiting: each machine's quiet stretches, and what they say about the current one
 
-HISTORY_SIZE = 24  # stretches kept per machine
+HISTORY_SIZE = 32  # stretches kept per machine
 HISTORY_CAP_MINUTES = 10080  # a stretch longer than a week is kept as a week
-_HISTORY_MAX_CHARS = HISTORY_SIZE * len(f"23:{HISTORY_CAP_MINUTES},")
+NO_WEEKDAY = 7  # a stretch kept before weekdays were (written "hour:minutes"): its weekday is unknown
+_HISTORY_MAX_CHARS = HISTORY_SIZE * len(f"23:{HISTORY_CAP_MINUTES}:6,")  # 352: the learned state's bound
 UNWANTED_WITHIN_MINUTES = 60  # activity this soon after a stop means the stop was unwanted
 
-Stretch = tuple[int, int]  # (UTC hour the quiet stretch began, its length in minutes)
+# (UTC hour the quiet stretch began, its length in minutes, UTC weekday it began: 0 Monday .. 6 Sunday, or
+# NO_WEEKDAY)
+Stretch = tuple[int, int, int]
 
 
 @lru_cache(maxsize=4096)  # pure, and read on every sweep of every machine (the replay: millions of times)
 def parse_history(text: str) -> tuple[tuple[Stretch, ...], str]:
-    """The stretches a record's quiet_history holds ("hour:minutes,..." oldest first), and a note for the
-    log when it had to be reset (unreadable, out of range or oversized: a corrupted item must never fail
-    a sweep)."""
+    """The stretches a record's quiet_history holds ("hour:minutes:weekday,..." oldest first; an entry kept
+    before weekdays were is "hour:minutes" and reads with NO_WEEKDAY), and a note for the log when it had to
+    be reset (unreadable, out of range or oversized: a corrupted item must never fail a sweep)."""
     if not text:
         return (), ""
     parts = text.split(",")
@@ -228,22 +231,28 @@ def parse_history(text: str) -> tuple[tuple[Stretch, ...], str]:
         return (), f"quiet history of {len(parts)} entries ({len(text)} characters) is oversized; reset to empty"
     stretches: list[Stretch] = []
     for part in parts:
-        hour, _, minutes = part.partition(":")
-        if not (hour.isascii() and hour.isdigit() and minutes.isascii() and minutes.isdigit()):
+        fields = part.split(":")
+        if not 2 <= len(fields) <= 3 or not all(f.isascii() and f.isdigit() for f in fields):
             break
-        if int(hour) > 23 or int(minutes) > HISTORY_CAP_MINUTES:
+        hour, minutes = int(fields[0]), int(fields[1])
+        weekday = int(fields[2]) if len(fields) == 3 else NO_WEEKDAY
+        if hour > 23 or minutes > HISTORY_CAP_MINUTES or weekday > NO_WEEKDAY:
             break
-        stretches.append((int(hour), int(minutes)))
+        stretches.append((hour, minutes, weekday))
     else:
         return tuple(stretches), ""
     shown = text if len(text) <= 40 else text[:39] + "…"
     return (), f"quiet history {shown!r} is unreadable; reset to empty"
 
 
-def format_history(stretches: Iterable[Stretch]) -> str:
-    """The newest HISTORY_SIZE stretches, each capped at a week: what parse_history reads back."""
-    kept = [(hour % 24, min(HISTORY_CAP_MINUTES, max(0, int(m)))) for hour, m in stretches][-HISTORY_SIZE:]
-    return ",".join(f"{hour}:{m}" for hour, m in kept)
+def format_history(stretches: Iterable[tuple[int, ...]]) -> str:
+    """The newest HISTORY_SIZE stretches, each capped at a week: what parse_history reads back. A stretch
+    given as (hour, minutes) has no weekday."""
+    kept = [
+        (s[0] % 24, min(HISTORY_CAP_MINUTES, max(0, int(s[1]))), s[2] if len(s) > 2 and 0 <= s[2] < 7 else NO_WEEKDAY)
+        for s in stretches
+    ][-HISTORY_SIZE:]
+    return ",".join(f"{hour}:{m}" if day == NO_WEEKDAY else f"{hour}:{m}:{day}" for hour, m, day in kept)
 
 
 def with_stretch(record: MachineRecord, began: datetime, minutes: float, shortest: int) -> MachineRecord:
@@ -251,5 +260,5 @@ def with_stretch(record: MachineRecord, began: datetime, minutes: float, shortes
     if minutes < shortest:
         return record
     history, _ = parse_history(record.quiet_history)
-    hour = began.astimezone(UTC).hour
-    return replace(record, quiet_history=format_history([*history, (hour, round(minutes))]))
+    at = began.astimezone(UTC)
+    return replace(record, quiet_history=format_history([*history, (at.hour, round(minutes), at.weekday())]))

@@ -1,14 +1,16 @@
-"""When to warn a quiet machine later than usual: learned waiting (its past quiet stretches say it is about
-to be used again) or, once it has a usage profile, the time-of-day wait (core/time_of_day.py)."""
+"""When to warn a quiet machine later than usual: history waiting (what this machine did after its own past
+quiet stretches like this one, with the fleet's prior and a confidence), learned waiting (the older rule on
+the same history) or, once it has a usage profile, the time-of-day wait (core/time_of_day.py)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 
-from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, Stretch
+from idle_reaper.core.records import NO_WEEKDAY, UNWANTED_WITHIN_MINUTES, Stretch
 from idle_reaper.core.time_of_day import parse_profile, time_of_day_wait, usable
 from idle_reaper.policy import TeamPolicy
 
@@ -64,10 +66,10 @@ def _learned(
     history: tuple[Stretch, ...], hour: int, usual: int, warn_minutes: int, most: int, earliest: int
 ) -> LearnedWait:
     """learned_wait in plain values."""
-    alike = [m for h, m in history if _alike(h, hour)]
+    alike = [s[1] for s in history if _alike(s[0], hour)]
     scope = " begun about this time of day"
     if sum(m >= usual for m in alike) < LEARN_MIN_STRETCHES:
-        alike, scope = [m for _, m in history], ""
+        alike, scope = [s[1] for s in history], ""
     soon_span = warn_minutes + UNWANTED_WITHIN_MINUTES
 
     def tally(point: int) -> tuple[int, int]:
@@ -98,13 +100,160 @@ def _learned(
     return LearnedWait()
 
 
+@dataclass(frozen=True)
+class HistoryRule:
+    """The constants of history waiting besides the policy's own (history_wait_percent and
+    adaptive_wait_max_minutes). Chosen on the tuning side of an honest split, never on what they are judged
+    on (benchmarks/carries.py; docs/replay.md, "Waiting that carries")."""
+
+    prior_percent: int = 30  # the fleet's prior: the share of quiet stretches used again soon
+    prior_stretches: float = 2.0  # how many stretches of evidence the prior is worth
+    confidence: float = 1.0  # the wait holds while estimate + confidence * its standard error >= the limit
+    other_time_weight: float = 0.25  # a stretch begun at another time of day, or kind of day, counts this much
+    recent: int = 4  # the newest this many stretches are compared with the older ones: a change drops the old
+
+
+RULE = HistoryRule()
+HISTORY_STEP_MINUTES = 15
+CHANGED_BY = 0.5  # the recent share of stretches used soon differs from the older one by this much: changed
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    """What the history says at one warning point: the estimated chance of use soon, its upper bound, and
+    the counts behind it (alike: begun within an hour of this time of day, on the same kind of day)."""
+
+    chance: float
+    high: float
+    soon: int  # of `reached` like stretches (full weight), how many were used again soon
+    reached: int
+    other_soon: int  # the same for stretches at other times (counted other_time_weight)
+    other_reached: int
+    changed: tuple[int, int, int, int] | None  # (recent soon, recent, older soon, older) when the pattern changed
+    thin: bool  # fewer than two stretches of full weight: the prior weighs as much as the machine's own past
+
+
+def _evidence(
+    history: tuple[Stretch, ...], weights: tuple[float, ...], point: int, span: int, rule: HistoryRule
+) -> _Evidence:
+    reached = [(w, point <= m < point + span) for (_, m, _), w in zip(history, weights, strict=True) if m >= point]
+    changed = None
+    alike = [soon for w, soon in reached if w >= 1]
+    if len(alike) >= 2 * rule.recent:  # enough like stretches to tell the newest from the ones before
+        recent, older = alike[-rule.recent :], alike[: -rule.recent]
+        if abs(sum(recent) / len(recent) - sum(older) / len(older)) >= CHANGED_BY:
+            changed = (sum(recent), len(recent), sum(older), len(older))
+            reached = [(1.0, soon) for soon in recent]
+    n = sum(w for w, _ in reached)
+    k = sum(w for w, s in reached if s)
+    a, p0 = rule.prior_stretches, rule.prior_percent / 100
+    chance = (k + a * p0) / (n + a) if n + a > 0 else p0
+    high = chance + rule.confidence * math.sqrt(chance * (1 - chance) / (n + a)) if n + a > 0 else 1.0
+    full = [(w, s) for w, s in reached if w >= 1]
+    other = [(w, s) for w, s in reached if w < 1]
+    return _Evidence(
+        chance,
+        high,
+        sum(s for _, s in full),
+        len(full),
+        sum(s for _, s in other),
+        len(other),
+        changed,
+        sum(w for w, _ in full) < 2,
+    )
+
+
+def history_wait(history: Sequence[Stretch], policy: TeamPolicy, began: datetime) -> LearnedWait:
+    """History waiting, deterministic and explained. At each warning point from the team's usual one (in
+    HISTORY_STEP_MINUTES steps, at most adaptive_wait_max_minutes later), the chance that this machine is
+    used again soon (within warn_minutes + UNWANTED_WITHIN_MINUTES: before its stop, or within the hour
+    after it) is estimated from its own past quiet stretches that lasted that long: those begun within an
+    hour of this time of day on the same kind of day (weekday, weekend) count whole, the others
+    other_time_weight; the fleet's prior counts prior_stretches more. When its newest `recent` stretches went
+    otherwise than the ones before, only they count. The warning waits while the estimate plus `confidence`
+    standard errors is history_wait_percent % or more: a thin or changed history widens the wait."""
+    percent = policy.history_wait_percent or 0
+    most = policy.adaptive_wait_max_minutes or 0
+    if not percent or not most:
+        return LearnedWait()
+    at = began.astimezone(UTC)
+    return _history_wait(
+        tuple(history), at.hour, at.weekday(), warn_point(policy), policy.warn_minutes, most, percent, RULE
+    )
+
+
+@lru_cache(maxsize=4096)  # pure in plain values: a machine's sweeps within one stretch share the answer
+def _history_wait(
+    history: tuple[Stretch, ...],
+    hour: int,
+    weekday: int,
+    usual: int,
+    warn_minutes: int,
+    most: int,
+    percent: int,
+    rule: HistoryRule,
+) -> LearnedWait:
+    weekend = weekday >= 5
+    weights = tuple(
+        (1.0 if _alike(h, hour) else rule.other_time_weight)
+        * (1.0 if d == NO_WEEKDAY or (d >= 5) == weekend else rule.other_time_weight)
+        for h, _, d in history
+    )
+    span = warn_minutes + UNWANTED_WITHIN_MINUTES
+    limit = percent / 100
+    extra = 0
+    first = _evidence(history, weights, usual, span, rule)
+    evidence = first
+    while evidence.high >= limit and extra < most:
+        extra = min(most, extra + HISTORY_STEP_MINUTES)
+        evidence = _evidence(history, weights, usual + extra, span, rule)
+    return LearnedWait(extra, _explain(first, evidence, usual, extra, span, limit, weekend, rule))
+
+
+def _explain(
+    first: _Evidence,
+    last: _Evidence,
+    usual: int,
+    extra: int,
+    span: int,
+    limit: float,
+    weekend: bool,
+    rule: HistoryRule,
+) -> str:
+    """The reason a warning shows: what the machine did after its past quiet stretches like this one."""
+    days = "weekend days" if weekend else "weekdays"
+    if first.reached:
+        said = (
+            f"this machine was used again within {span} min after {first.soon} of its last {first.reached} "
+            f"quiet stretches of {usual} min or more begun about this hour on {days}"
+        )
+    else:
+        said = f"this machine has no past quiet stretch of {usual} min or more begun about this hour on {days}"
+    if first.other_reached:
+        said += f" ({first.other_soon} of {first.other_reached} at other times, counted less)"
+    if first.changed:
+        r_soon, recent, o_soon, older = first.changed
+        said += f"; its last {recent} went otherwise ({r_soon} of {recent} used soon, {o_soon} of {older} before): "
+        said += "only they count"
+    if first.thin:
+        said += f"; few to go by: the fleet's {rule.prior_percent}% counts as {rule.prior_stretches:g} more"
+    chance = f"chance of use soon {first.chance:.0%}, up to {first.high:.0%} with its uncertainty"
+    if not extra:
+        return f"{said}; {chance}, under {limit:.0%}: warned at the usual {usual} min"
+    held = "the most it may wait" if last.high >= limit else f"{last.high:.0%} by then"
+    return f"{said}; {chance}, {limit:.0%} or more: waits {extra} more min ({held})"
+
+
 def wait_for(
     history: Sequence[Stretch], profile_text: str, policy: TeamPolicy, began: datetime, quiet: float
 ) -> LearnedWait:
     """The time-of-day wait (core/time_of_day.py) when the policy turns it on and the machine has a usage
     profile; else (a new machine, a profile started again, an unreadable one) learned waiting. The wait
     is only worked out once the machine has been quiet for the usual warning point: before, it cannot
-    change a decision (and a busy machine's quiet start moves every sweep)."""
+    change a decision (and a busy machine's quiet start moves every sweep). History waiting, when the
+    policy turns it on (history_wait_percent), comes before both."""
+    if policy.history_wait_percent:
+        return history_wait(history, policy, began) if quiet >= warn_point(policy) else LearnedWait()
     if policy.time_of_day_wait_percent:
         profile, _ = parse_profile(profile_text)
         if quiet < warn_point(policy) and usable(profile) and policy.adaptive_wait_max_minutes:

@@ -12,6 +12,7 @@ from test_core import NOW, POLICY, REF, machine, run_assess, series
 from idle_reaper.core import (
     HISTORY_CAP_MINUTES,
     HISTORY_SIZE,
+    NO_WEEKDAY,
     LearnedWait,
     MachineRecord,
     Signals,
@@ -32,8 +33,8 @@ def test_history_round_trips_and_is_bounded() -> None:
     text = format_history(stretches)
     parsed, note = parse_history(text)
     assert note == "" and len(parsed) == HISTORY_SIZE
-    assert parsed[-1] == (2, HISTORY_CAP_MINUTES)  # the newest kept, capped at a week
-    assert parsed[0] == (13, 70 + 6)  # the oldest dropped
+    assert parsed[-1] == (2, HISTORY_CAP_MINUTES, NO_WEEKDAY)  # the newest kept, capped at a week
+    assert parsed[0] == (13, 70 + 6, NO_WEEKDAY)  # the oldest dropped
 
 
 @pytest.mark.parametrize(
@@ -152,8 +153,9 @@ def test_an_ended_stretch_joins_the_history() -> None:
     a = run_assess(machine(), Signals(cpu=series([1.0] * 34 + [50.0])))
     assert a.signal == "busy"
     d = decide(machine(), REF, a, record, now=NOW)
-    assert parse_history(d.record.quiet_history) == (((12, 120),), "")
+    weekday = NOW.weekday()  # the stretch began on the day it ended, and the record says which
+    assert parse_history(d.record.quiet_history) == (((12, 120, weekday),), "")
     # A stopped machine started again: the stretch lasted until the start.
     stopped = replace(record, state=State.REAPED, last_action="stop")
     again = started_by_person(stopped, "U1", NOW + timedelta(hours=2))
-    assert parse_history(again.quiet_history)[0] == ((12, 245),) and again.idle_since is None
+    assert parse_history(again.quiet_history)[0] == ((12, 245, weekday),) and again.idle_since is None

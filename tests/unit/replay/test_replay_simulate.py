@@ -8,7 +8,7 @@ warning at 20 min of quiet, max gap 15 min.
 from __future__ import annotations
 
 import io
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -301,3 +301,46 @@ def test_the_kind_column_replays_sagemaker_notebook_instances_and_refuses_an_unk
         trace([*csv_rows("nb", [1.0], ",ml.t3.medium,notebook"), *csv_rows("x", [1.0], ",m5.large,sagemaker")], header)
     with pytest.raises(TraceError, match="nb was 'notebook' at line 2, now 'ec2'"):
         trace([f"{ts(0)},nb,1,ml.t3.medium,notebook", f"{ts(1)},nb,1,ml.t3.medium,ec2"], header)
+
+
+# ---------------------------------------------------------------------------------------------
+# --split machines: two sides of the machines, look-alikes never cut across them
+
+
+def _hourly_rows(name: str, hours: list[float]) -> list[str]:
+    """One sample an hour from 2026-01-05 00:00 UTC (the grid's other buckets are holes)."""
+    start = datetime(2026, 1, 5, tzinfo=UTC)
+    return [f"{start + timedelta(hours=h):%Y-%m-%dT%H:%M:%SZ},{name},{v}" for h, v in enumerate(hours)]
+
+
+def test_look_alike_machines_stay_on_one_side_and_the_sides_are_about_even() -> None:
+    from idle_reaper_tools.replay.split import correlation, look_alike_groups, machine_sides, subset
+
+    days = 3
+    wave = [50.0 if 9 <= h % 24 < 17 else 1.0 for h in range(24 * days)]  # office hours
+    night = [50.0 if h % 24 < 4 else 1.0 for h in range(24 * days)]  # a nightly batch
+    noise = [float((h * 37) % 11) for h in range(24 * days)]  # unlike anything
+    rows = [
+        *_hourly_rows("clone-1", wave),
+        *_hourly_rows("clone-2", [v + 0.5 for v in wave]),  # the same shape a little higher: alike
+        *_hourly_rows("clone-3", wave),
+        *_hourly_rows("batch-1", night),
+        *_hourly_rows("batch-2", night),
+        *_hourly_rows("odd-1", noise),
+    ]
+    t = trace(rows)
+    groups = look_alike_groups(t)
+    assert groups == [["clone-1", "clone-2", "clone-3"], ["batch-1", "batch-2"], ["odd-1"]]
+    sides = machine_sides(t)
+    assert sides.a == {"clone-1", "clone-2", "clone-3"} and sides.b == {"batch-1", "batch-2", "odd-1"}
+    assert [s.instance_id for s in subset(t, sides.b).series] == ["batch-1", "batch-2", "odd-1"]
+    assert correlation({0: 1.0}, {0: 1.0}) == 0.0  # too few hours in common to call anything alike
+
+
+def test_the_command_splits_by_machines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(small_fleet_text(6, days=4))
+    out = run_json(capsys, str(path), "--split", "machines")
+    assert out["split"] == "machines" and len(out["halves"]) == 2
+    label = out["halves"][0]["judged"]
+    assert label.startswith("side a judged (") and "look-alikes kept on one side" in label

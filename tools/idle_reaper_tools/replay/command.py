@@ -16,6 +16,7 @@ from idle_reaper_tools.replay.plotting import plot, plot_sweep
 from idle_reaper_tools.replay.policies import load_policies
 from idle_reaper_tools.replay.report import format_report, format_sweep, replay, sweep_policies, time_halves
 from idle_reaper_tools.replay.simulate import ReplayOptions
+from idle_reaper_tools.replay.split import machine_sides, subset
 from idle_reaper_tools.replay.trace import Trace, TraceError, read_trace
 
 
@@ -96,7 +97,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         default_instance_type=args.instance_type,
         timeline=bool(args.plot),
     )
-    if args.split == "time":
+    if args.split:
         return _split(args, trace, options, fail, prices, price_source)
     if args.sweep_policy:
         return _sweep(args, trace, options, fail)
@@ -137,26 +138,36 @@ def _split(
     price_source: str | None,
 ) -> int:
     """--split time: the report (or the --sweep-policy table) once per half of the days, each half scored
-    alone while every machine is swept over the whole trace, as in production."""
+    alone while every machine is swept over the whole trace, as in production. --split machines: once per
+    side of the machines, look-alike machines always on one side (replay/split.py)."""
     halves: list[dict[str, object]] = []
-    for label, span in time_halves(trace):
+    parts: list[tuple[str, Trace, tuple[int, int] | None]]
+    if args.split == "machines":
+        sides = machine_sides(trace)
+        parts = [
+            (f"side {name} judged ({len(ids)} machines; look-alikes kept on one side)", subset(trace, ids), None)
+            for name, ids in (("a", sides.a), ("b", sides.b))
+        ]
+    else:
+        parts = [(label, trace, span) for label, span in time_halves(trace)]
+    for label, part, span in parts:
         judged = replace(options, judged=span, timeline=False)
         if args.sweep_policy:
             try:
-                points = sweep_policies(trace, judged, args.sweep_policy)
+                points = sweep_policies(part, judged, args.sweep_policy)
             except PolicyError as exc:
                 return fail(f"invalid --sweep-policy: {exc}")
             rows = [{"setting": p.label, "recovery_vs_first": p.recovery_vs_base, **p.summary} for p in points]
             halves.append({"judged": label, "settings": rows})
             text = format_sweep(points, args.still_wanted_minutes)
         else:
-            result = replay(trace, judged, prices=prices, price_source=price_source, baseline=args.baseline)
+            result = replay(part, judged, prices=prices, price_source=price_source, baseline=args.baseline)
             halves.append({"judged": label, **result.to_json()})
             text = format_report(result)
         if not args.json:
             print(f"== {label}\n{text}\n", flush=True)
     if args.json:
-        print(json.dumps({"trace": trace.source, "split": "time", "halves": halves}, indent=2))
+        print(json.dumps({"trace": trace.source, "split": args.split, "halves": halves}, indent=2))
     if args.plot:
         print("idle-reaper replay: --plot is not drawn with --split", file=sys.stderr)
     return 0
