@@ -59,6 +59,7 @@ lint-then-compile: lint
 		"$$($(RUN) python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null
 
 test-synth: sync
+	rm -rf $(TEST_SYNTH)  # bundled by this checkout: CDK keeps an asset directory it finds, and the layer test reads them
 	$(MAKE) --no-print-directory synth CDK_ARGS='--output $(TEST_SYNTH) --no-version-reporting --no-path-metadata --no-asset-metadata $(TEST_SYNTH_CONTEXT)'
 	# Zero errors; W3005 is the DependsOn CDK adds beside a GetAtt on every function's role.
 	$(RUN) cfn-lint --non-zero-exit-code error --ignore-checks W3005 -- $(TEST_SYNTH)/*.template.json
