@@ -35,7 +35,9 @@ from idle_reaper.sweep.members import check_member_accounts
 from idle_reaper_tools import cli, local
 from idle_reaper_tools.fake_slack import LambdaContextStub
 
-pytestmark = pytest.mark.integration
+# Organizations' pace (5 calls a second, aws/accounts.py) on a virtual clock shared with AWS's buckets: its waits,
+# about 9 s of every run here, cost no time (conftest.py).
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("aws_on_a_virtual_clock")]
 
 HUB = local.ACCOUNT  # moto's default account: the organization's management account, and the hub
 STARTED = datetime(2026, 11, 25, 10, 0, tzinfo=UTC)
