@@ -11,6 +11,14 @@ import pytest
 # own tests run small suites with it.
 pytest_plugins = ["budget", "pytester"]
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Here, not in pyproject.toml, whose bytes are part of the Lambda layers' asset hash (infra/bundling.py).
+    config.addinivalue_line(
+        "markers", "wall_clock: a unit test whose pacers wait on the real clock (tests/unit/conftest.py)"
+    )
+
+
 # Never reach a real AWS account from the tests, whatever the machine's environment holds.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
