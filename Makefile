@@ -12,7 +12,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 unexport PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX := $(CURDIR)/.pycache
 
-.PHONY: demo test test-synth lint-then-compile lint typecheck unit integration bench sync
+.PHONY: demo test test-synth test-pytest test-checks ruff-then-compile ruff lint typecheck unit integration bench sync
 
 $(CURDIR)/.tools/bin/uv:
 	python3 -m venv $(CURDIR)/.tools
@@ -27,9 +27,13 @@ sync: .venv/.synced
 demo: sync
 	$(RUN) idle-reaper demo
 
-lint: sync
+lint: ruff typecheck
+
+ruff: sync
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
+
+typecheck: sync
 	$(RUN) mypy
 
 # The whole suite: lint, types, unit, integration (moto server + Slack fake), infra, and a CDK synth
@@ -42,25 +46,34 @@ lint: sync
 # has left, so a module's tests mostly stay on one worker (one moto CloudFormation import, one demo run) and the
 # last minute is shared.
 # tests/budget.py fails the run when a test or a module passes its time budget (the limits are there).
-# Lint and types (one core) run beside the synth and cfn-lint (node and one Python): about 15 s saved on two cores.
+# Two steps of two jobs each. First what pytest needs: ruff, then the precompile (one core), beside the synth (node
+# and one Python). Then pytest, beside mypy and cfn-lint, which pytest does not need: its two workers leave a core
+# idle for a good part of the run (they wait on servers and subprocesses they start), and the two checks (about
+# 15 s of one core) take it. Any of them failing fails `make test` once the others have finished.
 TEST_SYNTH := $(CURDIR)/cdk.out.test
 TEST_SYNTH_CONTEXT := -c regions=eu-west-1,us-east-2 -c alarmEmail=ops@example.com
 test: sync
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint-then-compile test-synth
+	$(MAKE) --no-print-directory -j2 --output-sync=target ruff-then-compile test-synth
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-pytest test-checks
+
+test-pytest: sync
 	IDLE_REAPER_TEST_SYNTH=$(TEST_SYNTH) $(RUN) pytest -n 2 --dist worksteal -q -p no:cacheprovider
 
-# The core lint leaves free while the synth runs compiles what pytest, its workers and their subprocesses import
+# The core ruff leaves free while the synth runs compiles what pytest, its workers and their subprocesses import
 # (about 12 s of one core on a fresh clone, which the two workers would otherwise each pay at their start). Left
 # out: what only the synth, cfn-lint and mypy load (they compile their own, sympy and networkx among cfn-lint's),
 # and the packages' own tests.
 PRECOMPILE_SKIP := '/(aws_cdk|cfnlint|cdk_nag|constructs|jsii|mypy|mypyc|mypy_boto3_[a-z0-9_]+|ruff|debugpy|babel|pip|setuptools|sympy|networkx|mpmath|graphql|fontTools)/|/site-packages/.*/tests?/'
-lint-then-compile: lint
+ruff-then-compile: ruff
 	$(RUN) python -m compileall -q -x $(PRECOMPILE_SKIP) lambdas tools testkit tests \
 		"$$($(RUN) python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null
 
 test-synth: sync
+	rm -rf $(TEST_SYNTH)  # bundled by this checkout: CDK keeps an asset directory it finds, and the layer test reads them
 	$(MAKE) --no-print-directory synth CDK_ARGS='--output $(TEST_SYNTH) --no-version-reporting --no-path-metadata --no-asset-metadata $(TEST_SYNTH_CONTEXT)'
-	# Zero errors; W3005 is the DependsOn CDK adds beside a GetAtt on every function's role.
+
+# Zero errors; W3005 is the DependsOn CDK adds beside a GetAtt on every function's role.
+test-checks: typecheck
 	$(RUN) cfn-lint --non-zero-exit-code error --ignore-checks W3005 -- $(TEST_SYNTH)/*.template.json
 
 bench: sync

@@ -11,6 +11,14 @@ import pytest
 # own tests run small suites with it.
 pytest_plugins = ["budget", "pytester"]
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Here, not in pyproject.toml, whose bytes are part of the Lambda layers' asset hash (infra/bundling.py).
+    config.addinivalue_line(
+        "markers", "wall_clock: a unit test whose pacers wait on the real clock (tests/unit/conftest.py)"
+    )
+
+
 # Never reach a real AWS account from the tests, whatever the machine's environment holds.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
@@ -71,29 +79,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
 def virtual_pacing() -> Iterator[list[float]]:
     """The product's pacers (aws/limits.py Pacing) on a clock of the test's: a wait moves it, nothing sleeps.
     `virtual_pacing[0]` is the time; what a test waited is how far it moved. Threads that wait at once wait side
-    by side, as real threads do: a wait moves the clock to the time its thread last read plus the wait (never
-    back), not on by the wait. Moved on by every thread's wait in turn, the clock ran ahead of the requests still
-    on their way, and AWS's buckets (on the same clock) saw those requests arrive late and together."""
-    import threading
+    by side, as real threads do (testkit/virtual_clock.py says how)."""
+    from testkit.virtual_clock import virtual_pacing as on_a_virtual_clock
 
-    from idle_reaper.aws.limits import Pacing
-
-    now = [1000.0]
-    lock = threading.Lock()
-    read = threading.local()  # the time this thread last read, which its wait counts from
-
-    def clock() -> float:
-        read.at = now[0]
-        return now[0]
-
-    def sleep(seconds: float) -> None:
-        with lock:
-            now[0] = max(now[0], (getattr(read, "at", None) or now[0]) + seconds)
-        read.at = None  # a wait without a reading before it counts from the time it is made
-
-    saved = (Pacing.clock, Pacing.sleep)
-    Pacing.clock, Pacing.sleep = clock, sleep  # type: ignore[method-assign,assignment]
-    try:
+    with on_a_virtual_clock() as now:
         yield now
-    finally:
-        Pacing.clock, Pacing.sleep = saved  # type: ignore[method-assign]

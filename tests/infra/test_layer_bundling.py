@@ -1,10 +1,15 @@
 """The dependency layers, bundled for real (no Docker): wheels for Lambda's arm64 Python 3.12 from
 uv.lock, without what the runtime already ships; the shared layer without Pillow, which only the weekly
-digest's function has, in a layer of its own. Needs the Python package index (or uv's cache)."""
+digest's function has, in a layer of its own. Needs the Python package index (or uv's cache).
+
+Under `make test` the layers read are the ones its synth bundled (the app's own stack, as `make synth` bundles
+it; the Makefile removes the synth's directory first, so they are bundled by this checkout's code): bundling them
+again here cost a jsii start and a uv install, about 5 s. Without that synth, the test bundles them itself."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from pathlib import Path
@@ -46,11 +51,28 @@ def normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def made_layers(synth: Synth) -> tuple[Path, Path]:
+    """The shared layer's and the chart layer's `python/` directories as `make test`'s synth bundled them."""
+    resources = synth.template()["Resources"]
+    layers = {i: r["Properties"] for i, r in resources.items() if r["Type"] == "AWS::Lambda::LayerVersion"}
+    [chart] = [i for i in layers if i.startswith("ChartDependencies")]
+    [shared] = [i for i in layers if i.startswith("Dependencies")]
+
+    def staged(logical_id: str) -> Path:
+        key = layers[logical_id]["Content"]["S3Key"]
+        directory = synth.outdir / f"asset.{key.removesuffix('.zip')}" / "python"
+        assert directory.is_dir(), f"{synth.outdir} holds no bundled {logical_id}: synthesized without bundling?"
+        return directory
+
+    return staged(shared), staged(chart)
+
+
 # One test, so that pytest-xdist never bundles twice.
 def test_layers_are_built_for_lambda_arm64_python312_from_the_lock_without_boto3_and_pillow_apart(
-    tmp_path: Path,
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    layer, chart = bundle_layers(tmp_path)
+    made = os.environ.get("IDLE_REAPER_TEST_SYNTH")  # conftest's MADE_SYNTH: the `synth` fixture reads it
+    layer, chart = made_layers(request.getfixturevalue("synth")) if made else bundle_layers(tmp_path)
 
     # pydantic-core's compiled extension is for Linux aarch64 and CPython 3.12.
     [extension] = (layer / "pydantic_core").glob("_pydantic_core*.so")

@@ -25,3 +25,12 @@ def deployed(real_answers: DeployAnswers) -> DeployAnswers:
     """The stack in moto as a healthy deploy leaves it."""
     deploy_stack(real_answers)
     return real_answers
+
+
+@pytest.fixture
+def aws_on_a_virtual_clock(aws: Any, virtual_pacing: list[float]) -> list[float]:
+    """One clock for the product's pacers and AWS's buckets in front of moto (aws_rules.py), as test_pacing.py
+    has it: every wait is computed and every bucket kept as on the wall clock, but a wait moves the clock instead
+    of sleeping. The next test's `aws` puts the buckets back on the wall clock."""
+    aws.rules.clock = lambda: virtual_pacing[0]
+    return virtual_pacing

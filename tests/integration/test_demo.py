@@ -3,7 +3,12 @@
 The demo runs once for the module, in this process, as `idle-reaper demo` runs it (`demo.play`, the command's
 whole body): against moto in server mode and the local Slack, with the real sweep, Slack handler and client.
 Its text is what a user reads; its reports and the world it leaves (read before anything resets moto) are what
-the scenario's tests check."""
+the scenario's tests check.
+
+One thing differs: the pacers (aws/limits.py) and AWS's buckets in front of moto (aws_rules.py) read one virtual
+clock, as in test_pacing.py. Every wait is computed and every bucket kept as on the wall clock, but a wait moves
+that clock instead of sleeping: the simulated afternoon's sweeps waited about 6 s for EC2's Describe* buckets
+(shards share their refill after the planner's listing), which the run's wall clock said nothing about."""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ from idle_reaper.handlers import slack as slack_handler
 from idle_reaper.pricing import hourly_price
 from idle_reaper.sweep import Adapters
 from idle_reaper_tools import demo, local
+from idle_reaper_tools.aws_rules import AwsRules
+from testkit.virtual_clock import virtual_pacing
 
 pytestmark = pytest.mark.integration
 
@@ -29,13 +36,22 @@ class Run:
     instance_states: dict[str, str]  # as the afternoon left them
     protection: dict[str, bool]
     audit: dict[str, list[dict[str, Any]]]  # instance id -> its recorded actions
+    throttled: int  # calls AWS's buckets refused (aws_rules.py)
 
 
 @pytest.fixture(scope="module")
 def run(moto_server: Any) -> Run:
     lines: list[str] = []
     slack_handler.reset_clients()
-    afternoon = demo.play(lines.append)
+    rules: list[AwsRules] = []
+
+    def rules_on(clock: list[float]) -> AwsRules:  # the rules of the demo's own moto (local.local_aws makes them)
+        rules.append(AwsRules(clock=lambda: clock[0]))
+        return rules[-1]
+
+    with virtual_pacing() as clock, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local, "AwsRules", lambda: rules_on(clock))
+        afternoon = demo.play(lines.append)
     slack_handler.reset_clients()  # the demo's Slack clicks made clients for its own moto endpoint, now gone
     ids = list(afternoon.seeded.ids.values())
     store = Adapters.from_environment().store
@@ -45,12 +61,18 @@ def run(moto_server: Any) -> Run:
         instance_states=local.instance_states([i for i in ids if i.startswith("i-")]),
         protection=local.protection(demo.GROUP),
         audit={i: store.history(i) for i in ids},  # type: ignore[attr-defined]
+        throttled=sum(r.throttles() for r in rules),
     )
 
 
 @pytest.fixture(scope="module")
 def demo_output(run: Run) -> str:
     return run.output
+
+
+def test_the_afternoon_keeps_within_aws_rates(run):
+    """The pacers kept every call inside AWS's buckets: none refused (on their shared virtual clock, see above)."""
+    assert run.throttled == 0
 
 
 def summary_row(output: str, name: str) -> str:

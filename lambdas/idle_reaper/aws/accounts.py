@@ -187,8 +187,9 @@ class AccountDirectory:
         self._last: Directory | None = None
         self._lock = threading.Lock()
         self.calls = 0  # Organizations calls made, for tests and benchmarks
-        # Organizations' calls, paced (its rate is one for the whole organization: aws/limits.py).
-        self.pace = Pace(ORGANIZATIONS_QUOTA)
+        # Organizations' calls, paced (its rate is one for the whole organization: aws/limits.py). Its burst is not
+        # counted on: another process (a planner, the CLI, a member check) may just have spent it.
+        self.pace = Pace(ORGANIZATIONS_QUOTA, full=False)
         # DescribeAccount's answers by account, kept for `ttl`; and how many were asked since `_asked_since`.
         self._status: dict[str, tuple[Reason | None, datetime]] = {}
         self._asked, self._asked_since = 0, datetime.min.replace(tzinfo=UTC)

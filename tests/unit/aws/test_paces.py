@@ -39,6 +39,7 @@ def test_a_fleet_shared_by_shards_paces_its_describes_on_its_share(virtual_pacin
     assert virtual_pacing[0] == pytest.approx(1000 + 30 / 20)
 
 
+@pytest.mark.wall_clock
 def test_a_pace_shared_by_threads_keeps_its_rate_on_the_wall_clock():
     """Eight threads taking from one Pace (the metric reader's threads share one): on the real clock, what they
     took by any time is never more than the burst and the refill since the start, and no tighter window holds more
