@@ -365,6 +365,10 @@ def run_size(
     results = []
     try:
         for now in sweeps:
+            # The schedule's minutes pass between sweeps: EC2's stop buckets and GetMetricData's, which the product
+            # paces itself to, refill meanwhile (each invocation's Fleet starts with full ones, as AWS's are by
+            # then). Without it, the stops one sweep held back for EC2's rate were held back at every later one.
+            model.idle_until((now - sweeps[0]).total_seconds())
             botocore_before, botocore_ops_before = segments.botocore_s, Counter(model.cpu_charged)
             charged_before, requested_before, log_before = (
                 Counter(model.charged),

@@ -123,6 +123,14 @@ class LatencyModel:
         else:
             self.virtual += seconds
 
+    def idle_until(self, at: float) -> None:
+        """Nothing runs until `at` (modelled seconds): the time between two invocations, such as a schedule's minutes
+        between sweeps. AWS's buckets refill meanwhile, and so do the product's pacers on this clock (aws/limits.py
+        Pacing): a Lambda's next invocation finds them as AWS's would be, not as the last one left them. A clock
+        already past `at` (an invocation that overran) stays where it is. With sleep=True the wall's clock runs on."""
+        if not self.sleep:
+            self.virtual = max(self.virtual, at)
+
     def charge_cpu(self, operation: str, request: Mapping[str, Any], response: Mapping[str, Any]) -> None:
         if self.cpu is None:
             return
