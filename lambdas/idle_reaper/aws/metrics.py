@@ -123,7 +123,6 @@ class MetricsReader:
         agent's (`metrics.notebook_cpu`, `notebook_network_in`, `notebook_network_out`): SageMaker publishes
         neither."""
         period = metrics.period_seconds
-        start = datetime.fromtimestamp(int(start.timestamp()) // period * period, tz=UTC)
         kinds: list[tuple[str, str, str]] = [("cpu", metrics.cpu.namespace, metrics.cpu.name)]
         if gpu:
             kinds.append(("gpu", metrics.gpu.namespace, metrics.gpu.name))
@@ -164,6 +163,7 @@ class MetricsReader:
                     }
                 )
         points, incomplete = self._read(queries, owner, start, end, period)
+        step = timedelta(seconds=period)
         result: dict[str, Signals] = {}
         for instance_id in instance_ids:
             series = {kind: sorted(points.get((instance_id, kind), [])) for kind, _, _ in kinds}
@@ -173,7 +173,7 @@ class MetricsReader:
                 network_in=series.get("network_in", []),
                 network_out=series.get("network_out", []),
                 complete=instance_id not in incomplete,
-                user=series.get("user", []),
+                user=[_human_point(p, step, end) for p in series.get("user", [])],
             )
         return result
 
@@ -190,7 +190,6 @@ class MetricsReader:
         Invocations) Sum and `metrics.endpoint_heartbeat` (the instances' CPUUtilization) SampleCount per period,
         packed into as few GetMetricData calls as the queries fill."""
         period = metrics.period_seconds
-        start = datetime.fromtimestamp(int(start.timestamp()) // period * period, tz=UTC)
         series = (("c", "Sum", metrics.endpoint_invocations), ("r", "SampleCount", metrics.endpoint_heartbeat))
         queries: list[dict[str, Any]] = []
         owner: dict[str, tuple[str, str]] = {}
@@ -228,14 +227,17 @@ class MetricsReader:
         end: datetime,
         period: int,
     ) -> tuple[dict[tuple[str, str], list[Point]], set[str]]:
-        """Every query's datapoints by its owner (machine id, series), and the machines whose data is incomplete.
-        A long window returns many points per query; one call stays under GetMetricData's datapoint limit so no
-        batch needs a second (re-billed) NextToken page, and under this reader's share of the datapoints a second,
-        so that one call never asks for more than its bucket holds (calls are billed by the metric, not by the
-        call: smaller calls cost nothing more)."""
+        """Every query's datapoints by its owner (machine id, series), and the machines whose data is incomplete,
+        from `start` rounded down to the `period` every query has. A long window returns many points per query;
+        one call stays under GetMetricData's datapoint limit so no batch needs a second (re-billed) NextToken page,
+        and under this reader's share of the datapoints a second, so that one call never asks for more than its
+        bucket holds (calls are billed by the metric, not by the call: smaller calls cost nothing more)."""
         points: dict[tuple[str, str], list[Point]] = {}
         incomplete: set[str] = set()
-        points_per_query = -(-int((end - start).total_seconds()) // period)  # the same for every query
+        if not queries:
+            return points, incomplete
+        start = datetime.fromtimestamp(int(start.timestamp()) // period * period, tz=UTC)
+        points_per_query = max(1, requested_points(queries[0], start, end))  # the same for every query
         fits = min(DATAPOINTS_PER_CALL, int(self.points_pace.quota.burst)) // points_per_query
         per_call = max(1, min(METRIC_QUERIES_PER_CALL, fits))
 
@@ -262,7 +264,6 @@ class MetricsReader:
     ) -> None:
         status: dict[str, str] = {}
         token: str | None = None
-        period = timedelta(seconds=int(batch[0]["MetricStat"]["Period"]))  # one period for every query
         while True:
             kwargs: dict[str, Any] = {
                 "MetricDataQueries": list(batch),
@@ -278,11 +279,9 @@ class MetricsReader:
             self._count(calls=1, queries=len(batch))
             for res in response["MetricDataResults"]:
                 key = owner[res["Id"]]
-                values = zip(res["Timestamps"], res["Values"], strict=True)
-                series = [(ts.astimezone(UTC), float(v)) for ts, v in values]
-                if key[1] == "user":
-                    series = [_human_point(p, period, end) for p in series]
-                points.setdefault(key, []).extend(series)
+                points.setdefault(key, []).extend(
+                    (ts.astimezone(UTC), float(v)) for ts, v in zip(res["Timestamps"], res["Values"], strict=True)
+                )
                 status[res["Id"]] = res.get("StatusCode", "Complete")
             token = response.get("NextToken")
             if not token:
