@@ -7,7 +7,6 @@ Fleet member (the fleet would replace it), a machine in a capacity reservation (
 from __future__ import annotations
 
 import json
-import urllib.parse
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -23,7 +22,7 @@ from idle_reaper.policy import Settings
 from idle_reaper.sweep import SweepReport, run_sweep
 from idle_reaper_tools import admin, local
 from idle_reaper_tools.demo import adapters_at, at
-from idle_reaper_tools.fake_slack import FakeSlack, LambdaContextStub, signed_request
+from idle_reaper_tools.fake_slack import FakeSlack, LambdaContextStub, button_click
 from testkit import ec2_answers
 from testkit.ec2_answers import Ec2Answers
 
@@ -218,16 +217,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> dict[str, datetime]:
 def click(slack: FakeSlack, user: str, action_id: str, value: str) -> list[str]:
     """A signed click through the Slack handler; the ephemeral replies it sent."""
     name = f"click-{user}-{action_id}-{len(slack.calls_to('chat.update'))}"
-    payload = {
-        "type": "block_actions",
-        "user": {"id": user},
-        "actions": [{"action_id": action_id, "value": value}],
-        "response_url": slack.response_url(name),
-    }
-    body = urllib.parse.urlencode({"payload": json.dumps(payload)})
-    response = slack_handler.handler(
-        signed_request("/slack/interactions", body, "local-signing-secret"), LambdaContextStub()
-    )
+    event = button_click(user, action_id, value, slack.response_url(name))
+    response = slack_handler.handler(event, LambdaContextStub())
     assert response["statusCode"] == 200, response
     texts = [r["text"] for r in slack.replies_to(name)]
     if response["body"]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import urllib.parse
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -21,7 +20,7 @@ from idle_reaper.policy import Settings
 from idle_reaper.sweep import run_sweep
 from idle_reaper_tools import local
 from idle_reaper_tools.demo import adapters_at, at
-from idle_reaper_tools.fake_slack import LambdaContextStub, signed_request
+from idle_reaper_tools.fake_slack import LambdaContextStub, button_click
 
 pytestmark = pytest.mark.integration
 
@@ -92,14 +91,7 @@ def record(name):
 
 def click(slack, action_id: str, value: str) -> dict:
     name = f"click-{next(_clicks)}"
-    payload = {
-        "type": "block_actions",
-        "user": {"id": "U0BOB"},
-        "actions": [{"action_id": action_id, "value": value}],
-        "response_url": slack.response_url(name),
-    }
-    body = urllib.parse.urlencode({"payload": json.dumps(payload)})
-    event = signed_request("/slack/interactions", body, "local-signing-secret")
+    event = button_click("U0BOB", action_id, value, slack.response_url(name))
     response = slack_handler.handler(event, LambdaContextStub())
     assert response["statusCode"] == 200 and response["body"] == "", response
     return response

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import urllib.parse
 from datetime import timedelta
 
 import pytest
@@ -19,7 +18,7 @@ from idle_reaper.handlers import slack as slack_handler
 from idle_reaper.sweep import run_sweep
 from idle_reaper_tools import local
 from idle_reaper_tools.demo import adapters_at, at
-from idle_reaper_tools.fake_slack import LambdaContextStub, signed_request
+from idle_reaper_tools.fake_slack import LambdaContextStub, button_click
 
 pytestmark = pytest.mark.integration
 
@@ -53,16 +52,8 @@ def record(name):
 def click(slack, action_id: str, value: str) -> str:
     """A button pressed by its owner; the ephemeral reply, if any."""
     name = f"click-{next(_clicks)}"
-    payload = {
-        "type": "block_actions",
-        "user": {"id": "U0BOB"},
-        "actions": [{"action_id": action_id, "value": value}],
-        "response_url": slack.response_url(name),
-    }
-    body = urllib.parse.urlencode({"payload": json.dumps(payload)})
-    response = slack_handler.handler(
-        signed_request("/slack/interactions", body, "local-signing-secret"), LambdaContextStub()
-    )
+    event = button_click("U0BOB", action_id, value, slack.response_url(name))
+    response = slack_handler.handler(event, LambdaContextStub())
     assert response["statusCode"] == 200, response
     return " ".join(r.get("text", "") for r in slack.replies_to(name))
 

@@ -7,10 +7,8 @@ afternoon; a scripted owner answers one warning with a real signed request."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,7 +28,13 @@ from idle_reaper.sweep import Adapters, SweepReport, run_sharded
 from idle_reaper.sweep.digest import send_week_digests
 from idle_reaper_tools import local
 from idle_reaper_tools.admin import status_rows
-from idle_reaper_tools.fake_slack import FakeSlack, LambdaContextStub, fake_slack, signed_request, slack_environment
+from idle_reaper_tools.fake_slack import (
+    FakeSlack,
+    LambdaContextStub,
+    button_click,
+    fake_slack,
+    slack_environment,
+)
 
 DAY = datetime(2026, 11, 20, tzinfo=UTC)
 START = DAY.replace(hour=12)
@@ -308,14 +312,7 @@ def click_keep(slack: FakeSlack, instance_id: str, user: str, now: datetime) -> 
     real_clock = handler.clock
     handler.clock = lambda: now  # the handler runs on the simulated clock
     try:
-        payload = {
-            "type": "block_actions",
-            "user": {"id": user},
-            "actions": [{"action_id": "keep_2h", "value": ref}],
-            "response_url": slack.response_url(f"click-{instance_id}"),
-        }
-        body = urllib.parse.urlencode({"payload": json.dumps(payload)})
-        event = signed_request("/slack/interactions", body, SIGNING_SECRET)
+        event = button_click(user, "keep_2h", ref, slack.response_url(f"click-{instance_id}"), SIGNING_SECRET)
         response = handler.handler(event, cast(LambdaContext, LambdaContextStub()))
     finally:
         handler.clock = real_clock

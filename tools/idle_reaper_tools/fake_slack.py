@@ -604,6 +604,19 @@ def signed_request(
     }
 
 
+def button_click(
+    user: str, action_id: str, value: str, response_url: str, secret: str = "local-signing-secret"
+) -> dict[str, Any]:
+    """The Function URL event of a person pressing a message's button, as Slack sends it (block_actions, signed)."""
+    payload = {
+        "type": "block_actions",
+        "user": {"id": user},
+        "actions": [{"action_id": action_id, "value": value}],
+        "response_url": response_url,
+    }
+    return signed_request("/slack/interactions", urllib.parse.urlencode({"payload": json.dumps(payload)}), secret)
+
+
 @contextmanager
 def slack_environment(fake: FakeSlack, signing_secret: str = "local-signing-secret") -> Iterator[None]:
     """Point idle-reaper's Slack client at the fake (and give it a token and signing secret)."""
