@@ -560,11 +560,15 @@ def launch_notebook(
     return name
 
 
-def _notebook(name: str) -> Any:
+def _sagemaker_backend() -> Any:
+    """moto's SageMaker of the local account and region (what the local server answers from)."""
     from moto.sagemaker.models import sagemaker_backends
 
-    region = aws.client("sagemaker").meta.region_name or REGION
-    return sagemaker_backends[ACCOUNT][region].notebook_instances[name]
+    return sagemaker_backends[ACCOUNT][aws.client("sagemaker").meta.region_name or REGION]
+
+
+def _notebook(name: str) -> Any:
+    return _sagemaker_backend().notebook_instances[name]
 
 
 def set_notebook_status(name: str, status: str) -> None:
@@ -613,10 +617,7 @@ def launch_endpoint(
 
 
 def _endpoint(name: str) -> Any:
-    from moto.sagemaker.models import sagemaker_backends
-
-    region = aws.client("sagemaker").meta.region_name or REGION
-    return sagemaker_backends[ACCOUNT][region].endpoints[name]
+    return _sagemaker_backend().endpoints[name]
 
 
 def set_endpoint(name: str, *, status: str | None = None, launch_time: datetime | None = None) -> None:
