@@ -118,7 +118,7 @@ class Measured:
     planner_s: float = 0.0  # the sweep function's invocation (the planner; the whole sweep when in place)
     doctor_s: float = 0.0  # of it, the daily doctor's part (the day's first sweep, `--doctor-day`)
     # When each EC2 Describe* and GetMetricData request was sent, s from the start: (time, operation, datapoints asked)
-    describes: list[Stamp] = field(default_factory=list)
+    stamps: list[Stamp] = field(default_factory=list)
 
 
 # EC2's bucket for Describe* requests, per account and region (aws/limits.py EC2_DESCRIBE, as the rules keep it).
@@ -236,11 +236,12 @@ class Segments:
     def __init__(self, model: LatencyModel, aws: FakeAws, *, sleep: bool) -> None:
         self.model, self.aws, self.sleep = model, aws, sleep
         self.botocore_s = 0.0
-        self.describes: list[Stamp] = []
+        self.stamps: list[Stamp] = []
 
     def time(self, fn: Callable[[], Any]) -> tuple[Any, float, float]:
         """fn's result, its wall and its own CPU time (botocore's, charged per request, counted apart:
-        `self.botocore_s`). `self.describes`: when its EC2 Describe* requests were sent, from its start."""
+        `self.botocore_s`). `self.stamps`: when its EC2 Describe* and GetMetricData requests were sent,
+        from its start."""
         virtual, fake, botocore = self.model.virtual, self.aws.seconds(), self.model.cpu_s
         stamped = len(self.model.stamps) if isinstance(self.model, StampedModel) else 0
         in_lanes = self.model.lanes_cpu_s
@@ -255,7 +256,7 @@ class Segments:
         # CPU spent in modelled child processes is on their lanes, in the virtual clock already: not serial.
         serial = own + botocore - (self.model.lanes_cpu_s - in_lanes)
         stamps = self.model.stamps[stamped:] if isinstance(self.model, StampedModel) else []
-        self.describes = shifted(stamps, -virtual)
+        self.stamps = shifted(stamps, -virtual)
         return result, (real - fake if self.sleep else self.model.virtual - virtual + serial), own
 
 
@@ -382,12 +383,12 @@ def run_size(
             plan, planner_s, cpu_s = segments.time(
                 lambda now=now: plan_sweep(adapters, now=now, in_place=True, shard_size=shard_size)
             )
-            describes = list(segments.describes)  # the account-region's Describe* requests, on the sweep's timeline
+            stamps = list(segments.stamps)  # the account-region's paced requests, on the sweep's timeline
             if plan.shards == 1:
                 report, swept_s, swept_cpu = segments.time(
                     lambda now=now, plan=plan: run_sweep(adapters, now=now, sweep_id=plan.sweep_id, listed=plan.listed)
                 )
-                describes += shifted(segments.describes, planner_s)
+                stamps += shifted(segments.stamps, planner_s)
                 if doctor:  # after the sweep, in its invocation, on what it read
                     _, doctor_s, doctor_cpu = segments.time(
                         lambda now=now, r=report: run_daily_doctor(adapters, now, r.read, whole_timeout)
@@ -406,7 +407,7 @@ def run_size(
                     cpu_s += doctor_cpu
                 indices = sampled(plan.shards, sample)
                 before_shards = Tally.of(model, aws, segments)
-                shard_walls, shards_cpu, shard_describes = [], 0.0, []
+                shard_walls, shards_cpu, shard_stamps = [], 0.0, []
                 for index in indices:
                     model.charge("states:InvokeLambda")
                     concurrent = min(plan.shards, SHARDS_AT_ONCE)  # as the execution input says
@@ -415,7 +416,7 @@ def run_size(
                     )
                     _, shard_s, shard_cpu = segments.time(lambda task=task: run_shard(adapters, task))
                     shard_walls.append(shard_s + model.latency["states:InvokeLambda"])
-                    shard_describes.append(segments.describes)
+                    shard_stamps.append(segments.stamps)
                     shards_cpu += shard_cpu
                 # The shards not run: each as the sampled ones, in turn (their calls and CPU scaled up below).
                 extra = Tally.of(model, aws, segments).minus(before_shards).times(plan.shards / len(indices) - 1)
@@ -424,7 +425,7 @@ def run_size(
                 map_start = planner_s + model.latency["states:StartExecution"]
                 for i, start in enumerate(map_starts(shard_walls, SHARDS_AT_ONCE)):
                     at = map_start + start + model.latency["states:InvokeLambda"]
-                    describes += shifted(shard_describes[i % len(shard_describes)], at)
+                    stamps += shifted(shard_stamps[i % len(shard_stamps)], at)
                 records_scale = plan.shards / len(indices)  # only the sampled shards' machines have records
                 cpu_s += shards_cpu * plan.shards / len(indices)
                 model.charge("states:InvokeLambda")
@@ -459,7 +460,7 @@ def run_size(
                     botocore_by_op=model.cpu_charged - botocore_ops_before + extra.botocore_by_op,
                     planner_s=walls[0],
                     doctor_s=doctor_s,
-                    describes=describes,
+                    stamps=stamps,
                 )
             )
     finally:
@@ -508,7 +509,7 @@ def print_size(size: int, results: list[Measured], zones: int = len(ZONES)) -> b
     )
     gmd = [r.calls["cloudwatch:GetMetricData"] for r in results]
     row("GetMetricData calls", gmd)
-    rates = [DescribeRate.of(r.describes) for r in results]
+    rates = [DescribeRate.of(r.stamps) for r in results]
     print(
         f"  EC2 Describe* in the account-region (planner + shards side by side; bucket {DESCRIBE_BUCKET:.0f}, "
         f"{DESCRIBE_REFILL:.0f}/s)"
@@ -517,7 +518,7 @@ def print_size(size: int, results: list[Measured], zones: int = len(ZONES)) -> b
     row("  most in any one second", [d.peak_per_s for d in rates])
     row("  the bucket at its lowest, tokens", [d.lowest for d in rates], ",.1f")
     row("  requests that found it empty (throttled)", [d.throttled for d in rates])
-    metric_rates = [MetricRate.of(r.describes) for r in results]
+    metric_rates = [MetricRate.of(r.stamps) for r in results]
     print(
         f"  GetMetricData in the account-region (planner + shards side by side; {METRIC_CALLS_PER_S:.0f} calls and "
         f"{METRIC_POINTS_PER_S:,.0f} datapoints a second)"
