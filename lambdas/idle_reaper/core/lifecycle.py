@@ -582,9 +582,11 @@ def _after_warning(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, str
     if stretch.warned and record.warning_held and not policy.quiet_hours:
         # Quiet hours are over and the stop is still ahead: the warning recorded silently is sent now, as a
         # warning of its own, and the stop waits warn_minutes from its delivery.
-        record = replace(record, warned_at=now, warning_delivered_at=None, warning_held=False, warning_owed=())
-        base = replace(stretch.record, warned_at=now, warning_delivered_at=None, warning_held=False, warning_owed=())
-        stretch = replace(stretch, record=base)
+        def sent_now(r: MachineRecord) -> MachineRecord:
+            return replace(r, warned_at=now, warning_delivered_at=None, warning_held=False, warning_owed=())
+
+        record = sent_now(record)
+        stretch = replace(stretch, record=sent_now(stretch.record))
     undelivered_ok = False
     owner_until: datetime | None = None  # set while the stop waits for the owner's own copy
     if stretch.warned:
