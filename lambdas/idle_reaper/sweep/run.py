@@ -426,8 +426,10 @@ def _fetch_signals(
     now: datetime,
 ) -> dict[str, Signals]:
     """Pack machines into as few GetMetricData calls as possible. Every window short enough that 500
-    queries fit under the datapoint limit shares one range (the longest of them), so the whole fleet
-    usually takes ceil(metrics x machines / 500) calls. A longer window gets its own range, and so do
+    queries fit under the datapoint limit is read together, each machine from its own window's start, packed
+    shortest first so that a call's one range is that of its longest window, so the whole fleet usually takes
+    ceil(metrics x machines / 500) calls and no machine is read much past its own window (a team of
+    60 minutes beside one of 120 reads half the datapoints). A longer window gets its own range, and so do
     teams with a network threshold, so neither makes every other machine fetch more; the human-activity
     metric is fetched only for teams whose policy reads it, the GPU metric only for types that can have a GPU
     (core.signals.has_no_gpu). Exempt machines and teams in safe mode are not fetched at all."""
@@ -435,6 +437,7 @@ def _fetch_signals(
     shared_points = DATAPOINTS_PER_CALL // METRIC_QUERIES_PER_CALL
     groups: dict[tuple[int, bool, bool, bool], list[str]] = defaultdict(list)
     short_lookback = 0  # the longest window among those that share a range
+    own_start: dict[str, datetime] = {}  # where each machine of that range begins its own window
     for m in machines:
         policy = refs_of[m.instance_id].policy
         if policy is None or parse_exemption(m.exempt_tag, now)[0] or m.is_endpoint:
@@ -448,13 +451,22 @@ def _fetch_signals(
         else:
             short_lookback = max(short_lookback, lookback)
             groups[(0, network, human, gpu)].append(m.instance_id)
+            own_start[m.instance_id] = now - timedelta(minutes=lookback, seconds=period)
     notebooks = {m.instance_id for m in machines if m.is_notebook}
     signals = endpoint_signals(reader, machines, refs_of, settings, now)  # their own metric (sweep/endpoints.py)
     for (lookback, network, human, gpu), ids in groups.items():
         start = now - timedelta(minutes=lookback or short_lookback, seconds=period)
         signals.update(
             reader.fetch(
-                ids, settings.metrics, start=start, end=now, network=network, human=human, gpu=gpu, notebooks=notebooks
+                ids,
+                settings.metrics,
+                start=start,
+                end=now,
+                network=network,
+                human=human,
+                gpu=gpu,
+                notebooks=notebooks,
+                later_starts=None if lookback else own_start,
             )
         )
     return signals
