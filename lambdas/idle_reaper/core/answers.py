@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from idle_reaper.core.endpoints import words_for
 from idle_reaper.core.lifecycle import TRANSITIONS, Event, allowed
 from idle_reaper.core.records import Action, MachineRecord, with_stretch
 from idle_reaper.policy import TeamPolicy
@@ -77,7 +78,8 @@ def snooze(record: MachineRecord, policy: TeamPolicy, user: str, until: datetime
     if until <= now:
         return "that time has already passed"
     if not allowed(record.state, Event.KEEP):
-        return "the machine is already stopped"
+        words = words_for(record.instance_id)  # an endpoint is deleted, not stopped
+        return f"the {words.noun} is already {words.stopped}"
     day = now.astimezone(ZoneInfo(policy.timezone)).date().isoformat()
     used = record.snoozes_today if record.snooze_day == day else 0
     if used >= policy.max_snoozes_per_day:

@@ -31,7 +31,7 @@ HELP = (
     "*idle-reaper* keeps idle machines from running up the bill.\n"
     "• `{cmd} status`: your machines, their state and why\n"
     "• `{cmd} keep <instance-id-or-name> <duration>`: keep a machine, e.g. `keep i-0abc 2h` or `keep notebook 90m`"
-    " (someone else's machine, if you may answer for it: by its instance id)\n"
+    " (someone else's machine, if you may answer for it: by its instance id; an endpoint by `endpoint:<name>`)\n"
     "• `{cmd} help`: this message\n"
     "• `{cmd} doctor` (admins): what would make idle-reaper quietly useless here, with the fix of each"
 )
