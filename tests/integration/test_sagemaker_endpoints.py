@@ -159,6 +159,24 @@ def test_idle_endpoint_warned_kept_deleted_and_brought_back_from_slack(team, sla
     assert Restore.parse(record(idle).endpoint).pending_by == "U0BOB"
     assert "Being brought back" in json.dumps(last_update(slack)["blocks"])
 
+    # SageMaker took the request, then could not create it (Failed): the next sweep says so once, with its reason,
+    # deletes the failed endpoint (SageMaker creates no endpoint under a name that exists) and offers Try again.
+    full = "Unable to provision requested ML compute capacity. Please retry using a different ML instance type."
+    local.set_endpoint(idle, status="Failed", failure=full)
+    sweep(T0 + timedelta(hours=4, minutes=5))
+    failed = last_update(slack)
+    assert "Not brought back" in json.dumps(failed["blocks"]) and "Unable to provision requested ML" in failed["text"]
+    assert local.endpoint_statuses([idle]) == {idle: None} and team.calls["DeleteEndpoint"] == 2
+    after = record(idle)
+    kept = Restore.parse(after.endpoint)
+    assert after.state is State.REAPED and (kept.failed, kept.pending_by, kept.config) == (full, None, "idle-ep-config")
+    assert "SageMaker could not create it" in after.reason and after.last_action == "stop"
+    retry = button(failed["blocks"], "start_again")
+    assert retry["text"]["text"] == "Try again"
+    assert click(slack, "start_again", retry["value"]) == ""
+    assert local.endpoint_statuses([idle]) == {idle: "InService"}
+    assert Restore.parse(record(idle).endpoint).failed is None
+
     # The next sweep finds it InService: its message says so, once.
     local.set_endpoint(idle, launch_time=T0 + timedelta(hours=4))
     sweep(T0 + timedelta(hours=4, minutes=10))
@@ -168,6 +186,8 @@ def test_idle_endpoint_warned_kept_deleted_and_brought_back_from_slack(team, sla
     updates = len(slack.calls_to("chat.update"))
     sweep(T0 + timedelta(hours=4, minutes=15))
     assert len(slack.calls_to("chat.update")) == updates
+    told_failed = [c for c in slack.calls_to("chat.update") if "Not brought back" in json.dumps(c.params["blocks"])]
+    assert len(told_failed) == 2  # the quota's refusal at the click, and the failure the sweep found: each once
 
 
 def test_what_cannot_be_brought_back_is_never_deleted_and_sagemakers_refusals_are_kept(team, slack, clock):
@@ -200,8 +220,8 @@ def test_what_cannot_be_brought_back_is_never_deleted_and_sagemakers_refusals_ar
     assert sweep(T0 + timedelta(minutes=25))[f"endpoint:{racing}"].action_label == "warn"
     real_discover = aws.Endpoints.discover
 
-    def racing_update(self, tags, names=None):
-        found = real_discover(self, tags, names)
+    def racing_update(self, tags, names=None, failed=None):
+        found = real_discover(self, tags, names, failed)
         if names is None:  # the sweep's listing, not its check before acting
             local.set_endpoint(racing, status="Updating")
         return found

@@ -8,9 +8,9 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from idle_reaper.core.endpoints import words_for
+from idle_reaper.core.endpoints import Restore, words_for
 from idle_reaper.core.lifecycle import TRANSITIONS, Event, allowed
-from idle_reaper.core.records import Action, MachineRecord, with_stretch
+from idle_reaper.core.records import Action, MachineRecord, State, with_stretch
 from idle_reaper.policy import TeamPolicy
 
 # ---------------------------------------------------------------------------------------------
@@ -157,6 +157,28 @@ def started_by_person(record: MachineRecord, user: str, now: datetime) -> Machin
         last_action="start",
         last_action_at=now,
         reason=start_again.explain({"user": user}),
+        updated_at=now,
+        next_read_at="",
+    )
+
+
+def bring_back_failed(
+    record: MachineRecord, restore: Restore, why: str, now: datetime, ref: str | None
+) -> MachineRecord:
+    """An endpoint brought back that SageMaker could not create (the sweep found it Failed: `why`, its
+    FailureReason): deleted again, as it was before the click, told (its bring-back no longer pending), and its
+    message's "Try again" button carrying `ref`."""
+    by, kept = restore.pending_by or "someone", restore.failed_with(why)
+    return replace(
+        record,
+        version=record.version + 1,
+        state=State.REAPED,
+        last_action=Action.STOP.value,
+        last_action_at=now,
+        warning_ref=ref,
+        warning_owed=(),
+        endpoint=kept.to_json(),
+        reason=f"brought back by {by}, but SageMaker could not create it (Failed: {kept.failed}); deleted again",
         updated_at=now,
         next_read_at="",
     )

@@ -219,7 +219,7 @@ class Effects:
                 self.slack.update(record, title, detail, ref=ref, start_button=True, start_label="Try again")
                 return Reply(f"{label} was not brought back: {what} ({code}). It is still deleted.")
             return Reply(f"Could not bring {label} back ({code}); nothing changed, try again.")
-        pending = replace(restore, pending_by=user, pending_since=now.isoformat()) if restore else None
+        pending = restore.brought_back_by(user, now) if restore else None
         started = replace(started_by_person(record, user, now), endpoint=pending.to_json() if pending else None)
         if not self.store.save(started):
             return Reply(ANSWERED_ALREADY)

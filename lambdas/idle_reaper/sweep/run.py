@@ -67,6 +67,7 @@ from idle_reaper.sweep.endpoints import (
     mark_back_in_service,
     report_unlisted_endpoints,
     tell_back_in_service,
+    tell_failed_bring_backs,
 )
 from idle_reaper.sweep.notices import send_pending_notices
 from idle_reaper.sweep.quiet_hours import report_quiet_hours
@@ -186,6 +187,7 @@ def run_sweep(
             adapters, decisions, records, settings, sweep_id, now, time_left, message_scope
         )
         tell_back_in_service(adapters, decisions, back, written)
+        tell_failed_bring_backs(adapters, now, member)
         report_quiet_hours(adapters, decisions, refs, settings, now, member, quiet_summaries, time_left)
         if send_notices:  # a shard's and a member unit's wait for the sweep's one pass (the gather step's)
             send_pending_notices(adapters, settings, now, time_left)
