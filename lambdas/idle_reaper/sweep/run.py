@@ -19,7 +19,6 @@ from idle_reaper.aws.metrics import (
     MetricsReader,
 )
 from idle_reaper.aws.policies import policy_for
-from idle_reaper.core.digest import with_peak
 from idle_reaper.core.dollars import of_kind
 from idle_reaper.core.kinds import (
     NOTEBOOK_GAPS,
@@ -49,6 +48,7 @@ from idle_reaper.core.signals import (
     is_gpu_type,
     parse_exemption,
 )
+from idle_reaper.core.under_used import with_peak
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
