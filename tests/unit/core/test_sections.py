@@ -12,6 +12,7 @@ from idle_reaper.core.digest_text import digest_text
 from idle_reaper.core.endpoints import MACHINE_WORDS, Restore, Words, words_for
 from idle_reaper.core.records import MachineRecord, State
 from idle_reaper.core.sections import section_of, state_words
+from idle_reaper.core.signals import Machine
 
 W47 = Week(2026, 47)  # Monday 2026-11-16 .. Monday 2026-11-23
 MON = datetime(2026, 11, 16, tzinfo=UTC)
@@ -128,3 +129,51 @@ def test_state_words_say_a_bring_back_under_way_and_a_deletion_with_nothing_kept
     assert state_words(gone, END) == "deleted since 2026-11-17 00:00 UTC; nothing kept to recreate it"
     assert state_words(endpoint("ep", State.EXEMPT), END) == "exempt (tagged): reported, never deleted"
     assert state_words(endpoint("ep", idle_since=at(6, 12)), END) == "watched, idle since 2026-11-22 12:00 UTC"
+
+
+def test_status_shows_endpoints_in_a_table_of_their_own_after_the_machines() -> None:
+    from idle_reaper.policy import Settings, TeamPolicyRef
+    from idle_reaper_tools import admin
+
+    records = [
+        endpoint("gone-ep", State.REAPED, last_action="stop", last_action_at=at(4, 0), owner="U0BOB"),
+        endpoint("kept-ep", State.SNOOZED, snoozed_until=END + timedelta(hours=2), snoozed_by="U0ANN"),
+        MachineRecord("i-0abc", "ml", State.IDLE, instance_type="g5.xlarge", name="box", idle_since=at(6, 23)),
+    ]
+    refs = {"ml": TeamPolicyRef(team="ml", policy=Settings().default_policy, source="/idle-reaper/teams/ml", version=1)}
+    running = {
+        m.instance_id: m
+        for m in (
+            Machine("endpoint:kept-ep", "ml.g5.2xlarge x2", "ml", at(0, 0), name="kept-ep"),
+            Machine("endpoint:idle-ep", "ml.g4dn.xlarge", "ml", at(0, 0), name="idle-ep"),
+            Machine("endpoint:warned-ep", "ml.g4dn.xlarge", "ml", at(0, 0), name="warned-ep"),
+            Machine("i-0abc", "g5.xlarge", "ml", at(0, 0), name="box"),
+        )
+    }
+    records.append(endpoint("idle-ep", State.IDLE, "ml.g4dn.xlarge", idle_since=at(6, 12)))
+    warned = {"warned_at": at(6, 23), "warning_delivered_at": at(6, 23), "idle_since": at(6, 1)}
+    records.append(endpoint("warned-ep", State.WARNED, "ml.g4dn.xlarge", **warned))
+    rows = admin.status_rows(records, running, refs, Settings(), END)
+    by_id = {r["instance_id"]: r for r in rows}
+    assert (by_id["endpoint:gone-ep"]["section"], by_id["i-0abc"]["section"]) == ("endpoints", "machines")
+    assert (by_id["endpoint:gone-ep"]["hardware"], by_id["endpoint:gone-ep"]["hourly_cost"]) == (
+        "ml.g5.2xlarge x2",
+        3.03,
+    )
+    text = admin.format_status(rows, END)
+    machines, endpoints = text.split("\n\nEndpoints (4):\n")
+    assert "i-0abc" in machines and "endpoint:" not in machines
+    header, *lines = endpoints.splitlines()
+    assert header.split() == ["NAME", "TEAM", "OWNER", "INSTANCES", "COST", "STATE", "NEXT", "REASON"]
+    gone = next(line for line in lines if line.startswith("endpoint:gone-ep"))
+    assert "U0BOB" in gone and "ml.g5.2xlarge x2  $3.03/h" in gone
+    assert "deleted since 2026-11-20 00:00 UTC, restorable: Bring it back recreates it" in gone
+    kept = next(line for line in lines if line.startswith("endpoint:kept-ep"))
+    assert "kept until 2026-11-23 02:00 UTC by U0ANN" in kept and "warn if still quiet (the keep ends)" in kept
+    # Its own window (endpoint_idle_minutes, a day by default) and its own action: idle from 12:00, warned at 11:30.
+    idle = next(line for line in lines if line.startswith("endpoint:idle-ep"))
+    assert "$0.74/h  watched, idle since 2026-11-22 12:00 UTC " in idle
+    assert idle.rstrip().endswith("warn if still quiet at 2026-11-23 11:30")
+    assert "delete" not in machines and "stop" not in idle
+    warned_line = next(line for line in lines if line.startswith("endpoint:warned-ep"))
+    assert "delete if still idle at 2026-11-23 01:00" in warned_line  # its window's end, not a stop
