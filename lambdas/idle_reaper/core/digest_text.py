@@ -166,7 +166,7 @@ def _recovered_line(d: Digest) -> str:
     spot = " (up to: Spot machines' savings at the most they can be; idle-reaper does not read Spot prices)"
     # Other kinds' deletions count as stops here; their own lines say what each saved.
     kinds = ", ".join(f"{s.label} {_usd(s.saved_dollars, s.upper_bound)}" for s in d.sections if s.saved_dollars)
-    others = f", of which {kinds} (their lines below)" if kinds else ""
+    others = f"; of it, {kinds} (each kind's own line below)" if kinds else ""
     return f"Saved: {total}: {', '.join(parts)}{unpriced}{others}{spot if d.recovered_upper_bound else ''}."
 
 

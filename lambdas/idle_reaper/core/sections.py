@@ -55,7 +55,8 @@ def state_words(record: MachineRecord, now: datetime) -> str:
     if record.state is State.EXEMPT:
         return f"exempt (tagged): reported, never {words.stopped}"
     if record.state in (State.UNKNOWN, State.SAFE_MODE):
-        return f"{record.state.value.replace('_', ' ')}: never {words.stopped} while it is ({record.reason})"
+        state = record.state.value.replace("_", " ")
+        return f"{state}: {record.reason.removeprefix(record.state.value + ': ')}; never {words.stopped} while {state}"
     if record.machine_kind in _HELD:
         return f"held: {_why(record)}"
     if record.machine_kind in NEVER_STOPPED:

@@ -78,7 +78,7 @@ def test_endpoints_have_their_own_line_with_cost_state_and_what_deleting_them_sa
 
     text = digest_text(d)
     assert "Endpoints (6): deleted ones saved $290.88 (96.0 h this week)." in text
-    assert "of which endpoints $290.88 (their lines below)" in text
+    assert "2 stops (96.0 h, $290.88); of it, endpoints $290.88 (each kind's own line below)." in text
     assert (
         "gone-ep (ml, ml.g5.2xlarge x2, $3.03/h): deleted since 2026-11-20 00:00 UTC, restorable: Bring it back "
         "recreates it; saved $218.16 (72.0 h deleted)"
@@ -88,7 +88,10 @@ def test_endpoints_have_their_own_line_with_cost_state_and_what_deleting_them_sa
     assert "warned-ep (ml, ml.g5.2xlarge x2, $3.03/h): warned: deleted at 2026-11-23 00:20 UTC unless" in text
     assert "kept-ep (ml, ml.g5.2xlarge x2, $3.03/h): kept until 2026-11-23 02:00 UTC by U0ANN" in text
     assert "zero-ep (ml, ml.g5.2xlarge x2, $3.03/h): reported, never deleted: a SageMaker endpoint whose" in text
-    assert "dark-ep (ml, ml.g4dn.xlarge, $0.74/h): unknown: never deleted while it is (no metrics" in text
+    assert (
+        "dark-ep (ml, ml.g4dn.xlarge, $0.74/h): unknown: no metrics from variant AllTraffic; never deleted while"
+        in text
+    )
     assert "Not watched right now ($1.01/h): box (unknown, $1.01/h)" in text
 
 
