@@ -312,6 +312,7 @@ class Fleet:
         (the planner's listing, moments before the hub's shards start), so the Describe* bucket may be empty: none of
         its burst is counted on, only its refill. A copy: the same clients (and the same kind of Fleet)."""
         shared = copy.copy(self)
+        shared.endpoints_failed = ()  # the lister's to tell (sweep/endpoints.py), not each worker's again
         shared.describe_pace = Pace(EC2_DESCRIBE_QUOTA.share(workers), full=not after_listing)
         shared.stop_pace = self.stop_pace.shared_by(workers)
         shared.terminate_pace = self.terminate_pace.shared_by(workers)
