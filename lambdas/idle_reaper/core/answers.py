@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 from idle_reaper.core.endpoints import Restore, words_for
 from idle_reaper.core.lifecycle import TRANSITIONS, Event, allowed
-from idle_reaper.core.records import Action, MachineRecord, State, with_stretch
+from idle_reaper.core.records import Action, MachineRecord, with_stretch
 from idle_reaper.policy import TeamPolicy
 
 # ---------------------------------------------------------------------------------------------
@@ -169,16 +169,6 @@ def bring_back_failed(
     FailureReason): deleted again, as it was before the click, told (its bring-back no longer pending), and its
     message's "Try again" button carrying `ref`."""
     by, kept = restore.pending_by or "someone", restore.failed_with(why)
-    return replace(
-        record,
-        version=record.version + 1,
-        state=State.REAPED,
-        last_action=Action.STOP.value,
-        last_action_at=now,
-        warning_ref=ref,
-        warning_owed=(),
-        endpoint=kept.to_json(),
-        reason=f"brought back by {by}, but SageMaker could not create it (Failed: {kept.failed}); deleted again",
-        updated_at=now,
-        next_read_at="",
-    )
+    again = stopped_by_person(record, by, Action.STOP, now, ref)  # as a deletion: REAPED by a stop, Try again
+    why_said = f"brought back by {by}, but SageMaker could not create it (Failed: {kept.failed}); deleted again"
+    return replace(again, endpoint=kept.to_json(), reason=why_said)
