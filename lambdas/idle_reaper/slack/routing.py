@@ -436,7 +436,7 @@ def not_found(target: str, organization: bool, command: str) -> str:
     region)."""
     text = f"No machine named `{target}` among yours"
     if not organization:
-        return text + "; someone else's machine is kept by its instance id (an endpoint by `endpoint:<name>`)."
+        return text + "; someone else's machine is kept by its instance id. An endpoint, by `endpoint:<name>`."
     if parse_machine_key_or_none(target):
         return text + " or in that account and region; nothing changed."
     instance = target if target.startswith("i-") else "i-0abc"

@@ -143,13 +143,16 @@ def tell_back_in_service(
             logger.warning("back-in-service message failed", extra={"error": str(exc)})
 
 
-def tell_failed_bring_backs(adapters: Adapters, now: datetime, member: tuple[str, str] | None = None) -> int:
+def tell_failed_bring_backs(
+    adapters: Adapters, now: datetime, member: tuple[str, str] | None = None, *, lister: bool = True
+) -> int:
     """Each endpoint brought back that discovery listed Failed: recorded deleted again with SageMaker's reason,
     the failed endpoint deleted, its message edited once with "Try again" (the module's docstring). How many were
-    told; one that cannot be (its reason unread, its record not written) is tried again at the next sweep."""
+    told; one that cannot be (its reason unread, its record not written) is tried again at the next sweep.
+    `lister` False: a shard's sweep, which listed nothing (its planner tells them, sweep/fanout.py)."""
     fleet = adapters.fleet
     failed, endpoints = fleet.endpoints_failed, fleet.endpoints
-    if not failed or endpoints is None:
+    if not lister or not failed or endpoints is None:
         return 0
     try:
         records = adapters.store.load([machine_key(i, *member) if member else i for i in failed])

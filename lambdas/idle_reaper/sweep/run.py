@@ -187,8 +187,7 @@ def run_sweep(
             adapters, decisions, records, settings, sweep_id, now, time_left, message_scope
         )
         tell_back_in_service(adapters, decisions, back, written)
-        if instance_ids is None:  # a shard's are its planner's to tell (sweep/fanout.py): it listed them
-            tell_failed_bring_backs(adapters, now, member)
+        tell_failed_bring_backs(adapters, now, member, lister=instance_ids is None)  # a shard's: its planner's
         report_quiet_hours(adapters, decisions, refs, settings, now, member, quiet_summaries, time_left)
         if send_notices:  # a shard's and a member unit's wait for the sweep's one pass (the gather step's)
             send_pending_notices(adapters, settings, now, time_left)
