@@ -289,6 +289,8 @@ class Fleet:
         self.endpoints = endpoints
         # Why endpoints could not be listed at the last discovery (None: they were, or none asked).
         self.endpoints_unlisted: str | None = None
+        # The endpoints the last discovery listed Failed (machine ids): sweep/endpoints.py tell_failed_bring_backs.
+        self.endpoints_failed: tuple[str, ...] = ()
         # Child processes a discovery lists in (1: threads of this process; the planner uses more).
         self.listing_processes = max(1, min(listing_processes, LISTING_PROCESSES))
         # Why notebook instances could not be listed at the last discovery (None: they were, or none asked).
@@ -310,6 +312,7 @@ class Fleet:
         (the planner's listing, moments before the hub's shards start), so the Describe* bucket may be empty: none of
         its burst is counted on, only its refill. A copy: the same clients (and the same kind of Fleet)."""
         shared = copy.copy(self)
+        shared.endpoints_failed = ()  # the lister's to tell (sweep/endpoints.py), not each worker's again
         shared.describe_pace = Pace(EC2_DESCRIBE_QUOTA.share(workers), full=not after_listing)
         shared.stop_pace = self.stop_pace.shared_by(workers)
         shared.terminate_pace = self.terminate_pace.shared_by(workers)
@@ -320,16 +323,19 @@ class Fleet:
         its kind out of this sweep (`notebooks_unlisted`, `endpoints_unlisted` say why): the rest are swept."""
         machines = self._discover_ec2(tags)
         self.notebooks_unlisted = self.endpoints_unlisted = None
+        self.endpoints_failed = ()
         if self.notebooks is not None and notebooks:
             try:
                 machines += self.notebooks.discover(tags)
             except AwsError as exc:
                 self.notebooks_unlisted = f"{error_code(exc)}: {exc}"
         if self.endpoints is not None and endpoints:
+            failed: list[str] = []
             try:
-                machines += self.endpoints.discover(tags)
+                machines += self.endpoints.discover(tags, failed=failed)
             except AwsError as exc:
                 self.endpoints_unlisted = f"{error_code(exc)}: {exc}"
+            self.endpoints_failed = tuple(failed)
         return machines
 
     def _split(self, ids: Sequence[str]) -> tuple[list[str], list[str], list[str]]:

@@ -19,7 +19,6 @@ from idle_reaper.aws.metrics import (
     MetricsReader,
 )
 from idle_reaper.aws.policies import policy_for
-from idle_reaper.core.digest import with_peak
 from idle_reaper.core.dollars import of_kind
 from idle_reaper.core.kinds import (
     NOTEBOOK_GAPS,
@@ -49,6 +48,7 @@ from idle_reaper.core.signals import (
     is_gpu_type,
     parse_exemption,
 )
+from idle_reaper.core.under_used import with_peak
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
@@ -67,6 +67,7 @@ from idle_reaper.sweep.endpoints import (
     mark_back_in_service,
     report_unlisted_endpoints,
     tell_back_in_service,
+    tell_failed_bring_backs,
 )
 from idle_reaper.sweep.notices import send_pending_notices
 from idle_reaper.sweep.quiet_hours import report_quiet_hours
@@ -186,6 +187,7 @@ def run_sweep(
             adapters, decisions, records, settings, sweep_id, now, time_left, message_scope
         )
         tell_back_in_service(adapters, decisions, back, written)
+        tell_failed_bring_backs(adapters, now, member, lister=instance_ids is None)  # a shard's: its planner's
         report_quiet_hours(adapters, decisions, refs, settings, now, member, quiet_summaries, time_left)
         if send_notices:  # a shard's and a member unit's wait for the sweep's one pass (the gather step's)
             send_pending_notices(adapters, settings, now, time_left)
