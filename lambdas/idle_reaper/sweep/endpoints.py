@@ -15,10 +15,10 @@ from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from idle_reaper.aws.metrics import MetricsReader
-from idle_reaper.core.endpoints import IN_SERVICE, Restore
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MachineRecord
 from idle_reaper.core.signals import Machine, Signals, parse_exemption
+from idle_reaper.core.studio import pending_restore
 from idle_reaper.notify import logger
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.sweep.adapters import Adapters, alert_once
@@ -79,15 +79,14 @@ def report_unlisted_endpoints(
 def mark_back_in_service(
     decisions: Sequence[Decision], now: datetime
 ) -> tuple[list[Decision], dict[str, tuple[str, datetime]]]:
-    """The decisions, each endpoint brought back and now InService with its bring-back cleared from its record, and
-    who brought each back and since when (`now` if its record cannot say), by machine key (told once the record is
-    written)."""
+    """The decisions, each endpoint (Studio app) brought back (started again) and now InService with its bring-back
+    cleared from its record, and who brought each back and since when (`now` if its record cannot say), by machine
+    key (told once the record is written)."""
     out: list[Decision] = []
     back: dict[str, tuple[str, datetime]] = {}
     for d in decisions:
-        facts = d.machine.facts.endpoint
-        restore = Restore.parse(d.record.endpoint) if facts is not None else None
-        if facts is None or restore is None or not restore.pending_by or facts.status != IN_SERVICE:
+        restore = pending_restore(d.machine.facts.endpoint, d.machine.facts.studio, d.record.endpoint)
+        if restore is None or not restore.pending_by:
             out.append(d)
             continue
         try:
