@@ -182,7 +182,6 @@ def test_the_idle_endpoint_is_warned_with_its_hourly_cost_then_deleted_and_its_c
     assert "[Bring it back]" in demo_output and "--endpoint-config-name demo-llm-config" in demo_output
 
 
-
 def test_the_idle_studio_app_is_warned_with_its_hourly_cost_then_deleted_and_its_space_kept(run: Run, demo_output):
     row = summary_row(demo_output, "lab-space")
     assert "deleted at 14:00" in row and row.split()[-1] == "$2.21"  # 3 h at ml.g4dn.xlarge's $0.7364
@@ -193,6 +192,7 @@ def test_the_idle_studio_app_is_warned_with_its_hourly_cost_then_deleted_and_its
     assert "--space-name lab-space --app-type JupyterLab" in demo_output
     assert kind_row(demo_output, "lab-space") == ["lab-space", "studio-app", "$0.74/h"]
     assert [e["action"] for e in run.audit[run.afternoon.seeded.ids["lab-space"]]] == ["warn", "stop"]
+
 
 # --- The afternoon scenario, from the same run's reports and the world it left ------------------------------
 
