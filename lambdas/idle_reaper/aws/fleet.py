@@ -320,10 +320,13 @@ class Fleet:
         shared.terminate_pace = self.terminate_pace.shared_by(workers)
         return shared
 
-    def discover(self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True) -> list[Machine]:
-        """The EC2 machines, then the notebook instances, the endpoints and the Studio apps (whose team's policy
-        decides, in the sweep, whether they are swept: core/studio.swept). A SageMaker listing that fails leaves its
-        kind out of this sweep (`notebooks_unlisted`, `endpoints_unlisted`, `studio_unlisted` say why)."""
+    def discover(
+        self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True, studio: bool = False
+    ) -> list[Machine]:
+        """The EC2 machines, then the notebook instances, the endpoints and (a sweep's listing: `studio`) the Studio
+        apps, whose team's policy decides in the sweep whether they are swept (core/studio.swept). A SageMaker
+        listing that fails leaves its kind out of this sweep (`notebooks_unlisted`, `endpoints_unlisted`,
+        `studio_unlisted` say why)."""
         machines = self._discover_ec2(tags)
         self.notebooks_unlisted = self.endpoints_unlisted = self.studio_unlisted = None
         if self.notebooks is not None and notebooks:
@@ -336,7 +339,7 @@ class Fleet:
                 machines += self.endpoints.discover(tags)
             except AwsError as exc:
                 self.endpoints_unlisted = f"{error_code(exc)}: {exc}"
-        if self.studio is not None and notebooks:  # sagemaker_notebooks: Studio's report and sweep alike
+        if self.studio is not None and studio:
             try:
                 machines += self.studio.discover(tags)
             except AwsError as exc:

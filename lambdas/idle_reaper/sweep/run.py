@@ -310,7 +310,10 @@ def _machines_and_records(
             machines = list(listed)
         else:
             machines = adapters.fleet.discover(
-                settings.tags, notebooks=settings.sagemaker_notebooks, endpoints=settings.sagemaker_endpoints
+                settings.tags,
+                notebooks=settings.sagemaker_notebooks,
+                endpoints=settings.sagemaker_endpoints,
+                studio=settings.sagemaker_notebooks,
             )
         if member is not None:
             machines = [replace(m, account=member[0], region=member[1]) for m in machines]
