@@ -59,6 +59,11 @@ def test_idle_studio_app_warned_kept_deleted_and_started_again_from_slack(team, 
     assert "Idle Studio app: idle-space" in text and "$0.74 per hour" in text and "Delete now" in text
     assert "space and the space's storage are kept" in text
     assert all(s not in text for s in ("busy-space", "dark-space", "private-space", "lab-space", "short-space"))
+    # DescribeApp's LastUserActivityTimestamp is fresh for every running app (health checks update it): it is no
+    # person signal, so it neither kept the idle app from its warning nor made the app without metrics busy.
+    domain, space, app_type, name = studio_parts(idle)
+    described = aws.client("sagemaker").describe_app(DomainId=domain, SpaceName=space, AppType=app_type, AppName=name)
+    assert described["LastUserActivityTimestamp"] == described["LastHealthCheckTimestamp"]
     ref = button(next(w["blocks"] for w in warnings if "idle-space" in json.dumps(w)), "keep_2h")["value"]
 
     click(slack, "keep_2h", ref)
@@ -70,7 +75,6 @@ def test_idle_studio_app_warned_kept_deleted_and_started_again_from_slack(team, 
     others = [busy, dark, private, reported, studios]
     assert local_studio.app_statuses([idle, *others]) == {idle: "Deleted", **{m: "InService" for m in others}}
     sagemaker = aws.client("sagemaker")
-    domain, space, app_type, name = studio_parts(idle)
     assert sagemaker.describe_space(DomainId=domain, SpaceName=space)["SpaceName"] == space  # the space stays
     restore = AppRestore.parse(record(idle).endpoint)
     assert record(idle).state is State.REAPED and restore is not None

@@ -9,8 +9,11 @@ backend (so moto's reset empties it), each as its API reference page describes t
 - CreateApp (API_CreateApp.html): the app is Pending; Studio takes minutes to start it, here it is InService at the
   next read of it (ListApps, DescribeApp), which keeps the order a caller sees without waiting.
 - DeleteApp (API_DeleteApp.html): Deleted. ListApps still lists a deleted app (Status Deleted), as Studio does.
-- DescribeApp, ListApps (API_ListApps.html: AppDetails with DomainId, SpaceName, AppType, AppName, Status,
-  CreationTime, ResourceSpec); ListTags and AddTags of a space's or an app's ARN.
+- DescribeApp (API_DescribeApp.html), with LastHealthCheckTimestamp and LastUserActivityTimestamp both the time
+  of the read: SageMaker's health checks update the second too, "set to the same value as
+  LastHealthCheckTimestamp", whether or not anyone used the app.
+- ListApps (API_ListApps.html: AppDetails with DomainId, SpaceName, AppType, AppName, Status, CreationTime,
+  ResourceSpec); ListTags and AddTags of a space's or an app's ARN.
 
 SageMaker's refusals (DeleteApp of an app not InService, CreateApp in a space that runs an app, the Studio
 instance quota) are aws_rules_sagemaker.py's, in front of all this, as they are for endpoints."""
@@ -170,7 +173,15 @@ def install() -> None:
 
     def describe_app(self: Any) -> Any:
         app = read(self, app_key(self))
-        return ActionResult({**app.details(), "AppArn": app.arn})
+        checked = datetime.now(UTC)  # a health check just now, and so, whoever used it, a "user activity"
+        return ActionResult(
+            {
+                **app.details(),
+                "AppArn": app.arn,
+                "LastHealthCheckTimestamp": checked,
+                "LastUserActivityTimestamp": checked,
+            }
+        )
 
     def list_apps(self: Any) -> Any:
         apps = [read(self, key) for key in sorted(state(self).apps)]
