@@ -209,7 +209,8 @@ def run_organization(
     clock = Clock()
     orgs, targets = organization(accounts)
     hub = build_fleet(hub_machines, seed).aws
-    hub.ssm.store(f"{PREFIX}/settings", Settings(sagemaker_notebooks=False).model_dump_json())
+    ec2_only = Settings(sagemaker_notebooks=False, sagemaker_endpoints=False)  # the fleet has no SageMaker
+    hub.ssm.store(f"{PREFIX}/settings", ec2_only.model_dump_json())
     ids = sorted(orgs.accounts)
     worlds = {
         (a, r): build_fleet(machines, seed + i).aws for i, (a, r) in enumerate((a, r) for a in ids for r in regions)

@@ -200,6 +200,7 @@ class MetricRate:
     second, each a bucket of one second's worth (as the rules in front of moto keep them, aws_rules.py)."""
 
     calls: int
+    points: int  # the datapoints they asked for
     peak_calls_per_s: int  # the most sent in any one second (a sliding window)
     lowest_calls: float  # the calls bucket's fewest tokens (50, refilled 50 a second)
     lowest_points: float  # the datapoints bucket's fewest (180,000, refilled 180,000 a second)
@@ -215,7 +216,7 @@ class MetricRate:
             throttled += not (calls.take(t) and points.take(t, asked))
             lowest_calls, lowest_points = min(lowest_calls, calls.tokens), min(lowest_points, points.tokens)
         peak = most_in_a_second([(t, 1) for t, _ in sent])
-        return cls(len(sent), peak, lowest_calls, lowest_points, throttled)
+        return cls(len(sent), sum(asked for _, asked in sent), peak, lowest_calls, lowest_points, throttled)
 
 
 def map_starts(durations: Sequence[float], lanes: int) -> list[float]:
@@ -523,6 +524,7 @@ def print_size(size: int, results: list[Measured], zones: int = len(ZONES)) -> b
         f"  GetMetricData in the account-region (planner + shards side by side; {METRIC_CALLS_PER_S:.0f} calls and "
         f"{METRIC_POINTS_PER_S:,.0f} datapoints a second)"
     )
+    row("  datapoints asked for", [m.points for m in metric_rates])
     row("  most calls in any one second", [m.peak_calls_per_s for m in metric_rates])
     row("  the calls bucket at its lowest, tokens", [m.lowest_calls for m in metric_rates], ",.1f")
     row("  the datapoints bucket at its lowest", [m.lowest_points for m in metric_rates])

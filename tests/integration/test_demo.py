@@ -12,6 +12,7 @@ that clock instead of sleeping: the simulated afternoon's sweeps waited about 6 
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -176,10 +177,29 @@ def test_a_reserved_machine_is_told_not_stopped_and_saves_nothing(run: Run, demo
 
 def test_the_idle_endpoint_is_warned_with_its_hourly_cost_then_deleted_and_its_configuration_kept(demo_output):
     row = summary_row(demo_output, "demo-llm")
-    assert "deleted at 13:30" in row and row.split()[-1] == "$5.15"  # 3.5 h at 2 x ml.g4dn.xlarge's $0.7364
+    # Deleted 13:30 to 16:30: 3 h at 2 x ml.g4dn.xlarge's $0.7364.
+    assert "deleted at 13:30, brought back at 16:30" in row and row.split()[-2:] == ["3.00", "$4.42"]
     assert "Idle endpoint: demo-llm" in demo_output and "*Cost*: $1.47 per hour" in demo_output
     assert "demo-llm (endpoint:demo-llm) was deleted at 2026-11-20 13:30 UTC; it saves $1.47/h" in demo_output
     assert "[Bring it back]" in demo_output and "--endpoint-config-name demo-llm-config" in demo_output
+
+
+def test_the_deleted_endpoint_is_brought_back_from_slack_and_in_service_at_the_next_sweep(run, demo_output):
+    """Carol clicks Bring it back (the signed Slack handler: CreateEndpoint from its configuration); the next sweep
+    finds it InService and says so; the digest has it in the endpoints' own line, with what deleting it saved."""
+    clicked, later = demo_output.split("carol clicks [Bring it back] in Slack (HTTP 200)")
+    assert "[19/21] 16:30 sweep" in clicked.rstrip().splitlines()[-1]
+    back, after = later.split("[20/21] 16:45 sweep")
+    assert "*Being brought back*" in back and "*Back in service*" not in back
+    assert "*Back in service*" in after.split("[21/21]")[0]
+    assert "is InService again since 2026-11-20 16:45 UTC" in after
+    assert local.endpoint_statuses(["demo-llm"]) == {"demo-llm": "InService"}
+    [digest] = [line for line in demo_output.splitlines() if "team ml, 2026-W47" in line]
+    ml = "\n".join(
+        itertools.takewhile(lambda line: line.startswith("      |"), demo_output.split(digest)[1].splitlines()[1:])
+    )
+    assert "Endpoints (1): deleted ones saved $4.42 (3.0 h this week). demo-llm (ml, ml.g4dn.xlarge x2, $1.47/h)" in ml
+    assert "saved $4.42 (3.0 h deleted)" in ml and "of it, endpoints $4.42" in ml
 
 
 def test_the_idle_studio_app_is_warned_with_its_hourly_cost_then_deleted_and_its_space_kept(run: Run, demo_output):

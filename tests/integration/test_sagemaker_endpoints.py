@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import urllib.parse
 from datetime import timedelta
 
 import pytest
@@ -18,7 +19,7 @@ from idle_reaper.handlers import slack as slack_handler
 from idle_reaper.sweep import run_sweep
 from idle_reaper_tools import local
 from idle_reaper_tools.demo import adapters_at, at
-from idle_reaper_tools.fake_slack import LambdaContextStub, button_click
+from idle_reaper_tools.fake_slack import LambdaContextStub, button_click, signed_request
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ _clicks = itertools.count()
 
 @pytest.fixture
 def team(aws, slack):
-    policy = local.team_policy_json(idle_minutes=60, warn_minutes=20, endpoint_idle_minutes=120)
+    policy = local.team_policy_json(idle_minutes=60, warn_minutes=20, endpoint_idle_minutes=120, members=["U0MEMBER"])
     local.init_account(teams={"ml": policy})
     return aws.rules
 
@@ -56,6 +57,18 @@ def click(slack, action_id: str, value: str) -> str:
     response = slack_handler.handler(event, LambdaContextStub())
     assert response["statusCode"] == 200, response
     return " ".join(r.get("text", "") for r in slack.replies_to(name))
+
+
+def command(slack, user: str, text: str) -> str:
+    """`/idle-reaper <text>` typed by `user`: its ephemeral answer."""
+    name = f"command-{next(_clicks)}"
+    form = {"command": "/idle-reaper", "text": text, "user_id": user, "response_url": slack.response_url(name)}
+    response = slack_handler.handler(
+        signed_request("/slack/commands", urllib.parse.urlencode(form), "local-signing-secret"), LambdaContextStub()
+    )
+    assert response["statusCode"] == 200, response
+    said = [json.loads(response["body"])["text"]] if response["body"] else []
+    return " ".join(said + [r.get("text", "") for r in slack.replies_to(name)])
 
 
 def button(blocks, action_id: str) -> dict:
@@ -98,10 +111,18 @@ def test_idle_endpoint_warned_kept_deleted_and_brought_back_from_slack(team, sla
     assert "endpoint configuration idle-ep-config, model and tags are kept" in text
     assert "serverless variant AllTraffic" in text and "does not delete it" in text
     assert "busy-ep" not in text and "dark-ep" not in text and "private-ep" not in text
-    ref = button(next(w["blocks"] for w in warnings if "Idle endpoint: idle-ep" in json.dumps(w)), "keep_2h")["value"]
+    assert button(next(w["blocks"] for w in warnings if "Idle endpoint: idle-ep" in json.dumps(w)), "keep_2h")
 
-    click(slack, "keep_2h", ref)
-    assert record(idle).state is State.SNOOZED
+    # `/idle-reaper keep` by name: the owner's own by its name; anyone's (who may answer for it) by endpoint:<name>.
+    assert "can't change idle-ep" in command(slack, "U0STRANGER", "keep endpoint:idle-ep 2h")
+    assert "among yours" in command(slack, "U0MEMBER", "keep idle-ep 2h")  # names are looked up among one's own
+    unknown = command(slack, "U0BOB", "keep nosuch-ep 2h")
+    assert "No machine named `nosuch-ep`" in unknown and "endpoint:<name>" in unknown
+    assert record(idle).state is State.WARNED  # nothing changed
+    assert command(slack, "U0MEMBER", "keep endpoint:idle-ep 1h").startswith("Kept idle-ep (endpoint:idle-ep) until")
+    assert (record(idle).state, record(idle).snoozed_by) == (State.SNOOZED, "U0MEMBER")
+    assert command(slack, "U0BOB", "keep idle-ep 2h").startswith("Kept idle-ep (endpoint:idle-ep) until")
+    assert (record(idle).snoozed_until, record(idle).snoozed_by) == (T0 + timedelta(hours=2), "U0BOB")
     assert sweep(T0 + timedelta(hours=1))[f"endpoint:{idle}"].action_label == "none"
     assert sweep(T0 + timedelta(hours=2))[f"endpoint:{idle}"].action_label == "warn"
     final = sweep(T0 + timedelta(hours=2, minutes=20))
@@ -117,6 +138,7 @@ def test_idle_endpoint_warned_kept_deleted_and_brought_back_from_slack(team, sla
     assert "Deleted" in json.dumps(notice["blocks"]) and "create-endpoint --endpoint-name idle-ep" in json.dumps(notice)
     back = button(notice["blocks"], "start_again")
     assert back["text"]["text"] == "Bring it back"
+    assert "Not kept: the endpoint is already deleted" in command(slack, "U0BOB", "keep idle-ep 1h")
 
     # The account's quota of ml.g5.2xlarge for endpoint usage is spent: said, still deleted, Try again offered.
     team.sagemaker_quotas["ml.g4dn.xlarge"] = 4  # busy, dark, private and scaled hold one each
@@ -137,6 +159,24 @@ def test_idle_endpoint_warned_kept_deleted_and_brought_back_from_slack(team, sla
     assert Restore.parse(record(idle).endpoint).pending_by == "U0BOB"
     assert "Being brought back" in json.dumps(last_update(slack)["blocks"])
 
+    # SageMaker took the request, then could not create it (Failed): the next sweep says so once, with its reason,
+    # deletes the failed endpoint (SageMaker creates no endpoint under a name that exists) and offers Try again.
+    full = "Unable to provision requested ML compute capacity. Please retry using a different ML instance type."
+    local.set_endpoint(idle, status="Failed", failure=full)
+    sweep(T0 + timedelta(hours=4, minutes=5))
+    failed = last_update(slack)
+    assert "Not brought back" in json.dumps(failed["blocks"]) and "Unable to provision requested ML" in failed["text"]
+    assert local.endpoint_statuses([idle]) == {idle: None} and team.calls["DeleteEndpoint"] == 2
+    after = record(idle)
+    kept = Restore.parse(after.endpoint)
+    assert after.state is State.REAPED and (kept.failed, kept.pending_by, kept.config) == (full, None, "idle-ep-config")
+    assert "SageMaker could not create it" in after.reason and after.last_action == "stop"
+    retry = button(failed["blocks"], "start_again")
+    assert retry["text"]["text"] == "Try again"
+    assert click(slack, "start_again", retry["value"]) == ""
+    assert local.endpoint_statuses([idle]) == {idle: "InService"}
+    assert Restore.parse(record(idle).endpoint).failed is None
+
     # The next sweep finds it InService: its message says so, once.
     local.set_endpoint(idle, launch_time=T0 + timedelta(hours=4))
     sweep(T0 + timedelta(hours=4, minutes=10))
@@ -146,6 +186,8 @@ def test_idle_endpoint_warned_kept_deleted_and_brought_back_from_slack(team, sla
     updates = len(slack.calls_to("chat.update"))
     sweep(T0 + timedelta(hours=4, minutes=15))
     assert len(slack.calls_to("chat.update")) == updates
+    told_failed = [c for c in slack.calls_to("chat.update") if "Not brought back" in json.dumps(c.params["blocks"])]
+    assert len(told_failed) == 2  # the quota's refusal at the click, and the failure the sweep found: each once
 
 
 def test_what_cannot_be_brought_back_is_never_deleted_and_sagemakers_refusals_are_kept(team, slack, clock):
@@ -178,8 +220,8 @@ def test_what_cannot_be_brought_back_is_never_deleted_and_sagemakers_refusals_ar
     assert sweep(T0 + timedelta(minutes=25))[f"endpoint:{racing}"].action_label == "warn"
     real_discover = aws.Endpoints.discover
 
-    def racing_update(self, tags, names=None):
-        found = real_discover(self, tags, names)
+    def racing_update(self, tags, names=None, failed=None):
+        found = real_discover(self, tags, names, failed)
         if names is None:  # the sweep's listing, not its check before acting
             local.set_endpoint(racing, status="Updating")
         return found

@@ -28,3 +28,15 @@ def test_stops_held_back_for_ec2s_rate_are_sent_by_the_next_sweeps(monkeypatch):
     # By +40 min the same machines run and are read as when nothing was held back (before: 97 metrics, not 79).
     assert paced[4].metrics_requested == unpaced[4].metrics_requested
     assert paced[4].calls["ec2:StopInstances"] == 0
+
+
+def test_the_organization_benchmark_sweeps_every_member_unit():
+    # Its fleet is EC2 alone; with SageMaker endpoints swept by default its members had no SageMaker client and
+    # every unit failed ('NoneType' has no get_paginator): the benchmark printed MISSED with nothing measured.
+    from benchmarks import organization_sweep
+
+    runs = organization_sweep.run_organization(
+        2, organization_sweep.REGIONS[:1], 3, seed=7, cpu=None, clients=dict.fromkeys(organization_sweep.CLIENTS, 0.0)
+    )
+    assert [(r.units_swept, r.units_failed) for r in runs] == [(2, 0), (2, 0)]
+    assert [r.machines for r in runs] == [6, 6]

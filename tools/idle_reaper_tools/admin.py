@@ -23,9 +23,11 @@ from idle_reaper.aws.accounts import MemberCheck, MemberSweep, last_member_check
 from idle_reaper.aws.limits import SSM_STANDARD_CHARS, TooLargeToStore, ssm_tier
 from idle_reaper.core import REAP_ACTIONS, Decision, Machine, MachineRecord, State, describe_human_signal
 from idle_reaper.core.dollars import dollars, of_record
+from idle_reaper.core.endpoints import endpoint_policy, is_endpoint_id
 from idle_reaper.core.kinds import NEVER_STOPPED, NOTEBOOK_GAPS, TERMINABLE, Kind
 from idle_reaper.core.reading import parse_next_read
 from idle_reaper.core.records import machine_key
+from idle_reaper.core.sections import MACHINES, section_of, state_words
 from idle_reaper.core.studio import StudioFinding
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.organization import OrganizationSettings
@@ -615,6 +617,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _reap_word(asg_name: str | None, policy: TeamPolicy, kind: str = "") -> str:
+    if kind == Kind.ENDPOINT:
+        return "report (notify_only)" if policy.action == "notify_only" else "delete"
     if asg_name:
         return "terminate" if policy.asg_action == "terminate" else "release to its group"
     # What the kind a record keeps makes of the end of the window (core.kinds.handling, from the record).
@@ -651,6 +655,8 @@ def _next_step_of_running(
         return "none: team policy invalid (safe mode)", None
     if record.state in (State.SAFE_MODE, State.UNKNOWN):
         return "re-check at the next sweep", None
+    if is_endpoint_id(record.instance_id):
+        policy = endpoint_policy(policy)  # its own window (endpoint_idle_minutes), as the sweep gives it
     warn_at = timedelta(minutes=policy.idle_minutes - policy.warn_minutes)
     idle = timedelta(minutes=policy.idle_minutes)
     # A member account's machine: its group as its record names it.
@@ -749,6 +755,12 @@ def status_rows(
                 "last_read": record.observed_at.isoformat() if record.observed_at else None,
                 "next_read": next_read.isoformat() if (next_read := parse_next_read(record.next_read_at)) else None,
                 "next_read_why": record.next_read_why if next_read else "read at every sweep",
+                # Its kind's section (machines, endpoints, ...: core/sections.py), its instances and what they cost an
+                # hour running, and where it stands in words.
+                "section": section_of(record.key),
+                "hardware": record.instance_type or (machine.instance_type if machine else None),
+                "hourly_cost": hourly_price(record.instance_type or (machine.instance_type if machine else "")),
+                "state_words": state_words(record, now),
             }
         )
     for machine in machines.values():
@@ -777,6 +789,10 @@ def status_rows(
                     "last_read": None,
                     "next_read": None,
                     "next_read_why": "read at the next sweep",
+                    "section": section_of(machine.instance_id),
+                    "hardware": machine.instance_type,
+                    "hourly_cost": hourly_price(machine.instance_type),
+                    "state_words": "new: no sweep has seen it yet",
                 }
             )
     return sorted(rows, key=lambda r: (r["team"], r["instance_id"]))
@@ -800,6 +816,39 @@ def _person(row: dict[str, Any]) -> str:
 
 
 def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
+    """The machines' table, then one table per other kind (endpoints, ...: core/sections.py), each under its name."""
+    machines = [r for r in rows if r.get("section", MACHINES) == MACHINES]
+    others: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("section", MACHINES) != MACHINES:
+            others.setdefault(r["section"], []).append(r)
+    text = _machines_table(machines, now)
+    for label in sorted(others, key=str.lower):
+        text += f"\n\n{label.capitalize()} ({len(others[label])}):\n{_section_table(others[label], now)}"
+    return text
+
+
+def _section_table(rows: list[dict[str, Any]], now: datetime) -> str:
+    """Resources that are not machines: what each is, what it costs an hour, where it stands, and what comes next."""
+    return _table(
+        ("NAME", "TEAM", "OWNER", "INSTANCES", "COST", "STATE", "NEXT", "REASON"),
+        (
+            (
+                machine_key(r["instance_id"], r.get("account"), r.get("region")),
+                r["team"],
+                r["owner"] or "-",
+                r["hardware"] or "-",
+                f"${r['hourly_cost']:,.2f}/h" if r["hourly_cost"] is not None else "no known price",
+                r["state_words"],
+                f"{r['next_action']}" + (f" at {_when(r['next_at'], now)}" if r["next_at"] else ""),
+                r["reason"],
+            )
+            for r in rows
+        ),
+    )
+
+
+def _machines_table(rows: list[dict[str, Any]], now: datetime) -> str:
     table = _table(
         (
             "INSTANCE",

@@ -15,6 +15,10 @@ quota. SageMaker refuses each:
   the answer CreateEndpointConfig gives for a missing model (moto's, and SageMaker's). SageMaker may instead take the
   request and leave the endpoint Creating, then Failed (the issue above): the product checks DescribeModel first
   and never relies on either.
+- **CreateEndpoint** of a name an endpoint already has, in any status (a Failed one too: it must be deleted first):
+  ValidationException "Cannot create already existing endpoint" (the name "must be unique within an AWS Region in
+  your AWS account", https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_CreateEndpoint.html,
+  EndpointName). moto replaces the endpoint instead.
 - **CreateEndpoint** past the account's quota of an instance type for endpoint usage: ResourceLimitExceeded
   (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_CreateEndpoint.html, Errors), worded as
   SageMaker words it. Quotas are the test's (`AwsRules.sagemaker_quotas`, instance type -> instances): a type
@@ -81,6 +85,9 @@ def sagemaker_refusal(
 
 def _create_endpoint(params: Mapping[str, Any], account: str, region: str, quotas: Mapping[str, int]) -> Refusal | None:
     backend = _backend(account, region)
+    if (existing := str(params.get("EndpointName"))) in backend.endpoints:
+        arn = _arn("endpoint", existing, account, region)
+        return Refusal("ValidationException", f'Cannot create already existing endpoint "{arn}".')
     name = str(params.get("EndpointConfigName"))
     config = backend.endpoint_configs.get(name)
     if config is None:

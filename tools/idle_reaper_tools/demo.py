@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import cast
@@ -40,6 +40,7 @@ DAY = datetime(2026, 11, 20, tzinfo=UTC)
 START = DAY.replace(hour=12)
 END = DAY.replace(hour=17)
 SWEEP_EVERY = timedelta(minutes=15)
+BRING_BACK_AT = DAY.replace(hour=16, minute=30)  # carol brings the deleted endpoint back after this sweep
 SIGNING_SECRET = "demo-signing-secret"
 ADMIN_CHANNEL = "C0ADMINS"
 
@@ -152,7 +153,7 @@ FLEET = [
         "ml",
         _until(at(12), (40.0, None), (0.0, None)),
         "carol@example.com",
-        "SageMaker endpoint (2 instances) nobody calls since 12:00: deleted, its configuration kept to bring it back",
+        "SageMaker endpoint (2 instances) idle since 12:00: deleted (its configuration kept), brought back at 16:30",
         launched=at(6),
         endpoint=2,
     ),
@@ -321,17 +322,24 @@ def simulate(
 # The scripted owner: a real signed Slack request, fed to the real Slack Lambda handler.
 
 
-def click_keep(slack: FakeSlack, instance_id: str, user: str, now: datetime) -> int:
-    """Click "Keep 2 h" on the newest warning about `instance_id`, as Slack would send it."""
+def click_keep(slack: FakeSlack, instance_id: str, user: str, now: datetime, action: str = "keep_2h") -> int:
+    """Click "Keep 2 h" (or the button `action`: "start_again" is Bring it back) on the newest message about
+    `instance_id` that has it, as Slack would send it."""
     from idle_reaper.handlers import slack as handler
 
-    post = next(c for c in reversed(slack.calls_to("chat.postMessage")) if instance_id in c.params.get("text", ""))
-    actions = next(b for b in post.params["blocks"] if b["type"] == "actions")
-    ref = next(e["value"] for e in actions["elements"] if e.get("action_id") == "keep_2h")
+    ref = next(
+        e["value"]
+        for c in reversed(slack.calls)
+        if c.method in ("chat.postMessage", "chat.update") and instance_id in c.params.get("text", "")
+        for b in c.params.get("blocks") or []
+        if b["type"] == "actions"
+        for e in b["elements"]
+        if e.get("action_id") == action
+    )
     real_clock = handler.clock
     handler.clock = lambda: now  # the handler runs on the simulated clock
     try:
-        event = button_click(user, "keep_2h", ref, slack.response_url(f"click-{instance_id}"), SIGNING_SECRET)
+        event = button_click(user, action, ref, slack.response_url(f"click-{instance_id}"), SIGNING_SECRET)
         response = handler.handler(event, cast(LambdaContext, LambdaContextStub()))
     finally:
         handler.clock = real_clock
@@ -367,6 +375,7 @@ class Timeline:
         self.shown = 0
         self.total = int((END - START) / SWEEP_EVERY) + 1
         self.clicked = False
+        self.brought_back: dict[str, datetime] = {}  # name -> when its owner clicked Bring it back
 
     def slack_messages(self) -> None:
         for call in self.slack.calls[self.shown :]:
@@ -400,21 +409,29 @@ class Timeline:
             status = click_keep(self.slack, notebook, "U0BOB", report.now)
             self.out(f"  bob clicks [Keep 2 h] in Slack (a signed request to the Slack handler: HTTP {status})")
             self.slack_messages()
+        if report.now == BRING_BACK_AT:  # the deleted endpoint: CreateEndpoint now, InService by the next sweep
+            status = click_keep(self.slack, self.seeded.ids["demo-llm"], "U0CAROL", report.now, "start_again")
+            local.set_endpoint("demo-llm", launch_time=report.now)  # moto dates it by the wall clock
+            self.brought_back["demo-llm"] = report.now
+            self.out(f"  carol clicks [Bring it back] in Slack (HTTP {status}): SageMaker creates demo-llm again")
+            self.slack_messages()
 
 
 Row = tuple[str, str, float, float, bool]  # machine, what happened, idle hours avoided, dollars saved, "up to"
 
 
-def summary(seeded: Seeded, reports: list[SweepReport]) -> list[Row]:
-    """Per machine: what happened, idle hours avoided until the end of the day, dollars saved (the most it can be,
-    for a Spot machine: "up to")."""
-    rows = []
+def summary(seeded: Seeded, reports: list[SweepReport], back: Mapping[str, datetime] | None = None) -> list[Row]:
+    """Per machine: what happened, idle hours avoided until the end of the day (or until it was brought back:
+    `back`, by name), dollars saved (the most it can be, for a Spot machine: "up to")."""
+    rows, back = [], back or {}
     for name, instance_id in seeded.ids.items():
         steps = [d for r in reports for d in r.decisions if d.machine.instance_id == instance_id]
         reaped = next((d for d in steps if d.state is State.REAPED and d.applied and d.action is not Action.NONE), None)
         if reaped and reaped.record.updated_at:
-            hours = (END - reaped.record.updated_at).total_seconds() / 3600
+            hours = (back.get(name, END) - reaped.record.updated_at).total_seconds() / 3600
             what = f"{_verb(reaped).lower()} at {reaped.record.updated_at:%H:%M}"
+            if name in back:
+                what += f", brought back at {back[name]:%H:%M}"
             snoozes = sum(1 for d in steps if d.state is State.SNOOZED)
             if snoozes:
                 what += " (after a 2 h keep)"
@@ -493,8 +510,9 @@ def play(out: Callable[[str], None]) -> Afternoon:
         for box in FLEET:
             out(f"  {box.name:<13} {box.instance_type:<12} team={box.team:<9} {box.story}")
         out(f"  {GROUP}-0, -1   m5.large x2  team=ml        an Auto Scaling group: one busy member, one idle\n")
-        reports = simulate(seeded, adapters_at, Timeline(seeded, slack, out))
-        rows = summary(seeded, reports)
+        timeline = Timeline(seeded, slack, out)
+        reports = simulate(seeded, adapters_at, timeline)
+        rows = summary(seeded, reports, timeline.brought_back)
         kinds = stop_saves(seeded)
         digests = weekly_digests(slack)
     out("\nsummary (the simulated day ends at 17:00):")

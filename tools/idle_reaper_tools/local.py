@@ -618,10 +618,15 @@ def _endpoint(name: str) -> Any:
     return _sagemaker_backend().endpoints[name]
 
 
-def set_endpoint(name: str, *, status: str | None = None, launch_time: datetime | None = None) -> None:
-    """Put an endpoint in a status moto never reaches on its own (Creating, Updating...), or date its last change."""
+def set_endpoint(
+    name: str, *, status: str | None = None, launch_time: datetime | None = None, failure: str | None = None
+) -> None:
+    """Put an endpoint in a status moto never reaches on its own (Creating, Updating, Failed with its `failure`
+    reason...), or date its last change."""
     if status is not None:
         _endpoint(name).endpoint_status = status
+    if failure is not None:
+        _endpoint(name).failure_reason = failure
     if launch_time is not None:
         _endpoint(name).last_modified_time = launch_time.astimezone(UTC).replace(tzinfo=None)
 

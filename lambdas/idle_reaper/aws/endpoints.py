@@ -19,7 +19,7 @@ from idle_reaper.aws.clients import AwsError, chunks, error_code, run_concurrent
 from idle_reaper.aws.fleet import ActionOutcome, Fleet
 from idle_reaper.aws.notebooks import NotebookInstances
 from idle_reaper.aws.studio import StudioApps
-from idle_reaper.core.endpoints import EndpointFacts, Restore, endpoint_id, endpoint_name, variants_of
+from idle_reaper.core.endpoints import FAILED, EndpointFacts, Restore, endpoint_id, endpoint_name, variants_of
 from idle_reaper.core.kinds import InstanceFacts
 from idle_reaper.core.signals import Machine
 from idle_reaper.notify import logger
@@ -27,7 +27,7 @@ from idle_reaper.policy import TagKeys
 
 ENDPOINT_WORKERS = 8
 # Nothing to decide about: going away, or failed (a failed endpoint runs no instance).
-_NOT_RUNNING = frozenset({"Deleting", "Failed"})
+_NOT_RUNNING = frozenset({"Deleting", FAILED})
 SCALABLE_TARGETS_PER_CALL = 50  # DescribeScalableTargets' ResourceIds
 # SageMaker's answer to a Describe* of a configuration or model that does not exist (ValidationException
 # "Could not find endpoint configuration ..."/"Could not find model ...").
@@ -45,15 +45,21 @@ class Endpoints:
         self.sagemaker = sagemaker
         self.app_autoscaling = app_autoscaling  # Application Auto Scaling: the variants' minimum capacity
 
-    def discover(self, tags: TagKeys, names: Sequence[str] | None = None) -> list[Machine]:
+    def discover(
+        self, tags: TagKeys, names: Sequence[str] | None = None, failed: list[str] | None = None
+    ) -> list[Machine]:
         """The endpoints with the team tag (and the opt-in tag `true`, when one is set), of `names` alone when
-        given (endpoint names)."""
-        summaries = [
+        given (endpoint names). `failed` receives the machine ids of the Failed ones (listed, not described: the
+        sweep looks for a bring-back of its own among them, sweep/endpoints.py)."""
+        listed = [
             s
             for page in self.sagemaker.get_paginator("list_endpoints").paginate()
             for s in page.get("Endpoints", [])
-            if s.get("EndpointStatus") not in _NOT_RUNNING and (names is None or s["EndpointName"] in names)
+            if names is None or s["EndpointName"] in names
         ]
+        if failed is not None:
+            failed += [endpoint_id(s["EndpointName"]) for s in listed if s.get("EndpointStatus") == FAILED]
+        summaries = [s for s in listed if s.get("EndpointStatus") not in _NOT_RUNNING]
         tagged = run_concurrently(self._tags, [s["EndpointArn"] for s in summaries], ENDPOINT_WORKERS)
         chosen = [
             (summary, tag)
@@ -143,6 +149,10 @@ class Endpoints:
                     _, name, _, variant = target["ResourceId"].split("/", 3)
                     found.setdefault(name, {})[variant] = int(target["MinCapacity"])
         return found
+
+    def failure_reason(self, machine_id: str) -> str:
+        """Why SageMaker could not create (or update) the endpoint: its FailureReason ("" when it gives none)."""
+        return str(self.sagemaker.describe_endpoint(EndpointName=endpoint_name(machine_id)).get("FailureReason") or "")
 
     def delete(self, machine_ids: Sequence[str]) -> list[ActionOutcome]:
         """DeleteEndpoint for each (its configuration, models and the record's copy of its tags stay); a refusal

@@ -294,6 +294,8 @@ class Fleet:
         self.endpoints_unlisted: str | None = None
         self.studio = studio
         self.studio_unlisted: str | None = None  # and Studio apps
+        # The endpoints the last discovery listed Failed (machine ids): sweep/endpoints.py tell_failed_bring_backs.
+        self.endpoints_failed: tuple[str, ...] = ()
         # Child processes a discovery lists in (1: threads of this process; the planner uses more).
         self.listing_processes = max(1, min(listing_processes, LISTING_PROCESSES))
         # Why notebook instances could not be listed at the last discovery (None: they were, or none asked).
@@ -315,6 +317,7 @@ class Fleet:
         (the planner's listing, moments before the hub's shards start), so the Describe* bucket may be empty: none of
         its burst is counted on, only its refill. A copy: the same clients (and the same kind of Fleet)."""
         shared = copy.copy(self)
+        shared.endpoints_failed = ()  # the lister's to tell (sweep/endpoints.py), not each worker's again
         shared.describe_pace = Pace(EC2_DESCRIBE_QUOTA.share(workers), full=not after_listing)
         shared.stop_pace = self.stop_pace.shared_by(workers)
         shared.terminate_pace = self.terminate_pace.shared_by(workers)
@@ -329,16 +332,19 @@ class Fleet:
         `studio_unlisted` say why)."""
         machines = self._discover_ec2(tags)
         self.notebooks_unlisted = self.endpoints_unlisted = self.studio_unlisted = None
+        self.endpoints_failed = ()
         if self.notebooks is not None and notebooks:
             try:
                 machines += self.notebooks.discover(tags)
             except AwsError as exc:
                 self.notebooks_unlisted = f"{error_code(exc)}: {exc}"
         if self.endpoints is not None and endpoints:
+            failed: list[str] = []
             try:
-                machines += self.endpoints.discover(tags)
+                machines += self.endpoints.discover(tags, failed=failed)
             except AwsError as exc:
                 self.endpoints_unlisted = f"{error_code(exc)}: {exc}"
+            self.endpoints_failed = tuple(failed)
         if self.studio is not None and studio:
             try:
                 machines += self.studio.discover(tags)

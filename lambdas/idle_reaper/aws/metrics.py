@@ -117,8 +117,11 @@ class MetricsReader:
         human: bool = True,
         gpu: bool = True,
         notebooks: Collection[str] = (),
+        later_starts: Mapping[str, datetime] | None = None,
     ) -> dict[str, Signals]:
         """`gpu`: read the GPU metric (False only for types that cannot have one: core.signals.has_no_gpu).
+        `later_starts`: machines whose own window begins after `start` (read from there, in calls of their own
+        range where they fill one).
         `notebooks`: those of the ids that are SageMaker notebook instances, whose CPU and network are the
         agent's (`metrics.notebook_cpu`, `notebook_network_in`, `notebook_network_out`): SageMaker publishes
         neither."""
@@ -162,7 +165,7 @@ class MetricsReader:
                         "ReturnData": True,
                     }
                 )
-        points, incomplete = self._read(queries, owner, start, end, period)
+        points, incomplete = self._read(queries, owner, start, end, period, later_starts=later_starts)
         step = timedelta(seconds=period)
         result: dict[str, Signals] = {}
         for instance_id in instance_ids:
@@ -226,31 +229,51 @@ class MetricsReader:
         start: datetime,
         end: datetime,
         period: int,
+        *,
+        later_starts: Mapping[str, datetime] | None = None,
     ) -> tuple[dict[tuple[str, str], list[Point]], set[str]]:
         """Every query's datapoints by its owner (machine id, series), and the machines whose data is incomplete,
-        from `start` rounded down to the `period` every query has. A long window returns many points per query;
-        one call stays under GetMetricData's datapoint limit so no batch needs a second (re-billed) NextToken page,
-        and under this reader's share of the datapoints a second, so that one call never asks for more than its
-        bucket holds (calls are billed by the metric, not by the call: smaller calls cost nothing more)."""
+        from `start` (or the owner's own later start) rounded down to the `period` every query has. A call has one
+        range, the earliest of its queries': queries are packed shortest range first, so a machine with a short
+        window is not read over a longer one's range unless it shares a call with it (at most one call a range).
+        A long window returns many points per query; one call stays under GetMetricData's datapoint limit so no
+        batch needs a second (re-billed) NextToken page, and under this reader's share of the datapoints a
+        second, so that one call never asks for more than its bucket holds (calls are billed by the metric, not
+        by the call: smaller calls cost nothing more)."""
         points: dict[tuple[str, str], list[Point]] = {}
         incomplete: set[str] = set()
         if not queries:
             return points, incomplete
-        start = datetime.fromtimestamp(int(start.timestamp()) // period * period, tz=UTC)
-        points_per_query = max(1, requested_points(queries[0], start, end))  # the same for every query
-        fits = min(DATAPOINTS_PER_CALL, int(self.points_pace.quota.burst)) // points_per_query
-        per_call = max(1, min(METRIC_QUERIES_PER_CALL, fits))
 
-        def read(batch: Sequence[dict[str, Any]]) -> None:
+        def rounded(at: datetime) -> datetime:
+            return datetime.fromtimestamp(int(at.timestamp()) // period * period, tz=UTC)
+
+        own = later_starts or {}
+        start_of = {q["Id"]: rounded(max(start, own.get(owner[q["Id"]][0], start))) for q in queries}
+        most = min(DATAPOINTS_PER_CALL, int(self.points_pace.quota.burst))
+        batches: list[list[dict[str, Any]]] = []
+        ranges: list[datetime] = []  # each batch's start: the earliest of its queries'
+        for query in sorted(queries, key=lambda q: start_of[q["Id"]], reverse=True):  # stable: one range keeps order
+            begins = start_of[query["Id"]]  # the earliest so far: the batch's range if the query joins it
+            per_call = max(1, min(METRIC_QUERIES_PER_CALL, most // max(1, requested_points(query, begins, end))))
+            if batches and len(batches[-1]) < per_call:
+                batches[-1].append(query)
+                ranges[-1] = begins
+            else:
+                batches.append([query])
+                ranges.append(begins)
+
+        def read(batch: tuple[datetime, list[dict[str, Any]]]) -> None:
             # Each batch fills its own keys of `points`; the set and dict updates are atomic under the GIL.
+            begins, batch_queries = batch
             try:
-                self._fetch_batch(batch, start, end, owner, points, incomplete)
+                self._fetch_batch(batch_queries, begins, end, owner, points, incomplete)
             except AwsError:
                 # A batch we could not read: those machines are unknown, the rest go on.
-                incomplete.update(owner[q["Id"]][0] for q in batch)
+                incomplete.update(owner[q["Id"]][0] for q in batch_queries)
                 self._count(failed_calls=1)
 
-        run_concurrently(read, list(chunks(list(queries), per_call)), self.workers)
+        run_concurrently(read, list(zip(ranges, batches, strict=True)), self.workers)
         return points, incomplete
 
     def _fetch_batch(

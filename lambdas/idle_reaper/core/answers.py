@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from idle_reaper.core.endpoints import Restore, words_for
 from idle_reaper.core.lifecycle import TRANSITIONS, Event, allowed
 from idle_reaper.core.records import Action, MachineRecord, with_stretch
 from idle_reaper.policy import TeamPolicy
@@ -77,7 +78,8 @@ def snooze(record: MachineRecord, policy: TeamPolicy, user: str, until: datetime
     if until <= now:
         return "that time has already passed"
     if not allowed(record.state, Event.KEEP):
-        return "the machine is already stopped"
+        words = words_for(record.instance_id)  # an endpoint is deleted, not stopped
+        return f"the {words.noun} is already {words.stopped}"
     day = now.astimezone(ZoneInfo(policy.timezone)).date().isoformat()
     used = record.snoozes_today if record.snooze_day == day else 0
     if used >= policy.max_snoozes_per_day:
@@ -158,3 +160,15 @@ def started_by_person(record: MachineRecord, user: str, now: datetime) -> Machin
         updated_at=now,
         next_read_at="",
     )
+
+
+def bring_back_failed(
+    record: MachineRecord, restore: Restore, why: str, now: datetime, ref: str | None
+) -> MachineRecord:
+    """An endpoint brought back that SageMaker could not create (the sweep found it Failed: `why`, its
+    FailureReason): deleted again, as it was before the click, told (its bring-back no longer pending), and its
+    message's "Try again" button carrying `ref`."""
+    by, kept = restore.pending_by or "someone", restore.failed_with(why)
+    again = stopped_by_person(record, by, Action.STOP, now, ref)  # as a deletion: REAPED by a stop, Try again
+    why_said = f"brought back by {by}, but SageMaker could not create it (Failed: {kept.failed}); deleted again"
+    return replace(again, endpoint=kept.to_json(), reason=why_said)

@@ -29,6 +29,8 @@ from zoneinfo import ZoneInfo
 
 from idle_reaper.core.dollars import of_record, saves_while_running
 from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, MachineRecord, State, parse_machine_key
+from idle_reaper.core.sections import MACHINES, Section, section_of, sections
+from idle_reaper.core.under_used import UnderUsed, under_used
 from idle_reaper.policy import DAYS, TeamPolicy
 
 # Audit actions that stop paying for a machine, and their words.
@@ -312,95 +314,6 @@ def _stretch(e: Event, end: datetime | None) -> Stretch:
 
 
 # ---------------------------------------------------------------------------------------------
-# Under-used machines: busy by the rules, but never near their capacity all week
-
-UNDER_USED_PERCENT = 30.0  # the busiest GPU (or CPU) never reached this in a week of busy reads
-UNDER_USED_READS = 24  # at least this many busy reads recorded that week (about a day of hourly reads)
-SIZES = (
-    "nano",
-    "micro",
-    "small",
-    "medium",
-    "large",
-    "xlarge",
-    *(f"{n}xlarge" for n in (2, 3, 4, 6, 8, 9, 12, 16, 18, 24, 32, 48)),
-)
-
-
-def _peaks(text: str) -> dict[str, tuple[float, int]]:
-    out: dict[str, tuple[float, int]] = {}
-    for part in text.split(","):
-        week, _, rest = part.partition(":")
-        peak, _, reads = rest.partition(":")
-        try:
-            out[week] = (float(peak), int(reads))
-        except ValueError:
-            continue  # a corrupt entry is dropped, never a failed sweep
-    return out
-
-
-def with_peak(record: MachineRecord, now: datetime, busiest: float | None) -> MachineRecord:
-    """The record with one more busy read: its busiest GPU (or CPU) `busiest` counted in this week's peak."""
-    if busiest is None or busiest != busiest:
-        return record
-    week = week_of(now).label
-    peaks = _peaks(record.week_peaks)
-    peak, reads = peaks.get(week, (0.0, 0))
-    peaks[week] = (max(peak, round(busiest, 1)), reads + 1)
-    kept = sorted(peaks.items())[-2:]
-    return replace(record, week_peaks=",".join(f"{w}:{p:g}:{n}" for w, (p, n) in kept))
-
-
-def next_smaller(instance_type: str, prices: Mapping[str, float]) -> str | None:
-    """The next smaller size of the same family that has a price (so its saving can be said)."""
-    family, _, size = instance_type.partition(".")
-    if size not in SIZES:
-        return None
-    smaller = [f"{family}.{s}" for s in SIZES[: SIZES.index(size)] if f"{family}.{s}" in prices]
-    return smaller[-1] if smaller else None
-
-
-@dataclass(frozen=True)
-class UnderUsed:
-    instance_id: str
-    name: str
-    instance_type: str
-    peak: float
-    smaller: str
-    saves_hourly: float
-    account: str | None = None
-
-
-def under_used(
-    records: Iterable[MachineRecord], week: Week, team: str | None, prices: Mapping[str, float]
-) -> list[UnderUsed]:
-    """Machines busy by the rules all `week` whose busiest GPU (CPU for CPU-only types) stayed under
-    UNDER_USED_PERCENT, with the next smaller type of their family and what it would save an hour. A
-    suggestion for people: the reaper never changes a machine's type."""
-    out = []
-    for r in records:
-        peak, reads = _peaks(r.week_peaks).get(week.label, (100.0, 0))
-        if not _in_scope(team, r.team) or reads < UNDER_USED_READS or peak >= UNDER_USED_PERCENT:
-            continue
-        smaller = next_smaller(r.instance_type or "", prices)
-        price = prices.get(r.instance_type or "")
-        if smaller is None or price is None or prices[smaller] >= price:
-            continue
-        out.append(
-            UnderUsed(
-                r.instance_id,
-                r.name or r.instance_id,
-                r.instance_type or "",
-                peak,
-                smaller,
-                price - prices[smaller],
-                r.account,
-            )
-        )
-    return sorted(out, key=lambda u: (-u.saves_hourly, u.name))
-
-
-# ---------------------------------------------------------------------------------------------
 # The figures
 
 
@@ -483,6 +396,7 @@ class Digest:
     idle_minutes: int | None = None
     spot_in: set[tuple[str, str | None]] = field(default_factory=set)  # (team, account) whose savings are "up to"
     spot_kept_in: set[tuple[str, str | None]] = field(default_factory=set)  # ... whose kept-idle waste is "up to"
+    sections: list[Section] = field(default_factory=list)  # every kind but machines, each its own (core/sections.py)
 
     @property
     def recovered_hours(self) -> float:
@@ -583,6 +497,7 @@ def build_digest(
     kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, False])
     kept: dict[str, list[Any]] = {}
     waste_by_machine: dict[str, float] = defaultdict(float)
+    saved: dict[str, tuple[float, float, bool]] = {}  # by machine key: hours, dollars, upper bound
     for s in all_stretches:
         if not _in_scope(team, s.team):
             continue
@@ -603,6 +518,8 @@ def build_digest(
         figures = kinds[RECOVERING[s.kind]]
         started_here = lo <= s.start < hi
         hours = s.saved_hours_in(lo, hi)
+        h, m, b = saved.get(s.instance_id, (0.0, 0.0, False))
+        saved[s.instance_id] = (h + hours, m + money, b or (s.upper_bound and money > 0))
         figures[0] += started_here
         figures[1] += hours
         figures[2] += money
@@ -626,6 +543,7 @@ def build_digest(
     d.at_risk = [replace(a, idle_hours=idle.get(a.key)) for a in _at_risk(records, team, now, prices or {})]
     d.group_idle = _at_risk(records, team, now, prices or {}, group=True)
     d.under_used = under_used(records, week, team, prices or {})
+    d.sections = sections(records, saved, team, now, prices or {})
     for back in range(TREND_WEEKS - 1, -1, -1):
         w = week.previous(back) if back else week
         wlo, wend = w.span(zone)
@@ -709,7 +627,11 @@ def _at_risk(
                 idle_upper_bound=idle.upper_bound,
             )
             for r in records
-            if r.state in states and _in_scope(team, r.team) and running_now(r, now) and (r.asg_name or not group)
+            if r.state in states
+            and _in_scope(team, r.team)
+            and running_now(r, now)
+            and (r.asg_name or not group)
+            and section_of(r.key) == MACHINES  # another kind's are in its own section
         ),
         key=lambda a: (a.state, -(a.hourly_cost or 0.0), a.name),
     )

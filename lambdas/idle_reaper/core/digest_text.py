@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from idle_reaper.core.digest import AtRisk, Digest
 from idle_reaper.core.records import State
+from idle_reaper.core.sections import section_text
 
 HUB_ACCOUNT = "the hub's account"  # how the digest names the hub's own account beside member accounts
 
@@ -92,6 +93,7 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
         lines.append(
             f"Under-used (busy, but its busiest GPU, or CPU, stayed low all week): {shown}. A suggestion only."
         )
+    lines += [section_text(section) for section in d.sections]  # endpoints, ...: each kind on its own line
     if d.teams:
         lines.append(
             "By team: "
@@ -162,7 +164,10 @@ def _recovered_line(d: Digest) -> str:
     unpriced = f"; {d.unpriced_hours:,.1f} h more at no known price" if d.unpriced_hours else ""
     total = f"*{_usd(d.recovered_dollars, d.recovered_upper_bound)}* over {d.recovered_hours:,.1f} machine-hours"
     spot = " (up to: Spot machines' savings at the most they can be; idle-reaper does not read Spot prices)"
-    return f"Saved: {total}: {', '.join(parts)}{unpriced}{spot if d.recovered_upper_bound else ''}."
+    # Other kinds' deletions count as stops here; their own lines say what each saved.
+    kinds = ", ".join(f"{s.label} {_usd(s.saved_dollars, s.upper_bound)}" for s in d.sections if s.saved_dollars)
+    others = f"; of it, {kinds} (each kind's own line below)" if kinds else ""
+    return f"Saved: {total}: {', '.join(parts)}{unpriced}{others}{spot if d.recovered_upper_bound else ''}."
 
 
 def _kept_line(d: Digest) -> str:

@@ -26,11 +26,15 @@ Point = tuple[datetime, float]  # (period start, value), as core/signals.py's
 
 ENDPOINT_PREFIX = "endpoint:"
 IN_SERVICE = "InService"
+FAILED = "Failed"  # SageMaker could not create (or update) it: it runs no instance, and FailureReason says why
 # The metric's dimensions (https://docs.aws.amazon.com/sagemaker/latest/dg/monitoring-cloudwatch.html).
 ENDPOINT_DIMENSION, VARIANT_DIMENSION = "EndpointName", "VariantName"
 # SageMaker's own tag limit: 50 a resource, keys up to 128 characters, values up to 256
 # (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_Tag.html): a Restore is at most about 20 KB.
 TAGS_MAX = 50
+# FailureReason as kept on the record and said in Slack: SageMaker's is up to 1,024 characters
+# (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_DescribeEndpoint.html).
+FAILURE_CHARS = 1024
 # Tags AWS keeps for itself: CreateEndpoint refuses a key that starts with aws:, so they are not restored.
 _AWS_TAG = "aws:"
 
@@ -172,18 +176,30 @@ class EndpointFacts:
 class Restore:
     """What CreateEndpoint needs to bring a deleted endpoint back as it was, kept on its record
     (MachineRecord.endpoint): its configuration's name and its tags. `pending_by`: who asked to bring it back,
-    until a sweep sees it InService and says so in its message."""
+    until a sweep sees it InService (or Failed) and says so in its message. `failed`: why SageMaker could not
+    create it the last time someone brought it back (its FailureReason), until someone tries again."""
 
     config: str
     tags: tuple[tuple[str, str], ...] = ()
     pending_by: str | None = None
     pending_since: str | None = None  # ISO-8601 UTC
+    failed: str | None = None
 
     def to_json(self) -> str:
         data: dict[str, Any] = {"config": self.config, "tags": [list(t) for t in self.tags]}
         if self.pending_by:
             data.update(pending_by=self.pending_by, pending_since=self.pending_since)
+        if self.failed:
+            data.update(failed=self.failed)
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def brought_back_by(self, user: str, now: datetime) -> Restore:
+        """As kept once `user` asked to bring it back at `now` (a failure before is moot: they try again)."""
+        return Restore(self.config, self.tags, user, now.isoformat())
+
+    def failed_with(self, why: str) -> Restore:
+        """As kept once the sweep found the endpoint brought back Failed: told, not pending, and why."""
+        return Restore(self.config, self.tags, failed=(why or "SageMaker gave no reason")[:FAILURE_CHARS])
 
     @classmethod
     def parse(cls, raw: str | None) -> Restore | None:
@@ -198,7 +214,14 @@ class Restore:
             return None
         if not isinstance(config, str) or not config:
             return None
-        return cls(config, tags, data.get("pending_by") or None, data.get("pending_since") or None)
+        failed = data.get("failed") or None
+        return cls(
+            config,
+            tags,
+            data.get("pending_by") or None,
+            data.get("pending_since") or None,
+            str(failed) if failed else None,
+        )
 
     def tag_list(self) -> list[dict[str, str]]:
         """As CreateEndpoint's Tags."""

@@ -171,7 +171,7 @@ class MachineRecord:
     next_read_why: str = ""
     # The busiest GPU (CPU for CPU-only types) the sweep recorded while the machine was busy, per ISO week
     # (UTC), and how many such reads: "2026-W47:23.5:61,2026-W48:12.0:9", the last two weeks. The weekly
-    # digest's under-used machines read it (core/digest.py: with_peak, under_used).
+    # digest's under-used machines read it (core/under_used.py: with_peak, under_used).
     week_peaks: str = ""
     # A SageMaker endpoint's: what CreateEndpoint needs to bring it back after its deletion (core/endpoints.Restore
     # as JSON: its configuration's name and tags, at most 50; and who asked to bring it back, until it is InService

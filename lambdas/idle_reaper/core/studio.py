@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from idle_reaper.core.endpoints import IN_SERVICE, STUDIO_PREFIX, EndpointFacts, Restore
@@ -214,6 +215,10 @@ class AppRestore:
         return cls(
             domain, space, app_type, name, spec, tags, data.get("pending_by") or None, data.get("pending_since") or None
         )
+
+    def brought_back_by(self, user: str, now: datetime) -> AppRestore:
+        """As kept once `user` asked to start it again at `now`."""
+        return replace(self, pending_by=user, pending_since=now.isoformat())
 
     @property
     def instance_type(self) -> str | None:

@@ -33,7 +33,7 @@ HELP = (
     "*idle-reaper* keeps idle machines from running up the bill.\n"
     "• `{cmd} status`: your machines, their state and why\n"
     "• `{cmd} keep <instance-id-or-name> <duration>`: keep a machine, e.g. `keep i-0abc 2h` or `keep notebook 90m`"
-    " (someone else's machine, if you may answer for it: by its instance id)\n"
+    " (someone else's machine, if you may answer for it: by its instance id; an endpoint by `endpoint:<name>`)\n"
     "• `{cmd} help`: this message\n"
     "• `{cmd} doctor` (admins): what would make idle-reaper quietly useless here, with the fix of each"
 )
@@ -225,7 +225,7 @@ class Effects:
                 self.slack.update(record, title, detail, ref=ref, start_button=True, start_label="Try again")
                 return Reply(f"{label} was not {done}: {what} ({code}). It is still deleted.")
             return Reply(f"Could not {again} ({code}); nothing changed, try again.")
-        pending = replace(restore, pending_by=user, pending_since=now.isoformat()) if restore else None
+        pending = restore.brought_back_by(user, now) if restore else None
         started = replace(started_by_person(record, user, now), endpoint=pending.to_json() if pending else None)
         if not self.store.save(started):
             return Reply(ANSWERED_ALREADY)

@@ -200,6 +200,22 @@ class SlackDelivery(OwedCopies):
         )
         return self.update(record, "Back in service", detail)
 
+    def not_brought_back(self, record: MachineRecord, by: str, since: datetime, left: str | None) -> bool:
+        """An endpoint brought back that SageMaker could not create (sweep/endpoints.py): its message says so, with
+        SageMaker's reason, and offers "Try again" (`record.warning_ref`). `left`: why the failed endpoint could not
+        be deleted (then the next try is refused until it is)."""
+        label = machine_label(record.name, record.instance_id)
+        why = (Restore.parse(record.endpoint) or Restore("")).failed or "SageMaker gave no reason"
+        detail = (
+            f"<@{by}> asked to bring {label} back at {date_token(since)}, but SageMaker could not create it: it "
+            f"reached Failed ({escape(why)}). It is deleted again and costs nothing; its endpoint configuration, "
+            "model and tags are kept. Try again once the cause has passed (capacity often returns within hours)."
+        )
+        if left:
+            detail += f" SageMaker kept the failed endpoint ({escape(left.split(':', 1)[0])}): delete it first."
+        ref, title = record.warning_ref, "Not brought back"
+        return self.update(record, title, detail, ref=ref, start_button=ref is not None, start_label="Try again")
+
     def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:
         """DM every admin and post to the admin channel. Raises when nobody received it, so the caller
         keeps the alert pending. `text` is plain: it quotes policies and tags, so it is escaped here."""

@@ -33,6 +33,7 @@ from idle_reaper.aws.regions import members_unwatched, members_unwatched_lines
 from idle_reaper.aws.state import DynamoStateStore, StateStore
 from idle_reaper.core.answers import keep_until, may_answer, parse_duration
 from idle_reaper.core.doctor import Finding
+from idle_reaper.core.endpoints import is_endpoint_id
 from idle_reaper.core.records import MachineId, MachineRecord, parse_machine_key
 from idle_reaper.notify import logger
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy, parse_team_policy
@@ -165,12 +166,13 @@ class Region:
 
     def find(self, user: str, target: str) -> list[MachineRecord]:
         """`keep <target>`: the caller's own machines by name, instance id or machine key (`account/region/id`,
-        for one of the same id in two accounts); anyone's by instance id or machine key. A machine's full key
+        for one of the same id in two accounts); anyone's by instance id (an endpoint's: endpoint:<name>) or machine
+        key. A machine's full key
         wins over names and instance ids: the hub's `i-0abc` is its key, so with the same id in a member account
         (`account/region/i-0abc`) each key still selects exactly one machine."""
         mine = [r for r in self.records_of_owner(user) if target in (r.instance_id, r.name, r.key)]
         exact = [r for r in mine if r.key == target]
-        if mine or not (target.startswith("i-") or parse_machine_key_or_none(target)):
+        if mine or not (target.startswith("i-") or is_endpoint_id(target) or parse_machine_key_or_none(target)):
             return exact or mine
         return list(self.store.load([target]).values())
 
@@ -434,7 +436,7 @@ def not_found(target: str, organization: bool, command: str) -> str:
     region)."""
     text = f"No machine named `{target}` among yours"
     if not organization:
-        return text + "; someone else's machine is kept by its instance id."
+        return text + "; someone else's machine is kept by its instance id. An endpoint, by `endpoint:<name>`."
     if parse_machine_key_or_none(target):
         return text + " or in that account and region; nothing changed."
     instance = target if target.startswith("i-") else "i-0abc"

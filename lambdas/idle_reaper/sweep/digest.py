@@ -33,6 +33,7 @@ from idle_reaper.core.digest import (
 )
 from idle_reaper.core.digest_text import HUB_ACCOUNT, digest_text
 from idle_reaper.core.records import MachineRecord, State
+from idle_reaper.core.sections import MACHINES, section_of
 from idle_reaper.core.signals import Signals, has_no_gpu, idle_hours, is_gpu_type
 from idle_reaper.notify import logger
 from idle_reaper.policy import Settings, TeamPolicy, TeamPolicyRef
@@ -210,7 +211,7 @@ def _read_exempt(
     fails, or an account that cannot be reached, leaves them "no data"."""
     where: dict[tuple[str | None, str | None], list[MachineRecord]] = defaultdict(list)
     for r in records:
-        if r.state is State.EXEMPT and running_now(r, now):
+        if r.state is State.EXEMPT and running_now(r, now) and section_of(r.key) == MACHINES:  # CPU and GPU
             where[(r.account, r.region)].append(r)
     signals: dict[str, Signals] = {}
     families = settings.gpu_instance_families

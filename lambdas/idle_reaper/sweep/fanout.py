@@ -31,6 +31,7 @@ from idle_reaper.notify import SharedPacing
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.sweep.adapters import Adapters, SweepCannotRun, SweepReport, load_sweep_settings
 from idle_reaper.sweep.doctor_daily import note_gpu_facts, report_gpu_facts
+from idle_reaper.sweep.endpoints import tell_failed_bring_backs
 from idle_reaper.sweep.members import (
     MAX_UNIT_PARTS,
     MEMBER_MANIFEST,
@@ -353,6 +354,8 @@ def plan_sweep(
         run_concurrently(write, items, DDB_WORKERS)
     except AwsError as exc:
         raise SweepCannotRun(f"cannot write the shard manifests ({error_code(exc)}): {exc}") from None
+    if not plan.dry_run:  # the shards are handed what is running: the endpoints brought back that failed, here
+        tell_failed_bring_backs(adapters, now)
     logger.info(
         "sweep planned",
         extra={

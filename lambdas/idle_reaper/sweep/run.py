@@ -19,7 +19,6 @@ from idle_reaper.aws.metrics import (
     MetricsReader,
 )
 from idle_reaper.aws.policies import policy_for
-from idle_reaper.core.digest import with_peak
 from idle_reaper.core.dollars import of_kind
 from idle_reaper.core.kinds import (
     NOTEBOOK_GAPS,
@@ -50,6 +49,7 @@ from idle_reaper.core.signals import (
     parse_exemption,
 )
 from idle_reaper.core.studio import swept
+from idle_reaper.core.under_used import with_peak
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.pricing import DEFAULT_PRICES, hourly_price
@@ -68,6 +68,7 @@ from idle_reaper.sweep.endpoints import (
     mark_back_in_service,
     report_unlisted_endpoints,
     tell_back_in_service,
+    tell_failed_bring_backs,
 )
 from idle_reaper.sweep.notices import send_pending_notices
 from idle_reaper.sweep.quiet_hours import report_quiet_hours
@@ -188,6 +189,7 @@ def run_sweep(
             adapters, decisions, records, settings, sweep_id, now, time_left, message_scope
         )
         tell_back_in_service(adapters, decisions, back, written)
+        tell_failed_bring_backs(adapters, now, member, lister=instance_ids is None)  # a shard's: its planner's
         report_quiet_hours(adapters, decisions, refs, settings, now, member, quiet_summaries, time_left)
         if send_notices:  # a shard's and a member unit's wait for the sweep's one pass (the gather step's)
             send_pending_notices(adapters, settings, now, time_left)
@@ -433,8 +435,10 @@ def _fetch_signals(
     now: datetime,
 ) -> dict[str, Signals]:
     """Pack machines into as few GetMetricData calls as possible. Every window short enough that 500
-    queries fit under the datapoint limit shares one range (the longest of them), so the whole fleet
-    usually takes ceil(metrics x machines / 500) calls. A longer window gets its own range, and so do
+    queries fit under the datapoint limit is read together, each machine from its own window's start, packed
+    shortest first so that a call's one range is that of its longest window, so the whole fleet usually takes
+    ceil(metrics x machines / 500) calls and no machine is read much past its own window (a team of
+    60 minutes beside one of 120 reads half the datapoints). A longer window gets its own range, and so do
     teams with a network threshold, so neither makes every other machine fetch more; the human-activity
     metric is fetched only for teams whose policy reads it, the GPU metric only for types that can have a GPU
     (core.signals.has_no_gpu). Exempt machines and teams in safe mode are not fetched at all."""
@@ -442,6 +446,7 @@ def _fetch_signals(
     shared_points = DATAPOINTS_PER_CALL // METRIC_QUERIES_PER_CALL
     groups: dict[tuple[int, bool, bool, bool], list[str]] = defaultdict(list)
     short_lookback = 0  # the longest window among those that share a range
+    own_start: dict[str, datetime] = {}  # where each machine of that range begins its own window
     for m in machines:
         policy = refs_of[m.instance_id].policy
         if policy is None or parse_exemption(m.exempt_tag, now)[0] or m.is_endpoint:
@@ -455,6 +460,7 @@ def _fetch_signals(
         else:
             short_lookback = max(short_lookback, lookback)
             groups[(0, network, human, gpu)].append(m.instance_id)
+            own_start[m.instance_id] = now - timedelta(minutes=lookback, seconds=period)
     # A Studio app's CPU and network are the agent's too, by InstanceId = its machine id (core/studio.py).
     notebooks = {m.instance_id for m in machines if m.is_notebook or m.is_studio_app}
     signals = endpoint_signals(reader, machines, refs_of, settings, now)  # their own metric (sweep/endpoints.py)
@@ -462,7 +468,15 @@ def _fetch_signals(
         start = now - timedelta(minutes=lookback or short_lookback, seconds=period)
         signals.update(
             reader.fetch(
-                ids, settings.metrics, start=start, end=now, network=network, human=human, gpu=gpu, notebooks=notebooks
+                ids,
+                settings.metrics,
+                start=start,
+                end=now,
+                network=network,
+                human=human,
+                gpu=gpu,
+                notebooks=notebooks,
+                later_starts=None if lookback else own_start,
             )
         )
     return signals

@@ -163,7 +163,7 @@ def test_keeps_are_waste_by_owner_and_unwatched_machines_are_listed_with_their_c
 
 
 def test_under_used_machines_get_the_next_smaller_type_as_a_suggestion() -> None:
-    from idle_reaper.core.digest import next_smaller, under_used, with_peak
+    from idle_reaper.core.under_used import next_smaller, under_used, with_peak
     from idle_reaper.pricing import DEFAULT_PRICES
 
     r = MachineRecord("i-1", "ml", name="big-box", instance_type="g5.2xlarge")

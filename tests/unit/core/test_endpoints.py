@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from idle_reaper.core import Action, State, decide, kind_policy
+from idle_reaper.core.answers import bring_back_failed
 from idle_reaper.core.dollars import of_kind
 from idle_reaper.core.endpoints import Restore, endpoint_id, endpoint_name, kept_restore
 from idle_reaper.core.kinds import Kind, Lookups, classify, handling, notice_sentence
@@ -319,3 +320,20 @@ class TestRestore:
         assert Restore("config-a").recreate_command("demo") == (
             "aws sagemaker create-endpoint --endpoint-name demo --endpoint-config-name config-a"
         )
+
+    def test_a_bring_back_that_failed_is_deleted_again_told_and_can_be_tried_again(self):
+        """The sweep found the endpoint a person brought back Failed: its record is as after a deletion (Bring it back
+        accepts it: REAPED by a stop), no longer pending (told once), with SageMaker's reason bounded, and the
+        next try forgets that failure."""
+        pending = Restore("config-a", (("Team", "ml"),), "U0OWNER", PENDING_SINCE)
+        brought = MachineRecord(endpoint_id("demo"), "ml", State.ACTIVE, version=4, endpoint=pending.to_json())
+        later = NOW + timedelta(minutes=10)
+        again = bring_back_failed(brought, pending, "x" * 5000, later, "ref-try")
+        kept = Restore.parse(again.endpoint)
+        assert kept == Restore("config-a", (("Team", "ml"),), failed="x" * 1024)
+        assert (again.state, again.last_action, again.last_action_at) == (State.REAPED, "stop", later)
+        assert (again.warning_ref, again.version) == ("ref-try", 5)
+        assert "brought back by U0OWNER, but SageMaker could not create it" in again.reason
+        retried = kept.brought_back_by("U0OTHER", later)
+        assert (retried.failed, retried.pending_by, retried.pending_since) == (None, "U0OTHER", later.isoformat())
+        assert Restore.parse(kept.failed_with("").to_json()).failed == "SageMaker gave no reason"

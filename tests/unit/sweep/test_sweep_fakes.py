@@ -307,6 +307,29 @@ def test_a_team_with_a_24_hour_window_does_not_make_the_whole_fleet_pay_twice_fo
     )
 
 
+def test_a_team_with_a_short_window_is_read_over_its_own_window_not_the_longest_in_use():
+    # A call has one range. Packed in the listing's order, every call of a fleet of 60- and 120-minute teams
+    # holds both and reads all of them over 120 + 15 minutes; packed shortest window first, the 60-minute team's
+    # machines fill calls of their own 75-minute range but for the one call the two teams share (its range the
+    # longer one), in as many calls as before.
+    aws = account({"short": '{"idle_minutes": 60, "warn_minutes": 20}', "long": ML.replace("90", "120")})
+    teams = {box(aws, "short" if n % 2 else "long", steady(1.0, 0.0), "g5.xlarge"): n % 2 for n in range(600)}
+    report = sweep(aws, CountingStateStore(), NOW)
+
+    requests = aws.cloudwatch.requests_of("GetMetricData")
+    assert len(requests) == 3 * 600 // 500 + 1  # ceil(metrics x machines / 500): no call added
+    minutes = {
+        q["MetricStat"]["Metric"]["Dimensions"][0]["Value"]: (NOW - r["StartTime"]) / timedelta(minutes=1)
+        for r in requests
+        for q in r["MetricDataQueries"]
+    }
+    short = [minutes[i] for i, is_short in teams.items() if is_short]
+    long = [minutes[i] for i, is_short in teams.items() if not is_short]
+    assert set(long) == {120 + 15 + 5}  # its window, the largest gap, one period
+    assert set(short) == {80, 140} and short.count(140) <= 500 // 3 + 1  # one call shared with the long team
+    assert {d.signal for d in report.decisions} == {"idle"}  # every window covered: read whole, decided
+
+
 def test_the_person_signal_is_fetched_only_for_teams_whose_policy_reads_it():
     # Each metric query is billed: a team with human_active_minutes 0 must not pay for the collector's metric.
     aws = account({"ml": ML, "cpu-only": '{"human_active_minutes": 0}'})
