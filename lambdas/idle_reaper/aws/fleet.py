@@ -272,9 +272,8 @@ class ActionOutcome:
 
 
 class Fleet:
-    """EC2 machines and, when given `notebooks`, `endpoints` and `studio`, SageMaker notebook instances, real-time
-    endpoints and Studio apps: one list of machines, and actions routed by id (an EC2 instance id, endpoint:<name>,
-    studio:<domain>:<space>:<type>:<name>, or a notebook instance's name)."""
+    """EC2 machines and, when given, SageMaker notebook instances, endpoints and Studio apps: one list of machines,
+    and actions routed by id (an EC2 instance id, a notebook's name, endpoint:<name>, studio:<domain>:<...>)."""
 
     def __init__(
         self,
@@ -326,10 +325,8 @@ class Fleet:
     def discover(
         self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True, studio: bool = False
     ) -> list[Machine]:
-        """The EC2 machines, then the notebook instances, the endpoints and (a sweep's listing: `studio`) the Studio
-        apps, whose team's policy decides in the sweep whether they are swept (core/studio.swept). A SageMaker
-        listing that fails leaves its kind out of this sweep (`notebooks_unlisted`, `endpoints_unlisted`,
-        `studio_unlisted` say why)."""
+        """The EC2 machines, the notebook instances, the endpoints and (a sweep's listing: `studio`) the Studio apps.
+        A SageMaker listing that fails leaves its kind out of this sweep (`*_unlisted` say why)."""
         machines = self._discover_ec2(tags)
         self.notebooks_unlisted = self.endpoints_unlisted = self.studio_unlisted = None
         self.endpoints_failed = ()
@@ -351,13 +348,6 @@ class Fleet:
             except AwsError as exc:
                 self.studio_unlisted = f"{error_code(exc)}: {exc}"
         return machines
-
-    def _split(self, ids: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
-        """(EC2 instance ids, notebook instance names, endpoint machine ids)."""
-        endpoints = [i for i in ids if is_endpoint_id(i)] if self.endpoints is not None else []
-        if self.notebooks is None:
-            return [i for i in ids if i not in endpoints], [], endpoints
-        return [i for i in ids if is_ec2_id(i)], [i for i in ids if not is_ec2_id(i) and i not in endpoints], endpoints
 
     def _discover_ec2(self, tags: TagKeys) -> list[Machine]:
         """Running machines carrying the team tag (and the opt-in tag, when one is set), joined with their
@@ -431,8 +421,7 @@ class Fleet:
         """Those of the given machines that discovery would list now (running, tagged), described afresh:
         200 ids a DescribeInstances call, the calls concurrently, then their groups in one go. A shard
         worker's discovery. Notebook instances and endpoints among the ids are listed again by name."""
-        others, studio_ids = _studio_split(instance_ids, self.studio is not None)
-        instance_ids, names, endpoint_ids = self._split(others)
+        instance_ids, names, endpoint_ids, studio_ids = _split(self, instance_ids)
         found = self.notebooks.discover(tags, names) if self.notebooks is not None and names else []
         if self.endpoints is not None and endpoint_ids:
             found += self.endpoints.discover(tags, [endpoint_name(m) for m in endpoint_ids])
@@ -500,8 +489,7 @@ class Fleet:
         stopped with StopNotebookInstance, one call each (their ML storage volume is kept); endpoints deleted with
         DeleteEndpoint, one call each (their configuration, models and the record's copy of their tags kept); Studio
         apps with DeleteApp, one call each (their space and its storage kept)."""
-        others, studio_ids = _studio_split(instance_ids, self.studio is not None)
-        instance_ids, names, endpoint_ids = self._split(others)
+        instance_ids, names, endpoint_ids, studio_ids = _split(self, instance_ids)
         stopped = self.notebooks.stop(names) if self.notebooks is not None and names else []
         if self.endpoints is not None and endpoint_ids:
             stopped += self.endpoints.delete(endpoint_ids)
@@ -543,8 +531,7 @@ class Fleet:
         return _kind_lookups(self._described_by, machines)
 
     def start(self, instance_id: str, endpoint: Restore | AppRestore | None = None) -> ActionOutcome:
-        """StartInstances, StartNotebookInstance, or for an endpoint (a Studio app) CreateEndpoint (CreateApp) from
-        what its record kept (`endpoint`)."""
+        """Start it; an endpoint (a Studio app): CreateEndpoint (CreateApp) from what its record kept (`endpoint`)."""
         if self.studio is not None and is_studio_id(instance_id):
             return self.studio.recreate(instance_id, endpoint if isinstance(endpoint, AppRestore) else None)
         if self.endpoints is not None and is_endpoint_id(instance_id):
@@ -579,10 +566,15 @@ class Fleet:
         return run_concurrently(self.terminate_in_group, list(instance_ids), ACTION_WORKERS)
 
 
-def _studio_split(ids: Sequence[str], studio: bool) -> tuple[list[str], list[str]]:
-    """(the other ids, the Studio app machine ids: none when the Fleet has no Studio apps)."""
-    apps = [i for i in ids if is_studio_id(i)] if studio else []
-    return [i for i in ids if i not in apps], apps
+def _split(fleet: Fleet, ids: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(EC2 instance ids, notebook instance names, endpoint machine ids, Studio app machine ids), as `fleet` routes
+    them (a Fleet without notebook instances takes every other id for an EC2 id)."""
+    apps = [i for i in ids if is_studio_id(i)] if fleet.studio is not None else []
+    endpoints = [i for i in ids if is_endpoint_id(i)] if fleet.endpoints is not None else []
+    rest = [i for i in ids if i not in endpoints and i not in apps]
+    if fleet.notebooks is None:
+        return rest, [], endpoints, apps
+    return [i for i in rest if is_ec2_id(i)], [i for i in rest if not is_ec2_id(i)], endpoints, apps
 
 
 def _kind_lookups(described_by: Ec2, machines: Sequence[Machine]) -> Lookups:

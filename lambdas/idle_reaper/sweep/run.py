@@ -180,7 +180,6 @@ def run_sweep(
 
     decisions = _notebook_notes(adapters, decisions, signals, refs, settings, now, warnings, alert=not dry_run)
     report_unlisted_endpoints(adapters, settings, now, warnings, alert=not dry_run)
-    report_unlisted_studio(adapters, warnings)
     decisions, back = mark_back_in_service(decisions, now)
     decisions = _within_group_sizes(adapters, decisions, group_parts)
     written: set[str] = set()
@@ -271,6 +270,7 @@ def _read(
     unless its team's policy sweeps it (core/studio.swept): the admins' daily note reports it."""
     team_refs = {m.team: ref_for(m.team) for m in machines}
     machines = [m for m in machines if m.facts.studio is None or swept(m.facts.studio, team_refs[m.team].policy)]
+    report_unlisted_studio(adapters, warnings)  # a Studio listing that failed: none of them swept
     skipped = _not_due(machines, team_refs, records, settings, now)
     to_read = [m for m in machines if m.instance_id not in skipped]
     # What kind each machine read is, and so its own policy: its team's, with the window its kind gets.
