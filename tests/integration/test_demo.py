@@ -212,6 +212,8 @@ def test_the_idle_studio_app_is_warned_with_its_hourly_cost_then_deleted_and_its
     assert "--space-name lab-space --app-type JupyterLab" in demo_output
     assert kind_row(demo_output, "lab-space") == ["lab-space", "studio-app", "$0.74/h"]
     assert [e["action"] for e in run.audit[run.afternoon.seeded.ids["lab-space"]]] == ["warn", "stop"]
+    # The weekly digest has Studio apps in their own line, as endpoints (core/sections.py: a kind by its words).
+    assert "Studio apps (1): deleted ones saved $2.21 (3.0 h this week). lab-space (vision" in demo_output
 
 
 # --- The afternoon scenario, from the same run's reports and the world it left ------------------------------
