@@ -172,9 +172,11 @@ class CapturingFleet(Fleet):
     machines: list[Machine]
     seconds = 0.0
 
-    def discover(self, tags: TagKeys, *, notebooks: bool = True) -> list[Machine]:
+    def discover(
+        self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True, studio: bool = False
+    ) -> list[Machine]:
         started = time.perf_counter()
-        self.machines = super().discover(tags, notebooks=notebooks)
+        self.machines = super().discover(tags, notebooks=notebooks, endpoints=endpoints, studio=studio)
         self.seconds = time.perf_counter() - started
         return self.machines
 

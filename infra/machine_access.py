@@ -26,7 +26,7 @@ SWEEP_READS = (
     "autoscaling:DescribeAutoScalingGroups",
     "cloudwatch:GetMetricData",
     "sagemaker:ListNotebookInstances",  # SageMaker notebook instances (aws/notebooks.py)
-    "sagemaker:ListApps",  # Studio apps, reported once a day (aws/studio.py)
+    "sagemaker:ListApps",  # Studio apps, reported once a day and swept for teams that ask (aws/studio.py)
     "sagemaker:ListEndpoints",  # SageMaker real-time endpoints (aws/endpoints.py)
     "application-autoscaling:DescribeScalableTargets",  # ... and their variants' minimum capacity
 )
@@ -70,6 +70,14 @@ class MachineAccess:
         return [
             self.stack.format_arn(service="sagemaker", resource=kind, resource_name="*", region=region)
             for kind in ("space", "domain")
+        ]
+
+    def apps(self, region: str) -> list[str]:
+        """The Studio apps idle-reaper may delete and start again: JupyterLab and Code Editor apps of any space
+        (app/<domain>/<space>/<type>/<name>; SageMaker writes the type lowercase in an app's ARN)."""
+        return [
+            self.stack.format_arn(service="sagemaker", resource="app", resource_name=f"*/*/{kind}/*", region=region)
+            for kind in ("jupyterlab", "codeeditor")
         ]
 
     def endpoints(self, region: str) -> list[str]:
@@ -125,6 +133,15 @@ class MachineAccess:
                 resources=self.endpoints(region)[:1],
                 conditions=self.managed(),
             ),
+            # DeleteApp's condition keys are the app's own tags (none names its space's): an app started from Studio
+            # carries its space's tags where the domain propagates them (TagPropagation ENABLED), and one idle-reaper
+            # started again carries them because it passed them to CreateApp (docs/policy.md).
+            iam.PolicyStatement(
+                sid="DeleteManagedStudioApps",
+                actions=["sagemaker:DeleteApp"],
+                resources=self.apps(region),
+                conditions=self.managed(),
+            ),
             iam.PolicyStatement(
                 sid="ReleaseManagedGroupMembers",
                 actions=["autoscaling:SetInstanceProtection", "autoscaling:TerminateInstanceInAutoScalingGroup"],
@@ -168,6 +185,20 @@ class MachineAccess:
                 actions=["sagemaker:DescribeEndpointConfig", "sagemaker:DescribeModel"],
                 resources=[arn for r in regions for arn in self.endpoints(r)[1:]],
             ),
+            # "Delete now" and "Start it again": CreateApp in its space with the space's tags (the opt-in tag among
+            # them), which needs AddTags on the app too.
+            iam.PolicyStatement(
+                sid="DeleteManagedStudioApps",
+                actions=["sagemaker:DeleteApp"],
+                resources=[arn for r in regions for arn in self.apps(r)],
+                conditions=self.managed(),
+            ),
+            iam.PolicyStatement(
+                sid="StartManagedStudioApps",
+                actions=["sagemaker:CreateApp", "sagemaker:AddTags"],
+                resources=[arn for r in regions for arn in self.apps(r)],
+                conditions=self.opting_in(),
+            ),
             iam.PolicyStatement(
                 sid="ProtectManagedGroupMembers",
                 actions=["autoscaling:SetInstanceProtection"],
@@ -184,8 +215,8 @@ class MachineAccess:
                 id="AwsSolutions-IAM5",
                 reason=reads_reason + "Stop, start and scale-in name every instance or Auto Scaling group "
                 f"because machines come and go; the aws:ResourceTag/{self.managed_tag_key} = true condition "
-                "limits them to machines and groups that opted in (an endpoint brought back: the same tag in "
-                f"aws:RequestTag). Parameter reads stay under {ssm_prefix}/.",
+                "limits them to machines and groups that opted in (an endpoint brought back, a Studio app started "
+                f"again: the same tag in aws:RequestTag). Parameter reads stay under {ssm_prefix}/.",
                 applies_to=[
                     "Resource::*",
                     # Partition, region and account are tokens or literals depending on the environment.
@@ -193,6 +224,7 @@ class MachineAccess:
                     RegexAppliesTo(
                         regex=r"/^Resource::arn:.+:sagemaker:.*:(notebook-instance|space|domain|endpoint|endpoint-config|model)\/\*$/"
                     ),
+                    RegexAppliesTo(regex=r"/^Resource::arn:.+:sagemaker:.*:app\/\*\/\*\/(jupyterlab|codeeditor)\/\*$/"),
                     RegexAppliesTo(
                         regex=r"/^Resource::arn:.+:autoscaling:.+:autoScalingGroup:\*:autoScalingGroupName\/\*$/"
                     ),

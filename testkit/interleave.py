@@ -85,8 +85,10 @@ class SteppedFleet(Fleet):
         super().__init__(inner.ec2, inner.autoscaling)
         self.inner, self.gate = inner, gate
 
-    def discover(self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True) -> list[Machine]:
-        machines = self.inner.discover(tags, notebooks=notebooks, endpoints=endpoints)
+    def discover(
+        self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True, studio: bool = False
+    ) -> list[Machine]:
+        machines = self.inner.discover(tags, notebooks=notebooks, endpoints=endpoints, studio=studio)
         self.gate.at("listed")
         return machines
 

@@ -43,28 +43,8 @@ DEFAULT_SCARCE_FAMILIES: tuple[str, ...] = (
     "trn1n",
     "trn2",
 )
-DEFAULT_GPU_FAMILIES = (
-    "p2",
-    "p3",
-    "p3dn",
-    "p4d",
-    "p4de",
-    "p5",
-    "p5e",
-    "p5en",
-    "p6",
-    "g3",
-    "g3s",
-    "g4dn",
-    "g5",
-    "g5g",
-    "g6",
-    "g6e",
-    "g6f",
-    "gr6",
-    "g7",
-    "gr7",
-)
+_GPU_FAMILIES = "p2 p3 p3dn p4d p4de p5 p5e p5en p6 g3 g3s g4dn g5 g5g g6 g6e g6f gr6 g7 gr7"
+DEFAULT_GPU_FAMILIES: tuple[str, ...] = tuple(_GPU_FAMILIES.split())
 
 
 class _Strict(BaseModel):
@@ -388,6 +368,14 @@ class TeamPolicy(_Strict):
         description="A SageMaker endpoint with no invocation on any of its variants this long (minutes; "
         "AWS/SageMaker Invocations, Sum) is idle: warned warn_minutes before, then deleted (its endpoint "
         "configuration, model and tags kept, so Slack's 'Bring it back' recreates it).",
+    )
+    # SageMaker Studio apps (core/studio.py; docs/policy.md, "SageMaker Studio apps").
+    studio_apps: Literal["report", "delete"] = Field(
+        "report",
+        description="Running Studio JupyterLab and Code Editor apps whose space carries the team and opt-in tags: "
+        "report (the admins' daily note lists those Studio's own idle shutdown would leave running past idle_minutes) "
+        "or delete (such an app idle past idle_minutes is warned, then deleted, its space and storage kept, so "
+        "Slack's 'Start it again' recreates it).",
     )
     schedules: tuple[Schedule, ...] = Field(
         (),

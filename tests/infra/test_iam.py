@@ -51,6 +51,11 @@ def sagemaker(region: str, kind: str, name: str = "demo-llm") -> str:
 OPTING_IN = {"aws:RequestTag/idle-reaper:managed": "true", "aws:TagKeys": ("Team", "Owner", "idle-reaper:managed")}
 
 
+def studio_app(region: str, app_type: str = "jupyterlab") -> str:
+    """A Studio app's ARN (app/<domain>/<space>/<type>/<name>)."""
+    return f"arn:aws:sagemaker:{region}:{ACCOUNT}:app/d-abc123/alice-space/{app_type}/default"
+
+
 def parameter(region: str, name: str) -> str:
     return f"arn:aws:ssm:{region}:{ACCOUNT}:parameter/idle-reaper/{name}"
 
@@ -122,6 +127,8 @@ SWEEP_CALLS = [
     on_managed("ec2:TerminateInstances", instance(HOME)),  # machines EC2 cannot stop, on the team's opt-in
     on_managed("sagemaker:StopNotebookInstance", notebook(HOME)),
     on_managed("sagemaker:DeleteEndpoint", sagemaker(HOME, "endpoint")),
+    on_managed("sagemaker:DeleteApp", studio_app(HOME)),  # a team that asked for it (studio_apps: delete)
+    on_managed("sagemaker:DeleteApp", studio_app(HOME, "codeeditor")),
     on_managed("autoscaling:SetInstanceProtection", group(HOME)),
     on_managed("autoscaling:TerminateInstanceInAutoScalingGroup", group(HOME)),
     *policy_reads(HOME),
@@ -191,6 +198,10 @@ SLACK_CALLS = [
             call("sagemaker:CreateEndpoint", sagemaker(region, "endpoint"), region, **OPTING_IN),
             call("sagemaker:CreateEndpoint", sagemaker(region, "endpoint-config"), region, **OPTING_IN),
             call("sagemaker:AddTags", sagemaker(region, "endpoint"), region, **OPTING_IN),
+            on_managed("sagemaker:DeleteApp", studio_app(region), region),  # a Studio app's "Delete now"
+            call("sagemaker:CreateApp", studio_app(region), region, **OPTING_IN),  # "Start it again"
+            call("sagemaker:CreateApp", studio_app(region, "codeeditor"), region, **OPTING_IN),
+            call("sagemaker:AddTags", studio_app(region), region, **OPTING_IN),
             on_managed("autoscaling:SetInstanceProtection", group(region), region),
             *policy_reads(region),
             call("dynamodb:BatchGetItem", table(region), region),
@@ -243,11 +254,16 @@ NEVER = [
     on_managed("sagemaker:DeleteEndpointConfig", sagemaker(HOME, "endpoint-config")),
     on_managed("sagemaker:DeleteModel", sagemaker(HOME, "model")),
     on_managed("sagemaker:UpdateEndpoint", sagemaker(HOME, "endpoint")),
-    # Studio is reported, never acted on.
-    on_managed(
-        "sagemaker:DeleteApp", f"arn:aws:sagemaker:{HOME}:{ACCOUNT}:app/d-abc123/alice-space/jupyterlab/default"
-    ),
+    # Studio apps: deleted only with the opt-in tag, created only carrying it, and only JupyterLab and Code Editor
+    # apps; spaces (and their storage) never changed or deleted.
+    call("sagemaker:DeleteApp", studio_app(HOME), **UNMANAGED),
+    call("sagemaker:DeleteApp", studio_app(HOME), **{MANAGED_TAG: "false"}),
+    call("sagemaker:CreateApp", studio_app(HOME)),
+    call("sagemaker:CreateApp", studio_app(HOME), **{"aws:RequestTag/idle-reaper:managed": "no"}),
+    on_managed("sagemaker:DeleteApp", studio_app(HOME, "kernelgateway")),
+    call("sagemaker:CreateApp", studio_app(HOME, "canvas"), **OPTING_IN),
     on_managed("sagemaker:UpdateSpace", f"arn:aws:sagemaker:{HOME}:{ACCOUNT}:space/d-abc123/alice-space"),
+    on_managed("sagemaker:DeleteSpace", f"arn:aws:sagemaker:{HOME}:{ACCOUNT}:space/d-abc123/alice-space"),
     on_managed("autoscaling:UpdateAutoScalingGroup", group(HOME)),
     call("ssm:PutParameter", parameter(HOME, "settings")),
     call("ssm:GetParameter", f"arn:aws:ssm:{HOME}:{ACCOUNT}:parameter/prod/db-password"),
@@ -264,6 +280,8 @@ SWEEP_NEVER = [
     on_managed("sagemaker:StartNotebookInstance", notebook(HOME)),
     on_managed("sagemaker:StopNotebookInstance", notebook(OTHER), OTHER),
     call("sagemaker:CreateEndpoint", sagemaker(HOME, "endpoint"), **OPTING_IN),  # only a person brings one back
+    call("sagemaker:CreateApp", studio_app(HOME), **OPTING_IN),  # ... or starts an app again
+    on_managed("sagemaker:DeleteApp", studio_app(OTHER), OTHER),
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("machine#i-0abc123def4567890",)}),
     call("dynamodb:DeleteItem", table(HOME), **{"dynamodb:LeadingKeys": ("entries#other#x",)}),
     call("dynamodb:Query", table(HOME, "owner-index")),  # the owner-index is the Slack endpoint's

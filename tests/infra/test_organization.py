@@ -30,6 +30,7 @@ from test_iam import (
     parameter,
     sagemaker,
     secret,
+    studio_app,
     table,
 )
 from test_names import physical_names
@@ -374,12 +375,16 @@ MEMBER_CALLS = [
             ("autoscaling:SetInstanceProtection", group(HUB)),
             ("autoscaling:TerminateInstanceInAutoScalingGroup", group(HUB)),
             ("sagemaker:DeleteEndpoint", sagemaker(HUB, "endpoint")),
+            ("sagemaker:DeleteApp", studio_app(HUB)),
         )
     ),
     # "Bring it back" on a member account's endpoint: the same rights as the hub's own (issue 46).
     call("sagemaker:CreateEndpoint", sagemaker(HUB, "endpoint"), HUB, **OPTING_IN),
     call("sagemaker:CreateEndpoint", sagemaker(HUB, "endpoint-config"), HUB, **OPTING_IN),
     call("sagemaker:AddTags", sagemaker(HUB, "endpoint"), HUB, **OPTING_IN),
+    # ... and "Start it again" on a member account's Studio app.
+    call("sagemaker:CreateApp", studio_app(HUB), HUB, **OPTING_IN),
+    call("sagemaker:AddTags", studio_app(HUB), HUB, **OPTING_IN),
 ]
 MEMBER_NEVER = [
     *NEVER,

@@ -202,6 +202,20 @@ def test_the_deleted_endpoint_is_brought_back_from_slack_and_in_service_at_the_n
     assert "saved $4.42 (3.0 h deleted)" in ml and "of it, endpoints $4.42" in ml
 
 
+def test_the_idle_studio_app_is_warned_with_its_hourly_cost_then_deleted_and_its_space_kept(run: Run, demo_output):
+    row = summary_row(demo_output, "lab-space")
+    assert "deleted at 14:00" in row and row.split()[-1] == "$2.21"  # 3 h at ml.g4dn.xlarge's $0.7364
+    assert "Idle Studio app: lab-space" in demo_output and "*Cost*: $0.74 per hour" in demo_output
+    assert "lab-space (studio:d-local-studio:lab-space:JupyterLab:default) was deleted at 2026-11-20 14:00 UTC" in (
+        demo_output
+    )
+    assert "--space-name lab-space --app-type JupyterLab" in demo_output
+    assert kind_row(demo_output, "lab-space") == ["lab-space", "studio-app", "$0.74/h"]
+    assert [e["action"] for e in run.audit[run.afternoon.seeded.ids["lab-space"]]] == ["warn", "stop"]
+    # The weekly digest has Studio apps in their own line, as endpoints (core/sections.py: a kind by its words).
+    assert "Studio apps (1): deleted ones saved $2.21 (3.0 h this week). lab-space (vision" in demo_output
+
+
 # --- The afternoon scenario, from the same run's reports and the world it left ------------------------------
 
 

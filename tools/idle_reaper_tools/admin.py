@@ -1005,7 +1005,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             aws.client("ec2"), aws.client("autoscaling"), aws.client("sagemaker"), aws.client("application-autoscaling")
         )
         listed = fleet.discover(
-            settings.tags, notebooks=settings.sagemaker_notebooks, endpoints=settings.sagemaker_endpoints
+            settings.tags,
+            notebooks=settings.sagemaker_notebooks,
+            endpoints=settings.sagemaker_endpoints,
+            studio=settings.sagemaker_notebooks,  # the apps a record names, as the sweep lists them
         )
         machines = {m.instance_id: m for m in listed}
         if fleet.notebooks_unlisted:

@@ -435,6 +435,8 @@ class AwsRules:
         self.metered = True  # rate rules on (a test that seeds a fleet with many calls may turn them off a while)
         # SageMaker's quota of each instance type for endpoint usage, in instances (aws_rules_sagemaker.py): a test's.
         self.sagemaker_quotas: dict[str, int] = {}
+        # And of Studio apps, by (app type, instance type), in apps (aws_rules_sagemaker.py): a test's.
+        self.studio_quotas: dict[tuple[str, str], int] = {}
 
     # -- lifecycle
 
@@ -484,6 +486,7 @@ class AwsRules:
             self.calls.clear()
             self.metered = True
             self.sagemaker_quotas.clear()
+            self.studio_quotas.clear()
             self.clock = self._wall  # a test's own clock ends with it
         if throttled:
             aws.forget_clients()
@@ -534,7 +537,7 @@ class AwsRules:
         elif service == "sagemaker":
             from idle_reaper_tools.aws_rules_sagemaker import sagemaker_refusal
 
-            refusal = sagemaker_refusal(operation, params, account, region, self.sagemaker_quotas)
+            refusal = sagemaker_refusal(operation, params, account, region, self.sagemaker_quotas, self.studio_quotas)
         else:
             refusal = _others(service, operation, params)
         if refusal is not None or not self.metered:

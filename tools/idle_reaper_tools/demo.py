@@ -26,7 +26,7 @@ from idle_reaper.slack import blocks_text, load_secrets, make_client
 from idle_reaper.slack.digest import DigestSender
 from idle_reaper.sweep import Adapters, SweepReport, run_sharded
 from idle_reaper.sweep.digest import send_week_digests
-from idle_reaper_tools import local
+from idle_reaper_tools import local, local_studio
 from idle_reaper_tools.admin import status_rows
 from idle_reaper_tools.fake_slack import (
     FakeSlack,
@@ -77,6 +77,7 @@ class Box:
     spot: bool = False  # a Spot instance of a persistent request that stops it
     reserved: bool = False  # runs in an On-Demand Capacity Reservation (local.reserve)
     endpoint: int = 0  # a SageMaker real-time endpoint of this many instances (its profile's CPU: requests per 5 min)
+    studio: bool = False  # a Studio JupyterLab app in a space of this name (its metrics as a lifecycle config's agent)
 
 
 FLEET = [
@@ -157,6 +158,16 @@ FLEET = [
         endpoint=2,
     ),
     Box(
+        "lab-space",
+        "ml.g4dn.xlarge",
+        "vision",
+        _until(at(13), (30.0, 45.0), (1.0, 0.0)),
+        "heidi@example.com",
+        "SageMaker Studio JupyterLab app idle from 13:00: deleted with DeleteApp, its space and storage kept",
+        launched=at(9),
+        studio=True,
+    ),
+    Box(
         "fleet-worker",
         "m5.large",
         "ml",
@@ -202,7 +213,9 @@ GROUP = "workers"
 GROUP_PROFILES = [_steady(70.0, None), _steady(1.0, None)]  # one busy member, one idle
 TEAM_POLICIES = {
     "ml": local.team_policy_json(idle_minutes=90, warn_minutes=30, slack_channel="C0MLTEAM", endpoint_idle_minutes=90),
-    "vision": local.team_policy_json(idle_minutes=60, warn_minutes=15, action="hibernate", notify="owner"),
+    "vision": local.team_policy_json(
+        idle_minutes=60, warn_minutes=15, action="hibernate", notify="owner", studio_apps="delete"
+    ),
     "research": local.team_policy_json(idle_minutes=5),  # invalid: below the 15-minute minimum
 }
 
@@ -223,6 +236,12 @@ def launch_due(seeded: Seeded, now: datetime) -> None:
             )
             seeded.ids[box.name], seeded.names[f"endpoint:{name}"] = f"endpoint:{name}", box.name
             local.write_invocations(name, _requests(box.profile), max(box.launched, at(6)), END)
+        elif box.name not in seeded.ids and box.launched <= now and box.studio:
+            name = local_studio.launch_studio_app(
+                box.name, box.instance_type, team=box.team, launch_time=box.launched, owner=box.owner
+            )
+            seeded.ids[box.name], seeded.names[name] = name, box.name
+            local.write_metrics(name, box.profile, max(box.launched, at(6)), END, notebook=True)
         elif box.name not in seeded.ids and box.launched <= now and box.sagemaker:
             name = local.launch_notebook(
                 box.name, box.instance_type, team=box.team, launch_time=box.launched, owner=box.owner
@@ -342,7 +361,7 @@ _VERBS = {
 
 
 def _verb(d: Decision) -> str:
-    return "DELETED" if d.machine.is_endpoint and d.action is Action.STOP else _VERBS.get(d.action, d.state.value)
+    return "DELETED" if d.machine.deleted_by_stop and d.action is Action.STOP else _VERBS.get(d.action, d.state.value)
 
 
 def _describe(d: Decision, name: str) -> str:

@@ -217,13 +217,11 @@ def _item_size_as_dynamodb_counts_it() -> None:
 
 
 def _studio_without_apps() -> None:
-    """moto has no Studio apps (no ListApps): the local world answers as an account without any, as AWS would,
-    rather than an HTTP 500 every sweep's daily Studio read would retry."""
-    from moto.core.responses import ActionResult
-    from moto.sagemaker.responses import SageMakerResponse
+    """moto has no Studio spaces or apps: local_studio.py answers them (an account without any answers ListApps
+    with none, as AWS would, rather than an HTTP 500 every sweep's Studio read would retry)."""
+    from idle_reaper_tools import local_studio
 
-    if not hasattr(SageMakerResponse, "list_apps"):
-        SageMakerResponse.list_apps = lambda self: ActionResult({"Apps": []})  # type: ignore[attr-defined]
+    local_studio.install()
 
 
 def _regions_as_aws_lists_them() -> None:

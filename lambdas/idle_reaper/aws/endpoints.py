@@ -18,6 +18,7 @@ from typing import Any
 from idle_reaper.aws.clients import AwsError, chunks, error_code, run_concurrently
 from idle_reaper.aws.fleet import ActionOutcome, Fleet
 from idle_reaper.aws.notebooks import NotebookInstances
+from idle_reaper.aws.studio import StudioApps
 from idle_reaper.core.endpoints import FAILED, EndpointFacts, Restore, endpoint_id, endpoint_name, variants_of
 from idle_reaper.core.kinds import InstanceFacts
 from idle_reaper.core.signals import Machine
@@ -190,11 +191,13 @@ class Endpoints:
 def sagemaker_fleet(
     ec2: Any, autoscaling: Any, sagemaker: Any, application_autoscaling: Any, *, listing_processes: int = 1
 ) -> Fleet:
-    """EC2 machines, notebook instances and endpoints (`application_autoscaling`: the endpoints' minimums)."""
+    """EC2 machines, notebook instances, endpoints (`application_autoscaling`: the endpoints' minimums) and Studio
+    apps."""
     return Fleet(
         ec2,
         autoscaling,
         NotebookInstances(sagemaker),
         listing_processes=listing_processes,
         endpoints=Endpoints(sagemaker, application_autoscaling),
+        studio=StudioApps(sagemaker),
     )

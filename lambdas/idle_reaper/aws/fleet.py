@@ -34,6 +34,7 @@ from idle_reaper.core.endpoints import Restore, endpoint_name, is_endpoint_id
 from idle_reaper.core.kinds import InstanceFacts, Lookups, Reservation, SpotRequest, is_ec2_id
 from idle_reaper.core.reports import GroupCapacity
 from idle_reaper.core.signals import Machine
+from idle_reaper.core.studio import AppRestore, is_studio_id
 from idle_reaper.policy import (
     TagKeys,
 )
@@ -41,6 +42,7 @@ from idle_reaper.policy import (
 if TYPE_CHECKING:
     from idle_reaper.aws.endpoints import Endpoints
     from idle_reaper.aws.notebooks import NotebookInstances
+    from idle_reaper.aws.studio import StudioApps
 
 ASG_INSTANCES_PER_CALL = 50  # DescribeAutoScalingInstances and SetInstanceProtection limit
 ASG_GROUPS_PER_CALL = 50  # DescribeAutoScalingGroups: names per call without MaxRecords
@@ -270,9 +272,8 @@ class ActionOutcome:
 
 
 class Fleet:
-    """EC2 machines and, when given `notebooks` and `endpoints`, SageMaker notebook instances and real-time
-    endpoints: one list of machines, and actions routed by id (an EC2 instance id, endpoint:<name>, or a notebook
-    instance's name)."""
+    """EC2 machines and, when given, SageMaker notebook instances, endpoints and Studio apps: one list of machines,
+    and actions routed by id (an EC2 instance id, a notebook's name, endpoint:<name>, studio:<domain>:<...>)."""
 
     def __init__(
         self,
@@ -282,6 +283,7 @@ class Fleet:
         *,
         listing_processes: int = 1,
         endpoints: Endpoints | None = None,
+        studio: StudioApps | None = None,
     ) -> None:
         self.ec2 = ec2
         self.autoscaling = autoscaling
@@ -289,6 +291,8 @@ class Fleet:
         self.endpoints = endpoints
         # Why endpoints could not be listed at the last discovery (None: they were, or none asked).
         self.endpoints_unlisted: str | None = None
+        self.studio = studio
+        self.studio_unlisted: str | None = None  # and Studio apps
         # The endpoints the last discovery listed Failed (machine ids): sweep/endpoints.py tell_failed_bring_backs.
         self.endpoints_failed: tuple[str, ...] = ()
         # Child processes a discovery lists in (1: threads of this process; the planner uses more).
@@ -318,11 +322,13 @@ class Fleet:
         shared.terminate_pace = self.terminate_pace.shared_by(workers)
         return shared
 
-    def discover(self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True) -> list[Machine]:
-        """The EC2 machines, then the notebook instances, then the endpoints. A SageMaker listing that fails leaves
-        its kind out of this sweep (`notebooks_unlisted`, `endpoints_unlisted` say why): the rest are swept."""
+    def discover(
+        self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True, studio: bool = False
+    ) -> list[Machine]:
+        """The EC2 machines, the notebook instances, the endpoints and (a sweep's listing: `studio`) the Studio apps.
+        A SageMaker listing that fails leaves its kind out of this sweep (`*_unlisted` say why)."""
         machines = self._discover_ec2(tags)
-        self.notebooks_unlisted = self.endpoints_unlisted = None
+        self.notebooks_unlisted = self.endpoints_unlisted = self.studio_unlisted = None
         self.endpoints_failed = ()
         if self.notebooks is not None and notebooks:
             try:
@@ -336,14 +342,12 @@ class Fleet:
             except AwsError as exc:
                 self.endpoints_unlisted = f"{error_code(exc)}: {exc}"
             self.endpoints_failed = tuple(failed)
+        if self.studio is not None and studio:
+            try:
+                machines += self.studio.discover(tags)
+            except AwsError as exc:
+                self.studio_unlisted = f"{error_code(exc)}: {exc}"
         return machines
-
-    def _split(self, ids: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
-        """(EC2 instance ids, notebook instance names, endpoint machine ids)."""
-        endpoints = [i for i in ids if is_endpoint_id(i)] if self.endpoints is not None else []
-        if self.notebooks is None:
-            return [i for i in ids if i not in endpoints], [], endpoints
-        return [i for i in ids if is_ec2_id(i)], [i for i in ids if not is_ec2_id(i) and i not in endpoints], endpoints
 
     def _discover_ec2(self, tags: TagKeys) -> list[Machine]:
         """Running machines carrying the team tag (and the opt-in tag, when one is set), joined with their
@@ -405,10 +409,10 @@ class Fleet:
         try:
             current = {m.instance_id: m for m in self.describe_ids([m.instance_id for m in machines], tags)}
         except AwsError:
-            if not any(m.is_notebook or m.is_endpoint for m in machines):
+            if not any(m.is_notebook or m.deleted_by_stop for m in machines):
                 raise
             # SageMaker machines that cannot be described again are not acted on; EC2 machines are checked.
-            ec2 = [m for m in machines if not (m.is_notebook or m.is_endpoint)]
+            ec2 = [m for m in machines if not (m.is_notebook or m.deleted_by_stop)]
             current = {m.instance_id: m for m in self.describe_ids([m.instance_id for m in ec2], tags)}
         # A member account's machines carry their account and region (this Fleet's clients work in them).
         return {m.instance_id for m in machines if (c := current.get(m.instance_id)) and _where(c, m) == m}
@@ -417,10 +421,12 @@ class Fleet:
         """Those of the given machines that discovery would list now (running, tagged), described afresh:
         200 ids a DescribeInstances call, the calls concurrently, then their groups in one go. A shard
         worker's discovery. Notebook instances and endpoints among the ids are listed again by name."""
-        instance_ids, names, endpoint_ids = self._split(instance_ids)
+        instance_ids, names, endpoint_ids, studio_ids = _split(self, instance_ids)
         found = self.notebooks.discover(tags, names) if self.notebooks is not None and names else []
         if self.endpoints is not None and endpoint_ids:
             found += self.endpoints.discover(tags, [endpoint_name(m) for m in endpoint_ids])
+        if self.studio is not None and studio_ids:
+            found += self.studio.discover(tags, studio_ids)
 
         def describe(batch: Sequence[str]) -> tuple[list[Machine], dict[str, str]]:
             return _described(self._described_by, tags, [{"Name": "instance-id", "Values": list(batch)}])
@@ -481,11 +487,14 @@ class Fleet:
         A machine that cannot hibernate falls back to a plain stop alone: the batch bisects down to it
         first, so the others still hibernate (and keep their notebook kernels). Notebook instances are
         stopped with StopNotebookInstance, one call each (their ML storage volume is kept); endpoints deleted with
-        DeleteEndpoint, one call each (their configuration, models and the record's copy of their tags kept)."""
-        instance_ids, names, endpoint_ids = self._split(instance_ids)
+        DeleteEndpoint, one call each (their configuration, models and the record's copy of their tags kept); Studio
+        apps with DeleteApp, one call each (their space and its storage kept)."""
+        instance_ids, names, endpoint_ids, studio_ids = _split(self, instance_ids)
         stopped = self.notebooks.stop(names) if self.notebooks is not None and names else []
         if self.endpoints is not None and endpoint_ids:
             stopped += self.endpoints.delete(endpoint_ids)
+        if self.studio is not None and studio_ids:
+            stopped += self.studio.delete(studio_ids)
         until = Pacing.clock() + MUTATING_WAIT_SECONDS  # EC2's buckets: a batch not sent by then is RateHeld
 
         def call(ids: Sequence[str]) -> None:
@@ -521,11 +530,12 @@ class Fleet:
         stopped) this sweep, and the next sweep asks again."""
         return _kind_lookups(self._described_by, machines)
 
-    def start(self, instance_id: str, endpoint: Restore | None = None) -> ActionOutcome:
-        """StartInstances, StartNotebookInstance, or for an endpoint CreateEndpoint from what its record kept
-        (`endpoint`)."""
+    def start(self, instance_id: str, endpoint: Restore | AppRestore | None = None) -> ActionOutcome:
+        """Start it; an endpoint (a Studio app): CreateEndpoint (CreateApp) from what its record kept (`endpoint`)."""
+        if self.studio is not None and is_studio_id(instance_id):
+            return self.studio.recreate(instance_id, endpoint if isinstance(endpoint, AppRestore) else None)
         if self.endpoints is not None and is_endpoint_id(instance_id):
-            return self.endpoints.recreate(instance_id, endpoint)
+            return self.endpoints.recreate(instance_id, endpoint if isinstance(endpoint, Restore) else None)
         if self.notebooks is not None and not is_ec2_id(instance_id):
             return self.notebooks.start(instance_id)
         try:
@@ -554,6 +564,17 @@ class Fleet:
     def terminate_in_groups(self, instance_ids: Sequence[str]) -> list[ActionOutcome]:
         """TerminateInstanceInAutoScalingGroup takes one instance: the calls run concurrently instead."""
         return run_concurrently(self.terminate_in_group, list(instance_ids), ACTION_WORKERS)
+
+
+def _split(fleet: Fleet, ids: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(EC2 instance ids, notebook instance names, endpoint machine ids, Studio app machine ids), as `fleet` routes
+    them (a Fleet without notebook instances takes every other id for an EC2 id)."""
+    apps = [i for i in ids if is_studio_id(i)] if fleet.studio is not None else []
+    endpoints = [i for i in ids if is_endpoint_id(i)] if fleet.endpoints is not None else []
+    rest = [i for i in ids if i not in endpoints and i not in apps]
+    if fleet.notebooks is None:
+        return rest, [], endpoints, apps
+    return [i for i in rest if is_ec2_id(i)], [i for i in rest if not is_ec2_id(i)], endpoints, apps
 
 
 def _kind_lookups(described_by: Ec2, machines: Sequence[Machine]) -> Lookups:

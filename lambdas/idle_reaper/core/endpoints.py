@@ -57,22 +57,52 @@ def endpoint_name(machine_id: str) -> str:
 
 @dataclass(frozen=True)
 class Words:
-    """What messages call a machine's action: a stop, or for an endpoint its deletion."""
+    """What messages call a machine's action: a stop, or for an endpoint or a Studio app its deletion."""
 
     noun: str = "machine"
     stopped: str = "stopped"
     stop_button: str = "Stop now"
     stop_title: str = "Stopped"
     start_button: str = "Start it again"
+    keeps: str = ""  # what a deletion keeps ("" for a stop)
+    recreating: str = ""  # what SageMaker does once the start button is pressed, and how long it takes
+    back_title: str = "Being brought back"  # the message's title meanwhile
+
+    @property
+    def deletes(self) -> bool:
+        return self.stopped == "deleted"
 
 
-ENDPOINT_WORDS = Words("endpoint", "deleted", "Delete now", "Deleted", "Bring it back")
+ENDPOINT_WORDS = Words(
+    "endpoint",
+    "deleted",
+    "Delete now",
+    "Deleted",
+    "Bring it back",
+    "its configuration, models and tags",
+    "SageMaker is creating it from its endpoint configuration (usually 5 to 15 minutes)",
+)
+STUDIO_WORDS = Words(
+    "Studio app",
+    "deleted",
+    "Delete now",
+    "Deleted",
+    "Start it again",
+    "its space and the space's storage",
+    "SageMaker is creating the app in its space, on the same instance type and image (usually 2 to 5 minutes)",
+    "Being started again",
+)
 MACHINE_WORDS = Words()
+# A SageMaker Studio app's machine id: studio:<domain id>:<space name>:<app type>:<app name> (core/studio.py).
+STUDIO_PREFIX = "studio:"
 
 
 def words_for(key: str) -> Words:
     """The words for the machine a machine id or key (records.machine_key: account/region/id) names."""
-    return ENDPOINT_WORDS if is_endpoint_id(key.rsplit("/", 1)[-1]) else MACHINE_WORDS
+    machine_id = key.rsplit("/", 1)[-1]
+    if machine_id.startswith(STUDIO_PREFIX):
+        return STUDIO_WORDS
+    return ENDPOINT_WORDS if is_endpoint_id(machine_id) else MACHINE_WORDS
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from idle_reaper.core.endpoints import IN_SERVICE, EndpointFacts, describe_missing
+from idle_reaper.core.studio import AppFacts
 from idle_reaper.policy import TeamPolicy
 
 # AWS-managed tags EC2 puts on the instances a fleet launched.
@@ -58,6 +59,7 @@ class Kind(StrEnum):
     ENDPOINT_BUSY = "endpoint-not-in-service"  # Creating, Updating, ...: SageMaker refuses to delete it meanwhile
     ENDPOINT_SAVES_NOTHING = "endpoint-scales-to-zero"  # serverless, inference components, minimum 0: reported only
     ENDPOINT_NOT_RESTORABLE = "endpoint-not-restorable"  # its configuration or model is gone: never deleted
+    STUDIO_APP = "studio-app"  # a SageMaker Studio app, InService: deleted, its space and storage kept
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class InstanceFacts:
     notebook_status: str | None = None  # a SageMaker notebook instance's NotebookInstanceStatus; None: EC2
     notebook_config: str | None = None  # the lifecycle configuration attached to a notebook instance, if any
     endpoint: EndpointFacts | None = None  # a SageMaker endpoint's (core/endpoints.py); None: not an endpoint
+    studio: AppFacts | None = None  # a SageMaker Studio app's (core/studio.py); None: not an app
 
     @classmethod
     def of(cls, instance: Mapping[str, Any], tags: Mapping[str, str]) -> InstanceFacts:
@@ -182,7 +185,7 @@ class MachineKind:
 
     @property
     def ordinary(self) -> bool:
-        return self.kind in (Kind.ON_DEMAND, Kind.SPOT, Kind.NOTEBOOK, Kind.ENDPOINT)
+        return self.kind in (Kind.ON_DEMAND, Kind.SPOT, Kind.NOTEBOOK, Kind.ENDPOINT, Kind.STUDIO_APP)
 
 
 ON_DEMAND = MachineKind(Kind.ON_DEMAND, can_stop=True, can_terminate=True, saves="price")
@@ -191,6 +194,8 @@ NOTEBOOK_IN_SERVICE = "InService"
 NOTEBOOK = MachineKind(Kind.NOTEBOOK, can_stop=True, can_terminate=False, saves="price")
 # DeleteEndpoint keeps the endpoint configuration, its models and (on the record) the tags: "stop" is deletion.
 ENDPOINT = MachineKind(Kind.ENDPOINT, can_stop=True, can_terminate=False, saves="price")
+# DeleteApp keeps the space and its storage (and, on the record, what CreateApp needs): "stop" is deletion.
+STUDIO_APP = MachineKind(Kind.STUDIO_APP, can_stop=True, can_terminate=False, saves="price")
 
 _TERMINATE_LOSES = "deletes its root volume and every local (instance-store) disk; it can never be started again"
 
@@ -202,6 +207,8 @@ def classify(facts: InstanceFacts, lookups: Lookups, now: datetime) -> MachineKi
     an endpoint as endpoint_kind says."""
     if facts.endpoint is not None:
         return endpoint_kind(facts.endpoint)
+    if facts.studio is not None:  # listed only InService (aws/studio.py)
+        return STUDIO_APP
     if facts.notebook_status is not None:
         if facts.notebook_status == NOTEBOOK_IN_SERVICE:
             return NOTEBOOK
@@ -349,6 +356,7 @@ NEVER_STOPPED = frozenset(
 ENDPOINT_KINDS = frozenset(
     {Kind.ENDPOINT, Kind.ENDPOINT_BUSY, Kind.ENDPOINT_SAVES_NOTHING, Kind.ENDPOINT_NOT_RESTORABLE}
 )
+DELETED_KINDS = ENDPOINT_KINDS | {Kind.STUDIO_APP}  # a "stop" deletes them, and "start" recreates them
 # Kinds terminating ends for good (nothing relaunches them): the owner's "Terminate now" applies.
 TERMINABLE = frozenset({Kind.SPOT_ONE_TIME, Kind.INSTANCE_STORE})
 
@@ -486,7 +494,7 @@ def notice_sentence(kind: MachineKind, how: Handling, instance_type: str) -> str
 
 
 def _stopped(kind: MachineKind, machine: str = "stopped", endpoint: str = "deleted") -> str:
-    return endpoint if kind.kind in ENDPOINT_KINDS else machine
+    return endpoint if kind.kind in DELETED_KINDS else machine
 
 
 # Where the stack's lifecycle configuration fetches the activity collector from, in its notebook-agent bucket.

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
-from idle_reaper.core.endpoints import endpoint_policy, kept_restore
+from idle_reaper.core.endpoints import endpoint_policy, words_for
 from idle_reaper.core.kinds import (
     ON_DEMAND,
     Handling,
@@ -23,6 +23,7 @@ from idle_reaper.core.kinds import (
 )
 from idle_reaper.core.records import Action, MachineRecord, State, owes_owner, parse_history, with_stretch
 from idle_reaper.core.signals import Assessment, Machine, Signal, parse_exemption
+from idle_reaper.core.studio import kept_restore
 from idle_reaper.core.time_of_day import observe_text
 from idle_reaper.core.waiting import LearnedWait, earliest_warn_minutes, wait_for, warn_point
 from idle_reaper.policy import TeamPolicy, TeamPolicyRef
@@ -398,7 +399,7 @@ def _carried_over(
         asg_name=machine.asg_name,
         owner_slack_id=record.owner_slack_id if record.owner == machine.owner else None,
         usage_profile=profile,
-        endpoint=kept_restore(record.endpoint, facts) if (facts := machine.facts.endpoint) else record.endpoint,
+        endpoint=kept_restore(record.endpoint, machine.facts.endpoint, machine.facts.studio),
     )
 
 
@@ -682,8 +683,8 @@ def _reap_action(machine: Machine, policy: TeamPolicy, how: Handling | None = No
     if how is not None and how.mode == "terminate":
         why = f"idle past its {how.idle_minutes}-min window and EC2 cannot stop it: terminate"
         return Action.TERMINATE_INSTANCE, why
-    if machine.is_endpoint:
-        return Action.STOP, "idle past its window: delete it (its configuration, models and tags kept)"
+    if machine.deleted_by_stop:
+        return Action.STOP, f"idle past its window: delete it ({words_for(machine.instance_id).keeps} kept)"
     if policy.action == "hibernate":
         if machine.hibernation_configured:
             return Action.HIBERNATE, "idle past its window: hibernate"
@@ -696,7 +697,7 @@ def _verb(machine: Machine, policy: TeamPolicy, how: Handling | None = None) -> 
         return "terminate it" if policy.asg_action == "terminate" else "release it to its group"
     if how is not None and how.mode == "terminate":
         return "terminate it" if policy.action != "notify_only" else "report it (notify only)"
-    if machine.is_endpoint and policy.action != "notify_only":
+    if machine.deleted_by_stop and policy.action != "notify_only":
         return "delete it"
     return {"stop": "stop it", "hibernate": "hibernate it", "notify_only": "report it (notify only)"}[policy.action]
 

@@ -49,7 +49,7 @@ REAP_ACTIONS = frozenset({Action.STOP, Action.HIBERNATE, Action.UNPROTECT, Actio
 
 _ACCOUNT = re.compile(r"^\d{12}$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$")
-_INSTANCE = re.compile(r"^[^/\s]{1,128}$")  # an EC2 id, a SageMaker notebook's name, or endpoint:<name>
+_INSTANCE = re.compile(r"^[^/\s]{1,128}$")  # an EC2 id, a notebook's name, endpoint:<name> or studio:<...>
 
 
 class MachineId(NamedTuple):
@@ -175,7 +175,8 @@ class MachineRecord:
     week_peaks: str = ""
     # A SageMaker endpoint's: what CreateEndpoint needs to bring it back after its deletion (core/endpoints.Restore
     # as JSON: its configuration's name and tags, at most 50; and who asked to bring it back, until it is InService
-    # again). None for every other machine.
+    # again). A Studio app's: what CreateApp needs (core/studio.AppRestore: its domain, space, type, name, resource
+    # spec and its space's tags; and who asked to start it again). None for every other machine.
     endpoint: str | None = None
     # Organization mode: the member account and region the machine runs in (None: the hub's own account).
     # Written only when set, so a hub machine's item is what it always was.

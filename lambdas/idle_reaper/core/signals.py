@@ -65,6 +65,16 @@ class Machine:
         """A SageMaker real-time endpoint (its id is endpoint:<name>; core/endpoints.py)."""
         return self.facts.endpoint is not None
 
+    @property
+    def is_studio_app(self) -> bool:
+        """A SageMaker Studio app (its id is studio:<domain>:<space>:<type>:<name>; core/studio.py)."""
+        return self.facts.studio is not None
+
+    @property
+    def deleted_by_stop(self) -> bool:
+        """Its action is a deletion (an endpoint, a Studio app), and starting it again recreates it."""
+        return self.is_endpoint or self.is_studio_app
+
 
 Point = tuple[datetime, float]  # (period start, value)
 

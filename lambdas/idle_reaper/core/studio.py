@@ -1,13 +1,41 @@
-"""SageMaker Studio apps, reported, never acted on: running JupyterLab and Code Editor apps whose idle shutdown
-is off, or later than their team's idle window, with what they cost an hour, so an admin can align them.
+"""SageMaker Studio apps: reported, and, for a team whose policy asks for it (`studio_apps: delete`), swept.
 
-Pure: the adapter (aws/studio.py) reads ListApps, DescribeSpace and DescribeDomain and hands their answers here."""
+Reported (the default): running JupyterLab and Code Editor apps whose idle shutdown is off, or later than their
+team's idle window, with what they cost an hour, so an admin can align them.
+
+Swept: an app whose space carries the team tag (and the opt-in tag) is a machine (core/signals.Machine) whose id is
+`studio:<domain id>:<space>:<app type>:<app name>` and whose facts carry `AppFacts`. Its action is DeleteApp: the
+space and its storage stay, and the record keeps what CreateApp needs (`AppRestore`), so "Start it again" recreates
+it on the same instance type, image and lifecycle configuration.
+
+Its idle signal, in this order:
+1. Studio's own, where the domain (or space) has idle shutdown on for the app's type with a timeout no longer than
+   the team's window: Studio sees from inside the app what nobody outside can (kernels, terminals, open files) and
+   deletes the app itself, so idle-reaper leaves it to Studio (`swept` is False: not warned, not deleted).
+   No API reads that signal from outside: DescribeApp's LastUserActivityTimestamp "is also updated when SageMaker AI
+   performs health checks without user activity. As a result, this value is set to the same value as
+   LastHealthCheckTimestamp" (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_DescribeApp.html), so
+   it says the app is alive, never that a person used it: it is not read as a person signal, nor as idleness.
+2. Else the app's CloudWatch metrics. SageMaker publishes none for Studio apps; a lifecycle configuration that runs
+   the CloudWatch agent (and the activity collector) publishes them as for a notebook instance, with the dimension
+   InstanceId = the app's machine id (`metrics.notebook_cpu`, the GPU and person metrics): CPU, GPU and a person's
+   input decide as for any machine.
+3. Else unknown: an app without datapoints is never idle, never warned, never deleted.
+
+Pure: the adapter (aws/studio.py) reads ListApps, DescribeSpace, DescribeDomain and ListTags and hands their answers
+here."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
+
+from idle_reaper.core.endpoints import IN_SERVICE, STUDIO_PREFIX, EndpointFacts, Restore
+from idle_reaper.core.endpoints import kept_restore as endpoint_restore
+from idle_reaper.policy import TeamPolicy
 
 # The Studio app types that run a person's interactive work and have an idle shutdown setting.
 APP_SETTINGS = {"JupyterLab": "JupyterLabAppSettings", "CodeEditor": "CodeEditorAppSettings"}
@@ -23,6 +51,7 @@ class StudioApp:
     # Idle shutdown in minutes: None when it is off; the space's own setting, else the domain's default.
     idle_shutdown_minutes: int | None
     setting_source: str  # "space" or "domain": where that setting comes from
+    opted_in: bool = False  # its space carries the opt-in tag (or none is set): a team may have it swept
 
 
 def idle_shutdown(space: Mapping[str, Any], domain: Mapping[str, Any], app_type: str) -> tuple[int | None, str]:
@@ -79,3 +108,176 @@ def misaligned(
             continue
         found.append(StudioFinding(app, why, price_of(app.instance_type)))
     return sorted(found, key=lambda f: (f.app.domain_id, f.app.space_name, f.app.app_type))
+
+
+# ---------------------------------------------------------------------------------------------
+# Swept: one app as a machine, and what recreating it needs
+
+# A machine id is at most 128 characters in the state table (core/records.py): an app whose id would be longer (a
+# domain id and a space name of 60 characters each) is left out of the sweep, and stays in the report.
+ID_MAX = 128
+# Tags AWS keeps for itself: CreateApp refuses a key that starts with aws:, so they are not passed on.
+_AWS_TAG = "aws:"
+TAGS_MAX = 50  # SageMaker's tags a resource (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_Tag.html)
+
+
+def studio_id(domain_id: str, space: str, app_type: str, app_name: str) -> str:
+    """The machine id of one app. SageMaker's names have no colon (domain ids ^d-(-*[a-z0-9]){1,61}, space and app
+    names ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}), so the id splits back into them."""
+    return f"{STUDIO_PREFIX}{domain_id}:{space}:{app_type}:{app_name}"
+
+
+def is_studio_id(machine_id: str) -> bool:
+    return machine_id.startswith(STUDIO_PREFIX)
+
+
+def studio_parts(machine_id: str) -> tuple[str, str, str, str]:
+    """(domain id, space, app type, app name) of a machine id; ValueError for an id no app has."""
+    parts = machine_id.removeprefix(STUDIO_PREFIX).split(":") if is_studio_id(machine_id) else []
+    if len(parts) != 4 or not all(parts):
+        raise ValueError(f"not a Studio app's id: {machine_id!r}")
+    return parts[0], parts[1], parts[2], parts[3]
+
+
+@dataclass(frozen=True)
+class AppFacts:
+    """What a sweep knows of one running Studio app. Part of its Machine: an app that changed (status, spec, the
+    space's tags) since it was listed counts as changed (`Fleet.still_as_listed`)."""
+
+    domain_id: str
+    space_name: str
+    app_type: str  # JupyterLab | CodeEditor
+    app_name: str
+    status: str  # InService (discovery lists no other)
+    # The app's ResourceSpec as ListApps gives it (InstanceType, SageMakerImageArn, SageMakerImageVersionArn,
+    # SageMakerImageVersionAlias, LifecycleConfigArn), sorted: CreateApp gets it back as it was.
+    resource_spec: tuple[tuple[str, str], ...] = ()
+    idle_shutdown_minutes: int | None = None  # Studio's idle shutdown for its type (None: off), as `idle_shutdown`
+    setting_source: str = "domain"
+    tags: tuple[tuple[str, str], ...] = ()  # the space's tags, sorted
+
+    @property
+    def machine_id(self) -> str:
+        return studio_id(self.domain_id, self.space_name, self.app_type, self.app_name)
+
+    def restore(self) -> AppRestore:
+        tags = tuple((k, v) for k, v in self.tags if not k.startswith(_AWS_TAG))[:TAGS_MAX]
+        return AppRestore(self.domain_id, self.space_name, self.app_type, self.app_name, self.resource_spec, tags)
+
+
+def swept(app: AppFacts, policy: TeamPolicy | None) -> bool:
+    """Whether the sweep decides about this app: its team's policy asks for it (`studio_apps: delete`; a team in
+    safe mode never does), and Studio's own idle shutdown would not end it within the team's idle window."""
+    if policy is None or policy.studio_apps != "delete":
+        return False
+    return app.idle_shutdown_minutes is None or app.idle_shutdown_minutes > policy.idle_minutes
+
+
+@dataclass(frozen=True)
+class AppRestore:
+    """What CreateApp needs to recreate a deleted app as it was, kept on its record (MachineRecord.endpoint, the
+    field of what recreating a deleted SageMaker resource needs). `pending_by`: who asked to start it again, until a
+    sweep sees it InService and says so in its message."""
+
+    domain_id: str
+    space_name: str
+    app_type: str
+    app_name: str
+    resource_spec: tuple[tuple[str, str], ...] = ()
+    tags: tuple[tuple[str, str], ...] = ()
+    pending_by: str | None = None
+    pending_since: str | None = None  # ISO-8601 UTC
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {
+            "app": [self.domain_id, self.space_name, self.app_type, self.app_name],
+            "spec": dict(self.resource_spec),
+            "tags": [list(t) for t in self.tags],
+        }
+        if self.pending_by:
+            data.update(pending_by=self.pending_by, pending_since=self.pending_since)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, raw: str | None) -> AppRestore | None:
+        """None for nothing kept, or for text this never wrote (a corrupt item must never fail a sweep)."""
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+            domain, space, app_type, name = (str(x) for x in data["app"])
+            spec = tuple(sorted((str(k), str(v)) for k, v in data.get("spec", {}).items()))
+            tags = tuple((str(k), str(v)) for k, v in data.get("tags", []))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        if not all((domain, space, app_type, name)):
+            return None
+        return cls(
+            domain, space, app_type, name, spec, tags, data.get("pending_by") or None, data.get("pending_since") or None
+        )
+
+    def brought_back_by(self, user: str, now: datetime) -> AppRestore:
+        """As kept once `user` asked to start it again at `now`."""
+        return replace(self, pending_by=user, pending_since=now.isoformat())
+
+    @property
+    def instance_type(self) -> str | None:
+        return dict(self.resource_spec).get("InstanceType")
+
+    def create_app(self) -> dict[str, Any]:
+        """CreateApp's parameters."""
+        request: dict[str, Any] = {
+            "DomainId": self.domain_id,
+            "SpaceName": self.space_name,
+            "AppType": self.app_type,
+            "AppName": self.app_name,
+            "Tags": [{"Key": k, "Value": v} for k, v in self.tags],
+        }
+        if self.resource_spec:
+            request["ResourceSpec"] = dict(self.resource_spec)
+        return request
+
+    def recreate_command(self) -> str:
+        """How a person recreates it by hand (its record lasts 30 days after its last write)."""
+        spec = f" --resource-spec InstanceType={self.instance_type}" if self.instance_type else ""
+        return (
+            f"aws sagemaker create-app --domain-id {self.domain_id} --space-name {self.space_name} --app-type "
+            f"{self.app_type} --app-name {self.app_name}{spec}"
+        )
+
+
+def kept_restore(previous: str | None, endpoint: EndpointFacts | None, app: AppFacts | None) -> str | None:
+    """The record's note of what recreating a deleted SageMaker resource needs, as this sweep sees it (an endpoint's
+    or an app's; a bring-back still waiting to be told carried over); any other machine's record keeps its own."""
+    if endpoint is not None:
+        return endpoint_restore(previous, endpoint)
+    if app is None:
+        return previous
+    before, now = AppRestore.parse(previous), app.restore()
+    if before is not None and before.pending_by:
+        now = replace(now, pending_by=before.pending_by, pending_since=before.pending_since)
+    return now.to_json()
+
+
+def recreate_sentence(record_note: str | None) -> str:
+    """What a deleted app's messages say of starting it again (plain text: the caller escapes)."""
+    restore = AppRestore.parse(record_note)
+    if restore is None:
+        return "Its space and the space's storage are kept."
+    by_hand = restore.recreate_command()
+    return f"Its space and the space's storage are kept: Start it again recreates the app (by hand: {by_hand})."
+
+
+def pending_restore(
+    endpoint: EndpointFacts | None, app: AppFacts | None, note: str | None
+) -> Restore | AppRestore | None:
+    """The record's note of a deleted endpoint or app someone asked to bring back, once it is InService again (the
+    sweep then says so in its message, once); None otherwise."""
+    restore: Restore | AppRestore | None = None
+    if endpoint is not None:
+        restore, status = Restore.parse(note), endpoint.status
+    elif app is not None:
+        restore, status = AppRestore.parse(note), app.status
+    if restore is None or not restore.pending_by or status != IN_SERVICE:
+        return None
+    return restore

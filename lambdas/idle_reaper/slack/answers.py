@@ -14,6 +14,7 @@ from idle_reaper.aws.accounts import MemberSweep
 from idle_reaper.aws.endpoints import NOT_CREATED
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.state import StateStore
+from idle_reaper.aws.studio import NOT_CREATED as APP_NOT_CREATED
 from idle_reaper.core.answers import snooze, started_by_person, stopped_by_person, terminated_by_person
 from idle_reaper.core.digest import KEEP, answer_entry, running_again_entry
 from idle_reaper.core.doctor import Finding, tally
@@ -22,6 +23,7 @@ from idle_reaper.core.endpoints import Restore, is_endpoint_id, words_for
 from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE
 from idle_reaper.core.records import Action, MachineRecord, State
 from idle_reaper.core.signals import describe_human_signal
+from idle_reaper.core.studio import AppRestore, is_studio_id
 from idle_reaper.policy import TeamPolicy
 from idle_reaper.pricing import hourly_price
 from idle_reaper.slack.blocks import date_token, escape, fit, machine_label
@@ -147,7 +149,7 @@ class Effects:
         detail = f"<@{user}> {words.stopped} {label} at {date_token(now)}"
         if saving.hourly is not None:
             detail += f"; it saves {saving.text()} while {words.stopped}"
-        detail += "." + (" " + escape(endpoint_recreate(record)) if is_endpoint_id(record.instance_id) else "")
+        detail += "." + (" " + escape(endpoint_recreate(record)) if words.deletes else "")
         ref, start = stopped.warning_ref, words.start_button
         self.slack.update(stopped, words.stop_title, detail, ref=ref, start_button=True, start_label=start)
         return None
@@ -156,7 +158,7 @@ class Effects:
         now = self.clock()
         if record.state is not State.REAPED or record.last_action not in ("stop", "hibernate"):
             return Reply("That machine is not stopped by idle-reaper; nothing changed.")
-        if is_endpoint_id(record.instance_id):
+        if is_endpoint_id(record.instance_id) or is_studio_id(record.instance_id):
             return self._bring_back(user, record, now)
         # Start first: StartInstances is idempotent, and a failed start must leave the button usable.
         label = machine_label(record.name, record.instance_id)
@@ -192,44 +194,49 @@ class Effects:
         return None
 
     def _bring_back(self, user: str, record: MachineRecord, now: datetime) -> Reply | None:
-        """ "Bring it back": CreateEndpoint from the configuration and tags its record kept, then the record says who
-        asked (core/endpoints.Restore.pending_by) until a sweep finds it InService and says so in this message
-        (sweep/endpoints.py): creating an endpoint takes minutes. A configuration or model that is gone is said, and
-        nothing changes; a quota that is reached is said, with Try again."""
+        """ "Bring it back": CreateEndpoint from the configuration and tags its record kept (for a Studio app, "Start it
+        again": CreateApp in its space, core/studio.AppRestore), then the record says who asked (pending_by) until a
+        sweep finds it InService and says so in this message (sweep/endpoints.py): creating either takes minutes. A
+        configuration or model that is gone is said, and nothing changes; a quota that is reached is said, with Try
+        again."""
         label = machine_label(record.name, record.instance_id)
-        restore = Restore.parse(record.endpoint)
+        studio = is_studio_id(record.instance_id)
+        restore = AppRestore.parse(record.endpoint) if studio else Restore.parse(record.endpoint)
+        again, refusals = (f"start {label} again", APP_NOT_CREATED) if studio else (f"bring {label} back", NOT_CREATED)
+        done = "started again" if studio else "brought back"
         outcome = self.fleet.start(record.instance_id, restore)
         if outcome.error:
             code = _code(outcome.error)
             if code == "Gone":
                 why = escape(outcome.error.split(": ", 1)[-1])
                 detail = (
-                    f"<@{user}> tried to bring {label} back at {date_token(now)}, but it cannot be: {why}. Nothing "
-                    "was created or changed."
+                    f"<@{user}> tried to {again} at {date_token(now)}, but it cannot be: {why}. Nothing was "
+                    "created or changed."
                 )
-                self.slack.update(record, "Cannot be brought back", detail)
-                return Reply(f"{label} cannot be brought back: {why}. Nothing changed.")
-            if code in NOT_CREATED:
-                what = NOT_CREATED[code].format(type=escape(record.instance_type or "its instance type"))
+                self.slack.update(record, f"Cannot be {done}", detail)
+                return Reply(f"{label} cannot be {done}: {why}. Nothing changed.")
+            if code in refusals:
+                what = refusals[code].format(type=escape(record.instance_type or "its instance type"))
                 detail = (
-                    f"<@{user}> tried to bring {label} back at {date_token(now)}, but SageMaker did not create it: "
+                    f"<@{user}> tried to {again} at {date_token(now)}, but SageMaker did not create it: "
                     f"{what} ({code}). It is still deleted, and nothing else changed."
                 )
-                ref, title = record.warning_ref, "Not brought back"
+                ref, title = record.warning_ref, f"Not {done}"
                 self.slack.update(record, title, detail, ref=ref, start_button=True, start_label="Try again")
-                return Reply(f"{label} was not brought back: {what} ({code}). It is still deleted.")
-            return Reply(f"Could not bring {label} back ({code}); nothing changed, try again.")
+                return Reply(f"{label} was not {done}: {what} ({code}). It is still deleted.")
+            return Reply(f"Could not {again} ({code}); nothing changed, try again.")
         pending = restore.brought_back_by(user, now) if restore else None
         started = replace(started_by_person(record, user, now), endpoint=pending.to_json() if pending else None)
         if not self.store.save(started):
             return Reply(ANSWERED_ALREADY)
         m = record
         self._audit(record, now, running_again_entry(m.instance_id, m.team, m.owner, m.instance_type, now, by=user))
+        words = words_for(record.instance_id)
         detail = (
-            f"<@{user}> is bringing {label} back since {date_token(now)}: SageMaker is creating it from its endpoint "
-            "configuration (usually 5 to 15 minutes). This message says when it is InService."
+            f"<@{user}> asked to {again} at {date_token(now)}: {words.recreating}. This message says when it is "
+            "InService."
         )
-        self.slack.update(started, "Being brought back", detail)
+        self.slack.update(started, words.back_title, detail)
         return None
 
     def terminate_now(self, user: str, record: MachineRecord) -> Reply | None:

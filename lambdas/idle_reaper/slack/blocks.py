@@ -29,6 +29,7 @@ from idle_reaper.core.endpoints import Restore, words_for
 from idle_reaper.core.kinds import TERMINABLE, caveats, warning_sentence
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import Action, MachineRecord
+from idle_reaper.core.studio import is_studio_id
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.policy import TeamPolicy
 
@@ -162,7 +163,7 @@ def warning_text(decision: Decision) -> str:
     if mode == "terminate" or verb == _TERMINATED_IN_GROUP:
         will = "will be terminated unless someone keeps it"
     elif mode == "notify":
-        will = "is idle; idle-reaper will not " + ("delete" if m.is_endpoint else "stop") + " it"
+        will = "is idle; idle-reaper will not " + ("delete" if m.deleted_by_stop else "stop") + " it"
     else:
         will = f"will be {verb} unless someone keeps it"
     return fit(f"Idle {words_for(m.instance_id).noun} {label} {will}", FALLBACK_CHARS, mrkdwn=True)
@@ -217,7 +218,7 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
         sentence = sentence.replace(mark, date_token(stop_at))
     else:
         sentence = f"It will be *{verb}* at {date_token(stop_at)} unless someone keeps it."
-    if m.is_endpoint and mode == "stop":
+    if m.deleted_by_stop and mode == "stop":
         sentence += " " + escape(endpoint_kept(decision.record))
     if others:
         buttons.append(
@@ -230,7 +231,7 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
         )
     policy_label = escape(decision.policy.label) if decision.policy else "?"
     header = f"Idle {words.noun}: {machine_label(m.name, m.instance_id, mrkdwn=False)}"
-    saves = "Deleting it saves" if m.is_endpoint else "A stop saves"
+    saves = "Deleting it saves" if m.deleted_by_stop else "A stop saves"
     return [
         HeaderBlock(text=fit(header, HEADER_CHARS)),
         SectionBlock(
@@ -258,7 +259,9 @@ def warning_blocks(decision: Decision, ref: str, now: datetime) -> list[Block]:
 
 
 def endpoint_kept(record: MachineRecord) -> str:
-    """What deleting an endpoint keeps, and how it comes back (plain text: the caller escapes)."""
+    """What deleting an endpoint (a Studio app) keeps, and how it comes back (plain text: the caller escapes)."""
+    if is_studio_id(record.instance_id):
+        return "Its space and the space's storage are kept: Start it again recreates the app as it was."
     restore = Restore.parse(record.endpoint)
     config = f"endpoint configuration {restore.config}" if restore else "endpoint configuration"
     return f"Its {config}, model and tags are kept: Bring it back recreates it as it was."

@@ -19,6 +19,7 @@ from idle_reaper.aws.clients import AwsError
 from idle_reaper.core.endpoints import Restore, words_for
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MAYBE_POSTED, Action, MachineRecord
+from idle_reaper.core.studio import is_studio_id, recreate_sentence
 from idle_reaper.notify import Delivery, DeliveryUnknown, PermanentDeliveryFailure, PostOutcome
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.slack.blocks import (
@@ -187,6 +188,12 @@ class SlackDelivery(OwedCopies):
         """An endpoint brought back is InService (sweep/endpoints.py): its message says so, and since when."""
         label = machine_label(record.name, record.instance_id)
         now = record.updated_at or self.clock()
+        if is_studio_id(record.instance_id):  # a Studio app started again
+            detail = (
+                f"{label}, started again by <@{by}> at {date_token(since)}, is InService since {date_token(now)}: "
+                "open it from its space in Studio."
+            )
+            return self.update(record, "Running again", detail)
         detail = (
             f"{label}, brought back by <@{by}> at {date_token(since)}, is InService again since "
             f"{date_token(now)}: requests reach it as before."
@@ -233,7 +240,9 @@ class SlackDelivery(OwedCopies):
 
 
 def endpoint_recreate(record: MachineRecord) -> str:
-    """What a deleted endpoint's notice says of bringing it back (plain text: the caller escapes)."""
+    """What a deleted endpoint's (Studio app's) notice says of bringing it back (plain text: the caller escapes)."""
+    if is_studio_id(record.instance_id):
+        return recreate_sentence(record.endpoint)
     restore = Restore.parse(record.endpoint)
     if restore is None:
         return "Its endpoint configuration, model and tags are kept."
@@ -307,9 +316,9 @@ class SlackNotifier(SlackDelivery):
                 saving = f"nothing (its {decision.kind.reservation.label} is billed either way)"
             words = words_for(m.instance_id)
             title = words.stop_title
-            done = words.stopped if m.is_endpoint else PAST_TENSE[decision.action]
+            done = words.stopped if m.deleted_by_stop else PAST_TENSE[decision.action]
             detail = f"{label} was {done} at {date_token(now)}; it saves {saving} while {words.stopped}. "
-            if m.is_endpoint:
+            if m.deleted_by_stop:
                 detail += escape(endpoint_recreate(record)) + " "
             detail += reason
         elif decision.action is Action.TERMINATE_INSTANCE:

@@ -567,9 +567,9 @@ def _record_failure(store: StateStore, d: Decision, error: str, sweep_id: str, n
     code = error.split(":", 1)[0]
     gone = code in ("InvalidInstanceID.NotFound", "IncorrectInstanceState")
     refused = not gone and code not in TRANSIENT_ERRORS
-    if (d.machine.is_notebook or d.machine.is_endpoint) and code == "ValidationException":
-        # SageMaker's answer while a notebook instance or an endpoint is not InService (it began updating after the
-        # listing): it passes, so the next sweep that finds it InService and still idle tries again.
+    if (d.machine.is_notebook or d.machine.deleted_by_stop) and code in ("ValidationException", "ResourceInUse"):
+        # SageMaker's answer while a notebook instance, an endpoint or a Studio app is not InService (it began
+        # changing after the listing): it passes, so the next sweep that finds it InService and still idle tries again.
         refused = False
     state = State.REAPED if gone and d.action in (Action.STOP, Action.HIBERNATE) else d.record.state
     if not gone and d.action in (

@@ -25,10 +25,11 @@ from typing import Protocol, runtime_checkable
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.core.answers import bring_back_failed
 from idle_reaper.core.digest import answer_entry
-from idle_reaper.core.endpoints import IN_SERVICE, Restore
+from idle_reaper.core.endpoints import Restore
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import Action, MachineRecord, machine_key
 from idle_reaper.core.signals import Machine, Signals, parse_exemption
+from idle_reaper.core.studio import pending_restore
 from idle_reaper.notify import logger
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.pricing import hourly_price
@@ -103,15 +104,14 @@ def report_unlisted_endpoints(
 def mark_back_in_service(
     decisions: Sequence[Decision], now: datetime
 ) -> tuple[list[Decision], dict[str, tuple[str, datetime]]]:
-    """The decisions, each endpoint brought back and now InService with its bring-back cleared from its record, and
-    who brought each back and since when (`now` if its record cannot say), by machine key (told once the record is
-    written)."""
+    """The decisions, each endpoint (Studio app) brought back (started again) and now InService with its bring-back
+    cleared from its record, and who brought each back and since when (`now` if its record cannot say), by machine
+    key (told once the record is written)."""
     out: list[Decision] = []
     back: dict[str, tuple[str, datetime]] = {}
     for d in decisions:
-        facts = d.machine.facts.endpoint
-        restore = Restore.parse(d.record.endpoint) if facts is not None else None
-        if facts is None or restore is None or not restore.pending_by or facts.status != IN_SERVICE:
+        restore = pending_restore(d.machine.facts.endpoint, d.machine.facts.studio, d.record.endpoint)
+        if restore is None or not restore.pending_by:
             out.append(d)
             continue
         since = _time(restore.pending_since) or now

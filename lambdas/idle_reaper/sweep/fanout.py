@@ -306,7 +306,10 @@ def plan_sweep(
     settings, _ = load_sweep_settings(adapters)
     try:
         machines = adapters.fleet.discover(
-            settings.tags, notebooks=settings.sagemaker_notebooks, endpoints=settings.sagemaker_endpoints
+            settings.tags,
+            notebooks=settings.sagemaker_notebooks,
+            endpoints=settings.sagemaker_endpoints,
+            studio=settings.sagemaker_notebooks,
         )
     except AwsError as exc:
         raise SweepCannotRun(f"cannot list machines ({error_code(exc)}): {exc}") from None

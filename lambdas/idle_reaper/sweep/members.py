@@ -287,7 +287,10 @@ def sweep_member_accounts(
         try:
             if org.excludes(account.id, account.parents):
                 found = unit_adapters.fleet.discover(
-                    base.tags, notebooks=base.sagemaker_notebooks, endpoints=base.sagemaker_endpoints
+                    base.tags,
+                    notebooks=base.sagemaker_notebooks,
+                    endpoints=base.sagemaker_endpoints,
+                    studio=base.sagemaker_notebooks,
                 )
                 if part is not None:  # each part counts its own
                     found = [m for m in found if machine_part(m, part[1]) == part[0]]

@@ -48,6 +48,7 @@ from idle_reaper.core.signals import (
     is_gpu_type,
     parse_exemption,
 )
+from idle_reaper.core.studio import swept
 from idle_reaper.core.under_used import with_peak
 from idle_reaper.notify import logger as logger  # re-exported: handlers and admin log through it
 from idle_reaper.policy import Settings, TeamPolicyRef
@@ -71,7 +72,7 @@ from idle_reaper.sweep.endpoints import (
 )
 from idle_reaper.sweep.notices import send_pending_notices
 from idle_reaper.sweep.quiet_hours import report_quiet_hours
-from idle_reaper.sweep.studio import report_studio
+from idle_reaper.sweep.studio import report_studio, report_unlisted_studio
 
 
 def run_sweep(
@@ -265,8 +266,11 @@ def _read(
     *,
     dry_run: bool,
 ) -> Reading:
-    """The machines' policies, which are due, their kinds and the datapoints of those read."""
+    """The machines' policies, which are due, their kinds and the datapoints of those read. A Studio app is left out
+    unless its team's policy sweeps it (core/studio.swept): the admins' daily note reports it."""
     team_refs = {m.team: ref_for(m.team) for m in machines}
+    machines = [m for m in machines if m.facts.studio is None or swept(m.facts.studio, team_refs[m.team].policy)]
+    report_unlisted_studio(adapters, warnings)  # a Studio listing that failed: none of them swept
     skipped = _not_due(machines, team_refs, records, settings, now)
     to_read = [m for m in machines if m.instance_id not in skipped]
     # What kind each machine read is, and so its own policy: its team's, with the window its kind gets.
@@ -308,7 +312,10 @@ def _machines_and_records(
             machines = list(listed)
         else:
             machines = adapters.fleet.discover(
-                settings.tags, notebooks=settings.sagemaker_notebooks, endpoints=settings.sagemaker_endpoints
+                settings.tags,
+                notebooks=settings.sagemaker_notebooks,
+                endpoints=settings.sagemaker_endpoints,
+                studio=settings.sagemaker_notebooks,
             )
         if member is not None:
             machines = [replace(m, account=member[0], region=member[1]) for m in machines]
@@ -454,7 +461,8 @@ def _fetch_signals(
             short_lookback = max(short_lookback, lookback)
             groups[(0, network, human, gpu)].append(m.instance_id)
             own_start[m.instance_id] = now - timedelta(minutes=lookback, seconds=period)
-    notebooks = {m.instance_id for m in machines if m.is_notebook}
+    # A Studio app's CPU and network are the agent's too, by InstanceId = its machine id (core/studio.py).
+    notebooks = {m.instance_id for m in machines if m.is_notebook or m.is_studio_app}
     signals = endpoint_signals(reader, machines, refs_of, settings, now)  # their own metric (sweep/endpoints.py)
     for (lookback, network, human, gpu), ids in groups.items():
         start = now - timedelta(minutes=lookback or short_lookback, seconds=period)

@@ -1,5 +1,6 @@
-"""Once a day, the admins hear which running Studio apps would outlast their team's idle window (core/studio.py):
-Studio apps are reported, never acted on."""
+"""Once a day, the admins hear which running Studio apps would outlast their team's idle window (core/studio.py),
+but for those the sweep acts on (their team's policy says `studio_apps: delete`, their space carries the opt-in
+tag); and a sweep that could not list Studio apps says so."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from idle_reaper.aws.clients import AwsError, error_code
 from idle_reaper.aws.policies import policy_for
 from idle_reaper.core.studio import StudioFinding, misaligned
 from idle_reaper.notify import logger
-from idle_reaper.policy import Settings, TeamPolicyRef
+from idle_reaper.policy import Settings, TeamPolicy, TeamPolicyRef
 from idle_reaper.pricing import hourly_price
 from idle_reaper.sweep.adapters import Adapters
 
@@ -21,11 +22,25 @@ def studio_findings(adapters: Adapters, refs: Mapping[str, TeamPolicyRef], setti
     if adapters.studio is None:
         return []
 
-    def idle_minutes_of(team: str | None) -> int:
+    def policy_of(team: str | None) -> TeamPolicy:
         policy = policy_for(team, refs, settings).policy if team else None
-        return (policy or settings.default_policy).idle_minutes
+        return policy or settings.default_policy
 
-    return misaligned(adapters.studio.running(settings.tags.team), idle_minutes_of, hourly_price)
+    apps = [
+        app
+        for app in adapters.studio.running(settings.tags.team, settings.tags.managed)
+        if not (app.team and app.opted_in and policy_of(app.team).studio_apps == "delete")
+    ]
+    return misaligned(apps, lambda team: policy_of(team).idle_minutes, hourly_price)
+
+
+def report_unlisted_studio(adapters: Adapters, warnings: list[str]) -> None:
+    """Studio apps that could not be listed are not swept this time: the sweep's warnings say so."""
+    if adapters.fleet.studio_unlisted:
+        warnings.append(
+            f"idle-reaper could not list SageMaker Studio apps ({adapters.fleet.studio_unlisted}); none is swept "
+            "until it can. Check the sweep role's sagemaker:ListApps, DescribeSpace, DescribeDomain and ListTags."
+        )
 
 
 def report_studio(adapters: Adapters, refs: Mapping[str, TeamPolicyRef], settings: Settings, now: datetime) -> None:
@@ -46,7 +61,7 @@ def report_studio(adapters: Adapters, refs: Mapping[str, TeamPolicyRef], setting
     if findings:
         text = (
             f"{len(findings)} running SageMaker Studio app(s) would outlast their team's idle window (idle-reaper "
-            "reports Studio apps, it does not stop them): " + "; ".join(f.line() for f in findings) + ". Align "
+            "reports these Studio apps, it does not stop them): " + "; ".join(f.line() for f in findings) + ". Align "
             "the domain's or space's idle shutdown (AppLifecycleManagement) with the team's idle_minutes."
         )
         try:

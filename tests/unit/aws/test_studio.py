@@ -1,6 +1,6 @@
-"""SageMaker Studio, reported, never acted on: the idle shutdown each running app has (from SageMaker's own
-answer shapes, through botocore's Stubber: moto has no ListApps or DescribeSpace), which ones would outlast
-their team's window, and the daily note."""
+"""SageMaker Studio's adapter: the idle shutdown each running app has (from SageMaker's own answer shapes, through
+botocore's Stubber), which ones would outlast their team's window, the daily note, and which apps a sweep lists
+(their space opted in) and leaves out of the note (those it acts on)."""
 
 from __future__ import annotations
 
@@ -169,3 +169,56 @@ def test_the_admins_hear_once_a_day_and_a_failed_read_is_tried_again(in_order: N
     assert kind == "admin_alert" and "1 running SageMaker Studio app(s)" in text
     assert "CodeEditor in space bob-space" in text and "300 min" in text and "alice-space" not in text
     assert "does not stop them" in text
+
+
+class _Pages:
+    def __init__(self, pages: list[dict[str, Any]]) -> None:
+        self.pages = pages
+
+    def paginate(self, **_: Any) -> list[dict[str, Any]]:
+        return self.pages
+
+
+class StudioAnswers:
+    """SageMaker's answers for two running apps: alice-space opted in, bob-space with a team tag alone."""
+
+    def __init__(self) -> None:
+        self.tags = {"alice-space": {"Team": "ml", "idle-reaper:managed": "true"}, "bob-space": {"Team": "ml"}}
+        self.tags_of = ""
+
+    def get_paginator(self, name: str) -> _Pages:
+        if name == "list_tags":
+            return _Pages([{"Tags": [{"Key": k, "Value": v} for k, v in self.tags[self.tags_of].items()]}])
+        spec = {"InstanceType": "ml.g5.xlarge", "SageMakerImageArn": "arn:aws:sagemaker:us-east-1:1:image/smd"}
+        base = {"DomainId": D1, "AppName": "default", "Status": "InService", "CreationTime": NOW, "ResourceSpec": spec}
+        return _Pages([{"Apps": [{**base, "SpaceName": s, "AppType": "JupyterLab"} for s in self.tags]}])
+
+    def describe_space(self, DomainId: str, SpaceName: str) -> dict[str, Any]:
+        self.tags_of = SpaceName  # the next ListTags is this space's (one worker: in_order)
+        return {"DomainId": DomainId, "SpaceName": SpaceName, "SpaceArn": space_arn(SpaceName)}
+
+    def describe_domain(self, DomainId: str) -> dict[str, Any]:
+        return {"DomainId": DomainId}  # idle shutdown off
+
+
+def test_a_sweep_lists_only_apps_whose_space_opted_in_and_the_note_leaves_out_those_it_acts_on(in_order: None):
+    from idle_reaper.policy import TagKeys
+    from idle_reaper.sweep.studio import studio_findings
+
+    apps = StudioApps(StudioAnswers())
+    (found,) = apps.discover(TagKeys())
+    assert found.instance_id == f"studio:{D1}:alice-space:JupyterLab:default" and found.launch_time == NOW
+    assert found.facts.studio is not None and dict(found.facts.studio.resource_spec)["InstanceType"] == "ml.g5.xlarge"
+
+    class Swept:
+        studio = apps
+
+    def refs(studio_apps: str) -> dict[str, TeamPolicyRef]:
+        policy = TeamPolicy(idle_minutes=60, studio_apps=studio_apps)
+        return {"ml": TeamPolicyRef(team="ml", policy=policy, source="/idle-reaper/teams/ml", version=1)}
+
+    reported = [f.app.space_name for f in studio_findings(Swept(), refs("report"), Settings())]  # type: ignore[arg-type]
+    assert reported == ["alice-space", "bob-space"]
+    # A team that deletes idle apps: the sweep acts on alice-space, so the note is bob-space's alone (not opted in).
+    acting = [f.app.space_name for f in studio_findings(Swept(), refs("delete"), Settings())]  # type: ignore[arg-type]
+    assert acting == ["bob-space"]

@@ -85,7 +85,9 @@ class FrozenDiscovery(Fleet):
         super().__init__(aws.ec2, aws.autoscaling)
         self.machines = machines
 
-    def discover(self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True) -> list[Machine]:
+    def discover(
+        self, tags: TagKeys, *, notebooks: bool = True, endpoints: bool = True, studio: bool = False
+    ) -> list[Machine]:
         return list(self.machines)
 
 
