@@ -24,7 +24,7 @@ from idle_reaper.core.kinds import (
 from idle_reaper.core.records import Action, MachineRecord, State, owes_owner, parse_history, with_stretch
 from idle_reaper.core.signals import Assessment, Machine, Signal, parse_exemption
 from idle_reaper.core.time_of_day import observe_text
-from idle_reaper.core.waiting import LearnedWait, earliest_warn_minutes, wait_for, warn_point
+from idle_reaper.core.waiting import DEFAULT_RULE, LearnedWait, WaitingRule, earliest_warn_minutes, wait_for, warn_point
 from idle_reaper.policy import TeamPolicy, TeamPolicyRef
 
 
@@ -309,10 +309,11 @@ def decide(
     now: datetime,
     dry_run: bool = False,
     kind: MachineKind = ON_DEMAND,
+    waiting: WaitingRule = DEFAULT_RULE,
 ) -> Decision:
     """The per-machine lifecycle: the event this sweep sees and the transition it makes (TRANSITIONS).
     Read it top to bottom: the first rule that applies decides. `kind`: what kind of machine it is
-    (kinds.classify); `ref` is already the machine's own (kind_policy)."""
+    (kinds.classify); `ref` is already the machine's own (kind_policy); `waiting`: the replay may set it."""
     record = previous or MachineRecord(
         instance_id=machine.instance_id, team=machine.team, account=machine.account, region=machine.region
     )
@@ -335,7 +336,7 @@ def decide(
         )
 
     cap = _over_runtime_cap(machine, policy, now)
-    stretch = _stretch(seen, policy, assessment, learn=not cap)
+    stretch = _stretch(seen, policy, assessment, waiting if not cap else None)
     # Busy with no quiet stretch at all is busy whatever the warning point (a learned one may be 0).
     if assessment.signal == "busy" and (stretch.quiet < stretch.warn_at or assessment.quiet_since is None):
         return seen.decision(_busy(seen, assessment, stretch, cap), quiet_hours=quiet_hours, note=stretch.note)
@@ -402,10 +403,10 @@ def _carried_over(
     )
 
 
-def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, learn: bool = True) -> _Stretch:
+def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, learn: WaitingRule | None) -> _Stretch:
     """The quiet stretch as this sweep sees it, what of the record (idle-since, the warning) still belongs
     to it, and the warning point: the team's, moved by what the machine's past stretches teach (`learn`;
-    not over the runtime cap, a hard limit that history must not stretch, as it overrides a keep)."""
+    None over the runtime cap, a hard limit that history must not stretch, as it overrides a keep)."""
     record, now = seen.record, seen.now
     interrupted = assessment.interrupted_at
     # A warning (and an idle-since) counts only for this quiet stretch: activity or a data hole
@@ -447,9 +448,9 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, learn: bo
             warning_owed=(),
         )
     quiet = _quiet_minutes(assessment, idle_since if continuous else None, now)
-    learned = (
-        wait_for(history, base.usage_profile, policy, idle_since, quiet) if idle_since and learn else LearnedWait()
-    )
+    learned = LearnedWait()
+    if idle_since and learn is not None:
+        learned = wait_for(history, base.usage_profile, policy, idle_since, quiet, learn)
     return _Stretch(
         quiet=quiet,
         warn_at=warn_point(policy) + learned.extra_minutes,
