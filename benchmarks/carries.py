@@ -106,6 +106,7 @@ def ablations(chosen: Setting) -> list[Setting]:
 PROFILE_CONSTANTS: dict[str, tuple[tuple[Any, ...], Any]] = {
     "profile_days": ((7,), 14),  # neutral: every day the record keeps
     "min_days_seen": ((5,), 1),  # neutral: a profile is used from its first day of data
+    "restart_after_days": ((3,), 14),  # neutral: never started again, old days only shift out
     "learn_min_stretches": ((5,), 3),
     "learn_soon_share": ((0.25,), 1.0),  # 1.0: learned waiting never waits longer
     "learn_step_minutes": ((30,), 15),

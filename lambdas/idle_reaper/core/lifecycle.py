@@ -318,7 +318,7 @@ def decide(
         instance_id=machine.instance_id, team=machine.team, account=machine.account, region=machine.region
     )
     how = handling(kind, machine.instance_type, ref.policy) if ref.policy is not None and not machine.asg_name else None
-    base = _carried_over(record, machine, ref, assessment, now, kind)
+    base = _carried_over(record, machine, ref, assessment, now, kind, waiting.restart_after_days)
     seen = _Sweep(machine, ref, assessment, record, base, now, dry_run, kind, how)
     # An exemption is read before the policy: it holds in safe mode too. Its "resolved" notice (a warned
     # machine exempted since) keeps quiet hours like any other message to owners.
@@ -373,15 +373,15 @@ def _carried_over(
     assessment: Assessment | None,
     now: datetime,
     kind: MachineKind,
+    restart_after: int,
 ) -> MachineRecord:
     """The previous record with this sweep's facts about the machine and its policy, version bumped, and
-    its usage profile updated from the datapoints this sweep read (a machine moved to another team
-    starts its profile again). A kind look-up that failed leaves the kind as the last sweep that could
-    tell saw it."""
+    its usage profile updated from the datapoints this sweep read (it starts again on another team or after
+    `restart_after` days without data). A failed kind look-up keeps the kind the last sweep saw."""
     known = kind.kind is not Kind.UNKNOWN
     profile = record.usage_profile if record.team == machine.team else ""
     if assessment is not None:
-        profile, _ = observe_text(profile, assessment.usage.seen_day, assessment.usage.busy_hours)
+        profile, _ = observe_text(profile, assessment.usage.seen_day, assessment.usage.busy_hours, restart_after)
     return replace(
         record,
         machine_kind=kind.kind.value if known else record.machine_kind,

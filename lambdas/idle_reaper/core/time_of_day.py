@@ -88,13 +88,16 @@ def format_profile(profile: Profile | None) -> str:
     return f"{_PREFIX}.{profile.newest_day}.{busy}.{seen}"
 
 
-def observe(profile: Profile | None, day: int | None, busy_hours: Iterable[int]) -> Profile | None:
+def observe(
+    profile: Profile | None, day: int | None, busy_hours: Iterable[int], restart_after: int = RESTART_AFTER_DAYS
+) -> Profile | None:
     """The profile with one sweep's datapoints: the UTC day (since the epoch) it read data on, and the
     UTC hours (since the epoch) of its busy ones. Marking is idempotent: reading a bucket again changes
-    nothing, so sweeps may overlap or be skipped while their newest bucket is marked."""
+    nothing, so sweeps may overlap or be skipped while their newest bucket is marked. After `restart_after`
+    days without data (at PROFILE_DAYS: only what shifts out is forgotten) the profile starts again."""
     if day is None:
         return profile
-    if profile is None or day - profile.newest_day >= RESTART_AFTER_DAYS or day < profile.newest_day - 1:
+    if profile is None or day - profile.newest_day >= restart_after or day < profile.newest_day - 1:
         # No profile yet, days without data, or a clock that went back: what the old days say no longer holds.
         profile = Profile(day)
     elif day > profile.newest_day:
@@ -114,10 +117,12 @@ def observe(profile: Profile | None, day: int | None, busy_hours: Iterable[int])
 
 
 @lru_cache(maxsize=8192)  # pure in plain values: a record's text and this sweep's marks
-def observe_text(text: str, day: int | None, busy_hours: tuple[int, ...]) -> tuple[str, str]:
+def observe_text(
+    text: str, day: int | None, busy_hours: tuple[int, ...], restart_after: int = RESTART_AFTER_DAYS
+) -> tuple[str, str]:
     """observe() on a record's text: the new text, and a note when the old one was unusable."""
     profile, note = parse_profile(text)
-    return format_profile(observe(profile, day, busy_hours)), note
+    return format_profile(observe(profile, day, busy_hours, restart_after)), note
 
 
 @dataclass(frozen=True)

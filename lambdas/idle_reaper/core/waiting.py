@@ -13,7 +13,14 @@ from functools import lru_cache
 from pydantic import BaseModel, ConfigDict, Field
 
 from idle_reaper.core.records import NO_WEEKDAY, UNWANTED_WITHIN_MINUTES, Stretch
-from idle_reaper.core.time_of_day import MIN_DAYS_SEEN, PROFILE_DAYS, parse_profile, time_of_day_wait, usable
+from idle_reaper.core.time_of_day import (
+    MIN_DAYS_SEEN,
+    PROFILE_DAYS,
+    RESTART_AFTER_DAYS,
+    parse_profile,
+    time_of_day_wait,
+    usable,
+)
 from idle_reaper.policy import TeamPolicy
 
 LEARN_MIN_STRETCHES = 3  # fewer stretches of a length than this teach nothing about it
@@ -47,9 +54,11 @@ class WaitingRule(BaseModel):
     learn_step_minutes: int = Field(LEARN_STEP_MINUTES, ge=1, le=240)
     learn_hours_around: int = Field(LEARN_HOURS_AROUND, ge=0, le=12)
     # The time-of-day wait: how many of the profile's newest days it reads (the record keeps PROFILE_DAYS,
-    # so the state per machine is the same whatever this is) and how many days of data make it usable.
+    # so the state per machine is the same whatever this is), how many days of data make it usable, and
+    # after how many days without data (a machine stopped that long) it starts again.
     profile_days: int = Field(PROFILE_DAYS, ge=1, le=PROFILE_DAYS)
     min_days_seen: int = Field(MIN_DAYS_SEEN, ge=1, le=PROFILE_DAYS)
+    restart_after_days: int = Field(RESTART_AFTER_DAYS, ge=1, le=PROFILE_DAYS)
 
 
 DEFAULT_RULE = WaitingRule()

@@ -85,6 +85,15 @@ def test_min_days_seen_decides_when_a_profile_is_used() -> None:
     assert early is not None and early.extra_minutes > 0
 
 
+def test_restart_after_days_decides_when_days_without_data_start_the_profile_again() -> None:
+    profile = office_hours()
+    assert profile is not None
+    back_after_ten_days = profile.newest_day + 10
+    assert observe(profile, back_after_ten_days, ()).days_seen == 1  # type: ignore[union-attr]  # 7 by default
+    kept = observe(profile, back_after_ten_days, (), restart_after=PROFILE_DAYS)
+    assert kept is not None and kept.days_seen == 5  # the 4 newest old days still in the window, and today
+
+
 def test_learned_waitings_constants_change_its_wait() -> None:
     at_nine = [(9, 100), (9, 110), (9, 900), (9, 120)]  # 3 of 4 begun about 09:00 ended soon
     usual = learned_wait(at_nine, LEARNED, BEGAN)
@@ -135,5 +144,5 @@ def test_the_fleet_prior_is_the_pooled_share_used_again_soon() -> None:
 
 def test_every_constant_of_waiting_is_a_field_with_a_bound() -> None:
     schema = WaitingRule.model_json_schema()["properties"]
-    assert len(schema) == 13
+    assert len(schema) == 14
     assert all(("maximum" in p or "exclusiveMaximum" in p) for p in schema.values())
