@@ -153,22 +153,27 @@ def descend(tune: Part, chosen: Setting, prior: int | None) -> tuple[Setting, li
     best = tune.figures(chosen)
     steps = []
     for name, (values, neutral) in constants_for(chosen, prior).items():
-        before = rule.get(name, DEFAULT_RULE[name])
+        before, at_before = rule.get(name, DEFAULT_RULE[name]), best
         tried = []
         for value in sorted({*values, neutral} - {before}):
             figures = tune.figures(_with_rule(chosen, {**rule, name: value}))
             tried.append({"value": value, "figures": figures})
             if _score(figures) > _score(best) + 1e-4:
                 best, rule[name] = figures, value
+        tried.append({"value": before, "figures": at_before})
         steps.append({"constant": name, "from": before, "to": rule.get(name, DEFAULT_RULE[name]), "tried": tried})
     return _with_rule(chosen, rule), steps
 
 
-def constant_checks(tune: Part, judge: Part, final: Setting, prior: int | None) -> list[dict[str, Any]]:
+def constant_checks(
+    tune: Part, judge: Part, final: Setting, prior: int | None, steps: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Each constant of the final setting away from its neutral value set back to it (and, when the descent
-    moved it, back to the sweep's own value), on the tuning part and the judged one."""
+    moved it, back to the sweep's own value), on the judged part; its tuning figures are the descent's own
+    at that value (the constants before it as chosen, the ones after as they were): a replay less each."""
     out = []
     for name, (_, neutral) in constants_for(final, prior).items():
+        at = {t["value"]: t["figures"] for step in steps if step["constant"] == name for t in step["tried"]}
         value = final["rule"].get(name, DEFAULT_RULE[name])
         for reference, what in ((neutral, "neutral"), (DEFAULT_RULE[name], "the sweep's own")):
             if value == reference or (what != "neutral" and reference == neutral):
@@ -180,7 +185,7 @@ def constant_checks(tune: Part, judge: Part, final: Setting, prior: int | None) 
                     "value": value,
                     "against": reference,
                     "against_is": what,
-                    "tuned": tune.figures(other),
+                    "tuned": at[reference] if reference in at else tune.figures(other),
                     "judged": judge.figures(other),
                 }
             )
@@ -324,7 +329,7 @@ def split_result(tune: Part, judge: list[Part], grid: list[Setting]) -> dict[str
         "descent": steps,
         "judged": {part.name: part.figures(final) for part in judge},
         "ablations": [],
-        "constants": constant_checks(tune, main, final, prior),
+        "constants": constant_checks(tune, main, final, prior, steps),
         "fleet_prior": {
             "learned_percent": prior,
             "constant": {"tuned": tune.figures(constant), "judged": main.figures(constant)},
@@ -347,6 +352,7 @@ def report(results: dict[str, Any]) -> None:
                 print(f"      {line}")
         for step in r.get("descent", []):
             tried = "; ".join(f"{t['value']:g}: {_score(t['figures']):.4f}" for t in step["tried"])
+            tried = tried.replace(f"{step['from']:g}: ", f"{step['from']:g} (as it was): ")
             print(f"  descent {step['constant']}: {step['from']:g} -> {step['to']:g} (score {tried})")
         for a in r["ablations"]:
             print(f"  ablation {a['setting']['label']}: tuning {fmt(a['tuned'])}; judged {fmt(a['judged'])}")
