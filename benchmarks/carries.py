@@ -367,8 +367,13 @@ def report(results: dict[str, Any]) -> None:
                 what = "30 %" if which == "constant" else f"{fp['learned_percent']} % (learned on the tuning part)"
                 print(f"  fleet prior {what}: tuning {fmt(fp[which]['tuned'])}; judged {fmt(fp[which]['judged'])}")
     print("\n== Each constant's verdict over the splits (the sweep's value, each split's, and what stays)")
-    for name, line in product_verdicts(results).items():
+    for name, (_, line) in product_verdicts(results).items():
         print(f"  {name}: {line}")
+    if product := results.get("product"):
+        print(f"\n== The sweep's constants as the verdicts leave them ({product['rule'] or 'unchanged'}), judged")
+        for part, pair in product["judged"].items():
+            print(f"  {part:<32} today's  {fmt(pair['today'])}")
+            print(f"  {'':<32} verdicts {fmt(pair['verdicts'])}")
 
 
 def _verdict(r: dict[str, Any], tuned: dict[str, Any], judged: dict[str, Any]) -> str:
@@ -381,7 +386,7 @@ def _verdict(r: dict[str, Any], tuned: dict[str, Any], judged: dict[str, Any]) -
     return f"no gain: drop (gain {gain_t:+.4f} tuning, {gain_j:+.4f} judged)"
 
 
-def product_verdicts(results: dict[str, Any]) -> dict[str, str]:
+def product_verdicts(results: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     """Per constant a split's chosen kind of waiting reads: each split votes for its value if that value's gain
     against the neutral one carried to the judged part, else for neutral; it abstains when the constant
     changes nothing on its judged part (learned waiting acts only on a machine's first days: a later half of
@@ -411,7 +416,7 @@ def product_verdicts(results: dict[str, Any]) -> dict[str, str]:
         if len(kept) * 2 > len(rows):
             value = kept[0] if len(set(kept)) == 1 and len(kept) == len(rows) and all(m for *_, m in rows) else own
         each = "; ".join(f"{n}: {v:g}" for n, v, _ in rows) or "none (nothing judged it)"
-        out[constant] = f"the sweep's {own:g}, neutral {neutral:g}; votes {each} -> {value:g}"
+        out[constant] = (value, f"the sweep's {own:g}, neutral {neutral:g}; votes {each} -> {value:g}")
     return out
 
 
@@ -570,7 +575,17 @@ def measure() -> dict[str, Any]:
     for name, (tune, judge) in plan.items():
         print(f"\n== {name}", flush=True)
         splits[name] = split_result(parts[tune], [parts[judge], *azure], grid)
+    results = {"splits": splits}
+    default = next(s for s in grid if s["label"] == "time of day 45 % up to 180")  # the default policy
+    reads = {c: v for c, (v, _) in product_verdicts(results).items() if c in PROFILE_CONSTANTS}  # what it reads
+    verdicts = _with_rule(default, reads)
+    judged_parts = [parts[judge] for _, judge in plan.values()] + azure
+    product = {
+        "rule": verdicts["rule"],
+        "judged": {p.name: {"today": p.figures(default), "verdicts": p.figures(verdicts)} for p in judged_parts},
+    }
     return {
+        "product": product,
         "look_alike_groups": [list(g) for g in sides.groups if len(g) > 1],
         "sides": {"a": sorted(sides.a), "b": sorted(sides.b)},
         "splits": splits,
