@@ -142,7 +142,8 @@ def constants_for(setting: Setting, prior: int | None) -> dict[str, tuple[tuple[
 def _with_rule(base: Setting, rule: dict[str, Any]) -> Setting:
     rule = _canonical(rule)
     moved = {k: v for k, v in rule.items() if base["rule"].get(k, DEFAULT_RULE[k]) != v}
-    label = base["label"] + "".join(f", {k} {v:g}" for k, v in sorted(moved.items()))
+    kept = [seg for seg in base["label"].split(", ") if seg.split(" ")[0] not in moved]
+    label = ", ".join(kept) + "".join(f", {k} {v:g}" for k, v in sorted(moved.items()))
     return _setting(label, base["policy"], rule)
 
 
