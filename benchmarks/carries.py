@@ -141,7 +141,11 @@ def constants_for(setting: Setting, prior: int | None) -> dict[str, tuple[tuple[
 
 def _with_rule(base: Setting, rule: dict[str, Any]) -> Setting:
     rule = _canonical(rule)
-    moved = {k: v for k, v in rule.items() if base["rule"].get(k, DEFAULT_RULE[k]) != v}
+    moved = {
+        k: v
+        for k in {*rule, *base["rule"]}
+        if base["rule"].get(k, DEFAULT_RULE[k]) != (v := rule.get(k, DEFAULT_RULE[k]))
+    }
     kept = [seg for seg in base["label"].split(", ") if seg.split(" ")[0] not in moved]
     label = ", ".join(kept) + "".join(f", {k} {v:g}" for k, v in sorted(moved.items()))
     return _setting(label, base["policy"], rule)
