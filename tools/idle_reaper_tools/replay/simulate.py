@@ -305,8 +305,8 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
                 # each bucket marked once, as the newest of some sweep, is what every sweep marking it gives).
                 if record is not None:
                     stamp = (series.first_bucket + newest) * period_seconds
-                    day, hour, restart = stamp // 86400, (stamp // 3600,), opts.waiting.restart_after_days
-                    text, _ = observe_text(record.usage_profile, day, hour, restart)
+                    forget = opts.waiting.restart_after_days
+                    text, _ = observe_text(record.usage_profile, stamp // 86400, (stamp // 3600,), forget)
                     if text != record.usage_profile:
                         record = replace(record, usage_profile=text)
                 if timeline is not None and k < n:
