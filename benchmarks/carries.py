@@ -27,27 +27,33 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
-from idle_reaper.core import waiting
-from idle_reaper.core.waiting import HistoryRule
+from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES
+from idle_reaper.core.waiting import WaitingRule, fleet_prior, warn_point
 from idle_reaper.policy import TeamPolicy
 from idle_reaper_tools.replay import PolicySet, ReplayOptions, Trace, read_trace, replay
 from idle_reaper_tools.replay.report import time_halves
 from idle_reaper_tools.replay.split import machine_sides, subset
+from idle_reaper_tools.replay.truth import classify
 
 ROOT = Path(__file__).resolve().parent.parent
 BITBRAINS = ROOT.parent / "shared" / "traces" / "bitbrains-rnd-2013-07-100vms.csv.gz"
 AZURE = ROOT / "tests" / "data" / "azure-v1-100vms.csv.gz"
 TARGETS = {"unwanted_stop_share": 0.10, "warnings_without_stop_share": 0.08, "recovery": 0.95, "false_stops": 0}
 
-Setting = dict[str, Any]  # {"label", "policy": {field: value}, "rule": {HistoryRule field: value}}
+Setting = dict[str, Any]  # {"label", "policy": {field: value}, "rule": {WaitingRule field: value}}
+DEFAULT_RULE = WaitingRule().model_dump()
+
+
+def _canonical(rule: dict[str, Any]) -> dict[str, Any]:
+    """The rule's fields that differ from the sweep's own, typed as WaitingRule types them (one cache key)."""
+    return {k: v for k, v in WaitingRule(**rule).model_dump().items() if v != DEFAULT_RULE[k]}
 
 
 def _setting(label: str, policy: dict[str, Any], rule: dict[str, Any] | None = None) -> Setting:
-    return {"label": label, "policy": policy, "rule": rule or {}}
+    return {"label": label, "policy": policy, "rule": _canonical(rule or {})}
 
 
 def candidates() -> list[Setting]:
@@ -75,6 +81,7 @@ def candidates() -> list[Setting]:
 def ablations(chosen: Setting) -> list[Setting]:
     """The chosen setting with one constant dropped at a time (its neutral value)."""
     policy, rule = chosen["policy"], chosen["rule"]
+    label = chosen["label"].split(",")[0]
     if policy.get("history_wait_percent"):
         drops = {
             "no fleet prior": {"prior_stretches": 0.0},
@@ -82,19 +89,143 @@ def ablations(chosen: Setting) -> list[Setting]:
             "no time of day (every stretch counts whole)": {"other_time_weight": 1.0},
             "no change detection": {"recent": 1000},
         }
-        return [_setting(f"{chosen['label']}, {name}", policy, {**rule, **d}) for name, d in drops.items()]
+        return [_setting(f"{label}, {name}", policy, {**rule, **d}) for name, d in drops.items()]
     if policy.get("time_of_day_wait_percent"):
         return [
-            _setting(f"{chosen['label']}, no profile (learned waiting)", {**policy, "time_of_day_wait_percent": 0}),
-            _setting(f"{chosen['label']}, no wait at all", {**policy, "adaptive_wait_max_minutes": 0}),
+            _setting(f"{label}, no profile (learned waiting)", {**policy, "time_of_day_wait_percent": 0}, rule),
+            _setting(f"{label}, no wait at all", {**policy, "adaptive_wait_max_minutes": 0}, rule),
         ]
     return []
 
 
+# Coordinate descent (one pass, one constant at a time from the current choice, in this order) over the
+# WaitingRule constants the chosen setting's kind of waiting reads: {name: (values tried, neutral)}. Neutral:
+# the value at which the constant does nothing, or for a count or a step (nothing to turn off) the sweep's own
+# value; a constant whose gain on the tuning part does not show on the judged part is set to it. Under the
+# time-of-day wait, learned waiting's constants apply while a machine's profile is not usable yet.
+PROFILE_CONSTANTS: dict[str, tuple[tuple[Any, ...], Any]] = {
+    "profile_days": ((7,), 14),  # neutral: every day the record keeps
+    "min_days_seen": ((5,), 1),  # neutral: a profile is used from its first day of data
+    "restart_after_days": ((3,), 14),  # neutral: never started again, old days only shift out
+    "learn_min_stretches": ((5,), 3),
+    "learn_soon_share": ((0.25,), 1.0),  # 1.0: learned waiting never waits longer
+    "learn_step_minutes": ((30,), 15),
+    "learn_hours_around": ((3,), 12),  # 12: every hour of the day alike
+}
+HISTORY_CONSTANTS: dict[str, tuple[tuple[Any, ...], Any]] = {
+    "prior_percent": ((20,), 30),  # and the fleet's own, learned on the tuning part (added per part)
+    "prior_stretches": ((4.0,), 0.0),  # 0: no fleet prior
+    "confidence": ((0.5,), 0.0),  # 0: the estimate alone
+    "other_time_weight": ((0.5,), 1.0),  # 1: every stretch counts whole, whatever its hour and day
+    "recent": ((6,), 1000),  # 1000: no change detection
+    "step_minutes": ((30,), 15),
+    "changed_by": ((0.3,), 0.5),
+}
+
+
+def constants_for(setting: Setting, prior: int | None) -> dict[str, tuple[tuple[Any, ...], Any]]:
+    """The constants the setting's waiting reads (none for a fixed window)."""
+    policy = setting["policy"]
+    if policy.get("history_wait_percent"):
+        table = dict(HISTORY_CONSTANTS)
+        if prior is not None:
+            values, neutral = table["prior_percent"]
+            table["prior_percent"] = (tuple(sorted({*values, prior})), neutral)
+        return table
+    if policy.get("time_of_day_wait_percent", TeamPolicy().time_of_day_wait_percent) and policy.get(
+        "adaptive_wait_max_minutes", 1
+    ):
+        return PROFILE_CONSTANTS
+    return {}
+
+
+def _with_rule(base: Setting, rule: dict[str, Any]) -> Setting:
+    rule = _canonical(rule)
+    moved = {
+        k: v
+        for k in {*rule, *base["rule"]}
+        if base["rule"].get(k, DEFAULT_RULE[k]) != (v := rule.get(k, DEFAULT_RULE[k]))
+    }
+    kept = [seg for seg in base["label"].split(", ") if seg.split(" ")[0] not in moved]
+    label = ", ".join(kept) + "".join(f", {k} {v:g}" for k, v in sorted(moved.items()))
+    return _setting(label, base["policy"], rule)
+
+
+def descend(tune: Part, chosen: Setting, prior: int | None) -> tuple[Setting, list[dict[str, Any]]]:
+    """From the setting chosen on the grid, each constant in turn set to the value that scores best on the
+    tuning part (_score; a tie keeps the current value), the others as chosen so far."""
+    rule = dict(chosen["rule"])
+    best = tune.figures(chosen)
+    steps = []
+    for name, (values, neutral) in constants_for(chosen, prior).items():
+        before, at_before = rule.get(name, DEFAULT_RULE[name]), best
+        tried = []
+        for value in sorted({*values, neutral} - {before}):
+            figures = tune.figures(_with_rule(chosen, {**rule, name: value}))
+            tried.append({"value": value, "figures": figures})
+            if _score(figures) > _score(best) + 1e-4:
+                best, rule[name] = figures, value
+        tried.append({"value": before, "figures": at_before})
+        steps.append({"constant": name, "from": before, "to": rule.get(name, DEFAULT_RULE[name]), "tried": tried})
+    return _with_rule(chosen, rule), steps
+
+
+def constant_checks(
+    tune: Part, judge: Part, final: Setting, prior: int | None, steps: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each constant of the final setting away from its neutral value set back to it (and, when the descent
+    moved it, back to the sweep's own value), on the judged part; its tuning figures are the descent's own
+    at that value (the constants before it as chosen, the ones after as they were): a replay less each."""
+    out = []
+    for name, (_, neutral) in constants_for(final, prior).items():
+        at = {t["value"]: t["figures"] for step in steps if step["constant"] == name for t in step["tried"]}
+        value = final["rule"].get(name, DEFAULT_RULE[name])
+        for reference, what in ((neutral, "neutral"), (DEFAULT_RULE[name], "the sweep's own")):
+            if value == reference or (what != "neutral" and reference == neutral):
+                continue
+            other = _with_rule(final, {**final["rule"], name: reference})
+            out.append(
+                {
+                    "constant": name,
+                    "value": value,
+                    "against": reference,
+                    "against_is": what,
+                    "tuned": at[reference] if reference in at else tune.figures(other),
+                    "judged": judge.figures(other),
+                }
+            )
+    return out
+
+
+def pooled_prior(part: Part) -> int | None:
+    """The fleet's prior learned from the fleet: of the quiet stretches that began in the part and reached
+    the default policy's usual warning point, the share (%) used again within its warning plus
+    UNWANTED_WITHIN_MINUTES (core.waiting.fleet_prior). A stretch cut short by the trace's end or a hole in
+    its data before that is left out (its end is not known)."""
+    policy = TeamPolicy()
+    usual, span = warn_point(policy), policy.warn_minutes + UNWANTED_WITHIN_MINUTES
+    minutes = []
+    step = part.trace.period_seconds / 60
+    lo, hi = part.span or (0, 1 << 62)
+    for series in part.trace.series:
+        truth = classify(series, policy, part.trace.period_seconds, ())
+        start = None
+        for i in range(len(truth.quiet) + 1):
+            if i < len(truth.quiet) and truth.quiet[i]:
+                start = i if start is None else start
+                continue
+            if start is not None and lo <= series.first_bucket + start < hi:
+                length = (i - start) * step
+                if length >= usual + span or (i < len(truth.busy) and truth.busy[i]):
+                    minutes.append(length)
+            start = None
+    return fleet_prior(minutes, usual, span)
+
+
 def run(trace: Trace, setting: Setting, span: tuple[int, int] | None, ideal: float | None) -> dict[str, Any]:
     policy = TeamPolicy.model_validate({**TeamPolicy().model_dump(), **setting["policy"]})
-    waiting.RULE = HistoryRule(**setting["rule"])  # the replay's worker processes fork with it
-    summary = replay(trace, ReplayOptions(policies=PolicySet(default=policy), judged=span), prices=None)
+    options = ReplayOptions(policies=PolicySet(default=policy), judged=span, waiting=WaitingRule(**setting["rule"]))
+    summary = replay(trace, options, prices=None)
     s = summary.reaper.summary()
     out = {
         k: s[k]
@@ -182,23 +313,36 @@ class Part:
 
 
 def split_result(tune: Part, judge: list[Part], grid: list[Setting]) -> dict[str, Any]:
-    rows = [(s, tune.figures(s)) for s in grid]
+    """Choose on the tuning part (the grid, then the descent over the chosen kind's constants), then judge."""
+    prior = pooled_prior(tune)
+    constant = next(s for s in grid if s["label"] == "history 45 %")
+    learned = _setting(
+        f"history 45 % prior learned {prior} %",
+        {"history_wait_percent": 45, "adaptive_wait_max_minutes": 180},
+        {"prior_percent": prior if prior is not None else 30},
+    )
+    rows = [(s, tune.figures(s)) for s in [*grid, learned]]
     chosen = choose(rows)
-    tuned = tune.figures(chosen)
+    final, steps = descend(tune, chosen, prior)
+    main = judge[0]
     out: dict[str, Any] = {
         "tuned_on": tune.name,
-        "chosen": chosen,
-        "tuned": tuned,
+        "grid_choice": chosen,
+        "chosen": final,
+        "tuned": tune.figures(final),
         "grid": [{"setting": s, "figures": f} for s, f in rows],
-        "judged": {},
+        "descent": steps,
+        "judged": {part.name: part.figures(final) for part in judge},
         "ablations": [],
+        "constants": constant_checks(tune, main, final, prior, steps),
+        "fleet_prior": {
+            "learned_percent": prior,
+            "constant": {"tuned": tune.figures(constant), "judged": main.figures(constant)},
+            "learned": {"tuned": tune.figures(learned), "judged": main.figures(learned)},
+        },
     }
-    for part in judge:
-        out["judged"][part.name] = part.figures(chosen)
-    main = judge[0]
-    for dropped in ablations(chosen):
-        t, j = tune.figures(dropped), main.figures(dropped)
-        out["ablations"].append({"setting": dropped, "tuned": t, "judged": j})
+    for dropped in ablations(final):
+        out["ablations"].append({"setting": dropped, "tuned": tune.figures(dropped), "judged": main.figures(dropped)})
     return out
 
 
@@ -211,15 +355,74 @@ def report(results: dict[str, Any]) -> None:
             print(f"  judged on {part}: {fmt(f)}")
             for line in against_targets(f):
                 print(f"      {line}")
+        for step in r.get("descent", []):
+            tried = "; ".join(f"{t['value']:g}: {_score(t['figures']):.4f}" for t in step["tried"])
+            tried = tried.replace(f"{step['from']:g}: ", f"{step['from']:g} (as it was): ")
+            print(f"  descent {step['constant']}: {step['from']:g} -> {step['to']:g} (score {tried})")
         for a in r["ablations"]:
-            gain_t = _score(r["tuned"]) - _score(a["tuned"])
-            gain_j = _score(next(iter(r["judged"].values()))) - _score(a["judged"])
-            verdict = (
-                "keep" if gain_j > 0 else ("only helps on the tuning part: drop" if gain_t > 0 else "no gain: drop")
-            )
+            print(f"  ablation {a['setting']['label']}: tuning {fmt(a['tuned'])}; judged {fmt(a['judged'])}")
+            print(f"      -> {_verdict(r, a['tuned'], a['judged'])}")
+        for c in r.get("constants", []):
             print(
-                f"  ablation {a['setting']['label']}: tuning {fmt(a['tuned'])}; judged {fmt(a['judged'])} -> {verdict}"
+                f"  {c['constant']} {c['value']:g} against {c['against_is']} {c['against']:g}: tuning "
+                f"{fmt(c['tuned'])}; judged {fmt(c['judged'])}\n      -> {_verdict(r, c['tuned'], c['judged'])}"
             )
+        if fp := r.get("fleet_prior"):
+            for which in ("constant", "learned"):
+                what = "30 %" if which == "constant" else f"{fp['learned_percent']} % (learned on the tuning part)"
+                print(f"  fleet prior {what}: tuning {fmt(fp[which]['tuned'])}; judged {fmt(fp[which]['judged'])}")
+    print("\n== Each constant's verdict over the splits (the sweep's value, each split's, and what stays)")
+    for name, (_, line) in product_verdicts(results).items():
+        print(f"  {name}: {line}")
+    if product := results.get("product"):
+        print(f"\n== The sweep's constants as the verdicts leave them ({product['rule'] or 'unchanged'}), judged")
+        for part, pair in product["judged"].items():
+            print(f"  {part:<32} today's  {fmt(pair['today'])}")
+            print(f"  {'':<32} verdicts {fmt(pair['verdicts'])}")
+
+
+def _verdict(r: dict[str, Any], tuned: dict[str, Any], judged: dict[str, Any]) -> str:
+    gain_t = _score(r["tuned"]) - _score(tuned)
+    gain_j = _score(next(iter(r["judged"].values()))) - _score(judged)
+    if gain_j > 0:
+        return f"keep (gain {gain_t:+.4f} tuning, {gain_j:+.4f} judged)"
+    if gain_t > 0:
+        return f"only helps on the tuning part: drop (gain {gain_t:+.4f} tuning, {gain_j:+.4f} judged)"
+    return f"no gain: drop (gain {gain_t:+.4f} tuning, {gain_j:+.4f} judged)"
+
+
+def product_verdicts(results: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """Per constant a split's chosen kind of waiting reads: each split votes for its value if that value's gain
+    against the neutral one carried to the judged part, else for neutral; it abstains when the constant
+    changes nothing on its judged part (learned waiting acts only on a machine's first days: a later half of
+    the days cannot judge it). The product takes neutral unless most votes say otherwise; a value other than
+    the sweep's own only when every vote is for it and its move from the sweep's own value carried too; no
+    vote at all keeps the sweep's own value (nothing judged it)."""
+    votes: dict[str, list[tuple[str, Any, bool]]] = {}
+    for name, r in results["splits"].items():
+        first = next(iter(r["judged"].values()))
+        judged = _score(first)
+        checks = {(c["constant"], c["against_is"]): judged - _score(c["judged"]) > 0 for c in r.get("constants", [])}
+        silent = {c["constant"] for c in r.get("constants", []) if c["judged"] == first}
+        for step in r.get("descent", []):
+            constant, value = step["constant"], step["to"]
+            neutral = {**PROFILE_CONSTANTS, **HISTORY_CONSTANTS}[constant][1]
+            if constant in silent or (value == neutral and (constant, "the sweep's own") not in checks):
+                continue
+            kept = value != neutral and checks.get((constant, "neutral"), False)
+            moved_carried = checks.get((constant, "the sweep's own"), kept)
+            votes.setdefault(constant, []).append((name, value if kept else neutral, moved_carried))
+    out = {}
+    for constant in {**PROFILE_CONSTANTS, **HISTORY_CONSTANTS}:
+        rows = votes.get(constant, [])
+        neutral, own = {**PROFILE_CONSTANTS, **HISTORY_CONSTANTS}[constant][1], DEFAULT_RULE[constant]
+        kept = [v for _, v, _ in rows if v != neutral]
+        value = neutral if rows else own
+        if len(kept) * 2 > len(rows):
+            value = kept[0] if len(set(kept)) == 1 and len(kept) == len(rows) and all(m for *_, m in rows) else own
+        each = "; ".join(f"{n}: {v:g}" for n, v, _ in rows) or "none (nothing judged it)"
+        out[constant] = (value, f"the sweep's {own:g}, neutral {neutral:g}; votes {each} -> {value:g}")
+    return out
 
 
 def _score(f: dict[str, Any]) -> float:
@@ -243,7 +446,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ]
     fig, axes = plt.subplots(2, 3, figsize=(17, 9), squeeze=False)
     markers = {"fixed": "s", "time": "o", "history": "^"}
-    chosen = json.dumps([r["chosen"]["policy"], r["chosen"]["rule"]], sort_keys=True)
+    chosen = [r["tuned"], r["judged"]["Bitbrains second half"], r["judged"]["Azure, whole"]]
     for col, (title, rows) in enumerate(columns):
         for row, (key, label) in enumerate(
             (
@@ -261,11 +464,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
                     label={"fixed": "fixed window", "time": "time-of-day wait", "history": "history waiting"}[kind],
                     alpha=0.8,
                 )
-            for x in rows:
-                if json.dumps([x["setting"]["policy"], x["setting"]["rule"]], sort_keys=True) == chosen:
-                    ax.scatter(
-                        [x["figures"]["recovery"]], [x["figures"][key]], s=220, facecolors="none", edgecolors="red"
-                    )
+            ax.scatter([chosen[col]["recovery"]], [chosen[col][key]], s=220, facecolors="none", edgecolors="red")
             ax.axhline(0.10 if row == 0 else 0.08, color="grey", linestyle="--", linewidth=0.8)
             ax.axvline(0.95, color="grey", linestyle=":", linewidth=0.8)
             ax.set_xlabel("recovery (of the 90-min window's ideal)")
@@ -275,7 +474,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
             if row == 0 and col == 0:
                 ax.legend(fontsize=8)
     fig.suptitle(
-        "Tuned and judged: every setting; red circle: the one chosen on the first half; dashed: targets", fontsize=10
+        "Tuned and judged: every setting of the grid; red circle: the one chosen on the first half (grid, then the "
+        "descent over its constants); dashed: targets",
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=80)
@@ -352,7 +553,6 @@ def measure() -> dict[str, Any]:
     sides = machine_sides(bb)
     print(f"look-alike groups: {[len(g) for g in sides.groups if len(g) > 1]}; sides {len(sides.a)} / {len(sides.b)}")
     (_, first), (_, second) = time_halves(bb)
-    (_, az_first), (_, az_second) = time_halves(az)
     a, b = subset(bb, sides.a), subset(bb, sides.b)
     parts = {
         "bb first": Part("Bitbrains first half", bb, first),
@@ -360,24 +560,43 @@ def measure() -> dict[str, Any]:
         "side a": Part("Bitbrains side a", a, None),
         "side b": Part("Bitbrains side b", b, None),
         "az": Part("Azure, whole", az, None),
-        "az first": Part("Azure, first half", az, az_first),
-        "az second": Part("Azure, second half", az, az_second),
+        # Days and machines held out at once: the same days as the time split, each side alone.
+        "a first": Part("Bitbrains side a, first half", a, first),
+        "b second": Part("Bitbrains side b, second half", b, second),
+        "b first": Part("Bitbrains side b, first half", b, first),
+        "a second": Part("Bitbrains side a, second half", a, second),
     }
-    azure = [parts["az"], parts["az first"], parts["az second"]]
+    azure = [parts["az"]]  # its halves: `idle-reaper replay --split time` with the chosen setting
     grid = candidates()
-    splits = {
-        "time, first half -> second half": split_result(parts["bb first"], [parts["bb second"], *azure], grid),
-        "time, second half -> first half": split_result(parts["bb second"], [parts["bb first"], *azure], grid),
-        "machines, side a -> side b": split_result(parts["side a"], [parts["side b"], *azure], grid),
-        "machines, side b -> side a": split_result(parts["side b"], [parts["side a"], *azure], grid),
+    plan = {
+        "time, first half -> second half": ("bb first", "bb second"),
+        "time, second half -> first half": ("bb second", "bb first"),
+        "machines, side a -> side b": ("side a", "side b"),
+        "machines, side b -> side a": ("side b", "side a"),
+        "days and machines, side a first half -> side b second half": ("a first", "b second"),
+        "days and machines, side b first half -> side a second half": ("b first", "a second"),
+    }
+    splits = {}
+    for name, (tune, judge) in plan.items():
+        print(f"\n== {name}", flush=True)
+        splits[name] = split_result(parts[tune], [parts[judge], *azure], grid)
+    results = {"splits": splits}
+    default = next(s for s in grid if s["label"] == "time of day 45 % up to 180")  # the default policy
+    reads = {c: v for c, (v, _) in product_verdicts(results).items() if c in PROFILE_CONSTANTS}  # what it reads
+    verdicts = _with_rule(default, reads)
+    judged_parts = [parts[judge] for _, judge in plan.values()] + azure
+    product = {
+        "rule": verdicts["rule"],
+        "judged": {p.name: {"today": p.figures(default), "verdicts": p.figures(verdicts)} for p in judged_parts},
     }
     return {
+        "product": product,
         "look_alike_groups": [list(g) for g in sides.groups if len(g) > 1],
         "sides": {"a": sorted(sides.a), "b": sorted(sides.b)},
         "splits": splits,
         "second_half_curve": [{"setting": s, "figures": parts["bb second"].figures(s)} for s in grid],
         "azure_curve": [{"setting": s, "figures": parts["az"].figures(s)} for s in grid],
-        "rule_fields": [f.name for f in dataclass_fields(HistoryRule)],
+        "rule_fields": list(DEFAULT_RULE),
     }
 
 

@@ -235,7 +235,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_report)
 
-    from idle_reaper_tools.replay import BASELINES, cmd_replay, non_negative_minutes, positive_minutes, snooze_rate
+    from idle_reaper.core.waiting import WaitingRule
+    from idle_reaper_tools.replay import (
+        BASELINES,
+        cmd_replay,
+        non_negative_minutes,
+        positive_minutes,
+        snooze_rate,
+        waiting_rule,
+    )
 
     p = sub.add_parser(
         "replay",
@@ -272,6 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help="also replay with these team-policy fields merged in (repeatable), e.g. '{\"idle_minutes\": 180}': "
         "a table, and with --plot a Pareto PNG (recovery against unwanted stops)",
+    )
+    p.add_argument(
+        "--waiting",
+        type=waiting_rule,
+        default=WaitingRule(),
+        metavar="JSON",
+        help="the constants of waiting to replay with (core/waiting.py WaitingRule), e.g. "
+        '\'{"profile_days": 7, "min_days_seen": 2}\' (default: the sweep\'s own)',
     )
     p.add_argument(
         "--split",

@@ -75,6 +75,7 @@ from idle_reaper.core.waiting import (
     LEARN_SOON_SHARE,
     LEARN_STEP_MINUTES,
     LearnedWait,
+    WaitingRule,
     earliest_warn_minutes,
     learned_wait,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "SweepSummary",
     "TeamTotals",
     "Transition",
+    "WaitingRule",
     "allowed",
     "assess",
     "decide",

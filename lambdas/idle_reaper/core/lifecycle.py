@@ -25,7 +25,7 @@ from idle_reaper.core.records import Action, MachineRecord, State, owes_owner, p
 from idle_reaper.core.signals import Assessment, Machine, Signal, parse_exemption
 from idle_reaper.core.studio import kept_restore
 from idle_reaper.core.time_of_day import observe_text
-from idle_reaper.core.waiting import LearnedWait, earliest_warn_minutes, wait_for, warn_point
+from idle_reaper.core.waiting import DEFAULT_RULE, LearnedWait, WaitingRule, earliest_warn_minutes, wait_for, warn_point
 from idle_reaper.policy import TeamPolicy, TeamPolicyRef
 
 
@@ -310,15 +310,16 @@ def decide(
     now: datetime,
     dry_run: bool = False,
     kind: MachineKind = ON_DEMAND,
+    waiting: WaitingRule = DEFAULT_RULE,
 ) -> Decision:
     """The per-machine lifecycle: the event this sweep sees and the transition it makes (TRANSITIONS).
     Read it top to bottom: the first rule that applies decides. `kind`: what kind of machine it is
-    (kinds.classify); `ref` is already the machine's own (kind_policy)."""
+    (kinds.classify); `ref` is already the machine's own (kind_policy); `waiting`: the replay may set it."""
     record = previous or MachineRecord(
         instance_id=machine.instance_id, team=machine.team, account=machine.account, region=machine.region
     )
     how = handling(kind, machine.instance_type, ref.policy) if ref.policy is not None and not machine.asg_name else None
-    base = _carried_over(record, machine, ref, assessment, now, kind)
+    base = _carried_over(record, machine, ref, assessment, now, kind, waiting.restart_after_days)
     seen = _Sweep(machine, ref, assessment, record, base, now, dry_run, kind, how)
     # An exemption is read before the policy: it holds in safe mode too. Its "resolved" notice (a warned
     # machine exempted since) keeps quiet hours like any other message to owners.
@@ -336,7 +337,7 @@ def decide(
         )
 
     cap = _over_runtime_cap(machine, policy, now)
-    stretch = _stretch(seen, policy, assessment, learn=not cap)
+    stretch = _stretch(seen, policy, assessment, waiting if not cap else None)
     # Busy with no quiet stretch at all is busy whatever the warning point (a learned one may be 0).
     if assessment.signal == "busy" and (stretch.quiet < stretch.warn_at or assessment.quiet_since is None):
         return seen.decision(_busy(seen, assessment, stretch, cap), quiet_hours=quiet_hours, note=stretch.note)
@@ -373,15 +374,15 @@ def _carried_over(
     assessment: Assessment | None,
     now: datetime,
     kind: MachineKind,
+    restart_after: int,
 ) -> MachineRecord:
     """The previous record with this sweep's facts about the machine and its policy, version bumped, and
-    its usage profile updated from the datapoints this sweep read (a machine moved to another team
-    starts its profile again). A kind look-up that failed leaves the kind as the last sweep that could
-    tell saw it."""
+    its usage profile updated from the datapoints this sweep read (it starts again on another team or after
+    `restart_after` days without data). A failed kind look-up keeps the kind the last sweep saw."""
     known = kind.kind is not Kind.UNKNOWN
     profile = record.usage_profile if record.team == machine.team else ""
     if assessment is not None:
-        profile, _ = observe_text(profile, assessment.usage.seen_day, assessment.usage.busy_hours)
+        profile, _ = observe_text(profile, assessment.usage.seen_day, assessment.usage.busy_hours, restart_after)
     return replace(
         record,
         machine_kind=kind.kind.value if known else record.machine_kind,
@@ -403,10 +404,10 @@ def _carried_over(
     )
 
 
-def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, learn: bool = True) -> _Stretch:
+def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, learn: WaitingRule | None) -> _Stretch:
     """The quiet stretch as this sweep sees it, what of the record (idle-since, the warning) still belongs
     to it, and the warning point: the team's, moved by what the machine's past stretches teach (`learn`;
-    not over the runtime cap, a hard limit that history must not stretch, as it overrides a keep)."""
+    None over the runtime cap, a hard limit that history must not stretch, as it overrides a keep)."""
     record, now = seen.record, seen.now
     interrupted = assessment.interrupted_at
     # A warning (and an idle-since) counts only for this quiet stretch: activity or a data hole
@@ -448,9 +449,9 @@ def _stretch(seen: _Sweep, policy: TeamPolicy, assessment: Assessment, learn: bo
             warning_owed=(),
         )
     quiet = _quiet_minutes(assessment, idle_since if continuous else None, now)
-    learned = (
-        wait_for(history, base.usage_profile, policy, idle_since, quiet) if idle_since and learn else LearnedWait()
-    )
+    learned = LearnedWait()
+    if idle_since and learn is not None:
+        learned = wait_for(history, base.usage_profile, policy, idle_since, quiet, learn)
     return _Stretch(
         quiet=quiet,
         warn_at=warn_point(policy) + learned.extra_minutes,
@@ -703,8 +704,7 @@ def _verb(machine: Machine, policy: TeamPolicy, how: Handling | None = None) -> 
 
 
 def _kind_notes(seen: _Sweep) -> str:
-    """What the kind adds to a warning's reason: why termination, a reservation a stop does not save, scarce
-    capacity."""
+    """What the kind adds to a warning's reason: why termination, an unsaved reservation, scarce capacity."""
     if seen.how is None:
         return ""
     return "".join(f"; {note}" for note in caveats(seen.kind, seen.how, seen.machine.instance_type))

@@ -88,13 +88,16 @@ def format_profile(profile: Profile | None) -> str:
     return f"{_PREFIX}.{profile.newest_day}.{busy}.{seen}"
 
 
-def observe(profile: Profile | None, day: int | None, busy_hours: Iterable[int]) -> Profile | None:
+def observe(
+    profile: Profile | None, day: int | None, busy_hours: Iterable[int], restart_after: int = RESTART_AFTER_DAYS
+) -> Profile | None:
     """The profile with one sweep's datapoints: the UTC day (since the epoch) it read data on, and the
     UTC hours (since the epoch) of its busy ones. Marking is idempotent: reading a bucket again changes
-    nothing, so sweeps may overlap or be skipped while their newest bucket is marked."""
+    nothing, so sweeps may overlap or be skipped while their newest bucket is marked. After `restart_after`
+    days without data (at PROFILE_DAYS: only what shifts out is forgotten) the profile starts again."""
     if day is None:
         return profile
-    if profile is None or day - profile.newest_day >= RESTART_AFTER_DAYS or day < profile.newest_day - 1:
+    if profile is None or day - profile.newest_day >= restart_after or day < profile.newest_day - 1:
         # No profile yet, days without data, or a clock that went back: what the old days say no longer holds.
         profile = Profile(day)
     elif day > profile.newest_day:
@@ -114,10 +117,12 @@ def observe(profile: Profile | None, day: int | None, busy_hours: Iterable[int])
 
 
 @lru_cache(maxsize=8192)  # pure in plain values: a record's text and this sweep's marks
-def observe_text(text: str, day: int | None, busy_hours: tuple[int, ...]) -> tuple[str, str]:
+def observe_text(
+    text: str, day: int | None, busy_hours: tuple[int, ...], restart_after: int = RESTART_AFTER_DAYS
+) -> tuple[str, str]:
     """observe() on a record's text: the new text, and a note when the old one was unusable."""
     profile, note = parse_profile(text)
-    return format_profile(observe(profile, day, busy_hours)), note
+    return format_profile(observe(profile, day, busy_hours, restart_after)), note
 
 
 @dataclass(frozen=True)
@@ -155,9 +160,10 @@ def _weekend(day: int) -> bool:
     return (day + 3) % 7 >= 5  # 1970-01-01 was a Thursday
 
 
-def chance_used(profile: Profile, at: datetime, horizon: int) -> tuple[float, int, int]:
+def chance_used(profile: Profile, at: datetime, horizon: int, days: int = PROFILE_DAYS) -> tuple[float, int, int]:
     """The estimated chance the machine is used within `horizon` minutes of `at`: the mean of yesterday,
-    a week ago and the share of the same kind of day (weekday, weekend) in the profile, each when known.
+    a week ago and the share of the same kind of day (weekday, weekend) in the profile's newest `days` days
+    (at most PROFILE_DAYS: what the record keeps), each when known.
     Also those days: used, and known (for the explanation). Read on every sweep of a quiet machine past
     its usual warning point, so in plain integer arithmetic (what _used_between does, day by day)."""
     stamp = int(at.timestamp())
@@ -167,7 +173,7 @@ def chance_used(profile: Profile, at: datetime, horizon: int) -> tuple[float, in
     kind = _weekend(today)
     yesterday = week = None
     used_same = known_same = 0
-    for back in range(1, PROFILE_DAYS + 1):
+    for back in range(1, min(days, PROFILE_DAYS) + 1):
         day = today - back
         if day < oldest or day > profile.newest_day or not profile.seen >> (day - oldest) & 1:
             continue
@@ -188,33 +194,43 @@ def chance_used(profile: Profile, at: datetime, horizon: int) -> tuple[float, in
     return sum(terms) / len(terms), used_same, known_same
 
 
-def usable(profile: Profile | None) -> bool:
-    """Whether the profile holds enough days to go by (else the caller uses today's learned waiting)."""
-    return profile is not None and profile.days_seen >= MIN_DAYS_SEEN
+def usable(profile: Profile | None, min_days: int = MIN_DAYS_SEEN) -> bool:
+    """Whether the profile holds `min_days` days of data or more to go by (else the caller uses today's
+    learned waiting)."""
+    return profile is not None and profile.days_seen >= min_days
 
 
 def time_of_day_wait(
-    profile: Profile | None, began: datetime, usual: int, most: int, percent: int, horizon: int
+    profile: Profile | None,
+    began: datetime,
+    usual: int,
+    most: int,
+    percent: int,
+    horizon: int,
+    *,
+    days: int = PROFILE_DAYS,
+    min_days: int = MIN_DAYS_SEEN,
 ) -> Wait | None:
-    """The wait for a quiet stretch that began at `began`: None when there is no usable profile (the
-    caller uses today's learned waiting). The warning point moves from `usual` minutes of quiet in
-    WAIT_STEP_MINUTES steps, at most `most` minutes, while the chance of use within `horizon` minutes
-    is `percent` % or more at that point or at the step before it."""
-    if not usable(profile) or most <= 0 or percent <= 0:
+    """The wait for a quiet stretch that began at `began`: None when there is no usable profile (fewer than
+    `min_days` days of data: the caller uses today's learned waiting). The warning point moves from `usual`
+    minutes of quiet in WAIT_STEP_MINUTES steps, at most `most` minutes, while the chance of use within
+    `horizon` minutes (read from the profile's newest `days` days) is `percent` % or more at that point or
+    at the step before it."""
+    if not usable(profile, min_days) or most <= 0 or percent <= 0:
         return None
     assert profile is not None
-    return _wait(profile, began, usual, most, percent, horizon)
+    return _wait(profile, began, usual, most, percent, horizon, days)
 
 
 @lru_cache(maxsize=4096)  # a machine's sweeps within one quiet stretch share the answer
-def _wait(profile: Profile, began: datetime, usual: int, most: int, percent: int, horizon: int) -> Wait:
+def _wait(profile: Profile, began: datetime, usual: int, most: int, percent: int, horizon: int, days: int) -> Wait:
     limit = percent / 100
     extra = 0
     first_held: datetime | None = None  # the first moment the chance held the warning
     low_before = False
     while True:
         at = began + timedelta(minutes=usual + extra)
-        low = chance_used(profile, at, horizon)[0] < limit
+        low = chance_used(profile, at, horizon, days)[0] < limit
         if low and (low_before or extra == 0):
             break  # low, and low at the step before (or already at the usual point): warn here
         if not low and first_held is None:
@@ -225,7 +241,7 @@ def _wait(profile: Profile, began: datetime, usual: int, most: int, percent: int
         extra = min(most, extra + WAIT_STEP_MINUTES)
     if extra == 0 or first_held is None:
         return Wait()
-    hour, used, known = _usual_hour(profile, first_held, horizon)
+    hour, used, known = _usual_hour(profile, first_held, horizon, days)
     kind = "weekend days" if _weekend(int(first_held.timestamp()) // 86400) else "weekdays"
     until = began + timedelta(minutes=usual + extra)
     return Wait(
@@ -235,7 +251,7 @@ def _wait(profile: Profile, began: datetime, usual: int, most: int, percent: int
     )
 
 
-def _usual_hour(profile: Profile, at: datetime, horizon: int) -> tuple[int, int, int]:
+def _usual_hour(profile: Profile, at: datetime, horizon: int, days: int) -> tuple[int, int, int]:
     """The hour of day within [at, at + horizon) this machine was busy at most often on past days of the
     same kind: that hour, on how many of them, of how many known (for the explanation)."""
     kind = _weekend(int(at.timestamp()) // 86400)
@@ -243,14 +259,14 @@ def _usual_hour(profile: Profile, at: datetime, horizon: int) -> tuple[int, int,
     best = (int(start.hour), 0, 0)
     for step in range((int(at.timestamp()) % 3600 + horizon * 60 - 1) // 3600 + 1):
         moment = start + timedelta(hours=step)
-        days = [
+        alike = [
             used
-            for back in range(1, PROFILE_DAYS + 1)
+            for back in range(1, min(days, PROFILE_DAYS) + 1)
             if _weekend(int(moment.timestamp()) // 86400 - back) == kind
             and (used := _used_between(profile, moment, 60, back)) is not None
         ]
-        if sum(days) > best[1]:
-            best = (moment.hour, sum(days), len(days))
+        if sum(alike) > best[1]:
+            best = (moment.hour, sum(alike), len(alike))
     return best
 
 

@@ -5,19 +5,63 @@ the same history) or, once it has a usage profile, the time-of-day wait (core/ti
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from idle_reaper.core.records import NO_WEEKDAY, UNWANTED_WITHIN_MINUTES, Stretch
-from idle_reaper.core.time_of_day import parse_profile, time_of_day_wait, usable
+from idle_reaper.core.time_of_day import (
+    MIN_DAYS_SEEN,
+    PROFILE_DAYS,
+    RESTART_AFTER_DAYS,
+    parse_profile,
+    time_of_day_wait,
+    usable,
+)
 from idle_reaper.policy import TeamPolicy
 
 LEARN_MIN_STRETCHES = 3  # fewer stretches of a length than this teach nothing about it
 LEARN_SOON_SHARE = 0.4  # wait longer while more than this share of such stretches ended soon
 LEARN_STEP_MINUTES = 15
 LEARN_HOURS_AROUND = 1  # stretches that began within this many hours of the time of day count as alike
+HISTORY_STEP_MINUTES = 15
+CHANGED_BY = 0.5  # the recent share of stretches used soon differs from the older one by this much: changed
+
+
+class WaitingRule(BaseModel):
+    """Every constant of waiting besides the team policy's own fields (history_wait_percent,
+    time_of_day_wait_percent, adaptive_wait_max_minutes): history waiting's, learned waiting's and how the
+    time-of-day wait reads its profile. The sweep uses the defaults; the replay may set any of them
+    (ReplayOptions.waiting, `idle-reaper replay --waiting`), so each is chosen on the tuning part of an honest
+    split and judged on a part it never saw (benchmarks/carries.py; docs/replay.md, "Waiting that carries")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # History waiting.
+    prior_percent: int = Field(30, ge=0, le=100, description="the fleet's prior: share of stretches used soon")
+    prior_stretches: float = Field(2.0, ge=0, le=100, description="how many stretches the prior is worth")
+    confidence: float = Field(1.0, ge=0, le=5, description="standard errors added to the estimate")
+    other_time_weight: float = Field(0.25, ge=0, le=1, description="weight of a stretch at another time or day")
+    recent: int = Field(4, ge=1, le=1000, description="newest stretches compared with the older ones")
+    step_minutes: int = Field(HISTORY_STEP_MINUTES, ge=1, le=240, description="history waiting's step")
+    changed_by: float = Field(CHANGED_BY, gt=0, le=1, description="a difference of shares this large: changed")
+    # Learned waiting (a machine without a usable profile).
+    learn_min_stretches: int = Field(LEARN_MIN_STRETCHES, ge=1, le=32)
+    learn_soon_share: float = Field(LEARN_SOON_SHARE, ge=0, le=1)
+    learn_step_minutes: int = Field(LEARN_STEP_MINUTES, ge=1, le=240)
+    learn_hours_around: int = Field(LEARN_HOURS_AROUND, ge=0, le=12)
+    # The time-of-day wait: how many of the profile's newest days it reads (the record keeps PROFILE_DAYS,
+    # so the state per machine is the same whatever this is), how many days of data make it usable, and
+    # after how many days without data (a machine stopped that long) it starts again.
+    profile_days: int = Field(PROFILE_DAYS, ge=1, le=PROFILE_DAYS)
+    min_days_seen: int = Field(MIN_DAYS_SEEN, ge=1, le=PROFILE_DAYS)
+    restart_after_days: int = Field(RESTART_AFTER_DAYS, ge=1, le=PROFILE_DAYS)
+
+
+DEFAULT_RULE = WaitingRule()
 
 
 @dataclass(frozen=True)
@@ -40,35 +84,39 @@ def earliest_warn_minutes(policy: TeamPolicy) -> int:
     return usual if earliest is None else min(usual, earliest)
 
 
-def _alike(hour: int, began: int) -> bool:
+def _alike(hour: int, began: int, around: int = LEARN_HOURS_AROUND) -> bool:
     apart = abs(hour - began) % 24
-    return min(apart, 24 - apart) <= LEARN_HOURS_AROUND
+    return min(apart, 24 - apart) <= around
 
 
-def learned_wait(history: Sequence[Stretch], policy: TeamPolicy, began: datetime) -> LearnedWait:
+def learned_wait(
+    history: Sequence[Stretch], policy: TeamPolicy, began: datetime, rule: WaitingRule = DEFAULT_RULE
+) -> LearnedWait:
     """Deterministic and explainable. The evidence: the past stretches that began at about the same time
-    of day as this one (within LEARN_HOURS_AROUND hours, UTC: a lunch break is not a night), or, when
-    fewer than LEARN_MIN_STRETCHES of those reached the warning point, all of the machine's stretches.
+    of day as this one (within rule.learn_hours_around hours, UTC: a lunch break is not a night), or, when
+    fewer than rule.learn_min_stretches of those reached the warning point, all of the machine's stretches.
     Warned at W minutes of quiet, a stretch that then ends before the stop plus UNWANTED_WITHIN_MINUTES
-    was a nudge (or a stop) for nothing. While more than LEARN_SOON_SHARE of the stretches that reached W
-    ended that soon, try W + LEARN_STEP_MINUTES, up to the policy's adaptive_wait_max_minutes; with fewer
-    than LEARN_MIN_STRETCHES reaching W nothing is known and the search stops there. When none ended soon
-    and every one went on for hours, warn at the team's earliest."""
+    was a nudge (or a stop) for nothing. While more than rule.learn_soon_share of the stretches that reached
+    W ended that soon, try W + rule.learn_step_minutes, up to the policy's adaptive_wait_max_minutes; with
+    fewer than rule.learn_min_stretches reaching W nothing is known and the search stops there. When none
+    ended soon and every one went on for hours, warn at the team's earliest."""
     most = policy.adaptive_wait_max_minutes or 0
     if not most or not history:
         return LearnedWait()
     hour = began.astimezone(UTC).hour
-    return _learned(tuple(history), hour, warn_point(policy), policy.warn_minutes, most, earliest_warn_minutes(policy))
+    usual, earliest = warn_point(policy), earliest_warn_minutes(policy)
+    return _learned(tuple(history), hour, usual, policy.warn_minutes, most, earliest, rule)
 
 
 @lru_cache(maxsize=4096)  # pure in plain values: a machine's sweeps within one stretch share the answer
 def _learned(
-    history: tuple[Stretch, ...], hour: int, usual: int, warn_minutes: int, most: int, earliest: int
+    history: tuple[Stretch, ...], hour: int, usual: int, warn_minutes: int, most: int, earliest: int, rule: WaitingRule
 ) -> LearnedWait:
     """learned_wait in plain values."""
-    alike = [s[1] for s in history if _alike(s[0], hour)]
+    least = rule.learn_min_stretches
+    alike = [s[1] for s in history if _alike(s[0], hour, rule.learn_hours_around)]
     scope = " begun about this time of day"
-    if sum(m >= usual for m in alike) < LEARN_MIN_STRETCHES:
+    if sum(m >= usual for m in alike) < least:
         alike, scope = [s[1] for s in history], ""
     soon_span = warn_minutes + UNWANTED_WITHIN_MINUTES
 
@@ -80,9 +128,9 @@ def _learned(
     extra = 0
     while extra < most:
         soon_here, reached_here = tally(usual + extra)
-        if reached_here < LEARN_MIN_STRETCHES or soon_here <= LEARN_SOON_SHARE * reached_here:
+        if reached_here < least or soon_here <= rule.learn_soon_share * reached_here:
             break
-        extra = min(most, extra + LEARN_STEP_MINUTES)
+        extra = min(most, extra + rule.learn_step_minutes)
     if extra:
         return LearnedWait(
             extra,
@@ -91,31 +139,13 @@ def _learned(
         )
     hours = usual + 2 * soon_span
     long_ones = [m for m in alike if m >= earliest]
-    if earliest < usual and len(long_ones) >= LEARN_MIN_STRETCHES and min(long_ones) >= hours:
+    if earliest < usual and len(long_ones) >= least and min(long_ones) >= hours:
         return LearnedWait(
             earliest - usual,
             f"warned {usual - earliest} min sooner: its last {len(long_ones)} quiet stretches of {earliest} min "
             f"or more{scope} all went on for {hours} min or more",
         )
     return LearnedWait()
-
-
-@dataclass(frozen=True)
-class HistoryRule:
-    """The constants of history waiting besides the policy's own (history_wait_percent and
-    adaptive_wait_max_minutes). Chosen on the tuning side of an honest split, never on what they are judged
-    on (benchmarks/carries.py; docs/replay.md, "Waiting that carries")."""
-
-    prior_percent: int = 30  # the fleet's prior: the share of quiet stretches used again soon
-    prior_stretches: float = 2.0  # how many stretches of evidence the prior is worth
-    confidence: float = 1.0  # the wait holds while estimate + confidence * its standard error >= the limit
-    other_time_weight: float = 0.25  # a stretch begun at another time of day, or kind of day, counts this much
-    recent: int = 4  # the newest this many stretches are compared with the older ones: a change drops the old
-
-
-RULE = HistoryRule()
-HISTORY_STEP_MINUTES = 15
-CHANGED_BY = 0.5  # the recent share of stretches used soon differs from the older one by this much: changed
 
 
 @dataclass(frozen=True)
@@ -134,14 +164,14 @@ class _Evidence:
 
 
 def _evidence(
-    history: tuple[Stretch, ...], weights: tuple[float, ...], point: int, span: int, rule: HistoryRule
+    history: tuple[Stretch, ...], weights: tuple[float, ...], point: int, span: int, rule: WaitingRule
 ) -> _Evidence:
     reached = [(w, point <= m < point + span) for (_, m, _), w in zip(history, weights, strict=True) if m >= point]
     changed = None
     alike = [soon for w, soon in reached if w >= 1]
     if len(alike) >= 2 * rule.recent:  # enough like stretches to tell the newest from the ones before
         recent, older = alike[-rule.recent :], alike[: -rule.recent]
-        if abs(sum(recent) / len(recent) - sum(older) / len(older)) >= CHANGED_BY:
+        if abs(sum(recent) / len(recent) - sum(older) / len(older)) >= rule.changed_by:
             changed = (sum(recent), len(recent), sum(older), len(older))
             reached = [(1.0, soon) for soon in recent]
     n = sum(w for w, _ in reached)
@@ -163,9 +193,11 @@ def _evidence(
     )
 
 
-def history_wait(history: Sequence[Stretch], policy: TeamPolicy, began: datetime) -> LearnedWait:
+def history_wait(
+    history: Sequence[Stretch], policy: TeamPolicy, began: datetime, rule: WaitingRule = DEFAULT_RULE
+) -> LearnedWait:
     """History waiting, deterministic and explained. At each warning point from the team's usual one (in
-    HISTORY_STEP_MINUTES steps, at most adaptive_wait_max_minutes later), the chance that this machine is
+    rule.step_minutes steps, at most adaptive_wait_max_minutes later), the chance that this machine is
     used again soon (within warn_minutes + UNWANTED_WITHIN_MINUTES: before its stop, or within the hour
     after it) is estimated from its own past quiet stretches that lasted that long: those begun within an
     hour of this time of day on the same kind of day (weekday, weekend) count whole, the others
@@ -178,7 +210,7 @@ def history_wait(history: Sequence[Stretch], policy: TeamPolicy, began: datetime
         return LearnedWait()
     at = began.astimezone(UTC)
     return _history_wait(
-        tuple(history), at.hour, at.weekday(), warn_point(policy), policy.warn_minutes, most, percent, RULE
+        tuple(history), at.hour, at.weekday(), warn_point(policy), policy.warn_minutes, most, percent, rule
     )
 
 
@@ -191,7 +223,7 @@ def _history_wait(
     warn_minutes: int,
     most: int,
     percent: int,
-    rule: HistoryRule,
+    rule: WaitingRule,
 ) -> LearnedWait:
     weekend = weekday >= 5
     weights = tuple(
@@ -205,7 +237,7 @@ def _history_wait(
     first = _evidence(history, weights, usual, span, rule)
     evidence = first
     while evidence.high >= limit and extra < most:
-        extra = min(most, extra + HISTORY_STEP_MINUTES)
+        extra = min(most, extra + rule.step_minutes)
         evidence = _evidence(history, weights, usual + extra, span, rule)
     return LearnedWait(extra, _explain(first, evidence, usual, extra, span, limit, weekend, rule))
 
@@ -218,7 +250,7 @@ def _explain(
     span: int,
     limit: float,
     weekend: bool,
-    rule: HistoryRule,
+    rule: WaitingRule,
 ) -> str:
     """The reason a warning shows: what the machine did after its past quiet stretches like this one."""
     days = "weekend days" if weekend else "weekdays"
@@ -245,7 +277,12 @@ def _explain(
 
 
 def wait_for(
-    history: Sequence[Stretch], profile_text: str, policy: TeamPolicy, began: datetime, quiet: float
+    history: Sequence[Stretch],
+    profile_text: str,
+    policy: TeamPolicy,
+    began: datetime,
+    quiet: float,
+    rule: WaitingRule = DEFAULT_RULE,
 ) -> LearnedWait:
     """The time-of-day wait (core/time_of_day.py) when the policy turns it on and the machine has a usage
     profile; else (a new machine, a profile started again, an unreadable one) learned waiting. The wait
@@ -253,10 +290,10 @@ def wait_for(
     change a decision (and a busy machine's quiet start moves every sweep). History waiting, when the
     policy turns it on (history_wait_percent), comes before both."""
     if policy.history_wait_percent:
-        return history_wait(history, policy, began) if quiet >= warn_point(policy) else LearnedWait()
+        return history_wait(history, policy, began, rule) if quiet >= warn_point(policy) else LearnedWait()
     if policy.time_of_day_wait_percent:
         profile, _ = parse_profile(profile_text)
-        if quiet < warn_point(policy) and usable(profile) and policy.adaptive_wait_max_minutes:
+        if quiet < warn_point(policy) and usable(profile, rule.min_days_seen) and policy.adaptive_wait_max_minutes:
             return LearnedWait()
         wait = time_of_day_wait(
             profile,
@@ -265,7 +302,19 @@ def wait_for(
             policy.adaptive_wait_max_minutes or 0,
             policy.time_of_day_wait_percent,
             policy.time_of_day_horizon_minutes,
+            days=rule.profile_days,
+            min_days=rule.min_days_seen,
         )
         if wait is not None:
             return LearnedWait(wait.extra_minutes, wait.why)
-    return learned_wait(history, policy, began)
+    return learned_wait(history, policy, began, rule)
+
+
+def fleet_prior(minutes: Iterable[float], usual: int, span: int) -> int | None:
+    """The fleet's prior learned from the fleet: of the quiet stretches (their lengths in minutes, pooled
+    over machines) that reached the usual warning point, the share in percent that ended within `span`
+    minutes after it (used again soon). None when none reached it (keep the constant)."""
+    reached = [m for m in minutes if m >= usual]
+    if not reached:
+        return None
+    return round(100 * sum(m < usual + span for m in reached) / len(reached))

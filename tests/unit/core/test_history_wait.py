@@ -12,7 +12,7 @@ import pytest
 from idle_reaper.core import MachineRecord, Signals, State, decide, format_history, parse_history
 from idle_reaper.core import waiting as waiting_module
 from idle_reaper.core.records import _HISTORY_MAX_CHARS, HISTORY_CAP_MINUTES, HISTORY_SIZE, NO_WEEKDAY
-from idle_reaper.core.waiting import HistoryRule, history_wait, wait_for
+from idle_reaper.core.waiting import WaitingRule, history_wait, wait_for
 from idle_reaper.policy import TeamPolicy
 
 # A Tuesday, 10:00 UTC: the quiet stretch began at 09:00, a weekday.
@@ -66,7 +66,7 @@ def test_a_new_machine_goes_by_the_fleets_prior_and_the_confidence_it_lacks() ->
     assert "has no past quiet stretch" in why and "the fleet's 30% counts as 2 more" in why
     assert extra == 180  # 30 % + one standard error of two stretches' worth is over 35 %: the most it may wait
     # A sure prior (no confidence margin) that is under the limit warns at the usual point.
-    sure = HistoryRule(confidence=0.0)
+    sure = WaitingRule(confidence=0.0)
     assert waiting_module._history_wait((), 9, TUESDAY, 60, 30, 180, 35, sure).extra_minutes == 0
 
 

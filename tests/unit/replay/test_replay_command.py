@@ -24,6 +24,9 @@ from idle_reaper_tools.cli import main
         ("--still-wanted-minutes", "-1", "0 or more minutes, got -1"),
         ("--unwanted-within", "soon", "not a whole number of minutes: 'soon'"),
         ("--baseline", "cpu", "invalid choice: 'cpu'"),
+        ("--waiting", '{"profile_days": 15}', "invalid waiting rule: profile_days: Input should be less than or equal"),
+        ("--waiting", '{"profile_dayz": 7}', "invalid waiting rule: profile_dayz: Extra inputs are not permitted"),
+        ("--waiting", "[7", "invalid waiting rule: JSON: Invalid JSON"),
     ],
 )
 def test_bad_option_values_exit_2_with_the_reason(
@@ -49,6 +52,16 @@ def test_options_reach_the_replay(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["machine_days"] == pytest.approx(3 / 24, abs=1e-3)  # 18 buckets of 10 min
     assert main(["replay", str(DATA / "replay-cpu-box.csv"), "--period-minutes", "10"]) == 0
     assert "a sweep every 10 min" in capsys.readouterr().out
+
+
+def test_the_waiting_rule_reaches_the_core(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A machine with no history under history waiting: the fleet's 30 % plus its uncertainty holds the warning
+    # past the box's quiet hour; without the confidence margin it is warned and stopped.
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"history_wait_percent": 35, "adaptive_wait_max_minutes": 60}))
+    box = str(DATA / "replay-cpu-box.csv")
+    assert run_json(capsys, box, "--policy", str(policy))["stops"] == 0
+    assert run_json(capsys, box, "--policy", str(policy), "--waiting", '{"confidence": 0}')["stops"] == 1
 
 
 def test_a_network_policy_on_a_trace_without_network_warns_that_all_is_unknown(

@@ -12,7 +12,13 @@ have saved?" (docs/replay.md). In parts, each importing only the ones before it:
 - command.py    `idle-reaper replay` (its parser is in cli.py)
 """
 
-from idle_reaper_tools.replay.command import cmd_replay, non_negative_minutes, positive_minutes, snooze_rate
+from idle_reaper_tools.replay.command import (
+    cmd_replay,
+    non_negative_minutes,
+    positive_minutes,
+    snooze_rate,
+    waiting_rule,
+)
 from idle_reaper_tools.replay.plotting import plot
 from idle_reaper_tools.replay.policies import PolicySet, load_policies
 from idle_reaper_tools.replay.report import Replay, Result, Totals, format_report, replay
@@ -56,4 +62,5 @@ __all__ = [
     "replay",
     "simulate_fleet",
     "snooze_rate",
+    "waiting_rule",
 ]

@@ -10,6 +10,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from idle_reaper.core.waiting import WaitingRule
 from idle_reaper.policy import PolicyError
 from idle_reaper.pricing import DEFAULT_PRICES, load_price_table
 from idle_reaper_tools.replay.plotting import plot, plot_sweep
@@ -49,6 +52,15 @@ def non_negative_minutes(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"0 or more minutes, got {value}")
     return value
+
+
+def waiting_rule(text: str) -> WaitingRule:
+    """--waiting: a JSON object of WaitingRule fields (core/waiting.py), the rest left at the sweep's own."""
+    try:
+        return WaitingRule.model_validate_json(text)
+    except ValidationError as exc:
+        errors = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'JSON'}: {e['msg']}" for e in exc.errors())
+        raise argparse.ArgumentTypeError(f"invalid waiting rule: {errors}") from None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -96,6 +108,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         seed=args.seed,
         default_instance_type=args.instance_type,
         timeline=bool(args.plot),
+        waiting=args.waiting,
     )
     if args.split:
         return _split(args, trace, options, fail, prices, price_source)

@@ -43,6 +43,7 @@ from idle_reaper.core.dollars import of_kind
 from idle_reaper.core.kinds import NOTEBOOK, ON_DEMAND, InstanceFacts
 from idle_reaper.core.reading import not_due, plan_next_read
 from idle_reaper.core.time_of_day import observe_text
+from idle_reaper.core.waiting import DEFAULT_RULE, WaitingRule
 from idle_reaper.policy import TeamPolicy
 from idle_reaper.sweep.delivery import explain
 from idle_reaper_tools.replay.policies import PolicySet
@@ -128,6 +129,9 @@ class ReplayOptions:
     # Record the audit trail the sweep would write (sweep.delivery.explain for every action, running_again when
     # a stopped machine starts), priced with this table: what the weekly digest reads (core/digest.py).
     audit_prices: Mapping[str, float] | None = None
+    # The constants of waiting the core decides with (the sweep's defaults unless set: benchmarks/carries.py
+    # tunes them on one part of a trace and judges them on another; `idle-reaper replay --waiting`).
+    waiting: WaitingRule = DEFAULT_RULE
 
 
 class _Clock:
@@ -301,7 +305,8 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
                 # each bucket marked once, as the newest of some sweep, is what every sweep marking it gives).
                 if record is not None:
                     stamp = (series.first_bucket + newest) * period_seconds
-                    text, _ = observe_text(record.usage_profile, stamp // 86400, (stamp // 3600,))
+                    forget = opts.waiting.restart_after_days
+                    text, _ = observe_text(record.usage_profile, stamp // 86400, (stamp // 3600,), forget)
                     if text != record.usage_profile:
                         record = replace(record, usage_profile=text)
                 if timeline is not None and k < n:
@@ -328,7 +333,8 @@ def _replay_reaper(series: Series, truth: Truth, opts: ReplayOptions, clock: _Cl
             user=[(times[i + 1], v) for i in range(lo, k) if (v := user[i]) == v] if use_user else (),
         )
         assessment = assess(machine, signals, in_force, now=now, period=period, gpu_families=families)
-        decision = decide(machine, ref, assessment, record, now=now, kind=NOTEBOOK if notebook else ON_DEMAND)
+        kind = NOTEBOOK if notebook else ON_DEMAND
+        decision = decide(machine, ref, assessment, record, now=now, kind=kind, waiting=opts.waiting)
         if opts.read_when_due:
             decision = replace(decision, record=plan_next_read(decision, now))
         record = decision.record
