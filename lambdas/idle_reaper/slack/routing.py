@@ -358,7 +358,7 @@ class Router:
             return self.doctor(user, command)
         if verb == "status":
             mine = [r for region in self.regions for r in region.records_of_owner(user)]
-            return status_reply(mine, *self.member_status(user))
+            return status_reply(mine, *self.member_status(user), now=self.regions[0].clock())
         if verb == "keep":
             if len(words) != 3:
                 return Reply(
