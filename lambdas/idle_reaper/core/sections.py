@@ -59,6 +59,17 @@ def named(key: str, name: str | None) -> str:
     return f"{words.noun} {name}"
 
 
+def kinds_said(keys: Iterable[str]) -> tuple[str, str]:
+    """What a message listing `keys` calls them together, and what is done to them: ("machines", "stopped"),
+    ("endpoints", "deleted"), ("machines and endpoints", "stopped or deleted"), ("machines, endpoints and Studio
+    apps", ...). Machines first, as `status` orders them; no keys: machines."""
+    keys = list(keys)
+    labels = [label for label, _ in grouped(keys, section_of)] or [MACHINES]
+    nouns = labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+    done = sorted({words_for(k).stopped for k in keys} or {MACHINE_WORDS.stopped}, reverse=True)  # stopped first
+    return nouns, " or ".join(done)
+
+
 def _at(when: datetime) -> str:
     return f"{when:%Y-%m-%d %H:%M} UTC"
 

@@ -32,7 +32,7 @@ from idle_reaper.slack.notifier import SlackNotifier, endpoint_recreate
 
 HELP = (
     "*idle-reaper* keeps idle machines from running up the bill.\n"
-    "• `{cmd} status`: your machines, their state and why\n"
+    "• `{cmd} status`: your machines, endpoints and Studio apps, their state and why\n"
     "• `{cmd} keep <instance-id-or-name> <duration>`: keep a machine, e.g. `keep i-0abc 2h` or `keep notebook 90m`"
     " (someone else's machine, if you may answer for it: by its instance id; an endpoint by `endpoint:<name>`)\n"
     "• `{cmd} help`: this message\n"
@@ -46,8 +46,7 @@ NOT_STARTED = {
     "Unsupported": "EC2 does not offer {type} in its Availability Zone right now",
 }
 ANSWERED_ALREADY = (
-    "Someone else answered first, or idle-reaper is acting on this machine right now; nothing changed. "
-    "Try again in a minute."
+    "Someone else answered first, or idle-reaper is acting on it right now; nothing changed. Try again in a minute."
 )
 
 
@@ -158,7 +157,8 @@ class Effects:
     def start_again(self, user: str, record: MachineRecord) -> Reply | None:
         now = self.clock()
         if record.state is not State.REAPED or record.last_action not in ("stop", "hibernate"):
-            return Reply("That machine is not stopped by idle-reaper; nothing changed.")
+            words = words_for(record.instance_id)
+            return Reply(f"That {words.noun} is not {words.stopped} by idle-reaper; nothing changed.")
         if is_endpoint_id(record.instance_id) or is_studio_id(record.instance_id):
             return self._bring_back(user, record, now)
         # Start first: StartInstances is idempotent, and a failed start must leave the button usable.
