@@ -50,3 +50,18 @@ def test_a_refused_keep_names_the_endpoint_not_a_machine() -> None:
     )
     app = MachineRecord(APP, "ml", State.REAPED)
     assert snooze(app, policy, "U0BOB", NOW + timedelta(hours=1), NOW) == "the Studio app is already deleted"
+
+
+def test_metrics_that_did_not_come_back_leave_an_endpoint_unknown_in_its_own_words() -> None:
+    from idle_reaper.core.signals import Machine, Signals, assess
+
+    def reason(machine_id: str) -> str:
+        machine = Machine(machine_id, "ml.g5.xlarge", "ml", NOW - timedelta(days=1))
+        got = assess(
+            machine, Signals(complete=False), TeamPolicy(), now=NOW, period=timedelta(minutes=5), gpu_families=()
+        )
+        assert got.signal == "unknown"
+        return got.reason
+
+    assert reason("endpoint:llm") == "CloudWatch did not return complete metrics for this endpoint"
+    assert reason(APP).endswith("for this Studio app") and reason("i-1").endswith("for this machine")
