@@ -117,7 +117,7 @@ def test_idle_endpoint_warned_kept_deleted_and_brought_back_from_slack(team, sla
     assert "can't change idle-ep" in command(slack, "U0STRANGER", "keep endpoint:idle-ep 2h")
     assert "among yours" in command(slack, "U0MEMBER", "keep idle-ep 2h")  # names are looked up among one's own
     unknown = command(slack, "U0BOB", "keep nosuch-ep 2h")
-    assert "No machine named `nosuch-ep`" in unknown and "endpoint:<name>" in unknown
+    assert "No machine, endpoint or Studio app named `nosuch-ep`" in unknown and "endpoint:<name>" in unknown
     assert record(idle).state is State.WARNED  # nothing changed
     assert command(slack, "U0MEMBER", "keep endpoint:idle-ep 1h").startswith("Kept idle-ep (endpoint:idle-ep) until")
     assert (record(idle).state, record(idle).snoozed_by) == (State.SNOOZED, "U0MEMBER")

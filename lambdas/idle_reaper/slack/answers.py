@@ -33,8 +33,9 @@ from idle_reaper.slack.notifier import SlackNotifier, endpoint_recreate
 HELP = (
     "*idle-reaper* keeps idle machines from running up the bill.\n"
     "• `{cmd} status`: your machines, endpoints and Studio apps, their state and why\n"
-    "• `{cmd} keep <instance-id-or-name> <duration>`: keep a machine, e.g. `keep i-0abc 2h` or `keep notebook 90m`"
-    " (someone else's machine, if you may answer for it: by its instance id; an endpoint by `endpoint:<name>`)\n"
+    "• `{cmd} keep <instance-id-or-name> <duration>`: keep a machine, an endpoint or a Studio app, e.g. "
+    "`keep i-0abc 2h` or `keep notebook 90m` (someone else's, if you may answer for it: a machine by its instance "
+    "id; an endpoint by `endpoint:<name>`)\n"
     "• `{cmd} help`: this message\n"
     "• `{cmd} doctor` (admins): what would make idle-reaper quietly useless here, with the fix of each"
 )
