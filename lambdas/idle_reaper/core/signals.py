@@ -339,6 +339,11 @@ def _usage(
     return UsageMarks(epoch_hours(busy) if busy else (), None if newest is None else epoch_day(newest))
 
 
+def _noun(machine: Machine) -> str:
+    """What the reasons call it: "machine", or an endpoint's or a Studio app's own noun (never "machine")."""
+    return words_for(machine.instance_id).noun
+
+
 def assess(
     machine: Machine,
     signals: Signals,
@@ -356,8 +361,7 @@ def assess(
     max_gap = timedelta(minutes=min(policy.max_gap_minutes, policy.idle_minutes // 2))
 
     if not signals.complete:
-        noun = words_for(machine.instance_id).noun  # an endpoint's or a Studio app's, never "machine"
-        return Assessment("unknown", f"CloudWatch did not return complete metrics for this {noun}")
+        return Assessment("unknown", f"CloudWatch did not return complete metrics for this {_noun(machine)}")
 
     notes: list[str] = []
     tracks = _tracks(machine, signals, policy, period, gpu_families, notes)

@@ -124,7 +124,8 @@ class Effects:
         if record.machine_kind in NEVER_STOPPED:
             # EC2 would refuse, or something would launch a replacement: never asked.
             label = machine_label(record.name, record.instance_id)
-            return Reply(f"idle-reaper cannot stop {label}: {escape(record.kind_note)}. Nothing changed.")
+            verb = words_for(record.instance_id).stop_button.removesuffix(" now").lower()  # stop, delete
+            return Reply(f"idle-reaper cannot {verb} {label}: {escape(record.kind_note)}. Nothing changed.")
         now = self.clock()
         action = Action.UNPROTECT if record.asg_name else Action.STOP
         # A stopped machine's message offers "Start it again"; a released group member's does not.

@@ -65,3 +65,13 @@ def test_metrics_that_did_not_come_back_leave_an_endpoint_unknown_in_its_own_wor
 
     assert reason("endpoint:llm") == "CloudWatch did not return complete metrics for this endpoint"
     assert reason(APP).endswith("for this Studio app") and reason("i-1").endswith("for this machine")
+
+
+def test_delete_now_on_an_endpoint_that_saves_nothing_says_it_cannot_be_deleted() -> None:
+    from idle_reaper.slack.answers import Effects
+
+    note = "endpoint-scales-to-zero: a SageMaker endpoint whose deletion saves nothing: serverless variant"
+    record = MachineRecord("endpoint:llm", "ml", State.WARNED, machine_kind="endpoint-scales-to-zero", kind_note=note)
+    effects = Effects(store=None, fleet=None, slack=None, clock=lambda: NOW)  # type: ignore[arg-type]  # never reached
+    reply = effects.stop_now("U0BOB", record)
+    assert reply is not None and reply.text.startswith("idle-reaper cannot delete endpoint:llm: endpoint-scales")
