@@ -217,6 +217,9 @@ def test_the_idle_studio_app_is_warned_with_its_hourly_cost_then_deleted_and_its
     # Its deletion saved what the one rule says (its instance's price x the hours deleted), counted as a deletion.
     assert "Saved: *$6.45* over 6.5 hours stopped or deleted: 1 deletions (3.0 h, $2.21), 1 hibernations" in demo_output
     assert "of it, Studio apps $2.21 (each kind's own line below)" in demo_output
+    # Each sweep's line counts what it swept by kind: the app and the endpoint are not machines.
+    assert "[ 1/21] 12:00 sweep of 17 machines, endpoints and Studio apps" in demo_output
+    assert "[ 8/21] 13:45 sweep of 14 machines and Studio apps" in demo_output  # the endpoint deleted at 13:30
     # `idle-reaper status` (run by the demo at 17:00) shows it in a table of its own, after the endpoints'.
     status = demo_output.split("as `idle-reaper status` shows them after its machines:")[1].split("\n\ndone in")[0]
     endpoints, apps = status.strip("\n").split("\n\n")

@@ -24,6 +24,7 @@ from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.core import Action, Decision, State
 from idle_reaper.core.digest import week_of
 from idle_reaper.core.dollars import saves_while_running
+from idle_reaper.core.sections import kinds_said
 from idle_reaper.policy import Settings
 from idle_reaper.slack import blocks_text, load_secrets, make_client
 from idle_reaper.slack.digest import DigestSender
@@ -399,7 +400,8 @@ class Timeline:
             self.last_state[name] = d.state
         step = int((report.now - START) / SWEEP_EVERY) + 1
         self.out(
-            f"[{step:>2}/{self.total}] {report.now:%H:%M} sweep of {len(report.decisions)} machines"
+            f"[{step:>2}/{self.total}] {report.now:%H:%M} sweep of {len(report.decisions)} "
+            + kinds_said(d.machine.key for d in report.decisions)[0]  # machines, endpoints and Studio apps
             + ("" if changes else ": nothing changed")
         )
         for line in changes:
@@ -529,7 +531,7 @@ def play(out: Callable[[str], None]) -> Afternoon:
         kinds, sections = stop_saves(seeded)
         digests = weekly_digests(slack)
     out("\nsummary (the simulated day ends at 17:00):")
-    out(f"  {'machine':<13} {'what happened':<46} {'idle hours avoided':>18} {'saved':>15}")
+    out(f"  {'name':<13} {'what happened':<46} {'idle hours avoided':>18} {'saved':>15}")
     for name, what, hours, dollars, bound in rows:
         out(f"  {name:<13} {what:<46} {hours:>18.2f} {_usd(dollars, bound):>15}")
     total = _usd(sum(r[3] for r in rows), any(r[4] for r in rows))
