@@ -133,7 +133,7 @@ def test_the_demo_ends_with_each_destinations_weekly_digest_with_its_chart(demo_
     assert "Team vision has no slack_channel" in digests and "team research, 2026-W47" in digests
     # The admins' figure is the day's total of the summary above: the same stops, counted once.
     total = re.search(r"total\s+([\d.]+)\s+(up to \$[\d,.]+)", demo_output)
-    assert total and f"Saved: *{total.group(2)}* over {float(total.group(1)):.1f} machine-hours" in digests
+    assert total and f"Saved: *{total.group(2)}* over {float(total.group(1)):.1f} hours stopped or deleted" in digests
 
 
 def test_the_sagemaker_notebook_instance_is_warned_then_stopped_at_its_sagemaker_price(demo_output):
@@ -144,7 +144,7 @@ def test_the_sagemaker_notebook_instance_is_warned_then_stopped_at_its_sagemaker
 
 def kind_row(output: str, name: str) -> list[str]:
     """A machine's line of the demo's `status` section: its name, kind and what a stop saves."""
-    rows = output.split("what a stop saves, by kind of machine")[1].split("\n\n")[0].splitlines()[1:]
+    rows = output.split("what a stop (or a deletion) saves, by kind")[1].split("\n\n")[0].splitlines()[1:]
     return next(r.split(None, 2) for r in rows if r.split()[0] == name)
 
 
@@ -214,6 +214,20 @@ def test_the_idle_studio_app_is_warned_with_its_hourly_cost_then_deleted_and_its
     assert [e["action"] for e in run.audit[run.afternoon.seeded.ids["lab-space"]]] == ["warn", "stop"]
     # The weekly digest has Studio apps in their own line, as endpoints (core/sections.py: a kind by its words).
     assert "Studio apps (1): deleted ones saved $2.21 (3.0 h this week). lab-space (vision" in demo_output
+    # Its deletion saved what the one rule says (its instance's price x the hours deleted), counted as a deletion.
+    assert "Saved: *$6.45* over 6.5 hours stopped or deleted: 1 deletions (3.0 h, $2.21), 1 hibernations" in demo_output
+    assert "of it, Studio apps $2.21 (each kind's own line below)" in demo_output
+    # Each sweep's line counts what it swept by kind: the app and the endpoint are not machines.
+    assert "[ 1/21] 12:00 sweep of 17 machines, endpoints and Studio apps" in demo_output
+    assert "[ 8/21] 13:45 sweep of 14 machines and Studio apps" in demo_output  # the endpoint deleted at 13:30
+    # `idle-reaper status` (run by the demo at 17:00) shows it in a table of its own, after the endpoints'.
+    status = demo_output.split("as `idle-reaper status` shows them after its machines:")[1].split("\n\ndone in")[0]
+    endpoints, apps = status.strip("\n").split("\n\n")
+    assert endpoints.strip().startswith("Endpoints (1):") and "endpoint:demo-llm" in endpoints
+    [app] = [line for line in apps.splitlines() if "lab-space" in line]
+    assert (
+        apps.strip().startswith("Studio apps (1):") and "ml.g4dn.xlarge  $0.74/h  deleted since 2026-11-20 14:00" in app
+    )
 
 
 # --- The afternoon scenario, from the same run's reports and the world it left ------------------------------

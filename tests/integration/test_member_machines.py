@@ -287,12 +287,19 @@ def test_keep_by_a_member_machines_bare_instance_id_says_how_to_name_it(
     routing.answer_access.cache_clear()
     try:
         text = ephemeral_text(command("U0ADMIN", "keep i-0abc 2h"))
-        assert "No machine named `i-0abc` among yours or in the hub's account; nothing changed." in text
+        assert (
+            "No machine, endpoint or Studio app named `i-0abc` among yours or in the hub's account; nothing changed."
+            in text
+        )
         assert "in a member account by `account/region/instance-id`" in text
         assert "`/idle-reaper keep 123456789012/us-east-1/i-0abc 2h`" in text
         missing = ephemeral_text(command("U0ADMIN", f"keep 222222222222/{REGION}/i-0abc 2h"))
         elsewhere = f"222222222222/{REGION}/i-0abc"
-        assert missing == f"No machine named `{elsewhere}` among yours or in that account and region; nothing changed."
+        assert (
+            missing
+            == f"No machine, endpoint or Studio app named `{elsewhere}` among yours or in that account and region; "
+            "nothing changed."
+        )
         assert store.load([record.key])[record.key].state is State.WARNED
         assert ephemeral_text(command("U0ADMIN", f"keep {record.key} 2h")).startswith("Kept trainer (i-0abc)")
         assert store.load([record.key])[record.key].state is State.SNOOZED

@@ -117,7 +117,7 @@ def test_idle_endpoint_warned_kept_deleted_and_brought_back_from_slack(team, sla
     assert "can't change idle-ep" in command(slack, "U0STRANGER", "keep endpoint:idle-ep 2h")
     assert "among yours" in command(slack, "U0MEMBER", "keep idle-ep 2h")  # names are looked up among one's own
     unknown = command(slack, "U0BOB", "keep nosuch-ep 2h")
-    assert "No machine named `nosuch-ep`" in unknown and "endpoint:<name>" in unknown
+    assert "No machine, endpoint or Studio app named `nosuch-ep`" in unknown and "endpoint:<name>" in unknown
     assert record(idle).state is State.WARNED  # nothing changed
     assert command(slack, "U0MEMBER", "keep endpoint:idle-ep 1h").startswith("Kept idle-ep (endpoint:idle-ep) until")
     assert (record(idle).state, record(idle).snoozed_by) == (State.SNOOZED, "U0MEMBER")
@@ -139,6 +139,11 @@ def test_idle_endpoint_warned_kept_deleted_and_brought_back_from_slack(team, sla
     back = button(notice["blocks"], "start_again")
     assert back["text"]["text"] == "Bring it back"
     assert "Not kept: the endpoint is already deleted" in command(slack, "U0BOB", "keep idle-ep 1h")
+    # `/idle-reaper status` in Slack: the endpoints in a section of their own, as the CLI's, with cost and state.
+    status = command(slack, "U0BOB", "status")
+    assert "*Endpoints* (" in status and "*Machines*" not in status  # bob owns endpoints alone here
+    assert "• idle-ep (endpoint:idle-ep) · ml · ml.g4dn.xlarge, $0.74/h · *deleted since " in status
+    assert "restorable: Bring it back recreates it*" in status
 
     # The account's quota of ml.g5.2xlarge for endpoint usage is spent: said, still deleted, Try again offered.
     team.sagemaker_quotas["ml.g4dn.xlarge"] = 4  # busy, dark, private and scaled hold one each

@@ -298,7 +298,9 @@ def test_slash_command_status_keep_and_help(notebook, slack, clock):
     kept = ephemeral_text(command("U0BOB", "keep notebook 90m"))
     assert kept.startswith("Kept notebook") and record(notebook).snoozed_until == T0 + timedelta(minutes=90)
     assert "Not a duration" in ephemeral_text(command("U0BOB", "keep notebook forever"))
-    assert "No machine named `nosuchbox` among yours" in ephemeral_text(command("U0BOB", "keep nosuchbox 1h"))
+    assert "No machine, endpoint or Studio app named `nosuchbox` among yours" in ephemeral_text(
+        command("U0BOB", "keep nosuchbox 1h")
+    )
     assert "can't change" in ephemeral_text(command("U0STRANGER", f"keep {notebook} 1h"))
     assert "/idle-reaper status" in ephemeral_text(command("U0BOB", "help"))
     assert "Unknown command" in ephemeral_text(command("U0BOB", "dance"))

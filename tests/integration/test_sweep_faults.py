@@ -199,7 +199,7 @@ def test_a_warning_whose_outcome_was_lost_is_found_delivered_and_stopped_on_time
     assert all(c.params["metadata"]["event_payload"]["refs"] == [stored.warning_ref] for c in posted)
 
     blocked = only(run_sweep(adapters(store), now=T0 + timedelta(minutes=5)))
-    assert blocked.error and "another sweep is handling this machine" in blocked.error, "the claim still holds"
+    assert blocked.error and "another sweep is handling it" in blocked.error, "the claim still holds"
 
     clock.now += aws.SWEEP_LEASE  # the first sweep's claim lapses
     found = only(run_sweep(adapters(store), now=T0 + timedelta(minutes=10)))

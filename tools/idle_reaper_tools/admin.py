@@ -27,7 +27,7 @@ from idle_reaper.core.endpoints import endpoint_policy, is_endpoint_id
 from idle_reaper.core.kinds import NEVER_STOPPED, NOTEBOOK_GAPS, TERMINABLE, Kind
 from idle_reaper.core.reading import parse_next_read
 from idle_reaper.core.records import machine_key
-from idle_reaper.core.sections import MACHINES, section_of, state_words
+from idle_reaper.core.sections import MACHINES, grouped, section_of, state_words
 from idle_reaper.core.studio import StudioFinding
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.organization import OrganizationSettings
@@ -816,15 +816,13 @@ def _person(row: dict[str, Any]) -> str:
 
 
 def format_status(rows: list[dict[str, Any]], now: datetime) -> str:
-    """The machines' table, then one table per other kind (endpoints, ...: core/sections.py), each under its name."""
-    machines = [r for r in rows if r.get("section", MACHINES) == MACHINES]
-    others: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        if r.get("section", MACHINES) != MACHINES:
-            others.setdefault(r["section"], []).append(r)
-    text = _machines_table(machines, now)
-    for label in sorted(others, key=str.lower):
-        text += f"\n\n{label.capitalize()} ({len(others[label])}):\n{_section_table(others[label], now)}"
+    """The machines' table, then one table per other kind (endpoints, Studio apps: core/sections.py), each under
+    its name, in the order Slack's `status` shows them."""
+    kinds = grouped(rows, lambda r: str(r.get("section", MACHINES)))
+    text = _machines_table(next((found for label, found in kinds if label == MACHINES), []), now)
+    for label, found in kinds:
+        if label != MACHINES:
+            text += f"\n\n{label[:1].upper() + label[1:]} ({len(found)}):\n{_section_table(found, now)}"
     return text
 
 

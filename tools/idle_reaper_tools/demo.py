@@ -7,6 +7,9 @@ afternoon; a scripted owner answers one warning with a real signed request."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -21,13 +24,14 @@ from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.core import Action, Decision, State
 from idle_reaper.core.digest import week_of
 from idle_reaper.core.dollars import saves_while_running
+from idle_reaper.core.sections import kinds_said
 from idle_reaper.policy import Settings
 from idle_reaper.slack import blocks_text, load_secrets, make_client
 from idle_reaper.slack.digest import DigestSender
 from idle_reaper.sweep import Adapters, SweepReport, run_sharded
 from idle_reaper.sweep.digest import send_week_digests
 from idle_reaper_tools import local, local_studio
-from idle_reaper_tools.admin import status_rows
+from idle_reaper_tools.admin import cmd_status, status_rows
 from idle_reaper_tools.fake_slack import (
     FakeSlack,
     LambdaContextStub,
@@ -396,7 +400,8 @@ class Timeline:
             self.last_state[name] = d.state
         step = int((report.now - START) / SWEEP_EVERY) + 1
         self.out(
-            f"[{step:>2}/{self.total}] {report.now:%H:%M} sweep of {len(report.decisions)} machines"
+            f"[{step:>2}/{self.total}] {report.now:%H:%M} sweep of {len(report.decisions)} "
+            + kinds_said(d.machine.key for d in report.decisions)[0]  # machines, endpoints and Studio apps
             + ("" if changes else ": nothing changed")
         )
         for line in changes:
@@ -456,12 +461,22 @@ def _usd(dollars: float, upper_bound: bool) -> str:
     return f"{'up to ' if upper_bound else ''}${dollars:,.2f}"
 
 
-def stop_saves(seeded: Seeded) -> list[tuple[str, str, str]]:
+def stop_saves(seeded: Seeded) -> tuple[list[tuple[str, str, str]], list[str]]:
     """Per machine: its kind and what a stop of it saves an hour, as `idle-reaper status` shows them (its rows,
-    from the records the sweeps left): on-demand its price, Spot at most its price, reserved capacity nothing."""
+    from the records the sweeps left): on-demand its price, Spot at most its price, reserved capacity nothing.
+    And the tables `idle-reaper status` itself prints (run here, at 17:00) for the kinds that are not machines
+    (endpoints, Studio apps: core/sections.py), after its machines' table."""
     store = aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name())
     rows = {r["instance_id"]: r for r in status_rows(store.all_records(), {}, None, Settings(), END)}
-    return [(name, rows[i]["kind"] or "-", rows[i]["stop_saves"]) for name, i in seeded.ids.items() if i in rows]
+    kinds = [(name, rows[i]["kind"] or "-", rows[i]["stop_saves"]) for name, i in seeded.ids.items() if i in rows]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        cmd_status(argparse.Namespace(now=END, team=None, owner=None, json=False))
+    # After the machines' table, a table per other kind under its label and count ("Studio apps (1):").
+    others = [
+        p for p in printed.getvalue().split("\n\n")[1:] if re.fullmatch(r"[A-Z][a-z A-Z]+ \(\d+\):", p.split("\n")[0])
+    ]
+    return kinds, [line for part in others for line in ["", *part.splitlines()]]
 
 
 def weekly_digests(slack: FakeSlack) -> list[str]:
@@ -513,18 +528,21 @@ def play(out: Callable[[str], None]) -> Afternoon:
         timeline = Timeline(seeded, slack, out)
         reports = simulate(seeded, adapters_at, timeline)
         rows = summary(seeded, reports, timeline.brought_back)
-        kinds = stop_saves(seeded)
+        kinds, sections = stop_saves(seeded)
         digests = weekly_digests(slack)
     out("\nsummary (the simulated day ends at 17:00):")
-    out(f"  {'machine':<13} {'what happened':<46} {'idle hours avoided':>18} {'saved':>15}")
+    out(f"  {'name':<13} {'what happened':<46} {'idle hours avoided':>18} {'saved':>15}")
     for name, what, hours, dollars, bound in rows:
         out(f"  {name:<13} {what:<46} {hours:>18.2f} {_usd(dollars, bound):>15}")
     total = _usd(sum(r[3] for r in rows), any(r[4] for r in rows))
     out(f"  {'total':<13} {'':<46} {sum(r[2] for r in rows):>18.2f} {total:>15}")
     out("  (up to: a Spot machine's saving at the most it can be: idle-reaper does not read Spot prices)")
-    out("\nwhat a stop saves, by kind of machine (`idle-reaper status`'s KIND and STOP SAVES, as of 17:00):")
+    out("\nwhat a stop (or a deletion) saves, by kind (`idle-reaper status`'s KIND and STOP SAVES, as of 17:00):")
     for name, kind, saves in kinds:
         out(f"  {name:<13} {kind:<22} {saves}")
+    out("\nthe endpoints and Studio apps apart, as `idle-reaper status` shows them after its machines:")
+    for line in sections[1:]:
+        out(f"  {line}" if line else "")
     out(
         f"\ndone in {time.perf_counter() - t0:.1f} s: {len(reports)} sweeps, "
         f"{sum(len(r.decisions) for r in reports)} decisions, no training run touched."

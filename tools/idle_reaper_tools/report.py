@@ -91,6 +91,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     if png_path is not None:
         from idle_reaper.slack.chart import render_chart
 
-        png_path.write_bytes(render_chart(digest, {r.instance_id: r.name or r.instance_id for r in records}))
+        png_path.write_bytes(render_chart(digest, {r.key: r.name or r.instance_id for r in records}))
         print(f"chart: {png_path}")
     return 0

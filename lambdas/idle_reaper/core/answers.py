@@ -77,13 +77,13 @@ def snooze(record: MachineRecord, policy: TeamPolicy, user: str, until: datetime
     until = min(until, now + timedelta(hours=policy.max_snooze_hours))
     if until <= now:
         return "that time has already passed"
+    words = words_for(record.instance_id)  # an endpoint or a Studio app is deleted, not stopped
     if not allowed(record.state, Event.KEEP):
-        words = words_for(record.instance_id)  # an endpoint is deleted, not stopped
         return f"the {words.noun} is already {words.stopped}"
     day = now.astimezone(ZoneInfo(policy.timezone)).date().isoformat()
     used = record.snoozes_today if record.snooze_day == day else 0
     if used >= policy.max_snoozes_per_day:
-        return f"this machine was already kept {used} times today (the team allows {policy.max_snoozes_per_day})"
+        return f"this {words.noun} was already kept {used} times today (the team allows {policy.max_snoozes_per_day})"
     keep = TRANSITIONS[Event.KEEP]
     return replace(
         record,

@@ -41,6 +41,7 @@ RECOVERING = {
     "terminate": "terminations",
     "terminate_instance": "terminations",
 }
+DELETIONS = "deletions"  # a stop of an endpoint or a Studio app is its deletion, and is counted as one
 RUNNING_AGAIN = "running_again"  # the sweep saw a machine it had stopped running again (or a person started it)
 KEEP = "keep"  # a person's keep answer
 WARN = "warn"
@@ -515,7 +516,8 @@ def build_digest(
                 line[3].add(s.by)
             waste_by_machine[s.instance_id] += money
             continue
-        figures = kinds[RECOVERING[s.kind]]
+        deleted = s.kind == "stop" and section_of(s.instance_id) != MACHINES
+        figures = kinds[DELETIONS if deleted else RECOVERING[s.kind]]
         started_here = lo <= s.start < hi
         hours = s.saved_hours_in(lo, hi)
         h, m, b = saved.get(s.instance_id, (0.0, 0.0, False))

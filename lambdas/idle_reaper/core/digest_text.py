@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from idle_reaper.core.digest import AtRisk, Digest
+from idle_reaper.core.digest import DELETIONS, AtRisk, Digest
 from idle_reaper.core.records import State
 from idle_reaper.core.sections import section_text
 
@@ -62,8 +62,9 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
     else:
         lines.append(_recovered_line(d))
         lines.append(_kept_line(d))
+        stops = "Stops and deletions" if DELETIONS in d.recovered else "Stops"
         lines.append(
-            f"Stops: {d.stops}, of which {d.unwanted_stops} started again within an hour (unwanted). "
+            f"{stops}: {d.stops}, of which {d.unwanted_stops} started again within an hour (unwanted). "
             f"Warnings: {d.warnings}, of which {d.warnings_without_stop} led to no stop."
         )
         if d.suggestion:
@@ -162,9 +163,10 @@ def _recovered_line(d: Digest) -> str:
         for word, r in sorted(d.recovered.items())
     ]
     unpriced = f"; {d.unpriced_hours:,.1f} h more at no known price" if d.unpriced_hours else ""
-    total = f"*{_usd(d.recovered_dollars, d.recovered_upper_bound)}* over {d.recovered_hours:,.1f} machine-hours"
+    hours = "hours stopped or deleted" if DELETIONS in d.recovered else "machine-hours"
+    total = f"*{_usd(d.recovered_dollars, d.recovered_upper_bound)}* over {d.recovered_hours:,.1f} {hours}"
     spot = " (up to: Spot machines' savings at the most they can be; idle-reaper does not read Spot prices)"
-    # Other kinds' deletions count as stops here; their own lines say what each saved.
+    # Other kinds' deletions are counted here as deletions; their own lines say what each saved.
     kinds = ", ".join(f"{s.label} {_usd(s.saved_dollars, s.upper_bound)}" for s in d.sections if s.saved_dollars)
     others = f"; of it, {kinds} (each kind's own line below)" if kinds else ""
     return f"Saved: {total}: {', '.join(parts)}{unpriced}{others}{spot if d.recovered_upper_bound else ''}."

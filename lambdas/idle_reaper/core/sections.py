@@ -10,24 +10,64 @@ Pure: from records, the digest's stretches summed per machine, and prices."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
-from idle_reaper.core.endpoints import Restore, words_for
+from idle_reaper.core.endpoints import MACHINE_WORDS, Restore, endpoint_name, is_endpoint_id, words_for
 from idle_reaper.core.kinds import NEVER_STOPPED, Kind
 from idle_reaper.core.records import MachineRecord, State
+from idle_reaper.core.studio import studio_parts
 from idle_reaper.pricing import hourly_price
 
 MACHINES = "machines"
 SHOWN = 10  # resources a digest section names; the rest are counted
 # Kinds held while SageMaker changes them (not reported as never acted on: acted on once they are in service).
 _HELD = frozenset({Kind.NOTEBOOK_BUSY.value, Kind.ENDPOINT_BUSY.value})
+# What a machine's record says was done to it, by its last action (a deletion is its kind's words').
+_MACHINE_DONE = {
+    "hibernate": "hibernated",
+    "unprotect": "released to its Auto Scaling group",
+    "terminate": "terminated",
+}
+T = TypeVar("T")
 
 
 def section_of(key: str) -> str:
     """The kind label of the resource a machine id or key names: "machines", "endpoints", ..."""
     return words_for(key).noun + "s"
+
+
+def grouped(items: Iterable[T], label_of: Callable[[T], str]) -> list[tuple[str, list[T]]]:
+    """`items` by their kind's label (`label_of`: section_of of each), in the order `status` shows them: the
+    machines first, then each other kind by its label ("endpoints", "Studio apps"); a kind with none is left out."""
+    by_label: dict[str, list[T]] = {}
+    for item in items:
+        by_label.setdefault(label_of(item), []).append(item)
+    return sorted(by_label.items(), key=lambda pair: (pair[0] != MACHINES, pair[0].lower()))
+
+
+def named(key: str, name: str | None) -> str:
+    """A resource as a reader meets it among others: a machine by its name (or id), any other kind by its noun
+    and name ("endpoint demo-llm", "Studio app lab-space"), never called a machine."""
+    words, machine_id = words_for(key), key.rsplit("/", 1)[-1]
+    if words.noun == MACHINE_WORDS.noun:
+        return name or machine_id
+    if not name:  # its id without the kind's prefix: the endpoint's name, the app's space
+        name = endpoint_name(machine_id) if is_endpoint_id(machine_id) else studio_parts(machine_id)[1]
+    return f"{words.noun} {name}"
+
+
+def kinds_said(keys: Iterable[str]) -> tuple[str, str]:
+    """What a message listing `keys` calls them together, and what is done to them: ("machines", "stopped"),
+    ("endpoints", "deleted"), ("machines and endpoints", "stopped or deleted"), ("machines, endpoints and Studio
+    apps", ...). Machines first, as `status` orders them; no keys: machines."""
+    keys = list(keys)
+    labels = [label for label, _ in grouped(keys, section_of)] or [MACHINES]
+    nouns = labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+    done = sorted({words_for(k).stopped for k in keys} or {MACHINE_WORDS.stopped}, reverse=True)  # stopped first
+    return nouns, " or ".join(done)
 
 
 def _at(when: datetime) -> str:
@@ -45,6 +85,10 @@ def state_words(record: MachineRecord, now: datetime) -> str:
     words = words_for(record.key)
     kept = Restore.parse(record.endpoint)
     if record.state is State.REAPED:
+        if not words.deletes:  # a machine: stopped (or hibernated, released, terminated) by its last action
+            action = record.last_action or "stop"
+            done = _MACHINE_DONE.get(action.removesuffix("_instance"), words.stopped)
+            return f"{done} since {_at(record.last_action_at or now)}"
         if record.endpoint is None:
             return f"{words.stopped} since {_at(record.last_action_at or now)}; nothing kept to recreate it"
         failed = f" (the last try failed: {kept.failed})" if kept is not None and kept.failed else ""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from idle_reaper.core.endpoints import Variant, requests_per_period, track_label
+from idle_reaper.core.endpoints import Variant, requests_per_period, track_label, words_for
 from idle_reaper.core.kinds import InstanceFacts, family_of
 from idle_reaper.core.records import machine_key
 from idle_reaper.core.time_of_day import UsageMarks, epoch_day, epoch_hours
@@ -339,6 +339,11 @@ def _usage(
     return UsageMarks(epoch_hours(busy) if busy else (), None if newest is None else epoch_day(newest))
 
 
+def _noun(machine: Machine) -> str:
+    """What the reasons call it: "machine", or an endpoint's or a Studio app's own noun (never "machine")."""
+    return words_for(machine.instance_id).noun
+
+
 def assess(
     machine: Machine,
     signals: Signals,
@@ -356,7 +361,7 @@ def assess(
     max_gap = timedelta(minutes=min(policy.max_gap_minutes, policy.idle_minutes // 2))
 
     if not signals.complete:
-        return Assessment("unknown", "CloudWatch did not return complete metrics for this machine")
+        return Assessment("unknown", f"CloudWatch did not return complete metrics for this {_noun(machine)}")
 
     notes: list[str] = []
     tracks = _tracks(machine, signals, policy, period, gpu_families, notes)

@@ -22,18 +22,20 @@ from idle_reaper.core.dollars import of_record
 from idle_reaper.core.endpoints import Restore, is_endpoint_id, words_for
 from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE
 from idle_reaper.core.records import Action, MachineRecord, State
+from idle_reaper.core.sections import grouped, section_of, state_words
 from idle_reaper.core.signals import describe_human_signal
 from idle_reaper.core.studio import AppRestore, is_studio_id
 from idle_reaper.policy import TeamPolicy
 from idle_reaper.pricing import hourly_price
-from idle_reaper.slack.blocks import date_token, escape, fit, machine_label
+from idle_reaper.slack.blocks import date_token, escape, fit, machine_label, money
 from idle_reaper.slack.notifier import SlackNotifier, endpoint_recreate
 
 HELP = (
     "*idle-reaper* keeps idle machines from running up the bill.\n"
-    "• `{cmd} status`: your machines, their state and why\n"
-    "• `{cmd} keep <instance-id-or-name> <duration>`: keep a machine, e.g. `keep i-0abc 2h` or `keep notebook 90m`"
-    " (someone else's machine, if you may answer for it: by its instance id; an endpoint by `endpoint:<name>`)\n"
+    "• `{cmd} status`: your machines, endpoints and Studio apps, their state and why\n"
+    "• `{cmd} keep <instance-id-or-name> <duration>`: keep a machine, an endpoint or a Studio app, e.g. "
+    "`keep i-0abc 2h` or `keep notebook 90m` (someone else's, if you may answer for it: a machine by its instance "
+    "id; an endpoint by `endpoint:<name>`)\n"
     "• `{cmd} help`: this message\n"
     "• `{cmd} doctor` (admins): what would make idle-reaper quietly useless here, with the fix of each"
 )
@@ -45,8 +47,7 @@ NOT_STARTED = {
     "Unsupported": "EC2 does not offer {type} in its Availability Zone right now",
 }
 ANSWERED_ALREADY = (
-    "Someone else answered first, or idle-reaper is acting on this machine right now; nothing changed. "
-    "Try again in a minute."
+    "Someone else answered first, or idle-reaper is acting on it right now; nothing changed. Try again in a minute."
 )
 
 
@@ -123,7 +124,8 @@ class Effects:
         if record.machine_kind in NEVER_STOPPED:
             # EC2 would refuse, or something would launch a replacement: never asked.
             label = machine_label(record.name, record.instance_id)
-            return Reply(f"idle-reaper cannot stop {label}: {escape(record.kind_note)}. Nothing changed.")
+            verb = words_for(record.instance_id).stop_button.removesuffix(" now").lower()  # stop, delete
+            return Reply(f"idle-reaper cannot {verb} {label}: {escape(record.kind_note)}. Nothing changed.")
         now = self.clock()
         action = Action.UNPROTECT if record.asg_name else Action.STOP
         # A stopped machine's message offers "Start it again"; a released group member's does not.
@@ -157,7 +159,8 @@ class Effects:
     def start_again(self, user: str, record: MachineRecord) -> Reply | None:
         now = self.clock()
         if record.state is not State.REAPED or record.last_action not in ("stop", "hibernate"):
-            return Reply("That machine is not stopped by idle-reaper; nothing changed.")
+            words = words_for(record.instance_id)
+            return Reply(f"That {words.noun} is not {words.stopped} by idle-reaper; nothing changed.")
         if is_endpoint_id(record.instance_id) or is_studio_id(record.instance_id):
             return self._bring_back(user, record, now)
         # Start first: StartInstances is idempotent, and a failed start must leave the button usable.
@@ -263,28 +266,78 @@ class Effects:
         return None
 
 
-def status_reply(
-    mine: Iterable[MachineRecord], members: MemberSweep | None = None, member_regions: Sequence[str] = ()
-) -> Reply:
-    """`/idle-reaper status`: the caller's machines, their state and why (team and reason quote tags: escaped);
-    `members` (organization mode, shown to admins): the last sweep's excluded accounts and failed units;
-    `member_regions` (the same): the member accounts' daily count of their regions outside the organization's."""
-    lines = [
+STATUS_LINE_CHARS = 600  # one resource's line: a Name tag and a reason quoting tags can each be long
+
+
+def _status_line(r: MachineRecord, now: datetime) -> str:
+    """One resource in `status`: what it is (and where, in a member account), its team, its instances and what
+    they cost an hour, where it stands in words (core/sections.py) and why, and what its collector says."""
+    words = state_words(r, now)
+    price = hourly_price(r.instance_type or "")
+    hardware = escape(r.instance_type or "unknown instances")
+    cost = f"{hardware}, {money(price)}/h" if price is not None else f"{hardware}, no known price"
+    said = r.state in (State.UNKNOWN, State.SAFE_MODE) or not r.reason  # its words hold its reason
+    why = "" if said else f": {escape(r.reason)}"
+    line = (
         f"• {machine_label(r.name, r.instance_id)}"
         + (f" · account {r.account} ({r.region})" if r.account else "")
-        + f" · {escape(r.team)} · *{r.state.value}*: {escape(r.reason)}"
+        + f" · {escape(r.team)} · {cost} · *{escape(words)}*{why}"
         + (f" · {human}" if (human := describe_human_signal(r.human_signal)) else "")
-        for r in sorted(mine, key=lambda r: (r.team, r.name or r.instance_id))
-    ]
-    text = (
-        "Your machines:\n" + "\n".join(lines)
-        if lines
-        else "You own no machines idle-reaper knows of (owners come from the `Owner` tag)."
     )
-    if members is None and not member_regions:
-        return Reply(text)
+    return fit(line, STATUS_LINE_CHARS, mrkdwn=True)
+
+
+def _status_sections(mine: Iterable[MachineRecord], now: datetime, budget: int) -> str:
+    """The caller's resources by kind, as the CLI's `status` groups them (core/sections.py): machines, then
+    endpoints, Studio apps, each under its label. The reply's room is shared out so every kind is shown: each
+    section gets an even share of what is left (a short one leaves the rest to the next), and the lines past its
+    share are counted ("and 12 more endpoints"), never cut mid-line."""
+    ordered = sorted(mine, key=lambda r: (r.team, r.name or r.instance_id))
+    sections = grouped(ordered, lambda r: section_of(r.key))
+    parts: list[str] = []
+    for i, (label, records) in enumerate(sections):
+        share = (budget - sum(map(_units, parts))) // (len(sections) - i)
+        head = f"*{label[:1].upper() + label[1:]}* ({len(records)}):"
+        lines: list[str] = []
+        used = _units(head) + 40  # room for the "and N more" line
+        for r in records:
+            line = _status_line(r, now)
+            if used + _units(line) + 1 > share:
+                break
+            lines.append(line)
+            used += _units(line) + 1
+        if len(lines) < len(records):
+            lines.append(f"… and {len(records) - len(lines)} more {label}")
+        parts.append("\n".join([head, *lines]))
+    return "\n\n".join(parts)
+
+
+def _units(text: str) -> int:
+    return len(text) + sum(1 for c in text if ord(c) > 0xFFFF)  # UTF-16 code units, as blocks.fit counts
+
+
+def status_reply(
+    mine: Iterable[MachineRecord],
+    members: MemberSweep | None = None,
+    member_regions: Sequence[str] = (),
+    *,
+    now: datetime,
+) -> Reply:
+    """`/idle-reaper status`: the caller's machines, endpoints and Studio apps, each kind apart with its state in
+    words, hourly cost and why (team and reason quote tags: escaped); `members` (organization mode, shown to
+    admins): the last sweep's excluded accounts and failed units; `member_regions` (the same): the member
+    accounts' daily count of their regions outside the organization's. One text reply within DOCTOR_REPLY_CHARS
+    (no blocks: a reply of any length stays one message, under Slack's 40,000-character truncation)."""
+    mine = list(mine)
     admin = [*(members.lines() if members is not None else []), *member_regions]
-    return Reply(fit(text + "\n\n" + "\n".join(escape(line) for line in admin), DOCTOR_REPLY_CHARS))
+    admin_text = fit("\n".join(escape(line) for line in admin), DOCTOR_REPLY_CHARS // 3) if admin else ""
+    room = DOCTOR_REPLY_CHARS - _units(admin_text) - 2
+    text = (
+        _status_sections(mine, now, room)
+        if mine
+        else "You own no machines, endpoints or Studio apps idle-reaper knows of (owners come from the `Owner` tag)."
+    )
+    return Reply(fit(text + ("\n\n" + admin_text if admin_text else ""), DOCTOR_REPLY_CHARS, mrkdwn=True))
 
 
 def doctor_reply(findings: list[Finding], where: str) -> Reply:

@@ -29,6 +29,7 @@ from idle_reaper.core.endpoints import Restore, words_for
 from idle_reaper.core.kinds import TERMINABLE, caveats, warning_sentence
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import Action, MachineRecord
+from idle_reaper.core.sections import kinds_said
 from idle_reaper.core.studio import is_studio_id
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.policy import TeamPolicy
@@ -439,10 +440,9 @@ def owner_message_blocks(
     if not 0 < len(listed) <= OWNER_MESSAGE_MACHINES:
         raise ValueError(f"a shared message lists 1 to {OWNER_MESSAGE_MACHINES} machines, not {len(listed)}")
     waiting = [x for x in listed if x.ref]
+    nouns, done = kinds_said(x.instance_id for x in listed)  # an endpoint or a Studio app is never a machine
     if not title:
-        title = (
-            f"Idle machines: {len(waiting)} of yours will be stopped unless kept" if waiting else "Your idle machines"
-        )
+        title = f"Idle {nouns}: {len(waiting)} of yours will be {done} unless kept" if waiting else f"Your idle {nouns}"
     blocks: list[Block] = [HeaderBlock(text=fit(title, HEADER_CHARS))]
     for n, x in enumerate(listed):
         blocks.append(SectionBlock(block_id=f"machine_{n}", text=_mrkdwn(x.text, SECTION_CHARS)))
@@ -464,9 +464,9 @@ def owner_message_blocks(
     if waiting:
         keep_all = _button(f"Keep all {len(waiting)} for 2 h", "keep_all", group_ref, style="primary")
         blocks.append(ActionsBlock(block_id="idle_reaper_keep_all", elements=[keep_all]))
-    note = "idle-reaper · your machines that became idle together, in one message"
+    note = f"idle-reaper · your {nouns} that became idle together, in one message"
     if parts > 1:
-        note += f" · part {part} of {parts}: Slack allows {OWNER_MESSAGE_MACHINES} machines per message"
+        note += f" · part {part} of {parts}: Slack allows {OWNER_MESSAGE_MACHINES} of them per message"
     blocks.append(ContextBlock(elements=[_mrkdwn(note, CONTEXT_CHARS)]))
     return blocks
 
@@ -479,6 +479,8 @@ def quiet_stop_line(record: MachineRecord) -> str:
         if record.last_action in ("stop", "hibernate")
         else "stopped"
     )
+    if words_for(record.instance_id).deletes:  # an endpoint's or a Studio app's stop is its deletion
+        what = words_for(record.instance_id).stopped
     when = date_token(record.last_action_at or record.quiet_stop_at or datetime.now(UTC))
     kind = f" · {escape(record.instance_type)}" if record.instance_type else ""
     return fit(

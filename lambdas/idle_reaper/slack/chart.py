@@ -1,8 +1,9 @@
-"""The weekly digest's chart: recovered vs still-wasted dollars per week (8 weeks), and the machines that
-wasted most this week, as a PNG. Still wasted is what the text says: kept idle by answers, and, for the digest's
-week (the only one read), exempt and idle. Pillow is imported here, inside `render_chart`, and nowhere else: no
-sweep or Slack click pays for it (tests/infra/test_asset_imports.py holds that; tests/unit/slack/test_digest_chart.py
-holds the chart's figures to the text's)."""
+"""The weekly digest's chart: recovered vs still-wasted dollars per week (8 weeks), and the machines (endpoints,
+Studio apps: each named by its kind's noun, core/sections.named) that wasted most this week, as a PNG. Still
+wasted is what the text says: kept idle by answers, and, for the digest's week (the only one read), exempt and
+idle. Pillow is imported here, inside `render_chart`, and nowhere else: no sweep or Slack click pays for it
+(tests/infra/test_asset_imports.py holds that; tests/unit/slack/test_digest_chart.py holds the chart's figures
+to the text's)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 from idle_reaper.core.digest import TOP_MACHINES, Digest
+from idle_reaper.core.sections import named
 
 WIDTH, HEIGHT = 960, 420
 RECOVERED = (46, 160, 67)
@@ -22,7 +24,7 @@ FAINT = (110, 119, 129)
 
 
 def render_chart(d: Digest, names: dict[str, str] | None = None) -> bytes:
-    """The PNG bytes of the digest's chart. `names`: instance id -> a readable name, for the top machines."""
+    """The PNG bytes of the digest's chart. `names`: machine key -> a readable name, for those that wasted most."""
     from PIL import Image, ImageDraw, ImageFont
 
     image = Image.new("RGB", (WIDTH, HEIGHT), "white")
@@ -45,6 +47,12 @@ def chart_weeks(d: Digest) -> list[tuple[str, bool, float, float, float]]:
         (t.week.label, t.has_data, t.recovered, t.wasted, d.exempt_idle_dollars if t.week == d.week else 0.0)
         for t in d.trend
     ]
+
+
+def top_waste_labels(d: Digest, names: dict[str, str]) -> list[tuple[str, float]]:
+    """What wasted most, as the chart names it: a machine by its name, an endpoint or a Studio app by its noun and
+    name ("endpoint demo-llm"), each cut to what its row holds."""
+    return [(named(key, names.get(key))[:40], dollars) for key, dollars in chart_top_waste(d)]
 
 
 def chart_top_waste(d: Digest, most: int = TOP_MACHINES) -> list[tuple[str, float]]:
@@ -91,15 +99,15 @@ def _top_machines(
     draw: Any, d: Digest, names: dict[str, str], box: tuple[int, int, int, int], font: Any, small: Any
 ) -> None:
     left, top, right, _ = box
-    draw.text((left, top), f"Top machines by waste, {d.week.label}", fill=INK, font=font)
-    top_waste = chart_top_waste(d)
+    draw.text((left, top), f"Wasted most, {d.week.label}", fill=INK, font=font)
+    top_waste = top_waste_labels(d, names)
     if not top_waste:
         draw.text((left, top + 30), "nothing was kept idle, nor exempt and idle, this week", fill=FAINT, font=small)
         return
     peak = top_waste[0][1] or 1.0
-    for i, (instance_id, dollars) in enumerate(top_waste):
+    for i, (label, dollars) in enumerate(top_waste):
         y = top + 30 + i * 56
-        draw.text((left, y), names.get(instance_id, instance_id)[:40], fill=INK, font=small)
+        draw.text((left, y), label, fill=INK, font=small)
         width = (right - left - 80) * dollars / peak
         draw.rectangle((left, y + 18, left + max(2.0, width), y + 36), fill=WASTED)
         draw.text((left + max(2.0, width) + 6, y + 20), f"${dollars:,.2f}", fill=INK, font=small)

@@ -57,7 +57,7 @@ class DigestSender:
                     content=png,
                     filename=filename,
                     title=filename.removesuffix(".png"),
-                    alt_txt="Recovered and still-wasted dollars per week, and the machines that wasted most",
+                    alt_txt="Recovered and still-wasted dollars per week, and what wasted most this week",
                     initial_comment=body,
                 )
                 return DigestPosted(channel, with_chart=True)

@@ -19,6 +19,7 @@ from idle_reaper.aws.clients import AwsError
 from idle_reaper.core.endpoints import Restore, words_for
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MAYBE_POSTED, Action, MachineRecord
+from idle_reaper.core.sections import kinds_said
 from idle_reaper.core.studio import is_studio_id, recreate_sentence
 from idle_reaper.notify import Delivery, DeliveryUnknown, PermanentDeliveryFailure, PostOutcome
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
@@ -481,8 +482,9 @@ class SlackNotifier(SlackDelivery):
             fault = self._failed("warning", part[0].machine.instance_id, exc, part[0].machine.instance_id)
             return [self._given_up(d.machine, [fault]) for d in part]
         labels = ", ".join(machine_label(d.machine.name, d.machine.instance_id) for d in part)
+        nouns, done = kinds_said(d.machine.key for d in part)
         text = fit(
-            f"{len(part)} idle machines of yours will be stopped unless kept: {labels}", FALLBACK_CHARS, mrkdwn=True
+            f"{len(part)} idle {nouns} of yours will be {done} unless kept: {labels}", FALLBACK_CHARS, mrkdwn=True
         )
         if lone:
             text = warning_text(part[0])
@@ -518,11 +520,12 @@ class SlackNotifier(SlackDelivery):
                 raise PermanentDeliveryFailure(f"nobody to tell: {first.instance_id} has no Slack owner")
             channel = str(self.client.conversations_open(users=owner_id)["channel"]["id"])
             shown = list(stopped[:OWNER_MESSAGE_MACHINES])
+            nouns, done = kinds_said(r.key for r in stopped)
             listed = ListedGroup(
                 ids=tuple(r.key for r in shown),
                 refs={r.key: self.new_ref(r.key, now) for r in shown},
                 lines={r.key: quiet_stop_line(r) for r in shown},
-                title=fit(f"During quiet hours, idle-reaper stopped {len(stopped)} of your machines", HEADER_CHARS),
+                title=fit(f"During quiet hours, idle-reaper {done} {len(stopped)} of your {nouns}", HEADER_CHARS),
             )
             group_ref = secrets.token_urlsafe(18)
             self.store.put_lookup(f"group#{group_ref}", listed.to_json(), now + REF_TTL)

@@ -358,7 +358,7 @@ class Router:
             return self.doctor(user, command)
         if verb == "status":
             mine = [r for region in self.regions for r in region.records_of_owner(user)]
-            return status_reply(mine, *self.member_status(user))
+            return status_reply(mine, *self.member_status(user), now=self.regions[0].clock())
         if verb == "keep":
             if len(words) != 3:
                 return Reply(
@@ -434,7 +434,7 @@ def not_found(target: str, organization: bool, command: str) -> str:
     found by its key only (an owner's machines come from the owner index, never from a scan): in the hub's account
     that is its instance id; in a member account `account/region/instance-id` (its warning names the account and
     region)."""
-    text = f"No machine named `{target}` among yours"
+    text = f"No machine, endpoint or Studio app named `{target}` among yours"
     if not organization:
         return text + "; someone else's machine is kept by its instance id. An endpoint, by `endpoint:<name>`."
     if parse_machine_key_or_none(target):

@@ -18,6 +18,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError, SlackObjectFormati
 from idle_reaper.aws.clients import DDB_WORKERS, AwsError, run_concurrently
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MachineRecord
+from idle_reaper.core.sections import kinds_said
 from idle_reaper.core.signals import Machine
 from idle_reaper.notify import Delivery, PostOutcome
 from idle_reaper.slack.blocks import (
@@ -128,7 +129,7 @@ class SharedMessages(OwnerDirectory):
         current = {i for i, r in records.items() if listed.is_current(r)}
         blocks = owner_message_blocks(listed.entries(notes, current=current), group_ref, title=listed.title)
         waiting = len([i for i in listed.ids if i in current and i not in notes])
-        text = fit(f"{waiting} of your idle machines still wait for an answer", FALLBACK_CHARS)
+        text = fit(f"{waiting} of your idle {kinds_said(listed.ids)[0]} still wait for an answer", FALLBACK_CHARS)
         return text, blocks_json(blocks), listed
 
     def render_listed(self, record: MachineRecord) -> bool:

@@ -81,7 +81,7 @@ def apply_decisions(
             saved = False
             d = replace(d, error=f"state table write failed ({error_code(exc)}); nothing done")
         if not saved and d.error is None:
-            d = replace(d, error="another sweep is handling this machine, or changed it first; nothing done")
+            d = replace(d, error="another sweep is handling it, or changed it first; nothing done")
         return d, saved, saved and hold
 
     _warm_owner_cache(adapters.notifier, [d for d in decisions if d.read and d.deliver_warning], out_of_time)

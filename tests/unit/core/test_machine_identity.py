@@ -162,7 +162,7 @@ def test_status_names_the_account_and_never_mixes_a_member_machine_with_the_hubs
     assert by_account[None]["team"] == "hub-team"
     table = format_status(rows, NOW)
     assert f"{A}/{REGION}/i-0abc" in table
-    text = status_reply([hub, member]).text
+    text = status_reply([hub, member], now=NOW).text
     assert f"account {A} ({REGION})" in text and text.count("account ") == 1
 
 

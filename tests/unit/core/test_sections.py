@@ -78,7 +78,8 @@ def test_endpoints_have_their_own_line_with_cost_state_and_what_deleting_them_sa
 
     text = digest_text(d)
     assert "Endpoints (6): deleted ones saved $290.88 (96.0 h this week)." in text
-    assert "2 stops (96.0 h, $290.88); of it, endpoints $290.88 (each kind's own line below)." in text
+    assert "over 96.0 hours stopped or deleted: 2 deletions (96.0 h, $290.88); of it, endpoints $290.88 (each" in text
+    assert "Stops and deletions: 2, of which 0 started again" in text
     assert (
         "gone-ep (ml, ml.g5.2xlarge x2, $3.03/h): deleted since 2026-11-20 00:00 UTC, restorable: Bring it back "
         "recreates it; saved $218.16 (72.0 h deleted)"

@@ -11,6 +11,7 @@ from pathlib import Path
 from idle_reaper.core.digest import Digest, Week, build_digest
 from idle_reaper.core.digest_text import digest_text
 from idle_reaper.core.records import MachineRecord, State
+from idle_reaper.core.sections import named
 from idle_reaper.slack import chart
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -89,3 +90,45 @@ def test_an_idle_group_member_still_running_appears_in_the_digest() -> None:
     text = digest_text(d)
     assert "Idle in an Auto Scaling group, still running ($1.01/h): worker-3 ($1.01/h)" in text
     assert "gone" not in text
+
+
+def test_what_wasted_most_names_an_endpoint_and_a_studio_app_by_their_kind_and_their_deletions_count_apart() -> None:
+    """Issue 46: the chart called every resource by its name alone under "Top machines"; an endpoint and a Studio
+    app are named by their noun. A Studio app deleted for 3 hours saved its instance's price times 3 (the one
+    rule), in its own section and as a deletion, not a stop."""
+    app = "studio:d-1:lab-space:JupyterLab:default"
+    kept_at = END - timedelta(days=1)
+
+    def keep(hourly: float) -> dict[str, object]:
+        until = (kept_at + timedelta(hours=4)).isoformat()
+        return {"action": "keep", "team": "ml", "owner": "ada", "hourly_cost": hourly, "hourly_waste": hourly,
+                "snoozed_until": until}  # fmt: skip
+
+    deletion = {"action": "stop", "team": "ml", "owner": "ada", "hourly_savings": 0.7364, "hourly_cost": 0.7364}
+    entries = [
+        ("endpoint:demo-llm", kept_at, keep(1.4728)),
+        ("i-0box", kept_at, keep(0.096)),
+        (app, END - timedelta(hours=3), deletion),
+    ]
+    records = [
+        MachineRecord("endpoint:demo-llm", "ml", State.ACTIVE, name="demo-llm", instance_type="ml.g4dn.xlarge x2"),
+        MachineRecord("i-0box", "ml", State.ACTIVE, name="box", instance_type="m5.large"),
+        MachineRecord(app, "ml", State.REAPED, name="lab-space", instance_type="ml.g4dn.xlarge", last_action="stop"),
+    ]
+    d = build_digest(entries, records, W47, now=END, team="ml", prices={"ml.g4dn.xlarge": 0.7364, "m5.large": 0.096})
+    names = {r.key: r.name or r.instance_id for r in records}
+    assert chart.top_waste_labels(d, names) == [("endpoint demo-llm", 4 * 1.4728), ("box", 4 * 0.096)]
+    assert chart.top_waste_labels(d, {}) == [("endpoint demo-llm", 4 * 1.4728), ("i-0box", 4 * 0.096)]
+    assert (named(app, None), named(f"111111111111/eu-west-1/{app}", "lab")) == (
+        "Studio app lab-space",
+        "Studio app lab",
+    )
+    [apps] = [s for s in d.sections if s.label == "Studio apps"]
+    assert [(r.name, r.saved_hours, round(r.saved_dollars, 2)) for r in apps.resources] == [("lab-space", 3.0, 2.21)]
+    assert (d.recovered["deletions"].count, "stops" in d.recovered) == (1, False)
+    text = digest_text(d)
+    assert "1 deletions (3.0 h, $2.21); of it, Studio apps $2.21" in text
+    assert (
+        "Studio apps (1): deleted ones saved $2.21 (3.0 h this week). lab-space (ml, ml.g4dn.xlarge, $0.74/h)" in text
+    )
+    assert chart.render_chart(d, names).startswith(b"\x89PNG")

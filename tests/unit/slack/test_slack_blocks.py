@@ -315,7 +315,7 @@ def test_failures_that_will_not_pass_are_permanent(key, code, expected):
 @pytest.mark.parametrize("code", ["user_not_found", "cannot_dm_bot", "user_disabled"])
 def test_an_owner_who_cannot_get_a_dm_is_permanent(code):
     slack, _ = notifier({"chat.postMessage D0BOB": slack_error(code)})
-    with pytest.raises(PermanentDeliveryFailure, match=r"Slack user U0BOB .*fix the machine's Owner tag"):
+    with pytest.raises(PermanentDeliveryFailure, match=r"Slack user U0BOB .*fix the Owner tag it comes from"):
         slack.warn(decision(policy=TeamPolicy(notify="owner")))
 
 

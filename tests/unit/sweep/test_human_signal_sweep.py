@@ -122,12 +122,17 @@ def test_the_slack_status_reply_says_the_signal_is_missing() -> None:
                 "i-2", "ml", State.ACTIVE, name="dev", reason="busy", human_signal="active 2026-11-20T12:03Z"
             ),
             MachineRecord("i-3", "ml", State.ACTIVE, name="old", reason="busy"),
-        ]
+        ],
+        now=NOW,
     )
     lines = reply.text.splitlines()
-    assert lines[1] == "• dev (i-2) · ml · *active*: busy · person active 12:03 UTC"
-    assert lines[2] == "• nb (i-1) · ml · *warned*: quiet · no collector (no activity data: judged on CPU/GPU alone)"
-    assert lines[3] == "• old (i-3) · ml · *active*: busy"  # the policy ignores the signal: nothing said
+    unpriced = "unknown instances, no known price"
+    assert lines[1] == f"• dev (i-2) · ml · {unpriced} · *watched*: busy · person active 12:03 UTC"
+    assert lines[2] == (
+        f"• nb (i-1) · ml · {unpriced} · *warned: stopped unless someone keeps it*: quiet · no collector (no activity "
+        "data: judged on CPU/GPU alone)"
+    )
+    assert lines[3] == f"• old (i-3) · ml · {unpriced} · *watched*: busy"  # the policy ignores the signal
 
 
 def test_the_slack_status_reply_makes_tag_text_inert() -> None:
@@ -135,6 +140,6 @@ def test_the_slack_status_reply_makes_tag_text_inert() -> None:
     from idle_reaper.slack.answers import status_reply
 
     record = MachineRecord("i-1", "<!channel>", State.WARNED, name="<!here>", reason="quiet on <https://x|tag>")
-    (line,) = status_reply([record]).text.splitlines()[1:]
+    (line,) = status_reply([record], now=NOW).text.splitlines()[1:]
     assert "<" not in line and ">" not in line
     assert "&lt;!channel&gt;" in line and "&lt;https://x|tag&gt;" in line

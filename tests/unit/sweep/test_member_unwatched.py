@@ -212,10 +212,10 @@ def test_the_status_item_keeps_every_account_that_found_something_when_they_writ
 
 def test_admins_see_the_member_counts_in_slack_status() -> None:
     count = AccountCount("111111111111", "sandbox-<a>", NOW, (RegionCount(NORTH, 4, 2),), (SOUTH,))
-    text = status_reply([], None, members_unwatched_lines([count])).text
+    text = status_reply([], None, members_unwatched_lines([count]), now=NOW).text
     assert f"account sandbox-&lt;a&gt; (111111111111): {NORTH}: 4 running, 2 tagged for idle-reaper" in text
     assert f"may not look there (a service control policy?): {SOUTH}" in text
-    assert status_reply([], None, []).text.startswith("You own no machines")
+    assert status_reply([], None, [], now=NOW).text.startswith("You own no machines")
 
 
 def test_the_hubs_own_account_swept_as_a_member_is_left_to_the_hubs_count() -> None:

@@ -258,7 +258,7 @@ def test_a_crashed_sweeps_claim_blocks_the_machine_until_its_lease_ends():
 
     blocked = world.sweep("B")(Gate(None))
     (d,) = blocked.decisions
-    assert d.error and "another sweep is handling this machine" in d.error
+    assert d.error and "another sweep is handling it" in d.error
     assert world.aws.ec2.state_of(world.machine) == "running"
 
     clock[0] += SWEEP_LEASE
