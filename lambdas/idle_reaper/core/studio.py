@@ -74,6 +74,12 @@ def idle_shutdown(space: Mapping[str, Any], domain: Mapping[str, Any], app_type:
     return (int(minutes) if minutes is not None else None), "domain"
 
 
+def studio_lifecycle_config(prefix: str, app_type: str) -> str:
+    """The name of the Studio lifecycle configuration a stack ships for one app type (infra/studio.py), from its
+    deploy prefix (idle-reaper-studio-jupyterlab, idle-reaper-studio-codeeditor)."""
+    return f"{prefix}-studio-{app_type.lower()}"
+
+
 @dataclass(frozen=True)
 class StudioFinding:
     app: StudioApp
