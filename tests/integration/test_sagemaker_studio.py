@@ -119,3 +119,22 @@ def test_idle_studio_app_warned_kept_deleted_and_started_again_from_slack(team, 
     updates = len(slack.calls_to("chat.update"))
     sweep(T0 + timedelta(hours=4, minutes=15))
     assert len(slack.calls_to("chat.update")) == updates
+
+
+def test_the_doctor_warns_where_a_swept_app_would_never_be_deleted(team):
+    """The local domain propagates no tags and runs no lifecycle configuration of ours; one app publishes nothing in
+    the doctor's last hour (the wall clock's: the CLI's doctor reads the hour before now)."""
+    from datetime import UTC, datetime
+
+    from idle_reaper_tools.doctor import run_checks
+
+    lit = app("doctor-lit", metrics=False)
+    now = datetime.now(UTC)
+    local.write_metrics(lit, lambda _t: (1.0, 0.0), now - timedelta(minutes=50), now, notebook=True)
+    dark = app("doctor-dark", metrics=False)
+    app("doctor-lab", team="lab", metrics=False)  # its team only reports Studio apps: not the doctor's concern
+    found = {f.check: f for f in run_checks() if f.check.startswith("studio")}
+    domain = local_studio.studio_domain()
+    assert (found["studio.tags"].status, found["studio.tags"].subjects) == ("warn", (domain,))
+    assert (found["studio.lifecycle"].status, found["studio.lifecycle"].subjects) == ("warn", (domain,))
+    assert (found["studio.signals"].status, found["studio.signals"].subjects) == ("warn", (dark,))

@@ -61,7 +61,7 @@ class StudioApps:
         spaces = sorted({(a["DomainId"], a["SpaceName"]) for a in apps})
         domains = sorted({a["DomainId"] for a in apps})
         described = dict(zip(spaces, run_concurrently(self._space, spaces, STUDIO_WORKERS), strict=True))
-        settings = dict(zip(domains, run_concurrently(self._domain, domains, STUDIO_WORKERS), strict=True))
+        settings = dict(zip(domains, run_concurrently(self.domain, domains, STUDIO_WORKERS), strict=True))
         return [(a, *described[(a["DomainId"], a["SpaceName"])], settings[a["DomainId"]]) for a in apps]
 
     def running(self, team_tag: str, managed_tag: str | None = None) -> list[StudioApp]:
@@ -128,7 +128,7 @@ class StudioApps:
             tags.update({t["Key"]: t["Value"] for t in page.get("Tags", [])})
         return space, tags
 
-    def _domain(self, domain_id: str) -> dict[str, Any]:
+    def domain(self, domain_id: str) -> dict[str, Any]:
         domain: dict[str, Any] = self.sagemaker.describe_domain(DomainId=domain_id)
         return domain
 
