@@ -138,3 +138,45 @@ def test_the_doctor_warns_where_a_swept_app_would_never_be_deleted(team):
     assert (found["studio.tags"].status, found["studio.tags"].subjects) == ("warn", (domain,))
     assert (found["studio.lifecycle"].status, found["studio.lifecycle"].subjects) == ("warn", (domain,))
     assert (found["studio.signals"].status, found["studio.signals"].subjects) == ("warn", (dark,))
+
+
+def test_studio_apps_that_cannot_be_listed_are_not_swept_and_the_admins_hear_it_once_a_day(team, slack):
+    import boto3
+
+    from idle_reaper.sweep import run_sweep
+    from idle_reaper_tools.demo import adapters_at
+
+    idle = app("unlisted-space")
+    ssm = aws.client("ssm")
+    settings = json.loads(ssm.get_parameter(Name="/idle-reaper/settings")["Parameter"]["Value"])
+    ssm.put_parameter(
+        Name="/idle-reaper/settings",
+        Value=json.dumps({**settings, "admins": ["U0ADMIN"]}),
+        Type="String",
+        Overwrite=True,
+    )
+
+    def denied(**_):
+        error = {"Code": "AccessDeniedException", "Message": "not authorized to perform sagemaker:ListApps"}
+        raise ClientError({"Error": error}, "ListApps")
+
+    def notes():
+        return [
+            c.params["text"]
+            for c in slack.calls_to("chat.postMessage")
+            if "could not list SageMaker Studio" in json.dumps(c.params)
+        ]
+
+    events = boto3._get_default_session().events
+    events.register("before-parameter-build.sagemaker.ListApps", denied, unique_id="deny-apps")
+    try:
+        first = run_sweep(adapters_at(T0), now=T0)
+        second = run_sweep(adapters_at(T0 + timedelta(minutes=5)), now=T0 + timedelta(minutes=5))
+    finally:
+        events.unregister("before-parameter-build.sagemaker.ListApps", unique_id="deny-apps")
+    for report in (first, second):
+        assert idle not in {d.machine.instance_id for d in report.decisions}
+        assert any("could not list SageMaker Studio apps (AccessDeniedException" in w for w in report.warnings)
+    (note,) = notes()
+    assert "sagemaker:ListApps" in note, "told once a day, not at every sweep"
+    assert local_studio.app_statuses([idle]) == {idle: "InService"}
