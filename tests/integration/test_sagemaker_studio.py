@@ -180,3 +180,33 @@ def test_studio_apps_that_cannot_be_listed_are_not_swept_and_the_admins_hear_it_
     (note,) = notes()
     assert "sagemaker:ListApps" in note, "told once a day, not at every sweep"
     assert local_studio.app_statuses([idle]) == {idle: "InService"}
+
+
+def test_an_app_started_again_that_fails_is_told_once_with_try_again(team, slack, clock):
+    idle = app("failing-space")
+    assert sweep(T0)[idle].action_label == "warn"
+    assert sweep(T0 + timedelta(minutes=20))[idle].action_label == "stop"
+    clock["t"] = T0 + timedelta(hours=1)
+    assert click(slack, "start_again", button(last_update(slack)["blocks"], "start_again")["value"]) == ""
+    assert AppRestore.parse(record(idle).endpoint).pending_by == "U0BOB"
+    # Studio took CreateApp and then could not start the app.
+    local_studio.fail_app(idle, "InsufficientCapacityError: no ml.g4dn.xlarge capacity in the Availability Zone")
+
+    sweep(T0 + timedelta(hours=1, minutes=10))
+    told = json.dumps(last_update(slack)["blocks"])
+    assert "Not started again" in told and "InsufficientCapacityError" in told and "space's storage are kept" in told
+    kept = AppRestore.parse(record(idle).endpoint)
+    assert kept.pending_by is None and kept.failed.startswith("InsufficientCapacityError")
+    assert record(idle).state is State.REAPED and "could not start it" in record(idle).reason
+    assert local_studio.app_statuses([idle]) == {idle: "Deleted"}, "the failed app deleted: Try again creates it"
+    updates = len(slack.calls_to("chat.update"))
+    sweep(T0 + timedelta(hours=1, minutes=15))
+    assert len(slack.calls_to("chat.update")) == updates, "told once"
+
+    again = button(last_update(slack)["blocks"], "start_again")
+    assert again["text"]["text"] == "Try again"
+    clock["t"] = T0 + timedelta(hours=2)
+    assert click(slack, "start_again", again["value"]) == ""
+    assert local_studio.app_statuses([idle]) == {idle: "Pending"}
+    retried = AppRestore.parse(record(idle).endpoint)
+    assert (retried.pending_by, retried.failed) == ("U0BOB", None)

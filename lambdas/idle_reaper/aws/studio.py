@@ -47,15 +47,19 @@ class StudioApps:
     def __init__(self, sagemaker: Any) -> None:
         self.sagemaker = sagemaker
 
-    def _listed(self, names: Sequence[str] | None = None) -> list[Listed]:
+    def _listed(self, names: Sequence[str] | None = None, failed: list[str] | None = None) -> list[Listed]:
         """The InService JupyterLab and Code Editor apps of every domain in the region (of the machine ids `names`
-        alone when given), each with its space, the space's tags and its domain."""
-        apps = [
+        alone when given), each with its space, the space's tags and its domain. `failed`: where the Failed ones'
+        machine ids go (an app someone started again may fail: sweep/endpoints.py tell_failed_bring_backs)."""
+        listed = [
             app
             for page in self.sagemaker.get_paginator("list_apps").paginate()
             for app in page.get("Apps", [])
-            if app.get("Status") == "InService" and app.get("AppType") in APP_SETTINGS and app.get("SpaceName")
+            if app.get("AppType") in APP_SETTINGS and app.get("SpaceName")
         ]
+        if failed is not None:
+            failed += [_id(a) for a in listed if a.get("Status") == "Failed" and len(_id(a)) <= ID_MAX]
+        apps = [a for a in listed if a.get("Status") == "InService"]
         if names is not None:
             apps = [a for a in apps if _id(a) in names]
         spaces = sorted({(a["DomainId"], a["SpaceName"]) for a in apps})
@@ -83,11 +87,13 @@ class StudioApps:
             )
         return found
 
-    def discover(self, tags: TagKeys, names: Sequence[str] | None = None) -> list[Machine]:
+    def discover(
+        self, tags: TagKeys, names: Sequence[str] | None = None, failed: list[str] | None = None
+    ) -> list[Machine]:
         """The running apps whose space carries the team tag (and the opt-in tag `true`, when one is set), as
-        machines; of the machine ids `names` alone when given."""
+        machines; of the machine ids `names` alone when given. `failed`: where the Failed apps' ids go."""
         machines = []
-        for app, space, tag, domain in self._listed(names):
+        for app, space, tag, domain in self._listed(names, failed):
             if not tag.get(tags.team, "").strip() or (tags.managed and tag.get(tags.managed) != "true"):
                 continue
             machine_id = _id(app)
@@ -131,6 +137,12 @@ class StudioApps:
     def domain(self, domain_id: str) -> dict[str, Any]:
         domain: dict[str, Any] = self.sagemaker.describe_domain(DomainId=domain_id)
         return domain
+
+    def failure_reason(self, machine_id: str) -> str:
+        """Why SageMaker could not start an app (DescribeApp's FailureReason; ListApps does not say)."""
+        domain, space, app_type, name = studio_parts(machine_id)
+        app = self.sagemaker.describe_app(DomainId=domain, SpaceName=space, AppType=app_type, AppName=name)
+        return str(app.get("FailureReason") or "")
 
     def delete(self, machine_ids: Sequence[str]) -> list[ActionOutcome]:
         """DeleteApp for each (the space and its storage stay); a refusal (the app is no longer InService, or IAM's:

@@ -34,7 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from idle_reaper.core.doctor import Finding, listed, unknown
-from idle_reaper.core.endpoints import IN_SERVICE, STUDIO_PREFIX, EndpointFacts, Restore
+from idle_reaper.core.endpoints import FAILURE_CHARS, IN_SERVICE, STUDIO_PREFIX, EndpointFacts, Restore
 from idle_reaper.core.endpoints import kept_restore as endpoint_restore
 from idle_reaper.policy import TeamPolicy
 
@@ -184,7 +184,8 @@ def swept(app: AppFacts, policy: TeamPolicy | None) -> bool:
 class AppRestore:
     """What CreateApp needs to recreate a deleted app as it was, kept on its record (MachineRecord.endpoint, the
     field of what recreating a deleted SageMaker resource needs). `pending_by`: who asked to start it again, until a
-    sweep sees it InService and says so in its message."""
+    sweep sees it InService (or Failed) and says so in its message. `failed`: why SageMaker could not start it the
+    last time someone asked (its FailureReason), until someone tries again."""
 
     domain_id: str
     space_name: str
@@ -194,6 +195,7 @@ class AppRestore:
     tags: tuple[tuple[str, str], ...] = ()
     pending_by: str | None = None
     pending_since: str | None = None  # ISO-8601 UTC
+    failed: str | None = None
 
     def to_json(self) -> str:
         data: dict[str, Any] = {
@@ -203,6 +205,8 @@ class AppRestore:
         }
         if self.pending_by:
             data.update(pending_by=self.pending_by, pending_since=self.pending_since)
+        if self.failed:
+            data.update(failed=self.failed)
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -219,13 +223,27 @@ class AppRestore:
             return None
         if not all((domain, space, app_type, name)):
             return None
+        failed = data.get("failed") or None
         return cls(
-            domain, space, app_type, name, spec, tags, data.get("pending_by") or None, data.get("pending_since") or None
+            domain,
+            space,
+            app_type,
+            name,
+            spec,
+            tags,
+            data.get("pending_by") or None,
+            data.get("pending_since") or None,
+            str(failed) if failed else None,
         )
 
     def brought_back_by(self, user: str, now: datetime) -> AppRestore:
-        """As kept once `user` asked to start it again at `now`."""
-        return replace(self, pending_by=user, pending_since=now.isoformat())
+        """As kept once `user` asked to start it again at `now` (a failure before it no longer the last word)."""
+        return replace(self, pending_by=user, pending_since=now.isoformat(), failed=None)
+
+    def failed_with(self, why: str) -> AppRestore:
+        """As kept once the sweep found the app started again Failed: told, not pending, and why."""
+        reason = (why or "SageMaker gave no reason")[:FAILURE_CHARS]
+        return replace(self, pending_by=None, pending_since=None, failed=reason)
 
     @property
     def instance_type(self) -> str | None:
