@@ -60,7 +60,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Sequence
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 LOG = logging.getLogger("idle_reaper_activity")
 
@@ -1142,135 +1142,92 @@ def send_statsd(packet: bytes, address: tuple[str, int]) -> None:
         sock.sendto(packet, address)
 
 
-# --- Studio mode: a SageMaker Studio app's container runs no CloudWatch agent (nor systemd), so the collector
-# publishes itself, what the agent publishes for a notebook instance: CPU, network, the busiest GPU and the two
-# gauges above, in the agent's namespace and names, by InstanceId = the app's machine id, the one dimension the
-# sweep reads (infra/studio.py starts it from the app's lifecycle configuration, once a minute). PutMetricData
-# goes through boto3 of the image's Python (every SageMaker Distribution image has it): imported in this mode
-# only, so everything else stays standard library.
+# --- Studio mode (--cloudwatch): no CloudWatch agent there; publishes what it would (infra/studio.py)
 
 AGENT_NAMESPACE = "CWAgent"
-CPU_METRIC = "cpu_usage_active"  # percent of the interval every CPU was not idle (the agent's totalcpu)
-NET_IN_METRIC = "net_bytes_recv"  # bytes of the interval on every interface but loopback
-NET_OUT_METRIC = "net_bytes_sent"
-GPU_METRIC = "nvidia_smi_utilization_gpu"  # the busiest GPU, percent
-MACHINE_STATE = "machine.json"  # the previous /proc sample, for the interval's deltas
-# A previous sample older than this is not one interval: no CPU or network figure this run (a gap, never a
-# figure averaged over a long stretch that could read quiet).
-SAMPLE_MAX_AGE_SECONDS = 300.0
-DIMENSION_MAX = 1024  # CloudWatch's dimension value
-NVIDIA_SMI_SECONDS = 10
+CPU_METRIC, GPU_METRIC = "cpu_usage_active", "nvidia_smi_utilization_gpu"
+NET_IN_METRIC, NET_OUT_METRIC = "net_bytes_recv", "net_bytes_sent"
+MACHINE_STATE = "machine.json"
+SAMPLE_MAX_AGE_SECONDS = 300.0  # an older sample is no interval: no figure
+DIMENSION_MAX = 1024
 
 
-def read_cpu_times(proc_root: str = "/proc") -> tuple[float, float]:
-    """(busy, total) jiffies of every CPU together, from /proc/stat's first line (idle and iowait are idle; guest
-    times are already inside user and nice)."""
+def read_machine(proc_root: str, now: float) -> dict[str, Any]:
+    # CPU jiffies (busy, total), bytes (received, sent) but loopback's
     with open(os.path.join(proc_root, "stat"), encoding="ascii") as handle:
-        words = handle.readline().split()
-    if not words or words[0] != "cpu" or len(words) < 5:
-        raise ValueError("no cpu line in stat")
-    times = [float(w) for w in words[1:9]]
-    idle = times[3] + (times[4] if len(times) > 4 else 0.0)
-    return sum(times) - idle, sum(times)
-
-
-def read_net_bytes(proc_root: str = "/proc") -> tuple[float, float]:
-    """(received, sent) bytes of every interface but loopback, from /proc/net/dev."""
-    received = sent = 0.0
+        cpu = [float(w) for w in handle.readline().split()[1:9]]
     with open(os.path.join(proc_root, "net", "dev"), encoding="ascii") as handle:
-        for line in handle.readlines()[2:]:
-            name, _, counters = line.partition(":")
-            fields = counters.split()
-            if name.strip() == "lo" or len(fields) < 9:
-                continue
-            received += float(fields[0])
-            sent += float(fields[8])
-    return received, sent
+        rows = [line.split(":")[1].split() for line in handle.readlines()[2:] if line.split(":")[0].strip() != "lo"]
+    net = [sum(float(r[0]) for r in rows), sum(float(r[8]) for r in rows)]
+    return {"at": now, "cpu": [sum(cpu) - cpu[3] - cpu[4], sum(cpu)], "net": net}
 
 
-def machine_figures(previous: object, current: dict[str, object]) -> dict[str, float]:
-    """CPU percent and network bytes over the interval between two samples ({"at", "cpu": [busy, total], "net":
-    [received, sent]}); nothing for a missing, unreadable or stale previous sample, nor for a counter that went
-    back (a reset)."""
-    figures: dict[str, float] = {}
-    if not isinstance(previous, dict):
-        return figures
+def machine_figures(previous: Any, current: dict[str, Any]) -> dict[str, float]:
+    # none against a missing or stale sample, nor after a reset
     try:
-        age = float(current["at"]) - float(previous["at"])  # type: ignore[arg-type]
-        if not 0 < age <= SAMPLE_MAX_AGE_SECONDS:
-            return figures
-        busy, total = (float(b) - float(a) for a, b in zip(previous["cpu"], current["cpu"]))  # type: ignore[call-overload]
-        received, sent = (float(b) - float(a) for a, b in zip(previous["net"], current["net"]))  # type: ignore[call-overload]
+        age = current["at"] - previous["at"]
+        (busy, total), (received, sent) = ([b - a for a, b in zip(previous[k], current[k])] for k in ("cpu", "net"))
     except (KeyError, TypeError, ValueError):
-        return figures
-    if total > 0 and 0 <= busy <= total:
-        figures[CPU_METRIC] = round(100.0 * busy / total, 2)
+        return {}
+    if not 0 < age <= SAMPLE_MAX_AGE_SECONDS:
+        return {}
+    figures = {CPU_METRIC: round(100.0 * busy / total, 2)} if 0 <= busy <= total and total > 0 else {}
     if received >= 0 and sent >= 0:
-        figures[NET_IN_METRIC], figures[NET_OUT_METRIC] = received, sent
+        figures.update({NET_IN_METRIC: received, NET_OUT_METRIC: sent})
     return figures
 
 
-def sample_machine(now: float, proc_root: str, state_dir: str | None) -> dict[str, float]:
-    """This run's CPU and network figures against the previous run's sample, which this run's replaces."""
+def sample_machine(now: float, proc_root: str, state_dir: str) -> dict[str, float]:
+    path = os.path.join(state_dir, MACHINE_STATE)
     try:
-        current: dict[str, object] = {"at": now, "cpu": list(read_cpu_times(proc_root))}
-        current["net"] = list(read_net_bytes(proc_root))
-    except (OSError, ValueError) as error:
-        LOG.error("cannot read CPU or network from %s: %s", proc_root, error)
+        current = read_machine(proc_root, now)
+    except (OSError, ValueError, IndexError) as error:
+        LOG.error("cannot read CPU or network: %s", error)
         return {}
-    previous: object = None
-    path = os.path.join(state_dir, MACHINE_STATE) if state_dir else None
-    if path:
-        try:
-            previous = json.loads(read_small_file(path, RUNTIME_FILE_MAX_BYTES))
-        except (OSError, ValueError):
-            previous = None
-        try:
-            with open(path, "w", encoding="ascii") as handle:
-                json.dump(current, handle)
-        except OSError as error:
-            LOG.warning("cannot remember this sample in %s: %s", path, error)
+    try:
+        previous = json.loads(read_small_file(path, RUNTIME_FILE_MAX_BYTES))
+    except (OSError, ValueError):
+        previous = None
+    try:
+        with open(path, "w", encoding="ascii") as handle:
+            json.dump(current, handle)
+    except OSError as error:
+        LOG.warning("%s", error)
     return machine_figures(previous, current)
 
 
-def busiest_gpu(run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> float | None:
-    """The busiest GPU's utilization from nvidia-smi; None where there is no GPU or it does not answer."""
+def busiest_gpu(run: Callable[..., Any] = subprocess.run) -> float | None:
+    query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
     try:
-        done = run(
-            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=NVIDIA_SMI_SECONDS,
-        )
+        done = run(query, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    values = [float(v) for v in done.stdout.split() if re.fullmatch(r"\d+(\.\d+)?", v)] if done.returncode == 0 else []
+    values = [float(v) for v in done.stdout.split() if v.isdigit()] if done.returncode == 0 else []
     return max(values) if values else None
 
 
-def metric_data(figures: dict[str, float], instance_id: str, at: float) -> list[dict[str, object]]:
-    """PutMetricData's MetricData: each figure by InstanceId alone, stamped at this run's time."""
-    stamp = datetime.datetime.fromtimestamp(at, tz=datetime.timezone.utc)
-    dimensions = [{"Name": "InstanceId", "Value": instance_id}]
-    return [
-        {"MetricName": name, "Dimensions": dimensions, "Timestamp": stamp, "Value": float(value)}
-        for name, value in sorted(figures.items())
-    ]
-
-
-def put_metric_data(data: list[dict[str, object]], region: str) -> None:
-    import boto3  # Studio mode only: the rest of the collector is standard library
+def put_metric_data(data: list[dict[str, Any]], region: str) -> None:
+    import boto3
 
     boto3.client("cloudwatch", region_name=region).put_metric_data(Namespace=AGENT_NAMESPACE, MetricData=data)
 
 
-def studio_figures(collected: Collected, machine: dict[str, float], gpu: float | None) -> dict[str, float]:
-    figures = dict(machine)
+def publish(collected: Collected, args: argparse.Namespace, now: float) -> int:
+    figures = sample_machine(now, args.proc_root, args.state_dir)
     figures[METRIC_NAME] = min(float(CAP_MINUTES), max(0.0, collected.minutes))
-    figures[UNREADABLE_METRIC_NAME] = float(max(0, collected.unreadable))
+    figures[UNREADABLE_METRIC_NAME] = float(collected.unreadable)
+    gpu = busiest_gpu()
     if gpu is not None:
         figures[GPU_METRIC] = gpu
-    return figures
+    stamp = datetime.datetime.fromtimestamp(now, tz=datetime.timezone.utc)
+    dimensions = [{"Name": "InstanceId", "Value": args.cloudwatch}]
+    data = [{"MetricName": k, "Dimensions": dimensions, "Timestamp": stamp, "Value": v} for k, v in figures.items()]
+    try:
+        put_metric_data(data, args.region)
+    except Exception as error:  # the next run tries again
+        LOG.error("cannot publish: %s", error)
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.time) -> int:
@@ -1300,19 +1257,13 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
     parser.add_argument(
         "--own-addresses", action="store_true", help="print this machine's addresses for the unit's IPAddressAllow="
     )
-    parser.add_argument(
-        "--cloudwatch",
-        metavar="INSTANCE_ID",
-        help="Studio mode: publish CPU, network, GPU and these gauges to CloudWatch yourself (no agent), by this "
-        "InstanceId (the app's machine id); needs --region and boto3",
-    )
-    parser.add_argument("--region", help="the AWS region to publish to (--cloudwatch)")
+    parser.add_argument("--cloudwatch", metavar="INSTANCE_ID", help="Studio mode: publish by this InstanceId")
+    parser.add_argument("--region", help="where to publish (--cloudwatch)")
     args = parser.parse_args(argv)
-    if args.cloudwatch is not None:
-        if not args.cloudwatch.strip() or len(args.cloudwatch) > DIMENSION_MAX:
-            parser.error(f"--cloudwatch: an InstanceId of 1 to {DIMENSION_MAX} characters, got {args.cloudwatch!r}")
-        if not args.region or not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", args.region):
-            parser.error(f"--cloudwatch needs --region, an AWS region such as eu-west-1, got {args.region!r}")
+    if args.cloudwatch is not None and not 0 < len(args.cloudwatch.strip()) <= DIMENSION_MAX:
+        parser.error(f"--cloudwatch: 1 to {DIMENSION_MAX} characters")
+    if args.cloudwatch is not None and not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", args.region or ""):
+        parser.error("--cloudwatch needs --region, such as eu-west-1")
     if args.own_addresses:
         print(" ".join(own_addresses()))
         return 0
@@ -1348,14 +1299,7 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
         return 0
     report_gaps(collected.gaps, args.state_dir)
     if args.cloudwatch is not None:
-        machine = sample_machine(now, args.proc_root, args.state_dir)
-        figures = studio_figures(collected, machine, busiest_gpu())
-        try:
-            put_metric_data(metric_data(figures, args.cloudwatch, now), args.region)
-        except Exception as error:  # no boto3, no credentials, a refusal: said, and the next run tries again
-            LOG.error("cannot publish to CloudWatch as InstanceId=%s: %s", args.cloudwatch, error)
-            return 1
-        return 0
+        return publish(collected, args, now)
     try:
         send_statsd(statsd_packet(collected.minutes), address)
         send_statsd(unreadable_packet(collected.unreadable), address)

@@ -139,10 +139,10 @@ class StudioApps:
         return domain
 
     def failure_reason(self, machine_id: str) -> str:
-        """Why SageMaker could not start an app (DescribeApp's FailureReason; ListApps does not say)."""
-        domain, space, app_type, name = studio_parts(machine_id)
-        app = self.sagemaker.describe_app(DomainId=domain, SpaceName=space, AppType=app_type, AppName=name)
-        return str(app.get("FailureReason") or "")
+        """Where to read why Studio could not start an app: ListApps does not say, and DescribeApp (which does) is
+        left out of the sweep's role (one more statement would outgrow the member stack's inline template)."""
+        domain, space, app_type, _ = studio_parts(machine_id)
+        return f"Studio's log says why: CloudWatch Logs /aws/sagemaker/studio, streams {domain}/{space}/{app_type}/..."
 
     def delete(self, machine_ids: Sequence[str]) -> list[ActionOutcome]:
         """DeleteApp for each (the space and its storage stay); a refusal (the app is no longer InService, or IAM's:
