@@ -60,7 +60,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Sequence
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 LOG = logging.getLogger("idle_reaper_activity")
 
@@ -1142,6 +1142,94 @@ def send_statsd(packet: bytes, address: tuple[str, int]) -> None:
         sock.sendto(packet, address)
 
 
+# --- Studio mode (--cloudwatch): no CloudWatch agent there; publishes what it would (infra/studio.py)
+
+AGENT_NAMESPACE = "CWAgent"
+CPU_METRIC, GPU_METRIC = "cpu_usage_active", "nvidia_smi_utilization_gpu"
+NET_IN_METRIC, NET_OUT_METRIC = "net_bytes_recv", "net_bytes_sent"
+MACHINE_STATE = "machine.json"
+SAMPLE_MAX_AGE_SECONDS = 300.0  # an older sample is no interval: no figure
+DIMENSION_MAX = 1024
+
+
+def read_machine(proc_root: str, now: float) -> dict[str, Any]:
+    # CPU jiffies (busy, total), bytes (received, sent) but loopback's
+    with open(os.path.join(proc_root, "stat"), encoding="ascii") as handle:
+        cpu = [float(w) for w in handle.readline().split()[1:9]]
+    with open(os.path.join(proc_root, "net", "dev"), encoding="ascii") as handle:
+        rows = [line.split(":")[1].split() for line in handle.readlines()[2:] if line.split(":")[0].strip() != "lo"]
+    net = [sum(float(r[0]) for r in rows), sum(float(r[8]) for r in rows)]
+    return {"at": now, "cpu": [sum(cpu) - cpu[3] - cpu[4], sum(cpu)], "net": net}
+
+
+def machine_figures(previous: Any, current: dict[str, Any]) -> dict[str, float]:
+    # none against a missing or stale sample, nor after a reset
+    try:
+        age = current["at"] - previous["at"]
+        (busy, total), (received, sent) = ([b - a for a, b in zip(previous[k], current[k])] for k in ("cpu", "net"))
+    except (KeyError, TypeError, ValueError):
+        return {}
+    if not 0 < age <= SAMPLE_MAX_AGE_SECONDS:
+        return {}
+    figures = {CPU_METRIC: round(100.0 * busy / total, 2)} if 0 <= busy <= total and total > 0 else {}
+    if received >= 0 and sent >= 0:
+        figures.update({NET_IN_METRIC: received, NET_OUT_METRIC: sent})
+    return figures
+
+
+def sample_machine(now: float, proc_root: str, state_dir: str) -> dict[str, float]:
+    path = os.path.join(state_dir, MACHINE_STATE)
+    try:
+        current = read_machine(proc_root, now)
+    except (OSError, ValueError, IndexError) as error:
+        LOG.error("cannot read CPU or network: %s", error)
+        return {}
+    try:
+        previous = json.loads(read_small_file(path, RUNTIME_FILE_MAX_BYTES))
+    except (OSError, ValueError):
+        previous = None
+    try:
+        with open(path, "w", encoding="ascii") as handle:
+            json.dump(current, handle)
+    except OSError as error:
+        LOG.warning("%s", error)
+    return machine_figures(previous, current)
+
+
+def busiest_gpu(run: Callable[..., Any] = subprocess.run) -> float | None:
+    query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+    try:
+        done = run(query, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    values = [float(v) for v in done.stdout.split() if v.isdigit()] if done.returncode == 0 else []
+    return max(values) if values else None
+
+
+def put_metric_data(data: list[dict[str, Any]], region: str) -> None:
+    import boto3
+
+    boto3.client("cloudwatch", region_name=region).put_metric_data(Namespace=AGENT_NAMESPACE, MetricData=data)
+
+
+def publish(collected: Collected, args: argparse.Namespace, now: float) -> int:
+    figures = sample_machine(now, args.proc_root, args.state_dir)
+    figures[METRIC_NAME] = min(float(CAP_MINUTES), max(0.0, collected.minutes))
+    figures[UNREADABLE_METRIC_NAME] = float(collected.unreadable)
+    gpu = busiest_gpu()
+    if gpu is not None:
+        figures[GPU_METRIC] = gpu
+    stamp = datetime.datetime.fromtimestamp(now, tz=datetime.timezone.utc)
+    dimensions = [{"Name": "InstanceId", "Value": args.cloudwatch}]
+    data = [{"MetricName": k, "Dimensions": dimensions, "Timestamp": stamp, "Value": v} for k, v in figures.items()]
+    try:
+        put_metric_data(data, args.region)
+    except Exception as error:  # the next run tries again
+        LOG.error("cannot publish: %s", error)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.time) -> int:
     parser = argparse.ArgumentParser(description="Publish minutes since the last human input on this machine.")
     parser.add_argument("--print", action="store_true", help="print the value and its evidence; send nothing")
@@ -1169,7 +1257,13 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
     parser.add_argument(
         "--own-addresses", action="store_true", help="print this machine's addresses for the unit's IPAddressAllow="
     )
+    parser.add_argument("--cloudwatch", metavar="INSTANCE_ID", help="Studio mode: publish by this InstanceId")
+    parser.add_argument("--region", help="where to publish (--cloudwatch)")
     args = parser.parse_args(argv)
+    if args.cloudwatch is not None and not 0 < len(args.cloudwatch.strip()) <= DIMENSION_MAX:
+        parser.error(f"--cloudwatch: 1 to {DIMENSION_MAX} characters")
+    if args.cloudwatch is not None and not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", args.region or ""):
+        parser.error("--cloudwatch needs --region, such as eu-west-1")
     if args.own_addresses:
         print(" ".join(own_addresses()))
         return 0
@@ -1204,6 +1298,8 @@ def main(argv: Sequence[str] | None = None, clock: Callable[[], float] = time.ti
         print(f"{UNREADABLE_METRIC_NAME} {collected.unreadable}")
         return 0
     report_gaps(collected.gaps, args.state_dir)
+    if args.cloudwatch is not None:
+        return publish(collected, args, now)
     try:
         send_statsd(statsd_packet(collected.minutes), address)
         send_statsd(unreadable_packet(collected.unreadable), address)

@@ -91,56 +91,38 @@ FETCH_WAIT_SECONDS = 30
 LOG = "/var/log/idle-reaper-activity.log"
 
 
-def on_start_script(prefix: str, agent_dir: Path = AGENT_DIR) -> str:
-    """The OnStart script. It never fails the notebook's start (SageMaker marks the notebook Failed when OnStart
-    fails or runs past five minutes): every step that cannot run says so in the notebook's CloudWatch log and the
-    script goes on, and every step that could wait is bounded (`timeout`, where the image has it).
-
-    The collector is fetched in the background (`nohup setsid`, its output in LOG, never the script's own
-    stdout: SageMaker would wait for it), at most FETCH_SECONDS, from the stack's bucket (`agent_bucket_name`,
-    the account and region read from the notebook's own ARN; `--expected-bucket-owner`: a bucket of that name in
-    another account is never read), and run only when its SHA-256 is the one this script carries: a tampered,
-    stale, missing or unreachable object leaves the notebook publishing CPU, GPU and network, as without the
-    collector. The script waits for the fetch's outcome at most FETCH_WAIT_SECONDS and repeats it in its own log
-    (LifecycleConfigOnStart); past that it says the fetch goes on, and where its outcome will be."""
-    digest = collector_sha256(agent_dir)
-    with_gpu = json.dumps(agent_config(gpu=True), separators=(",", ":"))
-    without_gpu = json.dumps(agent_config(gpu=False), separators=(",", ":"))
-    return f"""#!/bin/bash
-# idle-reaper: CPU, GPU, network and human activity of this notebook instance to CloudWatch, by its name.
-set -u
-say() {{ echo "idle-reaper: $*"; }}
+def script_head() -> str:
+    """The start every lifecycle script of ours shares: `say`, `bounded` and the resource's metadata file."""
+    return """set -u
+say() { echo "idle-reaper: $*"; }
 # At most $1 seconds (SageMaker fails the start past five minutes); unbounded where the image has no timeout.
-bounded() {{ S=$1; shift; if command -v timeout >/dev/null 2>&1; then timeout -k 5 "$S" "$@"; else "$@"; fi; }}
+bounded() { S=$1; shift; if command -v timeout >/dev/null 2>&1; then timeout -k 5 "$S" "$@"; else "$@"; fi; }
 M=/opt/ml/metadata/resource-metadata.json
-NAME=$(sed -n 's/.*"ResourceName" *: *"\\([A-Za-z0-9-]*\\)".*/\\1/p' $M)
-if [ -z "$NAME" ]; then say "no notebook instance name in $M: nothing published"; exit 0; fi
-D=/opt/idle-reaper
-mkdir -p "$D"
-if command -v nvidia-smi >/dev/null 2>&1; then CONFIG='{with_gpu}'; else CONFIG='{without_gpu}'; fi
-echo "$CONFIG" | sed "s/{NAME_PLACEHOLDER}/$NAME/g" > "$D/cloudwatch-agent.json"
-CTL=/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl
-if [ -x "$CTL" ]; then
-  bounded {AGENT_START_SECONDS} "$CTL" -a fetch-config -m ec2 -s -c "file:$D/cloudwatch-agent.json" \\
-    || say "the CloudWatch agent did not start"
-else
-  say "no CloudWatch agent at $CTL: no metric is published, the reaper sees this notebook as unknown"
-fi
-say "publishing as InstanceId=$NAME"
-NOT="no activity collector: CPU, GPU and network only"
-ARN=$(sed -n 's/.*"ResourceArn" *: *"\\(arn:[a-z-]*:sagemaker:[a-z0-9-]*:[0-9]\\{{12\\}}:[^"]*\\)".*/\\1/p' $M)
-if [ -z "$ARN" ]; then say "no notebook instance ARN in $M: $NOT"; exit 0; fi
-REGION=$(echo "$ARN" | cut -d: -f4)
-ACCOUNT=$(echo "$ARN" | cut -d: -f5)
-PY=""
-for p in {_PYTHONS}; do
+"""
+
+
+def find_python(pythons: str, missing: str) -> str:
+    """Sets PY to the first of `pythons` that is Python 3.9+ (the collector's floor); `missing`: the words said
+    when none is, and the script ends there (exit 0: never a failed start)."""
+    return f"""PY=""
+for p in {pythons}; do
   if [ -x "$p" ] && "$p" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then PY=$p; break; fi
 done
-if [ -z "$PY" ]; then say "no Python 3.9+: $NOT"; exit 0; fi
-BUCKET="{agent_bucket_name(prefix, "$ACCOUNT", "$REGION")}"
+if [ -z "$PY" ]; then say "no Python 3.9+: {missing}"; exit 0; fi
+"""
+
+
+def fetch_and_run(prefix: str, aws_clis: str, loop: str, log: str, without: str, agent_dir: Path = AGENT_DIR) -> str:
+    """The collector's fetch and its loop, in the background (`nohup setsid`: the script ends whether S3 answers or
+    not, and no unit manager is needed: a Studio app's container has no systemd). Needs ACCOUNT, REGION, PY and D
+    set; `aws_clis`: where the aws CLI may be besides PATH; `loop`: the collector's loop; `without`: what the
+    machine publishes without the collector. The script waits for the fetch's outcome at most FETCH_WAIT_SECONDS
+    and repeats it in its own log; past that it says the fetch goes on, and where its outcome will be (`log`)."""
+    digest = collector_sha256(agent_dir)
+    return f"""BUCKET="{agent_bucket_name(prefix, "$ACCOUNT", "$REGION")}"
 C="$D/idle_reaper_activity.py"
 AWS=""
-for a in "$(command -v aws)" /home/ec2-user/anaconda3/bin/aws; do
+for a in "$(command -v aws)" {aws_clis}; do
   if [ -n "$a" ] && [ -x "$a" ]; then AWS=$a; break; fi
 done
 OUTCOME="$D/fetch.outcome"
@@ -150,7 +132,7 @@ export AWS PY REGION ACCOUNT BUCKET C D OUTCOME
 FETCH=$(cat <<'FETCH'
 say() {{ echo "idle-reaper: $*" | tee -a "$OUTCOME"; }}
 bounded() {{ S=$1; shift; if command -v timeout >/dev/null 2>&1; then timeout -k 5 "$S" "$@"; else "$@"; fi; }}
-NOT="no activity collector: CPU, GPU and network only"
+NOT="no activity collector: {without}"
 if [ -n "$AWS" ]; then
   bounded {FETCH_SECONDS} "$AWS" s3api get-object --region "$REGION" --bucket "$BUCKET" --key {NOTEBOOK_AGENT_KEY} \\
     --expected-bucket-owner "$ACCOUNT" --cli-connect-timeout 10 --cli-read-timeout 30 "$C" > "$D/fetch.log" 2>&1
@@ -172,18 +154,72 @@ refused; $NOT"
 fi
 chmod 0644 "$C"
 say "activity collector running"
-while :; do "$PY" -I "$C" --state-dir "$D"; sleep 60; done
+{loop}
 FETCH
 )
-nohup setsid bash -c "$FETCH" >> {LOG} 2>&1 < /dev/null &
-# Its outcome in this log too (LifecycleConfigOnStart), when it comes within {FETCH_WAIT_SECONDS} s.
+nohup setsid bash -c "$FETCH" >> {log} 2>&1 < /dev/null &
+# Its outcome in this log too, when it comes within {FETCH_WAIT_SECONDS} s.
 for _ in $(seq {FETCH_WAIT_SECONDS}); do [ -s "$OUTCOME" ] && break; sleep 1; done
 if [ -s "$OUTCOME" ]; then cat "$OUTCOME"; else
   say "fetching s3://$BUCKET/{NOTEBOOK_AGENT_KEY} goes on in the background (at most {FETCH_SECONDS} s): \\
-its outcome in {LOG}"
+its outcome in {log}"
 fi
 exit 0
 """
+
+
+# The resource's ARN in its metadata file, for sed.
+_ARN_SED = r"""s/.*"ResourceArn" *: *"\(arn:[a-z-]*:sagemaker:[a-z0-9-]*:[0-9]\{12\}:[^"]*\)".*/\1/p"""
+
+
+def account_and_region(missing: str) -> str:
+    """ACCOUNT and REGION from the resource's own ARN in its metadata file (the bucket's name holds both)."""
+    return f"""ARN=$(sed -n '{_ARN_SED}' $M)
+if [ -z "$ARN" ]; then say "no ARN in $M: {missing}"; exit 0; fi
+REGION=$(echo "$ARN" | cut -d: -f4)
+ACCOUNT=$(echo "$ARN" | cut -d: -f5)
+"""
+
+
+NOTEBOOK_WITHOUT = "CPU, GPU and network only"
+NOTEBOOK_LOOP = 'while :; do "$PY" -I "$C" --state-dir "$D"; sleep 60; done'
+
+
+def on_start_script(prefix: str, agent_dir: Path = AGENT_DIR) -> str:
+    """The OnStart script. It never fails the notebook's start (SageMaker marks the notebook Failed when OnStart
+    fails or runs past five minutes): every step that cannot run says so in the notebook's CloudWatch log and the
+    script goes on, and every step that could wait is bounded (`timeout`, where the image has it).
+
+    The collector is fetched in the background (`nohup setsid`, its output in LOG, never the script's own
+    stdout: SageMaker would wait for it), at most FETCH_SECONDS, from the stack's bucket (`agent_bucket_name`,
+    the account and region read from the notebook's own ARN; `--expected-bucket-owner`: a bucket of that name in
+    another account is never read), and run only when its SHA-256 is the one this script carries: a tampered,
+    stale, missing or unreachable object leaves the notebook publishing CPU, GPU and network, as without the
+    collector (`fetch_and_run`)."""
+    with_gpu = json.dumps(agent_config(gpu=True), separators=(",", ":"))
+    without_gpu = json.dumps(agent_config(gpu=False), separators=(",", ":"))
+    return (
+        f"""#!/bin/bash
+# idle-reaper: CPU, GPU, network and human activity of this notebook instance to CloudWatch, by its name.
+{script_head()}NAME=$(sed -n 's/.*"ResourceName" *: *"\\([A-Za-z0-9-]*\\)".*/\\1/p' $M)
+if [ -z "$NAME" ]; then say "no notebook instance name in $M: nothing published"; exit 0; fi
+D=/opt/idle-reaper
+mkdir -p "$D"
+if command -v nvidia-smi >/dev/null 2>&1; then CONFIG='{with_gpu}'; else CONFIG='{without_gpu}'; fi
+echo "$CONFIG" | sed "s/{NAME_PLACEHOLDER}/$NAME/g" > "$D/cloudwatch-agent.json"
+CTL=/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl
+if [ -x "$CTL" ]; then
+  bounded {AGENT_START_SECONDS} "$CTL" -a fetch-config -m ec2 -s -c "file:$D/cloudwatch-agent.json" \\
+    || say "the CloudWatch agent did not start"
+else
+  say "no CloudWatch agent at $CTL: no metric is published, the reaper sees this notebook as unknown"
+fi
+say "publishing as InstanceId=$NAME"
+"""
+        + account_and_region(f"no activity collector: {NOTEBOOK_WITHOUT}")
+        + find_python(_PYTHONS, f"no activity collector: {NOTEBOOK_WITHOUT}")
+        + fetch_and_run(prefix, "/home/ec2-user/anaconda3/bin/aws", NOTEBOOK_LOOP, LOG, NOTEBOOK_WITHOUT, agent_dir)
+    )
 
 
 def encoded_on_start(prefix: str) -> str:
@@ -267,7 +303,7 @@ class NotebookAgent(Construct):
             physical_resource_id=cr.PhysicalResourceId.of(f"{NOTEBOOK_AGENT_KEY}@{collector_sha256()}"),
             logging=cr.Logging.with_data_hidden(),  # else 43 KB of collector in the provider's log
         )
-        deployment = cr.AwsCustomResource(
+        self.collector = deployment = cr.AwsCustomResource(
             self,
             "Collector",
             resource_type="Custom::IdleReaperNotebookCollector",

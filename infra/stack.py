@@ -58,6 +58,7 @@ from infra.organization import (
     grant_member_reads,
     member_template,
 )
+from infra.studio import StudioAgent
 
 SWEEP_HANDLER = "idle_reaper.handlers.sweep.handler"
 SLACK_HANDLER = "idle_reaper.handlers.slack.handler"
@@ -521,7 +522,9 @@ class IdleReaperStack(Stack):
 
         # What notebook instances need to publish CPU, GPU, network and activity; an admin attaches the
         # lifecycle configuration (docs/policy.md).
-        NotebookAgent(self, "NotebookAgent", prefix=props.prefix)
+        notebook_agent = NotebookAgent(self, "NotebookAgent", prefix=props.prefix)
+        # The same collector for Studio apps, from lifecycle configurations an admin attaches to a domain.
+        StudioAgent(self, "StudioAgent", prefix=props.prefix, collector=notebook_agent.collector)
 
         monitoring = ReaperMonitoring(
             self,

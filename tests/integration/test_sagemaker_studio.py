@@ -119,3 +119,95 @@ def test_idle_studio_app_warned_kept_deleted_and_started_again_from_slack(team, 
     updates = len(slack.calls_to("chat.update"))
     sweep(T0 + timedelta(hours=4, minutes=15))
     assert len(slack.calls_to("chat.update")) == updates
+
+
+def test_the_doctor_warns_where_a_swept_app_would_never_be_deleted(team):
+    """The local domain propagates no tags and runs no lifecycle configuration of ours; one app publishes nothing in
+    the doctor's last hour (the wall clock's: the CLI's doctor reads the hour before now)."""
+    from datetime import UTC, datetime
+
+    from idle_reaper_tools.doctor import run_checks
+
+    lit = app("doctor-lit", metrics=False)
+    now = datetime.now(UTC)
+    local.write_metrics(lit, lambda _t: (1.0, 0.0), now - timedelta(minutes=50), now, notebook=True)
+    dark = app("doctor-dark", metrics=False)
+    app("doctor-lab", team="lab", metrics=False)  # its team only reports Studio apps: not the doctor's concern
+    found = {f.check: f for f in run_checks() if f.check.startswith("studio")}
+    domain = local_studio.studio_domain()
+    assert (found["studio.tags"].status, found["studio.tags"].subjects) == ("warn", (domain,))
+    assert (found["studio.lifecycle"].status, found["studio.lifecycle"].subjects) == ("warn", (domain,))
+    assert (found["studio.signals"].status, found["studio.signals"].subjects) == ("warn", (dark,))
+
+
+def test_studio_apps_that_cannot_be_listed_are_not_swept_and_the_admins_hear_it_once_a_day(team, slack):
+    import boto3
+
+    from idle_reaper.sweep import run_sweep
+    from idle_reaper_tools.demo import adapters_at
+
+    idle = app("unlisted-space")
+    ssm = aws.client("ssm")
+    settings = json.loads(ssm.get_parameter(Name="/idle-reaper/settings")["Parameter"]["Value"])
+    ssm.put_parameter(
+        Name="/idle-reaper/settings",
+        Value=json.dumps({**settings, "admins": ["U0ADMIN"]}),
+        Type="String",
+        Overwrite=True,
+    )
+
+    def denied(**_):
+        error = {"Code": "AccessDeniedException", "Message": "not authorized to perform sagemaker:ListApps"}
+        raise ClientError({"Error": error}, "ListApps")
+
+    def notes():
+        return [
+            c.params["text"]
+            for c in slack.calls_to("chat.postMessage")
+            if "could not list SageMaker Studio" in json.dumps(c.params)
+        ]
+
+    events = boto3._get_default_session().events
+    events.register("before-parameter-build.sagemaker.ListApps", denied, unique_id="deny-apps")
+    try:
+        first = run_sweep(adapters_at(T0), now=T0)
+        second = run_sweep(adapters_at(T0 + timedelta(minutes=5)), now=T0 + timedelta(minutes=5))
+    finally:
+        events.unregister("before-parameter-build.sagemaker.ListApps", unique_id="deny-apps")
+    for report in (first, second):
+        assert idle not in {d.machine.instance_id for d in report.decisions}
+        assert any("could not list SageMaker Studio apps (AccessDeniedException" in w for w in report.warnings)
+    (note,) = notes()
+    assert "sagemaker:ListApps" in note, "told once a day, not at every sweep"
+    assert local_studio.app_statuses([idle]) == {idle: "InService"}
+
+
+def test_an_app_started_again_that_fails_is_told_once_with_try_again(team, slack, clock):
+    idle = app("failing-space")
+    assert sweep(T0)[idle].action_label == "warn"
+    assert sweep(T0 + timedelta(minutes=20))[idle].action_label == "stop"
+    clock["t"] = T0 + timedelta(hours=1)
+    assert click(slack, "start_again", button(last_update(slack)["blocks"], "start_again")["value"]) == ""
+    assert AppRestore.parse(record(idle).endpoint).pending_by == "U0BOB"
+    # Studio took CreateApp and then could not start the app.
+    local_studio.fail_app(idle, "InsufficientCapacityError: no ml.g4dn.xlarge capacity in the Availability Zone")
+
+    sweep(T0 + timedelta(hours=1, minutes=10))
+    told = json.dumps(last_update(slack)["blocks"])
+    assert "Not started again" in told and "space's storage are kept" in told
+    assert "/aws/sagemaker/studio" in told, "where Studio says why (ListApps does not)"
+    kept = AppRestore.parse(record(idle).endpoint)
+    assert kept.pending_by is None and "/aws/sagemaker/studio" in kept.failed
+    assert record(idle).state is State.REAPED and "could not start it" in record(idle).reason
+    assert local_studio.app_statuses([idle]) == {idle: "Deleted"}, "the failed app deleted: Try again creates it"
+    updates = len(slack.calls_to("chat.update"))
+    sweep(T0 + timedelta(hours=1, minutes=15))
+    assert len(slack.calls_to("chat.update")) == updates, "told once"
+
+    again = button(last_update(slack)["blocks"], "start_again")
+    assert again["text"]["text"] == "Try again"
+    clock["t"] = T0 + timedelta(hours=2)
+    assert click(slack, "start_again", again["value"]) == ""
+    assert local_studio.app_statuses([idle]) == {idle: "Pending"}
+    retried = AppRestore.parse(record(idle).endpoint)
+    assert (retried.pending_by, retried.failed) == ("U0BOB", None)

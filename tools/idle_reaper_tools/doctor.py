@@ -15,6 +15,7 @@ from typing import Any
 
 from idle_reaper import aws
 from idle_reaper.aws.accounts import Directory, MemberCheck, OrganizationConfig, last_member_check
+from idle_reaper.aws.studio import StudioApps
 from idle_reaper.core.doctor import Finding, check_members, failed, listed, outcomes, tally, unknown
 from idle_reaper.policy import PolicyError, Settings
 from idle_reaper.slack.doctor import SLACK_DOWN, SlackReader, slack_error, slack_reader
@@ -176,7 +177,11 @@ def run_checks(
 ) -> list[Finding]:
     account = Account(
         policies=aws.PolicyStore(aws.client("ssm", region), aws.ssm_prefix()),
-        fleet=aws.Fleet(aws.client("ec2", region), aws.client("autoscaling", region)),
+        fleet=aws.Fleet(
+            aws.client("ec2", region),
+            aws.client("autoscaling", region),
+            studio=StudioApps(aws.client("sagemaker", region)),
+        ),
         metrics=aws.MetricsReader(aws.client("cloudwatch", region)),
         store=aws.DynamoStateStore(aws.client("dynamodb", region), aws.table_name()),
     )

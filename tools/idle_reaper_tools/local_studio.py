@@ -9,6 +9,7 @@ backend (so moto's reset empties it), each as its API reference page describes t
 - CreateApp (API_CreateApp.html): the app is Pending; Studio takes minutes to start it, here it is InService at the
   next read of it (ListApps, DescribeApp), which keeps the order a caller sees without waiting.
 - DeleteApp (API_DeleteApp.html): Deleted. ListApps still lists a deleted app (Status Deleted), as Studio does.
+  An app Studio could not start is Failed (`fail_app`), with DescribeApp's FailureReason.
 - DescribeApp (API_DescribeApp.html), with LastHealthCheckTimestamp and LastUserActivityTimestamp both the time
   of the read: SageMaker's health checks update the second too, "set to the same value as
   LastHealthCheckTimestamp", whether or not anyone used the app.
@@ -52,6 +53,7 @@ class App:
     spec: dict[str, Any]
     created: datetime
     tags: list[dict[str, str]] = field(default_factory=list)
+    failure: str | None = None  # DescribeApp's FailureReason of a Failed app
 
     def details(self) -> dict[str, Any]:
         return {
@@ -177,6 +179,7 @@ def install() -> None:
         return ActionResult(
             {
                 **app.details(),
+                **({"FailureReason": app.failure} if app.failure else {}),
                 "AppArn": app.arn,
                 "LastHealthCheckTimestamp": checked,
                 "LastUserActivityTimestamp": checked,
@@ -302,6 +305,15 @@ def app_statuses(machine_ids: list[str]) -> dict[str, str | None]:
 
     apps = studio_of(_backend()).apps
     return {m: (a.status if (a := apps.get(studio_parts(m))) else None) for m in machine_ids}
+
+
+def fail_app(machine_id: str, reason: str) -> None:
+    """Studio could not start an app it took CreateApp for (no capacity, an image that does not start): Failed,
+    with DescribeApp's FailureReason."""
+    from idle_reaper.core.studio import studio_parts
+
+    app = studio_of(_backend()).apps[studio_parts(machine_id)]
+    app.status, app.failure = "Failed", reason
 
 
 def set_app(machine_id: str, *, created: datetime) -> None:

@@ -293,6 +293,7 @@ class Fleet:
         self.endpoints_unlisted: str | None = None
         self.studio = studio
         self.studio_unlisted: str | None = None  # and Studio apps
+        self.studio_failed: tuple[str, ...] = ()  # the Studio apps the last discovery listed Failed, as endpoints'
         # The endpoints the last discovery listed Failed (machine ids): sweep/endpoints.py tell_failed_bring_backs.
         self.endpoints_failed: tuple[str, ...] = ()
         # Child processes a discovery lists in (1: threads of this process; the planner uses more).
@@ -316,7 +317,7 @@ class Fleet:
         (the planner's listing, moments before the hub's shards start), so the Describe* bucket may be empty: none of
         its burst is counted on, only its refill. A copy: the same clients (and the same kind of Fleet)."""
         shared = copy.copy(self)
-        shared.endpoints_failed = ()  # the lister's to tell (sweep/endpoints.py), not each worker's again
+        shared.endpoints_failed = shared.studio_failed = ()  # the lister's to tell (sweep/endpoints.py), not again
         shared.describe_pace = Pace(EC2_DESCRIBE_QUOTA.share(workers), full=not after_listing)
         shared.stop_pace = self.stop_pace.shared_by(workers)
         shared.terminate_pace = self.terminate_pace.shared_by(workers)
@@ -329,7 +330,7 @@ class Fleet:
         A SageMaker listing that fails leaves its kind out of this sweep (`*_unlisted` say why)."""
         machines = self._discover_ec2(tags)
         self.notebooks_unlisted = self.endpoints_unlisted = self.studio_unlisted = None
-        self.endpoints_failed = ()
+        self.endpoints_failed = self.studio_failed = ()
         if self.notebooks is not None and notebooks:
             try:
                 machines += self.notebooks.discover(tags)
@@ -343,10 +344,12 @@ class Fleet:
                 self.endpoints_unlisted = f"{error_code(exc)}: {exc}"
             self.endpoints_failed = tuple(failed)
         if self.studio is not None and studio:
+            studio_failed: list[str] = []
             try:
-                machines += self.studio.discover(tags)
+                machines += self.studio.discover(tags, failed=studio_failed)
             except AwsError as exc:
                 self.studio_unlisted = f"{error_code(exc)}: {exc}"
+            self.studio_failed = tuple(studio_failed)
         return machines
 
     def _discover_ec2(self, tags: TagKeys) -> list[Machine]:

@@ -47,21 +47,25 @@ class StudioApps:
     def __init__(self, sagemaker: Any) -> None:
         self.sagemaker = sagemaker
 
-    def _listed(self, names: Sequence[str] | None = None) -> list[Listed]:
+    def _listed(self, names: Sequence[str] | None = None, failed: list[str] | None = None) -> list[Listed]:
         """The InService JupyterLab and Code Editor apps of every domain in the region (of the machine ids `names`
-        alone when given), each with its space, the space's tags and its domain."""
-        apps = [
+        alone when given), each with its space, the space's tags and its domain. `failed`: where the Failed ones'
+        machine ids go (an app someone started again may fail: sweep/endpoints.py tell_failed_bring_backs)."""
+        listed = [
             app
             for page in self.sagemaker.get_paginator("list_apps").paginate()
             for app in page.get("Apps", [])
-            if app.get("Status") == "InService" and app.get("AppType") in APP_SETTINGS and app.get("SpaceName")
+            if app.get("AppType") in APP_SETTINGS and app.get("SpaceName")
         ]
+        if failed is not None:
+            failed += [_id(a) for a in listed if a.get("Status") == "Failed" and len(_id(a)) <= ID_MAX]
+        apps = [a for a in listed if a.get("Status") == "InService"]
         if names is not None:
             apps = [a for a in apps if _id(a) in names]
         spaces = sorted({(a["DomainId"], a["SpaceName"]) for a in apps})
         domains = sorted({a["DomainId"] for a in apps})
         described = dict(zip(spaces, run_concurrently(self._space, spaces, STUDIO_WORKERS), strict=True))
-        settings = dict(zip(domains, run_concurrently(self._domain, domains, STUDIO_WORKERS), strict=True))
+        settings = dict(zip(domains, run_concurrently(self.domain, domains, STUDIO_WORKERS), strict=True))
         return [(a, *described[(a["DomainId"], a["SpaceName"])], settings[a["DomainId"]]) for a in apps]
 
     def running(self, team_tag: str, managed_tag: str | None = None) -> list[StudioApp]:
@@ -83,11 +87,13 @@ class StudioApps:
             )
         return found
 
-    def discover(self, tags: TagKeys, names: Sequence[str] | None = None) -> list[Machine]:
+    def discover(
+        self, tags: TagKeys, names: Sequence[str] | None = None, failed: list[str] | None = None
+    ) -> list[Machine]:
         """The running apps whose space carries the team tag (and the opt-in tag `true`, when one is set), as
-        machines; of the machine ids `names` alone when given."""
+        machines; of the machine ids `names` alone when given. `failed`: where the Failed apps' ids go."""
         machines = []
-        for app, space, tag, domain in self._listed(names):
+        for app, space, tag, domain in self._listed(names, failed):
             if not tag.get(tags.team, "").strip() or (tags.managed and tag.get(tags.managed) != "true"):
                 continue
             machine_id = _id(app)
@@ -128,9 +134,15 @@ class StudioApps:
             tags.update({t["Key"]: t["Value"] for t in page.get("Tags", [])})
         return space, tags
 
-    def _domain(self, domain_id: str) -> dict[str, Any]:
+    def domain(self, domain_id: str) -> dict[str, Any]:
         domain: dict[str, Any] = self.sagemaker.describe_domain(DomainId=domain_id)
         return domain
+
+    def failure_reason(self, machine_id: str) -> str:
+        """Where to read why Studio could not start an app: ListApps does not say, and DescribeApp (which does) is
+        left out of the sweep's role (one more statement would outgrow the member stack's inline template)."""
+        domain, space, app_type, _ = studio_parts(machine_id)
+        return f"Studio's log says why: CloudWatch Logs /aws/sagemaker/studio, streams {domain}/{space}/{app_type}/..."
 
     def delete(self, machine_ids: Sequence[str]) -> list[ActionOutcome]:
         """DeleteApp for each (the space and its storage stay); a refusal (the app is no longer InService, or IAM's:

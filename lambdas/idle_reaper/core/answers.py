@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 from idle_reaper.core.endpoints import Restore, words_for
 from idle_reaper.core.lifecycle import TRANSITIONS, Event, allowed
 from idle_reaper.core.records import Action, MachineRecord, with_stretch
+from idle_reaper.core.studio import AppRestore
 from idle_reaper.policy import TeamPolicy
 
 # ---------------------------------------------------------------------------------------------
@@ -163,12 +164,15 @@ def started_by_person(record: MachineRecord, user: str, now: datetime) -> Machin
 
 
 def bring_back_failed(
-    record: MachineRecord, restore: Restore, why: str, now: datetime, ref: str | None
+    record: MachineRecord, restore: Restore | AppRestore, why: str, now: datetime, ref: str | None
 ) -> MachineRecord:
-    """An endpoint brought back that SageMaker could not create (the sweep found it Failed: `why`, its
-    FailureReason): deleted again, as it was before the click, told (its bring-back no longer pending), and its
+    """An endpoint brought back (a Studio app started again) that SageMaker could not create (the sweep found it
+    Failed: `why`, its FailureReason): deleted again, as it was before the click, told (no longer pending), and its
     message's "Try again" button carrying `ref`."""
     by, kept = restore.pending_by or "someone", restore.failed_with(why)
     again = stopped_by_person(record, by, Action.STOP, now, ref)  # as a deletion: REAPED by a stop, Try again
-    why_said = f"brought back by {by}, but SageMaker could not create it (Failed: {kept.failed}); deleted again"
+    if isinstance(restore, AppRestore):
+        why_said = f"started again by {by}, but SageMaker could not start it (Failed: {kept.failed}); deleted again"
+    else:
+        why_said = f"brought back by {by}, but SageMaker could not create it (Failed: {kept.failed}); deleted again"
     return replace(again, endpoint=kept.to_json(), reason=why_said)

@@ -28,12 +28,13 @@ here."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from idle_reaper.core.endpoints import IN_SERVICE, STUDIO_PREFIX, EndpointFacts, Restore
+from idle_reaper.core.doctor import Finding, listed, unknown
+from idle_reaper.core.endpoints import FAILURE_CHARS, IN_SERVICE, STUDIO_PREFIX, EndpointFacts, Restore
 from idle_reaper.core.endpoints import kept_restore as endpoint_restore
 from idle_reaper.policy import TeamPolicy
 
@@ -72,6 +73,12 @@ def idle_shutdown(space: Mapping[str, Any], domain: Mapping[str, Any], app_type:
         return int(own), "space"
     minutes = domain_idle.get("IdleTimeoutInMinutes")
     return (int(minutes) if minutes is not None else None), "domain"
+
+
+def studio_lifecycle_config(prefix: str, app_type: str) -> str:
+    """The name of the Studio lifecycle configuration a stack ships for one app type (infra/studio.py), from its
+    deploy prefix (idle-reaper-studio-jupyterlab, idle-reaper-studio-codeeditor)."""
+    return f"{prefix}-studio-{app_type.lower()}"
 
 
 @dataclass(frozen=True)
@@ -177,7 +184,8 @@ def swept(app: AppFacts, policy: TeamPolicy | None) -> bool:
 class AppRestore:
     """What CreateApp needs to recreate a deleted app as it was, kept on its record (MachineRecord.endpoint, the
     field of what recreating a deleted SageMaker resource needs). `pending_by`: who asked to start it again, until a
-    sweep sees it InService and says so in its message."""
+    sweep sees it InService (or Failed) and says so in its message. `failed`: why SageMaker could not start it the
+    last time someone asked (its FailureReason), until someone tries again."""
 
     domain_id: str
     space_name: str
@@ -187,6 +195,7 @@ class AppRestore:
     tags: tuple[tuple[str, str], ...] = ()
     pending_by: str | None = None
     pending_since: str | None = None  # ISO-8601 UTC
+    failed: str | None = None
 
     def to_json(self) -> str:
         data: dict[str, Any] = {
@@ -196,6 +205,8 @@ class AppRestore:
         }
         if self.pending_by:
             data.update(pending_by=self.pending_by, pending_since=self.pending_since)
+        if self.failed:
+            data.update(failed=self.failed)
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -212,13 +223,27 @@ class AppRestore:
             return None
         if not all((domain, space, app_type, name)):
             return None
+        failed = data.get("failed") or None
         return cls(
-            domain, space, app_type, name, spec, tags, data.get("pending_by") or None, data.get("pending_since") or None
+            domain,
+            space,
+            app_type,
+            name,
+            spec,
+            tags,
+            data.get("pending_by") or None,
+            data.get("pending_since") or None,
+            str(failed) if failed else None,
         )
 
     def brought_back_by(self, user: str, now: datetime) -> AppRestore:
-        """As kept once `user` asked to start it again at `now`."""
-        return replace(self, pending_by=user, pending_since=now.isoformat())
+        """As kept once `user` asked to start it again at `now` (a failure before it no longer the last word)."""
+        return replace(self, pending_by=user, pending_since=now.isoformat(), failed=None)
+
+    def failed_with(self, why: str) -> AppRestore:
+        """As kept once the sweep found the app started again Failed: told, not pending, and why."""
+        reason = (why or "SageMaker gave no reason")[:FAILURE_CHARS]
+        return replace(self, pending_by=None, pending_since=None, failed=reason)
 
     @property
     def instance_type(self) -> str | None:
@@ -281,3 +306,85 @@ def pending_restore(
     if restore is None or not restore.pending_by or status != IN_SERVICE:
         return None
     return restore
+
+
+# ---------------------------------------------------------------------------------------------
+# The doctor: what leaves a team's `studio_apps: delete` doing nothing in a real account
+
+TAG_PROPAGATION_DOC = "https://docs.aws.amazon.com/sagemaker/latest/dg/custom-tags.html"
+
+
+def runs_ours(domain: Mapping[str, Any], prefix: str) -> bool:
+    """Whether one of the stack's Studio lifecycle configurations runs in the domain's apps by default: it is the
+    built-in (BuiltInLifecycleConfigArn) or the default (DefaultResourceSpec.LifecycleConfigArn) of its JupyterLab
+    or Code Editor settings, the domain's user or space defaults. One merely attached (LifecycleConfigArns) runs
+    only where a person picks it."""
+    ours = {studio_lifecycle_config(prefix, app_type) for app_type in APP_SETTINGS}
+    for scope in ("DefaultUserSettings", "DefaultSpaceSettings"):
+        for key in APP_SETTINGS.values():
+            settings = domain.get(scope, {}).get(key, {})
+            for arn in (
+                settings.get("BuiltInLifecycleConfigArn"),
+                settings.get("DefaultResourceSpec", {}).get("LifecycleConfigArn"),
+            ):
+                if arn and ":studio-lifecycle-config/" in arn and arn.rsplit("/", 1)[-1] in ours:
+                    return True
+    return False
+
+
+def check_studio(
+    apps: Sequence[AppFacts], domains: Mapping[str, Mapping[str, Any]], without_data: Sequence[str] | None, prefix: str
+) -> list[Finding]:
+    """The running apps the sweep acts on (their team's policy says `studio_apps: delete`), their domains
+    (DescribeDomain) and those of them without a CPU datapoint in the last hour (None: not read): a warning for each
+    domain whose tag propagation is off (DeleteApp will be AccessDenied), each domain that runs no lifecycle
+    configuration of ours (its apps will read unknown), and the apps that read unknown for want of data."""
+    if not apps:
+        return [Finding(check="studio", status="ok", message="no running Studio app is swept (studio_apps: delete)")]
+    used = sorted({app.domain_id for app in apps})
+    untagged = [d for d in used if domains.get(d, {}).get("TagPropagation") != "ENABLED"]
+    dark = [d for d in used if not runs_ours(domains.get(d, {}), prefix)]
+    names = ", ".join(studio_lifecycle_config(prefix, t) for t in APP_SETTINGS)
+    findings = [
+        Finding(
+            check="studio.tags",
+            status="warn",
+            subjects=tuple(untagged),
+            message=f"tag propagation is off in domain(s) {listed(untagged)}: the apps Studio starts there carry no "
+            "opt-in tag, so idle-reaper's DeleteApp is AccessDenied and idle apps keep running",
+            fix=f"aws sagemaker update-domain --domain-id D --tag-propagation ENABLED ({TAG_PROPAGATION_DOC})",
+        )
+        if untagged
+        else Finding(check="studio.tags", status="ok", message="tag propagation is on where apps are swept"),
+        Finding(
+            check="studio.lifecycle",
+            status="warn",
+            subjects=tuple(dark),
+            message=f"domain(s) {listed(dark)} run none of idle-reaper's Studio lifecycle configurations ({names}): "
+            "their apps publish no CPU, GPU, network or activity data and read unknown, never deleted",
+            fix="set the stack outputs StudioJupyterLabLifecycleConfigArn and StudioCodeEditorLifecycleConfigArn as "
+            "the domain's BuiltInLifecycleConfigArn (docs/policy.md, SageMaker Studio apps: aws sagemaker "
+            "update-domain --domain-id D --default-user-settings ...); apps pick it up at their next start",
+        )
+        if dark
+        else Finding(check="studio.lifecycle", status="ok", message="every domain of swept apps runs ours"),
+    ]
+    if without_data is None:
+        findings.append(unknown("studio.signals", "the apps' metrics could not be read"))
+    elif without_data:
+        findings.append(
+            Finding(
+                check="studio.signals",
+                status="warn",
+                subjects=tuple(without_data),
+                message=f"{len(without_data)} swept Studio app(s) published no CPU data in the last hour: "
+                f"{listed(without_data)}; they are unknown, never deleted",
+                fix="see the app's LifecycleConfigOnStart log (CloudWatch /aws/sagemaker/studio, "
+                "<domain>/<space>/<type>/default/LifecycleConfigOnStart) and /var/tmp/idle-reaper/activity.log in "
+                "the app; its execution role needs cloudwatch:PutMetricData (namespace CWAgent) and s3:GetObject on "
+                "the stack output NotebookAgentObject",
+            )
+        )
+    else:
+        findings.append(Finding(check="studio.signals", status="ok", message="every swept Studio app publishes CPU"))
+    return findings

@@ -20,7 +20,7 @@ from idle_reaper.core.endpoints import Restore, words_for
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MAYBE_POSTED, Action, MachineRecord
 from idle_reaper.core.sections import kinds_said
-from idle_reaper.core.studio import is_studio_id, recreate_sentence
+from idle_reaper.core.studio import AppRestore, is_studio_id, recreate_sentence
 from idle_reaper.notify import Delivery, DeliveryUnknown, PermanentDeliveryFailure, PostOutcome
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.slack.blocks import (
@@ -206,15 +206,26 @@ class SlackDelivery(OwedCopies):
         SageMaker's reason, and offers "Try again" (`record.warning_ref`). `left`: why the failed endpoint could not
         be deleted (then the next try is refused until it is)."""
         label = machine_label(record.name, record.instance_id)
-        why = (Restore.parse(record.endpoint) or Restore("")).failed or "SageMaker gave no reason"
-        detail = (
-            f"<@{by}> asked to bring {label} back at {date_token(since)}, but SageMaker could not create it: it "
-            f"reached Failed ({escape(why)}). It is deleted again and costs nothing; its endpoint configuration, "
-            "model and tags are kept. Try again once the cause has passed (capacity often returns within hours)."
-        )
+        if is_studio_id(record.instance_id):  # a Studio app started again (core/studio.py)
+            app = AppRestore.parse(record.endpoint)
+            why = (app.failed if app else None) or "SageMaker gave no reason"
+            detail = (
+                f"<@{by}> asked to start {label} again at {date_token(since)}, but SageMaker could not start it: it "
+                f"reached Failed ({escape(why)}). It is deleted again and costs nothing; its space and the space's "
+                "storage are kept. Try again once the cause has passed (capacity often returns within hours)."
+            )
+            kept, title = "app", "Not started again"
+        else:
+            why = (Restore.parse(record.endpoint) or Restore("")).failed or "SageMaker gave no reason"
+            detail = (
+                f"<@{by}> asked to bring {label} back at {date_token(since)}, but SageMaker could not create it: it "
+                f"reached Failed ({escape(why)}). It is deleted again and costs nothing; its endpoint configuration, "
+                "model and tags are kept. Try again once the cause has passed (capacity often returns within hours)."
+            )
+            kept, title = "endpoint", "Not brought back"
         if left:
-            detail += f" SageMaker kept the failed endpoint ({escape(left.split(':', 1)[0])}): delete it first."
-        ref, title = record.warning_ref, "Not brought back"
+            detail += f" SageMaker kept the failed {kept} ({escape(left.split(':', 1)[0])}): delete it first."
+        ref = record.warning_ref
         return self.update(record, title, detail, ref=ref, start_button=ref is not None, start_label="Try again")
 
     def admin_alert(self, text: str, admins: Sequence[str] = (), channel: str | None = None) -> None:

@@ -29,7 +29,7 @@ from idle_reaper.aws.accounts import (
     classify,
     last_member_check,
 )
-from idle_reaper.aws.clients import AwsError, error_code
+from idle_reaper.aws.clients import AwsError, deploy_prefix, error_code
 from idle_reaper.aws.deploy import (
     DEPLOY_CHECKS,
     OUT_OF_TIME,
@@ -41,7 +41,7 @@ from idle_reaper.aws.deploy import (
 from idle_reaper.aws.doctor import gather_group_tags, gather_policy, gather_signals
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
-from idle_reaper.aws.policies import PolicyStore
+from idle_reaper.aws.policies import PolicyStore, policy_for
 from idle_reaper.aws.state import StateStore
 from idle_reaper.core.deploy_checks import AssociationFacts, Unreadable
 from idle_reaper.core.doctor import (
@@ -60,6 +60,7 @@ from idle_reaper.core.doctor import (
     unknown,
 )
 from idle_reaper.core.signals import Machine
+from idle_reaper.core.studio import check_studio, swept
 from idle_reaper.notify import logger
 from idle_reaper.organization import OrganizationSettings
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
@@ -168,6 +169,8 @@ def run_checks(
     else:
         signals = gather_signals(account.metrics, machines, settings, refs, now)
         findings += check_signals(signals, now - timedelta(minutes=SIGNAL_WINDOW_MINUTES), now, period)
+    if _time_left(deadline) > AWS_STAGE_SECONDS:
+        findings += studio_findings(account.fleet, account.metrics, settings, refs, now)
     slack = gather_slack(reader, signing_secret, settings, refs)
     findings += check_slack(slack)
     if reader is None or not slack.reachable:
@@ -178,6 +181,34 @@ def run_checks(
         owned, contacts = gather_people(reader, machines, refs, cache_reader(account.store, now))
         findings += check_people(owned, contacts)
     return findings
+
+
+def studio_findings(
+    fleet: Fleet, metrics: MetricsReader, settings: Settings, refs: Mapping[str, TeamPolicyRef], now: datetime
+) -> list[Finding]:
+    """The Studio apps the sweep acts on (core/studio.check_studio): their domains' tag propagation and lifecycle
+    configurations, and their last hour of CPU. Nothing where Studio is not read (no adapter, or SageMaker off)."""
+    if fleet.studio is None or not settings.sagemaker_notebooks:
+        return []
+    try:
+        apps = [
+            m.facts.studio
+            for m in fleet.studio.discover(settings.tags)
+            if m.facts.studio is not None and swept(m.facts.studio, policy_for(m.team, refs, settings).policy)
+        ]
+        domains = {d: fleet.studio.domain(d) for d in sorted({a.domain_id for a in apps})}
+    except AwsError as exc:
+        return [unknown("studio", f"Studio apps could not be listed ({error_code(exc)})")]
+    ids = [a.machine_id for a in apps]
+    without: list[str] | None = []
+    if ids:
+        start = now - timedelta(minutes=SIGNAL_WINDOW_MINUTES)
+        try:
+            read = metrics.fetch(ids, settings.metrics, start=start, end=now, human=False, gpu=False, notebooks=ids)
+            without = [i for i in ids if i not in read or not read[i].cpu]
+        except AwsError:
+            without = None
+    return check_studio(apps, domains, without, deploy_prefix())
 
 
 # ---------------------------------------------------------------------------------------------

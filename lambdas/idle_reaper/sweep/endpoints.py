@@ -17,11 +17,12 @@ message once: failed, why, and "Try again"."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
+from idle_reaper.aws.fleet import ActionOutcome
 from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.core.answers import bring_back_failed
 from idle_reaper.core.digest import answer_entry
@@ -29,7 +30,7 @@ from idle_reaper.core.endpoints import Restore
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import Action, MachineRecord, machine_key
 from idle_reaper.core.signals import Machine, Signals, parse_exemption
-from idle_reaper.core.studio import pending_restore
+from idle_reaper.core.studio import AppRestore, pending_restore
 from idle_reaper.notify import logger
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.pricing import hourly_price
@@ -143,17 +144,42 @@ def tell_back_in_service(
             logger.warning("back-in-service message failed", extra={"error": str(exc)})
 
 
+class FailedLister(Protocol):
+    """What telling a failed bring-back needs of a SageMaker kind's adapter (aws/endpoints.py, aws/studio.py)."""
+
+    def failure_reason(self, machine_id: str) -> str: ...
+
+    def delete(self, machine_ids: Sequence[str]) -> list[ActionOutcome]: ...
+
+
 def tell_failed_bring_backs(
     adapters: Adapters, now: datetime, member: tuple[str, str] | None = None, *, lister: bool = True
 ) -> int:
-    """Each endpoint brought back that discovery listed Failed: recorded deleted again with SageMaker's reason,
-    the failed endpoint deleted, its message edited once with "Try again" (the module's docstring). How many were
-    told; one that cannot be (its reason unread, its record not written) is tried again at the next sweep.
-    `lister` False: a shard's sweep, which listed nothing (its planner tells them, sweep/fanout.py)."""
+    """Each endpoint brought back (Studio app started again) that discovery listed Failed: recorded deleted again
+    with SageMaker's reason, the failed one deleted, its message edited once with "Try again" (the module's
+    docstring). How many were told; one that cannot be (its reason unread, its record not written) is tried again
+    at the next sweep. `lister` False: a shard's sweep, which listed nothing (its planner tells them,
+    sweep/fanout.py)."""
     fleet = adapters.fleet
-    failed, endpoints = fleet.endpoints_failed, fleet.endpoints
-    if not lister or not failed or endpoints is None:
+    if not lister:
         return 0
+    kinds: list[tuple[Sequence[str], FailedLister | None, Callable[[str | None], Restore | AppRestore | None]]] = [
+        (fleet.endpoints_failed, fleet.endpoints, Restore.parse),
+        (fleet.studio_failed, fleet.studio, AppRestore.parse),
+    ]
+    return sum(
+        _tell_failed(adapters, failed, kind, parse, now, member) for failed, kind, parse in kinds if failed and kind
+    )
+
+
+def _tell_failed(
+    adapters: Adapters,
+    failed: Sequence[str],
+    kind: FailedLister,
+    parse: Callable[[str | None], Restore | AppRestore | None],
+    now: datetime,
+    member: tuple[str, str] | None,
+) -> int:
     try:
         records = adapters.store.load([machine_key(i, *member) if member else i for i in failed])
     except Exception as exc:  # told at the next sweep
@@ -161,31 +187,31 @@ def tell_failed_bring_backs(
         return 0
     told, teller = 0, adapters.notifier if isinstance(adapters.notifier, NotBroughtBackNotifier) else None
     for record in records.values():
-        restore = Restore.parse(record.endpoint)
+        restore = parse(record.endpoint)
         if restore is None or not restore.pending_by:
-            continue  # not one a person brought back: a Failed endpoint costs nothing, and is not ours to touch
+            continue  # not one a person brought back: a Failed one costs nothing, and is not ours to touch
         try:
-            why = endpoints.failure_reason(record.instance_id)
+            why = kind.failure_reason(record.instance_id)
             ref = teller.new_ref(record.key, now) if teller is not None else None
             again = bring_back_failed(record, restore, why, now, ref)
             if not adapters.store.save(again):
                 continue  # another sweep (or a person) got there first
         except Exception as exc:  # never stops the sweep; tried again at the next one
-            logger.warning("failed bring-back not recorded", extra={"endpoint": record.instance_id, "error": str(exc)})
+            logger.warning("failed bring-back not recorded", extra={"machine": record.instance_id, "error": str(exc)})
             continue
         told += 1
         price = hourly_price(record.instance_type or "")
         entry = answer_entry(again, Action.STOP.value, "", price)  # deleted again: it saves from now on
         with contextlib.suppress(Exception):
             adapters.store.audit(again.key, now, entry)
-        left = endpoints.delete([record.instance_id])[0].error
+        left = kind.delete([record.instance_id])[0].error
         since = _time(restore.pending_since) or now
         if teller is None:
-            logger.info("endpoint not brought back", extra={"endpoint": record.instance_id, "why": why})
+            logger.info("not brought back", extra={"machine": record.instance_id, "why": why})
             continue
         try:
             if not teller.not_brought_back(again, restore.pending_by, since, left):
-                logger.warning("not-brought-back message not edited", extra={"endpoint": record.instance_id})
+                logger.warning("not-brought-back message not edited", extra={"machine": record.instance_id})
         except Exception as exc:  # a message must never stop the sweep
             logger.warning("not-brought-back message failed", extra={"error": str(exc)})
     return told

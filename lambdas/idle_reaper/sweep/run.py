@@ -270,7 +270,8 @@ def _read(
     unless its team's policy sweeps it (core/studio.swept): the admins' daily note reports it."""
     team_refs = {m.team: ref_for(m.team) for m in machines}
     machines = [m for m in machines if m.facts.studio is None or swept(m.facts.studio, team_refs[m.team].policy)]
-    report_unlisted_studio(adapters, warnings)  # a Studio listing that failed: none of them swept
+    # A Studio listing that failed: none of them swept, the admins told once a day.
+    report_unlisted_studio(adapters, settings, now, warnings, alert=not dry_run)
     skipped = _not_due(machines, team_refs, records, settings, now)
     to_read = [m for m in machines if m.instance_id not in skipped]
     # What kind each machine read is, and so its own policy: its team's, with the window its kind gets.

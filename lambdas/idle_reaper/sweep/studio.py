@@ -14,7 +14,7 @@ from idle_reaper.core.studio import StudioFinding, misaligned
 from idle_reaper.notify import logger
 from idle_reaper.policy import Settings, TeamPolicy, TeamPolicyRef
 from idle_reaper.pricing import hourly_price
-from idle_reaper.sweep.adapters import Adapters
+from idle_reaper.sweep.adapters import Adapters, alert_once
 
 
 def studio_findings(adapters: Adapters, refs: Mapping[str, TeamPolicyRef], settings: Settings) -> list[StudioFinding]:
@@ -34,13 +34,21 @@ def studio_findings(adapters: Adapters, refs: Mapping[str, TeamPolicyRef], setti
     return misaligned(apps, lambda team: policy_of(team).idle_minutes, hourly_price)
 
 
-def report_unlisted_studio(adapters: Adapters, warnings: list[str]) -> None:
-    """Studio apps that could not be listed are not swept this time: the sweep's warnings say so."""
-    if adapters.fleet.studio_unlisted:
-        warnings.append(
-            f"idle-reaper could not list SageMaker Studio apps ({adapters.fleet.studio_unlisted}); none is swept "
-            "until it can. Check the sweep role's sagemaker:ListApps, DescribeSpace, DescribeDomain and ListTags."
-        )
+def report_unlisted_studio(
+    adapters: Adapters, settings: Settings, now: datetime, warnings: list[str], *, alert: bool
+) -> None:
+    """Studio apps that could not be listed are not swept this time: the sweep's warnings say so, and the admins
+    hear it once a day per error (as for notebook instances and endpoints)."""
+    unlisted = adapters.fleet.studio_unlisted
+    if not unlisted:
+        return
+    text = (
+        f"idle-reaper could not list SageMaker Studio apps ({unlisted}); none is swept until it can. Check the "
+        "sweep role's sagemaker:ListApps, DescribeSpace, DescribeDomain and ListTags."
+    )
+    warnings.append(text)
+    if alert:
+        alert_once(adapters, f"studio-unlisted#{now:%Y-%m-%d}#{unlisted.split(':', 1)[0]}", text, settings, now)
 
 
 def report_studio(adapters: Adapters, refs: Mapping[str, TeamPolicyRef], settings: Settings, now: datetime) -> None:
