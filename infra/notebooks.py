@@ -222,14 +222,16 @@ say "publishing as InstanceId=$NAME"
     )
 
 
-def encoded_on_start(prefix: str) -> str:
-    """The script as SageMaker holds it; refused at synth when it outgrows SageMaker's limit."""
-    encoded = base64.b64encode(on_start_script(prefix).encode()).decode()
+def encoded_script(script: str, what: str) -> str:
+    """A lifecycle script as SageMaker holds it (base64); refused at synth when it outgrows SageMaker's limit."""
+    encoded = base64.b64encode(script.encode()).decode()
     if len(encoded) > SCRIPT_LIMIT:
-        raise ValueError(
-            f"the notebook OnStart script is {len(encoded)} characters base64; SageMaker takes {SCRIPT_LIMIT}"
-        )
+        raise ValueError(f"the {what} is {len(encoded)} characters base64; SageMaker takes {SCRIPT_LIMIT}")
     return encoded
+
+
+def encoded_on_start(prefix: str) -> str:
+    return encoded_script(on_start_script(prefix), "notebook OnStart script")
 
 
 class NotebookAgent(Construct):

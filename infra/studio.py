@@ -16,7 +16,6 @@ https://docs.aws.amazon.com/sagemaker/latest/dg/jl-lcc-debug.html (its log, its 
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
 from aws_cdk import CfnOutput, Stack
@@ -24,7 +23,14 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from idle_reaper.core.studio import APP_SETTINGS, studio_lifecycle_config
-from infra.notebooks import AGENT_DIR, SCRIPT_LIMIT, account_and_region, fetch_and_run, find_python, script_head
+from infra.notebooks import (
+    AGENT_DIR,
+    account_and_region,
+    encoded_script,
+    fetch_and_run,
+    find_python,
+    script_head,
+)
 
 # SageMaker Distribution's Python (boto3 in it: the collector's Studio mode publishes with it), then the system's.
 STUDIO_PYTHONS = "/opt/conda/bin/python /usr/bin/python3.12 /usr/bin/python3.11 /usr/bin/python3.10 /usr/bin/python3"
@@ -61,12 +67,7 @@ say "publishing as InstanceId=$ID"
 def encoded_studio_script(prefix: str) -> str:
     """The script as StudioLifecycleConfigContent holds it: base64, at most SCRIPT_LIMIT characters (refused at
     synth past that; https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_CreateStudioLifecycleConfig.html)."""
-    encoded = base64.b64encode(studio_script(prefix).encode()).decode()
-    if len(encoded) > SCRIPT_LIMIT:
-        raise ValueError(
-            f"the Studio lifecycle script is {len(encoded)} characters base64; SageMaker takes {SCRIPT_LIMIT}"
-        )
-    return encoded
+    return encoded_script(studio_script(prefix), "Studio lifecycle script")
 
 
 class StudioAgent(Construct):

@@ -337,19 +337,11 @@ class Fleet:
             except AwsError as exc:
                 self.notebooks_unlisted = f"{error_code(exc)}: {exc}"
         if self.endpoints is not None and endpoints:
-            failed: list[str] = []
-            try:
-                machines += self.endpoints.discover(tags, failed=failed)
-            except AwsError as exc:
-                self.endpoints_unlisted = f"{error_code(exc)}: {exc}"
-            self.endpoints_failed = tuple(failed)
+            listed, self.endpoints_failed, self.endpoints_unlisted = _listed_with_failed(self.endpoints, tags)
+            machines += listed
         if self.studio is not None and studio:
-            studio_failed: list[str] = []
-            try:
-                machines += self.studio.discover(tags, failed=studio_failed)
-            except AwsError as exc:
-                self.studio_unlisted = f"{error_code(exc)}: {exc}"
-            self.studio_failed = tuple(studio_failed)
+            listed, self.studio_failed, self.studio_unlisted = _listed_with_failed(self.studio, tags)
+            machines += listed
         return machines
 
     def _discover_ec2(self, tags: TagKeys) -> list[Machine]:
@@ -578,6 +570,16 @@ def _split(fleet: Fleet, ids: Sequence[str]) -> tuple[list[str], list[str], list
     if fleet.notebooks is None:
         return rest, [], endpoints, apps
     return [i for i in rest if is_ec2_id(i)], [i for i in rest if not is_ec2_id(i)], endpoints, apps
+
+
+def _listed_with_failed(lister: Any, tags: TagKeys) -> tuple[list[Machine], tuple[str, ...], str | None]:
+    """A SageMaker kind that can be brought back (endpoints, Studio apps): what it lists, those it lists Failed,
+    and why it could not be listed (None: it could)."""
+    failed: list[str] = []
+    try:
+        return lister.discover(tags, failed=failed), tuple(failed), None
+    except AwsError as exc:
+        return [], tuple(failed), f"{error_code(exc)}: {exc}"
 
 
 def _kind_lookups(described_by: Ec2, machines: Sequence[Machine]) -> Lookups:
