@@ -172,3 +172,21 @@ def load_sweep_settings(adapters: Adapters) -> tuple[Settings, int | None]:
         raise SweepCannotRun(f"settings are invalid, nothing was changed: {exc}") from None
     except AwsError as exc:
         raise SweepCannotRun(f"cannot read settings ({error_code(exc)}): {exc}") from None
+
+
+def tell_unlisted(
+    adapters: Adapters,
+    kind: str,
+    unlisted: str,
+    text: str,
+    settings: Settings,
+    now: datetime,
+    warnings: list[str],
+    *,
+    alert: bool,
+) -> None:
+    """A SageMaker kind that could not be listed (`unlisted`: "Code: message"; `text` says what to check): in the
+    sweep's warnings, and to the admins once a day per error. `kind` keys the alert ("notebooks", "endpoints")."""
+    warnings.append(text)
+    if alert:
+        alert_once(adapters, f"{kind}-unlisted#{now:%Y-%m-%d}#{unlisted.split(':', 1)[0]}", text, settings, now)

@@ -34,7 +34,7 @@ from idle_reaper.core.studio import AppRestore, pending_restore
 from idle_reaper.notify import logger
 from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.pricing import hourly_price
-from idle_reaper.sweep.adapters import Adapters, alert_once
+from idle_reaper.sweep.adapters import Adapters, tell_unlisted
 
 
 @runtime_checkable
@@ -97,9 +97,7 @@ def report_unlisted_endpoints(
         "until it can. Check the sweep role's sagemaker:ListEndpoints, DescribeEndpoint, DescribeEndpointConfig, "
         "DescribeModel and ListTags, and application-autoscaling:DescribeScalableTargets."
     )
-    warnings.append(text)
-    if alert:
-        alert_once(adapters, f"endpoints-unlisted#{now:%Y-%m-%d}#{unlisted.split(':', 1)[0]}", text, settings, now)
+    tell_unlisted(adapters, "endpoints", unlisted, text, settings, now, warnings, alert=alert)
 
 
 def mark_back_in_service(

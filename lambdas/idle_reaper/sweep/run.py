@@ -61,6 +61,7 @@ from idle_reaper.sweep.adapters import (
     alert_invalid_policies,
     alert_once,
     load_sweep_settings,
+    tell_unlisted,
 )
 from idle_reaper.sweep.delivery import apply_decisions, explain
 from idle_reaper.sweep.endpoints import (
@@ -560,9 +561,7 @@ def _report_unlisted_notebooks(
         f"idle-reaper could not list SageMaker notebook instances ({unlisted}); none is swept (none stopped, no "
         "owner told) until it can. Check the sweep role's sagemaker:ListNotebookInstances and sagemaker:ListTags."
     )
-    warnings.append(text)
-    if alert:
-        alert_once(adapters, f"notebooks-unlisted#{now:%Y-%m-%d}#{unlisted.split(':', 1)[0]}", text, settings, now)
+    tell_unlisted(adapters, "notebooks", unlisted, text, settings, now, warnings, alert=alert)
 
 
 def _note_unwatched_notebooks(

@@ -14,7 +14,7 @@ from idle_reaper.core.studio import StudioFinding, misaligned
 from idle_reaper.notify import logger
 from idle_reaper.policy import Settings, TeamPolicy, TeamPolicyRef
 from idle_reaper.pricing import hourly_price
-from idle_reaper.sweep.adapters import Adapters, alert_once
+from idle_reaper.sweep.adapters import Adapters, tell_unlisted
 
 
 def studio_findings(adapters: Adapters, refs: Mapping[str, TeamPolicyRef], settings: Settings) -> list[StudioFinding]:
@@ -46,9 +46,7 @@ def report_unlisted_studio(
         f"idle-reaper could not list SageMaker Studio apps ({unlisted}); none is swept until it can. Check the "
         "sweep role's sagemaker:ListApps, DescribeSpace, DescribeDomain and ListTags."
     )
-    warnings.append(text)
-    if alert:
-        alert_once(adapters, f"studio-unlisted#{now:%Y-%m-%d}#{unlisted.split(':', 1)[0]}", text, settings, now)
+    tell_unlisted(adapters, "studio", unlisted, text, settings, now, warnings, alert=alert)
 
 
 def report_studio(adapters: Adapters, refs: Mapping[str, TeamPolicyRef], settings: Settings, now: datetime) -> None:
