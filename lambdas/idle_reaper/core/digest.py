@@ -385,6 +385,7 @@ class Digest:
     under_used: list[UnderUsed] = field(default_factory=list)
     stops: int = 0
     unwanted_stops: int = 0
+    window_stops: tuple[int, int] = (0, 0)  # the machines' stops and unwanted ones: what idle_minutes decides
     warnings: int = 0
     warnings_without_stop: int = 0
     suggestion: str = ""
@@ -529,9 +530,11 @@ def build_digest(
         if s.hourly is None:
             d.unpriced_hours += hours
         if started_here:
+            unwanted = s.end is not None and s.end - s.start <= timedelta(minutes=UNWANTED_WITHIN_MINUTES)
             d.stops += 1
-            if s.end is not None and s.end - s.start <= timedelta(minutes=UNWANTED_WITHIN_MINUTES):
-                d.unwanted_stops += 1
+            d.unwanted_stops += unwanted
+            if not deleted:  # an endpoint's or app's deletion follows its own window, not idle_minutes
+                d.window_stops = (d.window_stops[0] + 1, d.window_stops[1] + unwanted)
     d.recovered = {word: Recovered(int(c), h, m, bool(b)) for word, (c, h, m, b) in kinds.items()}
     d.kept = sorted(
         (Kept(owner, int(n), h, m, tuple(sorted(by)), b) for owner, (n, h, m, by, b) in kept.items()),
@@ -642,9 +645,10 @@ def _at_risk(
 def window_suggestion(d: Digest) -> str:
     """One line when the figures say the idle window is too short or too long ("" when they do not)."""
     window = f" (now {d.idle_minutes} min)" if d.idle_minutes else ""
-    if d.stops >= 3 and d.unwanted_stops / d.stops >= 0.2:
+    stops, unwanted = d.window_stops
+    if stops >= 3 and unwanted / stops >= 0.2:
         return (
-            f"{d.unwanted_stops} of {d.stops} stops were started again within an hour: the window looks too short; "
+            f"{unwanted} of {stops} stops were started again within an hour: the window looks too short; "
             f"consider a longer idle_minutes{window}."
         )
     if d.warnings >= 3 and d.warnings_without_stop / d.warnings >= 0.5:
@@ -652,9 +656,9 @@ def window_suggestion(d: Digest) -> str:
             f"{d.warnings_without_stop} of {d.warnings} warnings led to no stop (the machine was busy again): "
             f"warnings come too early; consider a longer idle_minutes{window}."
         )
-    if d.stops >= 5 and d.unwanted_stops == 0 and d.warnings_without_stop * 10 <= d.warnings:
+    if stops >= 5 and unwanted == 0 and d.warnings_without_stop * 10 <= d.warnings:
         return (
-            f"none of {d.stops} stops was unwanted and nearly every warning led to a stop: the window could be "
+            f"none of {stops} stops was unwanted and nearly every warning led to a stop: the window could be "
             f"shorter{window} and save more."
         )
     return ""

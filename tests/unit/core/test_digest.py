@@ -139,6 +139,20 @@ def test_unwanted_stops_warnings_without_stop_and_the_window_suggestion() -> Non
     assert "Suggestion:" in digest_text(d)
 
 
+def test_the_window_suggestion_reads_the_machines_stops_not_the_deletions_of_endpoints() -> None:
+    # Endpoints and Studio apps are deleted after their own window (endpoint_idle_minutes): five deletions none
+    # of them unwanted said "the window could be shorter" of the machines' idle_minutes, which decided none.
+    entries = []
+    for day in range(5):
+        entries += [warn(f"endpoint:demo-{day}", at(day, 9)), stop(f"endpoint:demo-{day}", at(day, 10))]
+    d = build_digest(entries, [], W47, now=END, team="ml", policy=TeamPolicy(idle_minutes=60))
+    assert (d.stops, d.unwanted_stops, d.window_stops) == (5, 0, (0, 0))
+    assert d.suggestion == ""
+    machines = entries + [e for day in range(5) for e in (warn(f"i-{day}", at(day, 9)), stop(f"i-{day}", at(day, 10)))]
+    d = build_digest(machines, [], W47, now=END, team="ml", policy=TeamPolicy(idle_minutes=60))
+    assert d.window_stops == (5, 0) and "could be shorter" in d.suggestion and "none of 5 stops" in d.suggestion
+
+
 def test_keeps_are_waste_by_owner_and_unwatched_machines_are_listed_with_their_cost() -> None:
     keep = {
         "action": "keep",
