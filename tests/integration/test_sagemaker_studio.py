@@ -135,8 +135,8 @@ def test_the_doctor_warns_where_a_swept_app_would_never_be_deleted(team):
     app("doctor-lab", team="lab", metrics=False)  # its team only reports Studio apps: not the doctor's concern
     found = {f.check: f for f in run_checks() if f.check.startswith("studio")}
     domain = local_studio.studio_domain()
-    assert (found["studio.tags"].status, found["studio.tags"].subjects) == ("warn", (domain,))
-    assert (found["studio.lifecycle"].status, found["studio.lifecycle"].subjects) == ("warn", (domain,))
+    assert (found["studio.tags"].status, found["studio.tags"].subjects) == ("fail", (domain,))
+    assert (found["studio.lifecycle"].status, found["studio.lifecycle"].subjects) == ("fail", (domain,))
     assert (found["studio.signals"].status, found["studio.signals"].subjects) == ("warn", (dark,))
 
 

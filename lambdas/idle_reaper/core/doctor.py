@@ -492,7 +492,15 @@ def check_groups(opted_in_members: Mapping[str, int] | None, tagged: set[str], o
 # The daily subset the sweep runs, and what it remembers between days
 
 # Cheap enough for a sweep: the sweep has read most of what they need already.
-DAILY_CHECKS = ("policy.teams", "slack.channels", "people.owners", "signals.gpu")
+DAILY_CHECKS = (
+    "policy.teams",
+    "slack.channels",
+    "people.owners",
+    "signals.gpu",
+    "studio.tags",
+    "studio.lifecycle",
+    "studio.signals",
+)
 
 
 def finding_key(finding: Finding) -> str:

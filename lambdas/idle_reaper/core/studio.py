@@ -336,9 +336,10 @@ def check_studio(
     apps: Sequence[AppFacts], domains: Mapping[str, Mapping[str, Any]], without_data: Sequence[str] | None, prefix: str
 ) -> list[Finding]:
     """The running apps the sweep acts on (their team's policy says `studio_apps: delete`), their domains
-    (DescribeDomain) and those of them without a CPU datapoint in the last hour (None: not read): a warning for each
-    domain whose tag propagation is off (DeleteApp will be AccessDenied), each domain that runs no lifecycle
-    configuration of ours (its apps will read unknown), and the apps that read unknown for want of data."""
+    (DescribeDomain) and those of them without a CPU datapoint in the last hour (None: not read): a failure for each
+    domain whose tag propagation is off (DeleteApp will be AccessDenied) and each that runs no lifecycle
+    configuration of ours (its apps will read unknown): the team asked for what cannot happen there, so the
+    sweep's daily doctor tells the admins; a warning for the apps that read unknown for want of data."""
     if not apps:
         return [Finding(check="studio", status="ok", message="no running Studio app is swept (studio_apps: delete)")]
     used = sorted({app.domain_id for app in apps})
@@ -348,7 +349,7 @@ def check_studio(
     findings = [
         Finding(
             check="studio.tags",
-            status="warn",
+            status="fail",
             subjects=tuple(untagged),
             message=f"tag propagation is off in domain(s) {listed(untagged)}: the apps Studio starts there carry no "
             "opt-in tag, so idle-reaper's DeleteApp is AccessDenied and idle apps keep running",
@@ -358,7 +359,7 @@ def check_studio(
         else Finding(check="studio.tags", status="ok", message="tag propagation is on where apps are swept"),
         Finding(
             check="studio.lifecycle",
-            status="warn",
+            status="fail",
             subjects=tuple(dark),
             message=f"domain(s) {listed(dark)} run none of idle-reaper's Studio lifecycle configurations ({names}): "
             "their apps publish no CPU, GPU, network or activity data and read unknown, never deleted",

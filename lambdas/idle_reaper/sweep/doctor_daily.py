@@ -23,9 +23,10 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from idle_reaper.aws.clients import DDB_WORKERS, AwsError, run_concurrently
+from idle_reaper.aws.clients import DDB_WORKERS, AwsError, deploy_prefix, run_concurrently
 from idle_reaper.aws.doctor import gather_signals
 from idle_reaper.aws.limits import LOOKUP_VALUE_MAX_BYTES
+from idle_reaper.aws.policies import policy_for
 from idle_reaper.aws.state import StateStore
 from idle_reaper.core.doctor import (
     DAILY_CHECKS,
@@ -42,6 +43,7 @@ from idle_reaper.core.doctor import (
     unknown,
 )
 from idle_reaper.core.signals import Machine
+from idle_reaper.core.studio import check_studio, swept
 from idle_reaper.notify import logger
 from idle_reaper.policy import Settings
 from idle_reaper.slack.doctor import SlackReader, gather_people, gather_slack, slack_reader
@@ -272,6 +274,10 @@ def daily_subset(
         findings += gpu_findings([gpu_facts(adapters, read, now)]) if gpu else []
     except Exception as exc:  # a check's fault is its unknown
         findings.append(unknown(GPU_CHECK, f"{type(exc).__name__}: {exc}"))
+    try:
+        findings += studio_daily(adapters, read)
+    except Exception as exc:
+        findings.append(unknown("studio.tags", f"{type(exc).__name__}: {exc}"))
     lookups = 0
     try:
         slack = gather_slack(reader, True, read.settings, refs, users=False)
@@ -297,6 +303,23 @@ def daily_subset(
         except Exception as exc:
             findings.append(unknown("people.owners", f"{type(exc).__name__}: {exc}"))
     return [f for f in findings if f.check in DAILY_CHECKS], lookups
+
+
+def studio_daily(adapters: Adapters, read: SweepRead) -> list[Finding]:
+    """The doctor's Studio checks (core/studio.check_studio) on the apps this sweep listed and read: a domain whose
+    tag propagation is off or that runs none of our lifecycle configurations, apps read without CPU data. One
+    DescribeDomain a domain of swept apps; nothing where no app is swept (the admins hear only of failures)."""
+    studio, refs = adapters.fleet.studio, read.refs or {}
+    apps = [
+        m.facts.studio
+        for m in read.machines
+        if m.facts.studio is not None and swept(m.facts.studio, policy_for(m.team, refs, read.settings).policy)
+    ]
+    if studio is None or not apps:
+        return []
+    domains = {d: studio.domain(d) for d in sorted({a.domain_id for a in apps})}
+    dark = [a.machine_id for a in apps if a.machine_id in read.signals and not read.signals[a.machine_id].cpu]
+    return check_studio(apps, domains, dark, deploy_prefix())
 
 
 def _told_before(adapters: Adapters, now: datetime) -> tuple[dict[str, list[str]], str | None] | None:

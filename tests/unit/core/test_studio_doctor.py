@@ -48,9 +48,9 @@ def test_each_gap_is_a_warning_naming_its_domains_or_apps_and_a_healthy_domain_i
         "d-closed": domain(propagate=False, default="idle-reaper-studio-jupyterlab"),
     }
     found = by_check(check_studio(apps, domains, [apps[1].machine_id], "idle-reaper"))
-    assert (found["studio.tags"].status, found["studio.tags"].subjects) == ("warn", ("d-closed",))
+    assert (found["studio.tags"].status, found["studio.tags"].subjects) == ("fail", ("d-closed",))
     assert "AccessDenied" in found["studio.tags"].message and "--tag-propagation ENABLED" in found["studio.tags"].fix
-    assert (found["studio.lifecycle"].status, found["studio.lifecycle"].subjects) == ("warn", ("d-dark",))
+    assert (found["studio.lifecycle"].status, found["studio.lifecycle"].subjects) == ("fail", ("d-dark",))
     assert "read unknown" in found["studio.lifecycle"].message
     assert found["studio.signals"].subjects == (apps[1].machine_id,)
     healthy = by_check(check_studio([apps[0]], domains, [], "idle-reaper"))
@@ -58,3 +58,37 @@ def test_each_gap_is_a_warning_naming_its_domains_or_apps_and_a_healthy_domain_i
     assert by_check(check_studio([apps[0]], domains, None, "idle-reaper"))["studio.signals"].status == "unknown"
     (none,) = check_studio([], {}, [], "idle-reaper")
     assert none.status == "ok" and "no running Studio app is swept" in none.message
+
+
+def test_the_sweeps_daily_doctor_checks_the_domains_of_the_apps_it_sweeps() -> None:
+    # Before, only `idle-reaper doctor` run by hand said that a domain's tag propagation is off (every DeleteApp
+    # AccessDenied) or that it runs none of our lifecycle configurations (every app unknown): the admins never heard.
+    from types import SimpleNamespace
+
+    from idle_reaper.core.signals import Signals
+    from idle_reaper.policy import Settings, TeamPolicy, TeamPolicyRef
+    from idle_reaper.sweep.adapters import SweepRead
+    from idle_reaper.sweep.doctor_daily import studio_daily
+    from tests.unit.core.test_studio_apps import facts, machine
+
+    asked: list[str] = []
+
+    def describe(domain_id: str) -> Any:
+        asked.append(domain_id)
+        return domain(propagate=False)
+
+    closed, dark = machine(facts(domain_id="d-closed")), machine(facts(domain_id="d-closed", space_name="b"))
+    acting = TeamPolicyRef(
+        team="ml", policy=TeamPolicy(studio_apps="delete"), source="/idle-reaper/teams/ml", version=1
+    )
+    read = SweepRead(
+        Settings(), {"ml": acting}, [closed, dark], {closed.instance_id: Signals(cpu=[]), dark.instance_id: Signals()}
+    )
+    adapters: Any = SimpleNamespace(fleet=SimpleNamespace(studio=SimpleNamespace(domain=describe)))
+    found = by_check(studio_daily(adapters, read))
+    assert asked == ["d-closed"]  # one DescribeDomain a domain
+    assert found["studio.tags"].status == found["studio.lifecycle"].status == "fail"  # told by the daily doctor
+    assert found["studio.signals"].subjects == (closed.instance_id, dark.instance_id)
+    report_only = TeamPolicyRef(team="ml", policy=TeamPolicy(), source="/idle-reaper/teams/ml", version=1)
+    assert studio_daily(adapters, SweepRead(Settings(), {"ml": report_only}, [closed], {})) == []
+    assert asked == ["d-closed"], "no app swept: nothing read"
