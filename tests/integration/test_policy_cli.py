@@ -311,7 +311,7 @@ def test_plan_lists_machines_that_would_now_be_warned_or_stopped(quiet_fleet, tm
     assert rows[quiet_fleet["long"]][3:] == ["warned", "stopped"]
     assert rows[quiet_fleet["short"]][3:] == ["none", "warned"]
     assert quiet_fleet["busy"] not in rows
-    assert "2 machine(s) would be warned or stopped that were not before, 0 the reverse, 1 unchanged" in out
+    assert "2 machines would be warned or stopped that were not before, 0 the reverse, 1 unchanged" in out
     assert f"current: {ML}@v1" in out
     assert aws.DynamoStateStore(aws.client("dynamodb"), aws.table_name()).all_records() == [], "a plan writes nothing"
 
@@ -321,7 +321,7 @@ def test_plan_shows_the_reverse_too(quiet_fleet, tmp_path, capsys):
     code, out, _ = run(capsys, "policy", "plan", "ml", path, "--now", NOW.isoformat())
     assert code == 0
     assert plan_rows(out)[quiet_fleet["long"]][3:] == ["warned", "none"]
-    assert "0 machine(s) would be warned or stopped that were not before, 1 the reverse" in out
+    assert "0 machines would be warned or stopped that were not before, 1 the reverse" in out
 
 
 def test_put_with_plan_prints_the_plan_before_writing(quiet_fleet, tmp_path, capsys):

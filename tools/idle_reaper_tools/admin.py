@@ -27,7 +27,7 @@ from idle_reaper.core.endpoints import endpoint_policy, is_endpoint_id
 from idle_reaper.core.kinds import NEVER_STOPPED, NOTEBOOK_GAPS, TERMINABLE, Kind
 from idle_reaper.core.reading import parse_next_read
 from idle_reaper.core.records import machine_key
-from idle_reaper.core.sections import MACHINES, grouped, section_of, state_words
+from idle_reaper.core.sections import MACHINES, grouped, kinds_said, section_of, state_words
 from idle_reaper.core.studio import StudioFinding
 from idle_reaper.notify import LoggingNotifier
 from idle_reaper.organization import OrganizationSettings
@@ -286,9 +286,10 @@ def format_plan(plan: Plan) -> str:
         ]
         lines.append(_table(("INSTANCE", "NAME", "OWNER", "BEFORE", "AFTER", "WHY (PROPOSED POLICY)"), rows))
     more = sum(c.more for c in plan.changes)
+    nouns, done = kinds_said(c.machine.instance_id for c in plan.changes)  # endpoints and Studio apps: "deleted"
     lines.append(
-        f"{more} machine(s) would be warned or stopped that were not before, {len(plan.changes) - more} the "
-        f"reverse, {plan.unchanged} unchanged. 'stopped' assumes nobody answers the warning."
+        f"{more} {nouns} would be warned or {done} that were not before, {len(plan.changes) - more} the "
+        f"reverse, {plan.unchanged} unchanged. '{done}' assumes nobody answers the warning."
     )
     return "\n".join(lines)
 

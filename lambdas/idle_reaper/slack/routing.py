@@ -35,6 +35,7 @@ from idle_reaper.core.answers import keep_until, may_answer, parse_duration
 from idle_reaper.core.doctor import Finding
 from idle_reaper.core.endpoints import is_endpoint_id
 from idle_reaper.core.records import MachineId, MachineRecord, parse_machine_key
+from idle_reaper.core.sections import kinds_said
 from idle_reaper.notify import logger
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy, parse_team_policy
 from idle_reaper.slack.answers import Effects, Reply, doctor_reply, help_reply, status_reply
@@ -426,7 +427,8 @@ def which_one(target: str, matches: list[MachineRecord]) -> str:
         return f"`{r.key}`" + (" (the hub's account)" if mixed and r.account is None else "")
 
     which = ", ".join(named(r) for r in sorted(matches, key=lambda r: (r.account is not None, r.key)))
-    return f"{len(matches)} of your machines are `{target}`: {which}. Keep one by naming it so."
+    nouns, _ = kinds_said(r.key for r in matches)
+    return f"{len(matches)} of your {nouns} are `{target}`: {which}. Keep one by naming it so."
 
 
 def not_found(target: str, organization: bool, command: str) -> str:

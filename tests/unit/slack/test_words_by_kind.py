@@ -75,3 +75,15 @@ def test_delete_now_on_an_endpoint_that_saves_nothing_says_it_cannot_be_deleted(
     effects = Effects(store=None, fleet=None, slack=None, clock=lambda: NOW)  # type: ignore[arg-type]  # never reached
     reply = effects.stop_now("U0BOB", record)
     assert reply is not None and reply.text.startswith("idle-reaper cannot delete endpoint:llm: endpoint-scales")
+
+
+def test_keep_by_an_ambiguous_name_and_a_policy_plan_name_endpoints_as_endpoints() -> None:
+    from idle_reaper.core.signals import Machine
+    from idle_reaper.slack.routing import which_one
+    from idle_reaper_tools.admin import Plan, PlanChange, format_plan
+
+    both = [MachineRecord("i-0abc", "ml", name="demo"), MachineRecord("endpoint:demo", "ml")]
+    assert which_one("demo", both).startswith("2 of your machines and endpoints are `demo`")
+    endpoint = Machine("endpoint:demo", "ml.g5.xlarge", "ml", NOW - timedelta(days=1), "demo", "U1")
+    plan = Plan("ml", NOW, "{}", "{}", [PlanChange(endpoint, "none", "delete", "idle past its window")], 0)
+    assert "1 endpoints would be warned or deleted that were not before, 0 the reverse" in format_plan(plan)
