@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -25,6 +26,16 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["POWERTOOLS_METRICS_NAMESPACE"] = "IdleReaper"
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+
+
+@pytest.fixture(autouse=True)
+def _no_metrics_left_over() -> Iterator[None]:
+    """Powertools' Metrics instances share one buffer in a process: a metric a test added without a handler's flush
+    was printed by the next handler's flush in the same pytest worker, into another test's output."""
+    yield
+    handler = sys.modules.get("idle_reaper.handlers.sweep")
+    if handler is not None:
+        handler.metrics.clear_metrics()
 
 
 @pytest.fixture(scope="session")
