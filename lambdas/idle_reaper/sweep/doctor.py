@@ -41,7 +41,7 @@ from idle_reaper.aws.deploy import (
 from idle_reaper.aws.doctor import gather_group_tags, gather_policy, gather_signals
 from idle_reaper.aws.fleet import Fleet
 from idle_reaper.aws.metrics import MetricsReader
-from idle_reaper.aws.policies import PolicyStore, policy_for
+from idle_reaper.aws.policies import PolicyStore
 from idle_reaper.aws.state import StateStore
 from idle_reaper.core.deploy_checks import AssociationFacts, Unreadable
 from idle_reaper.core.doctor import (
@@ -60,13 +60,13 @@ from idle_reaper.core.doctor import (
     unknown,
 )
 from idle_reaper.core.signals import Machine
-from idle_reaper.core.studio import check_studio, swept
+from idle_reaper.core.studio import check_studio
 from idle_reaper.notify import logger
 from idle_reaper.organization import OrganizationSettings
 from idle_reaper.policy import PolicyError, Settings, TeamPolicyRef
 from idle_reaper.slack.doctor import SlackReader, gather_people, gather_slack
 from idle_reaper.sweep.adapters import Adapters, alert_once
-from idle_reaper.sweep.doctor_daily import cache_reader, within
+from idle_reaper.sweep.doctor_daily import cache_reader, domains_of, swept_apps, within
 from idle_reaper.sweep.fanout import LAST_SWEEP_KEY
 
 # The fleet and its metrics are read only with this much time left; the rest is said to be unknown.
@@ -191,12 +191,8 @@ def studio_findings(
     if fleet.studio is None or not settings.sagemaker_notebooks:
         return []
     try:
-        apps = [
-            m.facts.studio
-            for m in fleet.studio.discover(settings.tags)
-            if m.facts.studio is not None and swept(m.facts.studio, policy_for(m.team, refs, settings).policy)
-        ]
-        domains = {d: fleet.studio.domain(d) for d in sorted({a.domain_id for a in apps})}
+        apps = swept_apps(fleet.studio.discover(settings.tags), refs, settings)
+        domains = domains_of(fleet.studio, apps)
     except AwsError as exc:
         return [unknown("studio", f"Studio apps could not be listed ({error_code(exc)})")]
     ids = [a.machine_id for a in apps]

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,6 +28,7 @@ from idle_reaper.aws.doctor import gather_signals
 from idle_reaper.aws.limits import LOOKUP_VALUE_MAX_BYTES
 from idle_reaper.aws.policies import policy_for
 from idle_reaper.aws.state import StateStore
+from idle_reaper.aws.studio import StudioApps
 from idle_reaper.core.doctor import (
     DAILY_CHECKS,
     Finding,
@@ -43,9 +44,9 @@ from idle_reaper.core.doctor import (
     unknown,
 )
 from idle_reaper.core.signals import Machine
-from idle_reaper.core.studio import check_studio, swept
+from idle_reaper.core.studio import AppFacts, check_studio, swept
 from idle_reaper.notify import logger
-from idle_reaper.policy import Settings
+from idle_reaper.policy import Settings, TeamPolicyRef
 from idle_reaper.slack.doctor import SlackReader, gather_people, gather_slack, slack_reader
 from idle_reaper.slack.owners import OWNER_CACHE_TTL
 from idle_reaper.sweep.adapters import Adapters, SweepRead, alert_once
@@ -305,21 +306,31 @@ def daily_subset(
     return [f for f in findings if f.check in DAILY_CHECKS], lookups
 
 
+def swept_apps(machines: Sequence[Machine], refs: Mapping[str, TeamPolicyRef], settings: Settings) -> list[AppFacts]:
+    """The Studio apps among `machines` that their team's policy sweeps (`studio_apps: delete`): what the doctor's
+    Studio checks look at, by hand (sweep/doctor.py) and daily."""
+    return [
+        m.facts.studio
+        for m in machines
+        if m.facts.studio is not None and swept(m.facts.studio, policy_for(m.team, refs, settings).policy)
+    ]
+
+
+def domains_of(studio: StudioApps, apps: Sequence[AppFacts]) -> dict[str, dict[str, Any]]:
+    """DescribeDomain of each domain `apps` run in, once a domain."""
+    return {d: studio.domain(d) for d in sorted({a.domain_id for a in apps})}
+
+
 def studio_daily(adapters: Adapters, read: SweepRead) -> list[Finding]:
     """The doctor's Studio checks (core/studio.check_studio) on the apps this sweep listed and read: a domain whose
     tag propagation is off or that runs none of our lifecycle configurations, apps read without CPU data. One
     DescribeDomain a domain of swept apps; nothing where no app is swept (the admins hear only of failures)."""
-    studio, refs = adapters.fleet.studio, read.refs or {}
-    apps = [
-        m.facts.studio
-        for m in read.machines
-        if m.facts.studio is not None and swept(m.facts.studio, policy_for(m.team, refs, read.settings).policy)
-    ]
+    studio = adapters.fleet.studio
+    apps = swept_apps(read.machines, read.refs or {}, read.settings)
     if studio is None or not apps:
         return []
-    domains = {d: studio.domain(d) for d in sorted({a.domain_id for a in apps})}
     dark = [a.machine_id for a in apps if a.machine_id in read.signals and not read.signals[a.machine_id].cpu]
-    return check_studio(apps, domains, dark, deploy_prefix())
+    return check_studio(apps, domains_of(studio, apps), dark, deploy_prefix())
 
 
 def _told_before(adapters: Adapters, now: datetime) -> tuple[dict[str, list[str]], str | None] | None:
