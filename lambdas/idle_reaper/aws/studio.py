@@ -9,8 +9,8 @@ that it could not look, and sweeps no app this time."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import UTC
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from idle_reaper.aws.clients import AwsError, error_code, run_concurrently
@@ -51,12 +51,16 @@ class StudioApps:
         """The InService JupyterLab and Code Editor apps of every domain in the region (of the machine ids `names`
         alone when given), each with its space, the space's tags and its domain. `failed`: where the Failed ones'
         machine ids go (an app someone started again may fail: sweep/endpoints.py tell_failed_bring_backs)."""
-        listed = [
-            app
-            for page in self.sagemaker.get_paginator("list_apps").paginate()
-            for app in page.get("Apps", [])
-            if app.get("AppType") in APP_SETTINGS and app.get("SpaceName")
-        ]
+        newest: dict[str, dict[str, Any]] = {}  # ListApps keeps a deleted or failed app a while beside its successor
+        for page in self.sagemaker.get_paginator("list_apps").paginate():
+            for app in page.get("Apps", []):
+                if app.get("AppType") in APP_SETTINGS and app.get("SpaceName"):
+                    seen = newest.get(_id(app))
+                    if seen is None or _created(app) >= _created(seen):
+                        newest[_id(app)] = app
+        # Only an app's newest entry says what it is now: an old Failed one must not get its started-again
+        # successor (the same name) told failed and deleted.
+        listed = list(newest.values())
         if failed is not None:
             failed += [_id(a) for a in listed if a.get("Status") == "Failed" and len(_id(a)) <= ID_MAX]
         apps = [a for a in listed if a.get("Status") == "InService"]
@@ -173,3 +177,9 @@ class StudioApps:
 
 def _id(app: dict[str, Any]) -> str:
     return studio_id(app["DomainId"], app["SpaceName"], app["AppType"], app["AppName"])
+
+
+def _created(app: Mapping[str, Any]) -> datetime:
+    """When ListApps says the app was created (an entry without it is the oldest)."""
+    created = app.get("CreationTime")
+    return created.astimezone(UTC) if isinstance(created, datetime) else datetime.min.replace(tzinfo=UTC)

@@ -222,3 +222,36 @@ def test_a_sweep_lists_only_apps_whose_space_opted_in_and_the_note_leaves_out_th
     # A team that deletes idle apps: the sweep acts on alice-space, so the note is bob-space's alone (not opted in).
     acting = [f.app.space_name for f in studio_findings(Swept(), refs("delete"), Settings())]  # type: ignore[arg-type]
     assert acting == ["bob-space"]
+
+
+def test_an_old_failed_entry_never_marks_its_started_again_successor_failed(in_order: None) -> None:
+    # ListApps lists a failed or deleted app for a while beside the app started again under the same name. Read by
+    # its old Failed entry, the sweep told the new app's bring-back failed and deleted it, running.
+    from datetime import timedelta
+
+    from idle_reaper.policy import TagKeys
+
+    class Retried(StudioAnswers):
+        def get_paginator(self, name: str) -> _Pages:
+            pages = super().get_paginator(name)
+            if name == "list_apps":
+                (page,) = pages.pages
+                old = {**page["Apps"][0], "Status": "Failed", "CreationTime": NOW - timedelta(hours=1)}
+                pages = _Pages([{"Apps": [old, *page["Apps"]]}])
+            return pages
+
+    failed: list[str] = []
+    (found,) = StudioApps(Retried()).discover(TagKeys(), failed=failed)
+    assert failed == [] and found.instance_id == f"studio:{D1}:alice-space:JupyterLab:default"
+    failed_now: list[str] = []
+
+    class FailedAgain(StudioAnswers):  # the newest entry Failed: told
+        def get_paginator(self, name: str) -> _Pages:
+            pages = super().get_paginator(name)
+            if name == "list_apps":
+                (page,) = pages.pages
+                page["Apps"][0] = {**page["Apps"][0], "Status": "Failed"}
+            return pages
+
+    assert StudioApps(FailedAgain()).discover(TagKeys(), failed=failed_now) == []
+    assert failed_now == [f"studio:{D1}:alice-space:JupyterLab:default"]
