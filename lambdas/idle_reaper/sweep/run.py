@@ -180,7 +180,6 @@ def run_sweep(
         decisions.append(replace(d, hourly_cost=price, saving=of_kind(kind, price).saved_by(d.action.value)))
 
     decisions = _notebook_notes(adapters, decisions, signals, refs, settings, now, warnings, alert=not dry_run)
-    report_unlisted_endpoints(adapters, settings, now, warnings, alert=not dry_run)
     decisions, back = mark_back_in_service(decisions, now)
     decisions = _within_group_sizes(adapters, decisions, group_parts)
     written: set[str] = set()
@@ -271,8 +270,6 @@ def _read(
     unless its team's policy sweeps it (core/studio.swept): the admins' daily note reports it."""
     team_refs = {m.team: ref_for(m.team) for m in machines}
     machines = [m for m in machines if m.facts.studio is None or swept(m.facts.studio, team_refs[m.team].policy)]
-    # A Studio listing that failed: none of them swept, the admins told once a day.
-    report_unlisted_studio(adapters, settings, now, warnings, alert=not dry_run)
     skipped = _not_due(machines, team_refs, records, settings, now)
     to_read = [m for m in machines if m.instance_id not in skipped]
     # What kind each machine read is, and so its own policy: its team's, with the window its kind gets.
@@ -499,10 +496,12 @@ def _notebook_notes(
     *,
     alert: bool,
 ) -> list[Decision]:
-    """What a sweep says of SageMaker beyond its decisions: that notebook instances could not be listed, which
-    publish no data or only part of it (their reasons say so when it leaves them unknown; the admins hear once
-    a day), and the day's Studio note."""
+    """What a sweep says of SageMaker beyond its decisions: that notebook instances, endpoints or Studio apps could not
+    be listed, which notebooks publish no data or only part of it (their reasons say so when it leaves them unknown;
+    the admins hear once a day), and the day's Studio note."""
     _report_unlisted_notebooks(adapters, settings, now, warnings, alert=alert)
+    report_unlisted_endpoints(adapters, settings, now, warnings, alert=alert)
+    report_unlisted_studio(adapters, settings, now, warnings, alert=alert)  # once a sweep, not once a chunk read
     gaps = {
         d.machine.instance_id: _notebook_gaps(d, found, settings)
         for d in decisions

@@ -133,6 +133,18 @@ def test_a_large_shard_read_in_chunks_decides_and_acts_as_one_read_would(monkeyp
     assert all(aws.ec2.state_of(i) == "running" for i in busy), "never stop a busy machine"
 
 
+def test_a_studio_listing_that_failed_is_said_once_by_a_sweep_read_in_chunks(monkeypatch):
+    # It was said by each chunk's read: a shard of 13 machines in chunks of 3 repeated it five times.
+    aws = account()
+    idle, busy = fleet(aws)
+    adapters = aws.adapters(store=CountingStateStore())
+    adapters.fleet.studio_unlisted = "AccessDeniedException: not allowed"
+    monkeypatch.setattr(sweep_run, "SHARD_CHUNK", 3)
+    report = run_sweep(adapters, now=WARN_SWEEP, instance_ids=idle + busy)
+    assert len(idle + busy) > 3 * 2
+    assert sum("could not list SageMaker Studio apps" in w for w in report.warnings) == 1
+
+
 class FailingShard(CountingStateStore):
     """The state table refuses one shard's manifest read (a throttling storm on that worker)."""
 
