@@ -618,7 +618,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _reap_word(asg_name: str | None, policy: TeamPolicy, kind: str = "") -> str:
-    if kind == Kind.ENDPOINT:
+    if kind in (Kind.ENDPOINT, Kind.STUDIO_APP):  # deleted whatever the team's action for machines (hibernate, ...)
         return "report (notify_only)" if policy.action == "notify_only" else "delete"
     if asg_name:
         return "terminate" if policy.asg_action == "terminate" else "release to its group"

@@ -181,3 +181,18 @@ def test_status_shows_endpoints_in_a_table_of_their_own_after_the_machines() -> 
     assert "delete" not in machines and "stop" not in idle
     warned_line = next(line for line in lines if line.startswith("endpoint:warned-ep"))
     assert "delete if still idle at 2026-11-23 01:00" in warned_line  # its window's end, not a stop
+
+
+def test_status_says_a_studio_app_is_deleted_whatever_its_teams_action_for_machines() -> None:
+    # The sweep deletes an idle app of a studio_apps: delete team (core/lifecycle: deleted_by_stop); status said
+    # "hibernate" for a team whose machines hibernate.
+    from idle_reaper.core.kinds import Kind
+    from idle_reaper.policy import TeamPolicy
+    from idle_reaper_tools import admin
+
+    app = "studio:d-1:lab:JupyterLab:default"
+    warned = {"warned_at": at(6, 23), "warning_delivered_at": at(6, 23), "idle_since": at(6, 1)}
+    record = MachineRecord(app, "vision", State.WARNED, machine_kind=Kind.STUDIO_APP, **warned)
+    running = Machine(app, "ml.g4dn.xlarge", "vision", at(0, 0), name="lab")
+    step, _ = admin.next_step(record, TeamPolicy(action="hibernate", studio_apps="delete"), running, END)
+    assert step == "delete if still idle"
