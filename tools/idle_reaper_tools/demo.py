@@ -24,7 +24,7 @@ from idle_reaper.aws.metrics import MetricsReader
 from idle_reaper.core import Action, Decision, State
 from idle_reaper.core.digest import week_of
 from idle_reaper.core.dollars import saves_while_running
-from idle_reaper.core.sections import kinds_said
+from idle_reaper.core.sections import kinds_said, usd
 from idle_reaper.policy import Settings
 from idle_reaper.slack import blocks_text, load_secrets, make_client
 from idle_reaper.slack.digest import DigestSender
@@ -457,10 +457,6 @@ def summary(seeded: Seeded, reports: list[SweepReport], back: Mapping[str, datet
     return rows
 
 
-def _usd(dollars: float, upper_bound: bool) -> str:
-    return f"{'up to ' if upper_bound else ''}${dollars:,.2f}"
-
-
 def stop_saves(seeded: Seeded) -> tuple[list[tuple[str, str, str]], list[str]]:
     """Per machine: its kind and what a stop of it saves an hour, as `idle-reaper status` shows them (its rows,
     from the records the sweeps left): on-demand its price, Spot at most its price, reserved capacity nothing.
@@ -533,8 +529,8 @@ def play(out: Callable[[str], None]) -> Afternoon:
     out("\nsummary (the simulated day ends at 17:00):")
     out(f"  {'name':<13} {'what happened':<46} {'idle hours avoided':>18} {'saved':>15}")
     for name, what, hours, dollars, bound in rows:
-        out(f"  {name:<13} {what:<46} {hours:>18.2f} {_usd(dollars, bound):>15}")
-    total = _usd(sum(r[3] for r in rows), any(r[4] for r in rows))
+        out(f"  {name:<13} {what:<46} {hours:>18.2f} {usd(dollars, bound):>15}")
+    total = usd(sum(r[3] for r in rows), any(r[4] for r in rows))
     out(f"  {'total':<13} {'':<46} {sum(r[2] for r in rows):>18.2f} {total:>15}")
     out("  (up to: a Spot machine's saving at the most it can be: idle-reaper does not read Spot prices)")
     out("\nwhat a stop (or a deletion) saves, by kind (`idle-reaper status`'s KIND and STOP SAVES, as of 17:00):")

@@ -28,6 +28,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from idle_reaper.core.dollars import of_record, saves_while_running
+from idle_reaper.core.endpoints import words_for
 from idle_reaper.core.records import UNWANTED_WITHIN_MINUTES, MachineRecord, State, parse_machine_key
 from idle_reaper.core.sections import MACHINES, Section, section_of, sections
 from idle_reaper.core.under_used import UnderUsed, under_used
@@ -517,7 +518,7 @@ def build_digest(
                 line[3].add(s.by)
             waste_by_machine[s.instance_id] += money
             continue
-        deleted = s.kind == "stop" and section_of(s.instance_id) != MACHINES
+        deleted = s.kind == "stop" and words_for(s.instance_id).deletes
         figures = kinds[DELETIONS if deleted else RECOVERING[s.kind]]
         started_here = lo <= s.start < hi
         hours = s.saved_hours_in(lo, hi)

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from idle_reaper.core.digest import DELETIONS, AtRisk, Digest
 from idle_reaper.core.records import State
-from idle_reaper.core.sections import section_text
+from idle_reaper.core.sections import section_text, usd
 
 HUB_ACCOUNT = "the hub's account"  # how the digest names the hub's own account beside member accounts
 
@@ -26,11 +26,6 @@ def account_label(account: str | None, names: Mapping[str, str]) -> str:
     return HUB_ACCOUNT if account is None else named_account(account, names.get(account))
 
 
-def _usd(value: float, upper_bound: bool = False) -> str:
-    """Dollars; "up to" when they hold a Spot machine's figure at the most it can be (core/dollars.py)."""
-    return f"{'up to ' if upper_bound else ''}${value:,.2f}"
-
-
 def _exempt_idle_line(at_risk: Sequence[AtRisk]) -> str:
     """Exempt machines that sat idle this week (read for the digest only; never acted on)."""
     exempt = [a for a in at_risk if a.state == State.EXEMPT.value]
@@ -45,7 +40,7 @@ def _exempt_idle_line(at_risk: Sequence[AtRisk]) -> str:
     if not idle:
         return f"Exempt and idle: nothing ({len(read)} exempt machine(s) read{unread})."
     shown = ", ".join(f"{a.name} {a.idle_hours:g} h" for a in idle[:5])
-    return f"Still wasted, exempt and idle: {_usd(dollars, bound)} ({hours:g} h): {shown}{unread}."
+    return f"Still wasted, exempt and idle: {usd(dollars, bound)} ({hours:g} h): {shown}{unread}."
 
 
 def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") -> str:
@@ -73,12 +68,12 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
         costly = sum(a.hourly_cost or 0.0 for a in d.at_risk)
         shown = ", ".join(
             f"{a.name} ({_in_account(d, a.account)}{a.state.replace('_', ' ')}"
-            f"{', ' + _usd(a.hourly_cost) + '/h' if a.hourly_cost else ''})"
+            f"{', ' + usd(a.hourly_cost) + '/h' if a.hourly_cost else ''})"
             for a in d.at_risk[:10]
         )
         more = f" and {len(d.at_risk) - 10} more" if len(d.at_risk) > 10 else ""
         lines.append(
-            f"Not watched right now ({_usd(costly)}/h): {shown}{more}. Unknown: no data; safe mode: invalid policy; "
+            f"Not watched right now ({usd(costly)}/h): {shown}{more}. Unknown: no data; safe mode: invalid policy; "
             "exempt: tagged, never acted on."
         )
         if exempt_line := _exempt_idle_line(d.at_risk):
@@ -88,7 +83,7 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
     if d.under_used:
         shown = ", ".join(
             f"{u.name} ({_in_account(d, u.account)}{u.instance_type}, never above {u.peak:g} %: {u.smaller} would "
-            f"save {_usd(u.saves_hourly)}/h)"
+            f"save {usd(u.saves_hourly)}/h)"
             for u in d.under_used[:5]
         )
         lines.append(
@@ -99,14 +94,14 @@ def digest_text(d: Digest, *, redirected: bool = False, chart_note: str = "") ->
         lines.append(
             "By team: "
             + "; ".join(
-                f"{t} saved {_usd(r, any(team == t for team, _ in d.spot_in))}, "
-                f"kept idle {_usd(w, any(team == t for team, _ in d.spot_kept_in))}"
+                f"{t} saved {usd(r, any(team == t for team, _ in d.spot_in))}, "
+                f"kept idle {usd(w, any(team == t for team, _ in d.spot_kept_in))}"
                 for t, (r, w) in sorted(d.teams.items())
             )
         )
     if d.accounts:
         lines.append(_accounts_line(d))
-    trend = [f"{t.week.label} {_usd(t.recovered, t.upper_bound) if t.has_data else 'no data'}" for t in d.trend]
+    trend = [f"{t.week.label} {usd(t.recovered, t.upper_bound) if t.has_data else 'no data'}" for t in d.trend]
     lines.append("Saved, last 8 weeks: " + " · ".join(trend))
     if chart_note:
         lines.append(f"_{chart_note}_")
@@ -120,12 +115,12 @@ def _group_idle_line(d: Digest) -> str:
     bound = any(a.idle_upper_bound and a.idle_hourly for a in d.group_idle)
     shown = ", ".join(
         f"{a.name} ({_in_account(d, a.account)}"
-        f"{_usd(a.idle_hourly, a.idle_upper_bound) + '/h' if a.idle_hourly else 'no known price'})"
+        f"{usd(a.idle_hourly, a.idle_upper_bound) + '/h' if a.idle_hourly else 'no known price'})"
         for a in d.group_idle[:10]
     )
     more = f" and {len(d.group_idle) - 10} more" if len(d.group_idle) > 10 else ""
     return (
-        f"Idle in an Auto Scaling group, still running ({_usd(costly, bound)}/h): {shown}{more}. Released to the "
+        f"Idle in an Auto Scaling group, still running ({usd(costly, bound)}/h): {shown}{more}. Released to the "
         "group, which has not scaled them in: lower its desired capacity (or its minimum size) to stop paying for them."
     )
 
@@ -149,8 +144,8 @@ def _accounts_line(d: Digest) -> str:
         unwatched = f", {not_watched[account]} not watched" if not_watched[account] else ""
         bound, kept_bound = (any(a == account for _, a in spots) for spots in (d.spot_in, d.spot_kept_in))
         parts.append(
-            f"{account_label(account, d.account_names)} saved {_usd(recovered, bound)}, "
-            f"kept idle {_usd(wasted, kept_bound)}{unwatched}"
+            f"{account_label(account, d.account_names)} saved {usd(recovered, bound)}, "
+            f"kept idle {usd(wasted, kept_bound)}{unwatched}"
         )
     return "By account: " + "; ".join(parts)
 
@@ -159,15 +154,15 @@ def _recovered_line(d: Digest) -> str:
     if not d.recovered:
         return "Saved: $0.00 (no stops this week)."
     parts = [
-        f"{r.count} {word} ({r.hours:,.1f} h, {_usd(r.dollars, r.upper_bound)})"
+        f"{r.count} {word} ({r.hours:,.1f} h, {usd(r.dollars, r.upper_bound)})"
         for word, r in sorted(d.recovered.items())
     ]
     unpriced = f"; {d.unpriced_hours:,.1f} h more at no known price" if d.unpriced_hours else ""
     hours = "hours stopped or deleted" if DELETIONS in d.recovered else "machine-hours"
-    total = f"*{_usd(d.recovered_dollars, d.recovered_upper_bound)}* over {d.recovered_hours:,.1f} {hours}"
+    total = f"*{usd(d.recovered_dollars, d.recovered_upper_bound)}* over {d.recovered_hours:,.1f} {hours}"
     spot = " (up to: Spot machines' savings at the most they can be; idle-reaper does not read Spot prices)"
     # Other kinds' deletions are counted here as deletions; their own lines say what each saved.
-    kinds = ", ".join(f"{s.label} {_usd(s.saved_dollars, s.upper_bound)}" for s in d.sections if s.saved_dollars)
+    kinds = ", ".join(f"{s.label} {usd(s.saved_dollars, s.upper_bound)}" for s in d.sections if s.saved_dollars)
     others = f"; of it, {kinds} (each kind's own line below)" if kinds else ""
     return f"Saved: {total}: {', '.join(parts)}{unpriced}{others}{spot if d.recovered_upper_bound else ''}."
 
@@ -176,8 +171,8 @@ def _kept_line(d: Digest) -> str:
     if not d.kept:
         return "Kept idle by answers: nothing."
     owners = ", ".join(
-        f"{k.owner}: {k.keeps} keep(s), {k.hours:,.1f} h, {_usd(k.dollars, k.upper_bound)}" for k in d.kept[:5]
+        f"{k.owner}: {k.keeps} keep(s), {k.hours:,.1f} h, {usd(k.dollars, k.upper_bound)}" for k in d.kept[:5]
     )
     more = f" and {len(d.kept) - 5} more owners" if len(d.kept) > 5 else ""
-    total = _usd(d.kept_dollars, d.kept_upper_bound)
+    total = usd(d.kept_dollars, d.kept_upper_bound)
     return f"Still wasted, kept idle by answers: {total} ({d.kept_hours:,.1f} h). {owners}{more}."

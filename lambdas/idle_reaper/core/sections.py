@@ -158,34 +158,25 @@ def sections(
     """The digest's sections of every kind but machines, by label: each resource of `team` (None: all) its record
     knows, with what its deletions saved (`saved`: machine key -> (hours, dollars, upper bound) in the week), most
     saved first, then the costliest."""
-    by_label: dict[str, list[Resource]] = {}
-    for r in records:
-        label = section_of(r.key)
-        if label == MACHINES or (team is not None and r.team != team):
-            continue
+
+    def resource(r: MachineRecord) -> Resource:
         hours, dollars, bound = saved.get(r.key, (0.0, 0.0, False))
         price = hourly_price(r.instance_type or "", prices)
-        by_label.setdefault(label, []).append(
-            Resource(
-                r.key,
-                r.name or r.instance_id,
-                r.team,
-                r.instance_type or "unknown",
-                price,
-                state_words(r, now),
-                hours,
-                dollars,
-                bound,
-                r.account,
-            )
-        )
+        name, hardware = r.name or r.instance_id, r.instance_type or "unknown"
+        return Resource(r.key, name, r.team, hardware, price, state_words(r, now), hours, dollars, bound, r.account)
+
+    mine = [r for r in records if team is None or r.team == team]
     return [
-        Section(label, tuple(sorted(found, key=lambda x: (-x.saved_dollars, -(x.hourly or 0.0), x.name))))
-        for label, found in sorted(by_label.items(), key=lambda item: item[0].lower())
+        Section(
+            label, tuple(sorted(map(resource, found), key=lambda x: (-x.saved_dollars, -(x.hourly or 0.0), x.name)))
+        )
+        for label, found in grouped(mine, lambda r: section_of(r.key))
+        if label != MACHINES
     ]
 
 
-def _usd(value: float, upper_bound: bool = False) -> str:
+def usd(value: float, upper_bound: bool = False) -> str:
+    """Dollars; "up to" when they hold a Spot machine's figure at the most it can be (core/dollars.py)."""
     return f"{'up to ' if upper_bound else ''}${value:,.2f}"
 
 
@@ -194,11 +185,11 @@ def section_text(section: Section) -> str:
     words = words_for(section.resources[0].key) if section.resources else words_for("")
     shown = []
     for x in section.resources[:SHOWN]:
-        cost = f"{_usd(x.hourly)}/h" if x.hourly is not None else "no known price"
+        cost = f"{usd(x.hourly)}/h" if x.hourly is not None else "no known price"
         hours = f"{x.saved_hours:,.1f} h {words.stopped}"
-        saved = f"; saved {_usd(x.saved_dollars, x.upper_bound)} ({hours})" if x.saved_hours else ""
+        saved = f"; saved {usd(x.saved_dollars, x.upper_bound)} ({hours})" if x.saved_hours else ""
         shown.append(f"{x.name} ({x.team}, {x.hardware}, {cost}): {x.state}{saved}")
     more = f" and {len(section.resources) - SHOWN} more" if len(section.resources) > SHOWN else ""
-    total = _usd(section.saved_dollars, section.upper_bound)
+    total = usd(section.saved_dollars, section.upper_bound)
     head = f"{section.label.capitalize()} ({len(section.resources)}): {words.stopped} ones saved {total}"
     return f"{head} ({section.saved_hours:,.1f} h this week). " + " · ".join(shown) + more
