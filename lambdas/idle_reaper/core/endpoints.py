@@ -35,8 +35,13 @@ TAGS_MAX = 50
 # FailureReason as kept on the record and said in Slack: SageMaker's is up to 1,024 characters
 # (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_DescribeEndpoint.html).
 FAILURE_CHARS = 1024
-# Tags AWS keeps for itself: CreateEndpoint refuses a key that starts with aws:, so they are not restored.
+# Tags AWS keeps for itself: CreateEndpoint and CreateApp refuse a key that starts with aws:, so they are not restored.
 _AWS_TAG = "aws:"
+
+
+def passed_on(tags: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The tags an endpoint or a Studio app is recreated with: its own, not AWS's, at most SageMaker's 50."""
+    return tuple((k, v) for k, v in tags if not k.startswith(_AWS_TAG))[:TAGS_MAX]
 
 
 def endpoint_id(name: str) -> str:
@@ -169,7 +174,7 @@ class EndpointFacts:
         return not self.missing
 
     def restore(self) -> Restore:
-        return Restore(self.config, tuple((k, v) for k, v in self.tags if not k.startswith(_AWS_TAG))[:TAGS_MAX])
+        return Restore(self.config, passed_on(self.tags))
 
 
 @dataclass(frozen=True)

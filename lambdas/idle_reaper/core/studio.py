@@ -34,7 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from idle_reaper.core.doctor import Finding, listed, unknown
-from idle_reaper.core.endpoints import FAILURE_CHARS, IN_SERVICE, STUDIO_PREFIX, EndpointFacts, Restore
+from idle_reaper.core.endpoints import FAILURE_CHARS, IN_SERVICE, STUDIO_PREFIX, EndpointFacts, Restore, passed_on
 from idle_reaper.core.endpoints import kept_restore as endpoint_restore
 from idle_reaper.policy import TeamPolicy
 
@@ -123,9 +123,6 @@ def misaligned(
 # A machine id is at most 128 characters in the state table (core/records.py): an app whose id would be longer (a
 # domain id and a space name of 60 characters each) is left out of the sweep, and stays in the report.
 ID_MAX = 128
-# Tags AWS keeps for itself: CreateApp refuses a key that starts with aws:, so they are not passed on.
-_AWS_TAG = "aws:"
-TAGS_MAX = 50  # SageMaker's tags a resource (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_Tag.html)
 
 
 def studio_id(domain_id: str, space: str, app_type: str, app_name: str) -> str:
@@ -168,8 +165,8 @@ class AppFacts:
         return studio_id(self.domain_id, self.space_name, self.app_type, self.app_name)
 
     def restore(self) -> AppRestore:
-        tags = tuple((k, v) for k, v in self.tags if not k.startswith(_AWS_TAG))[:TAGS_MAX]
-        return AppRestore(self.domain_id, self.space_name, self.app_type, self.app_name, self.resource_spec, tags)
+        spec = self.resource_spec
+        return AppRestore(self.domain_id, self.space_name, self.app_type, self.app_name, spec, passed_on(self.tags))
 
 
 def swept(app: AppFacts, policy: TeamPolicy | None) -> bool:

@@ -27,7 +27,7 @@ from idle_reaper.core.signals import describe_human_signal
 from idle_reaper.core.studio import AppRestore, is_studio_id
 from idle_reaper.policy import TeamPolicy
 from idle_reaper.pricing import hourly_price
-from idle_reaper.slack.blocks import date_token, escape, fit, machine_label, money
+from idle_reaper.slack.blocks import date_token, escape, fit, machine_label, money, utf16_len
 from idle_reaper.slack.notifier import SlackNotifier, endpoint_recreate
 
 HELP = (
@@ -296,24 +296,20 @@ def _status_sections(mine: Iterable[MachineRecord], now: datetime, budget: int) 
     sections = grouped(ordered, lambda r: section_of(r.key))
     parts: list[str] = []
     for i, (label, records) in enumerate(sections):
-        share = (budget - sum(map(_units, parts))) // (len(sections) - i)
+        share = (budget - sum(map(utf16_len, parts))) // (len(sections) - i)
         head = f"*{label[:1].upper() + label[1:]}* ({len(records)}):"
         lines: list[str] = []
-        used = _units(head) + 40  # room for the "and N more" line
+        used = utf16_len(head) + 40  # room for the "and N more" line
         for r in records:
             line = _status_line(r, now)
-            if used + _units(line) + 1 > share:
+            if used + utf16_len(line) + 1 > share:
                 break
             lines.append(line)
-            used += _units(line) + 1
+            used += utf16_len(line) + 1
         if len(lines) < len(records):
             lines.append(f"… and {len(records) - len(lines)} more {label}")
         parts.append("\n".join([head, *lines]))
     return "\n\n".join(parts)
-
-
-def _units(text: str) -> int:
-    return len(text) + sum(1 for c in text if ord(c) > 0xFFFF)  # UTF-16 code units, as blocks.fit counts
 
 
 def status_reply(
@@ -331,7 +327,7 @@ def status_reply(
     mine = list(mine)
     admin = [*(members.lines() if members is not None else []), *member_regions]
     admin_text = fit("\n".join(escape(line) for line in admin), DOCTOR_REPLY_CHARS // 3) if admin else ""
-    room = DOCTOR_REPLY_CHARS - _units(admin_text) - 2
+    room = DOCTOR_REPLY_CHARS - utf16_len(admin_text) - 2
     text = (
         _status_sections(mine, now, room)
         if mine

@@ -67,6 +67,11 @@ def _utf16_units(char: str) -> int:
     return 2 if ord(char) > 0xFFFF else 1
 
 
+def utf16_len(text: str) -> int:
+    """`text`'s length as Slack counts it (UTF-16 code units), as `fit` counts it."""
+    return sum(map(_utf16_units, text))
+
+
 def _attaches(char: str) -> bool:
     """Whether `char` belongs to the character before it: a combining mark, a variation selector, an
     emoji skin tone, or a zero-width joiner."""
