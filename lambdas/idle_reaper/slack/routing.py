@@ -36,6 +36,7 @@ from idle_reaper.core.doctor import Finding
 from idle_reaper.core.endpoints import is_endpoint_id
 from idle_reaper.core.records import MachineId, MachineRecord, parse_machine_key
 from idle_reaper.core.sections import kinds_said
+from idle_reaper.core.studio import is_studio_id
 from idle_reaper.notify import logger
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy, parse_team_policy
 from idle_reaper.slack.answers import Effects, Reply, doctor_reply, help_reply, status_reply
@@ -167,13 +168,14 @@ class Region:
 
     def find(self, user: str, target: str) -> list[MachineRecord]:
         """`keep <target>`: the caller's own machines by name, instance id or machine key (`account/region/id`,
-        for one of the same id in two accounts); anyone's by instance id (an endpoint's: endpoint:<name>) or machine
-        key. A machine's full key
+        for one of the same id in two accounts); anyone's by instance id (an endpoint's: endpoint:<name>; a Studio
+        app's: studio:<domain>:<space>:<type>:<name>) or machine key. A machine's full key
         wins over names and instance ids: the hub's `i-0abc` is its key, so with the same id in a member account
         (`account/region/i-0abc`) each key still selects exactly one machine."""
         mine = [r for r in self.records_of_owner(user) if target in (r.instance_id, r.name, r.key)]
         exact = [r for r in mine if r.key == target]
-        if mine or not (target.startswith("i-") or is_endpoint_id(target) or parse_machine_key_or_none(target)):
+        by_id = target.startswith("i-") or is_endpoint_id(target) or is_studio_id(target)
+        if mine or not (by_id or parse_machine_key_or_none(target)):
             return exact or mine
         return list(self.store.load([target]).values())
 

@@ -5,6 +5,7 @@ answers that refuse a keep or a start. Pure: blocks and records, no Slack."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from idle_reaper.core.answers import snooze
 from idle_reaper.core.records import MachineRecord, State
@@ -87,3 +88,22 @@ def test_keep_by_an_ambiguous_name_and_a_policy_plan_name_endpoints_as_endpoints
     endpoint = Machine("endpoint:demo", "ml.g5.xlarge", "ml", NOW - timedelta(days=1), "demo", "U1")
     plan = Plan("ml", NOW, "{}", "{}", [PlanChange(endpoint, "none", "delete", "idle past its window")], 0)
     assert "1 endpoints would be warned or deleted that were not before, 0 the reverse" in format_plan(plan)
+
+
+def test_a_studio_app_is_found_by_its_id_for_anyone_who_may_keep_it_as_an_endpoint_is() -> None:
+    # Keep is what protects: a team member could keep someone's endpoint by endpoint:<name>, but not someone's Studio
+    # app by its id (only its owner's own records were searched).
+    from types import SimpleNamespace
+
+    from idle_reaper.slack.routing import Region
+
+    app = MachineRecord(APP, "ml", owner="U0ALICE")
+    loaded: list[list[str]] = []
+
+    def load(keys: list[str]) -> dict[str, MachineRecord]:
+        loaded.append(keys)
+        return {APP: app} if keys == [APP] else {}
+
+    region: Any = SimpleNamespace(records_of_owner=lambda user: [], store=SimpleNamespace(load=load))
+    assert Region.find(region, "U0BOB", APP) == [app]
+    assert Region.find(region, "U0BOB", "lab") == [] and loaded == [[APP]], "a name is the caller's own machines'"
