@@ -278,7 +278,8 @@ def against_targets(f: dict[str, Any]) -> list[str]:
         v = f[key]
         out.append(f"{word} {v:.1%} <= {limit:.0%}: " + ("met" if v <= limit else f"missed by {v - limit:.1%}"))
     v = f["recovery"]
-    out.append(f"recovery {v:.3f} >= 0.95: " + ("met" if v >= 0.95 else f"missed by {0.95 - v:.3f}"))
+    least = TARGETS["recovery"]
+    out.append(f"recovery {v:.3f} >= {least}: " + ("met" if v >= least else f"missed by {least - v:.3f}"))
     out.append(f"false stops {f['false_stops']} = 0: " + ("met" if f["false_stops"] == 0 else "MISSED"))
     return out
 
@@ -428,7 +429,7 @@ def product_verdicts(results: dict[str, Any]) -> dict[str, tuple[Any, str]]:
 def _score(f: dict[str, Any]) -> float:
     """One number for an ablation's verdict: recovery less the two shares' excess over their targets."""
     excess = max(0.0, f["unwanted_stop_share"] - 0.10) + max(0.0, f["warnings_without_stop_share"] - 0.08)
-    return f["recovery"] - 2 * excess - max(0.0, 0.95 - f["recovery"])
+    return f["recovery"] - 2 * excess - max(0.0, TARGETS["recovery"] - f["recovery"])
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -466,7 +467,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 )
             ax.scatter([chosen[col]["recovery"]], [chosen[col][key]], s=220, facecolors="none", edgecolors="red")
             ax.axhline(0.10 if row == 0 else 0.08, color="grey", linestyle="--", linewidth=0.8)
-            ax.axvline(0.95, color="grey", linestyle=":", linewidth=0.8)
+            ax.axvline(TARGETS["recovery"], color="grey", linestyle=":", linewidth=0.8)
             ax.set_xlabel("recovery (of the 90-min window's ideal)")
             ax.set_ylabel(label)
             ax.set_title(title, fontsize=9)

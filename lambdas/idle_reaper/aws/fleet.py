@@ -30,11 +30,11 @@ from idle_reaper.aws.limits import (
     ResourcePace,
     paced_pages,
 )
-from idle_reaper.core.endpoints import Restore, endpoint_name, is_endpoint_id
+from idle_reaper.core.endpoints import Restore, endpoint_name, is_endpoint_id, is_studio_id
 from idle_reaper.core.kinds import InstanceFacts, Lookups, Reservation, SpotRequest, is_ec2_id
 from idle_reaper.core.reports import GroupCapacity
 from idle_reaper.core.signals import Machine
-from idle_reaper.core.studio import AppRestore, is_studio_id
+from idle_reaper.core.studio import AppRestore
 from idle_reaper.policy import (
     TagKeys,
 )

@@ -49,6 +49,10 @@ def endpoint_id(name: str) -> str:
     return ENDPOINT_PREFIX + name
 
 
+def is_studio_id(machine_id: str) -> bool:
+    return machine_id.startswith(STUDIO_PREFIX)
+
+
 def is_endpoint_id(machine_id: str) -> bool:
     return machine_id.startswith(ENDPOINT_PREFIX)
 
@@ -105,7 +109,7 @@ STUDIO_PREFIX = "studio:"
 def words_for(key: str) -> Words:
     """The words for the machine a machine id or key (records.machine_key: account/region/id) names."""
     machine_id = key.rsplit("/", 1)[-1]
-    if machine_id.startswith(STUDIO_PREFIX):
+    if is_studio_id(machine_id):
         return STUDIO_WORDS
     return ENDPOINT_WORDS if is_endpoint_id(machine_id) else MACHINE_WORDS
 

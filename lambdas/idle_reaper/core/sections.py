@@ -182,7 +182,7 @@ def usd(value: float, upper_bound: bool = False) -> str:
 
 def section_text(section: Section) -> str:
     """A digest section in words (Slack mrkdwn; names and teams come from tags: the sender escapes)."""
-    words = words_for(section.resources[0].key) if section.resources else words_for("")
+    words = words_for(section.resources[0].key)  # sections() makes none without resources
     shown = []
     for x in section.resources[:SHOWN]:
         cost = f"{usd(x.hourly)}/h" if x.hourly is not None else "no known price"

@@ -34,7 +34,15 @@ from datetime import datetime
 from typing import Any
 
 from idle_reaper.core.doctor import Finding, listed, unknown
-from idle_reaper.core.endpoints import FAILURE_CHARS, IN_SERVICE, STUDIO_PREFIX, EndpointFacts, Restore, passed_on
+from idle_reaper.core.endpoints import (
+    FAILURE_CHARS,
+    IN_SERVICE,
+    STUDIO_PREFIX,
+    EndpointFacts,
+    Restore,
+    is_studio_id,
+    passed_on,
+)
 from idle_reaper.core.endpoints import kept_restore as endpoint_restore
 from idle_reaper.policy import TeamPolicy
 
@@ -129,10 +137,6 @@ def studio_id(domain_id: str, space: str, app_type: str, app_name: str) -> str:
     """The machine id of one app. SageMaker's names have no colon (domain ids ^d-(-*[a-z0-9]){1,61}, space and app
     names ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}), so the id splits back into them."""
     return f"{STUDIO_PREFIX}{domain_id}:{space}:{app_type}:{app_name}"
-
-
-def is_studio_id(machine_id: str) -> bool:
-    return machine_id.startswith(STUDIO_PREFIX)
 
 
 def studio_parts(machine_id: str) -> tuple[str, str, str, str]:

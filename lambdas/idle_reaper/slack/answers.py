@@ -19,12 +19,12 @@ from idle_reaper.core.answers import snooze, started_by_person, stopped_by_perso
 from idle_reaper.core.digest import KEEP, answer_entry, running_again_entry
 from idle_reaper.core.doctor import Finding, tally
 from idle_reaper.core.dollars import of_record
-from idle_reaper.core.endpoints import Restore, is_endpoint_id, words_for
+from idle_reaper.core.endpoints import Restore, is_endpoint_id, is_studio_id, words_for
 from idle_reaper.core.kinds import NEVER_STOPPED, TERMINABLE
 from idle_reaper.core.records import Action, MachineRecord, State
 from idle_reaper.core.sections import grouped, section_of, state_words
 from idle_reaper.core.signals import describe_human_signal
-from idle_reaper.core.studio import AppRestore, is_studio_id
+from idle_reaper.core.studio import AppRestore
 from idle_reaper.policy import TeamPolicy
 from idle_reaper.pricing import hourly_price
 from idle_reaper.slack.blocks import date_token, escape, fit, machine_label, money, utf16_len

@@ -25,12 +25,11 @@ from slack_sdk.models.blocks import (
 )
 
 from idle_reaper.core.answers import KEEP_HOURS, keep_choices, next_morning
-from idle_reaper.core.endpoints import Restore, words_for
+from idle_reaper.core.endpoints import Restore, is_studio_id, words_for
 from idle_reaper.core.kinds import TERMINABLE, caveats, warning_sentence
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import Action, MachineRecord
 from idle_reaper.core.sections import kinds_said
-from idle_reaper.core.studio import is_studio_id
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.policy import TeamPolicy
 

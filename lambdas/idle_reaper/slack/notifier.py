@@ -16,11 +16,11 @@ from datetime import datetime
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackObjectFormationError
 
 from idle_reaper.aws.clients import AwsError
-from idle_reaper.core.endpoints import Restore, words_for
+from idle_reaper.core.endpoints import Restore, is_studio_id, words_for
 from idle_reaper.core.lifecycle import Decision
 from idle_reaper.core.records import MAYBE_POSTED, Action, MachineRecord
 from idle_reaper.core.sections import kinds_said
-from idle_reaper.core.studio import AppRestore, is_studio_id, recreate_sentence
+from idle_reaper.core.studio import AppRestore, recreate_sentence
 from idle_reaper.notify import Delivery, DeliveryUnknown, PermanentDeliveryFailure, PostOutcome
 from idle_reaper.notify import logger as logger  # re-exported for the Slack handler
 from idle_reaper.slack.blocks import (

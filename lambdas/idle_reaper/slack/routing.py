@@ -33,10 +33,9 @@ from idle_reaper.aws.regions import members_unwatched, members_unwatched_lines
 from idle_reaper.aws.state import DynamoStateStore, StateStore
 from idle_reaper.core.answers import keep_until, may_answer, parse_duration
 from idle_reaper.core.doctor import Finding
-from idle_reaper.core.endpoints import is_endpoint_id
+from idle_reaper.core.endpoints import is_endpoint_id, is_studio_id
 from idle_reaper.core.records import MachineId, MachineRecord, parse_machine_key
 from idle_reaper.core.sections import kinds_said
-from idle_reaper.core.studio import is_studio_id
 from idle_reaper.notify import logger
 from idle_reaper.policy import PolicyError, Settings, TeamPolicy, parse_team_policy
 from idle_reaper.slack.answers import Effects, Reply, doctor_reply, help_reply, status_reply
